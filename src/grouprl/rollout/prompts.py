@@ -1,0 +1,51 @@
+"""Turning user prompts (plain text or chat messages) into token ids.
+
+A prompt is either a string or a list of ``{"role": ..., "content": ...}`` messages. Chat
+messages always go through the tokenizer's chat template; a plain string is wrapped as one user
+message when ``use_chat_template`` is on (the right thing for instruct models) and used verbatim
+otherwise. An optional system prompt is prepended as a system message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+Prompt = str | list[dict[str, str]]
+
+
+def to_messages(prompt: Prompt, system_prompt: str | None = None) -> list[dict[str, str]]:
+    """``prompt`` as a list of chat messages, with ``system_prompt`` first if given.
+
+    >>> to_messages("2+2?", system_prompt="Be brief.")
+    [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': '2+2?'}]
+    """
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return messages
+
+
+def render_prompt(tokenizer: Any, prompt: Prompt, *, system_prompt: str | None = None,
+                  use_chat_template: bool = True) -> str:
+    """The exact text the model is conditioned on, generation prompt included."""
+    is_chat = not isinstance(prompt, str)
+    if not (is_chat or use_chat_template):
+        return prompt if not system_prompt else f"{system_prompt}\n\n{prompt}"
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            "the prompts are chat messages (or use_chat_template is on) but the tokenizer has no chat "
+            "template; give plain-text prompts with use_chat_template=False, or a tokenizer with a template"
+        )
+    return tokenizer.apply_chat_template(
+        to_messages(prompt, system_prompt), tokenize=False, add_generation_prompt=True
+    )
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], *, system_prompt: str | None = None,
+                   use_chat_template: bool = True) -> list[list[int]]:
+    """Token ids of each rendered prompt (no padding); P prompts -> P lists."""
+    texts = [render_prompt(tokenizer, p, system_prompt=system_prompt, use_chat_template=use_chat_template)
+             for p in prompts]
+    # The template already wrote any BOS it wants; adding special tokens again would double it.
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
