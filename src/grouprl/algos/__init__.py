@@ -1,0 +1,43 @@
+"""Pure math: tensors and floats in, tensors and a metrics dict out.
+
+Imports only torch (and the name registry), never transformers or the file system, so every
+formula here is tested in milliseconds against hand-worked numbers.
+"""
+
+from grouprl.algos.advantages import (
+    ADVANTAGES,
+    SCALES,
+    compute_advantages,
+    group_advantages,
+    reinforce_advantages,
+    rloo_advantages,
+)
+from grouprl.algos.aggregate import AGGREGATIONS, aggregate, masked_mean
+from grouprl.algos.gae import discounted_returns, gae, nstep_returns, whiten
+from grouprl.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_per_token
+from grouprl.algos.losses import (
+    IMPORTANCE_LEVELS,
+    clipped_surrogate_loss,
+    entropy_from_logits,
+    grpo_loss,
+    value_loss,
+)
+from grouprl.algos.trust_region import (
+    backtracking_line_search,
+    conjugate_gradient,
+    fisher_vector_product,
+    flat_grad,
+    get_flat_params,
+    natural_step_size,
+    set_flat_params,
+)
+
+__all__ = [
+    "ADVANTAGES", "AGGREGATIONS", "IMPORTANCE_LEVELS", "KL_ESTIMATORS", "SCALES",
+    "AdaptiveKLController", "FixedKLController",
+    "aggregate", "backtracking_line_search", "clipped_surrogate_loss", "compute_advantages",
+    "conjugate_gradient", "discounted_returns", "entropy_from_logits", "fisher_vector_product", "flat_grad",
+    "gae", "get_flat_params", "group_advantages", "grpo_loss", "kl_per_token", "masked_mean",
+    "natural_step_size", "nstep_returns", "reinforce_advantages", "rloo_advantages", "set_flat_params",
+    "value_loss", "whiten",
+]

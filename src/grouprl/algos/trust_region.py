@@ -1,0 +1,121 @@
+"""TRPO's natural-gradient machinery (Schulman et al. 2015): Fisher-vector products by double
+backprop through a mean KL, conjugate gradient, the step size from the KL radius, and a
+backtracking line search.
+
+The update solves ``F x = g`` for the surrogate gradient ``g`` (F = Hessian of the mean KL
+between the rollout policy and the current one, the Fisher information at theta_old), scales
+the direction to the trust region edge, ``beta = sqrt(2 delta / x^T F x)``, and backtracks until
+the surrogate improves and the KL stays within ``delta``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+def conjugate_gradient(fvp: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iters: int = 10,
+                       tol: float = 1e-10) -> torch.Tensor:
+    """Solve ``A x = b`` for symmetric positive-definite ``A`` given only ``v -> A v``.
+
+    Args:
+        fvp: the matrix-vector product, ``[N] -> [N]``.
+        b: ``[N]``.
+        iters: at most this many iterations (N iterations solve exactly in exact arithmetic).
+        tol: stop once the squared residual norm falls below it.
+    """
+    x = torch.zeros_like(b)
+    r = b.clone()
+    p = b.clone()
+    rr = r.dot(r)
+    for _ in range(iters):
+        if rr <= tol:
+            break
+        ap = fvp(p)
+        alpha = rr / p.dot(ap)
+        x += alpha * p
+        r -= alpha * ap
+        rr_new = r.dot(r)
+        p = r + (rr_new / rr) * p
+        rr = rr_new
+    return x
+
+
+def flat_grad(output: torch.Tensor, params: Sequence[torch.Tensor], **kwargs) -> torch.Tensor:
+    """Gradient of scalar ``output`` w.r.t. ``params`` as one flat ``[N]`` vector (zeros for unused)."""
+    grads = torch.autograd.grad(output, params, allow_unused=True, **kwargs)
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
+
+
+def fisher_vector_product(kl: torch.Tensor, params: Sequence[torch.Tensor],
+                          damping: float = 0.1) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``v -> (F + damping I) v`` where F is the Hessian of the scalar mean ``kl`` w.r.t. ``params``.
+
+    ``kl`` must be built from the current parameters with the rollout policy detached, so its
+    value and gradient at theta_old are 0 and its Hessian is the Fisher matrix. The first
+    gradient is taken once with ``create_graph=True``; each product is one more backward pass
+    through ``grad(kl) . v`` (double backprop). Damping keeps CG stable where F is near-singular.
+    """
+    grad_kl = flat_grad(kl, params, create_graph=True)
+
+    def fvp(v: torch.Tensor) -> torch.Tensor:
+        return flat_grad(grad_kl.dot(v.detach()), params, retain_graph=True) + damping * v
+
+    return fvp
+
+
+def natural_step_size(direction: torch.Tensor, f_direction: torch.Tensor, max_kl: float) -> torch.Tensor:
+    """Scale of the step to the trust-region edge: ``sqrt(2 delta / x^T F x)``.
+
+    With ``x = F^-1 g`` from conjugate gradient, ``x^T F x = g^T F^-1 g``, and the quadratic
+    model of the KL after the step ``beta * x`` is ``beta^2 x^T F x / 2 = delta``.
+    """
+    shs = direction.dot(f_direction).clamp(min=1e-12)
+    return torch.sqrt(2.0 * max_kl / shs)
+
+
+def backtracking_line_search(evaluate: Callable[[torch.Tensor], tuple[float, float]], full_step: torch.Tensor,
+                             expected_improve: float, max_kl: float, max_backtracks: int = 10,
+                             shrink: float = 0.5,
+                             accept_ratio: float = 0.1) -> tuple[torch.Tensor, dict[str, float]]:
+    """Try ``full_step * shrink^k`` for k = 0.. until a step is accepted.
+
+    Args:
+        evaluate: ``step [N] -> (surrogate improvement, KL)`` measured with the parameters
+            moved by ``step`` from theta_old (the caller restores them).
+        full_step: ``[N]`` the natural-gradient step at the trust-region edge.
+        expected_improve: the first-order improvement of ``full_step``, ``g . full_step``.
+        max_kl: delta.
+        accept_ratio: the actual improvement must be at least this fraction of the first-order
+            prediction (and positive), with ``KL <= delta``.
+
+    Returns:
+        ``(step, metrics)``: the accepted step, or zeros if none was (the update is skipped).
+    """
+    frac = 1.0
+    for k in range(max_backtracks):
+        step = full_step * frac
+        improve, kl = evaluate(step)
+        predicted = expected_improve * frac
+        if kl <= max_kl and improve > 0 and improve >= accept_ratio * predicted:
+            return step, {"trpo/accepted": 1.0, "trpo/backtracks": float(k), "trpo/kl": kl,
+                          "trpo/improvement": improve, "trpo/step_frac": frac}
+        frac *= shrink
+    return torch.zeros_like(full_step), {"trpo/accepted": 0.0, "trpo/backtracks": float(max_backtracks),
+                                         "trpo/kl": 0.0, "trpo/improvement": 0.0, "trpo/step_frac": 0.0}
+
+
+def get_flat_params(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``[N]`` copy of the parameters."""
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def set_flat_params(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Write a flat ``[N]`` vector back into ``params`` in place."""
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
