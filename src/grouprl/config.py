@@ -533,7 +533,7 @@ def _resolve_option(cls: type, name: str) -> tuple[str, Any, bool]:
                 continue
             if _is_bool(tp):
                 return candidate, tp, True
-        raise unknown from None
+        raise ConfigError(str(unknown).replace(f"'--{key}'", f"'--{name}'", 1)) from None  # echo it as typed
 
 
 def parse_overrides(args: Sequence[str], cls: type) -> list[tuple[str, Any]]:
