@@ -141,6 +141,17 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int, scale: str = "none",
     return _finish(r - baseline, valid, _constant_groups(r, valid), scale, eps)
 
 
+def constant_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``[B]`` -> ``[P]`` bool: groups that carry no learning signal (all valid rewards equal, or
+    fewer than two valid), whose advantages are 0 under every estimator.
+
+    >>> constant_groups(torch.tensor([1., 1., 0., 1.]), 2).tolist()
+    [True, False]
+    """
+    r, valid = _grouped(rewards, group_size)
+    return _constant_groups(r, valid)
+
+
 def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, scale: str,
                        eps: float = 0.0) -> torch.Tensor:
     """Look up estimator ``name`` in :data:`ADVANTAGES` and apply it: ``[B]`` -> ``[B]``."""
