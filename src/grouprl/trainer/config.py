@@ -1,0 +1,278 @@
+"""GRPO trainer configuration: every knob, documented once, validated on construction.
+
+Defaults follow DeepSeekMath's GRPO where the paper fixes a value; where TRL or verl differ the
+field says so. Each docstring here is also the ``--help`` text and the README's config reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grouprl.algos import ADVANTAGES, AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMATORS, SCALES
+from grouprl.registry import Registry
+from grouprl.types import SamplingParams
+
+ZERO_STD_POLICIES = ("keep", "drop")
+
+
+@dataclass
+class GRPOConfig:
+    # --- batch shape -------------------------------------------------------------------------
+    prompts_per_step: int = 4
+    """P: prompts sampled per training step. Each step generates P * G completions."""
+    group_size: int = 8
+    """G: completions per prompt (>= 2). The advantage compares them, so larger G lowers the
+    variance of the baseline; DeepSeekMath used 64, TRL's default is 8, verl examples use 5-16."""
+    mu: int = 1
+    """Passes of minibatch updates over each rollout (the paper's mu). 1 with one minibatch is
+    strictly on-policy: no old-policy forward is needed and the ratio is exactly 1."""
+    minibatch_size: int | None = None
+    """Rows per optimizer step (a multiple of G). Empty = the whole rollout (P*G rows): one
+    optimizer step per pass. Smaller minibatches make the update off-policy after the first."""
+    micro_batch_size: int = 8
+    """Rows per forward/backward pass; gradients of the micro-batches of a minibatch are
+    accumulated before the optimizer step (gradient accumulation). Only changes memory and
+    speed, never the update: the loss denominators are the minibatch's."""
+    # --- optimisation -------------------------------------------------------------------------
+    total_steps: int = 100
+    """Training steps (rollout + update) to run."""
+    lr: float = 1e-6
+    """AdamW learning rate (TRL's default 1e-6; DeepSeekMath 1e-6). LoRA typically wants ~1e-5 to 1e-4."""
+    lr_schedule: str = "constant"
+    """Learning-rate schedule after warm-up: constant, linear (to 0) or cosine (to 0)."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warm-up from 0 to lr."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.99
+    """AdamW beta2 (0.99 as in DeepSeekMath's and TRL's GRPO examples; PyTorch's default is 0.999)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay (DeepSeekMath 0.1; TRL 0.0)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this before each optimizer step (0 = no clipping)."""
+    # --- the objective ------------------------------------------------------------------------
+    beta: float = 0.04
+    """KL coefficient to the reference policy (DeepSeekMath 0.04). TRL now defaults to 0.0 and
+    DAPO drops the term; 0 also skips the reference model entirely (less memory, no ref forward)."""
+    kl_estimator: str = "k3"
+    """KL estimator: k1 (log-ratio, unbiased, can be negative), k2 (squared log-ratio / 2) or k3
+    (DeepSeekMath's unbiased non-negative estimator)."""
+    kl_in_reward: bool = False
+    """Apply the KL as a per-sequence reward penalty (r - beta * sum_t KL_t, as in PPO-RLHF)
+    before the advantage, instead of as a loss term. Needs beta > 0."""
+    eps_low: float = 0.2
+    """Lower clip range of the ratio: rho >= 1 - eps_low (PPO/GRPO 0.2)."""
+    eps_high: float | None = None
+    """Upper clip range: rho <= 1 + eps_high. Empty = eps_low. DAPO's clip-higher uses 0.28."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1: bounds the loss of negative-advantage tokens at c*|A| (e.g. 3)."""
+    importance_level: str = "token"
+    """Importance ratio per token (GRPO/PPO) or per sequence (sequence = GSPO's length-normalised
+    sequence ratio, more stable for long completions and MoE models)."""
+    advantage: str = "grpo"
+    """Advantage estimator: grpo (group mean baseline, scaled by advantage_scale), rloo
+    (leave-one-out baseline) or reinforce (group-mean baseline)."""
+    advantage_scale: str = "group"
+    """Divide centred rewards by the group std (group; the paper), the batch std (batch), or not at
+    all (none; Dr. GRPO argues the group std over-weights near-solved prompts)."""
+    advantage_eps: float = 0.0
+    """Added to the std before dividing (TRL: 1e-4). All-equal groups get 0 regardless."""
+    aggregation: str = "seq-mean-token-mean"
+    """Loss aggregation: seq-mean-token-mean (the paper), token-mean (DAPO; verl's default and
+    TRL's 'dapo' default), seq-mean-token-sum-norm (Dr. GRPO, divides by max_new_tokens),
+    group-sum, group-sqrt. See grouprl.algos.aggregate."""
+    mask_truncated: bool = False
+    """Leave completions that hit max_new_tokens out of the loss (DAPO's overlong filtering):
+    their reward says more about the length limit than about the answer."""
+    zero_std_groups: str = "keep"
+    """Groups whose rewards are all equal have advantage 0, so no policy gradient. keep: their
+    tokens still carry the KL term and count in the loss denominators (the paper, TRL);
+    drop: they are left out of the loss altogether (no KL pull, denominators over informative
+    groups only)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop all-equal groups and sample more prompts until P informative
+    groups are collected (at most dynamic_sampling_max_rounds rounds; then train on what there is)."""
+    dynamic_sampling_max_rounds: int = 4
+    """Most rollout rounds per step under dynamic sampling (the first included)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus c_H: subtracts c_H * H(pi) from the loss to keep exploration (0 in GRPO)."""
+    ref_sync_steps: int = 0
+    """Every this many steps move the reference towards the policy (0 = frozen reference).
+    Lets long runs leave the starting policy behind (TR-DPO / TRL's sync_ref_model)."""
+    ref_sync_alpha: float = 1.0
+    """Mixing on reference sync: ref = alpha * policy + (1 - alpha) * ref (1 = copy)."""
+    # --- sampling -----------------------------------------------------------------------------
+    max_prompt_len: int = 512
+    """Longest prompt in tokens (after the chat template); a longer one is an error naming its row."""
+    max_new_tokens: int = 64
+    """Longest completion in tokens; a longer one is cut and flagged truncated."""
+    temperature: float = 1.0
+    """Sampling temperature (and the temperature of the training log-probs). Must be > 0: a
+    greedy group is G copies of one completion."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    top_p: float = 1.0
+    """Nucleus sampling (1.0 = off)."""
+    min_p: float = 0.0
+    """Min-p sampling (0 = off)."""
+    repetition_penalty: float = 1.0
+    """Repetition penalty during sampling (1.0 = off)."""
+    stop_strings: tuple[str, ...] = ()
+    """Strings that end a completion (besides the tokenizer's EOS)."""
+    rollout_mode: str = "sample"
+    """sample: G independent samples per prompt; beam: the G best beams (a deterministic group)."""
+    system_prompt: str | None = None
+    """System message prepended to every chat prompt (empty = the task's own, if any)."""
+    use_chat_template: bool = True
+    """Render plain-text prompts as a user message through the tokenizer's chat template."""
+    # --- numerics and memory ------------------------------------------------------------------
+    dtype: str = "fp32"
+    """fp32, or bf16 (autocast for rollouts and the training forward; AMX on recent x86 CPUs)."""
+    ref_dtype: str = "fp32"
+    """Storage dtype of the frozen reference copy: fp32 or bf16 (half the memory)."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder activations in backward: less memory, about a third more compute."""
+    logprob_chunk_size: int = 256
+    """Positions per chunk of the LM head + log-softmax when computing log-probs (bounds the
+    [rows, chunk, V] logits kept alive; V = 49k for SmolLM2)."""
+    seed: int = 0
+    """Seed of every random choice (prompt order, sampling, minibatch shuffles)."""
+    # --- LoRA ---------------------------------------------------------------------------------
+    lora_rank: int = 0
+    """LoRA rank (0 = full fine-tuning). With LoRA the reference is the base model with the
+    adapters disabled: no copy in memory."""
+    lora_alpha: float = 16.0
+    """LoRA scaling alpha."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Module names that get LoRA adapters."""
+    # --- run folder, logging, checkpoints, evaluation -----------------------------------------
+    output_dir: str = "runs/grpo"
+    """Run folder: config.yaml, metrics.jsonl, completions.jsonl, checkpoints/, report/."""
+    log_completions_every: int = 5
+    """Append sample completions to completions.jsonl every this many steps (0 = never)."""
+    print_completions: int = 2
+    """How many of the logged completions to print to the terminal."""
+    eval_every: int = 0
+    """Evaluate on the eval set every this many steps (0 = only before and after training)."""
+    eval_samples: int = 4
+    """k: completions per eval prompt, for accuracy (mean over samples) and pass@k."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of evaluation (0 = greedy, then k is 1)."""
+    save_every: int = 0
+    """Checkpoint every this many steps (0 = only at the end)."""
+    keep_checkpoints: int = 2
+    """Keep only the newest this many checkpoints."""
+    resume_from: str | None = None
+    """Resume from a checkpoint folder, or 'latest' (the newest in output_dir/checkpoints)."""
+    tensorboard: bool = True
+    """Also write TensorBoard event files when the tensorboard package is installed."""
+    progress: bool = True
+    """Show a live progress bar with reward, KL and tokens/s."""
+    num_threads: int = 0
+    """torch intra-op threads (0 = leave PyTorch's choice)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def rollout_rows(self) -> int:
+        """B = P * G."""
+        return self.prompts_per_step * self.group_size
+
+    @property
+    def minibatch_rows(self) -> int:
+        return self.minibatch_size or self.rollout_rows
+
+    @property
+    def off_policy(self) -> bool:
+        """True when some update uses a policy that already moved: old log-probs are needed."""
+        return self.mu > 1 or self.minibatch_rows < self.rollout_rows
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.beta > 0
+
+    def sampling_params(self, stop_token_ids: tuple[int, ...] = ()) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+            min_p=self.min_p, repetition_penalty=self.repetition_penalty, stop_token_ids=tuple(stop_token_ids),
+            stop_strings=tuple(self.stop_strings), mode=self.rollout_mode, autocast_bf16=self.dtype == "bf16",
+        )
+
+    def validate(self) -> None:
+        """Reject impossible or contradictory settings with a message saying what to change."""
+        for msg in _problems(self):
+            raise ValueError(msg)
+
+
+def _registry_problems(c: GRPOConfig) -> list[str]:
+    checks: list[tuple[str, str, Registry | tuple[str, ...]]] = [
+        ("advantage", c.advantage, ADVANTAGES), ("advantage_scale", c.advantage_scale, SCALES),
+        ("aggregation", c.aggregation, AGGREGATIONS), ("kl_estimator", c.kl_estimator, KL_ESTIMATORS),
+        ("importance_level", c.importance_level, IMPORTANCE_LEVELS), ("zero_std_groups", c.zero_std_groups,
+                                                                      ZERO_STD_POLICIES),
+        ("lr_schedule", c.lr_schedule, ("constant", "linear", "cosine")), ("dtype", c.dtype, ("fp32", "bf16")),
+        ("ref_dtype", c.ref_dtype, ("fp32", "bf16")), ("rollout_mode", c.rollout_mode, ("sample", "beam")),
+    ]
+    return [f"{name}={value!r} is not one of: {', '.join(valid)}" for name, value, valid in checks
+            if value not in valid]
+
+
+def _batch_problems(c: GRPOConfig) -> list[str]:
+    out = []
+    if c.group_size < 2:
+        out.append(f"group_size={c.group_size}: GRPO compares completions of the same prompt, set group_size >= 2")
+    if c.prompts_per_step < 1 or c.mu < 1 or c.total_steps < 0:
+        out.append("prompts_per_step and mu must be >= 1 and total_steps >= 0")
+    if c.minibatch_size is not None:
+        if c.minibatch_size <= 0:
+            out.append(f"minibatch_size={c.minibatch_size}: set a positive number of rows or leave it empty")
+        elif c.minibatch_size % c.group_size or c.rollout_rows % c.minibatch_size:
+            out.append(
+                f"minibatch_size={c.minibatch_size} must be a multiple of group_size={c.group_size} (whole groups) "
+                f"and divide prompts_per_step*group_size={c.rollout_rows}"
+            )
+    if c.micro_batch_size <= 0:
+        out.append(f"micro_batch_size={c.micro_batch_size}: set a positive number of rows")
+    return out
+
+
+def _objective_problems(c: GRPOConfig) -> list[str]:
+    out = []
+    if c.beta < 0:
+        out.append(f"beta={c.beta} must be >= 0")
+    if c.kl_in_reward and c.beta == 0:
+        out.append("kl_in_reward needs beta > 0 (it is the coefficient of the KL penalty)")
+    if not 0 < c.eps_low < 1 or (c.eps_high is not None and c.eps_high < 0):
+        out.append(f"eps_low={c.eps_low} must be in (0, 1) and eps_high >= 0")
+    if c.dual_clip is not None and c.dual_clip <= 1:
+        out.append(f"dual_clip={c.dual_clip} must be > 1 (or empty)")
+    if c.ref_sync_steps and c.beta == 0:
+        out.append("ref_sync_steps > 0 needs beta > 0: with beta = 0 there is no reference to sync")
+    if not 0 < c.ref_sync_alpha <= 1:
+        out.append(f"ref_sync_alpha={c.ref_sync_alpha} must be in (0, 1]")
+    if c.dynamic_sampling_max_rounds < 1:
+        out.append("dynamic_sampling_max_rounds must be >= 1")
+    return out
+
+
+def _sampling_problems(c: GRPOConfig) -> list[str]:
+    out = []
+    if c.temperature <= 0 and c.rollout_mode == "sample":
+        out.append(f"temperature={c.temperature}: greedy sampling makes every group G identical completions "
+                   "(zero advantage everywhere); use temperature > 0 or rollout_mode=beam")
+    if c.max_new_tokens < 1 or c.max_prompt_len < 1:
+        out.append("max_new_tokens and max_prompt_len must be >= 1")
+    if c.eval_samples < 1:
+        out.append("eval_samples must be >= 1")
+    if c.lora_rank < 0:
+        out.append("lora_rank must be >= 0")
+    if c.lora_rank and c.ref_sync_steps:
+        out.append("ref_sync_steps is not available with LoRA: the reference is the adapter-free base model")
+    return out
+
+
+def _problems(c: GRPOConfig) -> list[str]:
+    return _registry_problems(c) + _batch_problems(c) + _objective_problems(c) + _sampling_problems(c)

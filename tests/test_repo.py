@@ -1,0 +1,16 @@
+"""The repository's promises about itself: CI runs exactly the README's test command."""
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"Run the tests.*?```bash\n(.+?)\n```", readme, re.S)
+    assert match, "README has no test command block"
+    command = match.group(1).strip()
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert command in ci_lines
+    assert "set -euo pipefail" in ci_lines
