@@ -105,8 +105,10 @@ def test_unknown_keys_suggest_closest_dotted_names():
     assert "Valid keys in section 'sampling': temperature, stop_strings, autocast_bf16" in msg
     with pytest.raises(ConfigError, match=r"Unknown config key 'temperature' \(did you mean 'sampling.temperature'"):
         from_dict(Example, {"temperature": 1.0})  # right name, wrong section
-    with pytest.raises(ConfigError, match=r"Unknown option '--lerning-rat'"):
-        apply_overrides(Example(), ["--lerning-rat", "1"])
+    with pytest.raises(ConfigError, match=r"Unknown option '--colour'\. Valid keys at the top level: seed, "):
+        apply_overrides(Example(), ["--colour", "1"])  # nothing close: list what there is
+    with pytest.raises(ConfigError, match=r"Unknown option '--learning-rate' \(did you mean '--lr'\?\)"):
+        apply_overrides(Example(), ["--learning-rate", "1"])  # initials
     with pytest.raises(ConfigError, match=r"did you mean '--sampling.temperature'"):
         apply_overrides(Example(), ["--sampling.temperatur", "1"])
 

@@ -166,8 +166,13 @@ def _closest(key: str, candidates: Sequence[str], n: int = 3) -> list[str]:
     field given in the wrong section (``temperature`` for ``sampling.temperature``) is found."""
     prefix, _, leaf = key.rpartition(".")
 
+    def initials(name: str) -> str:
+        return "".join(part[:1] for part in name.split("_")) if "_" in name else ""
+
     def score(cand: str) -> float:
         cand_prefix, _, cand_leaf = cand.rpartition(".")
+        if initials(leaf) == cand_leaf or initials(cand_leaf) == leaf:
+            return 0.9  # learning_rate -> lr, mnt -> max_new_tokens
         last = difflib.SequenceMatcher(None, leaf, cand_leaf).ratio()
         if cand_prefix == prefix:  # same section: the shared prefix says nothing about similarity
             return last
@@ -181,16 +186,19 @@ def _unknown_keys_error(root: type, bad: list[str], section: type, where: str, d
     """One paragraph for keys that ``section`` (at dotted path ``where``) does not have; the
     suggestions come from every key of ``root``, the class the dotted paths start from."""
     candidates = _all_keys(root, f"{where}." if root is section and where else "")
-    parts = []
+    parts, suggested = [], False
     for key in bad:
         close = _closest(key, candidates)
+        suggested |= bool(close)
         hint = f" (did you mean {' or '.join(repr(dash + c) for c in close)}?)" if close else ""
         parts.append(f"{dash + key!r}{hint}")
     noun = "key" if len(bad) == 1 else "keys"
-    scope = f"in section {where!r}" if where else "at the top level"
-    valid = ", ".join(f.name for f in _init_fields(section))
     kind = ("option" if len(bad) == 1 else "options") if dash else f"config {noun}"
-    return ConfigError(f"Unknown {kind} {', '.join(parts)}. Valid keys {scope}: {valid}.")
+    names = [f.name for f in _init_fields(section)]
+    if suggested and len(names) > 12:  # a suggestion beats a wall of 60 names; --help has them all
+        return ConfigError(f"Unknown {kind} {', '.join(parts)}. See --help for every key.")
+    scope = f"in section {where!r}" if where else "at the top level"
+    return ConfigError(f"Unknown {kind} {', '.join(parts)}. Valid keys {scope}: {', '.join(names)}.")
 
 
 # --------------------------------------------------------------------------- value conversion
