@@ -237,7 +237,8 @@ def _draw_series(ax: Any, steps: list[float], values: list[float], color: str, l
     if not smooth or len(values) < 5:
         ax.plot(steps, values, color=color, marker="o" if len(values) < 5 else None, lw=1.8, label=label)
         return False
-    ax.plot(steps, values, color=color, lw=0.9, alpha=0.35, marker=".", ms=3)
+    marker = "." if len(values) <= 100 else None  # past ~100 points markers only add noise
+    ax.plot(steps, values, color=color, lw=0.9, alpha=0.35, marker=marker, ms=3)
     ax.plot(steps, ema(values), color=color, lw=2.2, label=label)
     return True
 
