@@ -30,7 +30,7 @@ import tempfile
 import textwrap
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
@@ -686,31 +686,42 @@ class _CollectOverride(argparse.Action):
         setattr(namespace, self.dest, collected)
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, dest: str = "overrides") -> None:
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, dest: str = "overrides",
+                            keys: Collection[str] | None = None, aliases: Mapping[str, str] | None = None,
+                            title: str = "config options (YAML keys; the command line wins)") -> None:
     """Add one ``--key`` option per field of ``cls`` to ``parser``, its help being the field's
     docstring with type and default; sections become argument groups.
 
     Parsed values land, as ``--key=value`` strings in command-line order, in ``namespace.<dest>``;
     hand them to :func:`load_config` / :func:`apply_overrides`. Parse with ``parse_known_args``
     and pass the leftovers too, so a misspelt option gets the did-you-mean message.
+
+    ``keys`` limits the options shown to those dotted keys (the others still work when passed on
+    as leftovers); ``aliases`` maps extra option names to keys (``{"samples": "eval_samples"}``).
     """
     parser.set_defaults(**{dest: []})
-    groups: dict[str, Any] = {"": parser.add_argument_group("config options (YAML keys; the command line wins)")}
+    groups: dict[str, Any] = {"": parser.add_argument_group(title)}
+    alias_of = {key: name for name, key in (aliases or {}).items()}
     for row in describe_fields(cls):
         if row.is_section:
             groups[row.key] = parser.add_argument_group(f"section {row.key}", row.doc.replace("%", "%%") or None)
             continue
+        if keys is not None and row.key not in keys and row.key not in alias_of:
+            continue
         group = groups[row.section]
         doc = row.doc.replace("%", "%%")  # argparse %-formats help strings
         help_text = f"{doc} [{row.type}; default: {row.default.replace('%', '%%')}]".strip()
+        names = [f"--{row.key}"] + ([f"--{alias_of[row.key]}"] if row.key in alias_of else [])
+        if keys is not None and row.key not in keys:
+            names = names[1:]  # only the alias is shown; the key itself still works as a leftover
         if _is_bool(row.annotation):
-            group.add_argument(f"--{row.key}", nargs="?", const="true", metavar="BOOL", action=_CollectOverride,
+            group.add_argument(*names, nargs="?", const="true", metavar="BOOL", action=_CollectOverride,
                                dest=dest, key=row.key, help=help_text)
             group.add_argument(f"--no-{row.key}", nargs=0, const="false", action=_CollectOverride,
                                dest=dest, key=row.key, help=argparse.SUPPRESS)
         else:
             metavar = row.type.replace(" ", "")
-            group.add_argument(f"--{row.key}", metavar=metavar, action=_CollectOverride, dest=dest,
+            group.add_argument(*names, metavar=metavar, action=_CollectOverride, dest=dest,
                                key=row.key, help=help_text)
 
 
@@ -791,3 +802,4 @@ def check_readme(readme_path: str | os.PathLike, cls: type, begin_marker: str = 
         f"The config reference in {path} is out of date with {cls.__qualname__}; regenerate it with "
         f"grouprl.config.sync_readme.\n" + "\n".join(diff)
     )
+
