@@ -1,0 +1,230 @@
+"""The ``grouprl`` command line (also ``python -m grouprl``).
+
+    grouprl train [--config run.yaml] [--key value ...]   train with GRPO, write a run folder and its report
+    grouprl demo [--quick]                                the default model learns arithmetic; prints before/after
+    grouprl eval --model PATH [--task NAME] [--samples K]  held-out accuracy, pass@k, mean reward
+    grouprl report RUN_DIR                                (re)write a run's plots and report.html
+    grouprl train-rm --pairs pairs.jsonl [...]            fit a reward model to preference pairs
+
+Every config key is a ``--key`` option whose help is the field's docstring; values resolve as
+defaults < YAML file < command line. Bad input ends the command with exit status 2 and a
+one-paragraph message (``--debug`` shows the traceback instead); an unexpected failure with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from grouprl.config import (
+    ConfigError,
+    RewardModelConfig,
+    TrainConfig,
+    add_dataclass_arguments,
+    apply_overrides,
+    from_dict,
+    load_config,
+    to_dict,
+)
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EVAL_OPTIONS = ("model", "task", "task_options", "dataset", "eval_dataset", "eval_size", "eval_samples",
+                "eval_temperature", "max_new_tokens", "reward_functions", "seed")
+"""The keys ``grouprl eval --help`` lists; every other train key is accepted too."""
+
+
+def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean the input was wrong (not the program): one paragraph, no traceback."""
+    from grouprl.models import ModelLoadError
+    from grouprl.rewards import RewardFunctionError
+
+    # ValueError covers ConfigError, DataError and unknown registry names; OSError missing files.
+    return ValueError, TypeError, OSError, ModelLoadError, RewardFunctionError
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+class _Formatter(argparse.HelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32)
+
+
+class _RawFormatter(_Formatter, argparse.RawDescriptionHelpFormatter):
+    """Keeps the module docstring's command table as written."""
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+
+
+def _with_config(parser: argparse.ArgumentParser, what: str) -> None:
+    _common(parser)
+    parser.add_argument("--config", metavar="YAML", help=f"YAML file of {what} keys (the command line wins over it)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config as YAML and exit without loading anything")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grouprl", description=__doc__, formatter_class=_RawFormatter,
+                                     allow_abbrev=False)
+    _common(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, help_text: str, description: str, usage: str) -> argparse.ArgumentParser:
+        # allow_abbrev=False: --group must not silently mean --group_size. The usage line is given:
+        # argparse would list all 70 options in it.
+        return sub.add_parser(name, help=help_text, description=description, formatter_class=_Formatter,
+                              allow_abbrev=False, usage=f"grouprl {name} {usage}")
+
+    train = add("train", "train a policy with GRPO", "Train a policy with GRPO: a run folder with the resolved "
+                "config, metrics, completions, checkpoints and report/report.html.",
+                "[--config YAML] [--key value ...]")
+    _with_config(train, "train")
+    add_dataclass_arguments(train, TrainConfig)
+    train.set_defaults(handler=_train)
+
+    demo = add("demo", "the default model learns arithmetic (about 10-15 minutes on a CPU)",
+               "SmolLM2-135M-Instruct learns one-digit arithmetic with GRPO; held-out accuracy is measured "
+               "before and after, and the last line reads 'accuracy before=... after=...'. Any train option "
+               "overrides the demo's settings.", "[--quick] [--key value ...]")
+    _with_config(demo, "train")
+    demo.add_argument("--quick", action="store_true", help="a tiny random model on a trivial task, in under a minute")
+    add_dataclass_arguments(demo, TrainConfig, title="train options (override the demo's settings)")
+    demo.set_defaults(handler=_demo)
+
+    evaluate = add("eval", "held-out accuracy, pass@k and mean reward of a model",
+                   "Evaluate a model (a bundled name, a model folder, or a run or checkpoint folder: its newest "
+                   "policy) on the held-out prompts of a task or dataset. With --config runs/X/config.yaml it "
+                   "uses that run's held-out prompts and sampling, so the final checkpoint scores as the run "
+                   "reported. Every train key is accepted; the ones that matter are listed.",
+                   "--model PATH [--task NAME | --dataset FILE] [--samples K] [--key value ...]")
+    _with_config(evaluate, "train")
+    add_dataclass_arguments(evaluate, TrainConfig, keys=EVAL_OPTIONS, aliases={"samples": "eval_samples"},
+                            title="options (any train key works too)")
+    evaluate.set_defaults(handler=_eval)
+
+    report = add("report", "(re)write a run's plots and report.html", "Write RUN_DIR/report/: PNG plots and "
+                 "report.html from metrics.jsonl, completions.jsonl and config.yaml (also works mid-run).", "RUN_DIR")
+    _common(report)
+    report.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (a train run's output_dir)")
+    report.set_defaults(handler=_report)
+
+    train_rm = add("train-rm", "fit a reward model to preference pairs", "Fit a reward model (Bradley-Terry "
+                   "loss) to preference pairs {prompt, chosen, rejected}; use it with train --reward_model.",
+                   "--pairs FILE [--model NAME] [--output_dir DIR] [--key value ...]")
+    _with_config(train_rm, "train-rm")
+    add_dataclass_arguments(train_rm, RewardModelConfig)
+    train_rm.set_defaults(handler=_train_rm)
+    return parser
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+def _resolve(args: argparse.Namespace, rest: list[str], cls: type, base: dict[str, Any] | None = None) -> Any:
+    """defaults < ``base`` (the demo's settings) < --config YAML < command line; ``rest`` holds the
+    options argparse did not know, so a misspelt key gets the did-you-mean message."""
+    overrides = [*args.overrides, *rest]
+    if base is None:
+        return load_config(cls, args.config, overrides)
+    from grouprl.config import read_yaml_mapping
+
+    data = {**base, **(read_yaml_mapping(args.config) if args.config else {})}
+    return from_dict(cls, apply_overrides(data, overrides, cls))
+
+
+def _print_config(config: Any) -> int:
+    import yaml
+
+    print(yaml.safe_dump(to_dict(config), sort_keys=False, allow_unicode=True), end="")
+    return EXIT_OK
+
+
+def _train(args: argparse.Namespace, rest: list[str]) -> int:
+    config = _resolve(args, rest, TrainConfig)
+    if args.print_config:
+        return _print_config(config)
+    from grouprl.cli.commands import train
+
+    train(config)
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace, rest: list[str]) -> int:
+    from grouprl.cli.demo import DEMO, QUICK_DEMO, QUICK_DEMO_NOTE, demo_note
+
+    settings = QUICK_DEMO if args.quick else DEMO
+    config = _resolve(args, rest, TrainConfig, base=settings)
+    if args.print_config:
+        return _print_config(config)
+    from grouprl.cli.commands import train
+
+    print(QUICK_DEMO_NOTE if args.quick else demo_note(to_dict(config)), flush=True)
+    train(config)  # its last line is "accuracy before=... after=..."
+    return EXIT_OK
+
+
+def _eval(args: argparse.Namespace, rest: list[str]) -> int:
+    config = _resolve(args, rest, TrainConfig)
+    if args.print_config:
+        return _print_config(config)
+    from grouprl.cli.commands import evaluate_command
+
+    evaluate_command(config)
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace, rest: list[str]) -> int:
+    if rest:
+        raise ConfigError(f"grouprl report takes one run folder and no options; got extra {' '.join(rest)!r}")
+    from grouprl.cli.commands import report_command
+
+    report_command(args.run_dir)
+    return EXIT_OK
+
+
+def _train_rm(args: argparse.Namespace, rest: list[str]) -> int:
+    config = _resolve(args, rest, RewardModelConfig)
+    if args.print_config:
+        return _print_config(config)
+    from grouprl.cli.commands import train_rm_command
+
+    train_rm_command(config)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def error_paragraph(error: BaseException) -> str:
+    """The error as one paragraph: its lines kept (a pip command reads better on its own line),
+    blank lines dropped."""
+    text = str(error).strip() or type(error).__name__
+    return "\n".join(line for line in text.splitlines() if line.strip())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (the console script exits with it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        args, rest = build_parser().parse_known_args(argv)
+        handler: Callable[[argparse.Namespace, list[str]], int] = args.handler
+        return handler(args, rest)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("grouprl: interrupted; checkpoints and logs written so far are kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        if debug:
+            raise
+        if isinstance(e, _bad_input_errors()):
+            print(f"grouprl: error: {error_paragraph(e)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(f"grouprl: unexpected {type(e).__name__}: {error_paragraph(e)} (run again with --debug for the "
+              "traceback)", file=sys.stderr)
+        return EXIT_FAILURE

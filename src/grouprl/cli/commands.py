@@ -1,0 +1,175 @@
+"""What each ``grouprl`` command does once its arguments are parsed into a config.
+
+Every function here takes a resolved config and returns what it made; printing is limited to the
+lines a user reads at the end (where the report is, before/after numbers, an eval table), each
+through ``echo`` so tests can capture them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from grouprl.cli.build import RunInputs, build_inputs, load_model
+from grouprl.config import TINY_MODEL, ConfigError, RewardModelConfig, TrainConfig
+
+Echo = Callable[[str], None]
+EVAL_SEED_OFFSET = 7_777_777
+"""The trainer evaluates with seed + this (``BaseTrainer.evaluate``); ``grouprl eval`` uses the same
+seed, so a run's final checkpoint scores exactly as the run's last evaluation did."""
+
+
+def before_after(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str | None:
+    """``accuracy before=0.188 after=0.406`` (or mean reward when there is no accuracy); keys may
+    carry the ``eval/`` prefix or not."""
+    def get(d: dict[str, Any] | None, key: str) -> float | None:
+        if not d:
+            return None
+        value = d.get(f"eval/{key}", d.get(key))
+        return float(value) if isinstance(value, int | float) else None
+
+    for key, label in (("accuracy", "accuracy"), ("mean_reward", "mean reward")):
+        b, a = get(before, key), get(after, key)
+        if b is not None and a is not None:
+            return f"{label} before={b:.3f} after={a:.3f}"
+    return None
+
+
+# --------------------------------------------------------------------------- train and demo
+
+
+def train(config: TrainConfig, echo: Echo = print) -> tuple[dict[str, Any], Path]:
+    """Build everything ``config`` names, train, write the report. Returns (summary, report path)."""
+    inputs = build_inputs(config)  # data, reward functions, checker: every cheap check before the model loads
+    from grouprl.report import write_report
+    from grouprl.trainer.grpo import GRPOTrainer
+
+    policy, tokenizer = load_model(config.model, config.seed)
+    trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=inputs.reward_fns,
+                          train_data=inputs.train_rows, eval_data=inputs.eval_rows or None,
+                          reward_weights=inputs.reward_weights, is_correct=inputs.is_correct,
+                          system_prompt=inputs.system_prompt, run_config=config)
+    summary = trainer.train()
+    report = write_report(config.output_dir)
+    echo(f"run folder: {config.output_dir} (config.yaml, metrics.jsonl, completions.jsonl, checkpoints/)")
+    echo(f"trained model: {Path(summary['checkpoint']) / 'model'}")
+    echo(f"report: {report}")
+    line = before_after(summary.get("eval_before"), summary.get("eval_after"))
+    echo(line or "no held-out evaluation (eval_size is 0, or nothing to measure)")
+    return summary, report
+
+
+# --------------------------------------------------------------------------- eval
+
+
+def evaluate_model(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer: Any) -> dict[str, float]:
+    """Held-out accuracy, pass@k, mean reward and length of ``policy`` on ``inputs.eval_rows``,
+    sampled exactly as the trainer's evaluation samples them."""
+    import torch
+
+    from grouprl.rollout.sampler import Sampler
+    from grouprl.trainer.base import encode_checked
+    from grouprl.trainer.evaluate import evaluate
+    from grouprl.types import SamplingParams
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    system = config.system_prompt if config.system_prompt is not None else inputs.system_prompt
+    ids = encode_checked(tokenizer, inputs.eval_rows, "eval", config.max_prompt_len, system_prompt=system,
+                         use_chat_template=config.use_chat_template)
+    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.eval_temperature,
+                            stop_strings=tuple(config.stop_strings), autocast_bf16=config.dtype == "bf16")
+    policy.eval()
+    with torch.inference_mode():
+        return evaluate(Sampler(policy, tokenizer), ids, inputs.eval_rows, params=params, k=config.eval_samples,
+                        reward_fns=inputs.reward_fns, reward_weights=inputs.reward_weights,
+                        is_correct=inputs.is_correct, seed=config.seed + EVAL_SEED_OFFSET)
+
+
+def format_table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def evaluate_command(config: TrainConfig, echo: Echo = print) -> dict[str, float]:
+    """``grouprl eval``: evaluate ``config.model`` on the held-out prompts of ``config`` and print a table."""
+    if config.eval_size == 0:
+        raise ConfigError("eval_size is 0: there is nothing to evaluate; set eval_size (or eval_dataset)")
+    inputs = build_inputs(config)
+    if not inputs.eval_rows:
+        raise ConfigError("no held-out prompts: set eval_size, eval_fraction or eval_dataset")
+    policy, tokenizer = load_model(config.model, config.seed)
+    result = evaluate_model(config, inputs, policy, tokenizer)
+    k = 1 if config.eval_temperature == 0 else config.eval_samples
+    source = config.task or config.eval_dataset or config.dataset
+    rows = [("model", config.model), ("prompts", f"{len(inputs.eval_rows)} held-out from {source}"),
+            ("samples", f"{k} per prompt at temperature {config.eval_temperature}")]
+    labels = {"eval/accuracy": "accuracy", f"eval/pass@{k}": f"pass@{k}", "eval/mean_reward": "mean reward",
+              "eval/len_mean": "mean length (tokens)"}
+    rows += [(label, f"{result[key]:.3f}") for key, label in labels.items() if key in result]
+    echo(format_table(rows))
+    return result
+
+
+# --------------------------------------------------------------------------- report
+
+
+def report_command(run_dir: str, echo: Echo = print) -> Path:
+    """``grouprl report RUN_DIR``: (re)write the run's plots and HTML page."""
+    from grouprl.report import summarize, write_report
+
+    path = write_report(run_dir)
+    summary = summarize(run_dir)
+    echo(f"report: {path}")
+    line = before_after(summary.get("eval_before"), summary.get("eval_after"))
+    if line:
+        echo(line)
+    return path
+
+
+# --------------------------------------------------------------------------- train-rm
+
+
+def reward_model_start(spec: str, seed: int) -> tuple[Any, Any]:
+    """(model or folder, tokenizer or None) that ``train_reward_model`` starts from."""
+    if spec == TINY_MODEL:
+        import torch
+        from transformers import LlamaForSequenceClassification
+
+        from grouprl.models import tiny_llama_config, tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+        with torch.random.fork_rng(devices=[]):  # seeded without touching the caller's generator
+            torch.manual_seed(seed)
+            model = LlamaForSequenceClassification(tiny_llama_config(tokenizer, num_labels=1))
+        return model, tokenizer
+    from grouprl.models import BUNDLED, bundled_model_folder
+
+    if spec in BUNDLED:
+        return str(bundled_model_folder(spec)), None
+    if not Path(spec).expanduser().exists():
+        raise FileNotFoundError(f"model {spec!r} is neither a bundled model ({', '.join(BUNDLED.names())}), "
+                                f"{TINY_MODEL!r}, nor an existing folder")
+    return spec, None
+
+
+def train_rm_command(config: RewardModelConfig, echo: Echo = print) -> Any:
+    """``grouprl train-rm``: fit a Bradley-Terry reward model to preference pairs and save it."""
+    from grouprl.rewards.reward_model import load_pairs, train_reward_model
+
+    load_pairs(config.pairs)  # a missing file or column fails here, before the model loads
+    if config.eval_pairs:
+        load_pairs(config.eval_pairs)
+    model, tokenizer = reward_model_start(config.model, config.seed)
+    result = train_reward_model(
+        model, tokenizer, config.pairs, output_dir=config.output_dir, eval_pairs=config.eval_pairs,
+        eval_fraction=config.eval_fraction, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
+        weight_decay=config.weight_decay, seed=config.seed, system_prompt=config.system_prompt,
+        max_length=config.max_length)
+    echo(f"reward model: {result.output_dir}")
+    echo(f"train loss {result.train_loss:.4f}" + (
+        "" if result.eval_accuracy is None else
+        f"; held-out pairs ranked right {result.eval_accuracy:.3f} (loss {result.eval_loss:.4f})"))
+    echo(f"use it: grouprl train --reward_model {result.output_dir} ...")
+    return result
