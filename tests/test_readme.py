@@ -1,0 +1,71 @@
+"""The README's promises: the config reference matches the code, the two commands come first,
+every command line it shows parses, and its Python example runs (on a tiny model)."""
+
+from __future__ import annotations
+
+import re
+import runpy
+import shlex
+from pathlib import Path
+
+from grouprl.cli import main
+from grouprl.config import TrainConfig, check_readme
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def code_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+def section(text: str, heading: str) -> str:
+    start = text.index(f"## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def test_config_reference_is_in_sync_with_the_code():
+    assert check_readme(README, TrainConfig) == ""
+
+
+def test_install_and_demo_come_first_then_the_test_command():
+    bash = code_blocks(README.read_text(), "bash")
+    assert "pip install" in bash[0] and bash[0].strip().endswith("grouprl demo")
+    assert bash[1].strip().endswith(".venv/bin/pytest")  # .ci/run runs exactly this (tests/test_repo.py)
+
+
+def test_every_command_line_in_the_readme_parses(monkeypatch, capsys):
+    """Each `grouprl ...` line of "The command line" resolves its config (nothing is loaded)."""
+    monkeypatch.chdir(ROOT)  # example paths are relative to the repository root
+    block = code_blocks(section(README.read_text(), "The command line"), "bash")[0]
+    commands = [shlex.split(line.split("#")[0]) for line in block.splitlines() if line.startswith("grouprl ")]
+    assert len(commands) >= 6
+    for argv in commands:
+        if argv[1] == "report" or "--help" in argv:
+            continue  # no config to resolve; the report command has its own test
+        code = main([*argv[1:], "--print-config"])
+        assert code == 0, (argv, capsys.readouterr().err)
+
+
+def test_python_example_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
+    """The API example as printed, with the bundled model swapped for a tiny one and a short run."""
+    code = code_blocks(section(README.read_text(), "Python API"), "python")[0]
+    swaps = {
+        "from grouprl.models import load_policy": "from grouprl.models import load_policy, tiny_causal_lm",
+        'load_policy("smollm2-135m")': "tiny_causal_lm()",
+        "total_steps=30": "total_steps=1, progress=False, tensorboard=False, prompts_per_step=2, group_size=4",
+        'task.rows("eval", 32, seed=0)': 'task.rows("eval", 4, seed=0)',
+        'output_dir="runs/api"': f"output_dir={str(tmp_path / 'api')!r}",
+    }
+    for old, new in swaps.items():
+        assert old in code, f"the README example changed; update this test's substitution for {old!r}"
+        code = code.replace(old, new)
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(script), run_name="__main__")
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"[\d.]+ -> [\d.]+", printed)
+    assert (tmp_path / "api" / "summary.json").exists()
+
