@@ -1,0 +1,126 @@
+"""Prompt datasets: file formats, the prompt column, splits and the clear errors."""
+
+import csv
+import json
+
+import pytest
+
+from grouprl.data import (
+    DataError,
+    PromptTooLongError,
+    check_prompt_lengths,
+    load_prompts,
+    load_records,
+    train_eval_split,
+)
+
+ROWS = [
+    {"question": "What is 2+2?", "answer": 4, "source": "a"},
+    {"question": "What is 3+3?", "answer": 6, "source": "b"},
+]
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+def write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_jsonl_renames_the_prompt_column_and_keeps_the_others(tmp_path):
+    rows = load_prompts(write_jsonl(tmp_path / "d.jsonl", ROWS), prompt_column="question")
+    assert rows == [{"answer": 4, "source": "a", "prompt": "What is 2+2?"},
+                    {"answer": 6, "source": "b", "prompt": "What is 3+3?"}]
+
+
+def test_csv_parquet_json_and_datasets_give_the_same_rows(tmp_path):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with open(tmp_path / "d.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["question", "answer", "source"])
+        writer.writeheader()
+        writer.writerows(ROWS)
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
+    (tmp_path / "d.json").write_text(json.dumps(ROWS))
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "folder"))
+    dataset_dict = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS)})
+
+    expected = load_prompts(write_jsonl(tmp_path / "d.jsonl", ROWS), prompt_column="question")
+    as_csv = load_prompts(tmp_path / "d.csv", prompt_column="question")
+    assert [r["prompt"] for r in as_csv] == [r["prompt"] for r in expected]
+    assert as_csv[0]["answer"] == "4"  # CSV has no types; answer checkers compare numbers by value
+    for source in (tmp_path / "d.parquet", str(tmp_path / "d.json"), tmp_path / "folder", dataset_dict,
+                   datasets.Dataset.from_list(ROWS)):
+        assert load_prompts(source, prompt_column="question") == expected, source
+
+
+def test_chat_messages_and_system_prompt(tmp_path):
+    rows = [{"prompt": CHAT, "answer": 1}, {"prompt": "plain", "answer": 2}]
+    loaded = load_prompts(write_jsonl(tmp_path / "chat.jsonl", rows))
+    assert loaded[0]["prompt"] == CHAT and loaded[1]["prompt"] == "plain"
+
+    with_system = load_prompts(rows, system_prompt="Be brief.")
+    assert with_system[1]["prompt"] == [{"role": "system", "content": "Be brief."},
+                                        {"role": "user", "content": "plain"}]
+
+    with open(tmp_path / "chat.csv", "w", newline="") as f:  # CSV stores messages as JSON text
+        csv.writer(f).writerows([["prompt"], [json.dumps(CHAT)]])
+    assert load_prompts(tmp_path / "chat.csv")[0]["prompt"] == CHAT
+
+
+def test_missing_column_names_the_columns_that_exist(tmp_path):
+    with pytest.raises(DataError, match=r"no column 'prompt'; columns: 'question', 'answer', 'source'"):
+        load_prompts(write_jsonl(tmp_path / "d.jsonl", ROWS))
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ([], "has no rows"),
+    ([{"prompt": "ok"}, {"prompt": "   "}], "row 1: the prompt must be non-empty text"),
+    ([{"prompt": 42}], "row 0: the prompt must be"),
+    ([{"prompt": [{"role": "user"}]}], "row 0: every chat message needs string 'role' and 'content'"),
+    ([{"question": "q", "prompt": "p"}], "has both 'question'"),
+])
+def test_bad_rows(rows, message):
+    with pytest.raises(DataError, match=message):
+        load_prompts(rows, prompt_column="question" if "both" in message else "prompt")
+
+
+def test_file_errors(tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
+    with pytest.raises(DataError, match="line 2 is not valid JSON"):
+        load_records(tmp_path / "bad.jsonl")
+    with pytest.raises(DataError, match="does not exist"):
+        load_records(tmp_path / "nope.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="has no rows"):
+        load_prompts(tmp_path / "empty.jsonl")
+    (tmp_path / "d.txt").write_text("x")
+    with pytest.raises(ValueError, match="unknown prompt file format '.txt'"):
+        load_records(tmp_path / "d.txt")
+    (tmp_path / "plain_folder").mkdir()
+    with pytest.raises(DataError, match="not a saved `datasets` dataset"):
+        load_records(tmp_path / "plain_folder")
+
+
+def test_train_eval_split():
+    rows = [{"prompt": str(i)} for i in range(20)]
+    train, held = train_eval_split(rows, eval_fraction=0.25, seed=1)
+    assert len(train) == 15 and len(held) == 5
+    assert sorted(int(r["prompt"]) for r in train + held) == list(range(20))
+    assert [int(r["prompt"]) for r in train] == sorted(int(r["prompt"]) for r in train)  # order kept
+    assert train_eval_split(rows, eval_fraction=0.25, seed=1) == (train, held)
+    assert train_eval_split(rows, eval_fraction=0.25, seed=2)[1] != held
+    assert len(train_eval_split(rows[:3], eval_fraction=0.01)[1]) == 1  # at least one eval row
+    with pytest.raises(ValueError, match="exactly one"):
+        train_eval_split(rows, eval_fraction=0.1, eval_size=2)
+    with pytest.raises(ValueError, match="leaves no train"):
+        train_eval_split(rows, eval_size=20)
+
+
+def test_prompt_lengths_name_the_row():
+    rows = [{"prompt": "short"}, {"prompt": "a very long prompt"}, {"prompt": "also long"}]
+    check_prompt_lengths([[1] * 3, [1] * 8, [1] * 9], max_len=9, rows=rows)
+    with pytest.raises(PromptTooLongError, match=r"2 prompt\(s\) longer than 5 tokens; first: row 1 with 8 tokens "
+                                                 r"\(prompt 'a very long prompt'\)"):
+        check_prompt_lengths([[1] * 3, [1] * 8, [1] * 9], max_len=5, rows=rows)
