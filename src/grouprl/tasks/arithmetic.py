@@ -1,0 +1,74 @@
+"""The ``arithmetic`` task: procedurally generated sums, seeded, with difficulty set by the
+number of digits, the operations and the number of operands.
+
+The checker is lenient in one way only: it reads the final answer wherever the model put it,
+the last ``<answer>...</answer>`` tag if any, else the last number in the completion ("3 + 4 = 7"
+counts as 7; "1,024" as 1024). It is strict about the value. Because a completion that only
+repeats the question ends in its last operand, problems whose answer equals an operand
+(``7 + 0``, ``6 - 3``) are never generated.
+
+The default (one-digit operands, + and -) was calibrated on SmolLM2-135M-Instruct so that the
+base model solves a useful share of problems and most groups of 8 samples disagree; see
+``docs/calibration.md`` and ``benchmarks/calibrate_arithmetic.py``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from grouprl.rewards.builtin import answers_match, exact_match, extract_answer
+from grouprl.tasks.base import Task, evaluate_expression
+
+OPERATIONS = "+-*"
+PROMPT = "What is {expression}? Answer with just the number."
+
+
+@dataclass(repr=False)
+class ArithmeticTask(Task):
+    """Options (all keyword arguments of ``get_task("arithmetic", ...)``):"""
+
+    digits: int = 1
+    """Each operand has 1..digits digits (0..9 for 1 digit, 0..99 for 2)."""
+    operations: str = "+-"
+    """Operators drawn from, any of "+-*"."""
+    operands: int = 2
+    """Numbers per problem; with more than 2, usual precedence applies (* before + and -)."""
+    allow_negative: bool = False
+    """If False, problems whose result is negative are redrawn."""
+    prompt_template: str = PROMPT
+    """``{expression}`` is replaced by the problem, e.g. "7 + 5"."""
+    system_prompt: str | None = None
+    """None keeps the model's own default system prompt (the chat template adds it)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.digits <= 9:
+            raise ValueError(f"arithmetic: digits must be 1..9, got {self.digits}")
+        if not self.operations or set(self.operations) - set(OPERATIONS):
+            raise ValueError(f"arithmetic: operations must be a non-empty string of {OPERATIONS!r}, "
+                             f"got {self.operations!r}")
+        if self.operands < 2:
+            raise ValueError(f"arithmetic: operands must be >= 2, got {self.operands}")
+        if "{expression}" not in self.prompt_template:
+            raise ValueError("arithmetic: prompt_template must contain '{expression}'")
+        self.name = "arithmetic"
+        self.reward_fns = [exact_match]
+        self.reward_weights = [1.0]
+
+    def make_row(self, rng: random.Random) -> dict[str, Any]:
+        high = 10 ** self.digits - 1
+        while True:
+            numbers = [rng.randint(0, high) for _ in range(self.operands)]
+            ops = [rng.choice(self.operations) for _ in range(self.operands - 1)]
+            expression = " ".join([str(numbers[0])] + [f"{op} {n}" for op, n in zip(ops, numbers[1:])])
+            value, _ = evaluate_expression(expression)
+            # An answer equal to an operand (7 + 0, 6 - 3, 1 * 4) would let a completion that just
+            # repeats the question score under the last-number rule, so such problems are redrawn.
+            if (self.allow_negative or value >= 0) and value not in numbers:
+                break
+        return {"prompt": self.prompt_template.format(expression=expression), "answer": int(value),
+                "expression": expression}
+
+    def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
+        return answers_match(extract_answer(completion), row["answer"])
