@@ -1,0 +1,11 @@
+"""Generation for GRPO: G completions per prompt, beam groups, and per-token log-probs.
+
+- :mod:`grouprl.rollout.sampler` -- :class:`~grouprl.rollout.sampler.Sampler`, the engine
+  (batched KV-cache decoding, shared prefill, finished rows dropped, stop strings).
+- :mod:`grouprl.rollout.beams` -- ``mode="beam"``: the G best beams of each prompt.
+- :mod:`grouprl.rollout.logprobs` -- :func:`~grouprl.rollout.logprobs.token_logprobs`, chunked
+  over positions, shared with the trainer.
+- :mod:`grouprl.rollout.prompts` -- chat-template rendering of user prompts.
+
+This package knows nothing of advantages or losses.
+"""

@@ -1,0 +1,147 @@
+"""The sampling decode loop: G independent samples per prompt on a shared prefill.
+
+Shapes: P prompts, G samples each, B = P*G rows (prompt-major), Lp padded prompt length,
+N = max_new_tokens, b rows still running at a step, V vocabulary.
+
+Where the time goes and what this loop does about it:
+
+- each prompt is prefilled once (batch P) and its cache repeated to its G rows, so a group costs
+  one prefill, not G;
+- rows that finish are dropped from the batch and the KV cache as soon as they finish, so a step
+  costs what the running rows cost (``transformers``' ``generate`` keeps decoding finished rows
+  until the longest row ends);
+- the KV cache is written in place (:mod:`grouprl.rollout.cache`) rather than re-concatenated;
+- a step does a fixed handful of tensor operations whatever b is: stop tokens are checked with one
+  ``isin``, stop strings through a vocabulary table (:mod:`grouprl.rollout.stops`), and each row
+  draws with one uniform number (:mod:`grouprl.rollout.picking`). The single host sync per step is
+  "did any row finish".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from grouprl.rollout.picking import pick_tokens
+from grouprl.rollout.runner import Runner, positions_from_mask
+from grouprl.rollout.stops import StopStringMatcher
+from grouprl.types import SamplingParams
+
+
+@dataclass
+class DecodeRequest:
+    """Everything one decode loop needs; built and validated by :class:`~grouprl.rollout.sampler.Sampler`."""
+
+    model: nn.Module
+    prompt_ids: torch.Tensor
+    """[P, Lp] long, left-padded."""
+    prompt_mask: torch.Tensor
+    """[P, Lp] long."""
+    group_size: int
+    params: SamplingParams
+    stop_ids: torch.Tensor
+    """[n_stop] long: EOS ids and ``params.stop_token_ids``."""
+    matcher: StopStringMatcher | None
+    generator: torch.Generator
+    share_prefill: bool = True
+    """Prefill each prompt once and repeat its cache G times (False: prefill all B rows)."""
+    compact: bool = True
+    """Drop finished rows from the batch (False: keep decoding them and discard their tokens)."""
+
+
+@dataclass
+class Decoded:
+    """Raw decode output, prompt-major."""
+
+    tokens: torch.Tensor
+    """[B, T] long, pad after each row's length."""
+    logprobs: torch.Tensor
+    """[B, T] float32, 0 after each row's length."""
+    lengths: torch.Tensor
+    """[B] long, tokens that count (up to and including the stopping token)."""
+    truncated: torch.Tensor
+    """[B] bool, ran out of max_new_tokens without stopping."""
+
+
+def prefill(runner: Runner, req: DecodeRequest) -> torch.Tensor:
+    """Run the prompts through the model and leave a cache of B rows; returns [B, V] next-token logits."""
+    g = req.group_size
+    ids, mask = req.prompt_ids, req.prompt_mask
+    if req.share_prefill:
+        logits = runner.forward(ids, mask, positions_from_mask(mask))  # [P, V]
+        runner.repeat_rows(g)
+        return logits.repeat_interleave(g, 0)  # [B, V]
+    ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
+    return runner.forward(ids, mask, positions_from_mask(mask))  # [B, V]
+
+
+def seen_tokens(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[n, V] bool: which tokens occur among each row's real prompt tokens."""
+    counts = torch.zeros(prompt_ids.shape[0], vocab, device=prompt_ids.device)
+    counts.scatter_add_(1, prompt_ids, prompt_mask.float())
+    return counts > 0
+
+
+def finish(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, ended_at: torch.Tensor, steps: int,
+           pad_id: int) -> Decoded:
+    """Cut the [B, N] step buffers to the longest row and blank everything past each row's end."""
+    lengths = torch.where(ended_at > 0, ended_at, torch.full_like(ended_at, steps))  # [B]
+    width = int(lengths.max())
+    past = torch.arange(width, device=lengths.device).unsqueeze(0) >= lengths.unsqueeze(1)  # [B, T]
+    tokens = out_tokens[:, :width].masked_fill(past, pad_id)
+    logprobs = out_logprobs[:, :width].masked_fill(past, 0.0)
+    return Decoded(tokens=tokens, logprobs=logprobs, lengths=lengths, truncated=ended_at == 0)
+
+
+def sample_groups(req: DecodeRequest, pad_id: int) -> Decoded:
+    """Draw G completions per prompt. Returns prompt-major [B, T] tokens and their sampling log-probs."""
+    params = req.params
+    p, lp = req.prompt_ids.shape
+    g, n = req.group_size, params.max_new_tokens
+    b_all = p * g
+    device = req.prompt_ids.device
+    runner = Runner(req.model, capacity=lp + n)
+    logits = prefill(runner, req)  # [B, V]
+
+    rows = torch.arange(b_all, device=device)  # original row of each running row  [b]
+    attn = torch.ones(b_all, lp + n, dtype=torch.long, device=device)  # [B, Lp + N]
+    attn[:, :lp] = req.prompt_mask.repeat_interleave(g, 0)
+    first_pos = req.prompt_mask.sum(-1).repeat_interleave(g)  # [B] position of the first new token
+    seen = None
+    if params.repetition_penalty != 1.0:
+        seen = seen_tokens(req.prompt_ids, req.prompt_mask, logits.shape[-1]).repeat_interleave(g, 0)
+
+    out_tokens = torch.full((b_all, n), pad_id, dtype=torch.long, device=device)
+    out_logprobs = torch.zeros(b_all, n, device=device)
+    ended_at = torch.zeros(b_all, dtype=torch.long, device=device)  # 0 while running, else length
+    step = 0
+    for step in range(n):
+        # One uniform per original row per step, drawn whether or not the row still runs: a row's
+        # randomness never depends on which rows were dropped.
+        u = torch.rand(b_all, generator=req.generator, device=device)[rows] if params.temperature > 0 else None
+        tokens, logprobs = pick_tokens(logits, params, u, seen)  # [b], [b]
+        out_tokens[rows, step] = tokens
+        out_logprobs[rows, step] = logprobs
+        done = torch.isin(tokens, req.stop_ids)  # [b]
+        if req.matcher is not None:
+            done |= req.matcher.completed(out_tokens, rows, step, tokens)
+        if not req.compact:
+            done &= ended_at[rows] == 0
+        if done.any():
+            ended_at[rows[done]] = step + 1
+            if bool((ended_at > 0).all()) or step == n - 1:
+                break
+            if req.compact:
+                keep = (~done).nonzero().flatten()  # [b']
+                rows, tokens = rows[keep], tokens[keep]
+                attn, first_pos = attn[keep], first_pos[keep]
+                seen = seen[keep] if seen is not None else None
+                runner.select_rows(keep)
+        if step == n - 1:
+            break
+        if seen is not None:
+            seen.scatter_(1, tokens.unsqueeze(1), True)
+        logits = runner.forward(tokens.unsqueeze(1), attn[:, : lp + step + 1], (first_pos + step).unsqueeze(1))
+    return finish(out_tokens, out_logprobs, ended_at, step + 1, pad_id)

@@ -1,0 +1,127 @@
+"""Running a Hugging Face causal LM one decode step at a time on its KV cache.
+
+Shared by the sampler and beam search. Prompts are left-padded, so every call passes explicit
+``position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)`` as ``model.generate`` does; the
+log-prob code (:mod:`grouprl.rollout.logprobs`) uses the same rule, so recomputed log-probs match.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from grouprl.rollout.cache import make_cache
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The ``transformers`` model inside a peft wrapper (LoRA layers stay injected), else ``model``."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists: ``([n, L] long ids, [n, L] long mask)``, ``L`` the longest row."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[n, L]`` position ids that skip left padding (pads get 0, like ``model.generate``)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class _WholeCall(nn.Module):
+    """Lets ``torch.func.functional_call`` substitute weights for a whole decode loop, not one call."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn: Callable[[nn.Module], Any]) -> Any:
+        return fn(self.model)
+
+
+def run_with_bf16_weights(model: nn.Module, fn: Callable[[nn.Module], Any]) -> Any:
+    """``fn(model)`` with every float32 parameter replaced by a bfloat16 copy, under bf16 autocast.
+
+    Autocast alone re-casts each weight at every call under ``torch.inference_mode`` (its weight
+    cache only serves leaves that require grad outside inference mode), which made a bf16 decode
+    step several times slower than fp32. Casting once per rollout and substituting the copies with
+    ``functional_call`` keeps the live module untouched (the trainer still owns fp32 weights).
+    """
+    wrapper = _WholeCall(model)
+    params = {
+        name: (p.to(torch.bfloat16) if p.dtype == torch.float32 else p)
+        for name, p in wrapper.named_parameters()
+    }
+    with torch.autocast(model_device(model).type, dtype=torch.bfloat16):
+        return torch.func.functional_call(wrapper, params, (fn,), tie_weights=True, strict=False)
+
+
+class Runner:
+    """Prefill and single-token decode steps of ``model`` on a preallocated cache.
+
+    The cache is a ``transformers`` ``DynamicCache`` whose full-attention layers are
+    :class:`~grouprl.rollout.cache.BufferLayer` s of ``capacity`` positions; rows are dropped or
+    repeated with :meth:`select_rows` / :meth:`repeat_rows`.
+    """
+
+    def __init__(self, model: nn.Module, capacity: int):
+        self.model = model
+        self.cache = make_cache(unwrap_model(model), capacity)
+        forward = inspect.signature(type(unwrap_model(model)).forward).parameters
+        self._extra = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Append ``ids`` [b, q] to the cache; returns the last position's logits, [b, V] float32.
+
+        ``attention_mask`` is [b, n + q] over the cached and new positions; ``position_ids`` [b, q].
+        """
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            **self._extra,
+        )
+        if out.past_key_values is not None and out.past_key_values is not self.cache:
+            # Models that build their own cache object hand it back; keep using theirs.
+            self.cache = out.past_key_values
+        return out.logits[:, -1, :].float()
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep cache rows ``rows`` ([b'] long, in that order)."""
+        self.cache.batch_select_indices(rows)
+
+    def repeat_rows(self, repeats: int) -> None:
+        """Row ``i`` becomes rows ``i*repeats .. i*repeats+repeats-1`` (prompt -> its group)."""
+        self.cache.batch_repeat_interleave(repeats)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Dropout off while sampling; the module's training flag is restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)

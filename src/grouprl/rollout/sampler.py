@@ -1,0 +1,183 @@
+"""The rollout engine: G completions per prompt from any ``transformers`` causal LM.
+
+>>> from grouprl.rollout.sampler import Sampler                          # doctest: +SKIP
+>>> sampler = Sampler(model, tokenizer)                                  # doctest: +SKIP
+>>> ids = sampler.encode(["What is 7+5?", "What is 3+9?"])               # doctest: +SKIP
+>>> batch = sampler.generate(ids, group_size=4, params=SamplingParams(max_new_tokens=32), seed=0)  # doctest: +SKIP
+>>> batch.completions[:4], batch.completion_ids.shape                    # doctest: +SKIP
+
+The loop is hand-written over the model's forward and KV cache (see :mod:`grouprl.rollout.decoding`
+and :mod:`grouprl.rollout.beams`), runs under ``torch.inference_mode`` on the live module, and
+returns a prompt-major :class:`~grouprl.types.RolloutBatch`. ``params.mode`` picks how the group is
+formed: ``"sample"`` (G independent samples) or ``"beam"`` (the G best beams).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from grouprl.registry import Registry
+from grouprl.rollout.beams import beam_groups
+from grouprl.rollout.decoding import Decoded, DecodeRequest, sample_groups
+from grouprl.rollout.prompts import Prompt, encode_prompts
+from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights, unwrap_model
+from grouprl.rollout.stops import StopStringMatcher, cut_at_stop
+from grouprl.types import RolloutBatch, SamplingParams
+
+MODES: Registry = Registry("sampling mode")
+MODES.register("sample", sample_groups)
+MODES.register("beam", beam_groups)
+
+
+def check_params(params: SamplingParams) -> None:
+    """Raise ``ValueError`` naming the first field of ``params`` that is out of range."""
+    MODES.get(params.mode)
+    checks = [
+        ("max_new_tokens", params.max_new_tokens >= 1, "must be >= 1"),
+        ("temperature", params.temperature >= 0.0, "must be >= 0 (0 = greedy)"),
+        ("top_k", params.top_k >= 0, "must be >= 0 (0 = off)"),
+        ("top_p", 0.0 < params.top_p <= 1.0, "must be in (0, 1] (1 = off)"),
+        ("min_p", 0.0 <= params.min_p < 1.0, "must be in [0, 1) (0 = off)"),
+        ("repetition_penalty", params.repetition_penalty > 0.0, "must be > 0 (1 = off)"),
+    ]
+    for name, ok, rule in checks:
+        if not ok:
+            raise ValueError(f"SamplingParams.{name} {rule}, got {getattr(params, name)!r}")
+
+
+def _check_inputs(prompt_ids: Sequence[Sequence[int]], group_size: int, vocab: int,
+                  prompts: list | None, extras: dict[str, list] | None) -> None:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be an integer >= 1, got {group_size!r}")
+    if len(prompt_ids) == 0:
+        raise ValueError("prompt_ids is empty: give at least one prompt")
+    for p, ids in enumerate(prompt_ids):
+        if len(ids) == 0:
+            raise ValueError(f"prompt {p} has no tokens")
+        bad = [t for t in ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"prompt {p} has token ids outside the model's vocabulary [0, {vocab}): {bad[:5]}")
+    n = len(prompt_ids)
+    if prompts is not None and len(prompts) != n:
+        raise ValueError(f"prompts has {len(prompts)} entries for {n} prompt_ids")
+    for name, column in (extras or {}).items():
+        if len(column) != n:
+            raise ValueError(f"extras column {name!r} has {len(column)} entries for {n} prompts (one per prompt)")
+
+
+class Sampler:
+    """Batched KV-cache sampling of G completions per prompt on the live policy.
+
+    ``model`` is any ``transformers`` ``AutoModelForCausalLM`` (or a peft wrapper of one);
+    ``tokenizer`` its tokenizer. ``share_prefill`` and ``compact`` exist to check that the two
+    optimisations change nothing; leave them on.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Any, *, share_prefill: bool = True, compact: bool = True):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.share_prefill = share_prefill
+        self.compact = compact
+        self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
+
+    def update_weights(self, model: nn.Module) -> None:
+        """Nothing to copy: this engine samples from the live module. A different module object
+        (for example the policy unwrapped from a distributed wrapper) replaces the one held."""
+        self.model = model
+
+    def encode(self, prompts: Sequence[Prompt], *, system_prompt: str | None = None,
+               use_chat_template: bool = True) -> list[list[int]]:
+        """Token ids of user prompts (text or chat messages) through the chat template; P lists."""
+        return encode_prompts(self.tokenizer, prompts, system_prompt=system_prompt,
+                              use_chat_template=use_chat_template)
+
+    @property
+    def pad_token_id(self) -> int:
+        tok = self.tokenizer
+        for candidate in (tok.pad_token_id, tok.eos_token_id):
+            if candidate is not None:
+                return int(candidate)
+        return 0
+
+    def stop_token_ids(self, params: SamplingParams) -> list[int]:
+        """The tokenizer's EOS, the model's generation-config EOS ids (what ``generate`` stops on), and
+        ``params.stop_token_ids``."""
+        ids = set(params.stop_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gen_eos = getattr(getattr(unwrap_model(self.model), "generation_config", None), "eos_token_id", None)
+        if gen_eos is not None:
+            ids.update([gen_eos] if isinstance(gen_eos, int) else gen_eos)
+        return sorted(ids)
+
+    def _matcher(self, stop_strings: tuple[str, ...], vocab: int) -> StopStringMatcher | None:
+        if not stop_strings:
+            return None
+        if stop_strings not in self._matchers:
+            self._matchers[stop_strings] = StopStringMatcher(self.tokenizer, stop_strings, vocab)
+        return self._matchers[stop_strings]
+
+    def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
+                 seed: int | None = None, prompts: list | None = None,
+                 extras: dict[str, list] | None = None) -> RolloutBatch:
+        """G completions for each of P prompts, prompt-major (row ``p*G + g``).
+
+        prompt_ids: P lists of token ids (unpadded); prompts: the P prompts as the user gave them
+        (defaults to the decoded prompt text); extras: per-prompt columns (lists of length P), each
+        repeated to B rows. ``seed`` makes the draw reproducible (same seed, same batch).
+        """
+        check_params(params)
+        vocab = unwrap_model(self.model).get_input_embeddings().num_embeddings
+        _check_inputs(prompt_ids, group_size, vocab, prompts, extras)
+        device = model_device(self.model)
+        generator = torch.Generator(device=device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        pad_id = self.pad_token_id
+        ids, mask = left_pad([list(map(int, r)) for r in prompt_ids], pad_id, device)
+        req = DecodeRequest(
+            model=self.model, prompt_ids=ids, prompt_mask=mask, group_size=group_size, params=params,
+            stop_ids=torch.tensor(self.stop_token_ids(params), dtype=torch.long, device=device),
+            matcher=self._matcher(tuple(params.stop_strings), vocab), generator=generator,
+            share_prefill=self.share_prefill, compact=self.compact,
+        )
+        decode = partial(MODES.get(params.mode), pad_id=pad_id)
+        with eval_mode(self.model), torch.inference_mode():
+            out = run_with_bf16_weights(self.model, lambda _: decode(req)) if params.autocast_bf16 else decode(req)
+        return self._assemble(req, out, prompt_ids, prompts, extras)
+
+    def _assemble(self, req: DecodeRequest, out: Decoded, prompt_ids: list[list[int]], prompts: list | None,
+                  extras: dict[str, list] | None) -> RolloutBatch:
+        g = req.group_size
+        lengths = out.lengths.tolist()
+        texts = self.tokenizer.batch_decode(
+            [row[:n] for row, n in zip(out.tokens.tolist(), lengths)],
+            skip_special_tokens=True, clean_up_tokenization_spaces=False,
+        )
+        if req.params.stop_strings:
+            texts = [cut_at_stop(t, tuple(req.params.stop_strings))[0] for t in texts]
+        if prompts is None:
+            prompts = self.tokenizer.batch_decode([list(r) for r in prompt_ids], skip_special_tokens=False)
+        mask = (torch.arange(out.tokens.shape[1], device=out.tokens.device).unsqueeze(0)
+                < out.lengths.unsqueeze(1)).float()  # [B, T]
+        return RolloutBatch(
+            prompt_ids=req.prompt_ids.repeat_interleave(g, 0),
+            prompt_mask=req.prompt_mask.repeat_interleave(g, 0),
+            completion_ids=out.tokens,
+            completion_mask=mask,
+            sampling_logprobs=out.logprobs,
+            truncated=out.truncated,
+            completions=texts,
+            prompts=[p for p in prompts for _ in range(g)],
+            group_size=g,
+            pad_token_id=self.pad_token_id,
+            extras={k: [v for v in col for _ in range(g)] for k, col in (extras or {}).items()},
+        )
+

@@ -1,0 +1,79 @@
+"""Stop strings: ending a completion at the token that completes the first stop string.
+
+Decoding every row at every step would be Python work per token per row. Instead a table over the
+vocabulary marks the tokens that can possibly complete a stop string (their text contains the
+last character of one, or their text is not a whole character on its own); a step looks the new
+tokens up in that table in one tensor operation, and only the rows that drew such a token are
+decoded and searched. A stop string spread over several tokens is found at the token that
+finishes it, which is where the row ends: the mask stops at that token and the text is cut right
+after the stop string (a token may carry text past the cut; it still counts in the mask).
+
+Texts are decoded with ``skip_special_tokens=True``; stop on special tokens with
+``stop_token_ids`` instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_SENTENCEPIECE_SPACE = "\u2581"
+
+
+def cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> tuple[str, bool]:
+    """``text`` cut right after the earliest-ending stop string, and whether one was found.
+
+    >>> cut_at_stop("a=1\\n\\nb=2\\n\\n", ("\\n\\n", "=2"))
+    ('a=1\\n\\n', True)
+    """
+    ends = [i + len(s) for s in stop_strings if (i := text.find(s)) >= 0]
+    return (text[: min(ends)], True) if ends else (text, False)
+
+
+def _candidate_table(tokenizer: Any, stop_strings: tuple[str, ...], vocab_size: int) -> torch.Tensor:
+    """[vocab_size] bool: tokens whose arrival can complete one of ``stop_strings``."""
+    n = min(len(tokenizer), vocab_size)
+    texts = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=True,
+                                   clean_up_tokenization_spaces=False)
+    last_chars = {s[-1] for s in stop_strings}
+    ends_in_space = any(c.isspace() for c in last_chars)
+    pieces = tokenizer.convert_ids_to_tokens(list(range(n))) if ends_in_space else [""] * n
+    table = torch.ones(vocab_size, dtype=torch.bool)  # ids past the tokenizer: assume the worst
+    for i, (text, piece) in enumerate(zip(texts, pieces)):
+        partial_char = "\ufffd" in text
+        # SentencePiece drops a token's leading space when it is decoded alone.
+        hidden_space = ends_in_space and (piece or "").startswith(_SENTENCEPIECE_SPACE)
+        table[i] = partial_char or hidden_space or any(c in text for c in last_chars)
+    return table
+
+
+class StopStringMatcher:
+    """Finds rows whose newest token completed a stop string.
+
+    Built once per (tokenizer, stop strings) and reused across rollouts; ``table`` is [V] bool.
+    """
+
+    def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...], vocab_size: int):
+        if any(not s for s in stop_strings):
+            raise ValueError("stop_strings contains an empty string, which would stop every completion at once")
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(stop_strings)
+        self.table = _candidate_table(tokenizer, self.stop_strings, vocab_size)
+
+    def completed(self, history: torch.Tensor, rows: torch.Tensor, step: int, new_tokens: torch.Tensor) -> torch.Tensor:
+        """[b] bool: which active rows end with a stop string after ``step``'s token.
+
+        history [B, max_new_tokens] long, the tokens so far indexed by original row; rows [b] long,
+        the original row of each active row; new_tokens [b] long, the tokens just drawn.
+        """
+        table = self.table.to(new_tokens.device)
+        hits = torch.zeros_like(new_tokens, dtype=torch.bool)
+        maybe = table[new_tokens].nonzero().flatten().tolist()
+        if not maybe:
+            return hits
+        seqs = history[rows[maybe], : step + 1].tolist()
+        texts = self.tokenizer.batch_decode(seqs, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        for i, text in zip(maybe, texts):
+            hits[i] = any(s in text for s in self.stop_strings)
+        return hits
