@@ -272,7 +272,7 @@ def test_demo_quick_end_to_end(tmp_path):
     """What a newcomer runs: a subprocess, under a minute, ending with the before/after line."""
     out_dir = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "grouprl", "demo", "--quick", "--output_dir", str(out_dir),
-                           "--no-progress"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                           "--no-progress"], capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     match = LAST_LINE.match(lines[-1])
