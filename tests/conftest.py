@@ -1,6 +1,11 @@
 """Shared fixtures."""
 
 import pytest
+import torch
+
+# Test models are tiny: their matmuls are latency-bound, and intra-op threads only add barrier
+# waits (badly so when other processes share the cores). One thread is several times faster here.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from grouprl.algos import AGGREGATIONS, group_advantages
 from grouprl.rewards import RewardFunctionError
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.trainer.checkpoint import checkpoint_dirs
-from tests.trainer_helpers import PROMPTS, digit_share, make_trainer, params_of
+from tests.trainer_helpers import PROMPTS, RESUME_SETTINGS, digit_share, make_trainer, params_of
 
 REQUIRED_METRICS = [
     "reward/mean", "reward/std", "reward/digit_share", "rollout/zero_std_frac", "rollout/len_mean",
@@ -45,7 +45,9 @@ def test_micro_batches_give_the_same_update_as_one_batch(tmp_path, mode):
     (g1, p1), (g2, p2) = results
     for k in g1:
         torch.testing.assert_close(g2[k], g1[k], atol=1e-6, rtol=1e-4)
-        torch.testing.assert_close(p2[k], p1[k], atol=1e-6, rtol=1e-5)
+        # Adam's first step is ~lr * g / |g|: where |g| is near Adam's eps, fp32 summation-order noise
+        # in g shows up amplified, so the parameters are compared at 1% of the step size (lr = 1e-3).
+        torch.testing.assert_close(p2[k], p1[k], atol=1e-5, rtol=0)
 
 
 def test_on_policy_gradient_is_reinforce(tmp_path):
@@ -186,30 +188,29 @@ def test_lora_trains_adapters_only_and_reference_is_the_base(tmp_path):
 RESUME_SCRIPT = textwrap.dedent(
     """
     import sys, torch
+    torch.set_num_threads(1)
     sys.path.insert(0, {root!r})
-    from tests.trainer_helpers import make_trainer
+    from tests.trainer_helpers import make_trainer, RESUME_SETTINGS
     from pathlib import Path
-    trainer = make_trainer(Path({tmp!r}), total_steps={steps}, save_every=1, mu=2, minibatch_size=4,
-                           eval_every=0, resume_from={resume!r})
+    trainer = make_trainer(Path({tmp!r}), total_steps=4, resume_from="latest", **RESUME_SETTINGS)
     trainer.train()
     torch.save({{k: v.detach() for k, v in trainer.policy.named_parameters()}}, {out!r})
     """
 )
 
 
-def _run_script(tmp, steps, resume, out):
-    root = str(Path(__file__).resolve().parents[1])
-    code = RESUME_SCRIPT.format(root=root, tmp=str(tmp), steps=steps, resume=resume, out=str(out))
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, timeout=300)
-    return torch.load(out)
-
-
 def test_resume_in_a_fresh_process_is_bit_identical(tmp_path):
-    straight = _run_script(tmp_path / "a", 4, None, tmp_path / "a.pt")
-    _run_script(tmp_path / "b", 2, None, tmp_path / "b2.pt")
-    resumed = _run_script(tmp_path / "b", 4, "latest", tmp_path / "b4.pt")
-    for k in straight:
-        assert torch.equal(straight[k], resumed[k]), k
+    """4 steps straight == 2 steps, then a new process resuming from the checkpoint for 2 more.
+    Off-policy settings (mu=2, two minibatches) so optimizer moments and the old-policy path matter."""
+    straight = make_trainer(tmp_path / "a", total_steps=4, **RESUME_SETTINGS)
+    straight.train()
+    make_trainer(tmp_path / "b", total_steps=2, **RESUME_SETTINGS).train()
+    root = str(Path(__file__).resolve().parents[1])
+    code = RESUME_SCRIPT.format(root=root, tmp=str(tmp_path / "b"), out=str(tmp_path / "b4.pt"))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, timeout=300)
+    resumed = torch.load(tmp_path / "b4.pt")
+    for k, v in straight.policy.named_parameters():
+        assert torch.equal(v.detach(), resumed[k]), k
     steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()
              if "reward/mean" in x]
     assert steps == [1, 2, 3, 4]

@@ -10,6 +10,9 @@ from grouprl.models import tiny_causal_lm
 from grouprl.trainer.config import GRPOConfig
 from grouprl.trainer.grpo import GRPOTrainer
 
+RESUME_SETTINGS = {"save_every": 1, "mu": 2, "minibatch_size": 4, "eval_every": 0}
+"""Off-policy settings for the resume test: optimizer moments and old log-probs both matter."""
+
 PROMPTS = [{"prompt": f"Count: {i}", "target": "7"} for i in range(16)]
 
 

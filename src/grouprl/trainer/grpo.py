@@ -163,7 +163,7 @@ class GRPOTrainer(BaseTrainer):
             total, per_fn = scores.total, scores.per_fn
             rounds += 1
             if c.dynamic_sampling:
-                informative = (~_constant_groups(total, c.group_size)).nonzero().squeeze(-1)
+                informative = (~constant_groups(total, c.group_size)).nonzero().squeeze(-1)  # group ids
                 if len(informative) == 0 and (kept or rounds < c.dynamic_sampling_max_rounds):
                     continue
                 if len(informative):
@@ -220,7 +220,6 @@ class GRPOTrainer(BaseTrainer):
                 self.optimizer.zero_grad(set_to_none=True)
                 if n_tokens == 0:  # every row masked out: a step would only apply momentum
                     avg.add({"optim/skipped": torch.tensor(1.0)}, 1.0)
-                    self.scheduler.step()
                     continue
                 for micro in rows.split(c.micro_batch_size):
                     logp, entropy = self.logprobs(self.policy, batch, micro, with_entropy=True)
