@@ -200,6 +200,21 @@ def test_import_paths_report_what_is_there(tmp_path):
     assert import_object(f"{module}:score", "reward function")(["p"], ["c"]) == [1.0]
 
 
+def test_an_import_path_with_options_names_a_factory(tmp_path):
+    module = tmp_path / "factories.py"
+    module.write_text("def bonus(points):\n"
+                      "    def reward(prompts, completions):\n"
+                      "        return [points] * len(completions)\n"
+                      "    return reward\n")
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(4)))
+    name = f"{module}:bonus"
+    config = TrainConfig(dataset=str(data), reward_functions=(name,), reward_options={name: {"points": 2.0}},
+                         eval_size=1)
+    assert build_inputs(config).reward_fns[0](["p"], ["c"]) == [2.0]
+    with pytest.raises(ConfigError, match="does not take the options"):
+        build_inputs(replace(config, reward_options={name: {"pts": 2.0}}))
+
 def test_run_and_checkpoint_folders_stand_for_their_newest_policy(tmp_path):
     for step in (1, 12):
         (tmp_path / "checkpoints" / f"step-{step:06d}" / "model").mkdir(parents=True)

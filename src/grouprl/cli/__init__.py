@@ -41,7 +41,8 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
     from grouprl.rewards import RewardFunctionError
 
     # ValueError covers ConfigError, DataError and unknown registry names; OSError missing files.
-    return ValueError, TypeError, OSError, ModelLoadError, RewardFunctionError
+    # TypeError is left out on purpose: outside the config checks (which convert theirs) it is a bug.
+    return ValueError, OSError, ModelLoadError, RewardFunctionError
 
 
 # --------------------------------------------------------------------------- parsers

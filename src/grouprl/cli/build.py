@@ -129,7 +129,11 @@ def load_reward_fns(config: TrainConfig, task: Any) -> tuple[list[Callable[..., 
                 fns.append(make_reward(name, **(options or {})))
                 continue
             fn = import_object(name, "reward function")
-            fn = fn(**options) if options is not None else fn  # with options, the import path is a factory
+            if options is not None:  # with options, the import path names a factory
+                try:
+                    fn = fn(**options)
+                except TypeError as e:
+                    raise ConfigError(f"reward function {name!r} does not take the options {options}: {e}") from e
             if not callable(fn):
                 raise ConfigError(f"reward function {name!r} is a {type(fn).__name__}, not a callable")
             fns.append(fn)
