@@ -1,24 +1,24 @@
-"""What every trainer shares: the run folder, prompt encoding and order, logging sinks,
-evaluation, checkpoints and the training loop. A concrete trainer supplies ``step()``.
+"""What every language-model trainer shares: the run folder, prompt encoding and order, logging
+sinks, evaluation and checkpoints; the loop itself is :mod:`grouprl.trainer.loop`'s. A concrete
+trainer supplies ``step()``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from grouprl.rewards.base import check_reward_columns, unique_names
 from grouprl.rollout.prompts import encode_prompts
 from grouprl.rollout.sampler import Sampler
 from grouprl.trainer import checkpoint as ckpt
 from grouprl.trainer.evaluate import evaluate
-from grouprl.trainer.metrics import JsonlLog, Progress, TensorBoardSink, peak_rss_mb, write_text_atomic
+from grouprl.trainer.loop import TrainLoop
+from grouprl.trainer.loop import as_plain as _as_plain
+from grouprl.trainer.metrics import JsonlLog, Progress
 from grouprl.trainer.optim import build_optimizer
 from grouprl.types import SamplingParams
 
@@ -71,8 +71,9 @@ def encode_checked(tokenizer: Any, rows: Sequence[dict[str, Any]], what: str, ma
     return ids
 
 
-class BaseTrainer:
-    """Run folder, data, sinks, evaluation, checkpoints and the loop around ``step()``."""
+class BaseTrainer(TrainLoop):
+    """Run folder, data, sinks, evaluation and checkpoints of a language-model trainer; the loop
+    around ``step()`` is :class:`~grouprl.trainer.loop.TrainLoop`'s."""
 
     name = "trainer"
 
@@ -119,9 +120,6 @@ class BaseTrainer:
     def optimizer_steps_per_step(self) -> int:
         return 1
 
-    def step(self) -> dict[str, Any]:
-        raise NotImplementedError
-
     def extra_state(self) -> dict[str, Any]:
         return {}
 
@@ -148,14 +146,6 @@ class BaseTrainer:
                             reward_weights=self.reward_weights, is_correct=self.is_correct,
                             seed=self.config.seed + 7_777_777)
 
-    def _log_eval(self, wall: float) -> dict[str, float]:
-        result = self.evaluate()
-        if result:
-            record = {"step": self.step_count, "wall_time": wall, **result}
-            self.metrics_log.append(record)
-            self.eval_history.append(record)
-        return result
-
     def save(self) -> Path:
         state = {"position": self.stream.position, "config": _as_plain(self.config), **self.extra_state()}
         return ckpt.save_checkpoint(self.out / "checkpoints", self.step_count, policy=self.policy,
@@ -180,60 +170,3 @@ class BaseTrainer:
         self.completions_log.append([{"step": self.step_count, **r} for r in records])
         for r in records[: c.print_completions]:
             progress.print(f"[dim]step {self.step_count} reward {r['reward']:.3f}[/dim] {r['completion'][:200]!r}")
-
-    def train(self) -> dict[str, Any]:
-        """Run ``total_steps`` steps (from a checkpoint if ``resume_from``), evaluating before, every
-        ``eval_every`` steps and at the end; returns the summary also written to summary.json."""
-        import time
-
-        c = self.config
-        if c.resume_from:
-            self.resume(c.resume_from)
-        write_text_atomic(self.out / "config.yaml", yaml.safe_dump(_as_plain(self.run_config), sort_keys=False))
-        tb = TensorBoardSink(self.out / "tensorboard", c.tensorboard)
-        start = time.perf_counter()
-        if self.step_count == 0:
-            before = self._log_eval(0.0)
-        else:  # resumed: the evaluation before training was logged by the first run
-            before = next((r for r in self.metrics_log.records() if r.get("step") == 0 and "eval/len_mean" in r), {})
-            before = {k: v for k, v in before.items() if k.startswith("eval/")}
-        progress = Progress(c.total_steps, self.step_count, c.progress)
-        try:
-            while self.step_count < c.total_steps:
-                metrics, samples = self.step()
-                self.step_count += 1
-                metrics["memory/peak_rss_mb"] = peak_rss_mb()
-                record = {"step": self.step_count, "wall_time": time.perf_counter() - start, **metrics}
-                self.metrics_log.append(record)
-                tb.log(metrics, self.step_count)
-                progress.update(self.step_count, metrics)
-                self.log_completions(samples, progress)
-                if c.eval_every and self.step_count % c.eval_every == 0 and self.step_count < c.total_steps:
-                    tb.log(self._log_eval(time.perf_counter() - start), self.step_count)
-                if c.save_every and self.step_count % c.save_every == 0:
-                    self.save()
-        finally:
-            progress.close()
-        after = self._log_eval(time.perf_counter() - start)
-        tb.log(after, self.step_count)
-        tb.close()
-        final = self.save()
-        summary = {"steps": self.step_count, "eval_before": before, "eval_after": after,
-                   "checkpoint": str(final), "wall_time": time.perf_counter() - start}
-        write_text_atomic(self.out / "summary.json", json.dumps(summary, indent=2))
-        return summary
-
-
-def _as_plain(config: Any) -> dict[str, Any]:
-    """A (possibly nested) dataclass as plain YAML/JSON-able data (tuples become lists)."""
-
-    def plain(v: Any) -> Any:
-        if dataclasses.is_dataclass(v):
-            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
-        if isinstance(v, list | tuple):
-            return [plain(x) for x in v]
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        return v
-
-    return plain(config)

@@ -50,12 +50,14 @@ def is_peft(model: torch.nn.Module) -> bool:
 
 
 def save_policy(model: torch.nn.Module, folder: Path, tokenizer: Any = None) -> None:
-    """The policy as a model folder: the LoRA adapter alone for a peft model, else config + safetensors."""
+    """The policy as a model folder: the LoRA adapter alone for a peft model, else config + safetensors
+    (a plain ``nn.Module`` without a ``config``, such as a classic-control MLP, gets the safetensors only)."""
     folder.mkdir(parents=True, exist_ok=True)
     if is_peft(model):
         model.save_pretrained(str(folder))
     else:
-        model.config.save_pretrained(str(folder))
+        if getattr(model, "config", None) is not None:
+            model.config.save_pretrained(str(folder))
         # save_model deduplicates tied tensors (embeddings / LM head) that save_file refuses.
         save_model(model, str(folder / "model.safetensors"))
         if getattr(model, "generation_config", None) is not None:

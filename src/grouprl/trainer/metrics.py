@@ -92,18 +92,23 @@ class TensorBoardSink:
 
 
 class Progress:
-    """A rich progress bar: step, reward, KL, tokens/s. Silent when disabled."""
+    """A rich progress bar: step, reward, KL and a rate (tokens/s by default). Silent when disabled.
 
-    def __init__(self, total: int, start: int, enabled: bool):
+    ``label`` names the run on the bar; ``rate`` is (metric key, unit) of the rate shown, so a
+    classic-control run shows environment steps per second instead of tokens."""
+
+    def __init__(self, total: int, start: int, enabled: bool, label: str = "grpo",
+                 rate: tuple[str, str] = ("throughput/tokens_per_s", "tok/s")):
         self.bar = None
+        self.rate_key = rate[0]
         if not enabled:
             return
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
         from rich.progress import Progress as RichProgress
 
         self.bar = RichProgress(
-            TextColumn("[bold]grpo"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("reward {task.fields[reward]}  kl {task.fields[kl]}  {task.fields[tps]} tok/s"),
+            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn(f"reward {{task.fields[reward]}}  kl {{task.fields[kl]}}  {{task.fields[tps]}} {rate[1]}"),
             TimeElapsedColumn(), TimeRemainingColumn(),
         )
         self.task = self.bar.add_task("train", total=total, completed=start, reward="-", kl="-", tps="-")
@@ -115,7 +120,7 @@ class Progress:
         kl = metrics.get("policy/kl")
         self.bar.update(self.task, completed=step, reward=f"{_plain(metrics.get('reward/mean', 0.0)):.3f}",
                         kl="-" if kl is None else f"{_plain(kl):.4f}",
-                        tps=f"{_plain(metrics.get('throughput/tokens_per_s', 0.0)):.0f}")
+                        tps=f"{_plain(metrics.get(self.rate_key, 0.0)):.0f}")
 
     def print(self, *args: Any) -> None:
         if self.bar is not None:
