@@ -111,9 +111,10 @@ def _rebuild_without_quantization(gguf_model: torch.nn.Module) -> torch.nn.Modul
     tied = bool(getattr(config, "tie_word_embeddings", False))
     out_emb, in_emb = clean.get_output_embeddings(), clean.get_input_embeddings()
     if tied and out_emb is not None:
-        modules = dict((id(m), name) for name, m in clean.named_modules())
+        modules = {id(m): name for name, m in clean.named_modules()}
         out_key, in_key = f"{modules[id(out_emb)]}.weight", f"{modules[id(in_emb)]}.weight"
-        if out_key in state and not torch.equal(state[out_key], state[in_key]):
+        state.setdefault(out_key, state[in_key])  # some exports omit the tied output matrix
+        if not torch.equal(state[out_key], state[in_key]):
             raise ModelLoadError("the config ties input and output embeddings but the GGUF file stores different ones")
     result = clean.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
