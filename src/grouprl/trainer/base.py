@@ -129,6 +129,13 @@ class BaseTrainer(TrainLoop):
     def reference_to_save(self) -> torch.nn.Module | None:
         return None
 
+    def extra_files(self) -> dict[str, Callable[[Path], None]]:
+        """Files a subclass adds to each checkpoint: name -> writer of that path."""
+        return {}
+
+    def load_extra_files(self, folder: Path) -> None:
+        """Read back what :meth:`extra_files` wrote into checkpoint ``folder``."""
+
     # -- shared machinery -------------------------------------------------------------------------
     def eval_params(self) -> SamplingParams:
         c = self.config
@@ -151,7 +158,7 @@ class BaseTrainer(TrainLoop):
         return ckpt.save_checkpoint(self.out / "checkpoints", self.step_count, policy=self.policy,
                                     optimizer=self.optimizer, scheduler=self.scheduler, state=state,
                                     tokenizer=self.tokenizer, reference=self.reference_to_save(),
-                                    keep=self.config.keep_checkpoints)
+                                    keep=self.config.keep_checkpoints, extra_files=self.extra_files())
 
     def resume(self, spec: str) -> None:
         folder = ckpt.resolve_checkpoint(spec, self.out / "checkpoints")
@@ -160,6 +167,7 @@ class BaseTrainer(TrainLoop):
         self.step_count = int(state["step"])
         self.stream.position = int(state["position"])
         self.load_extra_state(state)
+        self.load_extra_files(folder)
         self.metrics_log.truncate_after(self.step_count)
         self.completions_log.truncate_after(self.step_count)
 

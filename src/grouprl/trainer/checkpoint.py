@@ -18,6 +18,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,12 @@ def resolve_checkpoint(spec: str, root: Path) -> Path:
 
 def save_checkpoint(root: Path, step: int, *, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: Any, state: dict[str, Any], tokenizer: Any = None,
-                    reference: torch.nn.Module | None = None, keep: int = 2) -> Path:
-    """Write checkpoint ``step`` atomically and keep only the newest ``keep``. Returns its folder."""
+                    reference: torch.nn.Module | None = None, keep: int = 2,
+                    extra_files: dict[str, Callable[[Path], None]] | None = None) -> Path:
+    """Write checkpoint ``step`` atomically and keep only the newest ``keep``. Returns its folder.
+
+    ``extra_files`` maps file names to writers called with the file's path inside the checkpoint
+    (a trainer's own modules, e.g. PPO's critic); they are part of the atomic write."""
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # left by a process killed mid-save
         shutil.rmtree(stale, ignore_errors=True)
@@ -117,6 +122,8 @@ def save_checkpoint(root: Path, step: int, *, policy: torch.nn.Module, optimizer
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
+    for name, write in (extra_files or {}).items():
+        write(tmp / name)
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2, default=str))
     _fsync_tree(tmp)
     if final.exists():  # re-saving the same step (e.g. the final save right after a periodic one)

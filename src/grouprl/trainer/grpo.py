@@ -202,14 +202,15 @@ class GRPOTrainer(BaseTrainer):
 
     # -- the update -------------------------------------------------------------------------------
     def update(self, batch: RolloutBatch, advantages: torch.Tensor, old_logp: torch.Tensor | None,
-               ref_logp: torch.Tensor | None, mask: torch.Tensor) -> dict[str, float]:
+               ref_logp: torch.Tensor | None, mask: torch.Tensor,
+               extras: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
         """mu passes over the rollout in shuffled minibatches of whole groups; each minibatch is one
-        optimizer step, accumulated over micro-batches whose losses share the minibatch's denominators."""
+        optimizer step, accumulated over micro-batches whose losses share the minibatch's denominators.
+        ``extras`` are further per-row tensors ``[B, ...]`` that a subclass's :meth:`micro_loss` reads."""
         c, g = self.config, self.config.group_size
         avg = MetricAverager()
         self.policy.train()
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        beta = 0.0 if c.kl_in_reward else c.beta
+        inputs = {"advantages": advantages, "old_logp": old_logp, "ref_logp": ref_logp, "mask": mask, **(extras or {})}
         for epoch in range(c.mu):
             shuffle = torch.Generator().manual_seed(_mix(c.seed, self.step_count, 1000 + epoch))
             groups = torch.randperm(batch.num_prompts, generator=shuffle)
@@ -222,26 +223,44 @@ class GRPOTrainer(BaseTrainer):
                     avg.add({"optim/skipped": torch.tensor(1.0)}, 1.0)
                     continue
                 for micro in rows.split(c.micro_batch_size):
-                    logp, entropy = self.logprobs(self.policy, batch, micro, with_entropy=True)
-                    loss, m = grpo_loss(
-                        logp, None if old_logp is None else old_logp[micro],
-                        None if ref_logp is None else ref_logp[micro], advantages[micro], mask[micro],
-                        eps_low=c.eps_low, eps_high=c.eps_high, beta=beta, kl_estimator=c.kl_estimator,
-                        aggregation=c.aggregation, level=c.importance_level, dual_clip=c.dual_clip,
-                        entropy=entropy, entropy_coef=c.entropy_coef, max_tokens=c.max_new_tokens, group_size=g,
-                        num_rows=n_rows, num_tokens=n_tokens)
+                    loss, m = self.micro_loss(batch, micro, inputs, n_rows, n_tokens)
                     loss.backward()
                     avg.add(m, float(mask[micro].sum()))
-                norm = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm if c.max_grad_norm > 0 else float("inf"))
-                avg.sums["optim/grad_norm"] = avg.sums.get("optim/grad_norm", 0.0) + float(norm)
+                norm = self.optimizer_step()
+                avg.sums["optim/grad_norm"] = avg.sums.get("optim/grad_norm", 0.0) + norm
                 avg.weights["optim/grad_norm"] = 1.0
-                self.optimizer.step()
-                self.scheduler.step()
                 avg.optimizer_steps += 1
         self.policy.eval()
         out = avg.result()
         out["optim/lr"] = self.scheduler.get_last_lr()[0]
         return out
+
+    def micro_loss(self, batch: RolloutBatch, micro: torch.Tensor, inputs: dict[str, torch.Tensor | None],
+                   n_rows: float, n_tokens: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """GRPO's loss on rows ``micro`` of a minibatch of ``n_rows`` rows and ``n_tokens`` tokens
+        (the shared denominators); ``inputs`` holds the per-row tensors passed to :meth:`update`."""
+        c = self.config
+        old_logp, ref_logp = inputs["old_logp"], inputs["ref_logp"]
+        logp, entropy = self.logprobs(self.policy, batch, micro, with_entropy=True)
+        return grpo_loss(
+            logp, None if old_logp is None else old_logp[micro], None if ref_logp is None else ref_logp[micro],
+            inputs["advantages"][micro], inputs["mask"][micro], eps_low=c.eps_low, eps_high=c.eps_high,
+            beta=self.loss_beta(), kl_estimator=c.kl_estimator, aggregation=c.aggregation, level=c.importance_level,
+            dual_clip=c.dual_clip, entropy=entropy, entropy_coef=c.entropy_coef, max_tokens=c.max_new_tokens,
+            group_size=c.group_size, num_rows=n_rows, num_tokens=n_tokens)
+
+    def loss_beta(self) -> float:
+        """Coefficient of the KL term of the loss (0 when the KL is a reward penalty instead)."""
+        return 0.0 if self.config.kl_in_reward else self.config.beta
+
+    def optimizer_step(self) -> float:
+        """Clip the gradient norm, step the optimizer and the schedule; returns the norm before clipping."""
+        c = self.config
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm if c.max_grad_norm > 0 else float("inf"))
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(norm)
 
     def sync_reference(self) -> None:
         """ref <- alpha * policy + (1 - alpha) * ref (TR-DPO style soft update; alpha = 1 copies)."""
