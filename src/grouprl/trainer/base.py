@@ -109,9 +109,7 @@ class BaseTrainer(TrainLoop):
         self.out = Path(c.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.run_config = run_config if run_config is not None else c
-        self.optimizer, self.scheduler = build_optimizer(
-            policy.parameters(), c.lr, (c.adam_beta1, c.adam_beta2), c.weight_decay, c.warmup_steps,
-            c.total_steps * self.optimizer_steps_per_step(), c.lr_schedule)
+        self.optimizer, self.scheduler = self.make_optimizer()
         self.metrics_log = JsonlLog(self.out / "metrics.jsonl")
         self.completions_log = JsonlLog(self.out / "completions.jsonl")
         self.eval_history: list[dict[str, Any]] = []
@@ -119,6 +117,13 @@ class BaseTrainer(TrainLoop):
     # -- hooks for subclasses ---------------------------------------------------------------------
     def optimizer_steps_per_step(self) -> int:
         return 1
+
+    def make_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
+        """AdamW over the policy's trainable parameters, and its schedule (a multi-process trainer
+        makes them again once the policy is sharded)."""
+        c = self.config
+        return build_optimizer(self.policy.parameters(), c.lr, (c.adam_beta1, c.adam_beta2), c.weight_decay,
+                               c.warmup_steps, c.total_steps * self.optimizer_steps_per_step(), c.lr_schedule)
 
     def extra_state(self) -> dict[str, Any]:
         return {}

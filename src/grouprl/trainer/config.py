@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grouprl.algos import ADVANTAGES, AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMATORS, SCALES
+from grouprl.algos.rollout_correction import ROLLOUT_IS_LEVELS
 from grouprl.registry import Registry
 from grouprl.types import SamplingParams
 
@@ -147,6 +148,36 @@ class GRPOConfig:
     """LoRA dropout."""
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Module names that get LoRA adapters."""
+    # --- scaling out: several processes, vLLM rollouts ----------------------------------------
+    engine: str = "fsdp"
+    """How a run on several processes (grouprl train --nproc N, or torchrun) shares the model:
+    fsdp (FSDP2: parameters, gradients and optimizer state sharded across processes, each decoder
+    layer gathered only while it runs; the reference sharded the same way) or ddp (a full copy
+    per process, gradients all-reduced: simpler, more memory). Unused in one process."""
+    mixed_precision: str = "none"
+    """FSDP2 mixed precision: none, or bf16 (parameters gathered and computed in bfloat16,
+    gradients reduced in float32; the optimizer keeps float32 shards)."""
+    cpu_offload: bool = False
+    """FSDP2: keep parameter, gradient and optimizer-state shards in CPU memory between uses
+    (fits larger models on each GPU, at the cost of transfers)."""
+    rollout_engine: str = "hf"
+    """Who generates the completions. hf: the built-in KV-cache sampler on the training model
+    itself. vllm: a vLLM engine colocated on each GPU (needs a CUDA GPU and the vllm package);
+    the trainer's weights are pushed into it after optimizer steps, and rollout_is corrects for the
+    small differences between its probabilities and the trainer's."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Share of each GPU's memory the colocated vLLM engine may take (weights + KV cache); the
+    rest stays with training. TRL's colocate default is 0.3, vLLM's own 0.9."""
+    vllm_sleep: bool = True
+    """Put the vLLM engine to sleep between rollouts (KV cache freed, weights dropped until the
+    next push), handing its GPU memory back to training."""
+    rollout_is: str = "none"
+    """Truncated importance sampling for the rollout engine's mismatch (Yao et al. 2025): weight
+    each token's policy-gradient term by min(pi_old / pi_rollout, rollout_is_cap), per token
+    (token) or one product per completion (sequence); none = off. Worth turning on with vLLM
+    (TRL does by default); costs one extra forward of the policy when the update is on-policy."""
+    rollout_is_cap: float = 2.0
+    """Cap C of the importance weight (TRL and verl: 2). Lower = less variance, more bias."""
     # --- run folder, logging, checkpoints, evaluation -----------------------------------------
     output_dir: str = "runs/grpo"
     """Run folder: config.yaml, metrics.jsonl, completions.jsonl, checkpoints/, report/."""
@@ -194,6 +225,12 @@ class GRPOConfig:
     def needs_reference(self) -> bool:
         return self.beta > 0
 
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """The policy's log-probs before the update are needed: off-policy ratios, the KL reward
+        penalty, or the rollout importance weights."""
+        return self.off_policy or self.kl_in_reward or self.rollout_is != "none"
+
     def sampling_params(self, stop_token_ids: tuple[int, ...] = ()) -> SamplingParams:
         return SamplingParams(
             max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
@@ -215,6 +252,9 @@ def _registry_problems(c: GRPOConfig) -> list[str]:
                                                                       ZERO_STD_POLICIES),
         ("lr_schedule", c.lr_schedule, ("constant", "linear", "cosine")), ("dtype", c.dtype, ("fp32", "bf16")),
         ("ref_dtype", c.ref_dtype, ("fp32", "bf16")), ("rollout_mode", c.rollout_mode, ("sample", "beam")),
+        ("engine", c.engine, ("fsdp", "ddp")), ("mixed_precision", c.mixed_precision, ("none", "bf16")),
+        ("rollout_engine", c.rollout_engine, ("hf", "vllm")),
+        ("rollout_is", c.rollout_is, ("none", *ROLLOUT_IS_LEVELS.names())),
     ]
     return [f"{name}={value!r} is not one of: {', '.join(valid)}" for name, value, valid in checks
             if value not in valid]
@@ -274,5 +314,17 @@ def _sampling_problems(c: GRPOConfig) -> list[str]:
     return out
 
 
+def _scale_out_problems(c: GRPOConfig) -> list[str]:
+    out = []
+    if not 0 < c.vllm_gpu_memory_utilization < 1:
+        out.append(f"vllm_gpu_memory_utilization={c.vllm_gpu_memory_utilization} must be in (0, 1)")
+    if c.rollout_is_cap <= 0:
+        out.append(f"rollout_is_cap={c.rollout_is_cap} must be > 0")
+    if c.rollout_engine == "vllm" and c.rollout_mode == "beam":
+        out.append("rollout_mode=beam needs rollout_engine=hf: the vLLM engine samples groups only")
+    return out
+
+
 def _problems(c: GRPOConfig) -> list[str]:
-    return _registry_problems(c) + _batch_problems(c) + _objective_problems(c) + _sampling_problems(c)
+    return (_registry_problems(c) + _batch_problems(c) + _objective_problems(c) + _sampling_problems(c)
+            + _scale_out_problems(c))

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from grouprl.algos import compute_advantages, constant_groups, grpo_loss, kl_per_token
+from grouprl.algos.rollout_correction import rollout_mismatch, truncated_is_weights
 from grouprl.models import LoraSettings, apply_lora, is_peft, make_reference, reference_context
 from grouprl.rewards import score_rewards
 from grouprl.rollout.logprobs import token_logprobs
@@ -116,28 +117,62 @@ class GRPOTrainer(BaseTrainer):
         batch, rewards, per_fn, rounds = self.sample_and_score(timer)           # o_i ~ pi_old(.|q), r_i
         mask = batch.completion_mask.clone()
         with timer("logprobs"):
-            old_logp = self.logprobs(self.policy, batch) if c.off_policy or c.kl_in_reward else None
+            old_logp = self.logprobs(self.policy, batch) if c.needs_old_logprobs else None
             ref_logp = self.reference_logprobs(batch) if c.needs_reference else None
         if c.kl_in_reward:                                                      # r_i - beta * KL_i
             rewards = rewards - c.beta * (kl_per_token(old_logp, ref_logp, c.kl_estimator) * mask).sum(-1)
-        advantages = compute_advantages(c.advantage, rewards, c.group_size, c.advantage_scale, c.advantage_eps)
+        advantages = self.advantages(rewards)
         constant = _constant_groups(rewards, c.group_size)
         if c.mask_truncated:
             mask = mask * (~batch.truncated).unsqueeze(-1).to(mask.dtype)
         if c.zero_std_groups == "drop":
             mask = mask * (~constant).unsqueeze(-1).to(mask.dtype)
+        weighted, correction = self.rollout_correction(batch, old_logp, advantages, mask)
         with timer("update"):                                                   # mu x minibatches
-            update = self.update(batch, advantages, old_logp, None if c.kl_in_reward else ref_logp, mask)
+            update = self.update(batch, weighted, old_logp, None if c.kl_in_reward else ref_logp, mask)
         if c.ref_sync_steps and (self.step_count + 1) % c.ref_sync_steps == 0:
             self.sync_reference()
         metrics = {
             **self.reward_metrics(rewards, per_fn, constant), **self.rollout_metrics(batch, rounds),
-            **update, **timer.metrics(), "time/step": time.perf_counter() - t0,
+            **update, **correction, **timer.metrics(), "time/step": time.perf_counter() - t0,
         }
         tokens = float(batch.completion_mask.sum())
         metrics["throughput/tokens_per_s"] = tokens / metrics["time/step"]
         metrics["throughput/rollout_tokens_per_s"] = tokens / max(timer.seconds.get("rollout", 0.0), 1e-9)
         return metrics, self.sample_records(batch, rewards, per_fn, advantages)
+
+    # -- what a multi-process trainer changes (grouprl.trainer.dist_grpo) ---------------------------
+    def take_prompts(self, count: int) -> list[int]:
+        """Indices of the next ``count`` training prompts."""
+        return self.stream.take(count)
+
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """``[B]`` advantages of ``rewards [B]`` by the configured estimator and scale."""
+        c = self.config
+        return compute_advantages(c.advantage, rewards, c.group_size, c.advantage_scale, c.advantage_eps)
+
+    def minibatch_groups(self) -> int:
+        """Groups per minibatch in this process."""
+        return self.config.minibatch_rows // self.config.group_size
+
+    def loss_denominators(self, mask: torch.Tensor) -> tuple[float, float]:
+        """(rows with a counted token, counted tokens) of a minibatch's ``mask [b, T]``: the
+        denominators that every micro-batch's loss shares."""
+        return float((mask.sum(-1) > 0).sum()), float(mask.sum())
+
+    def rollout_correction(self, batch: RolloutBatch, old_logp: torch.Tensor | None, advantages: torch.Tensor,
+                           mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """With ``rollout_is`` on, weight each token's policy-gradient term by the capped ratio
+        pi_old / pi_rollout (see :mod:`grouprl.algos.rollout_correction`): ``advantages [B]`` become
+        ``[B, T]``. Logs the rollout engine's mismatch KL whenever pi_old was computed."""
+        c = self.config
+        if old_logp is None:
+            return advantages, {}
+        rollout_logp = batch.sampling_logprobs.to(old_logp.device)
+        if c.rollout_is == "none":
+            return advantages, {k: float(v) for k, v in rollout_mismatch(old_logp, rollout_logp, mask).items()}
+        weights, m = truncated_is_weights(old_logp, rollout_logp, mask, level=c.rollout_is, cap=c.rollout_is_cap)
+        return advantages.unsqueeze(-1) * weights, {k: float(v) for k, v in m.items()}
 
     # -- rollout and rewards ----------------------------------------------------------------------
     def sample_and_score(self, timer: PhaseTimer) -> tuple[RolloutBatch, torch.Tensor, dict, int]:
@@ -148,7 +183,7 @@ class GRPOTrainer(BaseTrainer):
         have, rounds = 0, 0
         params = c.sampling_params(self.stop_ids)
         while rounds < (c.dynamic_sampling_max_rounds if c.dynamic_sampling else 1) and have < c.prompts_per_step:
-            idx = self.stream.take(c.prompts_per_step)
+            idx = self.take_prompts(c.prompts_per_step)
             rows = [self.train_rows[i] for i in idx]
             columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
             self.policy.eval()
@@ -214,10 +249,9 @@ class GRPOTrainer(BaseTrainer):
         for epoch in range(c.mu):
             shuffle = torch.Generator().manual_seed(_mix(c.seed, self.step_count, 1000 + epoch))
             groups = torch.randperm(batch.num_prompts, generator=shuffle)
-            for mb in groups.split(c.minibatch_rows // g):
+            for mb in groups.split(self.minibatch_groups()):
                 rows = (mb.unsqueeze(-1) * g + torch.arange(g)).view(-1)  # whole groups -> row ids
-                n_tokens = float(mask[rows].sum())
-                n_rows = float((mask[rows].sum(-1) > 0).sum())
+                n_rows, n_tokens = self.loss_denominators(mask[rows])
                 self.optimizer.zero_grad(set_to_none=True)
                 if n_tokens == 0:  # every row masked out: a step would only apply momentum
                     avg.add({"optim/skipped": torch.tensor(1.0)}, 1.0)
