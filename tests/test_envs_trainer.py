@@ -113,3 +113,10 @@ def test_resume_continues_the_budget_from_the_checkpoint(tmp_path):
 def test_config_errors_name_the_field(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         ControlConfig(**overrides)
+
+
+def test_wall_clock_budget_stops_the_loop(tmp_path):
+    trainer = ControlTrainer(small_config(tmp_path, "ppo", total_env_steps=10**6, eval_every_env_steps=0))
+    trainer.time_budget_s = 0.0  # spent before the first iteration
+    summary = trainer.train()
+    assert summary["steps"] == 0 and summary["env_steps"] == 0 and "eval/mean_reward" in summary["eval_after"]

@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     _with_config(train_rm, "train-rm")
     add_dataclass_arguments(train_rm, RewardModelConfig)
     train_rm.set_defaults(handler=_train_rm)
+    from grouprl.cli_rl import register as register_rl  # rl (classic control) and compare
+
+    register_rl(sub)
     return parser
 
 

@@ -31,6 +31,9 @@ class TrainLoop:
     metrics_log: JsonlLog
     eval_history: list[dict[str, Any]]
     step_count: int
+    time_budget_s: float | None = None
+    """Wall-clock budget of :meth:`train` (from its start, evaluations included); None = no limit.
+    Set on the instance, e.g. by ``grouprl compare`` to give every algorithm the same time."""
 
     # -- hooks ------------------------------------------------------------------------------------
     def step(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -62,6 +65,9 @@ class TrainLoop:
         return Progress(self.config.total_steps, self.step_count, self.config.progress)
 
     # -- the loop ---------------------------------------------------------------------------------
+    def _out_of_time(self, start: float) -> bool:
+        return self.time_budget_s is not None and time.perf_counter() - start >= self.time_budget_s
+
     def _log_eval(self, wall: float) -> dict[str, float]:
         result = self.evaluate()
         if result:
@@ -86,7 +92,7 @@ class TrainLoop:
             before = {k: v for k, v in before.items() if k.startswith("eval/")}
         progress = self.progress_bar()
         try:
-            while not self.finished():
+            while not self.finished() and not self._out_of_time(start):
                 metrics, samples = self.step()
                 self.step_count += 1
                 metrics["memory/peak_rss_mb"] = peak_rss_mb()
@@ -95,7 +101,7 @@ class TrainLoop:
                 tb.log(metrics, self.step_count)
                 progress.update(self.step_count, metrics)
                 self.log_completions(samples, progress)
-                if self.eval_due() and not self.finished():
+                if self.eval_due() and not self.finished() and not self._out_of_time(start):
                     tb.log(self._log_eval(time.perf_counter() - start), self.step_count)
                 if c.save_every and self.step_count % c.save_every == 0:
                     self.save()

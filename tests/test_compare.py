@@ -1,0 +1,112 @@
+"""grouprl compare: per-algorithm configs from the shared one, the table's numbers, and end to end."""
+
+import json
+
+import pytest
+
+from grouprl.cli import main
+from grouprl.compare import CompareConfig, lm_algorithm_config
+from grouprl.compare_report import comparison_table
+from grouprl.config import TrainConfig
+from grouprl.trainer.ppo import PPOConfig
+from grouprl.trainer.trpo import TRPOConfig
+
+
+def test_every_algorithm_gets_the_shared_settings_and_its_own_definition():
+    run = TrainConfig(model="tiny", prompts_per_step=3, group_size=4, total_steps=7, lr=2e-5, beta=0.02, seed=5)
+    for algo in ("grpo", "reinforce", "rloo", "ppo", "trpo"):
+        cfg = lm_algorithm_config(run, algo, {})
+        assert (cfg.prompts_per_step, cfg.group_size, cfg.total_steps, cfg.lr, cfg.beta, cfg.seed) == \
+            (3, 4, 7, 2e-5, 0.02, 5), algo
+    assert lm_algorithm_config(run, "rloo", {}).advantage == "rloo"
+    assert lm_algorithm_config(run, "rloo", {}).advantage_scale == "none"  # RLOO's own definition, no std division
+    assert lm_algorithm_config(run, "grpo", {}).advantage_scale == "group"
+    ppo = lm_algorithm_config(run, "ppo", {"vf_coef": 0.3})
+    assert isinstance(ppo, PPOConfig) and ppo.vf_coef == 0.3 and ppo.kl_in_reward  # PPO keeps the KL in the reward
+    assert isinstance(lm_algorithm_config(run, "trpo", {"max_kl": 0.05}), TRPOConfig)
+    with pytest.raises(ValueError, match="vf_coef is not a TRPOConfig option"):
+        lm_algorithm_config(run, "trpo", {"vf_coef": 0.3})
+
+
+def test_compare_config_errors():
+    with pytest.raises(ValueError, match="dqn not available for language models"):
+        CompareConfig(algos=("grpo", "dqn"))
+    with pytest.raises(ValueError, match="vpg not available for language models"):
+        CompareConfig(algos=("vpg",))
+    with pytest.raises(ValueError, match="algo_options for ppo, which is not in algos"):
+        CompareConfig(algos=("grpo",), algo_options={"ppo": {}})
+
+
+def run_numbers(algo, seed, **values):
+    base = {"algo": algo, "seed": seed, "eval_key": "eval/accuracy", "curves": {}}
+    return {**base, **values}
+
+
+def test_table_averages_seeds_with_their_spread():
+    runs = [run_numbers("grpo", 0, eval_after=0.5, peak_rss_mb=1000.0, throughput=None),
+            run_numbers("grpo", 1, eval_after=0.7, peak_rss_mb=1100.0, throughput=None),
+            run_numbers("ppo", 0, eval_after=0.4, peak_rss_mb=2000.0, throughput=10.0)]
+    table = comparison_table(runs, control=False)
+    grpo = next(line for line in table.splitlines() if line.startswith("| grpo"))
+    ppo = next(line for line in table.splitlines() if line.startswith("| ppo"))
+    # mean 0.6, population spread 0.1; memory 1050 +- 50; an unknown throughput shows as -
+    assert "| grpo | 2 | - | 0.600 ± 0.100 |" in grpo and "| 1050 ± 50 |" in grpo and "| - |" in grpo
+    assert "| ppo | 1 | - | 0.400 |" in ppo and "| 2000 |" in ppo and "| 10 |" in ppo
+
+
+def test_table_and_plots_from_real_control_runs(tmp_path):
+    pytest.importorskip("gymnasium")
+    from grouprl.compare_report import summarize_runs, write_comparison
+    from grouprl.envs import ControlConfig, GRPOControlConfig
+    from grouprl.trainer.control import ControlTrainer
+
+    jobs = []
+    for algo in ("grpo", "vpg"):
+        folder = tmp_path / algo
+        ControlTrainer(ControlConfig(algo=algo, total_env_steps=150, eval_episodes=2, eval_every_env_steps=50,
+                                     hidden_sizes=(8,), stop_at_return=1.0 if algo == "vpg" else None,
+                                     grpo=GRPOControlConfig(groups_per_step=2, group_size=2, minibatches=1),
+                                     output_dir=str(folder), progress=False, tensorboard=False)).train()
+        jobs.append((algo, 0, folder))
+    runs = summarize_runs(jobs, control=True)
+    table = write_comparison(runs, tmp_path, control=True).read_text()
+    grpo, vpg = runs
+    assert grpo["solved_at"] is None and vpg["solved_at"] == 0 and vpg["wall_to_solve_s"] == 0.0
+    assert grpo["env_steps"] >= 150 and len(grpo["curves"]["eval_x"][0]) >= 3  # before, during, after
+    assert "| vpg | 1 | 0 | 0.0 |" in table and "| grpo | 1 | - | - |" in table
+    assert all((tmp_path / "plots" / f"{name}.png").exists() for name in ("eval", "reward", "kl", "cost"))
+
+
+@pytest.mark.slow
+def test_classic_control_comparison_end_to_end(tmp_path):
+    pytest.importorskip("gymnasium")
+    out = tmp_path / "cmp"
+    status = main(["compare", "--env", "CartPole-v1", "--algos", "grpo,ppo", "--output_dir", str(out),
+                   "--total_env_steps", "200", "--eval_episodes", "2", "--eval_every_env_steps", "0",
+                   "--hidden_sizes", "8", "--no-progress", "--no-tensorboard", "--grpo.groups_per_step", "2",
+                   "--grpo.group_size", "2", "--grpo.minibatches", "1", "--ppo.num_envs", "2",
+                   "--ppo.steps_per_env", "50"])
+    assert status == 0
+    table = (out / "comparison.md").read_text()
+    assert "| grpo | 1 |" in table and "| ppo | 1 |" in table and "env steps to solve" in table
+    for name in ("eval", "reward", "kl", "cost"):
+        assert (out / "plots" / f"{name}.png").exists()
+    numbers = {r["algo"]: r for r in json.loads((out / "comparison.json").read_text())}
+    for algo in ("grpo", "ppo"):
+        assert (out / f"{algo}-seed0" / "report" / "report.html").exists()
+        assert numbers[algo]["env_steps"] >= 200 and numbers[algo]["peak_rss_mb"] > 50
+        assert numbers[algo]["eval_after"] > 0
+
+
+@pytest.mark.slow
+def test_language_model_comparison_end_to_end(tmp_path):
+    out = tmp_path / "cmp"
+    status = main(["compare", "--algos", "grpo,rloo,ppo,trpo", "--output_dir", str(out), "--model", "tiny",
+                   "--task", "arithmetic", "--total_steps", "2", "--prompts_per_step", "2", "--group_size", "2",
+                   "--max_new_tokens", "4", "--eval_size", "4", "--eval_samples", "1", "--no-progress",
+                   "--no-tensorboard", "--beta", "0.04"])
+    assert status == 0
+    numbers = {r["algo"]: r for r in json.loads((out / "comparison.json").read_text())}
+    assert set(numbers) == {"grpo", "rloo", "ppo", "trpo"}
+    # the critic is a second model: PPO's process peaks higher than GRPO's
+    assert numbers["ppo"]["peak_rss_mb"] > numbers["grpo"]["peak_rss_mb"]
