@@ -34,6 +34,9 @@ class TrainLoop:
     time_budget_s: float | None = None
     """Wall-clock budget of :meth:`train` (from its start, evaluations included); None = no limit.
     Set on the instance, e.g. by ``grouprl compare`` to give every algorithm the same time."""
+    is_main: bool = True
+    """False in every process of a multi-process run but the first: only the first writes the run
+    folder's config.yaml, TensorBoard events and summary.json."""
 
     # -- hooks ------------------------------------------------------------------------------------
     def step(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -82,8 +85,9 @@ class TrainLoop:
         c = self.config
         if c.resume_from:
             self.resume(c.resume_from)
-        write_text_atomic(self.out / "config.yaml", yaml.safe_dump(as_plain(self.run_config), sort_keys=False))
-        tb = TensorBoardSink(self.out / "tensorboard", c.tensorboard)
+        if self.is_main:
+            write_text_atomic(self.out / "config.yaml", yaml.safe_dump(as_plain(self.run_config), sort_keys=False))
+        tb = TensorBoardSink(self.out / "tensorboard", c.tensorboard and self.is_main)
         start = time.perf_counter()
         if self.step_count == 0:
             before = self._log_eval(0.0)
@@ -113,7 +117,8 @@ class TrainLoop:
         final = self.save()
         summary = {"steps": self.step_count, "eval_before": before, "eval_after": after,
                    "checkpoint": str(final), "wall_time": time.perf_counter() - start}
-        write_text_atomic(self.out / "summary.json", json.dumps(summary, indent=2))
+        if self.is_main:
+            write_text_atomic(self.out / "summary.json", json.dumps(summary, indent=2))
         return summary
 
 
