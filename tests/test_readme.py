@@ -9,7 +9,8 @@ import shlex
 from pathlib import Path
 
 from grouprl.cli import main
-from grouprl.config import TrainConfig, check_readme
+from grouprl.cli.demo import DEMO
+from grouprl.config import TrainConfig, check_readme, from_dict, save_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -35,9 +36,11 @@ def test_install_and_demo_come_first_then_the_test_command():
     assert bash[1].strip().endswith(".venv/bin/pytest")  # .ci/run runs exactly this (tests/test_repo.py)
 
 
-def test_every_command_line_in_the_readme_parses(monkeypatch, capsys):
+def test_every_command_line_in_the_readme_parses(tmp_path, monkeypatch, capsys):
     """Each `grouprl ...` line of "The command line" resolves its config (nothing is loaded)."""
-    monkeypatch.chdir(ROOT)  # example paths are relative to the repository root
+    (tmp_path / "examples").symlink_to(ROOT / "examples")  # example paths are relative to the repository root
+    save_yaml(from_dict(TrainConfig, DEMO), tmp_path / "runs" / "demo" / "config.yaml")  # as the demo leaves it
+    monkeypatch.chdir(tmp_path)
     block = code_blocks(section(README.read_text(), "The command line"), "bash")[0]
     commands = [shlex.split(line.split("#")[0]) for line in block.splitlines() if line.startswith("grouprl ")]
     assert len(commands) >= 6
