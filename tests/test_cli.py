@@ -143,7 +143,7 @@ def test_debug_shows_the_traceback(capsys):
 
 
 def test_unexpected_failure_exits_1_and_points_to_debug(monkeypatch, capsys):
-    def broken(config, echo=print):
+    def broken(config, **kwargs):
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr("grouprl.cli.commands.train", broken)
@@ -270,6 +270,9 @@ def test_train_then_eval_scores_the_final_checkpoint_as_the_run_did(tmp_path, ca
     table = dict(line.split(maxsplit=1) for line in out.splitlines() if line.startswith(("accuracy", "pass@")))
     assert float(table["accuracy"]) == pytest.approx(summary["eval_after"]["eval/accuracy"], abs=1e-3)
     assert "pass@2" in table
+    # Training again into the same folder would append to its logs: refused, unless replacing it.
+    code, _, err = run_main(capsys, "train", *tiny_run_args(tmp_path))
+    assert code == 2 and "--resume_from latest" in err and "--overwrite" in err
 
 
 def test_train_rm_on_a_tiny_model(tmp_path, capsys):

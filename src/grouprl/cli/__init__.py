@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "config, metrics, completions, checkpoints and report/report.html.",
                 "[--config YAML] [--key value ...]")
     _with_config(train, "train")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace an earlier run in output_dir (logs, checkpoints, report) instead of refusing")
     add_dataclass_arguments(train, TrainConfig)
     train.set_defaults(handler=_train)
 
@@ -153,7 +155,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
         return _print_config(config)
     from grouprl.cli.commands import train
 
-    train(config)
+    train(config, overwrite=args.overwrite)
     return EXIT_OK
 
 
@@ -167,7 +169,7 @@ def _demo(args: argparse.Namespace, rest: list[str]) -> int:
     from grouprl.cli.commands import train
 
     print(QUICK_DEMO_NOTE if args.quick else demo_note(to_dict(config)), flush=True)
-    train(config)  # its last line is "accuracy before=... after=..."
+    train(config, overwrite=True)  # a demo run again starts afresh; its last line is "accuracy before=... after=..."
     return EXIT_OK
 
 
