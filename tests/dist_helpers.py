@@ -1,0 +1,158 @@
+"""Multi-process trainer tests: ranks spawned inside pytest with a FileStore rendezvous.
+
+Imports cost seconds per process on a loaded machine, so one spawned group runs several
+scenarios in a row and writes what each produced (final weights, metrics, errors) to files that
+the tests read afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grouprl.models import tiny_causal_lm
+from grouprl.rollout.sampler import Sampler
+from grouprl.trainer.grpo import GRPOTrainer
+from grouprl.types import RolloutBatch, SamplingParams
+from tests.trainer_helpers import base_config, digit_share
+
+PROMPTS = [{"prompt": f"Count: {i}", "target": "7"} for i in range(10, 26)]
+"""Prompts of one token length, so every batch has the same prompt width."""
+
+SETTINGS = {"prompts_per_step": 4, "group_size": 4, "micro_batch_size": 4, "total_steps": 3, "lr": 1e-3,
+            "log_completions_every": 1, "eval_every": 0}
+
+
+class PromptSeededSampler:
+    """Draws each prompt's group from a seed of (training step, prompt tokens) and pads every
+    batch to fixed widths, so a prompt's completions are the same whichever process, and whichever
+    batch, draws them: 2 processes x half the prompts then see exactly the rollouts of 1 process x
+    all of them, and the test measures the training, not the sampler's batch-dependent draws."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any):
+        self.inner = Sampler(model, tokenizer)
+        self.trainer: Any = None  # set once the trainer exists: its step count seeds the draws
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        self.inner.update_weights(model)
+
+    def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
+                 seed: int | None = None, prompts: list | None = None,
+                 extras: dict[str, list] | None = None) -> RolloutBatch:
+        parts = []
+        for i, ids in enumerate(prompt_ids):
+            one_seed = hash((self.trainer.step_count, tuple(ids))) % (2**31)
+            parts.append(self.inner.generate([ids], group_size, params, seed=one_seed,
+                                             prompts=None if prompts is None else [prompts[i]],
+                                             extras={k: [v[i]] for k, v in (extras or {}).items()}))
+        batch = RolloutBatch.cat(parts)
+        pad = params.max_new_tokens - batch.completion_ids.shape[1]
+        wide = torch.nn.functional.pad
+        return replace(batch, completion_ids=wide(batch.completion_ids, (0, pad), value=batch.pad_token_id),
+                       completion_mask=wide(batch.completion_mask, (0, pad)),
+                       sampling_logprobs=wide(batch.sampling_logprobs, (0, pad)))
+
+
+def build(tmp: Path, name: str, *, env: Any = None, reward_fns: tuple = (digit_share,), **overrides: Any):
+    """A GRPO trainer on the tiny model, one-process or distributed (``env`` given)."""
+    config = base_config(tmp / name, **{**SETTINGS, **overrides})
+    model, tok = tiny_causal_lm(seed=0)
+    sampler = PromptSeededSampler(model, tok)
+    kwargs = dict(policy=model, tokenizer=tok, reward_fns=list(reward_fns), train_data=PROMPTS, sampler=sampler)
+    if env is None:
+        trainer = GRPOTrainer(config, **kwargs)
+    else:
+        from grouprl.trainer.dist_grpo import DistributedGRPOTrainer
+
+        trainer = DistributedGRPOTrainer(config, env=env, **kwargs)
+    sampler.trainer = trainer
+    return trainer
+
+
+def full_weights(trainer: Any) -> dict[str, torch.Tensor]:
+    """The policy's full weights (gathered from the shards under FSDP; collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not torch.distributed.is_initialized():
+        return {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+    return get_model_state_dict(trainer.policy, options=StateDictOptions(full_state_dict=True))
+
+
+def fails_on_rank_one(prompts, completions, **_):
+    """A reward function that raises in process 1 only."""
+    if torch.distributed.get_rank() == 1:
+        raise ZeroDivisionError("the reward of process one divides by zero")
+    return [0.0] * len(completions)
+
+
+SCENARIOS = {
+    "ddp": dict(engine="ddp", rollout_is="token"),
+    "fsdp": dict(engine="fsdp", advantage_scale="batch", save_every=1),
+}
+"""name -> trainer settings of the 3-step runs compared with one process."""
+
+
+def _run(rank: int, out: Path, name: str, fn: Any) -> None:
+    """Run ``fn()`` and record its result (or its error) for this rank."""
+    try:
+        result = fn()
+    except Exception as e:  # noqa: BLE001 - recorded for the test to read
+        result = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+    if rank == 0 or "error" in result:
+        torch.save(result, out / f"{name}-rank{rank}.pt")
+
+
+def two_process_group(rank: int, world: int, store_file: str, out: str) -> None:
+    """Every scenario, in order, in one spawned group (the entry point of ``mp.spawn``)."""
+    torch.set_num_threads(1)
+    from grouprl.trainer.distributed import init_distributed
+
+    env = init_distributed(rank=rank, world_size=world, init_method=f"file://{store_file}", device="cpu",
+                           timeout_s=240)
+    out = Path(out)
+
+    def three_steps(name: str) -> dict[str, Any]:
+        trainer = build(out, name, env=env, **SCENARIOS[name])
+        summary = trainer.train()
+        return {"weights": full_weights(trainer), "summary": summary, "metrics": metrics_lines(out / name / "run", env)}
+
+    def resumed() -> dict[str, Any]:
+        start = out / "fsdp" / "run" / "checkpoints" / "step-000002"
+        trainer = build(out, "fsdp", env=env, **SCENARIOS["fsdp"], resume_from=str(start))
+        trainer.train()
+        return {"weights": full_weights(trainer), "metrics": metrics_lines(out / "fsdp" / "run", env)}
+
+    def reward_error() -> dict[str, Any]:
+        build(out, "error", env=env, reward_fns=(fails_on_rank_one,)).train()
+        return {}
+
+    for name in SCENARIOS:
+        _run(rank, out, name, lambda name=name: three_steps(name))
+    _run(rank, out, "resumed", resumed)
+    _run(rank, out, "reward_error", reward_error)
+
+
+def metrics_lines(run_dir: Path, env: Any = None) -> list[dict[str, Any]]:
+    """The run's metrics records (only process 0 writes them)."""
+    if env is not None and not env.is_main:
+        return []
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def start_group(fn: Any, out: Path, world: int = 2) -> None:
+    """Run ``fn(rank, world, store_file, out)`` in ``world`` processes and wait for them.
+
+    Forked when this process runs a single thread: the children inherit the modules already
+    imported (transformers' model code alone takes 10-20 s to import on a loaded machine). Spawned
+    otherwise, since forking a process with other threads can leave a lock held forever."""
+    import threading
+
+    import torch.multiprocessing as mp
+
+    method = "fork" if threading.active_count() == 1 else "spawn"
+    mp.start_processes(fn, args=(world, str(out / "store"), str(out)), nprocs=world, start_method=method)
