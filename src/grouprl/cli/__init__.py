@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     _with_config(train, "train")
     train.add_argument("--overwrite", action="store_true",
                        help="replace an earlier run in output_dir (logs, checkpoints, report) instead of refusing")
+    train.add_argument("--nproc", type=int, default=1, metavar="N",
+                       help="train in N processes on this machine (runs torchrun for you; engine picks FSDP2 or DDP)")
     add_dataclass_arguments(train, TrainConfig)
     train.set_defaults(handler=_train)
 
@@ -153,8 +155,14 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     config = _resolve(args, rest, TrainConfig)
     if args.print_config:
         return _print_config(config)
-    from grouprl.cli.commands import train
+    from grouprl.cli.commands import prepare_output_dir, train
+    from grouprl.trainer.distributed import torchrun_world_size
 
+    if args.nproc != 1 and torchrun_world_size() == 1:  # under torchrun the world size is torchrun's
+        from grouprl.launch import launch
+
+        prepare_output_dir(config, args.overwrite)  # once, here, rather than racing in every process
+        return launch(config, args.nproc)
     train(config, overwrite=args.overwrite)
     return EXIT_OK
 

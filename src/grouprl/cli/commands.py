@@ -64,15 +64,17 @@ def train(config: TrainConfig, echo: Echo = print, overwrite: bool = False) -> t
     """Build everything ``config`` names, train, write the report. Returns (summary, report path)."""
     prepare_output_dir(config, overwrite, echo)
     inputs = build_inputs(config)  # data, reward functions, checker: every cheap check before the model loads
+    from grouprl.launch import build_trainer, join_run, leave_run
     from grouprl.report import write_report
-    from grouprl.trainer.grpo import GRPOTrainer
 
-    policy, tokenizer = load_model(config.model, config.seed)
-    trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=inputs.reward_fns,
-                          train_data=inputs.train_rows, eval_data=inputs.eval_rows or None,
-                          reward_weights=inputs.reward_weights, is_correct=inputs.is_correct,
-                          system_prompt=inputs.system_prompt, run_config=config)
-    summary = trainer.train()
+    env = join_run(config)  # under torchrun with several processes: this process's place in the run
+    try:
+        policy, tokenizer = load_model(config.model, config.seed)
+        summary = build_trainer(config, inputs, policy, tokenizer, env).train()
+    finally:
+        leave_run(env)
+    if env is not None and not env.is_main:  # the first process writes the report and prints the summary
+        return summary, Path(config.output_dir) / "report"
     report = write_report(config.output_dir)
     echo(f"run folder: {config.output_dir} (config.yaml, metrics.jsonl, completions.jsonl, checkpoints/)")
     echo(f"trained model: {Path(summary['checkpoint']) / 'model'}")

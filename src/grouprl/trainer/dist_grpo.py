@@ -8,7 +8,8 @@ What each process does, and what is shared:
   communication;
 - rollout: sampled with a per-process seed; under FSDP the whole policy is gathered once per
   rollout (:func:`~grouprl.trainer.distributed.gathered_weights`), so rows may stop at different
-  lengths in different processes;
+  lengths in different processes; a sampler with its own copy of the weights (vLLM) gets them
+  pushed once at the start of the rollout instead (its ``phase()``);
 - rewards: computed where the rows were generated; a reward function that raises in one process
   stops every process with that error (no process is left waiting);
 - advantages: per group, locally; with ``advantage_scale=batch`` the batch std is all-reduced;
@@ -27,6 +28,8 @@ numbers of groups, and the sharded update needs the same number of micro-batches
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,9 +141,20 @@ class DistributedGRPOTrainer(GRPOTrainer):
         idx = self.stream.take(count)  # every process advances the shared stream by the whole batch
         return idx[self.env.rank * share:(self.env.rank + 1) * share]
 
+    @contextlib.contextmanager
+    def rollout_phase(self) -> Iterator[None]:
+        """Around a rollout or an evaluation (every process enters together): the policy gathered for
+        a sampler that runs the live model, or the weights pushed into one that keeps its own copy."""
+        if getattr(self.sampler, "uses_live_model", True):
+            with gathered_weights(self.policy):
+                yield
+        else:
+            with self.sampler.phase():
+                yield
+
     def sample_and_score(self, timer: PhaseTimer) -> tuple[RolloutBatch, torch.Tensor, dict, int]:
         result, error = None, None
-        with gathered_weights(self.policy):
+        with self.rollout_phase():
             try:
                 result = super().sample_and_score(timer)
             except Exception as e:  # noqa: BLE001 - re-raised below, in every process
@@ -236,7 +250,7 @@ class DistributedGRPOTrainer(GRPOTrainer):
         start, stop = r * n // w, (r + 1) * n // w
         result, error = {}, None
         self.policy.eval()
-        with gathered_weights(self.policy):
+        with self.rollout_phase():
             try:
                 if stop > start:
                     with torch.inference_mode():
