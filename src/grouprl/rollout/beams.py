@@ -22,6 +22,7 @@ import torch
 
 from grouprl.rollout.decoding import Decoded, DecodeRequest, finish
 from grouprl.rollout.runner import Runner, positions_from_mask
+from grouprl.types import SamplingParams
 
 NEG_INF = float("-inf")
 
@@ -51,14 +52,15 @@ class _Hypotheses:
         self.score[active] = best
 
 
-def _check(req: DecodeRequest, vocab: int) -> None:
-    p = req.params
-    unused = [name for name, off in (("top_k", p.top_k == 0), ("top_p", p.top_p == 1.0), ("min_p", p.min_p == 0.0),
-                                     ("repetition_penalty", p.repetition_penalty == 1.0)) if not off]
+def check_beam_request(params: SamplingParams, group_size: int, vocab: int, n_stop: int) -> None:
+    """Raise ``ValueError`` for settings beam search would silently ignore, or too many beams."""
+    unused = [name for name, off in (("top_k", params.top_k == 0), ("top_p", params.top_p == 1.0),
+                                     ("min_p", params.min_p == 0.0),
+                                     ("repetition_penalty", params.repetition_penalty == 1.0)) if not off]
     if unused:
         raise ValueError(f"mode='beam' searches the model's own log-probs; unset {', '.join(unused)}")
-    if req.group_size > vocab - req.stop_ids.numel():
-        raise ValueError(f"group_size {req.group_size} exceeds the {vocab - req.stop_ids.numel()} non-stop tokens")
+    if group_size > vocab - n_stop:
+        raise ValueError(f"group_size {group_size} exceeds the {vocab - n_stop} tokens that do not stop")
 
 
 def _stop_candidates(logp: torch.Tensor, beam_score: torch.Tensor, hist_tok: torch.Tensor, hist_lp: torch.Tensor,
@@ -90,7 +92,6 @@ def beam_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     runner = Runner(req.model, capacity=lp + n)
     logits = runner.forward(req.prompt_ids, req.prompt_mask, positions_from_mask(req.prompt_mask))  # [P, V]
     vocab = logits.shape[-1]
-    _check(req, vocab)
     runner.repeat_rows(w)
     logp = torch.log_softmax(logits / temp, -1).repeat_interleave(w, 0)  # [P*W, V]
 

@@ -14,7 +14,8 @@ formed: ``"sample"`` (G independent samples) or ``"beam"`` (the G best beams).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -22,16 +23,31 @@ import torch
 from torch import nn
 
 from grouprl.registry import Registry
-from grouprl.rollout.beams import beam_groups
+from grouprl.rollout.beams import beam_groups, check_beam_request
 from grouprl.rollout.decoding import Decoded, DecodeRequest, sample_groups
 from grouprl.rollout.prompts import Prompt, encode_prompts
 from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights, unwrap_model
 from grouprl.rollout.stops import StopStringMatcher, cut_at_stop
 from grouprl.types import RolloutBatch, SamplingParams
 
-MODES: Registry = Registry("sampling mode")
-MODES.register("sample", sample_groups)
-MODES.register("beam", beam_groups)
+
+def _no_extra_checks(params: SamplingParams, group_size: int, vocab: int, n_stop: int) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A way to form the group: its decode loop and its own input checks (run before any work)."""
+
+    decode: Callable[[DecodeRequest, int], Decoded]
+    """(request, pad id) -> decoded rows, prompt-major."""
+    check: Callable[[SamplingParams, int, int, int], None] = _no_extra_checks
+    """(params, group size, vocabulary size, number of stop ids) -> None, or raise ValueError."""
+
+
+MODES: Registry[Mode] = Registry("sampling mode")
+MODES.register("sample", Mode(sample_groups))
+MODES.register("beam", Mode(beam_groups, check_beam_request))
 
 
 def check_params(params: SamplingParams) -> None:
@@ -50,8 +66,8 @@ def check_params(params: SamplingParams) -> None:
             raise ValueError(f"SamplingParams.{name} {rule}, got {getattr(params, name)!r}")
 
 
-def _check_inputs(prompt_ids: Sequence[Sequence[int]], group_size: int, vocab: int,
-                  prompts: list | None, extras: dict[str, list] | None) -> None:
+def _check_inputs(prompt_ids: Sequence[Sequence[int]], group_size: int, prompts: list | None,
+                  extras: dict[str, list] | None) -> None:
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be an integer >= 1, got {group_size!r}")
     if len(prompt_ids) == 0:
@@ -59,15 +75,21 @@ def _check_inputs(prompt_ids: Sequence[Sequence[int]], group_size: int, vocab: i
     for p, ids in enumerate(prompt_ids):
         if len(ids) == 0:
             raise ValueError(f"prompt {p} has no tokens")
-        bad = [t for t in ids if not 0 <= int(t) < vocab]
-        if bad:
-            raise ValueError(f"prompt {p} has token ids outside the model's vocabulary [0, {vocab}): {bad[:5]}")
     n = len(prompt_ids)
     if prompts is not None and len(prompts) != n:
         raise ValueError(f"prompts has {len(prompts)} entries for {n} prompt_ids")
     for name, column in (extras or {}).items():
         if len(column) != n:
             raise ValueError(f"extras column {name!r} has {len(column)} entries for {n} prompts (one per prompt)")
+
+
+def _check_vocab(ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> None:
+    """ids / mask [P, Lp]: every real token must index the model's embedding table."""
+    bad = ((ids < 0) | (ids >= vocab)) & (mask > 0)  # [P, Lp]
+    if bad.any():
+        row = int(bad.any(1).nonzero()[0])
+        raise ValueError(f"prompt {row} has token ids outside the model's vocabulary [0, {vocab}): "
+                         f"{ids[row][bad[row]].tolist()[:5]}")
 
 
 class Sampler:
@@ -132,8 +154,8 @@ class Sampler:
         repeated to B rows. ``seed`` makes the draw reproducible (same seed, same batch).
         """
         check_params(params)
+        _check_inputs(prompt_ids, group_size, prompts, extras)
         vocab = unwrap_model(self.model).get_input_embeddings().num_embeddings
-        _check_inputs(prompt_ids, group_size, vocab, prompts, extras)
         device = model_device(self.model)
         generator = torch.Generator(device=device)
         if seed is None:
@@ -142,13 +164,16 @@ class Sampler:
             generator.manual_seed(seed)
         pad_id = self.pad_token_id
         ids, mask = left_pad([list(map(int, r)) for r in prompt_ids], pad_id, device)
+        _check_vocab(ids, mask, vocab)
         req = DecodeRequest(
             model=self.model, prompt_ids=ids, prompt_mask=mask, group_size=group_size, params=params,
             stop_ids=torch.tensor(self.stop_token_ids(params), dtype=torch.long, device=device),
             matcher=self._matcher(tuple(params.stop_strings), vocab), generator=generator,
             share_prefill=self.share_prefill, compact=self.compact,
         )
-        decode = partial(MODES.get(params.mode), pad_id=pad_id)
+        mode = MODES.get(params.mode)
+        mode.check(params, group_size, vocab, req.stop_ids.numel())
+        decode = partial(mode.decode, pad_id=pad_id)
         with eval_mode(self.model), torch.inference_mode():
             out = run_with_bf16_weights(self.model, lambda _: decode(req)) if params.autocast_bf16 else decode(req)
         return self._assemble(req, out, prompt_ids, prompts, extras)

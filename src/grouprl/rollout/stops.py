@@ -60,6 +60,7 @@ class StopStringMatcher:
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)
         self.table = _candidate_table(tokenizer, self.stop_strings, vocab_size)
+        self._tables = {self.table.device: self.table}  # one copy per device the sampler runs on
 
     def completed(self, history: torch.Tensor, rows: torch.Tensor, step: int, new_tokens: torch.Tensor) -> torch.Tensor:
         """[b] bool: which active rows end with a stop string after ``step``'s token.
@@ -67,7 +68,9 @@ class StopStringMatcher:
         history [B, max_new_tokens] long, the tokens so far indexed by original row; rows [b] long,
         the original row of each active row; new_tokens [b] long, the tokens just drawn.
         """
-        table = self.table.to(new_tokens.device)
+        if new_tokens.device not in self._tables:
+            self._tables[new_tokens.device] = self.table.to(new_tokens.device)
+        table = self._tables[new_tokens.device]
         hits = torch.zeros_like(new_tokens, dtype=torch.bool)
         maybe = table[new_tokens].nonzero().flatten().tolist()
         if not maybe:
