@@ -82,6 +82,11 @@ class BufferLayer(DynamicLayer):
         rows = torch.arange(self._kbuf.shape[0], device=self._kbuf.device).repeat_interleave(repeats)
         self._rebuild(rows)
 
+    def reset(self) -> None:
+        super().reset()
+        self.length = 0
+        self._kbuf = self._vbuf = None
+
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative number of positions to remove")
