@@ -59,12 +59,16 @@ def test_bundled_smollm2_is_a_clean_trainable_model(smollm2):
     assert "4" in tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
-def test_bundled_smollm2_reloads_from_the_cache_in_a_second(smollm2):
+def test_bundled_smollm2_reloads_from_the_cache_without_converting(smollm2, monkeypatch):
+    """A cached load (~0.5 s on an idle laptop CPU) never touches the GGUF file again."""
     folder = models.bundled_model_folder("smollm2-135m")
     assert folder.parent == models.cache_root() and folder.name == "smollm2-135m-instruct-q4_1-0.1.2"
-    start = time.perf_counter()
+
+    def no_conversion(*args):
+        raise AssertionError("the cache should have been used")
+
+    monkeypatch.setattr(models, "convert_gguf", no_conversion)
     model, _ = load_policy("smollm2-135m", dtype="bfloat16")
-    assert time.perf_counter() - start < 5.0  # ~0.5 s on an idle laptop CPU
     assert model.dtype == torch.bfloat16
     reference = smollm2[0].state_dict()["model.layers.3.mlp.up_proj.weight"]
     assert torch.equal(model.state_dict()["model.layers.3.mlp.up_proj.weight"], reference.to(torch.bfloat16))
@@ -240,7 +244,7 @@ def test_tiny_model_is_seeded_fast_and_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     start = time.perf_counter()
     a, tok = tiny_causal_lm(seed=0)
-    assert time.perf_counter() - start < 3.0  # well under a second on an idle CPU
+    assert time.perf_counter() - start < 5.0  # ~0.05 s on an idle CPU
     assert torch.equal(torch.rand(1), expected_draw)
     b, _ = tiny_causal_lm(seed=0)
     c, _ = tiny_causal_lm(seed=1)

@@ -19,12 +19,12 @@ def block(code: str) -> str:
 
 @pytest.fixture(scope="module")
 def reward():
-    return CodeExecutionReward(SandboxLimits(timeout_s=2.0, memory_mb=256), workers=2)
+    return CodeExecutionReward(SandboxLimits(timeout_s=10.0, memory_mb=256), workers=2)
 
 
 @pytest.fixture(scope="module")
 def sandbox():
-    return Sandbox(SandboxLimits(timeout_s=2.0, memory_mb=256))
+    return Sandbox(SandboxLimits(timeout_s=10.0, memory_mb=256))
 
 
 def test_asserts_are_graded_as_the_fraction_passed(reward):
@@ -57,12 +57,12 @@ def test_exiting_early_does_not_pass_the_tests(reward):
 
 
 def test_runaway_program_is_killed_scored_zero_and_the_batch_goes_on():
-    quick = CodeExecutionReward(SandboxLimits(timeout_s=1.0), workers=2)
+    quick = CodeExecutionReward(SandboxLimits(timeout_s=2.0), workers=2)
     completions = [block("def add(a, b):\n    while True:\n        pass"), block("def add(a, b):\n    return a + b"),
                    block("import time\ntime.sleep(30)")]
     start = time.perf_counter()
     assert quick(None, completions, tests=[ADD_TESTS] * 3) == [0.0, 1.0, 0.0]
-    assert time.perf_counter() - start < 8.0
+    assert time.perf_counter() - start < 15.0  # two 2 s timeouts on two workers, not 30 s of sleep
 
 
 def test_memory_limit(sandbox):
@@ -115,7 +115,7 @@ def test_stdin_cannot_reveal_the_launcher_settings(sandbox):
 
 
 def test_usable_by_name_in_a_reward_list():
-    fn = make_reward("code_execution", timeout_s=2.0)
+    fn = make_reward("code_execution", timeout_s=10.0)
     scores = score_rewards([fn], None, ["p", "p"], [block("def add(a, b): return a + b"), "no code"],
                            columns={"tests": [ADD_TESTS, ADD_TESTS]})
     assert scores.per_fn["code_execution"].tolist() == [1.0, 0.0]
