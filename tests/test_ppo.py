@@ -164,6 +164,7 @@ def test_config_errors():
         PPOConfig(kl_controller="pid")
     with pytest.raises(ValueError, match="gae_lambda"):
         PPOConfig(gae_lambda=1.5)
+    assert PPOConfig(beta=0.0).kl_in_reward is False and PPOConfig().kl_in_reward is True  # nothing to place
 
 
 def test_ppo_learns_a_learnable_reward(tmp_path):

@@ -61,7 +61,8 @@ class PPOConfig(GRPOConfig):
     """Initial KL coefficient to the reference (TRL's PPO init_kl_coef 0.05; InstructGPT 0.02)."""
     kl_in_reward: bool = True
     """PPO-RLHF's placement: -beta * KL_t is a reward on every token t, so GAE spreads the penalty
-    over the positions that incurred it. False puts beta * KL in the loss, as GRPO does."""
+    over the positions that incurred it. False puts beta * KL in the loss, as GRPO does. Off when
+    beta is 0 (there is no penalty to place)."""
     kl_controller: str = "adaptive"
     """fixed: beta stays at its initial value. adaptive: Ziegler et al.'s proportional controller
     moves beta so that the per-sequence KL tracks kl_target."""
@@ -89,6 +90,11 @@ class PPOConfig(GRPOConfig):
     critic_warmup_steps: int = 0
     """Steps at the start that train only the critic (the policy is not updated), so the first
     policy updates see a baseline that has already fitted the returns."""
+
+    def __post_init__(self) -> None:
+        if self.beta == 0:  # no KL penalty at all: there is nothing to place in the reward
+            self.kl_in_reward = False
+        super().__post_init__()
 
     def validate(self) -> None:
         super().validate()
