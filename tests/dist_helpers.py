@@ -61,6 +61,7 @@ class PromptSeededSampler:
 def build(tmp: Path, name: str, *, env: Any = None, reward_fns: tuple = (digit_share,), **overrides: Any):
     """A GRPO trainer on the tiny model, one-process or distributed (``env`` given)."""
     config = base_config(tmp / name, **{**SETTINGS, **overrides})
+    torch.manual_seed(0)  # LoRA adapters are initialised from the global generator
     model, tok = tiny_causal_lm(seed=0)
     sampler = PromptSeededSampler(model, tok)
     kwargs = dict(policy=model, tokenizer=tok, reward_fns=list(reward_fns), train_data=PROMPTS, sampler=sampler)
@@ -71,6 +72,9 @@ def build(tmp: Path, name: str, *, env: Any = None, reward_fns: tuple = (digit_s
 
         trainer = DistributedGRPOTrainer(config, env=env, **kwargs)
     sampler.trainer = trainer
+    from grouprl.trainer.distributed import unwrap
+
+    sampler.update_weights(unwrap(trainer.policy))  # with LoRA, decode through the peft wrapper (the FSDP root)
     return trainer
 
 
@@ -135,6 +139,59 @@ def two_process_group(rank: int, world: int, store_file: str, out: str) -> None:
         _run(rank, out, name, lambda name=name: three_steps(name))
     _run(rank, out, "resumed", resumed)
     _run(rank, out, "reward_error", reward_error)
+
+
+VARIANTS = {
+    "fsdp_lora": dict(engine="fsdp", lora_rank=4, lr=1e-2),
+    "fsdp_offload": dict(engine="fsdp", cpu_offload=True),
+    "ddp_sequence_is": dict(engine="ddp", rollout_is="sequence", kl_in_reward=True),
+    "fsdp_ref_sync": dict(engine="fsdp", ref_sync_steps=1, ref_sync_alpha=0.5, save_every=1),
+    "fsdp_bf16": dict(engine="fsdp", mixed_precision="bf16"),
+}
+"""name -> settings of the slower variants; all but fsdp_bf16 are compared with one process
+(bf16 computes differently from the fp32 one-process run by design)."""
+
+
+def variant_group(rank: int, world: int, store_file: str, out: str) -> None:
+    """The variants, then a resume of the reference-sync run (its reference is in the checkpoint),
+    then an evaluation split over the two processes (an entry point of ``mp.spawn``)."""
+    torch.set_num_threads(1)
+    from grouprl.trainer.distributed import init_distributed
+
+    env = init_distributed(rank=rank, world_size=world, init_method=f"file://{store_file}", device="cpu",
+                           timeout_s=240)
+    out = Path(out)
+
+    def three_steps(name: str) -> dict[str, Any]:
+        trainer = build(out, name, env=env, **VARIANTS[name])
+        trainer.train()
+        reference = _full_reference(trainer) if trainer.reference is not None else None
+        return {"weights": full_weights(trainer), "reference": reference}
+
+    def resumed() -> dict[str, Any]:
+        start = out / "fsdp_ref_sync" / "run" / "checkpoints" / "step-000002"
+        trainer = build(out, "fsdp_ref_sync", env=env, **VARIANTS["fsdp_ref_sync"], resume_from=str(start))
+        trainer.train()
+        return {"weights": full_weights(trainer), "reference": _full_reference(trainer)}
+
+    def evaluation() -> dict[str, Any]:
+        trainer = build(out, "eval", env=env, eval_samples=2)
+        trainer.eval_rows, trainer.eval_ids = PROMPTS[:5], trainer.train_ids[:5]
+        trainer.is_correct = lambda completion, row: any(ch.isdigit() for ch in completion)
+        return {"eval": trainer.evaluate()}
+
+    for name in VARIANTS:
+        _run(rank, out, name, lambda name=name: three_steps(name))
+    _run(rank, out, "ref_sync_resumed", resumed)
+    _run(rank, out, "evaluation", evaluation)
+
+
+def _full_reference(trainer: Any) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not torch.distributed.is_initialized():
+        return {k: v.detach().clone() for k, v in trainer.reference.state_dict().items()}
+    return get_model_state_dict(trainer.reference, options=StateDictOptions(full_state_dict=True))
 
 
 def metrics_lines(run_dir: Path, env: Any = None) -> list[dict[str, Any]]:

@@ -4,7 +4,9 @@
   batch, under DDP (with the rollout importance weights on) and FSDP2 (with the batch-std scale);
 - a checkpoint written by 2 processes resumes in 2 processes and continues identically, and its
   gathered model/ folder loads as a plain model;
-- a reward function that raises in one process stops both, each with the error shown.
+- a reward function that raises in one process stops both, each with the error shown;
+- (slow) LoRA, CPU offload, sequence-level importance weights, reference sync with its resume,
+  bf16 mixed precision, and an evaluation split over the processes.
 
 The one-process runs go first, in this process, so the two processes forked afterwards inherit
 every import (see ``tests.dist_helpers.start_group``).
@@ -16,7 +18,18 @@ import pytest
 import torch
 
 from grouprl.models import load_policy, tiny_causal_lm
-from tests.dist_helpers import SCENARIOS, SETTINGS, build, full_weights, metrics_lines, start_group, two_process_group
+from tests.dist_helpers import (
+    PROMPTS,
+    SCENARIOS,
+    SETTINGS,
+    VARIANTS,
+    build,
+    full_weights,
+    metrics_lines,
+    start_group,
+    two_process_group,
+    variant_group,
+)
 
 TOLERANCE = 1e-5
 COMPARED_METRICS = ("reward/mean", "reward/std", "loss/total", "loss/policy", "policy/kl", "policy/entropy",
@@ -84,3 +97,64 @@ def test_a_reward_function_raising_in_one_process_stops_every_process_with_its_e
     assert "divides by zero" in failing
     assert other.startswith("DistributedError: process 1 of 2 stopped the run: RewardFunctionError")
     assert "divides by zero" in other
+
+
+# --------------------------------------------------------------------------- slower variants
+
+
+@pytest.fixture(scope="module")
+def variant_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("variants")
+    single = {}
+    for name, settings in VARIANTS.items():
+        trainer = build(out / "single", name, **settings)
+        trainer.train()
+        single[name] = full_weights(trainer)
+    trainer = build(out / "single", "eval", eval_samples=2)
+    trainer.eval_rows, trainer.eval_ids = PROMPTS[:5], trainer.train_ids[:5]
+    trainer.is_correct = lambda completion, row: any(ch.isdigit() for ch in completion)
+    single["evaluation"] = trainer.evaluate()
+    start_group(variant_group, out)
+    return out, single
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in VARIANTS if n != "fsdp_bf16"])
+def test_variants_on_two_processes_train_like_one_process(variant_runs, name):
+    """LoRA under FSDP, CPU offload, DDP with sequence-level importance weights and the KL in the
+    reward, and reference sync (the reference sharded and moved every step)."""
+    out, single = variant_runs
+    got = result(out, name)["weights"]
+    for key, expected in single[name].items():
+        torch.testing.assert_close(got[key], expected, atol=TOLERANCE, rtol=0, msg=lambda m, key=key: f"{key}: {m}")
+
+
+@pytest.mark.slow
+def test_bf16_mixed_precision_trains_and_keeps_float32_weights(variant_runs):
+    out, single = variant_runs
+    got = result(out, "fsdp_bf16")["weights"]
+    start = tiny_causal_lm(seed=0)[0].state_dict()
+    assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in got.values())
+    assert max(float((got[k] - start[k]).abs().max()) for k in start) > 1e-4
+    # bf16 forward and backward, fp32 reduction and optimizer: near the fp32 run, not equal to it
+    assert max(float((got[k] - single["fsdp_bf16"][k]).abs().max()) for k in start) < 5e-2
+
+
+@pytest.mark.slow
+def test_a_synced_reference_is_checkpointed_and_resumed(variant_runs):
+    out, _ = variant_runs
+    straight, resumed = result(out, "fsdp_ref_sync"), result(out, "ref_sync_resumed")
+    start = tiny_causal_lm(seed=0)[0].state_dict()
+    assert max(float((straight["reference"][k] - start[k]).abs().max()) for k in start) > 1e-4  # it moved
+    for part in ("weights", "reference"):
+        for key, expected in straight[part].items():
+            assert torch.equal(resumed[part][key], expected), (part, key)
+
+
+@pytest.mark.slow
+def test_evaluation_split_over_processes_equals_one_process(variant_runs):
+    out, single = variant_runs
+    got = result(out, "evaluation")["eval"]
+    assert got.keys() == single["evaluation"].keys()
+    for key, value in single["evaluation"].items():
+        assert got[key] == pytest.approx(value, abs=1e-6), key

@@ -22,8 +22,12 @@ What each process does, and what is shared:
 - checkpoints: sharded for resuming with the same number of processes, plus the policy gathered
   into ``model/`` (see :mod:`grouprl.trainer.dist_checkpoint`).
 
-Not supported across processes: dynamic sampling (it would leave processes with different
-numbers of groups, and the sharded update needs the same number of micro-batches everywhere).
+With several minibatches per step (``minibatch_size`` below the batch) each process shuffles its
+own groups and every minibatch takes ``minibatch_size / N`` rows from each process, so the update
+equals the one-process update only in distribution, not draw for draw (one minibatch, the default,
+is exact). Not supported across processes: dynamic sampling (it would leave processes with
+different numbers of groups, and the sharded update needs the same number of micro-batches
+everywhere).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from grouprl.trainer.distributed import (
     shard_frozen,
     shard_model,
     sum_floats,
+    unwrap,
 )
 from grouprl.trainer.evaluate import evaluate
 from grouprl.trainer.grpo import GRPOTrainer, _mix
@@ -128,8 +133,8 @@ class DistributedGRPOTrainer(GRPOTrainer):
             self.reference = shard_frozen(self.reference, sharding, env)
         self.policy = shard_model(self.policy, sharding, env)
         self.optimizer, self.scheduler = self.make_optimizer()  # over the sharded parameters
-        if isinstance(self.sampler, Sampler):  # the live policy; under DDP the module inside the wrapper
-            self.sampler.update_weights(self.sampler.model)
+        if isinstance(self.sampler, Sampler):  # decode through the root (FSDP) or the module inside DDP
+            self.sampler.update_weights(unwrap(self.policy))
         self.sampler = _ProcessSeeds(self.sampler, env.rank)
         if not env.is_main:
             self.metrics_log = self.completions_log = _NoLog()
