@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,21 @@ def test_train_nproc_2_from_the_command_line(tmp_path):
     assert (run / "report" / "report.html").exists()
     config = load_config(TrainConfig, run / "config.yaml")
     assert config.prompts_per_step == 2 and config.model == "tiny"
+
+
+def test_the_readme_scaling_out_commands_resolve(tmp_path, monkeypatch, capsys):
+    """Every `grouprl train` and `torchrun ... -m grouprl train` line of "Scaling out" resolves its
+    config (nothing is loaded or started)."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Scaling out\n")
+    section = text[start:text.index("\n## ", start + 1)]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    lines = [shlex.split(line) for block in blocks for line in block.replace("\\\n", " ").splitlines() if line]
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    (tmp_path / "run.yaml").write_text("model: tiny\nprompts_per_step: 8\n")
+    monkeypatch.chdir(tmp_path)
+    assert len(lines) == 4
+    for argv in lines:
+        args = argv[argv.index("grouprl") + 1:]
+        assert args[0] == "train", argv
+        assert main([*args, "--print-config"]) == 0, (argv, capsys.readouterr().err)
