@@ -127,9 +127,11 @@ class DistributedGRPOTrainer(GRPOTrainer):
         self.env = env
         self.is_main = env.is_main
         sharding = Sharding(config.engine, config.mixed_precision, config.cpu_offload)
-        broadcast_module(self.policy)  # random parts (a tiny model, LoRA adapters) agree everywhere
+        # On the device first, so the broadcast runs over NCCL on GPUs; then process 0's weights
+        # everywhere: random parts (LoRA adapters, a randomly initialised model) must agree.
+        broadcast_module(self.policy.to(env.device))
         if self.reference is not None:
-            broadcast_module(self.reference)
+            broadcast_module(self.reference.to(env.device))
             self.reference = shard_frozen(self.reference, sharding, env)
         self.policy = shard_model(self.policy, sharding, env)
         self.optimizer, self.scheduler = self.make_optimizer()  # over the sharded parameters
