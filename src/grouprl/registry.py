@@ -28,10 +28,10 @@ class Registry(Generic[T]):
     ...     return 2 * x
     >>> losses.get("double")(3)
     6
-    >>> losses.get("tripple")
+    >>> losses.get("doubel")
     Traceback (most recent call last):
     ...
-    grouprl.registry.UnknownNameError: unknown loss 'tripple' (did you mean 'double'?); valid names: double
+    grouprl.registry.UnknownNameError: unknown loss 'doubel' (did you mean 'double'?); valid names: double
     """
 
     def __init__(self, kind: str):
