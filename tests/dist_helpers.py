@@ -178,7 +178,10 @@ def variant_group(rank: int, world: int, store_file: str, out: str) -> None:
         trainer = build(out, "eval", env=env, eval_samples=2)
         trainer.eval_rows, trainer.eval_ids = PROMPTS[:5], trainer.train_ids[:5]
         trainer.is_correct = lambda completion, row: any(ch.isdigit() for ch in completion)
-        return {"eval": trainer.evaluate()}
+        from grouprl.rollout.vllm import full_tensors
+
+        pushed = dict(full_tensors(trainer.policy, torch.device("cpu")))  # what a vLLM weight push sends
+        return {"eval": trainer.evaluate(), "pushed": pushed, "weights": full_weights(trainer)}
 
     for name in VARIANTS:
         _run(rank, out, name, lambda name=name: three_steps(name))

@@ -158,3 +158,12 @@ def test_evaluation_split_over_processes_equals_one_process(variant_runs):
     assert got.keys() == single["evaluation"].keys()
     for key, value in single["evaluation"].items():
         assert got[key] == pytest.approx(value, abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_a_weight_push_gathers_every_fsdp_shard(variant_runs):
+    out, _ = variant_runs
+    r = result(out, "evaluation")
+    assert r["pushed"].keys() == r["weights"].keys()
+    for key, value in r["weights"].items():
+        assert torch.equal(r["pushed"][key], value), key

@@ -132,12 +132,15 @@ def _plain_class_name(model: nn.Module) -> str:
     return next(c.__name__ for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
-def full_tensors(model: nn.Module, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) of ``model``'s state dict, gathering FSDP shards one tensor at a time
-    (a collective: every process iterates in the same order)."""
+def full_tensors(model: nn.Module, device: torch.device,
+                 keep: Any = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of the entries of ``model``'s state dict whose name ``keep`` accepts,
+    gathering FSDP shards one tensor at a time (a collective: every process iterates alike)."""
     from torch.distributed.tensor import DTensor
 
     for name, t in model.state_dict().items():
+        if not keep(name):
+            continue
         if isinstance(t, DTensor):
             t = t.to(device).full_tensor()
         yield name, t.detach()
@@ -163,8 +166,8 @@ class VLLMSampler:
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, max_model_len: int, gpu_memory_utilization: float = 0.3,
                  sleep: bool = True, seed: int = 0, lora_rank: int | None = None, dtype: str = "bfloat16"):
-        vllm = require_vllm()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights by reference, not pickled
+        vllm = require_vllm()
         self.model, self.tokenizer = model, tokenizer
         self.rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.device = torch.device("cuda", torch.cuda.current_device())
@@ -178,8 +181,8 @@ class VLLMSampler:
             logprobs_mode="processed_logprobs", enable_prefix_caching=True)
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per torchrun process
-        if self.lora:
-            kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
+        if self.lora:  # vLLM takes a few fixed maximum ranks: the next power of two, at least 8
+            kwargs.update(enable_lora=True, max_lora_rank=max(8, 1 << (int(lora_rank) - 1).bit_length()), max_loras=1)
         try:
             self.llm = vllm.LLM(**kwargs)
         except TypeError as e:
@@ -223,10 +226,9 @@ class VLLMSampler:
             return
         self.wake()
         if not self.lora or not self.base_loaded:
-            for name, tensor in full_tensors(self.model, self.device):
-                mapped = base_weight_name(name) if self.lora else name
-                if mapped is not None:
-                    self._load([(mapped, tensor.to(self.device))])
+            keep = (lambda name: base_weight_name(name) is not None) if self.lora else (lambda name: True)
+            for name, tensor in full_tensors(self.model, self.device, keep):
+                self._load([(base_weight_name(name) if self.lora else name, tensor.to(self.device))])
             self.base_loaded = True
         if self.lora:
             self._push_adapter()
@@ -236,7 +238,7 @@ class VLLMSampler:
     def _push_adapter(self) -> None:
         from vllm.lora.request import LoRARequest
 
-        state = {name: t for name, t in full_tensors(self.model, self.device) if ".lora_" in name}
+        state = dict(full_tensors(self.model, self.device, lambda name: ".lora_" in name))
         self.adapter_version += 1
         path = os.path.join(self.folder, f"adapter-{self.adapter_version}")
         self.model.save_pretrained(path, state_dict=state)
