@@ -129,6 +129,11 @@ def test_batch_layout(model, tok, ids):
                          torch.tensor([5, 9, 40, tok.eos_token_id]))
     assert torch.equal(batch.truncated, ~stopped & (batch.lengths == 10))
     assert batch.completions == tok.batch_decode(completions(batch), skip_special_tokens=True)
+    # Usable in a loss that is differentiated (inference-mode tensors cannot be saved for backward).
+    tensors = [v for v in vars(batch).values() if isinstance(v, torch.Tensor)]
+    assert len(tensors) == 6 and not any(t.is_inference() for t in tensors)
+    w = torch.ones(batch.completion_mask.shape, requires_grad=True)
+    (w * batch.completion_mask * batch.sampling_logprobs).sum().backward()
 
 
 def test_bf16_autocast_runs_and_leaves_the_model_alone(model, tok, ids):

@@ -192,13 +192,15 @@ class Sampler:
             prompts = self.tokenizer.batch_decode([list(r) for r in prompt_ids], skip_special_tokens=False)
         mask = (torch.arange(out.tokens.shape[1], device=out.tokens.device).unsqueeze(0)
                 < out.lengths.unsqueeze(1)).float()  # [B, T]
+        # Tensors made under inference mode cannot be saved for backward; the trainer multiplies
+        # masks and old log-probs into its loss, so hand back ordinary tensors.
         return RolloutBatch(
             prompt_ids=req.prompt_ids.repeat_interleave(g, 0),
             prompt_mask=req.prompt_mask.repeat_interleave(g, 0),
-            completion_ids=out.tokens,
+            completion_ids=out.tokens.clone(),
             completion_mask=mask,
-            sampling_logprobs=out.logprobs,
-            truncated=out.truncated,
+            sampling_logprobs=out.logprobs.clone(),
+            truncated=out.truncated.clone(),
             completions=texts,
             prompts=[p for p in prompts for _ in range(g)],
             group_size=g,
