@@ -79,7 +79,8 @@ def _features(model: nn.Module, ids: torch.Tensor, attn: torch.Tensor
     if parts is not None:
         body, head = parts
         hidden = body(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-        return hidden, head, head.weight.shape[0] if hasattr(head, "weight") else head(hidden[:1, :1]).shape[-1]
+        weight = getattr(head, "weight", None)  # [V, H] for a linear head (peft wraps keep .weight)
+        return hidden, head, weight.shape[0] if weight is not None else hidden.shape[-1]
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
     return logits, nn.Identity(), logits.shape[-1]
 
