@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from grouprl.chat import to_messages
 from grouprl.registry import Registry
-from grouprl.rollout.prompts import to_messages
 
 Row = dict[str, Any]
 PREVIEW_CHARS = 120

@@ -11,19 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-Prompt = str | list[dict[str, str]]
+from grouprl.chat import Prompt, to_messages
 
-
-def to_messages(prompt: Prompt, system_prompt: str | None = None) -> list[dict[str, str]]:
-    """``prompt`` as a list of chat messages, with ``system_prompt`` first if given.
-
-    >>> to_messages("2+2?", system_prompt="Be brief.")
-    [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': '2+2?'}]
-    """
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if system_prompt and not any(m.get("role") == "system" for m in messages):
-        messages = [{"role": "system", "content": system_prompt}, *messages]
-    return messages
+__all__ = ["Prompt", "encode_prompts", "render_prompt", "to_messages"]
 
 
 def render_prompt(tokenizer: Any, prompt: Prompt, *, system_prompt: str | None = None,
