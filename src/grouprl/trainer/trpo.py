@@ -12,14 +12,15 @@ step per rollout instead of mu passes of clipped Adam steps:
 The KL is exact over the vocabulary at every completion position (not a sampled-token estimate),
 so F is the true Fisher matrix of the per-token distributions and is positive semi-definite.
 
-Cost, honestly: every CG iteration is one extra backward pass through the double-backprop graph of
-the Fisher rows, and that graph (activations plus first-order gradients of the whole Fisher batch)
-stays in memory for the whole solve; the line search adds one forward pass of the rollout per
-trial step, and the old policy's full log-softmax ``[tokens, V]`` is kept for the exact KL. With
-``cg_iters=10`` a TRPO update costs roughly 3 + cg_iters backward-equivalents versus mu x 1 for
-GRPO's, and its peak memory is several times GRPO's; ``fisher_stride`` subsamples the Fisher rows
-(OpenAI baselines used every 5th sample) and LoRA shrinks the parameter vector. The README gives
-measured numbers.
+Cost, honestly: every CG iteration is one backward pass through the double-backprop graph of the
+Fisher rows, about a forward+backward of the model each, and that graph (activations plus
+first-order gradients of the whole Fisher batch) stays in memory for the whole solve; the line
+search adds one forward pass per trial step, and the old policy's full log-softmax ``[tokens, V]``
+is kept for the exact KL. Measured on one update of the same rollout (2-core CPU, one thread,
+``benchmarks/results/trpo_cost.md``), with ``cg_iters=10``: SmolLM2-135M with LoRA rank 8 takes
+307 s against GRPO's 31 s (10x) at 2.5x GRPO's peak memory; fully fine-tuned, 585 s (19x) and
+9.9 GiB peak (3.2x). ``fisher_stride`` (OpenAI baselines used every 5th sample for the Fisher)
+and LoRA are the levers.
 
 Departures: the surrogate is GRPO's aggregation of rho * A (not a plain mean over tokens), so
 the two trainers optimise the same objective up to the clip; there is no value function.
