@@ -120,7 +120,8 @@ def sample_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     for step in range(n):
         # One uniform per original row per step, drawn whether or not the row still runs: a row's
         # randomness never depends on which rows were dropped.
-        u = torch.rand(b_all, generator=req.generator, device=device)[rows] if params.temperature > 0 else None
+        u = (torch.rand(b_all, generator=req.generator, device=device, dtype=torch.float64)[rows]
+             if params.temperature > 0 else None)
         tokens, logprobs = pick_tokens(logits, params, u, seen)  # [b], [b]
         out_tokens[rows, step] = tokens
         out_logprobs[rows, step] = logprobs
