@@ -44,6 +44,9 @@ QUICK_DEMO: dict[str, Any] = {
     "log_completions_every": 5,
     "print_completions": 0,
     "tensorboard": False,
+    # One thread: a 64-wide model gains nothing from two, and on a busy CPU a second thread waiting for
+    # its partner made the 16 steps take 2 minutes instead of 7 seconds.
+    "num_threads": 1,
     "output_dir": "runs/demo-quick",
 }
 """A random 2-layer model learns to answer in digits only: the whole pipeline in under a minute."""
