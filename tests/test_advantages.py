@@ -118,3 +118,12 @@ def test_group_scaled_advantages_have_unit_population_std(values):
     for row, group in zip(adv, r.view(2, 4)):
         if group.max() > group.min() and group.std(unbiased=False) > 1e-3:
             assert abs(row.std(unbiased=False).item() - 1.0) < 1e-4
+
+
+def test_default_scale_is_the_estimators_own():
+    r = torch.tensor([0.9, 0.1, 0.1, 0.1])
+    # rloo and reinforce are not divided by the group std unless asked; grpo is
+    torch.testing.assert_close(compute_advantages("rloo", r, 4), rloo_advantages(r, 4, scale="none"))
+    torch.testing.assert_close(compute_advantages("reinforce", r, 4), torch.tensor([0.6, -0.2, -0.2, -0.2]))
+    torch.testing.assert_close(compute_advantages("grpo", r, 4), group_advantages(r, 4, scale="group"))
+    assert not torch.allclose(compute_advantages("rloo", r, 4), compute_advantages("rloo", r, 4, "group"))

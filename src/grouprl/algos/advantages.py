@@ -152,7 +152,12 @@ def constant_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return _constant_groups(r, valid)
 
 
-def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, scale: str,
+def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, scale: str | None = None,
                        eps: float = 0.0) -> torch.Tensor:
-    """Look up estimator ``name`` in :data:`ADVANTAGES` and apply it: ``[B]`` -> ``[B]``."""
-    return ADVANTAGES.get(name)(rewards, group_size, scale=scale, eps=eps)
+    """Look up estimator ``name`` in :data:`ADVANTAGES` and apply it: ``[B]`` -> ``[B]``.
+
+    ``scale=None`` keeps the estimator's own default: group std for grpo, none for rloo and
+    reinforce (dividing those by the group std would turn them back into GRPO up to a constant).
+    """
+    fn = ADVANTAGES.get(name)
+    return fn(rewards, group_size, eps=eps) if scale is None else fn(rewards, group_size, scale=scale, eps=eps)

@@ -73,9 +73,10 @@ class GRPOConfig:
     advantage: str = "grpo"
     """Advantage estimator: grpo (group mean baseline, scaled by advantage_scale), rloo
     (leave-one-out baseline) or reinforce (group-mean baseline)."""
-    advantage_scale: str = "group"
+    advantage_scale: str | None = None
     """Divide centred rewards by the group std (group; the paper), the batch std (batch), or not at
-    all (none; Dr. GRPO argues the group std over-weights near-solved prompts)."""
+    all (none; Dr. GRPO argues the group std over-weights near-solved prompts). Empty = the
+    estimator's own: group for grpo, none for rloo and reinforce."""
     advantage_eps: float = 0.0
     """Added to the std before dividing (TRL: 1e-4). All-equal groups get 0 regardless."""
     aggregation: str = "seq-mean-token-mean"
@@ -246,7 +247,7 @@ class GRPOConfig:
 
 def _registry_problems(c: GRPOConfig) -> list[str]:
     checks: list[tuple[str, str, Registry | tuple[str, ...]]] = [
-        ("advantage", c.advantage, ADVANTAGES), ("advantage_scale", c.advantage_scale, SCALES),
+        ("advantage", c.advantage, ADVANTAGES), ("advantage_scale", c.advantage_scale or "group", SCALES),
         ("aggregation", c.aggregation, AGGREGATIONS), ("kl_estimator", c.kl_estimator, KL_ESTIMATORS),
         ("importance_level", c.importance_level, IMPORTANCE_LEVELS), ("zero_std_groups", c.zero_std_groups,
                                                                       ZERO_STD_POLICIES),
