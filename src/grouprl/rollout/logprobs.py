@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from grouprl.rollout.packing import MASK_FORMS, pack_groups
 from grouprl.rollout.runner import positions_from_mask, unwrap_model
 
 # Positions per chunk are chosen so a chunk's float32 logits hold about this many numbers (64 MiB).
@@ -71,30 +72,64 @@ def _chunk_scores(head: Callable[[torch.Tensor], torch.Tensor], temperature: flo
     return logp, entropy
 
 
-def _features(model: nn.Module, ids: torch.Tensor, attn: torch.Tensor
-              ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], int]:
-    """([B, L, F] hidden states or logits, the map from F to logits, vocab size)."""
+def _padded_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                     completion_ids: torch.Tensor, where: torch.Tensor
+                     ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], int]:
+    """Every row as ``[prompt | completion]``: ([n, F] hidden states or logits at the positions that
+    predict the ``where`` tokens, the map from F to logits, vocab size)."""
+    b, lp = prompt_ids.shape
+    t = completion_ids.shape[1]
+    ids = torch.cat([prompt_ids, completion_ids], 1)  # [B, Lp + T]
+    # Right padding sits after every real token, so causal attention never lets it change a real position.
+    attn = torch.cat([prompt_mask.long(), torch.ones_like(completion_ids, dtype=torch.long)], 1)
     pos = positions_from_mask(attn)
     parts = split_model(model)
     if parts is not None:
         body, head = parts
-        hidden = body(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-        weight = getattr(head, "weight", None)  # [V, H] for a linear head (peft wraps keep .weight)
-        return hidden, head, weight.shape[0] if weight is not None else hidden.shape[-1]
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
-    return logits, nn.Identity(), logits.shape[-1]
+        feats = body(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+    else:
+        head = nn.Identity()
+        feats = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+    feats = feats[:, lp - 1 : lp + t - 1]  # [B, T, F]: position i predicts completion token i
+    return feats.reshape(b * t, -1).index_select(0, where), head, _vocab(head, feats)
+
+
+def _packed_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                     completion_ids: torch.Tensor, completion_mask: torch.Tensor
+                     ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], int] | None:
+    """The same as :func:`_padded_features` from the padding-free layout of
+    :mod:`grouprl.rollout.packing`, or None where the model cannot take it (its attention takes no
+    custom 4D mask, or a prompt-learning adapter changes its forward)."""
+    parts = split_model(model)
+    impl = getattr(getattr(unwrap_model(model), "config", None), "_attn_implementation", None)
+    if parts is None or impl not in MASK_FORMS:
+        return None
+    body, head = parts
+    packed = pack_groups(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    dtype = next(body.parameters()).dtype
+    hidden = body(input_ids=packed.input_ids, attention_mask=MASK_FORMS.get(impl)(packed.allowed, dtype),
+                  position_ids=packed.position_ids, use_cache=False).last_hidden_state  # [S, L, H]
+    feats = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.predictor)  # [n, H]
+    return feats, head, _vocab(head, feats)
+
+
+def _vocab(head: nn.Module, feats: torch.Tensor) -> int:
+    weight = getattr(head, "weight", None)  # [V, H] for a linear head (peft wraps keep .weight)
+    return weight.shape[0] if weight is not None else feats.shape[-1]
 
 
 def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                    completion_ids: torch.Tensor, completion_mask: torch.Tensor, temperature: float = 1.0,
-                   chunk_size: int | None = None, with_entropy: bool = False
+                   chunk_size: int | None = None, with_entropy: bool = False, packed: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every completion token under ``model``, and optionally the entropy there.
 
     prompt_ids / prompt_mask [B, Lp] (left-padded), completion_ids / completion_mask [B, T]
     (right-padded) -> (logp [B, T] float32, entropy [B, T] float32 or None), both 0 where
     ``completion_mask`` is 0. Differentiable when grad is enabled; ``chunk_size`` is the number of
-    positions per LM-head chunk (default: about 16M logits per chunk).
+    positions per LM-head chunk (default: about 16M logits per chunk). ``packed`` runs the
+    padding-free layout of :mod:`grouprl.rollout.packing` (each run of rows with the same prompt as
+    one sequence) where the model allows it; it needs ``completion_mask`` to be a prefix mask.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -102,16 +137,10 @@ def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
         raise ValueError("ids and masks must have the same shapes: "
                          f"{tuple(prompt_ids.shape)} vs {tuple(prompt_mask.shape)}, "
                          f"{tuple(completion_ids.shape)} vs {tuple(completion_mask.shape)}")
-    b, lp = prompt_ids.shape
-    t = completion_ids.shape[1]
-    out_shape = (b, t)
-    ids = torch.cat([prompt_ids, completion_ids], 1)  # [B, Lp + T]
-    # Right padding sits after every real token, so causal attention never lets it change a real position.
-    attn = torch.cat([prompt_mask.long(), torch.ones_like(completion_ids, dtype=torch.long)], 1)
-    feats, head, vocab = _features(model, ids, attn)  # [B, Lp + T, F]
-    feats = feats[:, lp - 1 : lp + t - 1]  # [B, T, F]: position i predicts completion token i
+    b, t = completion_ids.shape
     where = (completion_mask.reshape(-1) > 0).nonzero().flatten()  # [n] flat positions that count
-    feats = feats.reshape(b * t, -1).index_select(0, where)  # [n, F]
+    found = _packed_features(model, prompt_ids, prompt_mask, completion_ids, completion_mask) if packed else None
+    feats, head, vocab = found or _padded_features(model, prompt_ids, prompt_mask, completion_ids, where)  # [n, F]
     tokens = completion_ids.reshape(-1).index_select(0, where)  # [n]
 
     size = chunk_size or max(1, CHUNK_ELEMENTS // vocab)
@@ -126,6 +155,6 @@ def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
 
     def scatter(parts: list[torch.Tensor]) -> torch.Tensor:
         flat = torch.cat(parts) if parts else feats.new_zeros(0, dtype=torch.float32)
-        return flat.new_zeros(b * t).index_copy(0, where, flat).view(out_shape)
+        return flat.new_zeros(b * t).index_copy(0, where, flat).view(b, t)
 
     return scatter(logps), (scatter(ents) if with_entropy else None)

@@ -134,6 +134,12 @@ class GRPOConfig:
     """Storage dtype of the frozen reference copy: fp32 or bf16 (half the memory)."""
     gradient_checkpointing: bool = False
     """Recompute decoder activations in backward: less memory, about a third more compute."""
+    packing: bool = True
+    """Run the log-prob and training forward passes padding-free: each group's prompt once, then
+    its completions, masked so they never see each other (grouprl.rollout.packing). Same
+    log-probs as the padded layout up to float rounding; on SmolLM2-135M with 4 x 4 completions of
+    ~30 tokens it runs 2.5x fewer positions (the update ~2x faster, a third of the activations).
+    Models whose attention takes no custom 4D mask (flash, flex) run padded regardless."""
     logprob_chunk_size: int = 256
     """Positions per chunk of the LM head + log-softmax when computing log-probs (bounds the
     [rows, chunk, V] logits kept alive; V = 49k for SmolLM2)."""

@@ -222,13 +222,14 @@ class GRPOTrainer(BaseTrainer):
             with autocast:
                 return token_logprobs(model, batch.prompt_ids[rows], batch.prompt_mask[rows],
                                       batch.completion_ids[rows], batch.completion_mask[rows], temperature=temperature,
-                                      chunk_size=c.logprob_chunk_size, with_entropy=with_entropy)
+                                      chunk_size=c.logprob_chunk_size, with_entropy=with_entropy, packed=c.packing)
         out = []
         with torch.no_grad(), autocast:
             for chunk in torch.arange(batch.batch_size).split(c.micro_batch_size):
                 out.append(token_logprobs(model, batch.prompt_ids[chunk], batch.prompt_mask[chunk],
                                           batch.completion_ids[chunk], batch.completion_mask[chunk],
-                                          temperature=temperature, chunk_size=c.logprob_chunk_size)[0])
+                                          temperature=temperature, chunk_size=c.logprob_chunk_size,
+                                          packed=c.packing)[0])
         return torch.cat(out).float()
 
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
