@@ -4,8 +4,8 @@ The trainer scores every rollout under the policy (with grad), the old policy an
 (without); this is the one function that does it. Memory is the issue: a float32
 ``log_softmax`` over ``[B, T, V]`` is 3 GiB for 16 x 1024 tokens at V = 49k. So the decoder body
 runs once to hidden states ``[B, L, H]``, and the LM head, ``log_softmax`` and the gather run over
-chunks of completion positions; with grad on, each chunk is checkpointed, so backward recomputes
-that chunk's logits instead of keeping them. Padding positions are never sent through the head.
+chunks of completion positions (:mod:`grouprl.rollout.head`); backward recomputes a chunk's logits
+instead of keeping them. Padding positions are never sent through the head.
 
 The rule for positions matches the sampler (left-padded prompts,
 ``position_ids = (mask.cumsum(-1) - 1).clamp(min=0)``), so the log-probs of sampled tokens equal
@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
+from grouprl.rollout.head import score_chunks
 from grouprl.rollout.packing import MASK_FORMS, pack_groups
 from grouprl.rollout.runner import positions_from_mask, unwrap_model
 
@@ -57,19 +57,6 @@ def split_model(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     if body is None or body is hf or head is None:
         return None
     return body, head
-
-
-def _chunk_scores(head: Callable[[torch.Tensor], torch.Tensor], temperature: float, with_entropy: bool,
-                  hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden [c, H] (or logits [c, V] with ``head`` the identity), tokens [c] -> logp [c], entropy [c]."""
-    logits = head(hidden).float() / temperature  # [c, V]
-    log_z = torch.logsumexp(logits, -1)  # [c]
-    logp = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_z
-    if not with_entropy:
-        return logp, torch.zeros_like(logp)
-    # H = -sum p log p = log Z - sum p * logits
-    entropy = log_z - (torch.softmax(logits, -1) * logits).sum(-1)
-    return logp, entropy
 
 
 def _padded_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -144,17 +131,9 @@ def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
     tokens = completion_ids.reshape(-1).index_select(0, where)  # [n]
 
     size = chunk_size or max(1, CHUNK_ELEMENTS // vocab)
-    grad = torch.is_grad_enabled() and feats.requires_grad
-    score = lambda h, tok: _chunk_scores(head, temperature or 1.0, with_entropy, h, tok)
-    logps, ents = [], []
-    for start in range(0, feats.shape[0], size):
-        h, tok = feats[start : start + size], tokens[start : start + size]
-        lp_c, ent_c = checkpoint(score, h, tok, use_reentrant=False) if grad else score(h, tok)
-        logps.append(lp_c)
-        ents.append(ent_c)
+    logp, entropy = score_chunks(head, feats, tokens, temperature or 1.0, with_entropy, size)  # [n], [n]
 
-    def scatter(parts: list[torch.Tensor]) -> torch.Tensor:
-        flat = torch.cat(parts) if parts else feats.new_zeros(0, dtype=torch.float32)
+    def scatter(flat: torch.Tensor) -> torch.Tensor:
         return flat.new_zeros(b * t).index_copy(0, where, flat).view(b, t)
 
-    return scatter(logps), (scatter(ents) if with_entropy else None)
+    return scatter(logp), (scatter(entropy) if with_entropy else None)
