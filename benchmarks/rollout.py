@@ -10,28 +10,25 @@ that load from other processes falls on both alike; the 64-token settings run ``
 rollouts per method, the 256-token ones half as many (at least one). The last line is
 ``speedup=<engine over generate tokens/s, fp32, 64 tokens>``.
 
-OpenMP workers sleep instead of spinning while they wait (``OMP_WAIT_POLICY=PASSIVE`` unless the
-environment says otherwise): on a machine shared with other jobs a spinning worker holds the
-core its partner needs, and every matrix product then waits for a scheduler slice. This speeds
-up ``generate`` (16 rows per step) more than the engine, so it does not flatter the ratio.
+On a machine shared with other jobs the timings swing by several times from run to run: two
+OpenMP workers need both cores at every matrix product and wait for each other when another job
+holds one. ``OMP_WAIT_POLICY=PASSIVE`` in the environment makes waiting workers sleep instead of
+spin, which helps under heavy load and costs ~50% at 16 rows on a quiet machine; left unset here.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import importlib.util
 import os
+import time
+from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # must precede loading torch's OpenMP runtime
+import torch
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import importlib.util  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import torch  # noqa: E402
-
-from grouprl.rollout.sampler import Sampler  # noqa: E402
-from grouprl.types import SamplingParams  # noqa: E402
+from grouprl.rollout.sampler import Sampler
+from grouprl.types import SamplingParams
 
 PROMPTS = [f"What is {a}+{b}? Answer with just the number." for a, b in ((7, 5), (3, 9), (12, 4), (8, 8))]
 G = 4
@@ -89,7 +86,7 @@ def main() -> None:
     start = time.perf_counter()
     model, tokenizer = load()
     print(f"loaded SmolLM2-135M-Instruct in {time.perf_counter() - start:.1f} s; {args.threads} threads "
-          f"(OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), {len(PROMPTS)} prompts x G={G}", flush=True)
+          f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), {len(PROMPTS)} prompts x G={G}", flush=True)
     sampler = Sampler(model, tokenizer)
     ids = sampler.encode(PROMPTS)
     run_engine(sampler, ids, 4, False, 0)  # warm-up: first-call allocations and lazy imports
