@@ -153,6 +153,29 @@ def test_a_group_split_across_micro_batches_and_rows_without_a_shared_prompt(tok
             torch.testing.assert_close(got, want[rows], atol=2e-5, rtol=0)
 
 
+class WholeForward(torch.nn.Module):
+    """Like DistributedDataParallel: holds the model as ``.module`` and must be called as a whole."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, **kwargs):
+        return self.module(**kwargs)
+
+
+def test_a_wrapper_that_must_run_whole_packs_through_its_own_forward(tok):
+    model = make_model(tok, seed=4)
+    wrapped = WholeForward(model)
+    assert logprobs.split_model(wrapped) is None and logprobs._packed_features(wrapped, *grouped_batch(tok)) is not None
+    batch = grouped_batch(tok, seed=8)
+    got, want = grads_of(wrapped, batch, packed=True), grads_of(model, batch, packed=False)
+    torch.testing.assert_close(got[0], want[0], atol=2e-5, rtol=0)
+    torch.testing.assert_close(got[1], want[1], atol=2e-5, rtol=0)
+    for name, g in want[2].items():
+        torch.testing.assert_close(got[2]["module." + name], g, atol=2e-5, rtol=1e-4, msg=name)
+
+
 def test_models_without_a_custom_mask_take_the_padded_layout(tok, monkeypatch):
     model = make_model(tok, seed=4)
     batch = grouped_batch(tok)

@@ -39,16 +39,28 @@ def _head_is_plain(model: nn.Module) -> bool:
     return getattr(text, "logits_scaling", 1.0) in (None, 1.0)
 
 
+def _prompt_learning(model: nn.Module) -> bool:
+    """Whether a peft prompt-learning adapter (prefix or prompt tuning) changes the forward itself."""
+    peft_config = getattr(model, "peft_config", None)
+    active = getattr(model, "active_adapter", None)
+    return isinstance(peft_config, dict) and isinstance(active, str) and active in peft_config \
+        and bool(getattr(peft_config[active], "is_prompt_learning", False))
+
+
+def _attention_implementation(model: nn.Module) -> str | None:
+    """The ``transformers`` attention implementation inside DistributedDataParallel and peft wrappers."""
+    inner = unwrap_model(getattr(model, "module", model))
+    return getattr(getattr(inner, "config", None), "_attn_implementation", None)
+
+
 def split_model(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     """(decoder body, LM head) of ``model``, or None where calling them apart is not safe.
 
     Works through peft LoRA wrappers (the adapters live inside the modules); prompt-learning peft
-    methods change the forward itself, so they take the plain path.
+    methods change the forward itself, and a DistributedDataParallel wrapper must run its own
+    forward to synchronise gradients, so both take the whole-model path.
     """
-    peft_config = getattr(model, "peft_config", None)
-    active = getattr(model, "active_adapter", None)
-    if isinstance(peft_config, dict) and isinstance(active, str) and active in peft_config \
-            and getattr(peft_config[active], "is_prompt_learning", False):
+    if _prompt_learning(model):
         return None
     hf = unwrap_model(model)
     if not _head_is_plain(hf) or not hasattr(hf, "get_decoder"):
@@ -87,16 +99,20 @@ def _packed_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: to
     """The same as :func:`_padded_features` from the padding-free layout of
     :mod:`grouprl.rollout.packing`, or None where the model cannot take it (its attention takes no
     custom 4D mask, or a prompt-learning adapter changes its forward)."""
-    parts = split_model(model)
-    impl = getattr(getattr(unwrap_model(model), "config", None), "_attn_implementation", None)
-    if parts is None or impl not in MASK_FORMS:
+    impl = _attention_implementation(model)
+    if impl not in MASK_FORMS or _prompt_learning(model):
         return None
-    body, head = parts
     packed = pack_groups(prompt_ids, prompt_mask, completion_ids, completion_mask)
-    dtype = next(body.parameters()).dtype
-    hidden = body(input_ids=packed.input_ids, attention_mask=MASK_FORMS.get(impl)(packed.allowed, dtype),
-                  position_ids=packed.position_ids, use_cache=False).last_hidden_state  # [S, L, H]
-    feats = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.predictor)  # [n, H]
+    mask = MASK_FORMS.get(impl)(packed.allowed, next(model.parameters()).dtype)
+    inputs = dict(input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False)
+    parts = split_model(model)
+    if parts is not None:
+        body, head = parts
+        out = body(**inputs).last_hidden_state  # [R, L, H]
+    else:
+        head = nn.Identity()
+        out = model(**inputs).logits  # [R, L, V]
+    feats = out.reshape(-1, out.shape[-1]).index_select(0, packed.predictor)  # [n, F]
     return feats, head, _vocab(head, feats)
 
 
