@@ -29,7 +29,9 @@ def rss_mb() -> float:
 
 
 def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    from grouprl.trainer.metrics import peak_rss_mb
+
+    return peak_rss_mb()
 
 
 def measure(method: str, args: dict, out: multiprocessing.Queue) -> None:

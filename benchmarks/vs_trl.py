@@ -25,22 +25,19 @@ import argparse
 import json
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from grouprl.trainer.metrics import peak_rss_mb  # this process's own peak, not a parent's
+
 PROMPTS, G, MAX_NEW, LR = 4, 4, 64, 1e-6
 ROWS = 400  # training problems drawn by both (same seed, same rows)
 
 
 # -- workers -----------------------------------------------------------------------------------------
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 PROTOCOL = None  # the worker's private copy of its stdout, for its JSON lines only
 
 

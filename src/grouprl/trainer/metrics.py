@@ -150,5 +150,16 @@ class PhaseTimer:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process in MiB (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """Peak resident memory of this process in MiB.
+
+    Linux's ``VmHWM`` where there is one: ``ru_maxrss`` survives ``execve``, so a process spawned
+    by a large parent (``grouprl compare``, a benchmark's workers) would report the parent's peak.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
