@@ -7,6 +7,7 @@ the tests read afterwards.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import traceback
 from dataclasses import replace
@@ -113,6 +114,7 @@ def _run(rank: int, out: Path, name: str, fn: Any) -> None:
 
 def two_process_group(rank: int, world: int, store_file: str, out: str) -> None:
     """Every scenario, in order, in one spawned group (the entry point of ``mp.spawn``)."""
+    faulthandler.enable()  # a process killed by a signal shows its Python stack in the test's output
     torch.set_num_threads(1)
     from grouprl.trainer.distributed import init_distributed
 
@@ -155,6 +157,7 @@ VARIANTS = {
 def variant_group(rank: int, world: int, store_file: str, out: str) -> None:
     """The variants, then a resume of the reference-sync run (its reference is in the checkpoint),
     then an evaluation split over the two processes (an entry point of ``mp.spawn``)."""
+    faulthandler.enable()
     torch.set_num_threads(1)
     from grouprl.trainer.distributed import init_distributed
 
@@ -207,12 +210,13 @@ def metrics_lines(run_dir: Path, env: Any = None) -> list[dict[str, Any]]:
 def start_group(fn: Any, out: Path, world: int = 2) -> None:
     """Run ``fn(rank, world, store_file, out)`` in ``world`` processes and wait for them.
 
-    Forked when this process runs a single thread: the children inherit the modules already
-    imported (transformers' model code alone takes 10-20 s to import on a loaded machine). Spawned
-    otherwise, since forking a process with other threads can leave a lock held forever."""
-    import threading
+    Forked from a fork server that imported this module and nothing else ran in: the children
+    start with transformers' model code already imported (10-20 s per process on a loaded
+    machine), and never inherit the state of a process that has trained (OpenMP's thread pool,
+    locks held by native threads), which can abort a child forked from the test process itself."""
+    import multiprocessing
 
     import torch.multiprocessing as mp
 
-    method = "fork" if threading.active_count() == 1 else "spawn"
-    mp.start_processes(fn, args=(world, str(out / "store"), str(out)), nprocs=world, start_method=method)
+    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
+    mp.start_processes(fn, args=(world, str(out / "store"), str(out)), nprocs=world, start_method="forkserver")

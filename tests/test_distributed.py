@@ -8,8 +8,8 @@
 - (slow) LoRA, CPU offload, sequence-level importance weights, reference sync with its resume,
   bf16 mixed precision, and an evaluation split over the processes.
 
-The one-process runs go first, in this process, so the two processes forked afterwards inherit
-every import (see ``tests.dist_helpers.start_group``).
+The one-process runs go first, in this process; the two processes are forked afterwards from a
+fork server that has imported the trainer but never trained (see ``tests.dist_helpers.start_group``).
 """
 
 import json
