@@ -31,7 +31,7 @@ import torch
 
 
 def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 5) -> tuple[float, int]:
-    """(median GFLOP/s, rows used) of of ``[m, k] @ [k, n]`` in ``dtype`` (after a warm-up call). Where one call
+    """(median GFLOP/s, rows used) of ``[m, k] @ [k, n]`` in ``dtype`` (after a warm-up call). Where one call
     would take over a second (a dtype the CPU has no fast kernel for), ``m`` shrinks to fit."""
     a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
     start = time.perf_counter()
