@@ -259,10 +259,17 @@ def curves(args: argparse.Namespace) -> None:
               f"mean completion {statistics.fmean(lengths[k]):.1f} tokens")
     print(f"permutation test, same mean reward per step: p={permutation_p(rewards['grouprl'], rewards['trl']):.3f}; "
           f"same mean completion length: p={permutation_p(lengths['grouprl'], lengths['trl']):.3f}")
+    plot_curves(data, out / "curves.png")
+    print(f"wrote {out / 'curves.png'} and {out / 'curves.json'}")
+
+
+def plot_curves(data: dict, path: Path) -> None:
+    """Reward and completion length per step, both frameworks, every seed of ``data`` (curves.json)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for seed, per in data.items():
@@ -273,11 +280,11 @@ def curves(args: argparse.Namespace) -> None:
     axes[0].set(xlabel="step", ylabel="mean reward (exact match)", title="Reward per step")
     axes[1].set(xlabel="step", ylabel="mean completion length (tokens)", title="Completion length per step")
     for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=120)
-    print(f"wrote {out / 'curves.png'} and {out / 'curves.json'}")
+    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
