@@ -1,0 +1,172 @@
+"""Dataclass fields as config keys: their types, their documentation (the string under each
+field, read back with ``ast``), and the closest valid keys for a misspelt one."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import textwrap
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any, Literal, Union, get_args, get_origin
+
+
+class ConfigError(ValueError):
+    """Bad configuration input. The message is one paragraph for the user (the CLI prints it
+    without a traceback) and names the key, file or argument at fault."""
+
+
+# --------------------------------------------------------------------------- types and docs
+
+
+def _is_union(tp: Any) -> bool:
+    return get_origin(tp) in (Union, types.UnionType)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    """(the type without None, whether None is allowed) for ``X | None``; others unchanged."""
+    if not _is_union(tp):
+        return tp, tp is type(None)
+    args = get_args(tp)
+    rest = tuple(a for a in args if a is not type(None))
+    inner = rest[0] if len(rest) == 1 else Union[rest]  # noqa: UP007 (built from a tuple)
+    return inner, len(rest) < len(args)
+
+
+def _section_type(tp: Any) -> type | None:
+    """The dataclass a field holds when it is a nested section (``X`` or ``X | None``)."""
+    inner, _ = _strip_optional(tp)
+    return inner if _is_dataclass_type(inner) else None
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    # get_type_hints resolves string annotations (``from __future__ import annotations``).
+    try:
+        return typing.get_type_hints(cls)
+    except NameError as e:
+        raise TypeError(f"cannot resolve the type annotations of {cls.__qualname__}: {e}") from e
+
+
+def _init_fields(cls: type) -> list[dataclasses.Field]:
+    # Fields with init=False are derived state, not configuration: never read or written.
+    return [f for f in dataclasses.fields(cls) if f.init]
+
+
+def type_name(tp: Any) -> str:
+    """A short readable name for an annotation: ``float``, ``int | None``, ``tuple[str, ...]``,
+    ``{a, b}`` for a Literal (the choices, as argparse shows them)."""
+    if tp is Any:
+        return "any"
+    if tp is type(None):
+        return "None"
+    if _is_union(tp):
+        return " | ".join(type_name(a) for a in get_args(tp))
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Literal:
+        return "{" + ", ".join(str(a) for a in args) + "}"
+    if origin is not None and args:
+        inner = ", ".join("..." if a is Ellipsis else type_name(a) for a in args)
+        return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _own_field_docs(klass: type) -> dict[str, str]:
+    """Docstrings of the fields defined in ``klass`` itself (not its bases)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(klass))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return {}  # no source (REPL, frozen app): fields simply go undocumented
+    node = next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
+    if node is None:
+        return {}
+    docs = {}
+    for stmt, after in zip(node.body, node.body[1:]):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Every documented field of dataclass ``cls`` -> its docstring, inherited fields included
+    (a subclass's docstring wins) and nested sections' fields as ``section.field``."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    names = {f.name for f in dataclasses.fields(cls)}
+    docs = {k: v for k, v in docs.items() if k in names}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        section = _section_type(hints[f.name])
+        if section is not None:
+            docs.update({f"{f.name}.{k}": v for k, v in field_docs(section).items()})
+    return docs
+
+
+# --------------------------------------------------------------------------- key suggestions
+
+
+def _all_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every settable dotted key of ``cls``: sections and their fields."""
+    hints, keys = _hints(cls), []
+    for f in _init_fields(cls):
+        key = prefix + f.name
+        keys.append(key)
+        section = _section_type(hints[f.name])
+        if section is not None:
+            keys.extend(_all_keys(section, key + "."))
+    return keys
+
+
+def _closest(key: str, candidates: Sequence[str], n: int = 3) -> list[str]:
+    """Candidates most like ``key``, comparing whole dotted paths and also last parts, so a
+    field given in the wrong section (``temperature`` for ``sampling.temperature``) is found."""
+    prefix, _, leaf = key.rpartition(".")
+
+    def initials(name: str) -> str:
+        return "".join(part[:1] for part in name.split("_")) if "_" in name else ""
+
+    def score(cand: str) -> float:
+        cand_prefix, _, cand_leaf = cand.rpartition(".")
+        if initials(leaf) == cand_leaf or initials(cand_leaf) == leaf:
+            return 0.9  # learning_rate -> lr, mnt -> max_new_tokens
+        last = difflib.SequenceMatcher(None, leaf, cand_leaf).ratio()
+        if cand_prefix == prefix:  # same section: the shared prefix says nothing about similarity
+            return last
+        return max(difflib.SequenceMatcher(None, key, cand).ratio(), 0.95 * last)
+
+    scored = sorted(((score(c), c) for c in candidates if c != key), key=lambda sc: (-sc[0], sc[1]))
+    return [c for s, c in scored[:n] if s >= 0.6]
+
+
+def _unknown_keys_error(root: type, bad: list[str], section: type, where: str, dash: str) -> ConfigError:
+    """One paragraph for keys that ``section`` (at dotted path ``where``) does not have; the
+    suggestions come from every key of ``root``, the class the dotted paths start from."""
+    candidates = _all_keys(root, f"{where}." if root is section and where else "")
+    parts, suggested = [], False
+    for key in bad:
+        close = _closest(key, candidates)
+        suggested |= bool(close)
+        hint = f" (did you mean {' or '.join(repr(dash + c) for c in close)}?)" if close else ""
+        parts.append(f"{dash + key!r}{hint}")
+    noun = "key" if len(bad) == 1 else "keys"
+    kind = ("option" if len(bad) == 1 else "options") if dash else f"config {noun}"
+    names = [f.name for f in _init_fields(section)]
+    if suggested and len(names) > 12:  # a suggestion beats a wall of 60 names; --help has them all
+        return ConfigError(f"Unknown {kind} {', '.join(parts)}. See --help for every key.")
+    scope = f"in section {where!r}" if where else "at the top level"
+    return ConfigError(f"Unknown {kind} {', '.join(parts)}. Valid keys {scope}: {', '.join(names)}.")

