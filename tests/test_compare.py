@@ -37,6 +37,40 @@ def test_compare_config_errors():
         CompareConfig(algos=("grpo",), algo_options={"ppo": {}})
 
 
+def test_a_folder_holding_earlier_runs_is_refused_before_any_run_or_replaced(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "cmp"
+    old = out / "grpo-seed0"
+    (old / "checkpoints").mkdir(parents=True)
+    (old / "metrics.jsonl").write_text('{"step": 1}\n')
+    args = ["compare", "--algos", "grpo,rloo", "--model", "tiny", "--total_steps", "1", "--output_dir", str(out)]
+    started = []
+    monkeypatch.setattr("grouprl.compare._in_child", lambda target, run, *rest: started.append(run.output_dir))
+    monkeypatch.setattr("grouprl.compare_report.summarize_runs", lambda *a, **k: pytest.fail("no table expected"))
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "holds runs (grpo-seed0)" in err and "--overwrite" in err
+    assert started == [] and (old / "metrics.jsonl").exists()  # refused before the first run
+
+    class Started(Exception):
+        pass
+
+    def first_run(target, run, *rest):
+        assert not (old / "metrics.jsonl").exists() and not (old / "checkpoints").exists()
+        raise Started
+
+    monkeypatch.setattr("grouprl.compare._in_child", first_run)
+    with pytest.raises(Started):
+        main([*args, "--overwrite", "--debug"])
+
+
+def test_rl_refuses_a_folder_holding_an_earlier_run(tmp_path, capsys):
+    pytest.importorskip("gymnasium")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["rl", "--env", "CartPole-v1", "--output_dir", str(tmp_path)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
 def run_numbers(algo, seed, **values):
     base = {"algo": algo, "seed": seed, "eval_key": "eval/accuracy", "curves": {}}
     return {**base, **values}

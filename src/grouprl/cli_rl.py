@@ -32,6 +32,8 @@ def _common(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     parser.add_argument("--config", metavar="YAML", help=f"YAML file of {what} keys (the command line wins over it)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace earlier runs in the output folder (logs, checkpoints, report), not refuse")
 
 
 def register(subparsers: Any) -> None:
@@ -78,8 +80,10 @@ def _rl(args: argparse.Namespace, rest: list[str]) -> int:
     if args.print_config:
         return _print(config)
     from grouprl.report import write_report
+    from grouprl.run_dir import prepare_output_dir
     from grouprl.trainer.control import ControlTrainer
 
+    prepare_output_dir(config.output_dir, resume_from=config.resume_from, overwrite=args.overwrite)
     summary = ControlTrainer(config).train()
     report = write_report(config.output_dir)
     after = summary["eval_after"].get("eval/mean_reward")
@@ -105,5 +109,5 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> int:
         return _print(base)
     from grouprl.compare import run_compare
 
-    run_compare(compare, base)
+    run_compare(compare, base, overwrite=args.overwrite)
     return EXIT_OK

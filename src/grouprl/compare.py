@@ -22,7 +22,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from grouprl.config import ConfigError
 from grouprl.registry import Registry
+from grouprl.run_dir import holds_run, prepare_output_dir
 
 
 @dataclass
@@ -160,11 +162,13 @@ def _in_child(target: Callable[..., None], *args: Any) -> None:
                            f"(exit code {proc.exitcode}); its traceback is above")
 
 
-def run_compare(compare: CompareConfig, base: Any, echo: Callable[[str], None] = print) -> Path:
+def run_compare(compare: CompareConfig, base: Any, echo: Callable[[str], None] = print,
+                overwrite: bool = False) -> Path:
     """Train every (algorithm, seed) of ``compare`` on ``base`` (a TrainConfig, or a ControlConfig
     when ``compare.env`` is set), then write the table and plots. Returns comparison.md's path.
 
-    Every algorithm's config is built (and so checked) before the first run starts."""
+    Every algorithm's config is built (and so checked), and every run folder checked for an
+    earlier run (replaced with ``overwrite``, refused otherwise), before the first run starts."""
     out = Path(compare.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     jobs = []
@@ -176,6 +180,12 @@ def run_compare(compare: CompareConfig, base: Any, echo: Callable[[str], None] =
             else:
                 lm_algorithm_config(run, algo, compare.algo_options.get(algo, {}))  # fail fast on a bad option
             jobs.append((algo, seed, run))
+    held = [run.output_dir for _, _, run in jobs if holds_run(run.output_dir)]
+    if held and not overwrite:
+        raise ConfigError(f"{out} already holds runs ({', '.join(Path(h).name for h in held)}); their logs would "
+                          "be mixed into the comparison. Replace them with --overwrite or choose another --output_dir")
+    for folder in held:
+        prepare_output_dir(folder, overwrite=True, echo=echo)
     (out / "compare_config.json").write_text(json.dumps(
         {"compare": dataclasses.asdict(compare), "base": _plain(base)}, indent=2, default=str))
     target = _train_control if compare.env else _train_lm

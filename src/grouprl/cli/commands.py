@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from grouprl import run_dir
 from grouprl.cli.build import RunInputs, build_inputs, load_model
 from grouprl.config import TINY_MODEL, ConfigError, RewardModelConfig, TrainConfig
 
@@ -38,26 +39,9 @@ def before_after(before: dict[str, Any] | None, after: dict[str, Any] | None) ->
 
 # --------------------------------------------------------------------------- train and demo
 
-RUN_FILES = ("metrics.jsonl", "completions.jsonl", "summary.json", "config.yaml")
-RUN_DIRS = ("checkpoints", "report", "tensorboard")
-
-
 def prepare_output_dir(config: TrainConfig, overwrite: bool, echo: Echo = print) -> None:
-    """Refuse to mix a new run into a folder that holds an earlier one (its logs would be appended
-    to), unless resuming it; with ``overwrite``, remove that run's files (only those) first."""
-    import shutil
-
-    out = Path(config.output_dir)
-    if config.resume_from or not ((out / "metrics.jsonl").exists() or (out / "checkpoints").exists()):
-        return
-    if not overwrite:
-        raise ConfigError(f"output_dir {str(out)!r} already holds a run; continue it with --resume_from latest, "
-                          "replace it with --overwrite, or choose another --output_dir")
-    echo(f"replacing the earlier run in {out}")
-    for name in RUN_FILES:
-        (out / name).unlink(missing_ok=True)
-    for name in RUN_DIRS:
-        shutil.rmtree(out / name, ignore_errors=True)
+    """The run folder rule of :mod:`grouprl.run_dir` for a train config."""
+    run_dir.prepare_output_dir(config.output_dir, resume_from=config.resume_from, overwrite=overwrite, echo=echo)
 
 
 def train(config: TrainConfig, echo: Echo = print, overwrite: bool = False) -> tuple[dict[str, Any], Path]:
