@@ -17,7 +17,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from grouprl.report import COLORS, ema, read_jsonl, series
+from grouprl.report_data import ema, read_jsonl, series
+from grouprl.report_plots import COLORS
 
 
 def _eval_key(records: list[dict[str, Any]]) -> str:
