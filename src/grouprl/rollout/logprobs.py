@@ -71,6 +71,16 @@ def split_model(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     return body, head
 
 
+def _forward(model: nn.Module, **inputs: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """([rows, L, F] hidden states of the decoder body, the LM head) where the model splits, else
+    ([rows, L, V] logits of the whole model, the identity)."""
+    parts = split_model(model)
+    if parts is not None:
+        body, head = parts
+        return body(**inputs, use_cache=False).last_hidden_state, head
+    return model(**inputs, use_cache=False).logits, nn.Identity()
+
+
 def _padded_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                      completion_ids: torch.Tensor, where: torch.Tensor
                      ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], int]:
@@ -81,14 +91,7 @@ def _padded_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: to
     ids = torch.cat([prompt_ids, completion_ids], 1)  # [B, Lp + T]
     # Right padding sits after every real token, so causal attention never lets it change a real position.
     attn = torch.cat([prompt_mask.long(), torch.ones_like(completion_ids, dtype=torch.long)], 1)
-    pos = positions_from_mask(attn)
-    parts = split_model(model)
-    if parts is not None:
-        body, head = parts
-        feats = body(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-    else:
-        head = nn.Identity()
-        feats = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+    feats, head = _forward(model, input_ids=ids, attention_mask=attn, position_ids=positions_from_mask(attn))
     feats = feats[:, lp - 1 : lp + t - 1]  # [B, T, F]: position i predicts completion token i
     return feats.reshape(b * t, -1).index_select(0, where), head, _vocab(head, feats)
 
@@ -104,14 +107,7 @@ def _packed_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: to
         return None
     packed = pack_groups(prompt_ids, prompt_mask, completion_ids, completion_mask)
     mask = MASK_FORMS.get(impl)(packed.allowed, next(model.parameters()).dtype)
-    inputs = dict(input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False)
-    parts = split_model(model)
-    if parts is not None:
-        body, head = parts
-        out = body(**inputs).last_hidden_state  # [R, L, H]
-    else:
-        head = nn.Identity()
-        out = model(**inputs).logits  # [R, L, V]
+    out, head = _forward(model, input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids)
     feats = out.reshape(-1, out.shape[-1]).index_select(0, packed.predictor)  # [n, F]
     return feats, head, _vocab(head, feats)
 
