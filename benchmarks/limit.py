@@ -106,7 +106,7 @@ def main() -> None:
     from grouprl.models import load_policy
     from grouprl.tasks import get_task
     from grouprl.trainer.config import GRPOConfig
-    from grouprl.trainer.grpo import GRPOTrainer
+    from grouprl.trainer.trainer import GRPOTrainer
 
     policy, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
     shape = Shape.of(policy.config)
@@ -126,14 +126,14 @@ def main() -> None:
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
                           train_data=task.rows("train", 400, seed=0), system_prompt=task.system_prompt)
     seen = {}
-    sample = trainer.sample_and_score
+    collect = trainer.collector.collect
 
-    def capture(timer):
-        out = sample(timer)
-        seen["batch"] = out[0]
+    def capture(step, timer):
+        out = collect(step, timer)
+        seen["batch"] = out.batch
         return out
 
-    trainer.sample_and_score = capture
+    trainer.collector.collect = capture
     totals = {k: [0.0, 0.0] for k in ("generation", "logprobs", "update")}  # FLOPs, seconds
     for step in range(args.steps + 1):
         metrics, _ = trainer.step()

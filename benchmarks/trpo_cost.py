@@ -17,7 +17,6 @@ import json
 import multiprocessing
 import resource
 import time
-from dataclasses import fields
 from pathlib import Path
 from tempfile import mkdtemp
 
@@ -29,7 +28,7 @@ def rss_mb() -> float:
 
 
 def peak_mb() -> float:
-    from grouprl.trainer.metrics import peak_rss_mb
+    from grouprl.run.logs import peak_rss_mb
 
     return peak_rss_mb()
 
@@ -38,40 +37,29 @@ def measure(method: str, args: dict, out: multiprocessing.Queue) -> None:
     import torch
 
     from grouprl.cli.build import load_model
+    from grouprl.run.logs import PhaseTimer
     from grouprl.tasks import get_task
-    from grouprl.trainer.config import GRPOConfig
-    from grouprl.trainer.grpo import GRPOTrainer
-    from grouprl.trainer.metrics import PhaseTimer
-    from grouprl.trainer.ppo import PPOConfig, PPOTrainer
-    from grouprl.trainer.trpo import TRPOConfig, TRPOTrainer
+    from grouprl.trainer.config import TrainerConfig
+    from grouprl.trainer.trainer import Trainer
 
     torch.set_num_threads(args["threads"])
-    kinds = {"grpo": (GRPOConfig, GRPOTrainer), "ppo": (PPOConfig, PPOTrainer), "trpo": (TRPOConfig, TRPOTrainer)}
-    config_cls, trainer_cls = kinds[method]
-    base = GRPOConfig(prompts_per_step=args["prompts"], group_size=args["group"], max_new_tokens=args["tokens"],
-                      micro_batch_size=args["prompts"] * args["group"], beta=0.04, lr=1e-5, seed=0,
-                      lora_rank=args["lora_rank"], lr_schedule="constant", output_dir=mkdtemp(), progress=False,
-                      tensorboard=False)
-    shared = {f.name: getattr(base, f.name) for f in fields(GRPOConfig) if f.name != "kl_in_reward"}
-    config = config_cls(**shared)
+    config = TrainerConfig(algo=method, prompts_per_step=args["prompts"], group_size=args["group"],
+                           max_new_tokens=args["tokens"], micro_batch_size=args["prompts"] * args["group"], beta=0.04,
+                           lr=1e-5, seed=0, lora_rank=args["lora_rank"], lr_schedule="constant", output_dir=mkdtemp(),
+                           progress=False, tensorboard=False)
     task = get_task("arithmetic")
     rows = task.rows("train", 64, seed=0)
     policy, tokenizer = load_model(args["model"], 0)
-    trainer = trainer_cls(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
-                          train_data=rows, system_prompt=task.system_prompt)
-    batch, rewards, _, _ = trainer.sample_and_score(PhaseTimer())
-    mask = batch.completion_mask
-    advantages = trainer.advantages(rewards) if hasattr(trainer, "advantages") else rewards
-    old_logp = trainer.logprobs(trainer.policy, batch)
-    ref_logp = trainer.reference_logprobs(batch) if config.needs_reference else None
-    extras = None
-    if method == "ppo":
-        values = trainer.critic_values(batch)
-        extras = {"values": values, "returns": values}
-        advantages = advantages.unsqueeze(-1) * mask
+    trainer = Trainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
+                      train_data=rows, system_prompt=task.system_prompt)
+    got = trainer.collector.collect(0, PhaseTimer())
+    mask = got.batch.completion_mask
+    old_logp = trainer.passes.old_logprobs(got.batch)
+    ref_logp = trainer.passes.reference_logprobs(got.batch) if config.needs_reference else None
+    data, _, _ = trainer.baseline.prepare(got, mask, old_logp, ref_logp, config.beta, 0)  # the algorithm's advantages
+    batch = got.batch
     before_rss, t0 = rss_mb(), time.perf_counter()
-    metrics = trainer.update(batch, advantages, old_logp, None if method == "ppo" else ref_logp, mask,
-                             **({"extras": extras} if extras else {}))
+    metrics = trainer.rule.update(data, 0, 0.0 if config.kl_penalty_in_reward else config.beta)
     seconds = time.perf_counter() - t0
     params = sum(p.numel() for p in trainer.policy.parameters() if p.requires_grad)
     out.put({"method": method, "model": args["model"], "lora_rank": args["lora_rank"], "trainable_params": params,

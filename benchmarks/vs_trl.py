@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from grouprl.trainer.metrics import peak_rss_mb  # this process's own peak, not a parent's
+from grouprl.run.logs import peak_rss_mb  # this process's own peak, not a parent's
 
 PROMPTS, G, MAX_NEW, LR = 4, 4, 64, 1e-6
 ROWS = 400  # training problems drawn by both (same seed, same rows)
@@ -66,7 +66,7 @@ def grouprl_worker(args: argparse.Namespace) -> None:
 
     from grouprl.models import load_policy
     from grouprl.trainer.config import GRPOConfig
-    from grouprl.trainer.grpo import GRPOTrainer
+    from grouprl.trainer.trainer import GRPOTrainer
 
     torch.set_num_threads(args.threads)
     task, rows = task_rows(args.seed)

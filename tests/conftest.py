@@ -3,9 +3,23 @@
 import pytest
 import torch
 
-# Test models are tiny: their matmuls are latency-bound, and intra-op threads only add barrier
-# waits (badly so when other processes share the cores). One thread is several times faster here.
-torch.set_num_threads(1)
+from tests.helpers.rollout import make_tokenizer
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Every test runs on one intra-op thread, and leaves it so for the next (a trainer or a test may
+    set its own). Test models are tiny: their matmuls are latency-bound, and extra threads only add
+    barrier waits (badly so when other processes share the cores): one thread is several times faster."""
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The character-level test tokenizer of :mod:`tests.helpers.rollout`."""
+    return make_tokenizer()
 
 
 @pytest.fixture(scope="session")

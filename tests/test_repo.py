@@ -14,3 +14,8 @@ def test_ci_runs_exactly_the_readme_test_command():
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert command in ci_lines
     assert "set -euo pipefail" in ci_lines
+
+
+def test_ci_also_runs_the_slow_suite():
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert ".venv/bin/pytest -m slow" in ci_lines

@@ -13,7 +13,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "GRPOConfig": "grouprl.trainer.config",
-    "GRPOTrainer": "grouprl.trainer.grpo",
+    "GRPOTrainer": "grouprl.trainer.trainer",
+    "Trainer": "grouprl.trainer.trainer",
+    "TrainerConfig": "grouprl.trainer.config",
     "RolloutBatch": "grouprl.types",
     "SamplingParams": "grouprl.types",
 }

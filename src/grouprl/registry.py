@@ -1,16 +1,25 @@
-"""Name -> function registries.
+"""Name -> function registries, and objects named by import path.
 
 Every family of variants (advantage estimators, policy losses, KL estimators, aggregation
 modes, tasks, ...) is a :class:`Registry`. Callers look variants up by the name a user wrote in
 a config; an unknown name fails with the list of valid ones, so no trainer needs an
-``if mode == ...`` chain.
+``if mode == ...`` chain. A user's own functions and classes are named by import path,
+``module:attr`` or ``path/to/file.py:attr`` (:func:`import_object`).
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from grouprl.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -70,3 +79,54 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def import_object(path: str, what: str) -> Any:
+    """The object named by ``module:attr`` or ``path/to/file.py:attr``.
+
+    A dotted module is looked up from the current folder first, as ``python -m`` would: the
+    ``grouprl`` console script does not put the current folder on ``sys.path`` by itself.
+    """
+    module_name, _, attr = path.rpartition(":")
+    try:
+        module = _import_file(module_name) if module_name.endswith(".py") else _import_module(module_name)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure while importing user code is reported with its cause
+        raise ConfigError(f"{what} {path!r}: importing {module_name!r} failed with {type(e).__name__}: {e}") from e
+    if not hasattr(module, attr):
+        public = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
+        raise ConfigError(f"{what} {path!r}: {module_name!r} has no attribute {attr!r}; "
+                          f"its callables: {', '.join(public) or 'none'}")
+    return getattr(module, attr)
+
+
+def _import_file(filename: str) -> Any:
+    file = Path(filename).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"{filename!r} does not exist (import paths are file.py:function or module:function)")
+    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:10]
+    name = f"grouprl_user_{file.stem}_{digest}"  # one module per file, however it is spelt
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up here
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _import_module(name: str) -> Any:
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(name)
+    finally:
+        if added:
+            sys.path.remove(cwd)

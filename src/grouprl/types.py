@@ -1,4 +1,4 @@
-"""Shared dataclasses that cross layer boundaries.
+"""Shared data that crosses layer boundaries: prompts and chat messages, sampling settings, rollouts.
 
 Shape vocabulary (DESIGN.md): P prompts, G completions per prompt, B = P*G rows, prompt-major
 (row ``p*G + g`` is sample ``g`` of prompt ``p``), Lp prompt tokens, T completion tokens.
@@ -10,6 +10,32 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
+
+Prompt = str | list[dict[str, str]]
+"""A prompt as a user gives it: plain text, or a list of ``{"role", "content"}`` messages."""
+
+
+def to_messages(prompt: Prompt, system_prompt: str | None = None) -> list[dict[str, str]]:
+    """``prompt`` as a list of chat messages, with ``system_prompt`` first if given.
+
+    >>> to_messages("2+2?", system_prompt="Be brief.")
+    [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': '2+2?'}]
+    """
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return messages
+
+
+def group_rows(groups: torch.Tensor | list[int], group_size: int) -> torch.Tensor:
+    """Row indices ``[len(groups) * G]`` of whole groups in a prompt-major batch: group p holds rows
+    ``p*G .. p*G + G-1``.
+
+    >>> group_rows([2, 0], 3).tolist()
+    [6, 7, 8, 0, 1, 2]
+    """
+    idx = torch.as_tensor(groups, dtype=torch.long).view(-1, 1) * group_size + torch.arange(group_size).view(1, -1)
+    return idx.view(-1)
 
 
 @dataclass(frozen=True)
@@ -41,11 +67,14 @@ class SamplingParams:
 
 @dataclass
 class RolloutBatch:
-    """G completions for each of P prompts, prompt-major.
+    """G completions (or trajectories) for each of P prompts (or resets), prompt-major.
 
     Tensors live on the device the engine ran on. ``completion_ids`` is right-padded with
-    ``pad_token_id`` and ``completion_mask`` is 1 on every generated token up to and including
-    the one that ended the row (EOS / stop token, or the last token of a stop string).
+    ``pad_token_id``. For one turn, ``completion_mask`` is 1 on every generated token up to and
+    including the one that ended the row (EOS / stop token, or the last token of a stop string).
+    For a multi-turn trajectory the completion part holds the policy's turns and the environment's
+    replies in order: ``sequence_mask`` is 1 on all of them, ``completion_mask`` only on the
+    policy's tokens, the only ones that carry loss, KL and entropy.
     """
 
     prompt_ids: torch.Tensor
@@ -55,21 +84,32 @@ class RolloutBatch:
     completion_ids: torch.Tensor
     """[B, T] long, right-padded."""
     completion_mask: torch.Tensor
-    """[B, T] float32 (0/1), 1 on completion tokens that count."""
+    """[B, T] float32 (0/1), 1 on the policy's tokens (the tokens that count)."""
     sampling_logprobs: torch.Tensor
     """[B, T] float32, log-prob of each token under the distribution it was drawn from (after
-    temperature and filtering); 0 on padding."""
+    temperature and filtering); 0 on padding and on environment tokens."""
     truncated: torch.Tensor
-    """[B] bool, True where the row hit max_new_tokens without a stop."""
+    """[B] bool, True where the row was cut by a budget (max_new_tokens, or a trajectory's token or
+    turn budget) rather than ended by a stop or its environment."""
     completions: list[str]
-    """B decoded completion texts, cut at the stop string where one ended the row."""
+    """B decoded completion texts, cut at the stop string where one ended the row (for a trajectory:
+    the policy's last turn, its final answer)."""
     prompts: list[Any]
     """B prompts as the user gave them (text or chat messages), repeated per group."""
     group_size: int
-    """G."""
+    """G (the rows per group when ``group_ids`` is None)."""
     pad_token_id: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
     """Per-row data carried along for reward functions (dataset columns, lists of length B)."""
+    sequence_mask: torch.Tensor | None = None
+    """[B, T] float32, 1 on every token of the completion part, the environment's included; None when
+    it is ``completion_mask`` (one turn)."""
+    group_ids: torch.Tensor | None = None
+    """[B] long: rows with equal ids are compared with each other; None = groups of ``group_size``
+    consecutive rows."""
+    info: dict[str, list[Any]] = field(default_factory=dict)
+    """Per-row facts about how each row was made (turns, tool calls, the environment's return, why it
+    ended), lists of length B; logged, never passed to reward functions."""
 
     @property
     def batch_size(self) -> int:
@@ -77,36 +117,61 @@ class RolloutBatch:
 
     @property
     def num_prompts(self) -> int:
-        return self.batch_size // self.group_size
+        return self.num_groups
 
     @property
     def lengths(self) -> torch.Tensor:
-        """[B] long, number of counted completion tokens per row."""
+        """[B] long, number of counted (policy) completion tokens per row."""
         return self.completion_mask.sum(-1).long()
 
-    def select_groups(self, groups: torch.Tensor | list[int]) -> RolloutBatch:
-        """Keep whole groups (prompt indices into 0..P-1), in the given order."""
-        g = self.group_size
-        idx = torch.as_tensor(groups, dtype=torch.long).view(-1, 1) * g + torch.arange(g).view(1, -1)
-        rows = idx.view(-1)  # [P' * G]
+    @property
+    def token_mask(self) -> torch.Tensor:
+        """[B, T] float32: every token of the completion part (policy and environment)."""
+        return self.completion_mask if self.sequence_mask is None else self.sequence_mask
+
+    def group_index(self) -> torch.Tensor:
+        """[B] long: each row's group, numbered 0.. in order of first appearance."""
+        if self.group_ids is None:
+            return torch.arange(self.batch_size) // self.group_size
+        from grouprl.algos.groups import ByIds
+
+        return ByIds(self.group_ids.cpu()).index
+
+    @property
+    def num_groups(self) -> int:
+        return self.batch_size // self.group_size if self.group_ids is None else int(self.group_index().max()) + 1
+
+    def rows_of_groups(self, groups: torch.Tensor | list[int]) -> torch.Tensor:
+        """[n] long: the rows of ``groups`` (indices into 0..num_groups-1), group by group in that order."""
+        if self.group_ids is None:
+            return group_rows(groups, self.group_size)
+        index = self.group_index()
+        return torch.cat([(index == int(g)).nonzero().flatten() for g in torch.as_tensor(groups).tolist()]
+                         or [torch.zeros(0, dtype=torch.long)])
+
+    def select_rows(self, rows: torch.Tensor | list[int]) -> RolloutBatch:
+        """The rows ``rows`` in that order (every per-row field indexed alike)."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
         rows_l = rows.tolist()
-        return replace(
-            self,
-            prompt_ids=self.prompt_ids[rows.to(self.prompt_ids.device)],
-            prompt_mask=self.prompt_mask[rows.to(self.prompt_mask.device)],
-            completion_ids=self.completion_ids[rows.to(self.completion_ids.device)],
-            completion_mask=self.completion_mask[rows.to(self.completion_mask.device)],
-            sampling_logprobs=self.sampling_logprobs[rows.to(self.sampling_logprobs.device)],
-            truncated=self.truncated[rows.to(self.truncated.device)],
-            completions=[self.completions[i] for i in rows_l],
-            prompts=[self.prompts[i] for i in rows_l],
-            extras={k: [v[i] for i in rows_l] for k, v in self.extras.items()},
-        )
+        changes: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                changes[f.name] = value[rows.to(value.device)]
+            elif isinstance(value, list):
+                changes[f.name] = [value[i] for i in rows_l]
+            elif isinstance(value, dict):
+                changes[f.name] = {k: [v[i] for i in rows_l] for k, v in value.items()}
+        return replace(self, **changes)
+
+    def select_groups(self, groups: torch.Tensor | list[int]) -> RolloutBatch:
+        """Keep whole groups (indices into 0..num_groups-1), in the given order."""
+        return self.select_rows(self.rows_of_groups(groups))
 
     @staticmethod
     def cat(batches: list[RolloutBatch]) -> RolloutBatch:
         """Concatenate batches of the same G along rows, re-padding prompts (left) and
-        completions (right) to the longest."""
+        completions (right) to the longest; groups of different batches stay apart."""
         if not batches:
             raise ValueError("RolloutBatch.cat needs at least one batch")
         if len(batches) == 1:
@@ -114,6 +179,9 @@ class RolloutBatch:
         g = batches[0].group_size
         if any(b.group_size != g for b in batches):
             raise ValueError("RolloutBatch.cat: batches have different group sizes")
+        for name in ("extras", "info"):
+            if any(set(getattr(b, name)) != set(getattr(batches[0], name)) for b in batches):
+                raise ValueError(f"RolloutBatch.cat: batches carry different {name} columns")
         pad = batches[0].pad_token_id
         lp = max(b.prompt_ids.shape[1] for b in batches)
         t = max(b.completion_ids.shape[1] for b in batches)
@@ -124,9 +192,9 @@ class RolloutBatch:
         def right(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
             return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
-        extras_keys = set(batches[0].extras)
-        if any(set(b.extras) != extras_keys for b in batches):
-            raise ValueError("RolloutBatch.cat: batches carry different extra columns")
+        multi_turn = any(b.sequence_mask is not None for b in batches)
+        by_ids = any(b.group_ids is not None for b in batches)
+        offsets = torch.tensor([0] + [b.num_groups for b in batches[:-1]]).cumsum(0).tolist()
         return RolloutBatch(
             prompt_ids=torch.cat([left(b.prompt_ids, lp, pad) for b in batches]),
             prompt_mask=torch.cat([left(b.prompt_mask, lp, 0) for b in batches]),
@@ -138,7 +206,10 @@ class RolloutBatch:
             prompts=[p for b in batches for p in b.prompts],
             group_size=g,
             pad_token_id=pad,
-            extras={k: [v for b in batches for v in b.extras[k]] for k in extras_keys},
+            extras={k: [v for b in batches for v in b.extras[k]] for k in batches[0].extras},
+            sequence_mask=torch.cat([right(b.token_mask, t, 0) for b in batches]) if multi_turn else None,
+            group_ids=torch.cat([b.group_index() + o for b, o in zip(batches, offsets)]) if by_ids else None,
+            info={k: [v for b in batches for v in b.info[k]] for k in batches[0].info},
         )
 
     def to(self, device: torch.device | str) -> RolloutBatch:

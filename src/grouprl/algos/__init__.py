@@ -9,12 +9,15 @@ from grouprl.algos.advantages import (
     SCALES,
     compute_advantages,
     constant_groups,
+    constant_rows,
     group_advantages,
+    rank_advantages,
     reinforce_advantages,
     rloo_advantages,
 )
 from grouprl.algos.aggregate import AGGREGATIONS, aggregate, masked_mean
 from grouprl.algos.gae import discounted_returns, gae, nstep_returns, whiten
+from grouprl.algos.groups import ByIds, Contiguous, make_groups
 from grouprl.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_per_token
 from grouprl.algos.losses import (
     IMPORTANCE_LEVELS,
@@ -31,15 +34,16 @@ from grouprl.algos.trust_region import (
     get_flat_params,
     natural_step_size,
     set_flat_params,
+    trpo_step,
 )
 
 __all__ = [
-    "ADVANTAGES", "AGGREGATIONS", "IMPORTANCE_LEVELS", "KL_ESTIMATORS", "SCALES",
+    "ADVANTAGES", "AGGREGATIONS", "ByIds", "Contiguous", "IMPORTANCE_LEVELS", "KL_ESTIMATORS", "SCALES",
     "AdaptiveKLController", "FixedKLController",
     "aggregate", "backtracking_line_search", "clipped_surrogate_loss", "compute_advantages",
-    "conjugate_gradient", "constant_groups", "discounted_returns", "entropy_from_logits",
+    "conjugate_gradient", "constant_groups", "constant_rows", "discounted_returns", "entropy_from_logits",
     "fisher_vector_product", "flat_grad",
-    "gae", "get_flat_params", "group_advantages", "grpo_loss", "kl_per_token", "masked_mean",
-    "natural_step_size", "nstep_returns", "reinforce_advantages", "rloo_advantages", "set_flat_params",
-    "value_loss", "whiten",
+    "gae", "get_flat_params", "group_advantages", "make_groups", "grpo_loss", "kl_per_token", "masked_mean",
+    "natural_step_size", "nstep_returns", "rank_advantages", "reinforce_advantages", "rloo_advantages",
+    "set_flat_params", "trpo_step", "value_loss", "whiten",
 ]

@@ -3,7 +3,9 @@ returns, n-step (A3C-style) returns, GAE(gamma, lambda), and whitening.
 
 Trajectories are rows of ``[B,T]`` tensors, right-padded: ``mask[b, t] = 1`` for the steps of
 row b. A row ends at its last valid step; ``last_values [B]`` (optional) bootstraps a row that
-was cut off rather than finished (0 = the episode terminated there).
+was cut off rather than finished (0 = the episode terminated there). :func:`gae` also takes rows
+whose steps are not consecutive (a trajectory's policy tokens between environment tokens): the
+step after a policy token is the next policy token.
 """
 
 from __future__ import annotations
@@ -65,6 +67,31 @@ def nstep_returns(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tenso
     return out * mask
 
 
+def _step_order(mask: torch.Tensor) -> torch.Tensor:
+    """``[B,T]`` long: the positions of each row's steps first, in order, then the rest."""
+    return torch.sort((mask <= 0).to(torch.int8), dim=-1, stable=True).indices
+
+
+def compact(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x [B,T]`` with each row's steps (``mask > 0``) moved to its front, in order; 0 after them.
+
+    >>> compact(torch.tensor([[1., 9., 2., 3.]]), torch.tensor([[1., 0., 1., 1.]])).tolist()
+    [[1.0, 2.0, 3.0, 0.0]]
+    """
+    steps = mask.sum(-1, keepdim=True)
+    front = torch.arange(x.shape[1], device=x.device).unsqueeze(0) < steps
+    return x.gather(1, _step_order(mask)) * front.to(x.dtype)
+
+
+def spread(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`compact`: front-packed ``x [B,T]`` back to the positions of ``mask``.
+
+    >>> spread(torch.tensor([[1., 2., 3., 0.]]), torch.tensor([[1., 0., 1., 1.]])).tolist()
+    [[1.0, 0.0, 2.0, 3.0]]
+    """
+    return torch.zeros_like(x).scatter(1, _step_order(mask), x) * mask.to(x.dtype)
+
+
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float,
         last_values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016).
@@ -81,6 +108,10 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         ``(advantages [B,T], returns [B,T])``, 0 on padding.
     """
     mask = mask.to(rewards.dtype)
+    if bool((mask[:, 1:] > mask[:, :-1]).any()):  # a gap inside a row: run over the steps alone
+        adv, returns = gae(compact(rewards, mask), compact(values.to(rewards.dtype), mask), compact(mask, mask),
+                           gamma, lam, last_values)
+        return spread(adv, mask), spread(returns, mask)
     values = values.to(rewards.dtype) * mask
     deltas = (rewards + gamma * _next_values(values, mask, last_values) - values) * mask
     adv = torch.zeros_like(rewards)

@@ -119,3 +119,39 @@ def set_flat_params(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
             n = p.numel()
             p.copy_(flat[offset:offset + n].view_as(p))
             offset += n
+
+
+def trpo_step(params: Sequence[torch.Tensor], grad: torch.Tensor, fvp: Callable[[torch.Tensor], torch.Tensor],
+              evaluate: Callable[[torch.Tensor], tuple[float, float]], *, max_kl: float, cg_iters: int,
+              backtracks: int, accept_ratio: float = 0.1,
+              solved: Callable[[], None] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """One TRPO update of ``params`` in place: solve ``F x = g`` by conjugate gradient, scale ``x`` to
+    the trust-region edge, backtrack until the surrogate improves within the KL radius.
+
+    Args:
+        params: the parameters being stepped (their flat order is ``grad``'s, ``[N]``).
+        grad: ``[N]`` gradient of the surrogate at theta_old.
+        fvp: ``v [N] -> (F + damping I) v``.
+        evaluate: ``step [N] -> (surrogate improvement, KL)`` with the parameters at theta_old + step
+            (it may leave them there: this function sets them afterwards).
+        solved: called once the direction is known, before the line search (to free the memory
+            the Fisher-vector products held).
+
+    Returns:
+        ``(step [N], metrics)``: the step taken (zeros when no trial was accepted).
+    """
+    direction = conjugate_gradient(fvp, grad, cg_iters)
+    full_step = natural_step_size(direction, fvp(direction), max_kl) * direction
+    if solved is not None:
+        solved()
+    theta_old = get_flat_params(params)
+
+    def trial(step: torch.Tensor) -> tuple[float, float]:
+        set_flat_params(params, theta_old + step)
+        return evaluate(step)
+
+    step, metrics = backtracking_line_search(trial, full_step, float(grad.dot(full_step)), max_kl, backtracks,
+                                             accept_ratio=accept_ratio)
+    set_flat_params(params, theta_old + step)
+    metrics.update({"trpo/grad_norm": float(grad.norm()), "trpo/step_norm": float(step.norm())})
+    return step, metrics

@@ -28,21 +28,20 @@ from grouprl.config import (
     load_config,
     to_dict,
 )
+from grouprl.errors import DistributedError, ModelLoadError, RewardFunctionError
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-EVAL_OPTIONS = ("model", "task", "task_options", "dataset", "eval_dataset", "eval_size", "eval_samples",
-                "eval_temperature", "max_new_tokens", "reward_functions", "seed")
+EVAL_OPTIONS = ("model", "task", "task_options", "dataset", "eval_dataset", "env", "env_options", "tools",
+                "eval_size", "eval_samples", "eval_temperature", "max_new_tokens", "reward_functions", "seed")
 """The keys ``grouprl eval --help`` lists; every other train key is accepted too."""
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean the input was wrong (not the program): one paragraph, no traceback."""
-    from grouprl.bundled import ModelLoadError
-    from grouprl.rewards import RewardFunctionError
 
     # ValueError covers ConfigError, DataError and unknown registry names; OSError missing files.
     # TypeError is left out on purpose: outside the config checks (which convert theirs) it is a bug.
-    return ValueError, OSError, ModelLoadError, RewardFunctionError
+    return ValueError, OSError, ModelLoadError, RewardFunctionError, DistributedError
 
 
 # --------------------------------------------------------------------------- parsers
@@ -109,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     _with_config(evaluate, "train")
     add_dataclass_arguments(evaluate, TrainConfig, keys=EVAL_OPTIONS, aliases={"samples": "eval_samples"},
                             title="options (any train key works too)")
-    evaluate.set_defaults(handler=_eval)
+    evaluate.set_defaults(handler=_config_command(TrainConfig, "evaluate_command"))
 
     report = add("report", "(re)write a run's plots and report.html", "Write RUN_DIR/report/: PNG plots and "
                  "report.html from metrics.jsonl, completions.jsonl and config.yaml (also works mid-run).", "RUN_DIR")
@@ -122,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "--pairs FILE [--model NAME] [--output_dir DIR] [--key value ...]")
     _with_config(train_rm, "train-rm")
     add_dataclass_arguments(train_rm, RewardModelConfig)
-    train_rm.set_defaults(handler=_train_rm)
-    from grouprl.cli_rl import register as register_rl  # rl (classic control) and compare
+    train_rm.set_defaults(handler=_config_command(RewardModelConfig, "train_rm_command"))
+    from grouprl.cli.rl import register as register_rl  # rl (classic control) and compare
 
     register_rl(sub)
     return parser
@@ -155,14 +154,15 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     config = _resolve(args, rest, TrainConfig)
     if args.print_config:
         return _print_config(config)
-    from grouprl.cli.commands import prepare_output_dir, train
-    from grouprl.trainer.distributed import torchrun_world_size
+    from grouprl.cli.commands import train
+    from grouprl.trainer.dist.group import torchrun_world_size
 
     if args.nproc != 1 and torchrun_world_size() == 1:  # under torchrun the world size is torchrun's
-        from grouprl.launch import launch
+        from grouprl.cli.launch import launch
+        from grouprl.run.folder import claimed
 
-        prepare_output_dir(config, args.overwrite)  # once, here, rather than racing in every process
-        return launch(config, args.nproc)
+        with claimed(config, overwrite=args.overwrite) as config:  # held here for every process of the run
+            return launch(config, args.nproc)
     train(config, overwrite=args.overwrite)
     return EXIT_OK
 
@@ -181,14 +181,20 @@ def _demo(args: argparse.Namespace, rest: list[str]) -> int:
     return EXIT_OK
 
 
-def _eval(args: argparse.Namespace, rest: list[str]) -> int:
-    config = _resolve(args, rest, TrainConfig)
-    if args.print_config:
-        return _print_config(config)
-    from grouprl.cli.commands import evaluate_command
+def _config_command(cls: type, command: str) -> Callable[[argparse.Namespace, list[str]], int]:
+    """A handler that resolves a ``cls`` config and prints it (``--print-config``) or passes it to
+    ``grouprl.cli.commands.<command>`` (imported only then: it pulls in torch)."""
 
-    evaluate_command(config)
-    return EXIT_OK
+    def handler(args: argparse.Namespace, rest: list[str]) -> int:
+        config = _resolve(args, rest, cls)
+        if args.print_config:
+            return _print_config(config)
+        from grouprl.cli import commands
+
+        getattr(commands, command)(config)
+        return EXIT_OK
+
+    return handler
 
 
 def _report(args: argparse.Namespace, rest: list[str]) -> int:
@@ -197,16 +203,6 @@ def _report(args: argparse.Namespace, rest: list[str]) -> int:
     from grouprl.cli.commands import report_command
 
     report_command(args.run_dir)
-    return EXIT_OK
-
-
-def _train_rm(args: argparse.Namespace, rest: list[str]) -> int:
-    config = _resolve(args, rest, RewardModelConfig)
-    if args.print_config:
-        return _print_config(config)
-    from grouprl.cli.commands import train_rm_command
-
-    train_rm_command(config)
     return EXIT_OK
 
 

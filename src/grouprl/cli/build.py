@@ -1,5 +1,5 @@
-"""From a :class:`~grouprl.config.TrainConfig` to what the trainer takes: prompt rows, reward
-functions and weights, the accuracy checker and the model.
+"""The one builder: from a :class:`~grouprl.config.TrainConfig` to a trainer: prompt rows, reward
+functions and weights, the accuracy checker, the model, the process group and the rollout engine.
 
 The order is the point: everything cheap that can be wrong (files, columns, imports of the user's
 reward functions) is checked before the model, the expensive part, is loaded, so a typo costs
@@ -8,93 +8,32 @@ seconds rather than a model load.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import os
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grouprl.config import DEFAULT_TASK_EVAL_SIZE, DEFAULT_TASK_TRAIN_SIZE, TINY_MODEL, ConfigError, TrainConfig
+from grouprl.config import DEFAULT_TASK_EVAL_SIZE, DEFAULT_TASK_TRAIN_SIZE, TINY_MODEL, TrainConfig
+from grouprl.errors import ConfigError
+from grouprl.registry import import_object
+from grouprl.trainer.inputs import RunInputs
 
 Row = dict[str, Any]
-
-
-@dataclass
-class RunInputs:
-    """Everything a trainer needs besides the model."""
-
-    train_rows: list[Row]
-    eval_rows: list[Row]
-    reward_fns: list[Callable[..., Any]]
-    reward_weights: list[float]
-    is_correct: Callable[[str, Row], bool] | None
-    system_prompt: str | None
-    """The task's system prompt (the config's system_prompt, if set, wins inside the trainer)."""
-
-
-# --------------------------------------------------------------------------- user code by import path
-
-
-def import_object(path: str, what: str) -> Any:
-    """The object named by ``module:attr`` or ``path/to/file.py:attr``.
-
-    A dotted module is looked up from the current folder first, as ``python -m`` would: the
-    ``grouprl`` console script does not put the current folder on ``sys.path`` by itself.
-    """
-    module_name, _, attr = path.rpartition(":")
-    try:
-        module = _import_file(module_name) if module_name.endswith(".py") else _import_module(module_name)
-    except ConfigError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any failure while importing user code is reported with its cause
-        raise ConfigError(f"{what} {path!r}: importing {module_name!r} failed with {type(e).__name__}: {e}") from e
-    if not hasattr(module, attr):
-        public = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
-        raise ConfigError(f"{what} {path!r}: {module_name!r} has no attribute {attr!r}; "
-                          f"its callables: {', '.join(public) or 'none'}")
-    return getattr(module, attr)
-
-
-def _import_file(filename: str) -> Any:
-    file = Path(filename).expanduser()
-    if not file.is_file():
-        raise ConfigError(f"{filename!r} does not exist (import paths are file.py:function or module:function)")
-    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:10]
-    name = f"grouprl_user_{file.stem}_{digest}"  # one module per file, however it is spelt
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look their module up here
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def _import_module(name: str) -> Any:
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        return importlib.import_module(name)
-    finally:
-        if added:
-            sys.path.remove(cwd)
 
 
 # --------------------------------------------------------------------------- prompts
 
 
+EVAL_RESET_BASE = 1_000_000
+"""Held-out resets of an environment are seeded from here on; training resets count from 0."""
+
+
 def load_rows(config: TrainConfig) -> tuple[list[Row], list[Row], Any]:
-    """(train rows, eval rows, the task object or None) for a task or a dataset."""
+    """(train rows, eval rows, the task object or None) for a task, a dataset or an environment (whose
+    rows without a dataset are reset seeds)."""
+    if config.env and not config.dataset:
+        n_eval = DEFAULT_TASK_EVAL_SIZE if config.eval_size is None else config.eval_size
+        return ([{"seed": i} for i in range(config.train_size or DEFAULT_TASK_TRAIN_SIZE)],
+                [{"seed": EVAL_RESET_BASE + i} for i in range(n_eval)], None)
     if config.task:
         task = config.build_task()
         train = task.rows("train", config.train_size or DEFAULT_TASK_TRAIN_SIZE, config.seed)
@@ -119,14 +58,12 @@ def load_rows(config: TrainConfig) -> tuple[list[Row], list[Row], Any]:
 
 def load_reward_fns(config: TrainConfig, task: Any) -> tuple[list[Callable[..., Any]], list[float]]:
     """The configured reward functions (the task's when none are listed), then the reward model."""
-    from grouprl.rewards import make_reward
-
     if config.reward_functions:
         fns = []
         for name in config.reward_functions:
             options = config.reward_options.get(name)
             if ":" not in name:
-                fns.append(make_reward(name, **(options or {})))
+                fns.append(config.builtin_reward(name))  # made (and checked) by the config's validation
                 continue
             fn = import_object(name, "reward function")
             if options is not None:  # with options, the import path names a factory
@@ -170,17 +107,22 @@ def load_checker(config: TrainConfig, task: Any, eval_rows: list[Row]) -> Callab
 
 
 def build_inputs(config: TrainConfig) -> RunInputs:
-    """Prompts, rewards and checker for ``config``; fails on a reward function that needs a column
-    the data lacks, before any model is loaded."""
-    from grouprl.rewards import check_reward_columns
-
+    """Prompts (or resets), rewards, checker, environment and tools for ``config``, checked (a reward
+    function that needs a column the data lacks fails here) before any model is loaded."""
     train, held, task = load_rows(config)
     fns, weights = load_reward_fns(config, task)
-    if train:
-        check_reward_columns(fns, [k for k in train[0] if k != "prompt"])
+    env, tools = None, []
+    if config.env or config.tools:
+        from grouprl.envs.registry import env_tools, make_env_factory
+        from grouprl.envs.tools import Tool, load_tools
+
+        tools = load_tools(list(config.tools))
+        if config.env:
+            env = make_env_factory(config.env, config.env_options)
+            tools += [Tool.of(fn) for fn in env_tools(env)]  # the tools the environment brings
     return RunInputs(train_rows=train, eval_rows=held, reward_fns=fns, reward_weights=weights,
-                     is_correct=load_checker(config, task, held),
-                     system_prompt=task.system_prompt if task is not None else None)
+                     is_correct=None if env is not None else load_checker(config, task, held),
+                     system_prompt=task.system_prompt if task is not None else None, env=env, tools=tools)
 
 
 # --------------------------------------------------------------------------- the model
@@ -189,7 +131,7 @@ def build_inputs(config: TrainConfig) -> RunInputs:
 def resolve_model_path(spec: str) -> str:
     """A run folder or a checkpoint folder stands for the policy it saved last; anything else is
     passed on unchanged (bundled name, model folder, .gguf file, Hugging Face id)."""
-    from grouprl.trainer.checkpoint import checkpoint_dirs
+    from grouprl.run.checkpoint import checkpoint_dirs
 
     path = Path(spec).expanduser()
     if (path / "state.json").is_file() and (path / "model").is_dir():
@@ -205,3 +147,41 @@ def load_model(spec: str, seed: int) -> tuple[Any, Any]:
     if spec == TINY_MODEL:
         return tiny_causal_lm(seed=seed)
     return load_policy(resolve_model_path(spec))
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+def build_trainer(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer: Any, env: Any = None,
+                  run_config: Any = None) -> Any:
+    """The trainer of ``config.algo`` for ``config``: in one process, or in the torchrun run ``env``
+    (a :class:`~grouprl.trainer.dist.group.DistEnv`); with ``rollout_engine=vllm`` its rollouts go
+    through a colocated vLLM engine. ``run_config`` is what config.yaml records (default: ``config``)."""
+    from grouprl.trainer.trainer import Trainer
+
+    processes = None
+    if env is not None:
+        from grouprl.trainer.dist.processes import Processes
+
+        processes = Processes(env, config)
+    trainer = Trainer(config, policy=policy, tokenizer=tokenizer, inputs=inputs,
+                      run_config=run_config if run_config is not None else config, processes=processes)
+    if config.rollout_engine == "vllm":
+        use_vllm(trainer)
+    return trainer
+
+
+def use_vllm(trainer: Any) -> Any:
+    """Give ``trainer`` a colocated vLLM engine as its sampler, following its policy's weights
+    (settings from the trainer's config: vllm_gpu_memory_utilization, vllm_sleep, lora_rank)."""
+    from grouprl.models import unwrap_ddp
+    from grouprl.rollout.vllm import VLLMSampler
+
+    c = trainer.config
+    sampler = VLLMSampler(unwrap_ddp(trainer.policy), trainer.tokenizer,
+                          max_model_len=c.max_prompt_len + c.max_new_tokens,
+                          gpu_memory_utilization=c.vllm_gpu_memory_utilization, sleep=c.vllm_sleep, seed=c.seed,
+                          lora_rank=c.lora_rank or None)
+    sampler.track(trainer.rule.optimizer)
+    trainer.sampler = trainer.collector.sampler = sampler
+    return sampler

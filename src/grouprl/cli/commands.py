@@ -11,14 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grouprl import run_dir
 from grouprl.cli.build import RunInputs, build_inputs, load_model
-from grouprl.config import TINY_MODEL, ConfigError, RewardModelConfig, TrainConfig
+from grouprl.config import TINY_MODEL, RewardModelConfig, TrainConfig
+from grouprl.errors import ConfigError
+from grouprl.run.folder import claimed
 
 Echo = Callable[[str], None]
-EVAL_SEED_OFFSET = 7_777_777
-"""The trainer evaluates with seed + this (``BaseTrainer.evaluate``); ``grouprl eval`` uses the same
-seed, so a run's final checkpoint scores exactly as the run's last evaluation did."""
 
 
 def before_after(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str | None:
@@ -30,7 +28,7 @@ def before_after(before: dict[str, Any] | None, after: dict[str, Any] | None) ->
         value = d.get(f"eval/{key}", d.get(key))
         return float(value) if isinstance(value, int | float) else None
 
-    for key, label in (("accuracy", "accuracy"), ("mean_reward", "mean reward")):
+    for key, label in (("accuracy", "accuracy"), ("success", "success"), ("mean_reward", "mean reward")):
         b, a = get(before, key), get(after, key)
         if b is not None and a is not None:
             return f"{label} before={b:.3f} after={a:.3f}"
@@ -39,16 +37,19 @@ def before_after(before: dict[str, Any] | None, after: dict[str, Any] | None) ->
 
 # --------------------------------------------------------------------------- train and demo
 
-def prepare_output_dir(config: TrainConfig, overwrite: bool, echo: Echo = print) -> None:
-    """The run folder rule of :mod:`grouprl.run_dir` for a train config."""
-    run_dir.prepare_output_dir(config.output_dir, resume_from=config.resume_from, overwrite=overwrite, echo=echo)
-
-
 def train(config: TrainConfig, echo: Echo = print, overwrite: bool = False) -> tuple[dict[str, Any], Path]:
-    """Build everything ``config`` names, train, write the report. Returns (summary, report path)."""
-    prepare_output_dir(config, overwrite, echo)
+    """Claim the run folder, build everything ``config`` names, train, write the report. Returns
+    (summary, report path)."""
+    from grouprl.trainer.dist.group import torchrun_rank
+
+    with claimed(config, overwrite=overwrite, echo=echo, claim=torchrun_rank() == 0) as config:
+        return _train_claimed(config, echo)
+
+
+def _train_claimed(config: TrainConfig, echo: Echo) -> tuple[dict[str, Any], Path]:
     inputs = build_inputs(config)  # data, reward functions, checker: every cheap check before the model loads
-    from grouprl.launch import build_trainer, join_run, leave_run
+    from grouprl.cli.build import build_trainer
+    from grouprl.cli.launch import join_run, leave_run
     from grouprl.report import write_report
 
     env = join_run(config)  # under torchrun with several processes: this process's place in the run
@@ -72,27 +73,19 @@ def train(config: TrainConfig, echo: Echo = print, overwrite: bool = False) -> t
 
 
 def evaluate_model(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer: Any) -> dict[str, float]:
-    """Held-out accuracy, pass@k, mean reward and length of ``policy`` on ``inputs.eval_rows``,
-    sampled exactly as the trainer's evaluation samples them."""
+    """Held-out metrics of ``policy`` on ``inputs.eval_rows`` (accuracy, pass@k, mean reward, length;
+    for an agent success, return and turns), sampled exactly as the trainer's evaluation samples them
+    (same seeds, same settings)."""
     import torch
 
-    from grouprl.rollout.sampler import Sampler
-    from grouprl.trainer.base import encode_checked
-    from grouprl.trainer.evaluate import evaluate
-    from grouprl.types import SamplingParams
+    from grouprl.trainer.sources import make_source
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    system = config.system_prompt if config.system_prompt is not None else inputs.system_prompt
-    ids = encode_checked(tokenizer, inputs.eval_rows, "eval", config.max_prompt_len, system_prompt=system,
-                         use_chat_template=config.use_chat_template)
-    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.eval_temperature,
-                            stop_strings=tuple(config.stop_strings), autocast_bf16=config.dtype == "bf16")
+    source = make_source(config, inputs, policy, tokenizer, None, lambda n: (0, n))
     policy.eval()
     with torch.inference_mode():
-        return evaluate(Sampler(policy, tokenizer), ids, inputs.eval_rows, params=params, k=config.eval_samples,
-                        reward_fns=inputs.reward_fns, reward_weights=inputs.reward_weights,
-                        is_correct=inputs.is_correct, seed=config.seed + EVAL_SEED_OFFSET)
+        return source.evaluate(0, len(inputs.eval_rows))
 
 
 def format_table(rows: list[tuple[str, str]]) -> str:
@@ -110,11 +103,11 @@ def evaluate_command(config: TrainConfig, echo: Echo = print) -> dict[str, float
     policy, tokenizer = load_model(config.model, config.seed)
     result = evaluate_model(config, inputs, policy, tokenizer)
     k = 1 if config.eval_temperature == 0 else config.eval_samples
-    source = config.task or config.eval_dataset or config.dataset
+    source = config.env or config.task or config.eval_dataset or config.dataset
     rows = [("model", config.model), ("prompts", f"{len(inputs.eval_rows)} held-out from {source}"),
             ("samples", f"{k} per prompt at temperature {config.eval_temperature}")]
-    labels = {"eval/accuracy": "accuracy", f"eval/pass@{k}": f"pass@{k}", "eval/mean_reward": "mean reward",
-              "eval/len_mean": "mean length (tokens)"}
+    labels = {"eval/accuracy": "accuracy", "eval/success": "success", f"eval/pass@{k}": f"pass@{k}",
+              "eval/mean_reward": "mean reward", "eval/turns_mean": "turns", "eval/len_mean": "mean length (tokens)"}
     rows += [(label, f"{result[key]:.3f}") for key, label in labels.items() if key in result]
     echo(format_table(rows))
     return result
@@ -152,7 +145,7 @@ def reward_model_start(spec: str, seed: int) -> tuple[Any, Any]:
             torch.manual_seed(seed)
             model = LlamaForSequenceClassification(tiny_llama_config(tokenizer, num_labels=1))
         return model, tokenizer
-    from grouprl.bundled import BUNDLED, bundled_model_folder
+    from grouprl.models.bundled import BUNDLED, bundled_model_folder
 
     if spec in BUNDLED:
         return str(bundled_model_folder(spec)), None

@@ -23,7 +23,7 @@ line, ``--help``, resolution), :mod:`~grouprl.config.reference` (the README tabl
 """
 
 from grouprl.config.convert import from_dict, read_yaml_mapping, save_yaml, to_dict
-from grouprl.config.fields import ConfigError, field_docs, type_name
+from grouprl.config.fields import field_docs, type_name
 from grouprl.config.options import (
     FieldInfo,
     add_dataclass_arguments,
@@ -43,6 +43,7 @@ from grouprl.config.run import (
     TrainConfig,
     is_import_path,
 )
+from grouprl.errors import ConfigError
 
 __all__ = [
     "DEFAULT_TASK_EVAL_SIZE", "DEFAULT_TASK_TRAIN_SIZE", "README_BEGIN", "README_END", "TINY_MODEL",

@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import difflib
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -22,8 +21,10 @@ from grouprl.config.fields import (
     _is_union,
     _section_type,
     _unknown_keys_error,
+    apply_renames,
     type_name,
 )
+from grouprl.run.files import as_plain, write_text_atomic
 
 TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})
@@ -197,6 +198,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
 def _build(cls: type, data: Mapping, where: str, root: type) -> Any:
     if not isinstance(data, Mapping):
         raise _type_error(where or "config", cls, data, "a mapping of keys to values")
+    data = apply_renames(cls, data, where)
     fields = {f.name: f for f in _init_fields(cls)}
     unknown = [str(k) for k in data if k not in fields]
     if unknown:
@@ -249,48 +251,20 @@ def from_dict(cls: type, data: Mapping[str, Any]) -> Any:
     return _build(cls, data, "", cls)
 
 
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return to_dict(value)
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return value
-
-
 def to_dict(obj: Any) -> dict[str, Any]:
     """Dataclass instance -> plain dict of YAML types (tuples become lists, paths strings);
     ``from_dict(type(obj), to_dict(obj)) == obj``."""
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         raise TypeError(f"to_dict needs a dataclass instance, got {obj!r}")
-    return {f.name: _plain(getattr(obj, f.name)) for f in _init_fields(type(obj))}
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and a rename, so a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a config is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    return as_plain(obj)
 
 
 def save_yaml(obj: Any, path: str | os.PathLike) -> Path:
     """Write a dataclass instance (or plain dict) as YAML, atomically. Returns the path."""
     data = obj if isinstance(obj, Mapping) else to_dict(obj)
-    text = yaml.safe_dump(_plain(data), sort_keys=False, allow_unicode=True, default_flow_style=False)
+    text = yaml.safe_dump(as_plain(data), sort_keys=False, allow_unicode=True, default_flow_style=False)
     path = Path(path)
-    _write_atomic(path, text)
+    write_text_atomic(path, text)
     return path
 
 

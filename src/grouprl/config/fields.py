@@ -10,14 +10,11 @@ import inspect
 import textwrap
 import types
 import typing
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Union, get_args, get_origin
 
-
-class ConfigError(ValueError):
-    """Bad configuration input. The message is one paragraph for the user (the CLI prints it
-    without a traceback) and names the key, file or argument at fault."""
-
+from grouprl.errors import ConfigError
 
 # --------------------------------------------------------------------------- types and docs
 
@@ -151,6 +148,31 @@ def _closest(key: str, candidates: Sequence[str], n: int = 3) -> list[str]:
 
     scored = sorted(((score(c), c) for c in candidates if c != key), key=lambda sc: (-sc[0], sc[1]))
     return [c for s, c in scored[:n] if s >= 0.6]
+
+
+def renamed_keys(cls: type) -> dict[str, tuple[str, Any]]:
+    """Old names a config class still accepts: ``old -> (new, convert)``, from the class's
+    ``RENAMED`` mapping (``old -> new``, or ``old -> (new, convert)`` where ``convert(value, data)``
+    turns the old value into the new one given the section's other values)."""
+    out = {}
+    for old, target in getattr(cls, "RENAMED", {}).items():
+        out[old] = target if isinstance(target, tuple) else (target, None)
+    return out
+
+
+def apply_renames(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``data`` with every old key of ``cls`` replaced by its new one (converted where the meaning
+    changed), each with a deprecation warning naming both."""
+    out = dict(data)
+    for old, (new, convert) in renamed_keys(cls).items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        out[new] = value if convert is None else convert(value, out)
+        prefix = f"{where}." if where else ""
+        warnings.warn(f"config key {prefix + old!r} is now {prefix + new!r}; the old name is accepted until the next "
+                      "release", FutureWarning, stacklevel=2)
+    return out
 
 
 def _unknown_keys_error(root: type, bad: list[str], section: type, where: str, dash: str) -> ConfigError:

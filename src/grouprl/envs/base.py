@@ -1,87 +1,54 @@
-"""The interface every classic-control algorithm implements, and the segment collection the
-critic-based ones share.
+"""The text-environment protocol: the gymnasium/GEM shape with text actions, so existing environments
+plug in unchanged.
 
-An algorithm is built from its config section, the :class:`~grouprl.envs.policies.Agent` (policy,
-and critic if :attr:`ControlAlgorithm.needs_critic`) and an :class:`~grouprl.envs.batch.EnvBatch`
-of :meth:`ControlAlgorithm.num_envs` environments. The trainer owns the optimizer (so checkpoints
-and the learning-rate schedule are the trainer package's) and calls :meth:`collect` then
-:meth:`update` once per iteration.
+An environment is any object with
+
+    reset(*, seed: int | None = None, options: dict | None = None) -> (observation, info)
+    step(action: str) -> (observation, reward, terminated, truncated, info)
+
+where an observation is text (one user turn) or a list of chat messages ``{"role", "content"}`` to
+append to the conversation, ``options`` carries the dataset row for environments made per row, and
+the reward of a trajectory is the sum of its step rewards. ``info`` may say ``success`` (a bool: the
+``env/success`` metric) and ``state_key`` (a hashable name of the state the next observation shows,
+for step-level grouping). Environments are named by the :data:`ENVIRONMENTS` registry, by an import
+path (``my_module:MyEnv``) or by a GEM id (``gem:game:GuessTheNumber-v0-easy``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
-import torch
-from torch import nn
+from grouprl.registry import Registry
 
-from grouprl.envs.batch import EnvBatch
-from grouprl.envs.policies import Agent
-from grouprl.envs.rollout import SegmentCollector, Trajectories
-
-
-class ControlAlgorithm:
-    """One algorithm's rollout and update. Subclasses set :attr:`needs_critic` and implement
-    :meth:`num_envs`, :meth:`collect` and :meth:`update`."""
-
-    needs_critic = False
-
-    def __init__(self, cfg: Any, agent: Agent, envs: EnvBatch, *, gamma: float, reward_scale: float, seed: int):
-        self.cfg, self.agent, self.envs = cfg, agent, envs
-        self.gamma, self.reward_scale, self.seed = gamma, reward_scale, seed
-
-    @staticmethod
-    def num_envs(cfg: Any) -> int:
-        raise NotImplementedError
-
-    def trainable(self) -> list[nn.Parameter]:
-        """Parameters the trainer's Adam optimizer updates."""
-        return list(self.agent.parameters())
-
-    def collect(self, generator: torch.Generator) -> Trajectories:
-        raise NotImplementedError
-
-    def update(self, batch: Trajectories, optimizer: torch.optim.Optimizer,
-               generator: torch.Generator) -> dict[str, float]:
-        raise NotImplementedError
+Message = dict[str, Any]
+"""A chat message: ``{"role": ..., "content": ...}`` (tool messages also carry ``name``)."""
+Observation = str | list[Message]
+"""What an environment shows the policy: one user turn's text, or messages to append."""
 
 
-class SegmentAlgorithm(ControlAlgorithm):
-    """Collects ``steps_per_env`` steps from each of ``num_envs`` environments per iteration."""
+@runtime_checkable
+class TextEnv(Protocol):
+    """An environment whose actions are text; see the module docstring."""
 
-    needs_critic = True
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[Observation, dict[str, Any]]: ...
 
-    def __init__(self, cfg: Any, agent: Agent, envs: EnvBatch, *, gamma: float, reward_scale: float, seed: int):
-        super().__init__(cfg, agent, envs, gamma=gamma, reward_scale=reward_scale, seed=seed)
-        self.collector = SegmentCollector(envs, seed)
-
-    @staticmethod
-    def num_envs(cfg: Any) -> int:
-        return cfg.num_envs
-
-    def collect(self, generator: torch.Generator) -> Trajectories:
-        return self.collector.collect(self.agent.policy, self.cfg.steps_per_env, generator)
+    def step(self, action: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]: ...
 
 
-def clip_and_step(params: list[nn.Parameter], optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
-    """Clip the gradient norm (0 = no clipping), step, and return the norm before clipping."""
-    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
-    optimizer.step()
-    return float(norm)
+ENVIRONMENTS: Registry[Callable[..., TextEnv]] = Registry("environment")
+"""name -> factory ``(**options) -> TextEnv`` of the built-in environments."""
 
 
-class Averager:
-    """Mean of each metric over the minibatches of an update."""
+def as_messages(observation: Observation, role: str = "user") -> list[Message]:
+    """An observation as messages to append: text becomes one ``role`` message.
 
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
-
-    def add(self, metrics: dict[str, Any]) -> None:
-        for k, v in metrics.items():
-            v = float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
-            self.sums[k] = self.sums.get(k, 0.0) + v
-            self.counts[k] = self.counts.get(k, 0) + 1
-
-    def result(self) -> dict[str, float]:
-        return {k: v / self.counts[k] for k, v in self.sums.items()}
+    >>> as_messages("Too low."), as_messages([{"role": "user", "content": "hi"}])
+    ([{'role': 'user', 'content': 'Too low.'}], [{'role': 'user', 'content': 'hi'}])
+    """
+    if isinstance(observation, str):
+        return [{"role": role, "content": observation}]
+    if isinstance(observation, list) and all(isinstance(m, dict) and "role" in m for m in observation):
+        return [dict(m) for m in observation]
+    raise TypeError(f"an observation is text or a list of chat messages with a 'role', got {observation!r:.200}")

@@ -26,25 +26,11 @@ from typing import Any, Protocol
 
 import torch
 
-ERROR_TEXT_CHARS = 300
-"""How much of a completion an error message quotes."""
+from grouprl.errors import RewardFunctionError
 
 
 class RewardFn(Protocol):
     def __call__(self, prompts: list[Any], completions: list[str], **kwargs: Any) -> list[float | None]: ...
-
-
-class RewardFunctionError(RuntimeError):
-    """A reward function failed on a batch; names the function, the row and its completion."""
-
-    def __init__(self, fn_name: str, message: str, row: int | None = None, completion: str | None = None):
-        self.fn_name, self.row, self.completion = fn_name, row, completion
-        where = ""
-        if row is not None:
-            text = completion if completion is None or len(completion) <= ERROR_TEXT_CHARS else (
-                completion[:ERROR_TEXT_CHARS] + "...")
-            where = f" at row {row} (completion {text!r})"
-        super().__init__(f"reward function {fn_name!r}{where}: {message}")
 
 
 def reward_name(fn: Callable[..., Any]) -> str:

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from grouprl.chat import to_messages
 from grouprl.data import load_records
+from grouprl.types import to_messages
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
 

@@ -17,7 +17,8 @@ from transformers.cache_utils import DynamicLayer
 
 
 class BufferLayer(DynamicLayer):
-    """One layer's keys and values in a preallocated ``[b, heads, capacity, head_dim]`` buffer.
+    """One layer's keys and values in a preallocated ``[b, heads, capacity, head_dim]`` buffer (grown
+    by doubling when a conversation outruns it).
 
     ``keys`` / ``values`` are views ``[b, heads, n, head_dim]`` of the first ``n`` filled positions,
     so code that reads ``layer.keys.shape[-2]`` (as ``transformers`` does) sees the usual layout.
@@ -45,12 +46,22 @@ class BufferLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[-2]
         if self.length + q > self.capacity:
-            raise RuntimeError(f"KV buffer full: {self.length} + {q} positions exceed capacity {self.capacity}")
+            self._grow(self.length + q)
         self._kbuf[:, :, self.length : self.length + q] = key_states
         self._vbuf[:, :, self.length : self.length + q] = value_states
         self.length += q
         self._expose()
         return self.keys, self.values
+
+    def _grow(self, needed: int) -> None:
+        """Reallocate to at least ``needed`` positions (doubling, so a long multi-turn conversation
+        pays a logarithmic number of copies)."""
+        self.capacity = max(needed, 2 * self.capacity)
+        for name in ("_kbuf", "_vbuf"):
+            old = getattr(self, name)
+            new = old.new_empty(*old.shape[:2], self.capacity, old.shape[-1])
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
 
     def get_seq_length(self) -> int:
         return self.length

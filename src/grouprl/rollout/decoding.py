@@ -44,7 +44,8 @@ class DecodeRequest:
     stop_ids: torch.Tensor
     """[n_stop] long: EOS ids and ``params.stop_token_ids``."""
     matcher: StopStringMatcher | None
-    generator: torch.Generator
+    uniforms: torch.Tensor | None
+    """[B, N] float64: row b's uniform draw for its n-th token (see :func:`row_uniforms`); None when greedy."""
     share_prefill: bool = True
     """Prefill each prompt once and repeat its cache G times (False: prefill all B rows)."""
     compact: bool = True
@@ -63,6 +64,15 @@ class Decoded:
     """[B] long, tokens that count (up to and including the stopping token)."""
     truncated: torch.Tensor
     """[B] bool, ran out of max_new_tokens without stopping."""
+
+
+def row_uniforms(row_seeds: list[int], steps: int, device: torch.device) -> torch.Tensor:
+    """``[B, steps]`` float64 uniforms in [0, 1), row b drawn from a generator seeded with
+    ``row_seeds[b]``: the same row seed gives the same draws in any batch."""
+    out = torch.empty(len(row_seeds), steps, dtype=torch.float64)
+    for b, seed in enumerate(row_seeds):
+        out[b] = torch.rand(steps, generator=torch.Generator().manual_seed(int(seed)), dtype=torch.float64)
+    return out.to(device)
 
 
 def prefill(runner: Runner, req: DecodeRequest) -> torch.Tensor:
@@ -118,10 +128,9 @@ def sample_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     ended_at = torch.zeros(b_all, dtype=torch.long, device=device)  # 0 while running, else length
     step = 0
     for step in range(n):
-        # One uniform per original row per step, drawn whether or not the row still runs: a row's
-        # randomness never depends on which rows were dropped.
-        u = (torch.rand(b_all, generator=req.generator, device=device, dtype=torch.float64)[rows]
-             if params.temperature > 0 else None)
+        # Each row's uniforms were drawn from its own seed before decoding: a row's draw never depends
+        # on which rows were dropped, nor on which other rows share its batch.
+        u = req.uniforms[rows, step] if req.uniforms is not None else None
         tokens, logprobs = pick_tokens(logits, params, u, seen)  # [b], [b]
         out_tokens[rows, step] = tokens
         out_logprobs[rows, step] = logprobs

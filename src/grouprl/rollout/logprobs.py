@@ -48,8 +48,11 @@ def _prompt_learning(model: nn.Module) -> bool:
 
 
 def _attention_implementation(model: nn.Module) -> str | None:
-    """The ``transformers`` attention implementation inside DistributedDataParallel and peft wrappers."""
-    inner = unwrap_model(getattr(model, "module", model))
+    """The ``transformers`` attention implementation inside whole-forward, DistributedDataParallel and
+    peft wrappers."""
+    while isinstance(getattr(model, "module", None), nn.Module):
+        model = model.module
+    inner = unwrap_model(model)
     return getattr(getattr(inner, "config", None), "_attn_implementation", None)
 
 
@@ -97,7 +100,8 @@ def _padded_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: to
 
 
 def _packed_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                     completion_ids: torch.Tensor, completion_mask: torch.Tensor
+                     completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                     sequence_mask: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], int] | None:
     """The same as :func:`_padded_features` from the padding-free layout of
     :mod:`grouprl.rollout.packing`, or None where the model cannot take it (its attention takes no
@@ -105,7 +109,7 @@ def _packed_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: to
     impl = _attention_implementation(model)
     if impl not in MASK_FORMS or _prompt_learning(model):
         return None
-    packed = pack_groups(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    packed = pack_groups(prompt_ids, prompt_mask, completion_ids, completion_mask, sequence_mask)
     mask = MASK_FORMS.get(impl)(packed.allowed, next(model.parameters()).dtype)
     out, head = _forward(model, input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids)
     feats = out.reshape(-1, out.shape[-1]).index_select(0, packed.predictor)  # [n, F]
@@ -119,8 +123,8 @@ def _vocab(head: nn.Module, feats: torch.Tensor) -> int:
 
 def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                    completion_ids: torch.Tensor, completion_mask: torch.Tensor, temperature: float = 1.0,
-                   chunk_size: int | None = None, with_entropy: bool = False, packed: bool = False
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   chunk_size: int | None = None, with_entropy: bool = False, packed: bool = False,
+                   sequence_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every completion token under ``model``, and optionally the entropy there.
 
     prompt_ids / prompt_mask [B, Lp] (left-padded), completion_ids / completion_mask [B, T]
@@ -128,7 +132,9 @@ def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
     ``completion_mask`` is 0. Differentiable when grad is enabled; ``chunk_size`` is the number of
     positions per LM-head chunk (default: about 16M logits per chunk). ``packed`` runs the
     padding-free layout of :mod:`grouprl.rollout.packing` (each run of rows with the same prompt as
-    one sequence) where the model allows it; it needs ``completion_mask`` to be a prefix mask.
+    one sequence) where the model allows it. ``sequence_mask`` [B, T] marks every token of a
+    multi-turn trajectory (the environment's too, which are attended but not scored); the packed
+    layout needs it (or ``completion_mask`` when it is None) to be a prefix mask.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -138,7 +144,8 @@ def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
                          f"{tuple(completion_ids.shape)} vs {tuple(completion_mask.shape)}")
     b, t = completion_ids.shape
     where = (completion_mask.reshape(-1) > 0).nonzero().flatten()  # [n] flat positions that count
-    found = _packed_features(model, prompt_ids, prompt_mask, completion_ids, completion_mask) if packed else None
+    found = (_packed_features(model, prompt_ids, prompt_mask, completion_ids, completion_mask, sequence_mask)
+             if packed else None)
     feats, head, vocab = found or _padded_features(model, prompt_ids, prompt_mask, completion_ids, where)  # [n, F]
     tokens = completion_ids.reshape(-1).index_select(0, where)  # [n]
 

@@ -62,18 +62,20 @@ def _segments(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tens
 
 
 def pack_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                completion_mask: torch.Tensor) -> Packed:
+                completion_mask: torch.Tensor, sequence_mask: torch.Tensor | None = None) -> Packed:
     """The packed layout of left-padded prompts ``[B, Lp]`` and right-padded completions ``[B, T]``.
 
-    ``completion_mask`` must be a prefix mask (1 on the first ``len`` tokens of each row), which is
-    what every rollout engine returns; a row of length 0 adds nothing.
+    ``sequence_mask`` (default: ``completion_mask``) must be a prefix mask (1 on the first ``len``
+    tokens of each row), which is what every rollout engine returns: it says which tokens are laid
+    out; ``completion_mask`` (1 on a subset of them: a trajectory's policy tokens) says which are
+    scored. A row of length 0 adds nothing.
     """
     device = prompt_ids.device
     b, lp_cols = prompt_ids.shape
     seg = _segments(prompt_ids, prompt_mask)  # [B]
     s = int(seg[-1]) + 1
     lp = prompt_mask.long().sum(-1)  # [B] real prompt tokens
-    lc = completion_mask.long().sum(-1)  # [B] completion tokens
+    lc = (completion_mask if sequence_mask is None else sequence_mask).long().sum(-1)  # [B] completion tokens
     fed = (lc - 1).clamp(min=0)  # [B] completion tokens run through the model (the last predicts nothing)
 
     # Where each row's fed tokens start: after its prompt and the earlier rows of its sequence.

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from grouprl.chat import Prompt, to_messages
+from grouprl.types import Prompt, to_messages
 
-__all__ = ["Prompt", "encode_prompts", "render_prompt", "to_messages"]
+__all__ = ["Prompt", "encode_checked", "encode_prompts", "render_prompt", "to_messages"]
 
 
 def render_prompt(tokenizer: Any, prompt: Prompt, *, system_prompt: str | None = None,
@@ -39,3 +39,20 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], *, system_prompt: 
              for p in prompts]
     # The template already wrote any BOS it wants; adding special tokens again would double it.
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def encode_checked(tokenizer: Any, rows: Sequence[dict[str, Any]], what: str, max_len: int, *,
+                   system_prompt: str | None, use_chat_template: bool) -> list[list[int]]:
+    """Token ids of every row's prompt, once; a prompt over ``max_len`` tokens (or empty) is an
+    error naming its row in the ``what`` set."""
+    ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], system_prompt=system_prompt,
+                         use_chat_template=use_chat_template)
+    for i, row_ids in enumerate(ids):
+        if len(row_ids) > max_len:
+            raise ValueError(
+                f"{what} row {i}: the prompt is {len(row_ids)} tokens after the chat template, over "
+                f"max_prompt_len={max_len}; shorten it or raise max_prompt_len. Prompt: {rows[i]['prompt']!r:.200}"
+            )
+        if not row_ids:
+            raise ValueError(f"{what} row {i}: the prompt is empty")
+    return ids

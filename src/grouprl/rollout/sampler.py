@@ -24,7 +24,7 @@ from torch import nn
 
 from grouprl.registry import Registry
 from grouprl.rollout.beams import beam_groups, check_beam_request
-from grouprl.rollout.decoding import Decoded, DecodeRequest, sample_groups
+from grouprl.rollout.decoding import Decoded, DecodeRequest, row_uniforms, sample_groups
 from grouprl.rollout.prompts import Prompt, encode_prompts
 from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights, unwrap_model
 from grouprl.rollout.stops import StopStringMatcher, cut_at_stop
@@ -92,6 +92,22 @@ def _check_vocab(ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> None:
                          f"{ids[row][bad[row]].tolist()[:5]}")
 
 
+def resolve_row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int]:
+    """``rows`` row seeds from what a caller of ``generate`` passed: the seeds themselves, one int
+    that seeds their draw, or None (fresh randomness)."""
+    if seed is not None and not isinstance(seed, int):
+        seeds = [int(s) for s in seed]
+        if len(seeds) != rows:
+            raise ValueError(f"{len(seeds)} row seeds for {rows} rows (P prompts x G samples)")
+        return seeds
+    gen = torch.Generator()
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return torch.randint(0, 2**62, (rows,), generator=gen).tolist()
+
+
 class Sampler:
     """Batched KV-cache sampling of G completions per prompt on the live policy.
 
@@ -155,30 +171,28 @@ class Sampler:
         return self._matchers[stop_strings]
 
     def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
-                 seed: int | None = None, prompts: list | None = None,
+                 seed: int | Sequence[int] | None = None, prompts: list | None = None,
                  extras: dict[str, list] | None = None) -> RolloutBatch:
         """G completions for each of P prompts, prompt-major (row ``p*G + g``).
 
         prompt_ids: P lists of token ids (unpadded); prompts: the P prompts as the user gave them
         (defaults to the decoded prompt text); extras: per-prompt columns (lists of length P), each
-        repeated to B rows. ``seed`` makes the draw reproducible (same seed, same batch).
+        repeated to B rows. ``seed``: B row seeds (row b's draws depend on its seed alone, whatever
+        else is in the batch), or one int from which the row seeds are drawn, or None (random).
         """
         check_params(params)
         _check_inputs(prompt_ids, group_size, prompts, extras)
         vocab = unwrap_model(self.model).get_input_embeddings().num_embeddings
         device = model_device(self.model)
-        generator = torch.Generator(device=device)
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
+        row_seeds = resolve_row_seeds(seed, len(prompt_ids) * group_size)
         pad_id = self.pad_token_id
         ids, mask = left_pad([list(map(int, r)) for r in prompt_ids], pad_id, device)
         _check_vocab(ids, mask, vocab)
         req = DecodeRequest(
             model=self.model, prompt_ids=ids, prompt_mask=mask, group_size=group_size, params=params,
             stop_ids=torch.tensor(self.stop_token_ids(params), dtype=torch.long, device=device),
-            matcher=self._matcher(tuple(params.stop_strings), vocab), generator=generator,
+            matcher=self._matcher(tuple(params.stop_strings), vocab),
+            uniforms=row_uniforms(row_seeds, params.max_new_tokens, device) if params.temperature > 0 else None,
             share_prefill=self.share_prefill, compact=self.compact,
         )
         mode = MODES.get(params.mode)

@@ -1,23 +1,27 @@
-"""GRPO trainer configuration: every knob, documented once, validated on construction.
+"""The trainer's configuration: every knob of every language-model algorithm, documented once,
+validated on construction (the checks are :mod:`grouprl.trainer.checks`).
 
 Defaults follow DeepSeekMath's GRPO where the paper fixes a value; where TRL or verl differ the
 field says so. Each docstring here is also the ``--help`` text and the README's config reference.
+``algo`` picks the algorithm (:data:`grouprl.trainer.algorithms.ALGORITHMS`); a key that only
+another algorithm reads is refused when set, naming the algorithm that reads it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grouprl.algos import ADVANTAGES, AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMATORS, SCALES
-from grouprl.algos.rollout_correction import ROLLOUT_IS_LEVELS
-from grouprl.registry import Registry
+from grouprl.trainer.algorithms import ALGORITHMS
 from grouprl.types import SamplingParams
-
-ZERO_STD_POLICIES = ("keep", "drop")
 
 
 @dataclass
-class GRPOConfig:
+class TrainerConfig:
+    algo: str = "grpo"
+    """Algorithm: grpo (group-relative advantages, clipped surrogate; the default), rloo and reinforce
+    (GRPO's update with a leave-one-out or group-mean baseline and no std division), ppo (a learned
+    critic with GAE, value loss, adaptive KL), trpo (a natural-gradient step in a KL trust region).
+    Each algorithm's own keys are grouped below under its name."""
     # --- batch shape -------------------------------------------------------------------------
     prompts_per_step: int = 4
     """P: prompts sampled per training step. Each step generates P * G completions."""
@@ -34,9 +38,9 @@ class GRPOConfig:
     """Rows per forward/backward pass; gradients of the micro-batches of a minibatch are
     accumulated before the optimizer step (gradient accumulation). Only changes memory and
     speed, never the update: the loss denominators are the minibatch's."""
-    # --- optimisation -------------------------------------------------------------------------
     total_steps: int = 100
     """Training steps (rollout + update) to run."""
+    # --- optimisation (unused by trpo, whose step is a natural gradient) ----------------------
     lr: float = 1e-6
     """AdamW learning rate (TRL's default 1e-6; DeepSeekMath 1e-6). LoRA typically wants ~1e-5 to 1e-4."""
     lr_schedule: str = "constant"
@@ -58,9 +62,19 @@ class GRPOConfig:
     kl_estimator: str = "k3"
     """KL estimator: k1 (log-ratio, unbiased, can be negative), k2 (squared log-ratio / 2) or k3
     (DeepSeekMath's unbiased non-negative estimator)."""
-    kl_in_reward: bool = False
-    """Apply the KL as a per-sequence reward penalty (r - beta * sum_t KL_t, as in PPO-RLHF)
-    before the advantage, instead of as a loss term. Needs beta > 0."""
+    kl_in_reward: bool | None = None
+    """Apply the KL as a reward penalty before the advantage instead of as a loss term: per sequence
+    (r - beta * sum_t KL_t) for the group estimators, per token (-beta * KL_t on every token, the
+    outcome on the last) for ppo. Empty = the algorithm's own: true for ppo (PPO-RLHF's placement)
+    when beta > 0, false otherwise."""
+    kl_controller: str | None = None
+    """fixed: beta stays at its initial value. adaptive: Ziegler et al.'s proportional controller
+    moves beta so that the per-sequence KL tracks kl_target. Empty = the algorithm's own: adaptive
+    for ppo, fixed otherwise."""
+    kl_target: float = 6.0
+    """Target per-sequence KL (sum over tokens) of the adaptive controller (Ziegler et al. 6.0)."""
+    kl_horizon: int = 10000
+    """Horizon of the adaptive controller, in rows: beta changes by at most 20% per horizon."""
     eps_low: float = 0.2
     """Lower clip range of the ratio: rho >= 1 - eps_low (PPO/GRPO 0.2)."""
     eps_high: float | None = None
@@ -70,9 +84,11 @@ class GRPOConfig:
     importance_level: str = "token"
     """Importance ratio per token (GRPO/PPO) or per sequence (sequence = GSPO's length-normalised
     sequence ratio, more stable for long completions and MoE models)."""
-    advantage: str = "grpo"
-    """Advantage estimator: grpo (group mean baseline, scaled by advantage_scale), rloo
-    (leave-one-out baseline) or reinforce (group-mean baseline)."""
+    advantage: str | None = None
+    """Advantage estimator within each group (every algorithm but ppo, whose baseline is its critic):
+    grpo (group mean baseline, scaled by advantage_scale), rloo (leave-one-out baseline) or reinforce
+    (group-mean baseline). Empty = the algorithm's own (grpo for grpo and trpo); rloo and reinforce
+    are defined by theirs."""
     advantage_scale: str | None = None
     """Divide centred rewards by the group std (group; the paper), the batch std (batch), or not at
     all (none; Dr. GRPO argues the group std over-weights near-solved prompts). Empty = the
@@ -103,6 +119,42 @@ class GRPOConfig:
     Lets long runs leave the starting policy behind (TR-DPO / TRL's sync_ref_model)."""
     ref_sync_alpha: float = 1.0
     """Mixing on reference sync: ref = alpha * policy + (1 - alpha) * ref (1 = copy)."""
+    # --- ppo: the critic and GAE ----------------------------------------------------------------
+    gamma: float = 1.0
+    """ppo: discount over completion tokens (1: the outcome reward is not discounted; TRL and verl)."""
+    gae_lambda: float = 0.95
+    """ppo: GAE lambda (TRL 0.95; verl 1.0)."""
+    whiten_advantages: bool = True
+    """ppo: whiten advantages over the batch's valid tokens (TRL, verl)."""
+    vf_coef: float = 0.1
+    """ppo: value-loss coefficient c_v in loss = pg + c_v * vf - c_H * H (TRL 0.1)."""
+    vf_clip: float | None = 0.2
+    """ppo: clip the change of each value prediction per update to this (TRL cliprange_value 0.2);
+    empty = plain squared error."""
+    critic_model: str = "copy"
+    """ppo: copy: a value head on a copy of the policy's decoder (double the model memory). Otherwise a
+    model to load (a bundled name or folder, same tokenizer) whose decoder carries the value head:
+    a smaller critic costs less memory and compute."""
+    critic_lr: float | None = None
+    """ppo: AdamW learning rate of the critic; empty = lr. verl uses 10x the policy's."""
+    critic_warmup_steps: int = 0
+    """ppo: steps at the start that train only the critic (the policy is not updated), so the first
+    policy updates see a baseline that has already fitted the returns."""
+    # --- trpo: the trust region ------------------------------------------------------------------
+    max_kl: float = 0.01
+    """trpo: trust-region radius delta, the mean over completion tokens of KL(pi_old || pi_new)."""
+    damping: float = 0.1
+    """trpo: added to the Fisher matrix, (F + damping I): keeps conjugate gradient stable where F is
+    near-singular (it always is for a language model: far more parameters than samples)."""
+    cg_iters: int = 10
+    """trpo: conjugate-gradient iterations, each one Fisher-vector product (one extra backward pass)."""
+    backtracks: int = 10
+    """trpo: line-search halvings of the step before the update is skipped."""
+    accept_ratio: float = 0.1
+    """trpo: a step is accepted if its improvement is at least this fraction of the linear prediction."""
+    fisher_stride: int = 1
+    """trpo: use every k-th row of the rollout for the Fisher-vector products: k times less memory and
+    Fisher compute for a noisier curvature estimate (OpenAI baselines' TRPO used k = 5)."""
     # --- sampling -----------------------------------------------------------------------------
     max_prompt_len: int = 512
     """Longest prompt in tokens (after the chat template); a longer one is an error naming its row."""
@@ -127,6 +179,24 @@ class GRPOConfig:
     """System message prepended to every chat prompt (empty = the task's own, if any)."""
     use_chat_template: bool = True
     """Render plain-text prompts as a user message through the tokenizer's chat template."""
+    group_by: str | None = None
+    """Form groups from rows that share this dataset column's value (several phrasings of one task,
+    say) instead of one group per prompt; groups may then differ in size. Empty = each prompt's G
+    completions (or each reset's G trajectories) form a group."""
+    # --- agents: multi-turn environments and tools (max_new_tokens is then per turn) -----------
+    max_turns: int = 8
+    """Most policy turns per trajectory; a trajectory cut here is flagged truncated."""
+    max_trajectory_tokens: int = 1024
+    """Most tokens per trajectory after its first prompt, the policy's and the environment's
+    together (the KV cache and the training passes grow with it)."""
+    max_tool_calls: int = 4
+    """Most tool calls per trajectory; later calls go to the environment as plain answers."""
+    tool_parser: str = "hermes"
+    """How tool calls are read from an assistant turn: hermes (<tool_call>{"name", "arguments"}
+    </tool_call>, as Qwen and SmolLM2's templates write them), or a name registered in
+    grouprl.envs.tools.TOOL_PARSERS."""
+    tool_timeout_s: float = 10.0
+    """Seconds one tool call may take before its result is an error message to the model."""
     # --- numerics and memory ------------------------------------------------------------------
     dtype: str = "fp32"
     """fp32, or bf16 (autocast for rollouts and the training forward; AMX on recent x86 CPUs)."""
@@ -211,6 +281,7 @@ class GRPOConfig:
     num_threads: int = 0
     """torch intra-op threads (0 = leave PyTorch's choice)."""
 
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -234,9 +305,27 @@ class GRPOConfig:
 
     @property
     def needs_old_logprobs(self) -> bool:
-        """The policy's log-probs before the update are needed: off-policy ratios, the KL reward
+        """The policy's log-probs before the update are needed: off-policy ratios, a KL reward
         penalty, or the rollout importance weights."""
-        return self.off_policy or self.kl_in_reward or self.rollout_is != "none"
+        return self.off_policy or self.kl_penalty_in_reward or self.rollout_is != "none"
+
+    # -- what an empty algorithm-dependent key stands for (the field keeps what the user wrote, so a
+    # config copied with another algo gets that algorithm's defaults) --------------------------------
+    @property
+    def advantage_estimator(self) -> str:
+        """``advantage``, or the algorithm's own estimator when it is empty."""
+        return self.advantage or ALGORITHMS.get(self.algo).advantage
+
+    @property
+    def kl_penalty_in_reward(self) -> bool:
+        """``kl_in_reward``, or the algorithm's own placement when it is empty (never without a KL)."""
+        own = ALGORITHMS.get(self.algo).kl_in_reward
+        return bool(self.beta > 0 and (own if self.kl_in_reward is None else self.kl_in_reward))
+
+    @property
+    def kl_controller_name(self) -> str:
+        """``kl_controller``, or the algorithm's own when it is empty."""
+        return self.kl_controller or ALGORITHMS.get(self.algo).kl_controller
 
     def sampling_params(self, stop_token_ids: tuple[int, ...] = ()) -> SamplingParams:
         return SamplingParams(
@@ -245,93 +334,19 @@ class GRPOConfig:
             stop_strings=tuple(self.stop_strings), mode=self.rollout_mode, autocast_bf16=self.dtype == "bf16",
         )
 
+    def eval_params(self) -> SamplingParams:
+        """Sampling of held-out evaluation: the training settings' length and stops, ``eval_temperature``."""
+        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.eval_temperature,
+                              stop_strings=tuple(self.stop_strings), autocast_bf16=self.dtype == "bf16")
+
     def validate(self) -> None:
-        """Reject impossible or contradictory settings with a message saying what to change."""
-        for msg in _problems(self):
+        """Reject impossible or contradictory settings, and keys the algorithm does not read, with a
+        message saying what to change."""
+        from grouprl.trainer.checks import problems  # the checks read the registries of every layer below
+
+        for msg in problems(self):
             raise ValueError(msg)
 
 
-def _registry_problems(c: GRPOConfig) -> list[str]:
-    checks: list[tuple[str, str, Registry | tuple[str, ...]]] = [
-        ("advantage", c.advantage, ADVANTAGES), ("advantage_scale", c.advantage_scale or "group", SCALES),
-        ("aggregation", c.aggregation, AGGREGATIONS), ("kl_estimator", c.kl_estimator, KL_ESTIMATORS),
-        ("importance_level", c.importance_level, IMPORTANCE_LEVELS), ("zero_std_groups", c.zero_std_groups,
-                                                                      ZERO_STD_POLICIES),
-        ("lr_schedule", c.lr_schedule, ("constant", "linear", "cosine")), ("dtype", c.dtype, ("fp32", "bf16")),
-        ("ref_dtype", c.ref_dtype, ("fp32", "bf16")), ("rollout_mode", c.rollout_mode, ("sample", "beam")),
-        ("engine", c.engine, ("fsdp", "ddp")), ("mixed_precision", c.mixed_precision, ("none", "bf16")),
-        ("rollout_engine", c.rollout_engine, ("hf", "vllm")),
-        ("rollout_is", c.rollout_is, ("none", *ROLLOUT_IS_LEVELS.names())),
-    ]
-    return [f"{name}={value!r} is not one of: {', '.join(valid)}" for name, value, valid in checks
-            if value not in valid]
-
-
-def _batch_problems(c: GRPOConfig) -> list[str]:
-    out = []
-    if c.group_size < 2:
-        out.append(f"group_size={c.group_size}: GRPO compares completions of the same prompt, set group_size >= 2")
-    if c.prompts_per_step < 1 or c.mu < 1 or c.total_steps < 0:
-        out.append("prompts_per_step and mu must be >= 1 and total_steps >= 0")
-    if c.minibatch_size is not None:
-        if c.minibatch_size <= 0:
-            out.append(f"minibatch_size={c.minibatch_size}: set a positive number of rows or leave it empty")
-        elif c.minibatch_size % c.group_size or c.rollout_rows % c.minibatch_size:
-            out.append(
-                f"minibatch_size={c.minibatch_size} must be a multiple of group_size={c.group_size} (whole groups) "
-                f"and divide prompts_per_step*group_size={c.rollout_rows}"
-            )
-    if c.micro_batch_size <= 0:
-        out.append(f"micro_batch_size={c.micro_batch_size}: set a positive number of rows")
-    return out
-
-
-def _objective_problems(c: GRPOConfig) -> list[str]:
-    out = []
-    if c.beta < 0:
-        out.append(f"beta={c.beta} must be >= 0")
-    if c.kl_in_reward and c.beta == 0:
-        out.append("kl_in_reward needs beta > 0 (it is the coefficient of the KL penalty)")
-    if not 0 < c.eps_low < 1 or (c.eps_high is not None and c.eps_high < 0):
-        out.append(f"eps_low={c.eps_low} must be in (0, 1) and eps_high >= 0")
-    if c.dual_clip is not None and c.dual_clip <= 1:
-        out.append(f"dual_clip={c.dual_clip} must be > 1 (or empty)")
-    if c.ref_sync_steps and c.beta == 0:
-        out.append("ref_sync_steps > 0 needs beta > 0: with beta = 0 there is no reference to sync")
-    if not 0 < c.ref_sync_alpha <= 1:
-        out.append(f"ref_sync_alpha={c.ref_sync_alpha} must be in (0, 1]")
-    if c.dynamic_sampling_max_rounds < 1:
-        out.append("dynamic_sampling_max_rounds must be >= 1")
-    return out
-
-
-def _sampling_problems(c: GRPOConfig) -> list[str]:
-    out = []
-    if c.temperature <= 0 and c.rollout_mode == "sample":
-        out.append(f"temperature={c.temperature}: greedy sampling makes every group G identical completions "
-                   "(zero advantage everywhere); use temperature > 0 or rollout_mode=beam")
-    if c.max_new_tokens < 1 or c.max_prompt_len < 1:
-        out.append("max_new_tokens and max_prompt_len must be >= 1")
-    if c.eval_samples < 1:
-        out.append("eval_samples must be >= 1")
-    if c.lora_rank < 0:
-        out.append("lora_rank must be >= 0")
-    if c.lora_rank and c.ref_sync_steps:
-        out.append("ref_sync_steps is not available with LoRA: the reference is the adapter-free base model")
-    return out
-
-
-def _scale_out_problems(c: GRPOConfig) -> list[str]:
-    out = []
-    if not 0 < c.vllm_gpu_memory_utilization < 1:
-        out.append(f"vllm_gpu_memory_utilization={c.vllm_gpu_memory_utilization} must be in (0, 1)")
-    if c.rollout_is_cap <= 0:
-        out.append(f"rollout_is_cap={c.rollout_is_cap} must be > 0")
-    if c.rollout_engine == "vllm" and c.rollout_mode == "beam":
-        out.append("rollout_mode=beam needs rollout_engine=hf: the vLLM engine samples groups only")
-    return out
-
-
-def _problems(c: GRPOConfig) -> list[str]:
-    return (_registry_problems(c) + _batch_problems(c) + _objective_problems(c) + _sampling_problems(c)
-            + _scale_out_problems(c))
+GRPOConfig = TrainerConfig
+"""The trainer's config under the library's first name (``algo`` defaults to grpo)."""

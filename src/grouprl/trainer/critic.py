@@ -1,70 +1,120 @@
-"""PPO's critic for language models: a scalar value head on a transformer body.
+"""PPO's critic for language models (the RLHF form of Ziegler et al. 2019 and Ouyang et al. 2022):
+where PPO's advantages come from, and its part of the loss.
 
-The body is either a copy of the policy's own decoder (the InstructGPT / TRL setup: the critic
-starts from the same features, at the cost of a second full model and its optimizer state) or
-the decoder of a separate, usually smaller, model that reads the same token ids. The value of
-completion position t is read from the hidden state that predicts token t, i.e. the state after
-the prompt and the first t completion tokens, aligned with the log-probs of
-:func:`grouprl.rollout.logprobs.token_logprobs`.
+Token rewards are the outcome reward on each completion's last token minus beta * KL_t to the
+reference on every token (with the KL in the reward, PPO-RLHF's placement); the critic's values
+give GAE(gamma, lambda) advantages and returns, whitened over the batch's tokens. The critic is a
+value head on a copy of the policy's decoder (``critic_model: copy``) or on a separate model; it has
+its own AdamW (``critic_lr``) while the gradient norm is clipped over policy and critic together, so
+c_v sets the value loss's share of that norm. Policy and critic share no parameters, so unlike a
+shared-trunk PPO, c_v does not trade the two objectives off. Completions are still drawn G per
+prompt, but nothing here looks at the groups: the baseline is the critic. Rows whose reward is None
+(no reward function applied) are left out of the loss.
 """
 
 from __future__ import annotations
 
-import copy
+from typing import Any
 
 import torch
-from torch import nn
 
-from grouprl.rollout.logprobs import split_model
-from grouprl.rollout.runner import positions_from_mask
-
-
-class ValueModel(nn.Module):
-    """``V(prompt, completion[:t])`` for every completion position: ids ``[B, Lp]`` + ``[B, T]`` -> ``[B, T]``."""
-
-    def __init__(self, body: nn.Module, hidden_size: int):
-        super().__init__()
-        self.body = body
-        self.head = nn.Linear(hidden_size, 1)
-        # Start at V = 0: the first advantages are then the plain (KL-shaped) returns.
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
-
-    def forward(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                completion_mask: torch.Tensor) -> torch.Tensor:
-        """Values ``[B, T]`` float32, 0 where ``completion_mask`` is 0. Prompts left-padded, completions
-        right-padded, as in a :class:`~grouprl.types.RolloutBatch`."""
-        lp, t = prompt_ids.shape[1], completion_ids.shape[1]
-        ids = torch.cat([prompt_ids, completion_ids], 1)  # [B, Lp + T]
-        attn = torch.cat([prompt_mask.long(), torch.ones_like(completion_ids, dtype=torch.long)], 1)
-        hidden = self.body(input_ids=ids, attention_mask=attn, position_ids=positions_from_mask(attn),
-                           use_cache=False).last_hidden_state  # [B, Lp + T, H]
-        state = hidden[:, lp - 1: lp + t - 1]  # [B, T, H]: position i is the state before completion token i
-        return self.head(state.to(self.head.weight.dtype)).squeeze(-1).float() * completion_mask
+from grouprl.algos import aggregate, gae, kl_per_token, value_loss, whiten
+from grouprl.models import load_policy
+from grouprl.models.value_head import ValueModel, make_critic
+from grouprl.run.optim import build_optimizer
+from grouprl.trainer.collect import Collected
+from grouprl.trainer.update import UpdateBatch
+from grouprl.types import RolloutBatch
 
 
-def make_critic(policy: nn.Module, backbone: nn.Module | None = None) -> ValueModel:
-    """A :class:`ValueModel` on a copy of ``policy``'s decoder, or on ``backbone``'s decoder (used as
-    is, not copied) when given. Raises ValueError if the model has no separable decoder, or if the
-    backbone's vocabulary is smaller than the policy's (it must read the policy's token ids)."""
-    source = policy if backbone is None else backbone
-    parts = split_model(source)
-    if parts is None:
-        raise ValueError("the critic needs a model whose decoder body can be called on its own "
-                         "(get_decoder() and a plain LM head); this one has none")
-    body = parts[0]
-    if backbone is None:
-        body = copy.deepcopy(body)
-    else:
-        body.requires_grad_(True)
-        mine = _vocab_size(parts[0])
-        theirs = _vocab_size(split_model(policy)[0]) if split_model(policy) is not None else None
-        if mine is not None and theirs is not None and mine < theirs:
-            raise ValueError(f"the critic model's vocabulary ({mine} tokens) is smaller than the policy's "
-                             f"({theirs}): it must read the policy's token ids; use a model with the same tokenizer")
-    return ValueModel(body, body.config.hidden_size)
+def token_rewards(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor, beta: float) -> torch.Tensor:
+    """PPO-RLHF's token rewards ``[B, T]``: ``-beta * KL_t`` on every token plus the outcome reward
+    ``rewards [B]`` on the last one (``kl [B, T]``, 0 on padding).
+
+    >>> r = token_rewards(torch.tensor([1.]), torch.ones(1, 3), torch.tensor([[0.2, 0.1, 0.3]]), 0.1)
+    >>> [round(x, 6) for x in r[0].tolist()]
+    [-0.02, -0.01, 0.97]
+    """
+    return outcome_on_last_token(rewards, mask) - beta * kl * mask
 
 
-def _vocab_size(body: nn.Module) -> int | None:
-    embed = body.get_input_embeddings() if hasattr(body, "get_input_embeddings") else None
-    return None if embed is None else int(embed.weight.shape[0])
+def outcome_on_last_token(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` rewards -> ``[B, T]`` token rewards: each row's reward on its last valid token, 0
+    elsewhere (and 0 for a NaN reward).
+
+    >>> outcome_on_last_token(torch.tensor([2., 5.]), torch.tensor([[1., 1., 0.], [1., 1., 1.]])).tolist()
+    [[0.0, 2.0, 0.0], [0.0, 0.0, 5.0]]
+    """
+    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)  # [B, T] one-hot of the last token
+    return torch.where(last, torch.nan_to_num(rewards.float(), nan=0.0).unsqueeze(-1), torch.zeros_like(mask))
+
+
+class Critic:
+    """A learned value function: PPO's baseline and its value loss; see the module docstring.
+
+    ``backbone``: a model whose decoder carries the value head (default: a copy of the policy's
+    decoder, or ``config.critic_model`` loaded when it is not ``copy``)."""
+
+    def __init__(self, config: Any, policy: torch.nn.Module, backbone: torch.nn.Module | None = None):
+        c = self.config = config
+        if backbone is None and c.critic_model != "copy":
+            backbone, _ = load_policy(c.critic_model)
+        self.model: ValueModel = make_critic(policy, backbone)
+        if c.gradient_checkpointing:
+            self.model.body.gradient_checkpointing_enable()
+        self.optimizer, _ = build_optimizer(self.model.parameters(), c.critic_lr or c.lr, (c.adam_beta1, c.adam_beta2),
+                                            c.weight_decay, 0, 1, "constant")
+
+    def parameters(self) -> Any:
+        return self.model.parameters()
+
+    def warming_up(self, step: int) -> bool:
+        """Steps at the start that train only the critic."""
+        return step < self.config.critic_warmup_steps
+
+    def checkpoint_parts(self) -> tuple[dict[str, Any], dict[str, torch.nn.Module]]:
+        """(stateful objects, modules) a checkpoint must hold to resume the critic exactly."""
+        return {"critic_optimizer": self.optimizer}, {"critic": self.model}
+
+    def values(self, batch: RolloutBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Critic values ``[B, T]`` (or of ``rows``, with grad); without rows, no grad, in micro-batches."""
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.config.dtype == "bf16")
+        pick = lambda r: (batch.prompt_ids[r], batch.prompt_mask[r], batch.completion_ids[r], batch.completion_mask[r])  # noqa: E731
+        if rows is not None:
+            with autocast:
+                return self.model(*pick(rows))
+        self.model.eval()
+        with torch.no_grad(), autocast:
+            return torch.cat([self.model(*pick(chunk))
+                              for chunk in torch.arange(batch.batch_size).split(self.config.micro_batch_size)])
+
+    def prepare(self, got: Collected, mask: torch.Tensor, old_logp: torch.Tensor | None,
+                ref_logp: torch.Tensor | None, beta: float, step: int) -> tuple[UpdateBatch, dict[str, float], None]:
+        """(the update's inputs with GAE advantages ``[B, T]``, metrics, None: no group statistics)."""
+        c = self.config
+        mask = mask * (~torch.isnan(got.rewards)).unsqueeze(-1).to(mask.dtype)
+        values = self.values(got.batch)  # V(s_t)
+        kl = (torch.zeros_like(mask) if ref_logp is None or old_logp is None
+              else kl_per_token(old_logp, ref_logp, c.kl_estimator) * mask)
+        per_token = token_rewards(got.rewards, mask, kl, beta if c.kl_penalty_in_reward else 0.0)
+        advantages, returns = gae(per_token, values, mask, c.gamma, c.gae_lambda)
+        if c.whiten_advantages:
+            advantages = whiten(advantages, mask)
+        tokens = mask.sum().clamp(min=1)
+        metrics = {"value/mean": float((values * mask).sum() / tokens), "critic/warmup": float(self.warming_up(step))}
+        if old_logp is not None and ref_logp is not None:
+            metrics.update({"policy/kl": float(kl.sum() / tokens), "policy/kl_sequence": float(kl.sum(-1).mean())})
+        data = UpdateBatch(rollout=got.batch, advantages=advantages, mask=mask, rewards=got.rewards, old_logp=old_logp,
+                           ref_logp=None if c.kl_penalty_in_reward else ref_logp, values=values, returns=returns)
+        return data, metrics, None
+
+    def loss(self, batch: RolloutBatch, micro: torch.Tensor, part: dict[str, torch.Tensor | None], n_rows: float,
+             n_tokens: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """c_v * the clipped value loss of rows ``micro``, aggregated like the policy loss."""
+        c = self.config
+        self.model.train()
+        vl, metrics = value_loss(self.values(batch, micro), part["values"], part["returns"], part["mask"], c.vf_clip)
+        term = c.vf_coef * aggregate(vl, part["mask"], c.aggregation, max_tokens=c.max_new_tokens,
+                                     group_size=c.group_size, num_rows=n_rows, num_tokens=n_tokens)
+        metrics["loss/value"] = term.detach()
+        return term, metrics

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from grouprl.rewards import score_rewards
+from grouprl.run.seeds import EVAL_STREAM, group_seeds, mix_seed
 from grouprl.types import SamplingParams
 
 
@@ -28,9 +29,13 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
 
 def evaluate(sampler: Any, prompt_ids: Sequence[list[int]], rows: Sequence[dict[str, Any]], *,
              params: SamplingParams, k: int, reward_fns: Sequence[Callable], reward_weights: Sequence[float],
-             is_correct: Callable[[str, dict], bool] | None, seed: int,
+             is_correct: Callable[[str, dict], bool] | None, seed: int, first: int = 0,
              batch_prompts: int = 8) -> dict[str, float]:
     """Sample ``k`` completions per eval prompt (one if greedy) and score them.
+
+    ``seed`` is the run's seed and ``first`` the position of ``rows[0]`` in the whole held-out set:
+    sample j of held-out prompt i draws from ``(seed, EVAL_STREAM, i, j)`` alone, so a split over
+    processes or batches evaluates exactly what one pass over the whole set does.
 
     Returns ``eval/accuracy`` (mean correctness over all samples; with k = 1 and greedy, the
     greedy accuracy), ``eval/pass@k``, ``eval/mean_reward``, ``eval/len_mean``.
@@ -40,7 +45,8 @@ def evaluate(sampler: Any, prompt_ids: Sequence[list[int]], rows: Sequence[dict[
     for start in range(0, len(rows), batch_prompts):
         chunk_rows = rows[start:start + batch_prompts]
         columns = {key: [r.get(key) for r in chunk_rows] for key in chunk_rows[0] if key != "prompt"}
-        batch = sampler.generate(list(prompt_ids[start:start + batch_prompts]), k, params, seed=seed + start,
+        seeds = group_seeds(mix_seed(seed, EVAL_STREAM), first + start, len(chunk_rows), k)
+        batch = sampler.generate(list(prompt_ids[start:start + batch_prompts]), k, params, seed=seeds,
                                  prompts=[r["prompt"] for r in chunk_rows], extras=columns)
         lengths.extend(batch.lengths.tolist())
         if reward_fns:

@@ -1,165 +1,105 @@
-"""Where metrics go: a JSONL file in the run folder (always), TensorBoard (when installed), and a
-live terminal progress bar; plus the sample-completions log and small timing/memory helpers."""
+"""A step's metrics and sample records, from tensors to plain numbers (names in DESIGN.md's
+namespaces: ``reward/``, ``rollout/``, ``loss/``, ``policy/``, ``optim/``)."""
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import resource
-import time
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
+import torch
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: a kill leaves the old
-    file or the new one, never a torn one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+from grouprl.types import RolloutBatch
 
 
-def _plain(value: Any) -> Any:
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else value
-    return value
-
-
-class JsonlLog:
-    """An append-only JSON-lines log that is rewritten atomically on every append.
-
-    Runs log a few thousand lines at most, so rewriting the file keeps it whole across a kill at
-    negligible cost. Opening an existing log (on resume) keeps its lines; ``truncate_after(step)``
-    drops lines logged after the checkpoint being resumed, so the resumed run does not repeat them.
-    """
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.lines: list[str] = []
-        if self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line torn by a crash of an older writer
-                self.lines.append(line)
-
-    def append(self, records: list[dict[str, Any]] | dict[str, Any]) -> None:
-        records = [records] if isinstance(records, dict) else records
-        self.lines.extend(json.dumps({k: _plain(v) for k, v in r.items()}, ensure_ascii=False) for r in records)
-        write_text_atomic(self.path, "".join(line + "\n" for line in self.lines))
-
-    def truncate_after(self, step: int) -> None:
-        self.lines = [line for line in self.lines if json.loads(line).get("step", 0) <= step]
-        write_text_atomic(self.path, "".join(line + "\n" for line in self.lines))
-
-    def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.lines]
-
-
-class TensorBoardSink:
-    """Scalars to TensorBoard event files; a no-op object when tensorboard is not installed."""
-
-    def __init__(self, log_dir: Path, enabled: bool):
-        self.writer = None
-        if not enabled:
-            return
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:  # tensorboard is an optional extra
-            return
-        self.writer = SummaryWriter(str(log_dir))
-
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        if self.writer is None:
-            return
-        for k, v in metrics.items():
-            v = _plain(v)
-            if isinstance(v, int | float) and not isinstance(v, bool):
-                self.writer.add_scalar(k, v, step)
-        self.writer.flush()
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
-class Progress:
-    """A rich progress bar: step, reward, KL and a rate (tokens/s by default). Silent when disabled.
-
-    ``label`` names the run on the bar; ``rate`` is (metric key, unit) of the rate shown, so a
-    classic-control run shows environment steps per second instead of tokens."""
-
-    def __init__(self, total: int, start: int, enabled: bool, label: str = "grpo",
-                 rate: tuple[str, str] = ("throughput/tokens_per_s", "tok/s")):
-        self.bar = None
-        self.rate_key = rate[0]
-        if not enabled:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-        from rich.progress import Progress as RichProgress
-
-        self.bar = RichProgress(
-            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn(f"reward {{task.fields[reward]}}  kl {{task.fields[kl]}}  {{task.fields[tps]}} {rate[1]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(),
-        )
-        self.task = self.bar.add_task("train", total=total, completed=start, reward="-", kl="-", tps="-")
-        self.bar.start()
-
-    def update(self, step: int, metrics: dict[str, Any]) -> None:
-        if self.bar is None:
-            return
-        kl = metrics.get("policy/kl")
-        self.bar.update(self.task, completed=step, reward=f"{_plain(metrics.get('reward/mean', 0.0)):.3f}",
-                        kl="-" if kl is None else f"{_plain(kl):.4f}",
-                        tps=f"{_plain(metrics.get(self.rate_key, 0.0)):.0f}")
-
-    def print(self, *args: Any) -> None:
-        if self.bar is not None:
-            self.bar.console.print(*args)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
-class PhaseTimer:
-    """Accumulates wall time per named phase: ``with timer("rollout"): ...``."""
+class MetricAverager:
+    """Averages per-micro-batch metrics: ``loss/*`` are already globally normalised pieces of one
+    minibatch loss and are summed within an optimizer step (then averaged over optimizer steps);
+    ``optim/*`` are one value per optimizer step, averaged over them; the rest are token-weighted
+    means."""
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+        self.optimizer_steps = 0
 
-    @contextmanager
-    def __call__(self, phase: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+    def add(self, metrics: dict[str, torch.Tensor | float], tokens: float) -> None:
+        for k, v in metrics.items():
+            v = float(v)
+            if k.startswith(("loss/", "optim/")):
+                self.sums[k] = self.sums.get(k, 0.0) + v
+                self.weights[k] = 1.0
+            else:
+                self.sums[k] = self.sums.get(k, 0.0) + v * tokens
+                self.weights[k] = self.weights.get(k, 0.0) + tokens
 
-    def metrics(self) -> dict[str, float]:
-        return {f"time/{k}": v for k, v in self.seconds.items()}
+    def result(self) -> dict[str, float]:
+        steps = max(1, self.optimizer_steps)
+        return {k: (v / steps if k.startswith(("loss/", "optim/")) else v / max(self.weights[k], 1e-12))
+                for k, v in self.sums.items()}
 
 
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process in MiB.
+def reward_metrics(rewards: torch.Tensor, per_fn: dict[str, torch.Tensor],
+                   constant: torch.Tensor | None) -> dict[str, float]:
+    """``reward/mean|std`` over rows some function applied to, ``reward/<name>`` per function, and
+    ``rollout/zero_std_frac`` (rows of all-equal groups, ``constant [B]``) when a group baseline is used."""
+    valid = rewards[~torch.isnan(rewards)]
+    out = {"reward/mean": float(valid.mean()) if len(valid) else float("nan"),
+           "reward/std": float(valid.std(unbiased=False)) if len(valid) else float("nan")}
+    if constant is not None:
+        out["rollout/zero_std_frac"] = float(constant.float().mean())
+    for name, values in per_fn.items():
+        out[f"reward/{name}"] = float(values.nanmean())
+    return out
 
-    Linux's ``VmHWM`` where there is one: ``ru_maxrss`` survives ``execve``, so a process spawned
-    by a large parent (``grouprl compare``, a benchmark's workers) would report the parent's peak.
-    """
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+def rollout_metrics(batch: RolloutBatch, rounds: int) -> dict[str, float]:
+    lengths = batch.lengths.float()
+    out = {"rollout/len_mean": float(lengths.mean()), "rollout/len_max": float(lengths.max()),
+           "rollout/truncated_frac": float(batch.truncated.float().mean()), "rollout/rounds": float(rounds),
+           "rollout/groups": float(batch.num_groups)}
+    if "return_" in batch.info:
+        out.update(env_metrics(batch))
+    return out
+
+
+def env_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """``env/*`` of a batch of trajectories: mean return, success rate (where the environment says),
+    turns, tool calls and tool errors per trajectory, the share cut by a budget, and why they ended."""
+    info, n = batch.info, batch.batch_size
+
+    def mean(values: list) -> float:
+        return sum(float(v) for v in values) / max(len(values), 1)
+
+    out = {"env/return_mean": mean(info["return_"]), "env/turns_mean": mean(info["turns"]),
+           "env/tool_calls_mean": mean(info["tool_calls"]), "env/tool_errors": mean(info["tool_errors"]),
+           "env/truncated_frac": float(batch.truncated.float().mean())}
+    said = [s for s in info["success"] if s is not None]
+    if said:
+        out["env/success"] = mean(said)
+    for reason in sorted(set(info["end_reason"])):
+        out[f"env/ended_{reason}"] = sum(r == reason for r in info["end_reason"]) / n
+    return out
+
+
+def row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` advantages as logged per completion: as given, or the mean over each row's counted
+    tokens of per-token ones ``[B, T]``."""
+    if advantages.dim() == 1:
+        return advantages
+    return (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def sample_records(batch: RolloutBatch, rewards: torch.Tensor, per_fn: dict[str, torch.Tensor],
+                   advantages: torch.Tensor) -> list[dict[str, Any]]:
+    """One JSON-able record per completion for ``completions.jsonl`` (``advantages [B]``)."""
+    def num(x: torch.Tensor) -> float | None:
+        return None if torch.isnan(x) else float(x)
+
+    records = [{"prompt": batch.prompts[i] if isinstance(batch.prompts[i], str) else str(batch.prompts[i]),
+                "completion": batch.completions[i], "reward": num(rewards[i]),
+                "rewards": {k: num(v[i]) for k, v in per_fn.items()}, "advantage": float(advantages[i])}
+               for i in range(batch.batch_size)]
+    if "trajectory" in batch.extras:  # an agent's records carry the whole conversation with its roles
+        for i, r in enumerate(records):
+            r.update(trajectory=batch.extras["trajectory"][i], turns=batch.info["turns"][i],
+                     success=batch.info["success"][i], end_reason=batch.info["end_reason"][i])
+    return records

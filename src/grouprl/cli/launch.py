@@ -1,0 +1,74 @@
+"""Starting a run on several processes, and building the trainer each process runs.
+
+    grouprl train --nproc 4 ...                                   4 processes on this machine
+    torchrun --nproc-per-node 4 -m grouprl train ...              the same, started by hand
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d \\
+        --rdzv-endpoint host0:29500 --rdzv-id run1 -m grouprl train ...   (on each machine, its rank)
+
+``--nproc`` checks the config first (its errors come before any process starts), writes it,
+resolved, to a temporary YAML file and runs torchrun on it, so every process trains with exactly
+the same settings. Under torchrun each process joins the process group (:func:`join_run`) and
+builds its trainer with that group (:func:`grouprl.cli.build.build_trainer`); only the first process
+writes the report and prints the closing lines.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from grouprl.config import TrainConfig, save_yaml
+from grouprl.errors import ConfigError
+from grouprl.run.folder import CLAIMED_BY_PARENT
+from grouprl.trainer.dist.group import torchrun_world_size
+
+
+def torchrun_command(nproc: int, config_path: Path) -> list[str]:
+    """The torchrun command line that trains with the YAML config at ``config_path`` on this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "grouprl", "train", "--config", str(config_path)]
+
+
+def check_world_size(config: TrainConfig, world_size: int) -> None:
+    """Refuse, before anything is loaded, a config that cannot be split over ``world_size`` processes."""
+    from grouprl.trainer.dist.processes import world_size_problems
+
+    for msg in world_size_problems(config, world_size):
+        raise ConfigError(msg)
+
+
+def launch(config: TrainConfig, nproc: int) -> int:
+    """Train with ``config`` in ``nproc`` processes on this machine; returns torchrun's exit status."""
+    if nproc < 1:
+        raise ConfigError(f"--nproc {nproc}: give a number of processes >= 1")
+    check_world_size(config, nproc)
+    with tempfile.TemporaryDirectory(prefix="grouprl-launch-") as tmp:
+        path = Path(tmp) / "config.yaml"
+        save_yaml(config, path)
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun picks anyway (with a warning): ranks share cores
+        env[CLAIMED_BY_PARENT] = str(Path(config.output_dir).resolve())  # this process holds the folder
+        return subprocess.run(torchrun_command(nproc, path), env=env, check=False).returncode
+
+
+def join_run(config: TrainConfig) -> Any:
+    """This process's :class:`~grouprl.trainer.dist.group.DistEnv` under torchrun with several
+    processes (the process group joined), or None in a one-process run."""
+    world = torchrun_world_size()
+    if world <= 1:
+        return None
+    check_world_size(config, world)
+    from grouprl.trainer.dist.group import init_distributed
+
+    return init_distributed()
+
+
+def leave_run(env: Any) -> None:
+    if env is not None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()

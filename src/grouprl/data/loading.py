@@ -1,0 +1,211 @@
+"""Prompt datasets: reading rows from files or ``datasets`` objects, normalising the prompt
+column, splitting train/eval, and checking prompt lengths before any generation.
+
+A row is a dict with ``"prompt"`` (text, or chat messages ``[{"role", "content"}, ...]``) and
+every other column of the source unchanged; those columns reach the reward functions as keyword
+arguments. Rendering through the chat template happens later, in :mod:`grouprl.rollout.prompts`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from grouprl.errors import DataError, PromptTooLongError
+from grouprl.registry import Registry
+from grouprl.types import to_messages
+
+Row = dict[str, Any]
+PREVIEW_CHARS = 120
+
+
+READERS: Registry[Callable[[Path], list[Row]]] = Registry("prompt file format")
+"""File suffix -> reader returning a list of dicts."""
+
+
+@READERS.register(".jsonl")
+def _read_jsonl(path: Path) -> list[Row]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: line {line_no} is not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}: line {line_no} is a {type(row).__name__}, expected a JSON object")
+            rows.append(row)
+    return rows
+
+
+@READERS.register(".json")
+def _read_json(path: Path) -> list[Row]:
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not (isinstance(data, list) and all(isinstance(r, dict) for r in data)):
+        raise DataError(f"{path}: expected a JSON list of objects (one per row)")
+    return data
+
+
+@READERS.register(".csv")
+def _read_csv(path: Path) -> list[Row]:
+    with open(path, encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@READERS.register(".parquet")
+def _read_parquet(path: Path) -> list[Row]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def _from_datasets(data: Any, split: str | None, where: str) -> list[Row]:
+    """Rows of a ``datasets.Dataset``, or of one split of a ``DatasetDict``."""
+    if isinstance(data, dict):  # a DatasetDict
+        splits = list(data.keys())
+        chosen = split or ("train" if "train" in splits else None)
+        if chosen not in splits:
+            raise DataError(f"{where} has splits {splits}; choose one with split=...")
+        data = data[chosen]
+    return data.to_list()
+
+
+def load_records(source: str | Path | Any, split: str | None = None) -> list[Row]:
+    """Rows from a JSONL / JSON / CSV / parquet file, a ``datasets`` folder (``save_to_disk``), a
+    ``datasets.Dataset`` or ``DatasetDict``, a Hugging Face dataset id in the local cache, or a
+    list of dicts."""
+    if isinstance(source, list):
+        return [dict(r) for r in source]
+    if not isinstance(source, str | Path):
+        return _from_datasets(source, split, type(source).__name__)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        import datasets
+
+        try:
+            return _from_datasets(datasets.load_from_disk(str(path)), split, str(path))
+        except FileNotFoundError as e:
+            raise DataError(f"{path} is a folder but not a saved `datasets` dataset ({e})") from None
+    if path.is_file():
+        return READERS.get(path.suffix.lower())(path)
+    if str(source).startswith(("/", ".", "~")) or path.suffix:
+        raise DataError(f"prompt file {str(source)!r} does not exist")
+    return _load_hub(str(source), split)
+
+
+def _load_hub(name: str, split: str | None) -> list[Row]:
+    import datasets
+
+    try:
+        data = datasets.load_dataset(name, split=split)
+    except Exception as e:  # noqa: BLE001 - offline / unknown name: say what was tried
+        raise DataError(f"{name!r} is neither a file, a folder nor a Hugging Face dataset available here: {e}") from e
+    return _from_datasets(data, split, name)
+
+
+def _as_messages(value: Any) -> list[dict[str, str]] | None:
+    """``value`` as chat messages if it is a list of role/content dicts (or such a list as JSON
+    text, the way CSV stores it), else None."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    if isinstance(value, list | tuple) and value and all(isinstance(m, dict) for m in value):
+        return [dict(m) for m in value]
+    return None
+
+
+def normalise_prompt(value: Any, row: int) -> str | list[dict[str, str]]:
+    """A valid prompt (non-empty text, or messages each with string role and content)."""
+    messages = _as_messages(value)
+    if messages is not None:
+        for m in messages:
+            if not (isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise DataError(f"row {row}: every chat message needs string 'role' and 'content', got {m!r}")
+        return messages
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"row {row}: the prompt must be non-empty text or a list of chat messages, got {value!r}")
+    return value
+
+
+def load_prompts(source: str | Path | Any, prompt_column: str = "prompt", system_prompt: str | None = None,
+                 split: str | None = None) -> list[Row]:
+    """Prompt rows from ``source`` (see :func:`load_records`): ``prompt_column`` becomes
+    ``"prompt"`` (validated), every other column is kept. With ``system_prompt`` each prompt
+    becomes chat messages with that system message first (unless it already has one).
+
+    Fails with the columns that exist when ``prompt_column`` is missing, and on an empty dataset.
+    """
+    rows = load_records(source, split)
+    where = source if isinstance(source, str | Path) else type(source).__name__
+    if not rows:
+        raise DataError(f"dataset {where} has no rows")
+    for i, row in enumerate(rows):
+        if prompt_column not in row:
+            raise DataError(f"dataset {where}: row {i} has no column {prompt_column!r}; "
+                            f"columns: {', '.join(map(repr, row))}")
+        if prompt_column != "prompt" and "prompt" in row:
+            raise DataError(f"dataset {where} has both {prompt_column!r} (the prompt column) and 'prompt'; "
+                            "rename one of them")
+        prompt = normalise_prompt(row.pop(prompt_column), i)
+        row["prompt"] = to_messages(prompt, system_prompt) if system_prompt else prompt
+    return rows
+
+
+def train_eval_split(rows: Sequence[Row], eval_fraction: float | None = None, eval_size: int | None = None,
+                     seed: int = 0) -> tuple[list[Row], list[Row]]:
+    """Split rows at random (``seed``) into train and eval; each keeps the original order.
+
+    Give exactly one of ``eval_fraction`` (of the rows, at least 1) or ``eval_size``.
+
+    >>> train, held = train_eval_split([{"prompt": str(i)} for i in range(10)], eval_size=3, seed=0)
+    >>> len(train), len(held)
+    (7, 3)
+    """
+    if (eval_fraction is None) == (eval_size is None):
+        raise ValueError("give exactly one of eval_fraction or eval_size")
+    if eval_fraction is not None:
+        if not 0.0 < eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+        eval_size = max(1, round(eval_fraction * len(rows)))
+    if not 0 < eval_size < len(rows):
+        raise ValueError(f"eval_size {eval_size} leaves no train or no eval rows out of {len(rows)}")
+    held = set(random.Random(seed).sample(range(len(rows)), eval_size))
+    return ([r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held])
+
+
+def check_prompt_lengths(token_lists: Sequence[Sequence[int]], max_len: int, rows: Sequence[Row] | None = None) -> None:
+    """Fail if any prompt has more than ``max_len`` tokens (typically the model's context minus
+    the completion budget), naming the first such row, its length and its prompt."""
+    too_long = [i for i, ids in enumerate(token_lists) if len(ids) > max_len]
+    if not too_long:
+        return
+    i = too_long[0]
+    preview = ""
+    if rows is not None:
+        text = str(rows[i].get("prompt", ""))
+        preview = f" (prompt {text[:PREVIEW_CHARS] + ('...' if len(text) > PREVIEW_CHARS else '')!r})"
+    raise PromptTooLongError(
+        f"{len(too_long)} prompt(s) longer than {max_len} tokens; first: row {i} with {len(token_lists[i])} "
+        f"tokens{preview}. Shorten or drop them, or lower the completion length."
+    )
+
+
+def check_rows(rows: Sequence[Row], what: str, needs_prompt: bool = True) -> None:
+    """Fail unless ``rows`` is a non-empty list of rows (``what``: train or eval), each with a
+    ``prompt`` column when ``needs_prompt``."""
+    if not rows:
+        raise DataError(f"the {what} set is empty")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{what} row {i} is a {type(row).__name__}, not a mapping of columns")
+        if needs_prompt and "prompt" not in row:
+            raise DataError(f"{what} row {i} has no 'prompt' column; its columns are: {', '.join(row)}")

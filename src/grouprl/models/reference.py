@@ -1,0 +1,51 @@
+"""The frozen reference policy pi_ref of the KL term: a copy of the starting policy, or, with LoRA,
+the base model with its adapters disabled (no copy in memory)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+
+import torch
+
+from grouprl.models.loading import resolve_dtype
+from grouprl.models.lora import is_peft, unwrap_ddp
+
+
+def make_reference(policy: torch.nn.Module, dtype: torch.dtype | str | None = None) -> torch.nn.Module | None:
+    """A frozen copy of ``policy`` in eval mode (optionally cast to ``dtype``, e.g. bfloat16 to halve
+    its memory), or None for a peft policy: its reference is the base model with the adapters
+    disabled (see :func:`reference_context`), which costs no memory."""
+    if is_peft(policy):
+        return None
+    reference = copy.deepcopy(unwrap_ddp(policy))
+    target = resolve_dtype(dtype)
+    if target is not None:
+        reference = reference.to(target)
+    reference.eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+@contextlib.contextmanager
+def reference_context(policy: torch.nn.Module, reference: torch.nn.Module | None = None) -> Iterator[torch.nn.Module]:
+    """Yield the module that computes reference log-probs, under ``torch.no_grad``.
+
+    With a ``reference`` copy it is that copy. Without one the policy must be a peft model: it is
+    yielded with its adapters disabled and in eval mode, and restored on exit.
+    """
+    if reference is not None:
+        with torch.no_grad():
+            yield reference
+        return
+    if not is_peft(policy):
+        raise ValueError("no reference model: pass reference=make_reference(policy) for a policy without LoRA")
+    inner = unwrap_ddp(policy)
+    was_training = inner.training
+    inner.eval()
+    try:
+        with torch.no_grad(), inner.disable_adapter():
+            yield inner
+    finally:
+        inner.train(was_training)

@@ -1,0 +1,164 @@
+"""Agents in text environments on the built-in engine: conversations rendered through the chat
+template, decoded together on one KV cache (:mod:`grouprl.rollout.turns`), assembled into a
+:class:`~grouprl.types.RolloutBatch` whose environment tokens are context only.
+
+Token in, token out: the policy's sampled ids are kept as they were sampled; only what the
+environment adds is tokenized. Chat templates are not append-only (ChatML ends an assistant turn
+with ``<|im_end|>`` and a newline the model never generates), so the text that joins the policy's
+last token to the next turn is found by rendering the conversation twice, with the new messages and
+without, and taking the difference; a template that rewrites earlier turns (the second render does
+not extend the first) ends the trajectory with reason ``template`` rather than realigning tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights
+from grouprl.rollout.sampler import resolve_row_seeds
+from grouprl.rollout.turns import Conversations, Reply, TurnLimits, decode_conversations
+from grouprl.types import RolloutBatch, SamplingParams
+
+PLACEHOLDER = "\u2063grouprl-turn\u2063"
+"""Stands for an assistant turn's content while the templates are diffed (a string no model writes)."""
+
+
+class ChatRenderer:
+    """Renders conversations with a tokenizer's chat template, tools included, and finds the tokens
+    that join the policy's turn to the environment's reply."""
+
+    def __init__(self, tokenizer: Any, tools: Sequence[Any] = (), system_prompt: str | None = None,
+                 tools_prompt: str | None = None):
+        self.tokenizer = tokenizer
+        schemas = [t.schema for t in tools]
+        probe = [{"role": "user", "content": "x"}]
+        native = bool(schemas) and self._render(probe, schemas, True) != self._render(probe, None, True)
+        self.tools = schemas if native else None
+        # A template that ignores ``tools=`` gets the tools described in the system message instead.
+        parts = [p for p in (system_prompt, None if native or not schemas else tools_prompt) if p]
+        self.system = "\n\n".join(parts) or None
+
+    def _render(self, messages: list[dict], tools: list | None, generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
+
+    def with_system(self, messages: list[dict]) -> list[dict]:
+        if self.system is None or any(m.get("role") == "system" for m in messages):
+            return list(messages)
+        return [{"role": "system", "content": self.system}, *messages]
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """Token ids of the conversation so far, ending in the assistant's generation prompt."""
+        text = self._render(self.with_system(messages), self.tools, True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def reply_ids(self, history: list[dict], new: list[dict], stop_text: str | None) -> list[int] | None:
+        """Token ids that follow the policy's last turn (the last message of ``history``) and show the
+        ``new`` messages, ending in the next generation prompt: the template's end of the assistant
+        turn (less ``stop_text``, the stop token the policy drew itself) and the new turns. None when
+        the template rewrites earlier turns instead of extending them."""
+        history = self.with_system(history)
+        history[-1] = {**history[-1], "content": PLACEHOLDER}
+        base = self._render(history, self.tools, False)
+        full = self._render(history + list(new), self.tools, True)
+        if not full.startswith(base) or PLACEHOLDER not in base:
+            return None
+        tail = base[base.rindex(PLACEHOLDER) + len(PLACEHOLDER):] + full[len(base):]
+        if stop_text and tail.startswith(stop_text):
+            tail = tail[len(stop_text):]
+        return self.tokenizer(tail, add_special_tokens=False)["input_ids"]
+
+
+class AgentSampler:
+    """Multi-turn rollouts of ``model`` in text environments, G trajectories per reset.
+
+    ``episodes`` (from :mod:`grouprl.envs.episode`) hold each trajectory's environment, tools and
+    conversation; this class decodes the policy's turns and feeds the environment's replies back."""
+
+    uses_live_model = True
+
+    def __init__(self, model: nn.Module, tokenizer: Any, renderer: ChatRenderer, limits: TurnLimits):
+        self.model, self.tokenizer, self.renderer, self.limits = model, tokenizer, renderer, limits
+
+    def update_weights(self, model: nn.Module) -> None:
+        """Nothing to copy: this engine samples from the live module."""
+        self.model = model
+
+    @property
+    def pad_token_id(self) -> int:
+        tok = self.tokenizer
+        return int(next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None))
+
+    def stop_ids(self, params: SamplingParams) -> list[int]:
+        ids = set(params.stop_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return sorted(ids)
+
+    def generate(self, episodes: Sequence[Any], group_size: int, params: SamplingParams, *,
+                 seed: int | Sequence[int] | None = None) -> RolloutBatch:
+        """Play ``episodes`` (B = P * G, each group's G from the same reset, group-major) to their ends."""
+        starts = [ep.start() for ep in episodes]
+        prompt_rows = [self.renderer.prompt_ids(starts[p * group_size]) for p in range(len(episodes) // group_size)]
+        device = model_device(self.model)
+        ids, mask = left_pad(prompt_rows, self.pad_token_id, device)
+        stop = self.stop_ids(params)
+        stop_text = {i: self.tokenizer.decode([i], skip_special_tokens=False) for i in stop}
+        stop_t = torch.tensor(stop, dtype=torch.long, device=device)
+
+        def respond(rows: list[int], turns: list[list[int]], stopped: list[bool]) -> list[Reply]:
+            return [self._respond(episodes[r], tokens, stop_text.get(tokens[-1]) if ended else None, set(stop))
+                    for r, tokens, ended in zip(rows, turns, stopped)]
+
+        seeds = resolve_row_seeds(seed, len(episodes))
+
+        def decode(model: nn.Module) -> Conversations:
+            return decode_conversations(model, ids, mask, group_size, params, self.limits, respond, seeds, stop_t,
+                                        self.pad_token_id)
+
+        with eval_mode(self.model), torch.inference_mode():
+            out = run_with_bf16_weights(self.model, decode) if params.autocast_bf16 else decode(self.model)
+        return self._assemble(episodes, starts, ids, mask, group_size, out)
+
+    def _respond(self, episode: Any, tokens: list[int], stop_text: str | None, stop: set[int]) -> Reply:
+        """The environment's answer to one turn, as tokens to append."""
+        text_ids = tokens[:-1] if tokens and tokens[-1] in stop else tokens
+        action = self.tokenizer.decode(text_ids, skip_special_tokens=False)
+        new = episode.respond(action)
+        if new is None:
+            return Reply(None, episode.end_reason or "env")
+        ids = self.renderer.reply_ids(episode.messages[: len(episode.messages) - len(new)], new, stop_text)
+        return Reply(None, "template") if ids is None else Reply(ids)
+
+    def _assemble(self, episodes: Sequence[Any], starts: list[list[dict]], prompt_ids: torch.Tensor,
+                  prompt_mask: torch.Tensor, group_size: int, out: Conversations) -> RolloutBatch:
+        b = len(episodes)
+        width = max(1, max(len(t) for t in out.tokens))
+        ids = torch.full((b, width), self.pad_token_id, dtype=torch.long)
+        policy, seq, logp = torch.zeros(b, width), torch.zeros(b, width), torch.zeros(b, width)
+        for i in range(b):
+            n = len(out.tokens[i])
+            ids[i, :n] = torch.tensor(out.tokens[i], dtype=torch.long)
+            policy[i, :n] = torch.tensor(out.from_policy[i], dtype=torch.float32)
+            seq[i, :n] = 1.0
+            logp[i, :n] = torch.tensor(out.logprobs[i], dtype=torch.float32)
+        reasons = [r if r != "env" else (ep.end_reason or "env") for r, ep in zip(out.end_reason, episodes)]
+        info = {"turns": list(out.turns), "end_reason": reasons,
+                **{k: [getattr(ep, k) for ep in episodes] for k in EPISODE_FACTS}}
+        first_user = [next((m["content"] for m in s if m.get("role") == "user"), "") for s in starts]
+        return RolloutBatch(
+            prompt_ids=prompt_ids.repeat_interleave(group_size, 0).cpu(),
+            prompt_mask=prompt_mask.repeat_interleave(group_size, 0).cpu(),
+            completion_ids=ids, completion_mask=policy, sampling_logprobs=logp,
+            truncated=torch.tensor([r in ("length", "turns") for r in reasons]),
+            completions=[ep.final_answer or "" for ep in episodes], prompts=first_user, group_size=group_size,
+            pad_token_id=self.pad_token_id, extras={"trajectory": [list(ep.messages) for ep in episodes]},
+            sequence_mask=seq, info=info)
+
+
+EPISODE_FACTS = ("return_", "tool_calls", "tool_errors", "success", "state_keys", "step_rewards")
+"""What each episode reports into the batch's ``info`` (see :class:`grouprl.envs.episode.Episode`)."""

@@ -1,0 +1,213 @@
+"""Multi-turn decoding on one KV cache: the policy's turns and the environment's replies, token in,
+token out, for a batch of trajectories at once.
+
+Shapes: P initial prompts, G trajectories each (they start from the same reset), B = P * G rows,
+b rows still running, V vocabulary.
+
+How a batch of conversations is decoded, and why:
+
+- each initial prompt is prefilled once and its cache repeated to its G rows (as for one turn);
+- a turn: every running row samples until it draws a stop token, reaches ``max_new_tokens`` for
+  the turn or the trajectory's token budget. A row whose turn ended while others still decode
+  feeds a masked padding column (a hole no later token attends to), so the batch keeps one column
+  index and no row waits on a re-encode; its position ids do not advance, so what it sees is
+  exactly the conversation without holes;
+- between turns the caller's ``respond`` turns each row's sampled tokens into the environment's
+  reply as token ids (or ends the trajectory); the replies are left-padded into one block and
+  prefilled onto the same cache, together with each row's last sampled token, never re-prefilling
+  the conversation. Trajectories that end leave the batch (their cache rows are dropped);
+- the policy's tokens are never decoded and re-encoded: the tokens a trainer scores are the tokens
+  that were sampled, and the sampling log-prob of each is kept.
+
+Each row's random draws come from its own seed, indexed by how many tokens the row has sampled, so
+a trajectory is the same whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from grouprl.rollout.decoding import row_uniforms
+from grouprl.rollout.picking import pick_tokens
+from grouprl.rollout.runner import Runner, positions_from_mask
+from grouprl.types import SamplingParams
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    """The one budget of a trajectory, stated once."""
+
+    max_new_tokens: int
+    """Most tokens the policy samples in one turn."""
+    max_turns: int
+    """Most policy turns."""
+    max_tokens: int
+    """Most tokens after the initial prompt, the policy's and the environment's together."""
+
+
+@dataclass
+class Reply:
+    """The environment's answer to one row's turn."""
+
+    tokens: list[int] | None
+    """Token ids to append as context (None: the trajectory is over)."""
+    reason: str = "env"
+    """Why the trajectory ended, when ``tokens`` is None (env, error, template, ...)."""
+
+
+Respond = Callable[[list[int], list[list[int]], list[bool]], list[Reply]]
+"""``(rows, each row's sampled turn tokens, whether each turn ended on a stop token) -> replies``."""
+
+
+@dataclass
+class Conversations:
+    """B decoded trajectories, token level; everything after each row's initial prompt."""
+
+    tokens: list[list[int]]
+    """Per row: the policy's and the environment's tokens, in order."""
+    from_policy: list[list[bool]]
+    """Per row and token: sampled by the policy (True) or context added by the environment."""
+    logprobs: list[list[float]]
+    """Per row and token: the sampling log-prob (0.0 on environment tokens)."""
+    turns: list[int] = field(default_factory=list)
+    """Policy turns per row."""
+    end_reason: list[str] = field(default_factory=list)
+    """Why each trajectory ended: env (the environment ended it), length (the token budget),
+    turns (``max_turns``), or the reason a ``Reply`` gave (error, template, ...)."""
+
+    @property
+    def truncated(self) -> list[bool]:
+        """Rows a budget cut off (not ended by their environment)."""
+        return [r in ("length", "turns") for r in self.end_reason]
+
+
+class _Batch:
+    """The running rows' decoding state: which original row each is, its attention columns, its
+    next position and how many tokens it has sampled and holds after the prompt."""
+
+    def __init__(self, rows: torch.Tensor, attn: torch.Tensor, device: torch.device):
+        self.rows = rows  # [b] original row of each running row
+        self.attn = attn  # [b, columns] long: 1 on real tokens, 0 on padding and holes
+        self.pos = attn.sum(-1)  # [b] position of the next real token
+        self.sampled = torch.zeros_like(self.rows)  # [b] tokens sampled so far (the uniforms' index)
+        self.used = torch.zeros_like(self.rows)  # [b] tokens after the prompt so far
+        self.device = device
+
+    def keep(self, keep: torch.Tensor, runner: Runner) -> None:
+        """Keep running rows ``keep`` ([b'] long), dropping the others from the cache."""
+        runner.select_rows(keep)
+        self.rows, self.attn, self.pos = self.rows[keep], self.attn[keep], self.pos[keep]
+        self.sampled, self.used = self.sampled[keep], self.used[keep]
+
+    def feed(self, runner: Runner, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Append a block ``ids [b, k]`` (``mask`` 1 on real tokens, right-aligned) to every row;
+        returns each row's next-token logits [b, V]."""
+        positions = self.pos.unsqueeze(1) + (mask.cumsum(-1) - 1).clamp(min=0)  # [b, k]
+        self.attn = torch.cat([self.attn, mask], 1)
+        self.pos = self.pos + mask.sum(-1)
+        return runner.forward(ids, self.attn, positions)
+
+
+def decode_conversations(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                         group_size: int, params: SamplingParams, limits: TurnLimits, respond: Respond,
+                         row_seeds: list[int], stop_ids: torch.Tensor, pad_id: int) -> Conversations:
+    """Decode G conversations for each of P left-padded prompts ``[P, Lp]``; see the module docstring.
+
+    ``respond`` is called once per turn with the rows whose turn just ended; ``row_seeds`` are B
+    seeds; ``stop_ids`` [n_stop] end a turn.
+    """
+    if params.repetition_penalty != 1.0:
+        raise ValueError("repetition_penalty is not available for multi-turn rollouts (the environment's tokens "
+                         "would count as repetitions)")
+    device = prompt_ids.device
+    b_all = prompt_ids.shape[0] * group_size
+    runner = Runner(model, capacity=prompt_ids.shape[1] + limits.max_tokens + limits.max_turns)
+    logits = runner.forward(prompt_ids, prompt_mask, positions_from_mask(prompt_mask))  # [P, V]
+    runner.repeat_rows(group_size)
+    logits = logits.repeat_interleave(group_size, 0)  # [B, V]
+    batch = _Batch(torch.arange(b_all, device=device), prompt_mask.repeat_interleave(group_size, 0).long(), device)
+    uniforms = (row_uniforms(row_seeds, limits.max_tokens, device) if params.temperature > 0 else None)  # [B, N]
+    out = Conversations(tokens=[[] for _ in range(b_all)], from_policy=[[] for _ in range(b_all)],
+                        logprobs=[[] for _ in range(b_all)], turns=[0] * b_all, end_reason=["env"] * b_all)
+    while len(batch.rows):
+        turn_tokens, stopped, logits = _decode_turn(runner, batch, logits, params, limits, uniforms, stop_ids,
+                                                    pad_id, out)
+        rows = batch.rows.tolist()
+        replies = respond(rows, turn_tokens, stopped)
+        keep, blocks = [], []
+        for i, (row, reply) in enumerate(zip(rows, replies)):
+            out.turns[row] += 1
+            reason = _ended(reply, int(batch.used[i]), out.turns[row], limits)
+            if reason is not None:
+                out.end_reason[row] = reason
+                continue
+            keep.append(i)
+            blocks.append([turn_tokens[i][-1], *reply.tokens])  # the last sampled token is fed with the reply
+            out.tokens[row].extend(reply.tokens)
+            out.from_policy[row].extend([False] * len(reply.tokens))
+            out.logprobs[row].extend([0.0] * len(reply.tokens))
+        if not keep:
+            break
+        keep_t = torch.tensor(keep, dtype=torch.long, device=device)
+        batch.keep(keep_t, runner)
+        batch.used += torch.tensor([len(blk) - 1 for blk in blocks], dtype=torch.long, device=device)
+        ids, mask = _left_padded(blocks, pad_id, device)
+        logits = batch.feed(runner, ids, mask)
+    return out
+
+
+def _ended(reply: Reply, used: int, turns: int, limits: TurnLimits) -> str | None:
+    """Why the row's trajectory ends after this turn, or None when it goes on."""
+    if reply.tokens is None:
+        return reply.reason
+    if turns >= limits.max_turns:
+        return "turns"
+    if used + len(reply.tokens) >= limits.max_tokens:  # the reply leaves no room for another token
+        return "length"
+    return None
+
+
+def _decode_turn(runner: Runner, batch: _Batch, logits: torch.Tensor, params: SamplingParams, limits: TurnLimits,
+                 uniforms: torch.Tensor | None, stop_ids: torch.Tensor, pad_id: int,
+                 out: Conversations) -> tuple[list[list[int]], list[bool], torch.Tensor]:
+    """One policy turn of every running row: (each row's sampled tokens, whether it ended on a stop
+    token, the logits after the last fed column). The last sampled token of each row is not fed."""
+    b = len(batch.rows)
+    turn_tokens: list[list[int]] = [[] for _ in range(b)]
+    in_turn = torch.ones(b, dtype=torch.bool, device=batch.device)
+    stopped = torch.zeros(b, dtype=torch.bool, device=batch.device)
+    for step in range(limits.max_new_tokens):
+        u = None if uniforms is None else uniforms[batch.rows, batch.sampled.clamp(max=uniforms.shape[1] - 1)]
+        tokens, logprobs = pick_tokens(logits, params, u)  # [b], [b]
+        for i in in_turn.nonzero().flatten().tolist():
+            row = int(batch.rows[i])
+            turn_tokens[i].append(int(tokens[i]))
+            out.tokens[row].append(int(tokens[i]))
+            out.from_policy[row].append(True)
+            out.logprobs[row].append(float(logprobs[i]))
+        batch.sampled += in_turn.long()
+        batch.used += in_turn.long()
+        is_stop = in_turn & torch.isin(tokens, stop_ids)
+        stopped |= is_stop
+        going = in_turn & ~is_stop & (batch.used < limits.max_tokens)
+        if step == limits.max_new_tokens - 1 or not going.any():
+            break
+        # Rows whose turn ended feed a masked hole; their last token waits for the reply block.
+        logits = batch.feed(runner, torch.where(going, tokens, torch.full_like(tokens, pad_id)).unsqueeze(1),
+                            going.long().unsqueeze(1))
+        in_turn = going
+    return turn_tokens, stopped.tolist(), logits
+
+
+def _left_padded(blocks: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token blocks of different lengths, right-aligned: ``([b, k] ids, [b, k] long mask)``."""
+    width = max(len(blk) for blk in blocks)
+    ids = torch.full((len(blocks), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(blocks), width, dtype=torch.long)
+    for i, blk in enumerate(blocks):
+        ids[i, width - len(blk):] = torch.tensor(blk, dtype=torch.long)
+        mask[i, width - len(blk):] = 1
+    return ids.to(device), mask.to(device)

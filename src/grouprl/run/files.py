@@ -1,0 +1,51 @@
+"""Writing a run's files so that a kill never leaves a torn one, and configs as plain data."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, fsynced, then renamed
+    over it: a reader or a kill sees the old file or the new one, never half of one. Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; these are ordinary files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def as_plain(value: Any) -> Any:
+    """A (possibly nested) dataclass, mapping or sequence as plain YAML/JSON data: dataclasses become
+    dicts of their init fields, tuples lists, paths strings.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass
+    ... class C:
+    ...     sizes: tuple = (64, 64)
+    >>> as_plain({"run": C()})
+    {'run': {'sizes': [64, 64]}}
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: as_plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+    if isinstance(value, list | tuple):
+        return [as_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: as_plain(v) for k, v in value.items()}
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value

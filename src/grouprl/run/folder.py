@@ -1,0 +1,197 @@
+"""A run folder: what a run writes into it, who may write into it, and what is never touched.
+
+- A run claims its folder before any expensive work, with a lock file naming its process; a second
+  run into the same folder is refused while the first is alive, and a lock left by a dead process is
+  taken over (with a note).
+- A run never mixes into an earlier one (its metrics log would be appended to, and every table and
+  plot read from it would blend the two runs): a folder holding a run is refused unless resuming it,
+  or replaced with ``overwrite``, which removes only the files runs write.
+- A run never touches what it did not write: a folder holding anything else (a user's file beside
+  the logs, inside ``checkpoints/`` or ``report/``) is refused, with or without ``overwrite``.
+- An earlier start that never finished a training step (it failed at its first rollout, say) is not
+  a run to protect: its files are replaced, and a resume of it starts afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from grouprl.errors import ConfigError
+
+RUN_FILES = ("metrics.jsonl", "completions.jsonl", "summary.json", "config.yaml")
+RUN_DIRS = ("checkpoints", "report", "tensorboard")
+LOCK = ".grouprl.lock"
+OWN_TEMP = re.compile(r"^\.(metrics\.jsonl|completions\.jsonl|summary\.json|config\.yaml)\..*\.tmp$")
+"""Temporary files of the atomic writer (:mod:`grouprl.run.files`), left behind by a kill."""
+CHECKPOINT_NAME = re.compile(r"^(step-\d+|\.tmp-step-.*|\.delete-step-.*)$")
+REPORT_NAME = re.compile(r"^(report\.html|[a-z_]+\.png|\.[a-z_]+\.(html|png)\..*\.tmp)$")
+
+
+def holds_run(folder: str | Path) -> bool:
+    """Whether ``folder`` holds an earlier run that finished at least one training step."""
+    out = Path(folder)
+    if (out / "checkpoints").is_dir() and any(CHECKPOINT_NAME.match(p.name) for p in (out / "checkpoints").iterdir()):
+        return True
+    log = out / "metrics.jsonl"
+    if not log.exists():
+        return False
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            if int(json.loads(line).get("step", 0)) > 0:
+                return True
+        except (ValueError, TypeError, AttributeError):
+            continue  # a torn line of a killed writer
+    return False
+
+
+def foreign_entries(folder: str | Path) -> list[str]:
+    """What in ``folder`` no run writes (paths relative to it)."""
+    out = Path(folder)
+    if not out.is_dir():
+        return []
+    found = []
+    for p in sorted(out.iterdir()):
+        if p.name in RUN_FILES + (LOCK, "tensorboard") or OWN_TEMP.match(p.name):
+            continue
+        if p.name in ("checkpoints", "report") and p.is_dir():
+            pattern = CHECKPOINT_NAME if p.name == "checkpoints" else REPORT_NAME
+            found += [f"{p.name}/{q.name}" for q in sorted(p.iterdir()) if not pattern.match(q.name)]
+            continue
+        found.append(p.name)
+    return found
+
+
+class FolderLock:
+    """``folder/.grouprl.lock``: the process that holds the folder (pid and host, as JSON)."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / LOCK
+        self.held = False
+
+    def acquire(self, echo: Callable[[str], None]) -> FolderLock:
+        me = {"pid": os.getpid(), "host": socket.gethostname()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and _alive(holder):
+                    raise ConfigError(
+                        f"output_dir {str(self.path.parent)!r} is in use by process {holder['pid']} on "
+                        f"{holder['host']}; wait for it, or choose another --output_dir") from None
+                echo(f"{self.path} was left by a process that is gone; taking the folder over")
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self.held = True
+            return self
+        raise ConfigError(f"could not claim {self.path.parent}: another run keeps claiming it")
+
+    def _holder(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None  # half-written by a process killed as it claimed the folder
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+    def __enter__(self) -> FolderLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _alive(holder: dict) -> bool:
+    """Whether the lock's process still runs (a lock from another host is trusted: it cannot be checked)."""
+    if holder.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def remove_run_files(folder: Path) -> None:
+    """Delete what runs write in ``folder`` (and nothing else)."""
+    for name in RUN_FILES:
+        (folder / name).unlink(missing_ok=True)
+    for p in folder.iterdir():
+        if OWN_TEMP.match(p.name):
+            p.unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        shutil.rmtree(folder / name, ignore_errors=True)
+
+
+def claim_output_dir(folder: str | Path, *, resume_from: str | None = None, overwrite: bool = False,
+                     echo: Callable[[str], None] = print) -> tuple[FolderLock, bool]:
+    """Claim ``folder`` for a run; returns (the lock, whether a resume is possible). Refuses a folder in
+    use, one holding files no run wrote, and one holding a run unless resuming it (or ``overwrite``,
+    which replaces the run's own files). The caller releases the lock when the run ends."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    lock = FolderLock(out).acquire(echo)
+    try:
+        foreign = foreign_entries(out)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise ConfigError(f"output_dir {str(out)!r} holds files that are not a run's ({shown}); a run would "
+                              "mix into them and --overwrite would not remove them. Choose another --output_dir")
+        earlier = holds_run(out)
+        if earlier and not resume_from and not overwrite:
+            raise ConfigError(f"output_dir {str(out)!r} already holds a run; continue it with --resume_from latest, "
+                              "replace it with --overwrite, or choose another --output_dir")
+        if earlier and overwrite and not resume_from:
+            echo(f"replacing the earlier run in {out}")
+            remove_run_files(out)
+        elif not earlier and any((out / name).exists() for name in RUN_FILES + RUN_DIRS):
+            echo(f"{out} holds an earlier start that never trained a step; starting afresh")
+            remove_run_files(out)
+    except BaseException:
+        lock.release()
+        raise
+    return lock, earlier
+
+
+CLAIMED_BY_PARENT = "GROUPRL_CLAIMED_OUTPUT_DIR"
+"""Set by a process that claimed a run folder for the processes it starts (``--nproc``): they train
+in it without claiming it again."""
+
+
+@contextlib.contextmanager
+def claimed(config: Any, *, overwrite: bool = False, echo: Callable[[str], None] = print,
+            claim: bool = True) -> Iterator[Any]:
+    """``config`` (a run config with ``output_dir`` and ``resume_from``) with its folder claimed for the
+    duration; a ``resume_from: latest`` of a folder with nothing to resume starts afresh. With
+    ``claim`` False (a process whose parent or first rank holds the folder) nothing is checked."""
+    folder = Path(config.output_dir)
+    if not claim or os.environ.get(CLAIMED_BY_PARENT) == str(folder.resolve()):
+        yield config
+        return
+    created = not folder.exists()
+    lock, resumable = claim_output_dir(folder, resume_from=config.resume_from, overwrite=overwrite, echo=echo)
+    try:
+        if config.resume_from == "latest" and not resumable:
+            echo(f"nothing to resume in {folder} (no training step was saved); starting afresh")
+            config = dataclasses.replace(config, resume_from=None)
+        yield config
+    finally:
+        lock.release()
+        if created and not any(folder.iterdir()):  # a start refused before writing leaves nothing behind
+            folder.rmdir()

@@ -1,0 +1,122 @@
+"""The training loop every trainer shares, language-model or classic-control: evaluate before,
+``step()`` until done (logging each step's metrics, evaluating and checkpointing on schedule),
+evaluate after, save, write ``summary.json``.
+
+A trainer is anything with the attributes and methods of :class:`Run`; :func:`run_loop` drives it.
+When the loop stops and when it evaluates are the trainer's to say, so a trainer whose budget is
+counted in environment steps uses the same loop.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from grouprl.run.files import as_plain, write_text_atomic
+from grouprl.run.logs import JsonlLog, Progress, TensorBoardSink, peak_rss_mb
+
+
+class Run(Protocol):
+    """What :func:`run_loop` needs of a trainer."""
+
+    config: Any
+    """With ``resume_from``, ``tensorboard``, ``save_every``."""
+    out: Path
+    """The run folder."""
+    run_config: Any
+    """What config.yaml records (a dataclass or plain data)."""
+    metrics_log: JsonlLog
+    eval_history: list[dict[str, Any]]
+    step_count: int
+    time_budget_s: float | None
+    """Wall-clock budget (from the start, evaluations included); None = no limit."""
+    is_main: bool
+    """False in every process of a multi-process run but the first: only the first writes the run
+    folder's config.yaml, TensorBoard events and summary.json."""
+
+    def step(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """One training iteration: (metrics, sample records for the completions log)."""
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics of the current policy (empty when there is nothing to evaluate)."""
+
+    def save(self) -> Path:
+        """A checkpoint of the current state; its folder."""
+
+    def resume(self, spec: str) -> None:
+        """Restore the checkpoint ``spec`` names (a folder, or ``latest``)."""
+
+    def log_completions(self, records: list[dict[str, Any]], progress: Progress) -> None:
+        """Keep (and show) some of a step's sample records."""
+
+    def finished(self) -> bool:
+        """True once the training budget is spent."""
+
+    def eval_due(self) -> bool:
+        """Evaluate after this step (the final evaluation is separate)?"""
+
+    def progress_bar(self) -> Progress:
+        """The live bar (silent where it should not show)."""
+
+    def agree(self, flag: bool) -> bool:
+        """``flag`` as every process of the run sees it (true if true in any), so all stop together."""
+
+
+def run_loop(run: Run) -> dict[str, Any]:
+    """Run ``run`` until it is finished (from a checkpoint if ``resume_from``), evaluating before,
+    when due and at the end; returns the summary also written to summary.json."""
+    c = run.config
+    if c.resume_from:
+        run.resume(c.resume_from)
+    if run.is_main:
+        write_text_atomic(run.out / "config.yaml", yaml.safe_dump(as_plain(run.run_config), sort_keys=False))
+    tb = TensorBoardSink(run.out / "tensorboard", c.tensorboard and run.is_main)
+    start = time.perf_counter()
+
+    def out_of_time() -> bool:
+        budget = run.time_budget_s
+        return run.agree(budget is not None and time.perf_counter() - start >= budget)
+
+    def log_eval(wall_time: float | None = None) -> dict[str, float]:
+        result = run.evaluate()
+        if result:
+            wall = time.perf_counter() - start if wall_time is None else wall_time
+            record = {"step": run.step_count, "wall_time": wall, **result}
+            run.metrics_log.append(record)
+            run.eval_history.append(record)
+            tb.log(result, run.step_count)
+        return result
+
+    if run.step_count == 0:
+        before = log_eval(0.0)  # the starting point of the wall-clock axis: training has not begun
+    else:  # resumed: the evaluation before training was logged by the first run
+        before = next((r for r in run.metrics_log.records() if r.get("step") == 0 and "eval/len_mean" in r), {})
+        before = {k: v for k, v in before.items() if k.startswith("eval/")}
+    progress = run.progress_bar()
+    try:
+        while not run.finished() and not out_of_time():
+            metrics, samples = run.step()
+            run.step_count += 1
+            metrics["memory/peak_rss_mb"] = peak_rss_mb()
+            run.metrics_log.append({"step": run.step_count, "wall_time": time.perf_counter() - start, **metrics})
+            tb.log(metrics, run.step_count)
+            progress.update(run.step_count, metrics)
+            run.log_completions(samples, progress)
+            if run.eval_due() and not run.finished() and not out_of_time():
+                log_eval()
+            if c.save_every and run.step_count % c.save_every == 0:
+                run.save()
+    finally:
+        progress.close()
+    after = log_eval()
+    tb.close()
+    final = run.save()
+    summary = {"steps": run.step_count, "eval_before": before, "eval_after": after, "checkpoint": str(final),
+               "wall_time": time.perf_counter() - start}
+    if run.is_main:
+        write_text_atomic(run.out / "summary.json", json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,43 @@
+"""Where the advantages come from when there is no critic: the group (GRPO and its relatives).
+
+The advantage of every token of completion i is its group-relative score (an estimator of
+:data:`grouprl.algos.ADVANTAGES`, by name); with ``kl_in_reward`` the KL to the reference is first
+charged to each completion's reward, r_i - beta * sum_t KL_it. All-equal groups get advantage 0;
+``zero_std_groups: drop`` also takes them out of the loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grouprl.algos import compute_advantages, constant_rows, kl_per_token
+from grouprl.trainer.collect import Collected
+from grouprl.trainer.update import UpdateBatch
+
+
+class GroupBaseline:
+    """Group-relative advantages (``[B]``); ``reduce`` sums a batch std over processes."""
+
+    def __init__(self, config: Any, reduce: Any):
+        self.config, self.reduce = config, reduce
+
+    def prepare(self, got: Collected, mask: torch.Tensor, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
+                beta: float, step: int) -> tuple[UpdateBatch, dict[str, float], torch.Tensor]:
+        """(the update's inputs, metrics, ``[B]`` bool rows of all-equal groups) for one step's
+        collected rollout and its loss ``mask [B, T]``."""
+        c = self.config
+        rewards = got.rewards
+        if c.kl_penalty_in_reward:  # r_i - beta * sum_t KL_t, measured on the policy that sampled
+            kl = kl_per_token(old_logp, ref_logp, c.kl_estimator) * got.batch.completion_mask  # [B, T]
+            rewards = rewards - beta * kl.sum(-1)
+        ids = got.batch.group_ids
+        advantages = compute_advantages(c.advantage_estimator, rewards, None if ids is not None else c.group_size,
+                                        c.advantage_scale, c.advantage_eps, reduce=self.reduce, group_ids=ids)
+        constant = constant_rows(rewards, None if ids is not None else c.group_size, group_ids=ids)  # [B]
+        if c.zero_std_groups == "drop":
+            mask = mask * (~constant).unsqueeze(-1).to(mask.dtype)
+        data = UpdateBatch(rollout=got.batch, advantages=advantages, mask=mask, rewards=rewards, old_logp=old_logp,
+                           ref_logp=None if c.kl_penalty_in_reward else ref_logp)
+        return data, {}, constant

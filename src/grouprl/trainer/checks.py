@@ -1,0 +1,187 @@
+"""Every check of a :class:`~grouprl.trainer.config.TrainerConfig`, run on construction: names against
+the registries (with suggestions), numbers in range, settings that contradict each other, and keys
+the chosen algorithm does not read. Each problem is one sentence naming the key and what to change;
+nothing is loaded, so a mistake costs milliseconds, not a model load."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from grouprl.algos import ADVANTAGES, AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMATORS, SCALES
+from grouprl.algos.rollout_correction import ROLLOUT_IS_LEVELS
+from grouprl.registry import Registry
+from grouprl.run.optim import LR_SCHEDULES
+from grouprl.trainer.algorithms import ALGORITHMS, KEY_GROUPS, KL_CONTROLLERS, Algorithm, owners
+
+ZERO_STD_POLICIES = ("keep", "drop")
+
+
+def problems(c: Any) -> list[str]:
+    """All problems of trainer config ``c`` (empty when it is usable)."""
+    if c.algo not in ALGORITHMS:
+        ALGORITHMS.get(c.algo)  # raises with the closest valid names
+    algo = ALGORITHMS.get(c.algo)
+    return (_algorithm_problems(c, algo) + _registry_problems(c) + _range_problems(c) + _batch_problems(c)
+            + _objective_problems(c) + _sampling_problems(c) + _scale_out_problems(c) + _critic_problems(c)
+            + _trust_region_problems(c))
+
+
+def _algorithm_problems(c: Any, algo: Algorithm) -> list[str]:
+    """Keys another algorithm owns set away from their defaults, and a contradicted definition."""
+    out = []
+    defaults = {f.name: f.default for f in dataclasses.fields(c) if f.default is not dataclasses.MISSING}
+    for key in sorted({k for group in KEY_GROUPS.values() for k in group} - algo.keys):
+        if getattr(c, key) != defaults.get(key):
+            readers = ", ".join(owners(key))
+            out.append(f"{key}={getattr(c, key)!r} is a setting of {readers}; algo={c.algo} does not read it: "
+                       f"remove it or set --algo to one of {readers}")
+    if algo.defines_advantage and c.advantage not in (None, algo.advantage):
+        out.append(f"advantage={c.advantage!r}: algo={c.algo} is defined by advantage={algo.advantage}; for "
+                   "another estimator with the same update use --algo grpo --advantage NAME")
+    return out
+
+
+def _registry_problems(c: Any) -> list[str]:
+    checks: list[tuple[str, Any, Registry | tuple[str, ...]]] = [
+        ("advantage", c.advantage_estimator, ADVANTAGES), ("advantage_scale", c.advantage_scale or "group", SCALES),
+        ("aggregation", c.aggregation, AGGREGATIONS), ("kl_estimator", c.kl_estimator, KL_ESTIMATORS),
+        ("importance_level", c.importance_level, IMPORTANCE_LEVELS),
+        ("zero_std_groups", c.zero_std_groups, ZERO_STD_POLICIES),
+        ("kl_controller", c.kl_controller_name, KL_CONTROLLERS), ("lr_schedule", c.lr_schedule, LR_SCHEDULES),
+        ("dtype", c.dtype, ("fp32", "bf16")), ("ref_dtype", c.ref_dtype, ("fp32", "bf16")),
+        ("rollout_mode", c.rollout_mode, ("sample", "beam")), ("engine", c.engine, ("fsdp", "ddp")),
+        ("mixed_precision", c.mixed_precision, ("none", "bf16")),
+        ("rollout_engine", c.rollout_engine, ("hf", "vllm")),
+        ("rollout_is", c.rollout_is, ("none", *ROLLOUT_IS_LEVELS.names())),
+    ]
+    return [f"{name}={value!r} is not one of: {', '.join(valid)}" for name, value, valid in checks
+            if value not in valid]
+
+
+def _range_problems(c: Any) -> list[str]:
+    """Numbers that torch or the sampler would reject deep inside a run (or, worse, accept)."""
+    out = []
+    if not (math.isfinite(c.lr) and c.lr > 0):
+        out.append(f"lr={c.lr} must be a finite number > 0")
+    if c.critic_lr is not None and not (math.isfinite(c.critic_lr) and c.critic_lr > 0):
+        out.append(f"critic_lr={c.critic_lr} must be a finite number > 0 (or empty: lr)")
+    for key in ("adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(c, key) < 1:
+            out.append(f"{key}={getattr(c, key)} must be in [0, 1)")
+    for key in ("weight_decay", "max_grad_norm", "warmup_steps", "save_every", "eval_every", "entropy_coef",
+                "advantage_eps", "top_k", "min_p", "log_completions_every", "print_completions",
+                "keep_checkpoints", "num_threads", "ref_sync_steps", "critic_warmup_steps"):
+        value = getattr(c, key)
+        if not (math.isfinite(value) and value >= 0):
+            out.append(f"{key}={value} must be >= 0")
+    if not 0 < c.top_p <= 1:
+        out.append(f"top_p={c.top_p} must be in (0, 1] (1 = off)")
+    if not 0 <= c.min_p < 1:
+        out.append(f"min_p={c.min_p} must be in [0, 1)")
+    if not (math.isfinite(c.repetition_penalty) and c.repetition_penalty > 0):
+        out.append(f"repetition_penalty={c.repetition_penalty} must be > 0 (1 = off)")
+    if not (math.isfinite(c.eval_temperature) and c.eval_temperature >= 0):
+        out.append(f"eval_temperature={c.eval_temperature} must be >= 0 (0 = greedy)")
+    if not math.isfinite(c.temperature):
+        out.append(f"temperature={c.temperature} must be a finite number > 0")
+    return out
+
+
+def _batch_problems(c: Any) -> list[str]:
+    out = []
+    if c.group_size < 2:
+        out.append(f"group_size={c.group_size}: GRPO compares completions of the same prompt, set group_size >= 2")
+    if c.prompts_per_step < 1 or c.mu < 1 or c.total_steps < 0:
+        out.append("prompts_per_step and mu must be >= 1 and total_steps >= 0")
+    if c.minibatch_size is not None:
+        if c.minibatch_size <= 0:
+            out.append(f"minibatch_size={c.minibatch_size}: set a positive number of rows or leave it empty")
+        elif c.minibatch_size % c.group_size or c.rollout_rows % c.minibatch_size:
+            out.append(
+                f"minibatch_size={c.minibatch_size} must be a multiple of group_size={c.group_size} (whole groups) "
+                f"and divide prompts_per_step*group_size={c.rollout_rows}"
+            )
+    if c.micro_batch_size <= 0:
+        out.append(f"micro_batch_size={c.micro_batch_size}: set a positive number of rows")
+    return out
+
+
+def _objective_problems(c: Any) -> list[str]:
+    out = []
+    if not (math.isfinite(c.beta) and c.beta >= 0):
+        out.append(f"beta={c.beta} must be >= 0")
+    if c.kl_in_reward and c.beta == 0:
+        out.append("kl_in_reward needs beta > 0 (it is the coefficient of the KL penalty)")
+    if not 0 < c.eps_low < 1 or (c.eps_high is not None and c.eps_high < 0):
+        out.append(f"eps_low={c.eps_low} must be in (0, 1) and eps_high >= 0")
+    if c.dual_clip is not None and c.dual_clip <= 1:
+        out.append(f"dual_clip={c.dual_clip} must be > 1 (or empty)")
+    if c.ref_sync_steps and c.beta == 0:
+        out.append("ref_sync_steps > 0 needs beta > 0: with beta = 0 there is no reference to sync")
+    if not 0 < c.ref_sync_alpha <= 1:
+        out.append(f"ref_sync_alpha={c.ref_sync_alpha} must be in (0, 1]")
+    if c.dynamic_sampling_max_rounds < 1:
+        out.append("dynamic_sampling_max_rounds must be >= 1")
+    if c.kl_target <= 0 or c.kl_horizon < 1:
+        out.append(f"kl_target={c.kl_target} must be > 0 and kl_horizon={c.kl_horizon} >= 1")
+    return out
+
+
+def _sampling_problems(c: Any) -> list[str]:
+    out = []
+    if c.temperature <= 0 and c.rollout_mode == "sample":
+        out.append(f"temperature={c.temperature}: greedy sampling makes every group G identical completions "
+                   "(zero advantage everywhere); use temperature > 0 or rollout_mode=beam")
+    if c.max_new_tokens < 1 or c.max_prompt_len < 1:
+        out.append("max_new_tokens and max_prompt_len must be >= 1")
+    if c.eval_samples < 1:
+        out.append("eval_samples must be >= 1")
+    if c.lora_rank < 0:
+        out.append("lora_rank must be >= 0")
+    if c.lora_rank and c.ref_sync_steps:
+        out.append("ref_sync_steps is not available with LoRA: the reference is the adapter-free base model")
+    if c.max_turns < 1 or c.max_tool_calls < 0 or c.max_trajectory_tokens < c.max_new_tokens:
+        out.append(f"max_turns={c.max_turns} must be >= 1, max_tool_calls={c.max_tool_calls} >= 0 and "
+                   f"max_trajectory_tokens={c.max_trajectory_tokens} >= max_new_tokens={c.max_new_tokens}")
+    if not (math.isfinite(c.tool_timeout_s) and c.tool_timeout_s > 0):
+        out.append(f"tool_timeout_s={c.tool_timeout_s} must be > 0")
+    return out
+
+
+def _scale_out_problems(c: Any) -> list[str]:
+    out = []
+    if not 0 < c.vllm_gpu_memory_utilization < 1:
+        out.append(f"vllm_gpu_memory_utilization={c.vllm_gpu_memory_utilization} must be in (0, 1)")
+    if c.rollout_is_cap <= 0:
+        out.append(f"rollout_is_cap={c.rollout_is_cap} must be > 0")
+    if c.rollout_engine == "vllm" and c.rollout_mode == "beam":
+        out.append("rollout_mode=beam needs rollout_engine=hf: the vLLM engine samples groups only")
+    return out
+
+
+def _critic_problems(c: Any) -> list[str]:
+    out = []
+    if not 0 < c.gamma <= 1 or not 0 <= c.gae_lambda <= 1:
+        out.append(f"gamma={c.gamma} must be in (0, 1] and gae_lambda={c.gae_lambda} in [0, 1]")
+    if c.vf_coef < 0 or (c.vf_clip is not None and c.vf_clip <= 0):
+        out.append("vf_coef must be >= 0 and vf_clip > 0 (or empty)")
+    return out
+
+
+def _trust_region_problems(c: Any) -> list[str]:
+    out = []
+    if c.max_kl <= 0 or c.damping < 0 or c.cg_iters < 1 or c.backtracks < 1 or c.fisher_stride < 1:
+        out.append("max_kl must be > 0, damping >= 0, and cg_iters, backtracks, fisher_stride >= 1")
+    if not 0 < c.accept_ratio <= 1:
+        out.append(f"accept_ratio={c.accept_ratio} must be in (0, 1]")
+    if ALGORITHMS.get(c.algo).update != "trust-region":
+        return out
+    if c.mu != 1 or c.minibatch_size is not None:
+        out.append(f"algo={c.algo} takes one natural-gradient step per rollout: set mu=1 and leave minibatch_size "
+                   "empty")
+    if c.gradient_checkpointing:
+        out.append(f"gradient_checkpointing is not available with algo={c.algo}: its Fisher-vector products "
+                   "differentiate twice through the forward pass")
+    return out

@@ -1,0 +1,105 @@
+"""Collecting a step's experience: P prompts -> G completions each -> rewards, with DAPO's dynamic
+sampling. Knows nothing of advantages or losses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grouprl.algos import constant_groups
+from grouprl.rewards import score_rewards
+from grouprl.run.logs import PhaseTimer
+from grouprl.run.seeds import PromptStream, group_seeds, mix_seed
+from grouprl.types import RolloutBatch
+
+
+@dataclass
+class Collected:
+    """One step's rollout and its rewards (B = P * G rows, prompt-major)."""
+
+    batch: RolloutBatch
+    rewards: torch.Tensor
+    """[B] float32: the weighted sum of the reward functions, NaN where none applied."""
+    per_fn: dict[str, torch.Tensor]
+    """reward function name -> [B] float32, NaN where it returned None."""
+    rounds: int
+    """Rollout rounds it took (more than 1 only under dynamic sampling)."""
+
+
+class GroupCollector:
+    """Draws each step's prompts from a seeded stream, samples G completions of each and scores them.
+
+    Args:
+        sampler: a rollout engine with ``generate(prompt_ids, G, params, *, seed, prompts, extras)``.
+        rows / prompt_ids: the training rows and their encoded prompts (same order).
+        reward_fns / reward_weights: the reward functions and their weights.
+        config: the trainer config (``prompts_per_step``, ``group_size``, ``seed``, dynamic sampling).
+        share: ``count -> (first, stop)``, this process's slice of a step's prompts.
+        stop_ids: token ids that end a completion (the tokenizer's EOS).
+    """
+
+    def __init__(self, sampler: Any, rows: Sequence[dict[str, Any]], prompt_ids: Sequence[list[int]],
+                 reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: Any,
+                 share: Callable[[int], tuple[int, int]], stop_ids: tuple[int, ...] = ()):
+        self.sampler, self.rows, self.prompt_ids = sampler, list(rows), list(prompt_ids)
+        self.reward_fns, self.reward_weights = list(reward_fns), list(reward_weights)
+        self.config, self.share, self.stop_ids = config, share, stop_ids
+        self.stream = PromptStream(len(self.rows), config.seed)
+
+    def collect(self, step: int, timer: PhaseTimer) -> Collected:
+        """P groups of G completions with their rewards. Under dynamic sampling, all-equal groups are
+        dropped and more prompts sampled, up to ``dynamic_sampling_max_rounds`` rounds."""
+        c = self.config
+        kept: list[tuple[RolloutBatch, torch.Tensor, dict]] = []
+        have, rounds = 0, 0
+        while rounds < (c.dynamic_sampling_max_rounds if c.dynamic_sampling else 1) and have < c.prompts_per_step:
+            batch, total, per_fn = self.sample(step, rounds, timer)
+            rounds += 1
+            if c.dynamic_sampling:
+                ids = batch.group_ids
+                constant = constant_groups(total, None if ids is not None else c.group_size, group_ids=ids)
+                informative = (~constant).nonzero().squeeze(-1)  # [P'] group indices
+                if len(informative) == 0 and (kept or rounds < c.dynamic_sampling_max_rounds):
+                    continue
+                if len(informative):
+                    rows = batch.rows_of_groups(informative[: c.prompts_per_step - have])
+                    batch = batch.select_rows(rows)
+                    total, per_fn = total[rows], {k: v[rows] for k, v in per_fn.items()}
+            kept.append((batch, total, per_fn))
+            have += batch.num_groups
+        return Collected(batch=RolloutBatch.cat([b for b, _, _ in kept]), rewards=torch.cat([t for _, t, _ in kept]),
+                         per_fn={k: torch.cat([f[k] for _, _, f in kept]) for k in kept[0][2]}, rounds=rounds)
+
+    def sample(self, step: int, round_: int, timer: PhaseTimer) -> tuple[RolloutBatch, torch.Tensor, dict]:
+        """One round: this process's share of the next P prompts, G completions each, scored."""
+        c = self.config
+        idx = self.stream.take(c.prompts_per_step)  # every process advances the stream by the whole batch
+        first, stop = self.share(len(idx))
+        rows = [self.rows[i] for i in idx[first:stop]]
+        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
+        with timer("rollout"):
+            batch = self.sampler.generate([self.prompt_ids[i] for i in idx[first:stop]], c.group_size,
+                                          c.sampling_params(self.stop_ids),
+                                          seed=group_seeds(mix_seed(c.seed, step, round_), first, stop - first,
+                                                           c.group_size),
+                                          prompts=[r["prompt"] for r in rows], extras=columns)
+        if c.group_by is not None:  # rows that share the column's value are compared with each other
+            batch.group_ids = factorize(batch.extras[c.group_by])
+        with timer("reward"):
+            ids = [row[: int(n)].tolist() for row, n in zip(batch.completion_ids, batch.lengths)]
+            scores = score_rewards(self.reward_fns, self.reward_weights, batch.prompts, batch.completions, ids,
+                                   batch.extras)
+        return batch, scores.total, scores.per_fn
+
+
+def factorize(values: Sequence[Any]) -> torch.Tensor:
+    """``[B]`` long ids, equal for equal values, numbered in order of first appearance.
+
+    >>> factorize(["b", "a", "b", 3]).tolist()
+    [0, 1, 0, 2]
+    """
+    seen: dict[str, int] = {}
+    return torch.tensor([seen.setdefault(repr(v), len(seen)) for v in values], dtype=torch.long)

@@ -1,0 +1,119 @@
+"""The process group of a torchrun run and the few collectives the trainer needs.
+
+Every process reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from its environment
+(torchrun sets them; ``grouprl train --nproc N`` runs torchrun for you). CPU runs use gloo; GPU runs
+use ``cuda:nccl,cpu:gloo``, so GPU tensors travel over NCCL while the object collectives
+(completions, metrics) keep a CPU backend.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from grouprl.errors import DistributedError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the run."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        """The process that writes logs, reports and the gathered model."""
+        return self.rank == 0
+
+
+def torchrun_world_size() -> int:
+    """WORLD_SIZE from the environment (1 outside torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def torchrun_rank() -> int:
+    """RANK from the environment (0 outside torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def init_distributed(*, rank: int | None = None, world_size: int | None = None, init_method: str | None = None,
+                     device: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
+    """Join (or reuse) the default process group and pick this process's device.
+
+    Without arguments everything comes from the torchrun environment; tests pass ``rank``,
+    ``world_size`` and a ``file://`` ``init_method``. ``device`` is ``"cpu"`` or ``"cuda"``
+    (default: cuda when available).
+    """
+    rank = torchrun_rank() if rank is None else rank
+    world_size = torchrun_world_size() if world_size is None else world_size
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    use_cuda = torch.cuda.is_available() if device is None else device == "cuda"
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if not dist.is_initialized():
+        if init_method is None and "MASTER_ADDR" not in os.environ:
+            raise RuntimeError("no process group to join: start the run with torchrun (or `grouprl train --nproc N`), "
+                               "which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT")
+        dist.init_process_group("cuda:nccl,cpu:gloo" if use_cuda else "gloo", init_method=init_method or "env://",
+                                rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=dev)
+
+
+def sum_tensor(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (a few numbers on the CPU) summed over processes, as a new tensor."""
+    out = x.detach().clone()
+    dist.all_reduce(out)
+    return out
+
+
+def max_float(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """``obj`` of every process, in rank order (pickled: tensors of different shapes are fine,
+    which a tensor ``all_gather`` on gloo is not)."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def raise_if_any_failed(error: BaseException | None) -> None:
+    """Every process calls this at the same point with the exception it caught (or None). If any
+    process failed, all of them raise: the failing one its own exception, the others a
+    :class:`DistributedError` that names its rank and repeats its message, so no process is left
+    waiting in a collective that will never come."""
+    reports = gather_objects(None if error is None else f"{type(error).__name__}: {error}")
+    failed = [(r, msg) for r, msg in enumerate(reports) if msg is not None]
+    if not failed:
+        return
+    if error is not None:
+        raise error
+    rank, msg = failed[0]
+    raise DistributedError(f"process {rank} of {len(reports)} stopped the run: {msg}")
+
+
+def broadcast_module(module: nn.Module) -> None:
+    """Copy process 0's parameters and buffers into every process's copy of ``module`` (plain,
+    unsharded tensors), so randomly initialised parts (a tiny model, LoRA adapters) agree."""
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, src=0)
+
+
+def sum_floats(values: Sequence[float]) -> list[float]:
+    """Element-wise sum over processes of a few numbers (float64)."""
+    return sum_tensor(torch.tensor(list(values), dtype=torch.float64)).tolist()

@@ -1,0 +1,140 @@
+"""Sharding a model over processes: FSDP2 or DDP, and the whole model gathered for a rollout.
+
+Each process's loss is its share of the loss of the whole batch (its own numerators over the
+global denominators), so the gradient of the whole batch is the *sum* of the processes' gradients.
+DDP and FSDP average them, so the trainer multiplies its loss by the number of processes. (Making
+DDP sum instead, with a communication hook, would be wrong under gradient accumulation: DDP
+all-reduces the accumulated gradient at every backward, and an average is the only reduction
+for which re-reducing the already reduced part is harmless.)
+
+FSDP2 keeps each decoder layer's parameters sharded and gathers them only while the layer runs,
+which needs every process to run the same number of forward passes. Generation cannot promise
+that (rows stop at different lengths), so :func:`gathered_weights` gathers the whole model once
+for a rollout or an evaluation, and the decode loop then runs with no communication at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from grouprl.trainer.dist.group import DistEnv
+
+ENGINES = ("fsdp", "ddp")
+MIXED_PRECISION = ("none", "bf16")
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of a ``transformers`` model, found by the class names it lists in
+    ``_no_split_modules`` (peft wrappers are looked through)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(inner, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"cannot shard {type(inner).__name__}: no decoder layers found (its _no_split_modules is "
+                         f"{sorted(names) or 'empty'}); use engine=ddp")
+    return layers
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How a run shards its models (the ``engine``, ``mixed_precision`` and ``cpu_offload`` keys)."""
+
+    engine: str = "fsdp"
+    mixed_precision: str = "none"
+    cpu_offload: bool = False
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine={self.engine!r} is not one of: {', '.join(ENGINES)}")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"mixed_precision={self.mixed_precision!r} is not one of: {', '.join(MIXED_PRECISION)}")
+
+    def fsdp_kwargs(self, env: DistEnv) -> dict[str, Any]:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+        kwargs: dict[str, Any] = {"mesh": init_device_mesh(env.device.type, (env.world_size,))}
+        if self.mixed_precision == "bf16":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if self.cpu_offload:
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=env.device.type == "cuda")
+        return kwargs
+
+    def trainable(self, model: nn.Module, env: DistEnv) -> nn.Module:
+        """``model`` ready for training across processes: FSDP2 (each decoder layer its own unit,
+        then the root; the module is converted in place and returned) or DDP (a wrapper). Gradients
+        are averaged over processes (see the module docstring)."""
+        model.to(env.device)
+        if self.engine == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [env.device.index] if env.device.type == "cuda" else None
+            return DistributedDataParallel(model, device_ids=ids)
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        kwargs = self.fsdp_kwargs(env)
+        for layer in decoder_layers(model):
+            _shard_unit(layer, True, kwargs)
+        _shard_unit(model, False, kwargs)  # the root's parameters are needed again right at backward
+        if hasattr(model, "generate"):  # HF generate calls forward from inside another method
+            register_fsdp_forward_method(model, "generate")
+        return model
+
+    def frozen(self, model: nn.Module, env: DistEnv) -> nn.Module:
+        """A frozen model (the reference) sharded like the policy under FSDP; a plain replica
+        under DDP (it has no gradients to reduce)."""
+        model.to(env.device)
+        if self.engine == "ddp":
+            return model
+        kwargs = self.fsdp_kwargs(env)
+        for layer in decoder_layers(model):
+            _shard_unit(layer, True, kwargs)
+        _shard_unit(model, True, kwargs)
+        return model
+
+
+def _shard_unit(module: nn.Module, reshard_after_forward: bool, kwargs: dict[str, Any]) -> None:
+    """``fully_shard`` one unit, remembering its reshard setting for :func:`gathered_weights`."""
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(module, reshard_after_forward=reshard_after_forward, **kwargs)
+    module.grouprl_reshard_after_forward = reshard_after_forward
+
+
+@contextlib.contextmanager
+def gathered_weights(model: nn.Module) -> Iterator[None]:
+    """Inside: every FSDP unit of ``model`` holds its full parameters and keeps them across
+    forward passes, so any number of forwards (a decode loop) runs with no collective. A no-op
+    for DDP and plain modules. Collective on entry: every process must enter together."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:  # same order on every process: module order
+        unit.unshard()
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(getattr(unit, "grouprl_reshard_after_forward", True), recurse=False)
+
+
+class WholeForward(nn.Module):
+    """Hands ``model(...)`` to the wrapped module and hides its config, so the log-prob code runs
+    the whole forward (the only call that fires FSDP's and DDP's hooks) instead of calling the
+    decoder body and the LM head apart."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.module = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)

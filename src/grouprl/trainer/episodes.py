@@ -1,0 +1,118 @@
+"""Collecting a step's experience from environments: P resets -> G trajectories each -> returns (and
+reward functions over the final answers). The G trajectories of a group start from the same reset
+(the same seed and row): that is the grouping. A trajectory whose environment failed (or whose
+chat template rewrote history) is dropped, so its group is one smaller."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from grouprl.rewards import score_rewards
+from grouprl.rewards.base import combine, unique_names
+from grouprl.run.logs import PhaseTimer
+from grouprl.run.seeds import EVAL_STREAM, PromptStream, group_seeds, mix_seed
+from grouprl.trainer.collect import Collected
+from grouprl.types import RolloutBatch
+
+DROPPED = ("error", "template")
+"""End reasons whose trajectories carry no usable signal and leave the batch."""
+
+
+def reset_seed(row: dict[str, Any], index: int) -> int:
+    """The seed a row's environments reset with: its ``seed`` column, else its index in its set."""
+    return int(row.get("seed", index))
+
+
+class EnvCollector:
+    """Draws each step's resets from a seeded stream and plays G trajectories from each.
+
+    Args:
+        sampler: a multi-turn engine with ``generate(episodes, G, params, *, seed)``
+            (:class:`grouprl.rollout.agent.AgentSampler`).
+        rows: the resets (their columns are the environments' ``options`` and reach the reward functions).
+        env / tools: the environment factory and the tools the policy may call.
+        reward_fns / reward_weights: scored on each trajectory's final answer, added to its return.
+        config: the trainer config (batch shape, seed, tool limits).
+        share: ``count -> (first, stop)``, this process's slice of a step's resets.
+    """
+
+    def __init__(self, sampler: Any, rows: Sequence[dict[str, Any]], env: Callable[[], Any], tools: Sequence[Any],
+                 reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: Any,
+                 share: Callable[[int], tuple[int, int]]):
+        self.sampler, self.rows, self.env, self.tools = sampler, list(rows), env, list(tools)
+        self.reward_fns, self.reward_weights = list(reward_fns), list(reward_weights)
+        self.config, self.share = config, share
+        self.stream = PromptStream(len(self.rows), config.seed)
+
+    def episodes(self, rows: Sequence[dict[str, Any]], indices: Sequence[int], group_size: int) -> list[Any]:
+        """``group_size`` fresh episodes per row, group-major, each reset like its row says."""
+        from grouprl.envs.episode import Episode
+
+        c = self.config
+        return [Episode(self.env(), self.tools, seed=reset_seed(row, i), options=dict(row),
+                        max_tool_calls=c.max_tool_calls, tool_parser=c.tool_parser, tool_timeout_s=c.tool_timeout_s)
+                for row, i in zip(rows, indices) for _ in range(group_size)]
+
+    def collect(self, step: int, timer: PhaseTimer) -> Collected:
+        c = self.config
+        idx = self.stream.take(c.prompts_per_step)  # every process advances the stream by the whole batch
+        first, stop = self.share(len(idx))
+        rows = [self.rows[i] for i in idx[first:stop]]
+        with timer("rollout"):
+            batch = self.sampler.generate(self.episodes(rows, idx[first:stop], c.group_size), c.group_size,
+                                          c.sampling_params(),
+                                          seed=group_seeds(mix_seed(c.seed, step), first, len(rows), c.group_size))
+        with timer("reward"):
+            batch, total, per_fn = self.score(batch, rows)
+        return Collected(batch=batch, rewards=total, per_fn=per_fn, rounds=1)
+
+    def score(self, batch: RolloutBatch, rows: Sequence[dict[str, Any]]) -> tuple[RolloutBatch, torch.Tensor, dict]:
+        """Drop failed trajectories; each one's reward is its return plus the weighted reward functions."""
+        g = batch.group_size
+        keep = [i for i, reason in enumerate(batch.info["end_reason"]) if reason not in DROPPED]
+        if len(keep) < batch.batch_size:
+            batch = batch.select_rows(keep)
+            batch.group_ids = torch.tensor(keep) // g  # the reset each row came from
+        returns = torch.tensor([float(r) for r in batch.info["return_"]], dtype=torch.float32)
+        per_fn = {"env": returns}
+        weights = {"env": 1.0}
+        if self.reward_fns:
+            columns = {k: [rows[i // g].get(k) for i in keep] for k in rows[0]} if rows else {}
+            ids = [row[batch.completion_mask[i] > 0].tolist() for i, row in enumerate(batch.completion_ids)]
+            scores = score_rewards(self.reward_fns, self.reward_weights, batch.prompts, batch.completions, ids,
+                                   {**columns, "trajectory": batch.extras["trajectory"]})
+            per_fn.update(scores.per_fn)
+            weights.update(dict(zip(unique_names(self.reward_fns), self.reward_weights)))
+        return batch, combine(per_fn, weights), per_fn
+
+
+def evaluate_episodes(collector: EnvCollector, rows: Sequence[dict[str, Any]], *, params: Any, k: int, seed: int,
+                      first: int = 0, batch_resets: int = 8) -> dict[str, float]:
+    """Play ``k`` trajectories from each held-out reset and measure them: ``eval/success`` (mean over
+    trajectories of the environment's success, where it says), ``eval/pass@k`` (a reset solved at
+    least once), ``eval/mean_reward`` (return), ``eval/turns_mean``, ``eval/len_mean`` (policy tokens).
+    Trajectory j of held-out reset i draws from ``(seed, EVAL_STREAM, i, j)`` alone."""
+    k = 1 if params.temperature == 0 else k
+    returns, turns, lengths, success, passes = [], [], [], [], []
+    for start in range(0, len(rows), batch_resets):
+        chunk = list(rows[start:start + batch_resets])
+        indices = range(first + start, first + start + len(chunk))
+        batch = collector.sampler.generate(collector.episodes(chunk, indices, k), k, params,
+                                           seed=group_seeds(mix_seed(seed, EVAL_STREAM), first + start, len(chunk), k))
+        returns += [float(r) for r in batch.info["return_"]]
+        turns += batch.info["turns"]
+        lengths += batch.lengths.tolist()
+        flags = [bool(s) for s in batch.info["success"] if s is not None]
+        success += flags
+        if len(flags) == batch.batch_size:
+            passes += [any(flags[p * k:(p + 1) * k]) for p in range(len(chunk))]
+    out = {"eval/mean_reward": sum(returns) / len(returns), "eval/turns_mean": sum(turns) / len(turns),
+           "eval/len_mean": sum(lengths) / len(lengths)}
+    if success:
+        out["eval/success"] = sum(success) / len(success)
+    if passes:
+        out[f"eval/pass@{k}"] = sum(passes) / len(passes)
+    return out

@@ -1,0 +1,85 @@
+"""The policy and its frozen reference as the trainer uses them: LoRA and gradient checkpointing set
+up, the reference made (a copy, or the LoRA base with adapters off), per-token log-prob passes
+through the process group's forward, and the reference moved towards the policy on schedule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from grouprl.models import LoraSettings, apply_lora, is_peft, make_reference, reference_context
+from grouprl.rollout.logprobs import token_logprobs
+from grouprl.types import RolloutBatch
+
+
+def prepare_policy(policy: nn.Module, config: Any) -> nn.Module:
+    """``policy`` with LoRA adapters (``lora_rank`` > 0, unless it already has some) and gradient
+    checkpointing (``gradient_checkpointing``) as configured."""
+    if config.lora_rank and not is_peft(policy):
+        policy = apply_lora(policy, LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha,
+                                                 dropout=config.lora_dropout,
+                                                 target_modules=tuple(config.lora_target_modules)))
+    if config.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    return policy
+
+
+def default_reference(policy: nn.Module, config: Any) -> nn.Module | None:
+    """A frozen copy of ``policy`` when the objective has a KL term and the policy has no LoRA base
+    to fall back on; None otherwise."""
+    if not config.needs_reference or is_peft(policy):
+        return None
+    return make_reference(policy, torch.bfloat16 if config.ref_dtype == "bf16" else None)
+
+
+class PolicyPasses:
+    """Log-prob passes over a rollout batch (shapes: B rows, T completion tokens).
+
+    ``forward_model`` wraps a model for the pass (the process group's: the identity in one process,
+    one whole forward across several)."""
+
+    def __init__(self, policy: nn.Module, reference: nn.Module | None, config: Any, forward_model: Any):
+        self.policy, self.reference, self.config = policy, reference, config
+        self.forward_model = forward_model
+
+    def logprobs(self, model: nn.Module, batch: RolloutBatch, rows: torch.Tensor | None = None,
+                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | torch.Tensor:
+        """Per-token log-probs ``[B, T]`` of the batch's completions under ``model``. With ``rows`` (a
+        micro-batch, with grad): ``(logp [b, T], entropy [b, T] or None)``. Without: every row, no
+        grad, micro-batch by micro-batch."""
+        c = self.config
+        model = self.forward_model(model)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.dtype == "bf16")
+        temperature = c.temperature if c.temperature > 0 else 1.0
+        if rows is not None:
+            with autocast:
+                return self._pass(model, batch, rows, temperature, with_entropy)
+        with torch.no_grad(), autocast:
+            out = [self._pass(model, batch, chunk, temperature, False)[0]
+                   for chunk in torch.arange(batch.batch_size).split(c.micro_batch_size)]
+        return torch.cat(out).float()
+
+    def _pass(self, model: nn.Module, batch: RolloutBatch, rows: torch.Tensor, temperature: float,
+              with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        sequence = None if batch.sequence_mask is None else batch.sequence_mask[rows]
+        return token_logprobs(model, batch.prompt_ids[rows], batch.prompt_mask[rows], batch.completion_ids[rows],
+                              batch.completion_mask[rows], temperature=temperature,
+                              chunk_size=self.config.logprob_chunk_size, with_entropy=with_entropy,
+                              packed=self.config.packing, sequence_mask=sequence)
+
+    def old_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[B, T]`` log-probs under the policy before the update (pi_old)."""
+        return self.logprobs(self.policy, batch)
+
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[B, T]`` log-probs under the frozen reference (pi_ref)."""
+        with reference_context(self.policy, self.reference) as ref:
+            return self.logprobs(ref, batch)
+
+    def sync_reference(self, alpha: float) -> None:
+        """ref <- alpha * policy + (1 - alpha) * ref (TR-DPO style soft update; alpha = 1 copies)."""
+        with torch.no_grad():
+            for r, p in zip(self.reference.parameters(), self.policy.parameters()):
+                r.mul_(1 - alpha).add_(p.detach().to(r.dtype), alpha=alpha)

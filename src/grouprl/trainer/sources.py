@@ -1,0 +1,82 @@
+"""Where a trainer's experience comes from: prompts (one completion each, the built-in or a given
+engine) or environments (multi-turn trajectories, tools). Both give the trainer a collector for
+training steps and an evaluation of a share of the held-out rows, so the step loop does not care
+which it has."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from grouprl.models import unwrap_ddp
+from grouprl.rollout.prompts import encode_checked
+from grouprl.rollout.sampler import Sampler
+from grouprl.trainer.collect import GroupCollector
+from grouprl.trainer.evaluate import evaluate
+from grouprl.trainer.inputs import RunInputs
+
+Share = Callable[[int], tuple[int, int]]
+
+
+class PromptSource:
+    """One completion per prompt: prompts encoded once (a too-long one is an error naming its row)."""
+
+    def __init__(self, config: Any, inputs: RunInputs, policy: nn.Module, tokenizer: Any, sampler: Any, share: Share):
+        c = config
+        enc = dict(system_prompt=c.system_prompt if c.system_prompt is not None else inputs.system_prompt,
+                   use_chat_template=c.use_chat_template)
+        train_ids = encode_checked(tokenizer, inputs.train_rows, "train", c.max_prompt_len, **enc)
+        self.eval_ids = encode_checked(tokenizer, inputs.eval_rows, "eval", c.max_prompt_len, **enc)
+        if sampler is None:
+            sampler = Sampler(unwrap_ddp(policy), tokenizer)
+        elif isinstance(sampler, Sampler):  # decode through the root (FSDP) or the module inside DDP
+            sampler.update_weights(unwrap_ddp(policy))
+        self.config, self.inputs, self.sampler = config, inputs, sampler
+        stop = tuple(i for i in [tokenizer.eos_token_id] if i is not None)
+        self.collector = GroupCollector(sampler, inputs.train_rows, train_ids, inputs.reward_fns, inputs.reward_weights,
+                                        c, share, stop)
+
+    def evaluate(self, first: int, stop: int) -> dict[str, float]:
+        """Held-out metrics of held-out rows ``first .. stop - 1``."""
+        c, inputs = self.config, self.inputs
+        return evaluate(self.sampler, self.eval_ids[first:stop], inputs.eval_rows[first:stop], params=c.eval_params(),
+                        k=c.eval_samples, reward_fns=inputs.reward_fns, reward_weights=inputs.reward_weights,
+                        is_correct=inputs.is_correct, seed=c.seed, first=first)
+
+
+class EnvSource:
+    """Trajectories in environments, decoded together on the KV cache (:mod:`grouprl.rollout.agent`)."""
+
+    def __init__(self, config: Any, inputs: RunInputs, policy: nn.Module, tokenizer: Any, sampler: Any, share: Share):
+        from grouprl.envs.tools import tools_system_prompt
+        from grouprl.rollout.agent import AgentSampler, ChatRenderer
+        from grouprl.rollout.turns import TurnLimits
+        from grouprl.trainer.episodes import EnvCollector
+
+        c = config
+        if sampler is None:
+            renderer = ChatRenderer(tokenizer, inputs.tools, c.system_prompt or inputs.system_prompt,
+                                    tools_system_prompt(inputs.tools) if inputs.tools else None)
+            sampler = AgentSampler(unwrap_ddp(policy), tokenizer, renderer,
+                                   TurnLimits(c.max_new_tokens, c.max_turns, c.max_trajectory_tokens))
+        self.config, self.inputs, self.sampler = config, inputs, sampler
+        self.collector = EnvCollector(sampler, inputs.train_rows, inputs.env, inputs.tools, inputs.reward_fns,
+                                      inputs.reward_weights, c, share)
+        self.eval_collector = EnvCollector(sampler, inputs.eval_rows or inputs.train_rows, inputs.env, inputs.tools,
+                                           inputs.reward_fns, inputs.reward_weights, c, share)
+
+    def evaluate(self, first: int, stop: int) -> dict[str, float]:
+        from grouprl.trainer.episodes import evaluate_episodes
+
+        c = self.config
+        return evaluate_episodes(self.eval_collector, self.inputs.eval_rows[first:stop], params=c.eval_params(),
+                                 k=c.eval_samples, seed=c.seed, first=first)
+
+
+def make_source(config: Any, inputs: RunInputs, policy: nn.Module, tokenizer: Any, sampler: Any,
+                share: Share) -> PromptSource | EnvSource:
+    """The experience source ``inputs`` call for: environments when they name one, else prompts."""
+    kind = PromptSource if inputs.env is None else EnvSource
+    return kind(config, inputs, policy, tokenizer, sampler, share)

@@ -1,0 +1,290 @@
+"""The trainer: one step loop in the paper's order for every language-model algorithm.
+
+One step (DeepSeekMath, section 4, for GRPO): sample P prompts -> G completions each from pi_old ->
+rewards -> advantages -> update -> metrics. The parts that differ between algorithms are passed in
+or built from :data:`~grouprl.trainer.algorithms.ALGORITHMS` by ``config.algo``:
+
+- the baseline: the group (:class:`~grouprl.trainer.advantages.GroupBaseline`: GRPO, RLOO,
+  REINFORCE, TRPO) or a learned critic (:class:`~grouprl.trainer.critic.Critic`: PPO);
+- the update rule: the clipped surrogate by minibatch SGD, or a trust-region natural-gradient step
+  (:data:`~grouprl.trainer.rules.UPDATE_RULES`);
+- beta's controller, fixed or adaptive;
+- the process group: one process, or a torchrun run's (:mod:`grouprl.trainer.dist.processes`).
+
+Where this departs from the paper, and why:
+- Outcome supervision only (one reward per completion, broadcast to its tokens); the paper's
+  process supervision needs a step-level reward model that users rarely have.
+- When the update is on-policy (mu = 1, one minibatch) no old-policy forward is run: the ratio
+  is ``exp(logp - logp.detach())``, 1 in value with exactly the REINFORCE gradient.
+- The aggregation, the advantage scale and the importance level are knobs (the paper's choices
+  are the defaults), because later work (DAPO, Dr. GRPO, GSPO) showed the paper's choices are
+  not always the best; see :class:`~grouprl.trainer.config.TrainerConfig`.
+- Rewards of ``None`` (a function that does not apply to a row) are excluded from the group
+  statistics instead of being counted as 0.
+
+Example::
+
+    from grouprl import TrainerConfig, Trainer
+    from grouprl.models import load_policy
+    policy, tok = load_policy("smollm2-135m")
+    def short(prompts, completions, **_): return [-len(c) / 100 for c in completions]
+    Trainer(TrainerConfig(algo="grpo", total_steps=10), policy=policy, tokenizer=tok, reward_fns=[short],
+            train_data=[{"prompt": "Say hi."}] * 8).train()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grouprl.algos import kl_per_token
+from grouprl.algos.rollout_correction import rollout_mismatch, truncated_is_weights
+from grouprl.run import checkpoint as ckpt
+from grouprl.run.files import as_plain
+from grouprl.run.logs import JsonlLog, NullLog, PhaseTimer, Progress
+from grouprl.run.loop import run_loop
+from grouprl.trainer.advantages import GroupBaseline
+from grouprl.trainer.algorithms import ALGORITHMS, KL_CONTROLLERS
+from grouprl.trainer.collect import Collected
+from grouprl.trainer.critic import Critic
+from grouprl.trainer.inputs import RunInputs
+from grouprl.trainer.metrics import reward_metrics, rollout_metrics, row_advantages, sample_records
+from grouprl.trainer.policy import PolicyPasses, default_reference, prepare_policy
+from grouprl.trainer.processes import OneProcess
+from grouprl.trainer.rules import UPDATE_RULES
+from grouprl.trainer.sources import make_source
+from grouprl.trainer.update import UpdateBatch
+from grouprl.types import RolloutBatch
+
+
+class Trainer:
+    """Any language-model algorithm of :data:`~grouprl.trainer.algorithms.ALGORITHMS` on a Hugging
+    Face causal LM; see the module docstring.
+
+    Args:
+        config: a :class:`~grouprl.trainer.config.TrainerConfig` (``algo`` picks the algorithm).
+        policy, tokenizer: the model to train (any ``AutoModelForCausalLM``) and its tokenizer.
+        reward_fns: callables ``(prompts, completions, *, completion_ids, **columns) -> list[float | None]``.
+        train_data / eval_data: rows (dicts) with a ``prompt`` (text or chat messages); every other
+            column is passed to the reward functions.
+        reward_weights: one weight per reward function (default 1 each).
+        is_correct: ``(completion, row) -> bool`` for evaluation accuracy (a task's checker).
+        system_prompt: the task's system prompt (``config.system_prompt`` wins when set).
+        inputs: all of the above at once, as :func:`grouprl.cli.build.build_inputs` makes them (checked).
+        reference: a frozen reference model; by default a copy of the policy (none with LoRA).
+        sampler: a rollout engine with ``generate`` (default: the built-in KV-cache engine).
+        run_config: what the run folder's config.yaml records (default: ``config``).
+        processes: the process group (default: one process).
+        critic_backbone: for a critic, the model whose decoder carries the value head.
+    """
+
+    def __init__(self, config: Any, *, policy: torch.nn.Module, tokenizer: Any,
+                 reward_fns: Sequence[Callable] = (), train_data: Sequence[dict[str, Any]] = (),
+                 eval_data: Sequence[dict[str, Any]] | None = None, reward_weights: Sequence[float] | None = None,
+                 is_correct: Callable[[str, dict], bool] | None = None, system_prompt: str | None = None,
+                 inputs: RunInputs | None = None, reference: torch.nn.Module | None = None, sampler: Any = None,
+                 run_config: Any = None, processes: Any = None, critic_backbone: torch.nn.Module | None = None):
+        self.config = c = config
+        if c.num_threads:
+            torch.set_num_threads(c.num_threads)
+        if inputs is None:  # checked on construction (the command line builds them before the model loads)
+            inputs = RunInputs(train_rows=list(train_data), reward_fns=list(reward_fns),
+                               eval_rows=list(eval_data or []), reward_weights=reward_weights, is_correct=is_correct,
+                               system_prompt=system_prompt)
+        self.reward_fns, self.reward_weights = inputs.reward_fns, inputs.reward_weights
+        self.is_correct = inputs.is_correct
+        self.train_rows, self.eval_rows = inputs.train_rows, inputs.eval_rows
+        if c.group_by is not None and c.group_by not in self.train_rows[0]:
+            raise ValueError(f"group_by={c.group_by!r} is not a column of the training rows; their columns: "
+                             f"{', '.join(self.train_rows[0])}")
+
+        algo = ALGORITHMS.get(c.algo)
+        self.processes = processes if processes is not None else OneProcess()
+        self.is_main = self.processes.is_main
+        policy = prepare_policy(policy, c)
+        reference = reference if reference is not None else default_reference(policy, c)
+        # The critic copies the policy's decoder before any sharding touches it.
+        self.critic = Critic(c, policy, critic_backbone) if algo.critic else None
+        policy, reference = self.processes.place(policy, reference)
+        self.passes = PolicyPasses(policy, reference, c, self.processes.forward_model)
+        self.baseline = self.critic or GroupBaseline(c, self.processes.sum)
+        self.rule = UPDATE_RULES.get(algo.update)(c, self.passes, self.processes, self.critic)
+        self.kl = KL_CONTROLLERS.get(c.kl_controller_name)(c)
+        self.source = make_source(c, inputs, policy, tokenizer, sampler, self.processes.share)
+        self.sampler, self.collector, self.tokenizer = self.source.sampler, self.source.collector, tokenizer
+        self.step_count, self.time_budget_s = 0, None
+        self.out = Path(c.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.run_config = run_config if run_config is not None else c
+        self.metrics_log = JsonlLog(self.out / "metrics.jsonl") if self.is_main else NullLog()
+        self.completions_log = JsonlLog(self.out / "completions.jsonl") if self.is_main else NullLog()
+        self.eval_history: list[dict[str, Any]] = []
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        return self.passes.policy
+
+    @property
+    def reference(self) -> torch.nn.Module | None:
+        return self.passes.reference
+
+    def train(self) -> dict[str, Any]:
+        """Train until ``total_steps`` (see :func:`grouprl.run.loop.run_loop`); returns the summary."""
+        return run_loop(self)
+
+    # -- one step -----------------------------------------------------------------------------------
+    def step(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """One iteration, in the paper's order. Returns (metrics, sample completions)."""
+        c, timer, t0 = self.config, PhaseTimer(), time.perf_counter()
+        got = self.collect(timer)                                                    # o_i ~ pi_old(.|q), r_i
+        mask = got.batch.completion_mask.clone()
+        if c.mask_truncated:
+            mask = mask * (~got.batch.truncated).unsqueeze(-1).to(mask.dtype)
+        with timer("logprobs"):
+            old_logp = self.passes.old_logprobs(got.batch) if c.needs_old_logprobs else None
+            ref_logp = self.passes.reference_logprobs(got.batch) if c.needs_reference else None
+        beta = self.kl.beta
+        data, metrics, constant = self.baseline.prepare(got, mask, old_logp, ref_logp, beta, self.step_count)  # A
+        records = self.records(got, data)  # the advantages as estimated, before any importance weights
+        metrics.update(self.correct_rollout(data))
+        with timer("update"):                                                        # mu x minibatches
+            metrics = {**self.rule.update(data, self.step_count, 0.0 if c.kl_penalty_in_reward else beta), **metrics}
+        if old_logp is not None and ref_logp is not None:  # the KL the rollout policy had from the reference
+            sequence_kl = float((kl_per_token(old_logp, ref_logp, c.kl_estimator) * data.mask).sum(-1).mean())
+            metrics["policy/kl_sequence"] = sequence_kl
+            self.kl.update(sequence_kl, got.batch.batch_size)
+        if c.needs_reference:
+            metrics["kl/beta"] = beta
+        if c.ref_sync_steps and (self.step_count + 1) % c.ref_sync_steps == 0:
+            self.passes.sync_reference(c.ref_sync_alpha)
+        return self.finish_metrics(got, data, constant, metrics, timer, t0), records
+
+    def collect(self, timer: PhaseTimer) -> Collected:
+        """The step's rollout and rewards; a failure in any process stops every process with it."""
+        result, error = None, None
+        with self.processes.rollout(self.sampler, self.policy):
+            try:
+                result = self.collector.collect(self.step_count, timer)
+            except Exception as e:  # noqa: BLE001 - re-raised below, in every process
+                error = e
+        self.processes.check(error)
+        return result
+
+    def correct_rollout(self, data: UpdateBatch) -> dict[str, float]:
+        """With ``rollout_is`` on, weight each token's policy-gradient term by the capped ratio
+        pi_old / pi_rollout (:mod:`grouprl.algos.rollout_correction`), making ``data.advantages``
+        ``[B, T]``; logs the rollout engine's mismatch KL whenever pi_old was computed."""
+        c = self.config
+        if data.old_logp is None:
+            return {}
+        rollout_logp = data.rollout.sampling_logprobs.to(data.old_logp.device)
+        if c.rollout_is == "none":
+            return {k: float(v) for k, v in rollout_mismatch(data.old_logp, rollout_logp, data.mask).items()}
+        weights, m = truncated_is_weights(data.old_logp, rollout_logp, data.mask, level=c.rollout_is,
+                                          cap=c.rollout_is_cap)
+        adv = data.advantages if data.advantages.dim() == 2 else data.advantages.unsqueeze(-1)
+        data.advantages = adv * weights
+        return {k: float(v) for k, v in m.items()}
+
+    def finish_metrics(self, got: Collected, data: UpdateBatch, constant: torch.Tensor | None,
+                       metrics: dict[str, float], timer: PhaseTimer, t0: float) -> dict[str, float]:
+        """The step's record for the whole run: rewards and rollout statistics over every process's
+        rows, timings and throughput."""
+        parts = self.processes.gather((data.rewards.cpu(), {k: v.cpu() for k, v in got.per_fn.items()},
+                                       None if constant is None else constant.cpu(), got.batch.to("cpu")))
+        rewards = torch.cat([p[0] for p in parts])
+        per_fn = {k: torch.cat([p[1][k] for p in parts]) for k in got.per_fn}
+        constant = None if constant is None else torch.cat([p[2] for p in parts])
+        metrics = {**reward_metrics(rewards, per_fn, constant),
+                   **rollout_metrics(RolloutBatch.cat([p[3] for p in parts]), got.rounds), **metrics,
+                   **timer.metrics(), "time/step": time.perf_counter() - t0}
+        tokens = float(got.batch.completion_mask.sum())
+        metrics["throughput/tokens_per_s"] = tokens / metrics["time/step"]
+        metrics["throughput/rollout_tokens_per_s"] = tokens / max(timer.seconds.get("rollout", 0.0), 1e-9)
+        return self.processes.combine(metrics, tokens)
+
+    def records(self, got: Collected, data: UpdateBatch) -> list[dict[str, Any]]:
+        """Sample records of every process's completions (on the main process; empty elsewhere)."""
+        mine = sample_records(got.batch, data.rewards, got.per_fn, row_advantages(data.advantages, data.mask))
+        parts = self.processes.gather(mine)
+        return [r for part in parts for r in part] if self.is_main else []
+
+    # -- the run loop's hooks -----------------------------------------------------------------------
+    def finished(self) -> bool:
+        return self.step_count >= self.config.total_steps
+
+    def eval_due(self) -> bool:
+        every = self.config.eval_every
+        return bool(every) and self.step_count % every == 0
+
+    def progress_bar(self) -> Progress:
+        return Progress(self.config.total_steps, self.step_count, self.config.progress and self.is_main,
+                        label=self.config.algo)
+
+    def agree(self, flag: bool) -> bool:
+        return self.processes.any(flag)
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics of the current policy (empty without an eval set); each process evaluates
+        its share of the held-out prompts and the results are weighted by prompts."""
+        if not self.eval_rows:
+            return {}
+        first, stop = self.processes.share(len(self.eval_rows))
+        result, error = {}, None
+        self.policy.eval()
+        with self.processes.rollout(self.sampler, self.policy):
+            try:
+                if stop > first:
+                    with torch.inference_mode():
+                        result = self.source.evaluate(first, stop)
+            except Exception as e:  # noqa: BLE001 - re-raised below, in every process
+                error = e
+        self.processes.check(error)
+        parts = [(n, res) for n, res in self.processes.gather((stop - first, result)) if n > 0]
+        if len(parts) == 1:
+            return parts[0][1]
+        return {k: sum(n * res[k] for n, res in parts if k in res) / sum(n for n, res in parts if k in res)
+                for k in parts[0][1]}
+
+    def log_completions(self, records: list[dict[str, Any]], progress: Progress) -> None:
+        c = self.config
+        if not c.log_completions_every or self.step_count % c.log_completions_every:
+            return
+        self.completions_log.append([{"step": self.step_count, **r} for r in records])
+        for r in records[: c.print_completions]:
+            progress.print(f"[dim]step {self.step_count} reward {r['reward']:.3f}[/dim] {r['completion'][:200]!r}")
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def checkpoint_parts(self) -> dict[str, Any]:
+        """Everything a checkpoint holds to resume exactly: the policy, the reference when reference
+        sync moves it, the update rule's and the critic's state."""
+        stateful, modules = dict(self.rule.checkpoint_parts()), {}
+        if self.critic is not None:
+            critic_state, modules = self.critic.checkpoint_parts()
+            stateful.update(critic_state)
+        return {"policy": self.policy, "reference": self.reference if self.config.ref_sync_steps else None,
+                "stateful": stateful, "modules": modules}
+
+    def save(self) -> Path:
+        state = {"position": self.collector.stream.position, "kl_controller": self.kl.state_dict(),
+                 "config": as_plain(self.config)}
+        return self.processes.save(self.out / "checkpoints", self.step_count, state=state, tokenizer=self.tokenizer,
+                                   keep=self.config.keep_checkpoints, **self.checkpoint_parts())
+
+    def resume(self, spec: str) -> None:
+        folder = ckpt.resolve_checkpoint(spec, self.out / "checkpoints")
+        state = self.processes.load(folder, **self.checkpoint_parts())
+        self.step_count = int(state["step"])
+        self.collector.stream.position = int(state["position"])
+        if "kl_controller" in state:
+            self.kl.load_state_dict(state["kl_controller"])
+        self.metrics_log.truncate_after(self.step_count)
+        self.completions_log.truncate_after(self.step_count)
+
+
+GRPOTrainer = Trainer
+"""The trainer under the library's first name (``config.algo`` picks the algorithm; grpo by default)."""

@@ -1,0 +1,83 @@
+"""`grouprl train --nproc N`: the checks made before any process starts, the torchrun command it
+runs, and (slow) a whole 2-process run from the command line."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grouprl.cli import main
+from grouprl.cli.launch import torchrun_command
+from grouprl.config import TrainConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_args(tmp_path: Path, *extra: str) -> list[str]:
+    return ["--model", "tiny", "--reward_functions", "grouprl.cli.demo:digit_share", "--accuracy_fn",
+            "grouprl.cli.demo:only_digits", "--prompts_per_step", "2", "--group_size", "4", "--max_new_tokens", "4",
+            "--total_steps", "2", "--lr", "1e-3", "--eval_size", "5", "--eval_samples", "2", "--train_size", "16",
+            "--log_completions_every", "1", "--no-progress", "--no-tensorboard", "--output_dir",
+            str(tmp_path / "run"), *extra]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--prompts_per_step", "3"), "prompts_per_step=3 .* must divide evenly over 2 processes"),
+    (("--dynamic_sampling", "true"), "dynamic_sampling is not available with several processes"),
+])
+def test_nproc_refuses_a_batch_it_cannot_split_before_starting_processes(tmp_path, capsys, extra, message):
+    code = main(["train", *tiny_args(tmp_path, *extra), "--nproc", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(message, err), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_processes_train_on_the_resolved_config(tmp_path):
+    cmd = torchrun_command(4, tmp_path / "c.yaml")
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
+    assert cmd[5:] == ["-m", "grouprl", "train", "--config", str(tmp_path / "c.yaml")]
+
+
+@pytest.mark.slow
+def test_train_nproc_2_from_the_command_line(tmp_path):
+    """Two processes end to end: one run folder written by the first process, a sharded checkpoint
+    plus a gathered model, and the same closing lines as a one-process run."""
+    cmd = [sys.executable, "-m", "grouprl", "train", *tiny_args(tmp_path), "--nproc", "2"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1].startswith("accuracy before=")
+    run = tmp_path / "run"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss/total" in r] == [1, 2]
+    assert records[1]["rollout/groups"] == 2.0  # the whole batch, gathered from both processes
+    assert len((run / "completions.jsonl").read_text().splitlines()) == 2 * 8
+    final = run / "checkpoints" / "step-000002"
+    assert (final / "dcp").is_dir() and (final / "model" / "model.safetensors").exists()
+    assert sorted(p.name for p in (final / "rng").iterdir()) == ["rank-0.pt", "rank-1.pt"]
+    assert (run / "report" / "report.html").exists()
+    config = load_config(TrainConfig, run / "config.yaml")
+    assert config.prompts_per_step == 2 and config.model == "tiny"
+
+
+def test_the_readme_scaling_out_commands_resolve(tmp_path, monkeypatch, capsys):
+    """Every `grouprl train` and `torchrun ... -m grouprl train` line of "Scaling out" resolves its
+    config (nothing is loaded or started)."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Scaling out\n")
+    section = text[start:text.index("\n## ", start + 1)]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    lines = [shlex.split(line) for block in blocks for line in block.replace("\\\n", " ").splitlines() if line]
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    (tmp_path / "run.yaml").write_text("model: tiny\nprompts_per_step: 8\n")
+    monkeypatch.chdir(tmp_path)
+    assert len(lines) == 4
+    for argv in lines:
+        args = argv[argv.index("grouprl") + 1:]
+        assert args[0] == "train", argv
+        assert main([*args, "--print-config"]) == 0, (argv, capsys.readouterr().err)

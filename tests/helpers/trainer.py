@@ -1,0 +1,58 @@
+"""Shared pieces of the trainer tests: a tiny model, a learnable reward, a trainer factory, and the
+trainer's parts driven one at a time (a rollout, an update on given advantages)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from grouprl.models import tiny_causal_lm
+from grouprl.run.logs import PhaseTimer
+from grouprl.trainer.config import TrainerConfig
+from grouprl.trainer.trainer import Trainer
+from grouprl.trainer.update import UpdateBatch
+from grouprl.types import RolloutBatch
+
+RESUME_SETTINGS = {"save_every": 1, "mu": 2, "minibatch_size": 4, "eval_every": 0}
+"""Off-policy settings for the resume test: optimizer moments and old log-probs both matter."""
+
+PROMPTS = [{"prompt": f"Count: {i}", "target": "7"} for i in range(16)]
+
+
+def digit_share(prompts, completions, **_):
+    """Share of characters of the completion that are digits (learnable by a tiny model)."""
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def base_config(tmp_path, **overrides) -> TrainerConfig:
+    cfg = TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=6, total_steps=2, lr=1e-3, beta=0.04,
+                        micro_batch_size=8, output_dir=str(tmp_path / "run"), progress=False, tensorboard=False,
+                        log_completions_every=1, print_completions=0, seed=3)
+    return replace(cfg, **overrides)
+
+
+def make_trainer(tmp_path, model_seed=0, reward_fns=(digit_share,), critic_backbone=None, **overrides) -> Trainer:
+    torch.manual_seed(0)
+    model, tok = tiny_causal_lm(seed=model_seed)
+    return Trainer(base_config(tmp_path, **overrides), policy=model, tokenizer=tok, reward_fns=list(reward_fns),
+                   train_data=PROMPTS, eval_data=PROMPTS[:4], critic_backbone=critic_backbone,
+                   is_correct=lambda completion, row: row["target"] in completion)
+
+
+def rollout(trainer: Trainer) -> tuple[RolloutBatch, torch.Tensor]:
+    """One step's collected rollout and rewards, without training on them."""
+    got = trainer.collector.collect(trainer.step_count, PhaseTimer())
+    return got.batch, got.rewards
+
+
+def run_update(trainer: Trainer, batch: RolloutBatch, advantages: torch.Tensor, old_logp=None, ref_logp=None,
+               mask=None, **extras) -> dict[str, float]:
+    """The trainer's update rule on ``batch`` with the given advantages (``[B]`` or ``[B, T]``)."""
+    data = UpdateBatch(rollout=batch, advantages=advantages, mask=batch.completion_mask if mask is None else mask,
+                       old_logp=old_logp, ref_logp=ref_logp, **extras)
+    return trainer.rule.update(data, trainer.step_count, trainer.config.beta)
+
+
+def params_of(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}

@@ -1,0 +1,39 @@
+import pytest
+
+from grouprl.trainer.config import GRPOConfig
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"group_size": 1}, "set group_size >= 2"),
+        ({"minibatch_size": 0}, "set a positive number of rows"),
+        ({"minibatch_size": 6, "group_size": 4}, "multiple of group_size=4"),
+        ({"minibatch_size": 8, "group_size": 4, "prompts_per_step": 3}, "divide prompts_per_step"),
+        ({"temperature": 0.0}, "greedy sampling"),
+        ({"beta": 0.0, "kl_in_reward": True}, "kl_in_reward needs beta > 0"),
+        ({"beta": 0.0, "ref_sync_steps": 5}, "ref_sync_steps > 0 needs beta > 0"),
+        ({"aggregation": "mean"}, "aggregation='mean' is not one of"),
+        ({"advantage": "gae"}, "advantage='gae' is not one of: grpo, rank, reinforce, rloo"),
+        ({"dual_clip": 0.5}, "dual_clip=0.5 must be > 1"),
+        ({"lora_rank": 8, "ref_sync_steps": 2}, "not available with LoRA"),
+    ],
+)
+def test_invalid_settings_say_what_to_change(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**kwargs)
+
+
+def test_off_policy_detection():
+    assert not GRPOConfig(prompts_per_step=2, group_size=4).off_policy
+    assert GRPOConfig(prompts_per_step=2, group_size=4, mu=2).off_policy
+    assert GRPOConfig(prompts_per_step=2, group_size=4, minibatch_size=4).off_policy
+    assert not GRPOConfig(prompts_per_step=2, group_size=4, minibatch_size=8).off_policy
+    assert not GRPOConfig(beta=0.0).needs_reference
+
+
+def test_sampling_params_mirror_the_config():
+    p = GRPOConfig(temperature=0.7, top_p=0.9, max_new_tokens=12, stop_strings=("</answer>",), dtype="bf16")
+    sp = p.sampling_params((5,))
+    assert (sp.temperature, sp.top_p, sp.max_new_tokens, sp.stop_strings, sp.stop_token_ids, sp.autocast_bf16) == (
+        0.7, 0.9, 12, ("</answer>",), (5,), True)

@@ -1,0 +1,256 @@
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import grouprl.trainer.policy as policy_module
+from grouprl.algos import AGGREGATIONS, group_advantages
+from grouprl.rewards import RewardFunctionError
+from grouprl.rollout.logprobs import token_logprobs
+from grouprl.run.checkpoint import checkpoint_dirs
+from tests.helpers.trainer import PROMPTS, RESUME_SETTINGS, digit_share, make_trainer, params_of, rollout, run_update
+
+REQUIRED_METRICS = [
+    "reward/mean", "reward/std", "reward/digit_share", "rollout/zero_std_frac", "rollout/len_mean",
+    "rollout/len_max", "rollout/truncated_frac", "policy/kl", "policy/clip_low", "policy/clip_high",
+    "policy/entropy", "loss/total", "loss/policy", "loss/kl", "optim/grad_norm", "optim/lr", "time/rollout",
+    "time/reward", "time/logprobs", "time/update", "time/step", "throughput/tokens_per_s", "memory/peak_rss_mb",
+]
+
+
+@pytest.mark.parametrize("mode", sorted(AGGREGATIONS))
+def test_micro_batches_give_the_same_update_as_one_batch(tmp_path, mode):
+    """B rows in one pass vs micro-batches of 3 with accumulation: same gradient, same parameters."""
+    results = []
+    for micro in (8, 3):
+        trainer = make_trainer(tmp_path / str(micro), aggregation=mode, micro_batch_size=micro, beta=0.1,
+                               entropy_coef=0.01)
+        batch, rewards = rollout(trainer)
+        ref_logp = trainer.passes.reference_logprobs(batch)
+        adv = group_advantages(torch.tensor([1.0, 0.0, 0.5, 0.2, 0.3, 0.3, 0.9, 0.0]), 4)
+        run_update(trainer, batch, adv, ref_logp=ref_logp)
+        grads = {k: p.grad.clone() for k, p in trainer.policy.named_parameters()}
+        results.append((grads, params_of(trainer.policy)))
+    (g1, p1), (g2, p2) = results
+    for k in g1:
+        torch.testing.assert_close(g2[k], g1[k], atol=1e-6, rtol=1e-4)
+        # Adam's first step is ~lr * g / |g|: where |g| is near Adam's eps, fp32 summation-order noise
+        # in g shows up amplified, so the parameters are compared at 1% of the step size (lr = 1e-3).
+        torch.testing.assert_close(p2[k], p1[k], atol=1e-5, rtol=0)
+
+
+def test_on_policy_gradient_is_reinforce(tmp_path):
+    trainer = make_trainer(tmp_path, beta=0.0, max_grad_norm=0.0)
+    batch, _ = rollout(trainer)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0])
+    run_update(trainer, batch, adv)
+    got = {k: p.grad.clone() for k, p in trainer.policy.named_parameters()}
+
+    fresh = make_trainer(tmp_path / "fresh", beta=0.0)
+    fresh.policy.train()
+    logp, _ = token_logprobs(fresh.policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                             batch.completion_mask)
+    m = batch.completion_mask
+    # REINFORCE: -(1/B) sum_i (1/|o_i|) sum_t A_i log pi(o_it)
+    loss = -((adv.unsqueeze(-1) * logp * m).sum(-1) / m.sum(-1)).mean()
+    loss.backward()
+    for k, p in fresh.policy.named_parameters():
+        torch.testing.assert_close(got[k], p.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_old_and_reference_logprobs_only_when_needed(tmp_path, monkeypatch):
+    calls = {"no_grad": 0}
+    real = policy_module.token_logprobs
+
+    def counting(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            calls["no_grad"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(policy_module, "token_logprobs", counting)
+    # micro_batch_size 8 = B: one no-grad pass per extra log-prob computation
+    for kwargs, expected in [({"beta": 0.0}, 0), ({"beta": 0.1}, 1), ({"beta": 0.0, "mu": 2}, 1),
+                             ({"beta": 0.1, "minibatch_size": 4}, 2)]:
+        calls["no_grad"] = 0
+        trainer = make_trainer(tmp_path / str(len(kwargs)) / str(expected), total_steps=1, **kwargs)
+        trainer.step()
+        assert calls["no_grad"] == expected, kwargs
+        assert (trainer.reference is None) == (kwargs["beta"] == 0.0)
+
+
+def test_smoke_tiny_model_learns_a_learnable_reward(tmp_path):
+    trainer = make_trainer(tmp_path, prompts_per_step=4, group_size=8, max_new_tokens=8, total_steps=30, lr=3e-3,
+                           beta=0.0, eval_every=0, log_completions_every=0)
+    before = params_of(trainer.policy)
+    trainer.train()
+    rewards = [r["reward/mean"] for r in trainer.metrics_log.records() if "reward/mean" in r]
+    assert len(rewards) == 30
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.2, (first, last)
+    after = params_of(trainer.policy)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_run_folder_metrics_and_completions(tmp_path):
+    trainer = make_trainer(tmp_path, total_steps=2, eval_every=1)
+    summary = trainer.train()
+    out = Path(trainer.config.output_dir)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if "reward/mean" in r]
+    assert [r["step"] for r in train_records] == [1, 2]
+    for key in REQUIRED_METRICS:
+        assert key in train_records[0], key
+    evals = [r for r in records if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [0, 1, 2]
+    assert "eval/pass@4" in evals[0] and 0 <= evals[0]["eval/accuracy"] <= 1
+    completions = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert len(completions) == 2 * 8 and set(completions[0]) >= {"step", "prompt", "completion", "reward", "rewards"}
+    assert (out / "config.yaml").exists() and (out / "summary.json").exists()
+    assert summary["eval_before"]["eval/accuracy"] == evals[0]["eval/accuracy"]
+    assert checkpoint_dirs(out / "checkpoints")[-1].name == "step-000002"
+
+
+def test_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path):
+    def only_even_prompts_vary(prompts, completions, **_):
+        # prompts "Count: <odd>" always get 1.0 (all-equal groups); even ones vary with the completion
+        return [1.0 if int(p.split()[-1]) % 2 else float(len(c) % 2) for p, c in zip(prompts, completions)]
+
+    trainer = make_trainer(tmp_path, reward_fns=[only_even_prompts_vary], dynamic_sampling=True,
+                           dynamic_sampling_max_rounds=6, prompts_per_step=4)
+    metrics, _ = trainer.step()
+    assert metrics["rollout/zero_std_frac"] == 0.0
+    assert metrics["rollout/groups"] == 4.0
+    assert metrics["rollout/rounds"] >= 2.0
+
+
+def test_zero_std_groups_drop_removes_their_kl(tmp_path):
+    def constant(prompts, completions, **_):
+        return [1.0] * len(completions)
+
+    results = {}
+    for policy in ("keep", "drop"):
+        trainer = make_trainer(tmp_path / policy, reward_fns=[constant], beta=0.5, zero_std_groups=policy)
+        with torch.no_grad():  # move the policy away from the reference so the KL term has a gradient
+            for p in trainer.policy.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        before = params_of(trainer.policy)
+        metrics, _ = trainer.step()
+        moved = any(not torch.equal(before[k], v) for k, v in params_of(trainer.policy).items())
+        results[policy] = (metrics, moved)
+    keep, keep_moved = results["keep"]
+    drop, drop_moved = results["drop"]
+    assert keep["rollout/zero_std_frac"] == 1.0 and keep["policy/kl"] > 0 and keep_moved
+    assert drop.get("optim/skipped", 0) > 0 and "policy/kl" not in drop and not drop_moved
+
+
+def test_reward_function_error_names_function_and_row(tmp_path):
+    def broken(prompts, completions, **_):
+        raise RuntimeError("boom")
+
+    trainer = make_trainer(tmp_path, reward_fns=[broken])
+    with pytest.raises(RewardFunctionError, match="broken"):
+        trainer.train()
+    assert checkpoint_dirs(Path(trainer.config.output_dir) / "checkpoints") == []
+
+
+def test_prompt_too_long_is_rejected_before_any_generation(tmp_path):
+    with pytest.raises(ValueError, match="train row 0: the prompt is .* over max_prompt_len=4"):
+        make_trainer(tmp_path, max_prompt_len=4)
+
+
+def test_lora_trains_adapters_only_and_reference_is_the_base(tmp_path):
+    trainer = make_trainer(tmp_path, lora_rank=4, lora_alpha=8.0, lr=1e-2, beta=0.1, total_steps=3)
+    assert trainer.reference is None
+    base_before = {k: v.clone() for k, v in trainer.policy.named_parameters() if "lora_" not in k}
+    lora_before = {k: v.clone() for k, v in trainer.policy.named_parameters() if "lora_" in k}
+    for _ in range(3):
+        metrics, _ = trainer.step()
+        trainer.step_count += 1
+    for k, v in trainer.policy.named_parameters():
+        if "lora_" in k:
+            continue
+        assert torch.equal(v, base_before[k]), k
+    assert any(not torch.equal(v, lora_before[k]) for k, v in trainer.policy.named_parameters() if "lora_" in k)
+    assert metrics["policy/kl"] > 0  # adapters moved the policy away from the adapter-free base
+
+
+RESUME_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch
+    torch.set_num_threads(1)
+    sys.path.insert(0, {root!r})
+    from tests.helpers.trainer import make_trainer, RESUME_SETTINGS
+    from pathlib import Path
+    trainer = make_trainer(Path({tmp!r}), total_steps=4, resume_from="latest", **RESUME_SETTINGS)
+    trainer.train()
+    torch.save({{k: v.detach() for k, v in trainer.policy.named_parameters()}}, {out!r})
+    """
+)
+
+
+def test_resume_in_a_fresh_process_is_bit_identical(tmp_path):
+    """4 steps straight == 2 steps, then a new process resuming from the checkpoint for 2 more.
+    Off-policy settings (mu=2, two minibatches) so optimizer moments and the old-policy path matter."""
+    straight = make_trainer(tmp_path / "a", total_steps=4, **RESUME_SETTINGS)
+    straight.train()
+    make_trainer(tmp_path / "b", total_steps=2, **RESUME_SETTINGS).train()
+    root = str(Path(__file__).resolve().parents[2])
+    code = RESUME_SCRIPT.format(root=root, tmp=str(tmp_path / "b"), out=str(tmp_path / "b4.pt"))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, timeout=300)
+    resumed = torch.load(tmp_path / "b4.pt")
+    for k, v in straight.policy.named_parameters():
+        assert torch.equal(v.detach(), resumed[k]), k
+    steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()
+             if "reward/mean" in x]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_a_kill_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    trainer = make_trainer(tmp_path, total_steps=1)
+    trainer.train()
+    root = Path(trainer.config.output_dir) / "checkpoints"
+    good = checkpoint_dirs(root)[-1]
+    good_files = sorted(p.name for p in good.rglob("*"))
+
+    def dies(*args, **kwargs):
+        raise KeyboardInterrupt("killed while writing the optimizer state")
+
+    monkeypatch.setattr("grouprl.run.checkpoint.torch.save", dies)
+    trainer.step_count = 1  # pretend a later step, then save with a process that dies mid-write
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save()
+    assert checkpoint_dirs(root) == [good]
+    assert sorted(p.name for p in good.rglob("*")) == good_files
+    monkeypatch.undo()
+    trainer.step_count = 2
+    trainer.save()
+    assert [p.name for p in checkpoint_dirs(root)] == ["step-000001", "step-000002"]
+    assert not list(root.glob(".tmp-*"))
+
+
+def test_reference_sync_copies_the_policy(tmp_path):
+    trainer = make_trainer(tmp_path, beta=0.1, ref_sync_steps=1, lr=1e-2)
+    trainer.step()
+    for r, p in zip(trainer.reference.parameters(), trainer.policy.parameters()):
+        assert torch.equal(r, p)
+
+
+def test_kl_in_reward_moves_rewards_not_loss(tmp_path):
+    trainer = make_trainer(tmp_path, beta=0.5, kl_in_reward=True, lr=1e-2)
+    trainer.step()
+    trainer.step_count += 1
+    metrics, samples = trainer.step()
+    assert "loss/kl" not in metrics
+    raw = digit_share([s["prompt"] for s in samples], [s["completion"] for s in samples])
+    shaped = [s["reward"] for s in samples]
+    assert all(s <= r + 1e-6 for s, r in zip(shaped, raw)) and any(s < r - 1e-6 for s, r in zip(shaped, raw))
+
+
+def test_prompts_are_drawn_in_a_seeded_order_covering_every_row(tmp_path):
+    trainer = make_trainer(tmp_path)
+    seen = trainer.collector.stream.take(len(PROMPTS))
+    assert sorted(seen) == list(range(len(PROMPTS)))

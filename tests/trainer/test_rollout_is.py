@@ -1,0 +1,47 @@
+"""The rollout importance-sampling correction inside the GRPO trainer: which tensors it uses,
+what reaches the update, and what is logged."""
+
+import pytest
+import torch
+
+from grouprl.algos.rollout_correction import truncated_is_weights
+from tests.helpers.trainer import make_trainer
+
+
+def _capture_update(trainer, monkeypatch):
+    seen = {}
+    real = trainer.rule.update
+
+    def update(data, step, beta):
+        seen.update(batch=data.rollout, advantages=data.advantages, old_logp=data.old_logp, mask=data.mask)
+        return real(data, step, beta)
+
+    monkeypatch.setattr(trainer.rule, "update", update)
+    return seen
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_the_update_gets_advantages_weighted_by_the_capped_ratio(tmp_path, monkeypatch, level):
+    # bf16 rollouts against an fp32 trainer: a real, small engine/trainer mismatch
+    trainer = make_trainer(tmp_path, rollout_is=level, rollout_is_cap=1.001, dtype="bf16")
+    seen = _capture_update(trainer, monkeypatch)
+    metrics, records = trainer.step()
+    batch, old_logp, mask = seen["batch"], seen["old_logp"], seen["mask"]
+    assert old_logp is not None  # computed even though the update is on-policy
+    weights, _ = truncated_is_weights(old_logp, batch.sampling_logprobs, mask, level=level, cap=1.001)
+    row_advantages = torch.tensor([r["advantage"] for r in records])
+    torch.testing.assert_close(seen["advantages"], row_advantages.unsqueeze(-1) * weights)
+    assert metrics["rollout/mismatch_kl"] > 0 and 0 < metrics["rollout/is_weight_mean"] <= 1.001
+    assert 0 <= metrics["rollout/is_capped_frac"] <= 1
+
+
+def test_off_the_correction_logs_the_mismatch_only_when_old_log_probs_exist(tmp_path, monkeypatch):
+    on_policy = make_trainer(tmp_path / "a")
+    metrics, _ = on_policy.step()
+    assert not any(k.startswith("rollout/mismatch") for k in metrics)
+    off_policy = make_trainer(tmp_path / "b", mu=2)
+    seen = _capture_update(off_policy, monkeypatch)
+    metrics, _ = off_policy.step()
+    assert seen["advantages"].dim() == 1  # no weights without rollout_is
+    # the built-in sampler at fp32: its log-probs are the trainer's up to rounding
+    assert metrics["rollout/mismatch_kl"] == pytest.approx(0.0, abs=1e-6)
