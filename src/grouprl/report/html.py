@@ -156,9 +156,19 @@ def _trajectory(messages: list[dict[str, Any]]) -> str:
     return "".join(out)
 
 
+AGENT_COLUMNS = (("turns", "turns"), ("success", "success"), ("end_reason", "ended"))
+"""Columns an agent's records add to the table: policy turns, the environment's verdict, why it ended."""
+
+
+def _is_agent(block: StepSamples) -> bool:
+    return any(isinstance(r.get("trajectory"), list) for r in block.rows)
+
+
 def _sample_table(block: StepSamples) -> str:
     fn_names = sorted({name for r in block.rows if isinstance(r.get("rewards"), dict) for name in r["rewards"]})
-    head = "".join(f"<th>{escape(n)}</th>" for n in fn_names)
+    agent = _is_agent(block)
+    extra = AGENT_COLUMNS if agent else ()
+    head = "".join(f"<th>{escape(n)}</th>" for n in fn_names) + "".join(f"<th>{label}</th>" for _, label in extra)
     rows, previous = [], object()
     for i, r in enumerate(block.rows):
         prompt = r.get("prompt")
@@ -167,6 +177,7 @@ def _sample_table(block: StepSamples) -> str:
         previous = prompt
         per_fn = r.get("rewards") if isinstance(r.get("rewards"), dict) else {}
         cells = "".join(f'<td class="n">{fmt(per_fn.get(n))}</td>' for n in fn_names)
+        cells += "".join(f'<td class="n">{escape(str(r.get(key, "")))}</td>' for key, _ in extra)
         trajectory = r.get("trajectory")  # an agent's whole conversation, when it has one
         body = (_trajectory(trajectory) if isinstance(trajectory, list)
                 else f"<pre>{_text(r.get('completion', ''))}</pre>")
@@ -174,7 +185,8 @@ def _sample_table(block: StepSamples) -> str:
             f'<tr><td class="n">{i + 1}</td><td>{prompt_cell}</td><td>{body}</td>'
             f'<td class="n">{fmt(r.get("reward"))}</td>{cells}<td class="n">{fmt(r.get("advantage"))}</td></tr>'
         )
-    return (f"<table><tr><th>#</th><th>prompt</th><th>completion</th><th>reward</th>{head}<th>advantage</th></tr>"
+    what = "trajectory (policy turns marked)" if agent else "completion"
+    return (f"<table><tr><th>#</th><th>prompt</th><th>{what}</th><th>reward</th>{head}<th>advantage</th></tr>"
             + "".join(rows) + "</table>")
 
 
@@ -186,7 +198,8 @@ def _samples(samples: list[StepSamples]) -> str:
         mean = f", mean reward {fmt(block.mean_reward)}" if block.mean_reward is not None else ""
         shown = f"{len(block.rows)} of {block.total}" if len(block.rows) < block.total else f"{block.total}"
         is_open = " open" if i == len(samples) - 1 else ""
-        out.append(f"<details{is_open}><summary>Step {fmt(block.step)}: {shown} completions{mean}</summary>"
+        kind = "trajectories" if _is_agent(block) else "completions"
+        out.append(f"<details{is_open}><summary>Step {fmt(block.step)}: {shown} {kind}{mean}</summary>"
                    f"{_sample_table(block)}</details>")
     return "".join(out)
 
@@ -231,7 +244,7 @@ def render_html(summary: dict[str, Any], plots: list[Plot], samples: list[StepSa
 {_eval_table(summary)}
 <h2>Training curves</h2>
 {_plots(plots)}
-<h2>Sample completions</h2>
+<h2>Sample {"trajectories" if any(_is_agent(b) for b in samples) else "completions"}</h2>
 {_samples(samples)}
 <h2>Last logged metrics</h2>
 {_metrics_table(summary)}

@@ -1,0 +1,58 @@
+"""Guess the number: a multi-turn game with feedback. The environment picks a whole number in
+``[low, high]``; each policy turn is a guess, answered "higher" or "lower", until the number is
+found (reward 1, success) or ``max_guesses`` are spent (reward 0). A turn without a number costs a
+guess. The state key of each turn is the interval the answers so far leave open and the guesses
+left, so turns that start from the same knowledge are compared with each other (step-level groups).
+
+Calibrated on the bundled SmolLM2-135M in ``docs/calibration.md``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from grouprl.envs.answers import last_integer
+from grouprl.envs.base import ENVIRONMENTS
+
+
+class GuessNumber:
+    """See the module docstring. Options: ``low``, ``high``, ``max_guesses``."""
+
+    def __init__(self, low: int = 1, high: int = 8, max_guesses: int = 3):
+        if not low < high or max_guesses < 1:
+            raise ValueError(f"guess-number needs low < high and max_guesses >= 1, got {low}, {high}, {max_guesses}")
+        self.low, self.high, self.max_guesses = low, high, max_guesses
+        self.target, self.used, self.lo, self.hi = low, 0, low, high
+
+    def _key(self) -> tuple[int, int, int]:
+        return self.lo, self.hi, self.max_guesses - self.used
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        self.target = random.Random(seed).randint(self.low, self.high)
+        self.used, self.lo, self.hi = 0, self.low, self.high
+        text = (f"I am thinking of a whole number from {self.low} to {self.high}. Guess it: reply with just the "
+                f"number. You have {self.max_guesses} guesses, and after each one I say whether my number is "
+                f"higher or lower.")
+        return text, {"state_key": self._key()}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        self.used += 1
+        guess = last_integer(action)
+        if guess == self.target:
+            return f"Yes, it is {guess}.", 1.0, True, False, {"success": True}
+        left = self.max_guesses - self.used
+        if left == 0:
+            return f"No guesses left; it was {self.target}.", 0.0, True, False, {"success": False}
+        if guess is None:
+            text = f"Reply with just a number from {self.low} to {self.high}."
+        elif guess < self.target:
+            self.lo = max(self.lo, guess + 1)
+            text = f"Higher than {guess}."
+        else:
+            self.hi = min(self.hi, guess - 1)
+            text = f"Lower than {guess}."
+        return f"{text} {left} guess{'es' if left > 1 else ''} left.", 0.0, False, False, {"state_key": self._key()}
+
+
+ENVIRONMENTS.register("guess-number", GuessNumber)

@@ -1,0 +1,51 @@
+"""A small environment a tiny random model can learn, and a trainer factory for agent runs."""
+
+from __future__ import annotations
+
+import torch
+
+from grouprl.envs import Tool, make_env_factory
+from grouprl.models import tiny_causal_lm
+from grouprl.trainer.inputs import RunInputs
+from grouprl.trainer.trainer import Trainer
+from tests.helpers.trainer import base_config
+
+
+class DigitTalk:
+    """Two turns: each pays the share of digits in the policy's turn; the reset names its seed (so
+    a group's trajectories can be seen to share it)."""
+
+    def __init__(self, turns: int = 2):
+        self.turns, self.n, self.seed = turns, 0, None
+
+    def reset(self, *, seed=None, options=None):
+        self.n, self.seed = 0, seed
+        return f"game {seed}: digits", {}
+
+    def step(self, action):
+        self.n += 1
+        share = sum(ch.isdigit() for ch in action) / max(len(action), 1)
+        done = self.n >= self.turns
+        return f"again {self.n}", share, done, False, {"success": share > 0.5} if done else {}
+
+
+def count(text: str) -> int:
+    """Count the characters of a text.
+
+    Args:
+        text: the text.
+    """
+    return len(text)
+
+
+def make_agent_trainer(tmp_path, env: str = "tests.helpers.agents:DigitTalk", options=None, tools=(), resets=8,
+                       **overrides) -> Trainer:
+    """A trainer of the tiny model on ``env`` with ``resets`` training resets (seeds 0..) and 4 held-out ones."""
+    torch.manual_seed(0)
+    model, tok = tiny_causal_lm(seed=0)
+    settings = {"max_new_tokens": 4, "max_turns": 3, "max_trajectory_tokens": 64, "eval_every": 0, **overrides}
+    config = base_config(tmp_path, **settings)
+    inputs = RunInputs(train_rows=[{"seed": i} for i in range(resets)], reward_fns=[],
+                       eval_rows=[{"seed": 100 + i} for i in range(4)], env=make_env_factory(env, options),
+                       tools=[Tool.of(t) for t in tools])
+    return Trainer(config, policy=model, tokenizer=tok, inputs=inputs)

@@ -1,0 +1,99 @@
+"""Agents in text environments through the whole trainer: groups share their reset, every algorithm
+trains on trajectories, the environment's tokens carry no loss, tools, resume, evaluation and GEM."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from grouprl.run.logs import PhaseTimer
+from tests.helpers.agents import count, make_agent_trainer
+from tests.helpers.trainer import params_of
+
+
+def test_the_trajectories_of_a_group_start_from_the_same_reset(tmp_path):
+    trainer = make_agent_trainer(tmp_path, prompts_per_step=2, group_size=4)
+    got = trainer.collector.collect(0, PhaseTimer())
+    first = [t[0]["content"] for t in got.batch.extras["trajectory"]]
+    assert len(set(first[:4])) == 1 and len(set(first[4:])) == 1 and first[0] != first[4]
+    assert first[0].startswith("game ") and got.batch.group_size == 4
+    # environment tokens are in the sequence, but only the policy's carry loss
+    assert (got.batch.sequence_mask.sum() > got.batch.completion_mask.sum())
+    # the return is the sum of the turns' rewards
+    steps = got.batch.info["step_rewards"]
+    assert got.rewards.tolist() == pytest.approx([sum(s) for s in steps])
+
+
+@pytest.mark.parametrize("algo", ["grpo", "rloo", "reinforce", "ppo", "trpo"])
+def test_every_algorithm_trains_on_trajectories(tmp_path, algo):
+    extra = {"critic_warmup_steps": 0} if algo == "ppo" else {"max_kl": 0.05} if algo == "trpo" else {}
+    trainer = make_agent_trainer(tmp_path, algo=algo, total_steps=2, **extra)
+    before = params_of(trainer.policy)
+    trainer.train()
+    after = params_of(trainer.policy)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    for key in ("env/turns_mean", "env/tool_calls_mean", "env/tool_errors", "env/truncated_frac", "env/success"):
+        assert key in records[0]
+
+
+def test_grpo_raises_the_return_of_a_learnable_environment(tmp_path):
+    trainer = make_agent_trainer(tmp_path, prompts_per_step=4, group_size=8, total_steps=10, lr=1e-2, beta=0.0)
+    trainer.train()
+    returns = [r["env/return_mean"] for r in trainer.metrics_log.records() if "env/return_mean" in r]
+    assert sum(returns[-3:]) / 3 > sum(returns[:3]) / 3 + 0.3, returns
+
+
+def test_lora_trains_only_adapters_on_trajectories(tmp_path):
+    trainer = make_agent_trainer(tmp_path, lora_rank=4, lr=1e-2, total_steps=1)
+    before = params_of(trainer.policy)
+    trainer.train()
+    moved = [k for k, v in params_of(trainer.policy).items() if not torch.equal(v, before[k])]
+    assert moved and all("lora_" in k for k in moved)
+
+
+def test_tool_calls_are_counted_and_answered(tmp_path):
+    trainer = make_agent_trainer(tmp_path, tools=[count], total_steps=1)
+    episodes = trainer.collector.episodes([{"seed": 0}], [0], 1)
+    episodes[0].start()
+    assert episodes[0].respond('<tool_call>{"name": "count", "arguments": {"text": "abc"}}</tool_call>') == \
+        [{"role": "tool", "name": "count", "content": "3"}]
+    # the renderer shows the tools to the model (the tiny template ignores tools=: a system message)
+    assert '"name": "count"' in trainer.sampler.renderer.system
+
+
+def test_resume_continues_an_agent_run_exactly(tmp_path):
+    straight = make_agent_trainer(tmp_path / "a", total_steps=3, save_every=1, mu=2, minibatch_size=4)
+    straight.train()
+    resumed = make_agent_trainer(tmp_path / "a", total_steps=3, save_every=1, mu=2, minibatch_size=4,
+                                 resume_from=str(tmp_path / "a" / "run" / "checkpoints" / "step-000002"))
+    want = params_of(straight.policy)
+    resumed.train()
+    got = params_of(resumed.policy)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_evaluation_plays_held_out_resets(tmp_path):
+    trainer = make_agent_trainer(tmp_path, eval_samples=2)
+    result = trainer.evaluate()
+    assert set(result) >= {"eval/success", "eval/pass@2", "eval/mean_reward", "eval/turns_mean", "eval/len_mean"}
+    assert result == trainer.evaluate()  # the same seeds draw the same trajectories
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gem") is None,
+                    reason="GEM is not installed (pip install 'grouprl[envs]'; the test extra installs it)")
+def test_a_gem_environment_end_to_end(tmp_path):
+    trainer = make_agent_trainer(tmp_path, env="gem:game:GuessTheNumber-v0-easy", total_steps=2, max_new_tokens=6,
+                                 max_turns=2, max_trajectory_tokens=80)
+    summary = trainer.train()
+    assert summary["steps"] == 2
+    records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    record = next(r for r in trainer.completions_log.records() if "trajectory" in r)
+    assert record["trajectory"][0]["content"].startswith("You are playing Guess The Number")
+    # a random model writes no \boxed{} guess: GEM ends the game on it with its invalid-guess penalty
+    assert [m["role"] for m in record["trajectory"]] == ["user", "assistant"]
+    assert record["reward"] == pytest.approx(-0.1) and record["end_reason"] == "env"
