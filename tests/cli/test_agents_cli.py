@@ -50,11 +50,12 @@ def test_train_an_agent_then_eval_it_as_the_run_did(tmp_path, capsys, monkeypatc
 
 
 @pytest.mark.parametrize("extra, message", [
-    (("--tools", "python"), "tools are called in an environment's conversation, but env is not set"),
+    (("--tools", "python"), "tools apply to an environment's trajectories, but env is not set"),
+    (("--advantage", "gigpo"), "advantage=gigpo apply to an environment's trajectories"),
     (("--env", "guess-numbr"), "did you mean 'guess-number'"),
     (("--env", "guess-number", "--dynamic_sampling", "true"), "dynamic_sampling is not available with an env"),
     (("--env", "guess-number", "--env_options", "{max_guesses: 0}"), "could not be made.*max_guesses"),
-    (("--env_options", "{high: 4}"), "env_options apply to an environment"),
+    (("--env_options", "{high: 4}"), "env_options apply to an environment's trajectories"),
 ])
 def test_environment_configs_are_checked_before_the_model_loads(tmp_path, capsys, extra, message):
     code = main(["train", "--model", "smollm2-135m", "--output_dir", str(tmp_path / "run"), *extra])

@@ -97,3 +97,35 @@ def test_a_gem_environment_end_to_end(tmp_path):
     # a random model writes no \boxed{} guess: GEM ends the game on it with its invalid-guess penalty
     assert [m["role"] for m in record["trajectory"]] == ["user", "assistant"]
     assert record["reward"] == pytest.approx(-0.1) and record["end_reason"] == "env"
+
+
+def test_gigpo_gives_each_turn_its_own_advantage(tmp_path):
+    from grouprl.trainer.steps import token_turns
+
+    trainer = make_agent_trainer(tmp_path, advantage="gigpo", gigpo_gamma=0.5, prompts_per_step=2, group_size=4,
+                                 total_steps=2, log_completions_every=1)
+    got = trainer.collector.collect(0, PhaseTimer())
+    mask = got.batch.completion_mask
+    data, metrics, _ = trainer.baseline.prepare(got, mask, None, None, 0.0, 0)
+    assert data.advantages.shape == mask.shape and set(metrics) == {
+        "gigpo/step_groups", "gigpo/step_group_size_mean", "gigpo/singleton_frac"}
+    turns = token_turns(mask)
+    assert ((data.advantages != 0) <= (turns >= 0)).all()  # environment tokens carry no advantage
+    for i in range(got.batch.batch_size):  # one value per turn, constant over the turn's tokens
+        for t in range(int(turns[i].max()) + 1):
+            assert data.advantages[i][turns[i] == t].unique().numel() == 1
+    # every trajectory of a reset starts from the same state: the first turns form one anchor group
+    assert metrics["gigpo/step_groups"] >= 2
+    trainer.train()
+    record = next(r for r in trainer.metrics_log.records() if "gigpo/step_groups" in r)
+    assert record["step"] == 1
+
+
+def test_state_keys_group_equal_or_similar_texts_within_a_reset():
+    from grouprl.trainer.steps import key_ids
+
+    keys = [["a long observation text", "x"], ["a long observation text!", None], ["a long observation text", "x"]]
+    exact = key_ids(keys, [0, 0, 1], None)
+    assert exact[0][0] != exact[1][0] and exact[1][1] == -1 and exact[2][0] != exact[0][0]
+    close = key_ids(keys, [0, 0, 1], 0.95)
+    assert close[0][0] == close[1][0] and close[2][0] != close[0][0]

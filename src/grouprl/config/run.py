@@ -141,18 +141,9 @@ def is_import_path(name: str) -> bool:
 def _source_problems(c: TrainConfig) -> list[str]:
     from grouprl.tasks import TASKS
 
-    if c.env_options and not c.env:
-        return ["env_options apply to an environment, but env is not set"]
-    if c.tools and not c.env:
-        return ["tools are called in an environment's conversation, but env is not set"]
-    if c.env:
-        problem = _env_problem(c.env)
-        if problem:
-            return [problem]
-    if c.env and c.dynamic_sampling:
-        return ["dynamic_sampling is not available with an environment: train on its trajectories as they come"]
-    if c.env and c.task_options:
-        return ["task_options apply to a built-in task, but env is set: remove task_options"]
+    agent = _agent_problems(c)
+    if agent:
+        return agent
     if c.dataset:
         if c.task_options:
             return ["task_options apply to a built-in task, but dataset is set: remove task_options"]
@@ -169,6 +160,22 @@ def _source_problems(c: TrainConfig) -> list[str]:
                 "env (an environment)"]
     TASKS.get(c.task)  # unknown names fail here with the closest valid ones
     c.build_task()  # bad task options fail here, naming the valid ones
+    return []
+
+
+def _agent_problems(c: TrainConfig) -> list[str]:
+    """Keys that need an environment, and what an environment rules out."""
+    if not c.env:
+        needs = {"env_options": c.env_options, "tools": c.tools, "advantage=gigpo": c.advantage == "gigpo"}
+        stray = [k for k, v in needs.items() if v]
+        return [f"{', '.join(stray)} apply to an environment's trajectories, but env is not set"] if stray else []
+    problem = _env_problem(c.env)
+    if problem:
+        return [problem]
+    if c.dynamic_sampling:
+        return ["dynamic_sampling is not available with an environment: train on its trajectories as they come"]
+    if c.task_options:
+        return ["task_options apply to a built-in task, but env is set: remove task_options"]
     return []
 
 

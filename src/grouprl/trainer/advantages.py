@@ -41,3 +41,14 @@ class GroupBaseline:
         data = UpdateBatch(rollout=got.batch, advantages=advantages, mask=mask, rewards=rewards, old_logp=old_logp,
                            ref_logp=None if c.kl_penalty_in_reward else ref_logp)
         return data, {}, constant
+
+
+def make_baseline(config: Any, reduce: Any) -> Any:
+    """The group baseline of ``config.advantage_estimator``: per step (gigpo) or per trajectory."""
+    from grouprl.trainer.steps import StepGroupBaseline
+
+    return (StepGroupBaseline if config.advantage_estimator in STEP_ESTIMATORS else GroupBaseline)(config, reduce)
+
+
+STEP_ESTIMATORS = ("gigpo",)
+"""Estimators that give each policy turn its own advantage (:mod:`grouprl.trainer.steps`)."""

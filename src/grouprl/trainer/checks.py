@@ -13,6 +13,7 @@ from grouprl.algos import ADVANTAGES, AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMA
 from grouprl.algos.rollout_correction import ROLLOUT_IS_LEVELS
 from grouprl.registry import Registry
 from grouprl.run.optim import LR_SCHEDULES
+from grouprl.trainer.advantages import STEP_ESTIMATORS
 from grouprl.trainer.algorithms import ALGORITHMS, KEY_GROUPS, KL_CONTROLLERS, Algorithm, owners
 
 ZERO_STD_POLICIES = ("keep", "drop")
@@ -25,7 +26,7 @@ def problems(c: Any) -> list[str]:
     algo = ALGORITHMS.get(c.algo)
     return (_algorithm_problems(c, algo) + _registry_problems(c) + _range_problems(c) + _batch_problems(c)
             + _objective_problems(c) + _sampling_problems(c) + _scale_out_problems(c) + _critic_problems(c)
-            + _trust_region_problems(c))
+            + _trust_region_problems(c) + _gigpo_problems(c))
 
 
 def _algorithm_problems(c: Any, algo: Algorithm) -> list[str]:
@@ -45,7 +46,8 @@ def _algorithm_problems(c: Any, algo: Algorithm) -> list[str]:
 
 def _registry_problems(c: Any) -> list[str]:
     checks: list[tuple[str, Any, Registry | tuple[str, ...]]] = [
-        ("advantage", c.advantage_estimator, ADVANTAGES), ("advantage_scale", c.advantage_scale or "group", SCALES),
+        ("advantage", c.advantage_estimator, (*ADVANTAGES.names(), *STEP_ESTIMATORS)),
+        ("advantage_scale", c.advantage_scale or "group", SCALES),
         ("aggregation", c.aggregation, AGGREGATIONS), ("kl_estimator", c.kl_estimator, KL_ESTIMATORS),
         ("importance_level", c.importance_level, IMPORTANCE_LEVELS),
         ("zero_std_groups", c.zero_std_groups, ZERO_STD_POLICIES),
@@ -184,4 +186,18 @@ def _trust_region_problems(c: Any) -> list[str]:
     if c.gradient_checkpointing:
         out.append(f"gradient_checkpointing is not available with algo={c.algo}: its Fisher-vector products "
                    "differentiate twice through the forward pass")
+    return out
+
+
+def _gigpo_problems(c: Any) -> list[str]:
+    out = []
+    if not (math.isfinite(c.gigpo_step_weight) and c.gigpo_step_weight >= 0):
+        out.append(f"gigpo_step_weight={c.gigpo_step_weight} must be >= 0")
+    if not 0 <= c.gigpo_gamma <= 1:
+        out.append(f"gigpo_gamma={c.gigpo_gamma} must be in [0, 1]")
+    if c.gigpo_similarity is not None and not 0 < c.gigpo_similarity <= 1:
+        out.append(f"gigpo_similarity={c.gigpo_similarity} must be in (0, 1] (or empty: equal keys only)")
+    if c.advantage_estimator in STEP_ESTIMATORS and (c.advantage_scale or "group") not in ("group", "none"):
+        out.append(f"advantage_scale={c.advantage_scale!r}: advantage=gigpo normalises each group by its own std "
+                   "(group) or only centres it (none)")
     return out

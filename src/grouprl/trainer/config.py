@@ -86,9 +86,11 @@ class TrainerConfig:
     sequence ratio, more stable for long completions and MoE models)."""
     advantage: str | None = None
     """Advantage estimator within each group (every algorithm but ppo, whose baseline is its critic):
-    grpo (group mean baseline, scaled by advantage_scale), rloo (leave-one-out baseline) or reinforce
-    (group-mean baseline). Empty = the algorithm's own (grpo for grpo and trpo); rloo and reinforce
-    are defined by theirs."""
+    grpo (group mean baseline, scaled by advantage_scale), rloo (leave-one-out baseline), reinforce
+    (group-mean baseline), rank (the centred rank within the group: only the order of rewards counts),
+    or gigpo (agents: each turn gets A_episode + w * A_step, A_step comparing the turns of the reset's
+    trajectories that start in the same state; GiGPO, arXiv 2505.10978). Empty = the algorithm's own
+    (grpo for grpo and trpo); rloo and reinforce are defined by theirs."""
     advantage_scale: str | None = None
     """Divide centred rewards by the group std (group; the paper), the batch std (batch), or not at
     all (none; Dr. GRPO argues the group std over-weights near-solved prompts). Empty = the
@@ -197,6 +199,14 @@ class TrainerConfig:
     grouprl.envs.tools.TOOL_PARSERS."""
     tool_timeout_s: float = 10.0
     """Seconds one tool call may take before its result is an error message to the model."""
+    gigpo_step_weight: float = 1.0
+    """advantage=gigpo: w in A = A_episode + w * A_step (GiGPO, Feng et al. 2025: 1)."""
+    gigpo_gamma: float = 0.95
+    """advantage=gigpo: discount of the turn rewards in each turn's return R_t = r_t + gamma R_t+1
+    (0.95 in every published GiGPO run)."""
+    gigpo_similarity: float | None = None
+    """advantage=gigpo: group turns whose state texts are this similar (difflib ratio, e.g. 0.95, as
+    GiGPO's similarity mode) instead of only equal ones. Empty = equal keys only."""
     # --- numerics and memory ------------------------------------------------------------------
     dtype: str = "fp32"
     """fp32, or bf16 (autocast for rollouts and the training forward; AMX on recent x86 CPUs)."""

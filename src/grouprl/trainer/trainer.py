@@ -47,7 +47,7 @@ from grouprl.run import checkpoint as ckpt
 from grouprl.run.files import as_plain
 from grouprl.run.logs import JsonlLog, NullLog, PhaseTimer, Progress
 from grouprl.run.loop import run_loop
-from grouprl.trainer.advantages import GroupBaseline
+from grouprl.trainer.advantages import make_baseline
 from grouprl.trainer.algorithms import ALGORITHMS, KL_CONTROLLERS
 from grouprl.trainer.collect import Collected
 from grouprl.trainer.critic import Critic
@@ -111,7 +111,7 @@ class Trainer:
         self.critic = Critic(c, policy, critic_backbone) if algo.critic else None
         policy, reference = self.processes.place(policy, reference)
         self.passes = PolicyPasses(policy, reference, c, self.processes.forward_model)
-        self.baseline = self.critic or GroupBaseline(c, self.processes.sum)
+        self.baseline = self.critic or make_baseline(c, self.processes.sum)
         self.rule = UPDATE_RULES.get(algo.update)(c, self.passes, self.processes, self.critic)
         self.kl = KL_CONTROLLERS.get(c.kl_controller_name)(c)
         self.source = make_source(c, inputs, policy, tokenizer, sampler, self.processes.share)

@@ -1,0 +1,90 @@
+"""GiGPO (Group-in-Group Policy Optimization, Feng et al. 2025, arXiv 2505.10978): GRPO's
+episode-level advantage plus a step-level one computed among the steps that start from the same state.
+
+Shapes: E trajectories (episodes), K steps (turns) at most per trajectory, padded; ``step_mask
+[E, K]`` marks real steps.
+
+    A_episode(i) = (R_i - mean_{j in group(i)} R_j) / scale        one value per trajectory
+    R_t          = r_t + gamma * R_{t+1}                           each step's discounted return
+    A_step(i, t) = (R_t - mean_{anchor(i, t)} R) / scale            among the steps of one reset's
+                                                                   trajectories whose state key is equal
+    A(i, t)      = A_episode(i) + step_weight * A_step(i, t)
+
+How this reads the paper's choices, and the traps it avoids:
+
+- episode statistics are taken over trajectories, one value each, never over step rows (a long
+  trajectory does not weigh more in its group's mean);
+- a step whose state occurs once in its reset's trajectories (a singleton anchor group), or whose
+  key is missing (``-1``), gets ``A_step = 0``: there is nothing to compare it with. Likewise an
+  anchor group whose returns are all equal;
+- anchor groups never span resets: the state keys are combined with the episode group;
+- ``scale``: ``"group"`` divides by the anchor group's (and the episode group's) population std
+  (the paper's mean-and-std normalisation), ``"none"`` only centres (its mean normalisation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grouprl.algos.advantages import compute_advantages
+from grouprl.algos.gae import discounted_returns
+
+
+def step_group_ids(episode_groups: torch.Tensor, step_keys: torch.Tensor, step_mask: torch.Tensor) -> torch.Tensor:
+    """``[E, K]`` long ids of the anchor groups: equal for steps of one episode group with one key;
+    every step with key ``-1`` (or off the mask: -1 there too) its own group.
+
+    >>> step_group_ids(torch.tensor([0, 0]), torch.tensor([[5, 6], [5, -1]]), torch.ones(2, 2)).tolist()
+    [[0, 1], [0, 2]]
+    """
+    e, k = step_keys.shape
+    pairs = torch.stack([episode_groups.long().unsqueeze(1).expand(e, k), step_keys.long()], -1).reshape(-1, 2)
+    keyed = (step_keys.reshape(-1) >= 0) & (step_mask.reshape(-1) > 0)
+    ids = torch.full((e * k,), -1, dtype=torch.long)
+    seen: dict[tuple[int, int], int] = {}
+    for n in range(e * k):  # numbered in order of first appearance, like the other groupings
+        if keyed[n]:
+            ids[n] = seen.setdefault((int(pairs[n, 0]), int(pairs[n, 1])), len(seen))
+    singles = ~keyed & (step_mask.reshape(-1) > 0)
+    ids[singles] = len(seen) + torch.arange(int(singles.sum()))
+    return ids.view(e, k)
+
+
+def gigpo_advantages(episode_returns: torch.Tensor, episode_groups: torch.Tensor, step_rewards: torch.Tensor,
+                     step_keys: torch.Tensor, step_mask: torch.Tensor, *, gamma: float = 0.95,
+                     step_weight: float = 1.0, scale: str = "group",
+                     eps: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-step advantages ``[E, K]`` (0 off the mask) and the anchor groups' statistics.
+
+    Args:
+        episode_returns: ``[E]`` each trajectory's return (its reward, as the episode level sees it).
+        episode_groups: ``[E]`` ids of the trajectories' groups (the reset each started from).
+        step_rewards: ``[E, K]`` the reward each step earned.
+        step_keys: ``[E, K]`` long ids of the state each step started from (equal ids = the same
+            state); -1 = no key.
+        step_mask: ``[E, K]`` 1 on real steps.
+        gamma: discount of the step returns (0.95 in every published GiGPO run).
+        step_weight: w in ``A_episode + w * A_step`` (1 in the paper).
+        scale: ``"group"`` or ``"none"`` (see the module docstring); eps is added to the divisor.
+
+    Returns:
+        (advantages ``[E, K]``, ``{"gigpo/step_groups": anchor groups of two or more steps,
+        "gigpo/step_group_size_mean": their mean size, "gigpo/singleton_frac": share of steps alone}``).
+    """
+    mask = step_mask.float()
+    a_episode = compute_advantages("grpo", episode_returns.float(), scale=scale, eps=eps,
+                                   group_ids=episode_groups)  # [E]
+    returns = discounted_returns(step_rewards.float(), mask, gamma)  # [E, K]
+    ids = step_group_ids(episode_groups, step_keys, mask)  # [E, K]
+    real = mask.reshape(-1) > 0
+    flat_ids, flat_returns = ids.reshape(-1)[real], returns.reshape(-1)[real]  # [N]
+    a_step = torch.zeros(mask.numel())
+    if len(flat_ids):
+        a_step[real] = compute_advantages("grpo", flat_returns, scale=scale, eps=eps, group_ids=flat_ids)
+    advantages = (a_episode.unsqueeze(1) + step_weight * a_step.view_as(mask)) * mask
+    sizes = torch.bincount(flat_ids) if len(flat_ids) else torch.zeros(0, dtype=torch.long)
+    shared = sizes[sizes >= 2]
+    metrics = {"gigpo/step_groups": float(len(shared)),
+               "gigpo/step_group_size_mean": float(shared.float().mean()) if len(shared) else 0.0,
+               "gigpo/singleton_frac": float((sizes == 1).sum()) / max(len(flat_ids), 1)}
+    return advantages, metrics
