@@ -20,13 +20,13 @@ import statistics
 import time
 
 import torch
+from machine import cpu_line
 
 from grouprl.envs import Episode, make_env_factory
 from grouprl.models import load_policy
 from grouprl.rollout.agent import AgentSampler, ChatRenderer
 from grouprl.rollout.turns import TurnLimits
 from grouprl.types import SamplingParams
-from machine import cpu_line
 
 
 def episodes(factory, resets: int, group: int, seed: int) -> list[Episode]:
@@ -101,8 +101,9 @@ def main() -> None:
         print(f"repeat {r}: engine {n} tokens in {s:.1f} s ({n / s:.1f}/s); generate {n2} tokens in {s2:.1f} s "
               f"({n2 / s2:.1f}/s)", flush=True)
     engine, generate = statistics.median(rates["engine"]), statistics.median(rates["generate"])
-    print(f"{args.env} {args.options}: {args.resets} resets x {args.group}, <= {args.max_turns} turns of <= {args.max_new_tokens} "
-          f"tokens, fp32, {args.threads} threads; median tokens/s: engine {engine:.1f}, generate {generate:.1f}")
+    print(f"{args.env} {args.options}: {args.resets} resets x {args.group}, <= {args.max_turns} turns of <= "
+          f"{args.max_new_tokens} tokens, fp32, {args.threads} threads; median tokens/s: engine {engine:.1f}, "
+          f"generate {generate:.1f}")
     print(f"speedup={engine / generate:.2f}")
 
 

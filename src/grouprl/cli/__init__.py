@@ -1,7 +1,8 @@
 """The ``grouprl`` command line (also ``python -m grouprl``).
 
     grouprl train [--config run.yaml] [--key value ...]   train with GRPO, write a run folder and its report
-    grouprl demo [--quick]                                the default model learns arithmetic; prints before/after
+    grouprl demo [--quick | --agent]                      the default model learns arithmetic (or a multi-turn
+                                                          game); prints before/after
     grouprl eval --model PATH [--task NAME] [--samples K]  held-out accuracy, pass@k, mean reward
     grouprl report RUN_DIR                                (re)write a run's plots and report.html
     grouprl train-rm --pairs pairs.jsonl [...]            fit a reward model to preference pairs
@@ -95,7 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
                "before and after, and the last line reads 'accuracy before=... after=...'. Any train option "
                "overrides the demo's settings.", "[--quick] [--key value ...]")
     _with_config(demo, "train")
-    demo.add_argument("--quick", action="store_true", help="a tiny random model on a trivial task, in under a minute")
+    kind = demo.add_mutually_exclusive_group()
+    kind.add_argument("--quick", action="store_true", help="a tiny random model on a trivial task, in under a minute")
+    kind.add_argument("--agent", action="store_true",
+                      help="the default model learns a multi-turn guessing game; the last line reads "
+                           "'success before=... after=...'")
     add_dataclass_arguments(demo, TrainConfig, title="train options (override the demo's settings)")
     demo.set_defaults(handler=_demo)
 
@@ -168,15 +173,16 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _demo(args: argparse.Namespace, rest: list[str]) -> int:
-    from grouprl.cli.demo import DEMO, QUICK_DEMO, QUICK_DEMO_NOTE, demo_note
+    from grouprl.cli.demo import AGENT_DEMO, DEMO, QUICK_DEMO, QUICK_DEMO_NOTE, agent_demo_note, demo_note
 
-    settings = QUICK_DEMO if args.quick else DEMO
+    settings = QUICK_DEMO if args.quick else AGENT_DEMO if args.agent else DEMO
     config = _resolve(args, rest, TrainConfig, base=settings)
     if args.print_config:
         return _print_config(config)
     from grouprl.cli.commands import train
 
-    print(QUICK_DEMO_NOTE if args.quick else demo_note(to_dict(config)), flush=True)
+    note = QUICK_DEMO_NOTE if args.quick else agent_demo_note if args.agent else demo_note
+    print(note if isinstance(note, str) else note(to_dict(config)), flush=True)
     train(config, overwrite=True)  # a demo run again starts afresh; its last line is "accuracy before=... after=..."
     return EXIT_OK
 

@@ -24,6 +24,7 @@ LABELS = {
     "policy/clip_low": "low: ratio < 1-ε (A < 0)",
     "policy/clip_high": "high: ratio > 1+ε (A > 0)",
     "eval/accuracy": "accuracy",
+    "eval/success": "success",
     "eval/mean_reward": "mean reward",
 }
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -120,8 +121,11 @@ def _annotate_points(ax: Any, steps: list[float], values: list[float], color: st
 
 def _plot_eval(records: list[dict[str, Any]], path: Path, keys: list[str]) -> bool:
     """Held-out metrics at each evaluation: points joined by lines, values written on them."""
-    rate_keys = [k for k in ["eval/accuracy", *sorted(k for k in keys if k.startswith("eval/pass@"))] if k in keys]
-    panels = [("Accuracy on held-out prompts", "fraction correct", rate_keys, True),
+    first = "eval/success" if "eval/success" in keys else "eval/accuracy"  # an agent's runs report success
+    rate_keys = [k for k in [first, *sorted(k for k in keys if k.startswith("eval/pass@"))] if k in keys]
+    what = ("Success on held-out resets", "fraction solved") if first == "eval/success" else \
+        ("Accuracy on held-out prompts", "fraction correct")
+    panels = [(*what, rate_keys, True),
               ("Mean reward on held-out prompts", "reward", ["eval/mean_reward"] if "eval/mean_reward" in keys else [],
                False)]
     panels = [p for p in panels if p[2]]
