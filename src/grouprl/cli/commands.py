@@ -55,7 +55,11 @@ def _train_claimed(config: TrainConfig, echo: Echo) -> tuple[dict[str, Any], Pat
     env = join_run(config)  # under torchrun with several processes: this process's place in the run
     try:
         policy, tokenizer = load_model(config.model, config.seed)
-        summary = build_trainer(config, inputs, policy, tokenizer, env).train()
+        trainer = build_trainer(config, inputs, policy, tokenizer, env)
+        if trainer.is_main:  # what was chosen or found at start (also in summary.json and the report)
+            for key, value in trainer.setup.items():
+                echo(f"{key}: {value}")
+        summary = trainer.train()
     finally:
         leave_run(env)
     if env is not None and not env.is_main:  # the first process writes the report and prints the summary

@@ -85,6 +85,7 @@ class ControlTrainer:
         self.run_config = run_config if run_config is not None else c
         self.metrics_log = JsonlLog(self.out / "metrics.jsonl")
         self.eval_history: list[dict[str, Any]] = []
+        self.setup: dict[str, Any] = {}
         self.step_count = 0
         self.env_steps = 0
         self.next_eval = 0

@@ -1,11 +1,11 @@
 """The built-in ``python`` tool: the policy's code run in the code reward's sandbox
-(:class:`grouprl.rewards.code.Sandbox`), its output handed back as the tool's result."""
+(:class:`grouprl.rewards.sandbox.Sandbox`), its output handed back as the tool's result."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from grouprl.rewards.code import Sandbox, SandboxLimits
+from grouprl.rewards.sandbox import Sandbox, SandboxLimits
 
 OUTPUT_CHARS = 1500
 

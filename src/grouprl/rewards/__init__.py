@@ -21,8 +21,9 @@ from grouprl.rewards.builtin import (
     overlong_penalty,
     repetition_penalty,
 )
-from grouprl.rewards.code import CodeExecutionReward, Sandbox, SandboxLimits
+from grouprl.rewards.code import CodeExecutionReward
 from grouprl.rewards.reward_model import RewardModel, train_reward_model
+from grouprl.rewards.sandbox import Sandbox, SandboxLimits
 
 __all__ = [
     "REWARDS", "CodeExecutionReward", "RewardFn", "RewardFunctionError", "RewardModel", "RewardScores", "Sandbox",

@@ -34,6 +34,9 @@ class Run(Protocol):
     step_count: int
     time_budget_s: float | None
     """Wall-clock budget (from the start, evaluations included); None = no limit."""
+    setup: dict[str, Any]
+    """What the run found or chose at start (how code is isolated, number formats, the rollout engine):
+    written to summary.json, where the report shows it."""
     is_main: bool
     """False in every process of a multi-process run but the first: only the first writes the run
     folder's config.yaml, TensorBoard events and summary.json."""
@@ -116,7 +119,7 @@ def run_loop(run: Run) -> dict[str, Any]:
     tb.close()
     final = run.save()
     summary = {"steps": run.step_count, "eval_before": before, "eval_after": after, "checkpoint": str(final),
-               "wall_time": time.perf_counter() - start}
+               "wall_time": time.perf_counter() - start, **({"setup": run.setup} if run.setup else {})}
     if run.is_main:
         write_text_atomic(run.out / "summary.json", json.dumps(summary, indent=2))
     return summary

@@ -43,6 +43,7 @@ import torch
 
 from grouprl.algos import kl_per_token
 from grouprl.algos.rollout_correction import rollout_mismatch, truncated_is_weights
+from grouprl.rewards.base import unique_names
 from grouprl.run import checkpoint as ckpt
 from grouprl.run.files import as_plain
 from grouprl.run.logs import JsonlLog, NullLog, PhaseTimer, Progress
@@ -123,6 +124,7 @@ class Trainer:
         self.metrics_log = JsonlLog(self.out / "metrics.jsonl") if self.is_main else NullLog()
         self.completions_log = JsonlLog(self.out / "completions.jsonl") if self.is_main else NullLog()
         self.eval_history: list[dict[str, Any]] = []
+        self.setup = run_setup(self.reward_fns)
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -284,6 +286,13 @@ class Trainer:
             self.kl.load_state_dict(state["kl_controller"])
         self.metrics_log.truncate_after(self.step_count)
         self.completions_log.truncate_after(self.step_count)
+
+
+def run_setup(reward_fns: Sequence[Callable]) -> dict[str, str]:
+    """What the run found or chose at start, by name: how each code-running reward isolates programs
+    (an ``isolation`` attribute; an unsafe one says so here, in summary.json and in the report)."""
+    return {f"isolation/{name}": fn.isolation for name, fn in zip(unique_names(reward_fns), reward_fns)
+            if isinstance(getattr(fn, "isolation", None), str)}
 
 
 GRPOTrainer = Trainer

