@@ -39,3 +39,13 @@ class RewardFunctionError(RuntimeError):
 
 class DistributedError(RuntimeError):
     """Another process failed; the message carries its rank and error."""
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a NaN or infinite loss or gradient; the update was not applied. The message
+    names the step and says that the checkpoints already written are intact."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (a file damaged or missing); names the file and the checkpoint
+    before it."""

@@ -29,7 +29,7 @@ from grouprl.config import (
     load_config,
     to_dict,
 )
-from grouprl.errors import DistributedError, ModelLoadError, RewardFunctionError
+from grouprl.errors import DistributedError, ModelLoadError, NonFiniteError, RewardFunctionError
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 EVAL_OPTIONS = ("model", "task", "task_options", "dataset", "eval_dataset", "env", "env_options", "tools",
@@ -241,6 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(e, _bad_input_errors()):
             print(f"grouprl: error: {error_paragraph(e)}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        if isinstance(e, NonFiniteError):  # the run diverged: not a bug, and said in full
+            print(f"grouprl: error: {error_paragraph(e)}", file=sys.stderr)
+            return EXIT_FAILURE
         print(f"grouprl: unexpected {type(e).__name__}: {error_paragraph(e)} (run again with --debug for the "
               "traceback)", file=sys.stderr)
         return EXIT_FAILURE

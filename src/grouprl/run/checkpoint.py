@@ -8,17 +8,29 @@ Layout of ``<output_dir>/checkpoints/step-000010/``::
     critic.safetensors  critic_optimizer.pt   a critic and its optimizer, for algorithms that have one
     rng.pt            python, numpy and torch generator states
     state.json        step, data position, controller states, the config
+    manifest.json     every other file's size and SHA-256, written last
 
-A checkpoint folder exists under its final name only once every file in it is complete; a
-kill during the write leaves a ``.tmp-*`` folder that the next save removes.
+What a kill can and cannot do:
+
+- a checkpoint folder exists under its final name only once every file in it is written and fsynced
+  (the manifest last); a kill during the write leaves a ``.tmp-*`` folder that the next save removes;
+- a step already saved is not written again (the final save right after a periodic one of the same
+  step): the checkpoint that is there stays whole;
+- old checkpoints are renamed to ``.delete-*`` before they are removed, so a kill inside the
+  removal never leaves a half-deleted ``step-*``;
+- ``latest`` picks the newest complete checkpoint (its manifest matches its files' sizes) and says so
+  when it skips a newer incomplete one; loading checks every file against the manifest's digest and
+  names a damaged file, and the checkpoint before it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +38,11 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
+from grouprl.errors import CheckpointError
 from grouprl.models.lora import is_peft
 
 PREFIX = "step-"
+MANIFEST = "manifest.json"
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -81,20 +95,32 @@ def load_policy_weights(model: torch.nn.Module, folder: Path) -> None:
 
 
 def checkpoint_dirs(root: Path) -> list[Path]:
-    """Complete checkpoints under ``root``, oldest first."""
+    """Checkpoint folders under ``root`` (complete or not: see :func:`is_complete`), oldest first."""
     if not root.exists():
         return []
     return sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)),
                   key=lambda p: int(p.name[len(PREFIX):]))
 
 
+def latest_complete(root: Path, warn: Any = None) -> Path | None:
+    """The newest complete checkpoint under ``root`` (None when there is none); ``warn(message)`` is
+    told about each newer one skipped as incomplete."""
+    found = checkpoint_dirs(root)
+    for folder in reversed(found):
+        if is_complete(folder):
+            return folder
+        if warn is not None:
+            warn(f"skipping {folder}: it is incomplete (no manifest, or a file of the wrong size)")
+    return None
+
+
 def resolve_checkpoint(spec: str, root: Path) -> Path:
-    """``"latest"`` -> the newest checkpoint under ``root``; otherwise the path itself, checked."""
+    """``"latest"`` -> the newest complete checkpoint under ``root``; otherwise the path itself, checked."""
     if spec == "latest":
-        found = checkpoint_dirs(root)
-        if not found:
-            raise FileNotFoundError(f"resume_from='latest' but {root} holds no checkpoint")
-        return found[-1]
+        found = latest_complete(root, lambda message: warnings.warn(message, stacklevel=2))
+        if found is None:
+            raise FileNotFoundError(f"resume_from='latest' but {root} holds no complete checkpoint")
+        return found
     path = Path(spec)
     if not (path / "state.json").exists():
         raise FileNotFoundError(f"resume_from={spec!r} is not a checkpoint folder (no state.json in it)")
@@ -123,10 +149,10 @@ def save_checkpoint(root: Path, step: int, *, policy: torch.nn.Module, state: di
 
 
 def temporary_folder(root: Path, step: int, tag: str) -> tuple[Path, Path]:
-    """(a fresh temporary folder to write checkpoint ``step`` into, its final name); removes the
-    temporary folders of saves a kill interrupted."""
+    """(a fresh temporary folder to write checkpoint ``step`` into, its final name); removes what saves
+    and removals a kill interrupted left behind."""
     root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(".tmp-*"):
+    for stale in [*root.glob(".tmp-*"), *root.glob(".delete-*")]:
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-{PREFIX}{step:06d}-{tag}"
     tmp.mkdir(parents=True)
@@ -134,21 +160,98 @@ def temporary_folder(root: Path, step: int, tag: str) -> tuple[Path, Path]:
 
 
 def publish(tmp: Path, final: Path, keep: int) -> Path:
-    """Make the fully written ``tmp`` the checkpoint ``final`` (fsynced, then renamed) and keep only
-    the newest ``keep`` checkpoints beside it. Returns ``final``."""
-    _fsync_tree(tmp)
-    if final.exists():  # re-saving the same step (e.g. the final save right after a periodic one)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    """Make the fully written ``tmp`` the checkpoint ``final`` (manifest written, fsynced, renamed) and
+    keep only the newest ``keep`` checkpoints beside it. A complete ``final`` that already exists is
+    kept as it is (see the module docstring). Returns ``final``."""
+    if is_complete(final):
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        write_manifest(tmp)
+        _fsync_tree(tmp)
+        if final.exists():  # an incomplete leftover under the final name (from an older version)
+            retire(final)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
     for old in checkpoint_dirs(final.parent)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        retire(old)
     return final
+
+
+def retire(folder: Path) -> None:
+    """Remove a checkpoint folder: renamed out of the ``step-*`` names first (atomic), then deleted."""
+    gone = folder.with_name(f".delete-{folder.name}-{os.getpid()}")
+    os.replace(folder, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """``folder/manifest.json``: every file's relative path, size and SHA-256."""
+    files = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _digest(p)}
+             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    (folder / MANIFEST).write_text(json.dumps(files, indent=1))
+
+
+def _manifest(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether ``folder`` is a whole checkpoint: a manifest, and every file it lists at its size."""
+    files = _manifest(folder)
+    if files is None:
+        return False
+    try:
+        return all((folder / name).stat().st_size == entry["size"] for name, entry in files.items())
+    except (OSError, KeyError, TypeError):
+        return False
+
+
+def verify_checkpoint(folder: Path) -> None:
+    """Check every file of ``folder`` against its manifest digest; a :class:`CheckpointError` names the
+    first damaged or missing file and the checkpoint to fall back on."""
+    files = _manifest(folder)
+    problem = None if files is not None else f"{folder / MANIFEST} is missing or unreadable"
+    for name, entry in (files or {}).items():
+        path = folder / name
+        if not path.is_file():
+            problem = f"{path} is missing"
+        elif path.stat().st_size != entry.get("size") or _digest(path) != entry.get("sha256"):
+            problem = f"{path} is damaged (its size or SHA-256 differs from the manifest's)"
+        if problem:
+            break
+    if problem is None:
+        return
+    earlier = [d for d in checkpoint_dirs(folder.parent) if d.name < folder.name and is_complete(d)]
+    offer = f"; resume from the one before it with --resume_from {earlier[-1]}" if earlier else ""
+    raise CheckpointError(f"checkpoint {folder} cannot be used: {problem}{offer}")
 
 
 def load_checkpoint(folder: Path, *, policy: torch.nn.Module, reference: torch.nn.Module | None = None,
                     stateful: dict[str, Any] | None = None,
                     modules: dict[str, torch.nn.Module] | None = None) -> dict[str, Any]:
-    """Restore everything :func:`save_checkpoint` wrote; returns the state dict (with ``step``)."""
+    """Restore everything :func:`save_checkpoint` wrote, once every file matches the manifest; returns
+    the state dict (with ``step``)."""
+    verify_checkpoint(folder)
     load_policy_weights(policy, folder / "model")
     if reference is not None and (folder / "reference.safetensors").exists():
         load_model(reference, str(folder / "reference.safetensors"))

@@ -53,12 +53,25 @@ def holds_run(folder: str | Path) -> bool:
     return False
 
 
+RUN_CONFIG_HEADER = "# The resolved config of a grouprl run: grouprl train --config <this file> repeats it.\n"
+"""First line of the config.yaml a run writes: a config.yaml without it, in a folder that holds no
+run, is a user's file and is never replaced."""
+
+
+def _users_config(out: Path) -> bool:
+    config = out / "config.yaml"
+    if not config.is_file() or holds_run(out):
+        return False
+    with open(config, encoding="utf-8", errors="replace") as f:
+        return f.readline() != RUN_CONFIG_HEADER
+
+
 def foreign_entries(folder: str | Path) -> list[str]:
     """What in ``folder`` no run writes (paths relative to it)."""
     out = Path(folder)
     if not out.is_dir():
         return []
-    found = []
+    found = ["config.yaml"] if _users_config(out) else []
     for p in sorted(out.iterdir()):
         if p.name in RUN_FILES + (LOCK, "tensorboard") or OWN_TEMP.match(p.name):
             continue

@@ -33,6 +33,8 @@ class JsonlLog:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.lines: list[str] = []
+        for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):  # a rewrite a kill interrupted
+            stale.unlink(missing_ok=True)
         if self.path.exists():
             for line in self.path.read_text(encoding="utf-8").splitlines():
                 try:

@@ -16,7 +16,9 @@ from typing import Any, Protocol
 
 import yaml
 
+from grouprl.errors import NonFiniteError
 from grouprl.run.files import as_plain, write_text_atomic
+from grouprl.run.folder import RUN_CONFIG_HEADER
 from grouprl.run.logs import JsonlLog, Progress, TensorBoardSink, peak_rss_mb
 
 
@@ -69,6 +71,15 @@ class Run(Protocol):
         """``flag`` as every process of the run sees it (true if true in any), so all stop together."""
 
 
+def last_eval(run: Run) -> dict[str, float]:
+    """The evaluation logged at the run's current step after its last training step, if any."""
+    records = run.metrics_log.records()
+    trained = max((r.get("step", 0) for r in records if "loss/total" in r or "reward/mean" in r), default=0)
+    found = [r for r in records if r.get("step") == run.step_count and run.step_count >= trained
+             and any(k.startswith("eval/") for k in r) and "reward/mean" not in r]
+    return {k: v for k, v in found[-1].items() if k.startswith("eval/")} if found else {}
+
+
 def run_loop(run: Run) -> dict[str, Any]:
     """Run ``run`` until it is finished (from a checkpoint if ``resume_from``), evaluating before,
     when due and at the end; returns the summary also written to summary.json."""
@@ -76,7 +87,8 @@ def run_loop(run: Run) -> dict[str, Any]:
     if c.resume_from:
         run.resume(c.resume_from)
     if run.is_main:
-        write_text_atomic(run.out / "config.yaml", yaml.safe_dump(as_plain(run.run_config), sort_keys=False))
+        write_text_atomic(run.out / "config.yaml",
+                          RUN_CONFIG_HEADER + yaml.safe_dump(as_plain(run.run_config), sort_keys=False))
     tb = TensorBoardSink(run.out / "tensorboard", c.tensorboard and run.is_main)
     start = time.perf_counter()
 
@@ -102,7 +114,12 @@ def run_loop(run: Run) -> dict[str, Any]:
     progress = run.progress_bar()
     try:
         while not run.finished() and not out_of_time():
-            metrics, samples = run.step()
+            try:
+                metrics, samples = run.step()
+            except NonFiniteError as e:
+                raise NonFiniteError(f"step {run.step_count + 1}: {e}. Training stopped; the checkpoints written so "
+                                     f"far are intact (resume with --resume_from latest, with a lower lr or "
+                                     f"max_grad_norm)") from e
             run.step_count += 1
             metrics["memory/peak_rss_mb"] = peak_rss_mb()
             run.metrics_log.append({"step": run.step_count, "wall_time": time.perf_counter() - start, **metrics})
@@ -115,7 +132,9 @@ def run_loop(run: Run) -> dict[str, Any]:
                 run.save()
     finally:
         progress.close()
-    after = log_eval()
+    # A run resumed from its last step (killed after its final evaluation) already logged that evaluation.
+    after = last_eval(run) if c.resume_from else {}
+    after = after or log_eval()
     tb.close()
     final = run.save()
     summary = {"steps": run.step_count, "eval_before": before, "eval_after": after, "checkpoint": str(final),

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from grouprl.errors import NonFiniteError
 from grouprl.registry import Registry
 
 LR_SCHEDULES: Registry = Registry("learning-rate schedule")
@@ -49,8 +50,12 @@ def build_optimizer(params, lr: float, betas: tuple[float, float], weight_decay:
 def clip_and_step(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, max_grad_norm: float,
                   scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> float:
     """Clip the gradient norm of ``params`` to ``max_grad_norm`` (0 = no clipping), step the optimizer
-    (and the schedule, when given); returns the norm before clipping."""
+    (and the schedule, when given); returns the norm before clipping. A NaN or infinite norm raises
+    :class:`~grouprl.errors.NonFiniteError` before anything is changed."""
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    if not torch.isfinite(norm):  # one such step would turn every weight into NaN
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteError(f"the gradient norm is {float(norm)}: the update was not applied")
     optimizer.step()
     if scheduler is not None:
         scheduler.step()

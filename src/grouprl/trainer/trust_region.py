@@ -32,6 +32,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from grouprl.algos import aggregate, fisher_vector_product, flat_grad, kl_per_token, masked_mean, trpo_step
+from grouprl.errors import NonFiniteError
 from grouprl.rollout.logprobs import split_model
 from grouprl.rollout.runner import positions_from_mask
 from grouprl.trainer.policy import PolicyPasses
@@ -119,6 +120,8 @@ class TrustRegionUpdate:
             j = surrogate.objective(rows, full, olds[-1])
             g += flat_grad(j, params)
             j_old += float(j.detach())
+        if not torch.isfinite(g).all():
+            raise NonFiniteError("the surrogate's gradient is not finite: the step was not taken")
         times = {"grad": time.perf_counter()}
         # 2. Fisher-vector products through the exact KL on every fisher_stride-th row
         fisher_rows = torch.arange(0, batch.batch_size, c.fisher_stride)

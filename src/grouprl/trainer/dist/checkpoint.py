@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from grouprl.models.lora import unwrap_ddp
-from grouprl.run.checkpoint import publish, rng_state, set_rng_state, temporary_folder
+from grouprl.run.checkpoint import publish, rng_state, set_rng_state, temporary_folder, verify_checkpoint
 from grouprl.trainer.dist.group import DistEnv
 
 SHARDED = "optimizer"
@@ -139,6 +139,7 @@ def load_dist_checkpoint(folder: Path, *, env: DistEnv, policy: nn.Module, refer
     from safetensors.torch import load_model
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
+    verify_checkpoint(folder)
     state = json.loads((folder / "state.json").read_text())
     saved_world = state.get("world_size")
     if not (folder / "dcp").is_dir() or saved_world is None:

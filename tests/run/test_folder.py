@@ -1,0 +1,67 @@
+"""The run folder: claimed before any work, never shared by two live runs, never blended with an
+earlier run, and nothing in it removed that a run did not write."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grouprl.cli import main
+from grouprl.errors import ConfigError
+from grouprl.run.folder import LOCK, RUN_CONFIG_HEADER, FolderLock, claim_output_dir
+
+
+def tiny(out, *extra):
+    return ["train", "--model", "tiny", "--task", "arithmetic", "--reward_functions", "grouprl.cli.demo:digit_share",
+            "--prompts_per_step", "2", "--group_size", "2", "--max_new_tokens", "4", "--total_steps", "1",
+            "--eval_size", "0", "--no-progress", "--no-tensorboard", "--output_dir", str(out), *extra]
+
+
+def test_a_folder_in_use_by_a_live_process_is_refused(tmp_path, capsys):
+    lock = FolderLock(tmp_path).acquire(print)  # this test's own process holds it
+    try:
+        assert main(tiny(tmp_path)) == 2
+        assert f"in use by process {os.getpid()}" in capsys.readouterr().err
+    finally:
+        lock.release()
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, capsys):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / LOCK).write_text(json.dumps({"pid": int(dead), "host": os.uname().nodename}))
+    notes = []
+    lock, _ = claim_output_dir(tmp_path, echo=notes.append)
+    lock.release()
+    assert "left by a process that is gone" in notes[0] and not (tmp_path / LOCK).exists()
+
+
+def test_overwrite_removes_only_what_a_run_wrote_and_refuses_a_folder_with_other_files(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(tiny(out)) == 0
+    for extra in ("checkpoints/other_model.bin", "report/paper.tex", "notes.txt"):
+        (out / extra).write_text("mine")
+        assert main(tiny(out, "--overwrite")) == 2
+        assert "holds files that are not a run's" in capsys.readouterr().err and (out / extra).read_text() == "mine"
+        (out / extra).unlink()
+    assert main(tiny(out, "--overwrite")) == 0 and (out / "metrics.jsonl").exists()
+
+
+def test_a_users_config_yaml_is_never_replaced(tmp_path, capsys):
+    (tmp_path / "config.yaml").write_text("model: tiny\n# my notes\n")
+    with pytest.raises(ConfigError, match=r"not a run's \(config.yaml\)"):
+        claim_output_dir(tmp_path)
+    assert main(tiny(tmp_path, "--overwrite")) == 2
+    assert (tmp_path / "config.yaml").read_text() == "model: tiny\n# my notes\n"
+    other = tmp_path / "fresh"
+    assert main(tiny(other)) == 0
+    assert (other / "config.yaml").read_text().startswith(RUN_CONFIG_HEADER)  # a run's own is marked
+
+
+def test_a_start_refused_before_writing_leaves_no_folder(tmp_path, capsys):
+    assert main(tiny(tmp_path / "run", "--lr", "-1")) == 2
+    assert not (tmp_path / "run").exists()
