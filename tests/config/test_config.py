@@ -209,3 +209,21 @@ def test_readme_sync_and_drift_detection(tmp_path):
     assert "-| `lr` | `float` | `1e-06` | Learning rate." in drift
     with pytest.raises(ConfigError, match="must contain the marker line"):
         check_readme(readme, Example, "<!-- nope -->", markers[1])
+
+
+def test_a_bad_value_from_the_command_line_is_not_blamed_on_the_yaml_file(tmp_path):
+    from grouprl.config import ConfigError, TrainConfig, load_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text("model: tiny\nlr: 0.001\n")
+    with pytest.raises(ConfigError, match=r"^On the command line \(over .*run.yaml\): .*lr=-1.0"):
+        load_config(TrainConfig, path, ["--lr=-1"])
+    path.write_text("model: tiny\nlr: -1\n")
+    with pytest.raises(ConfigError, match=r"^In .*run.yaml: .*lr=-1.0"):
+        load_config(TrainConfig, path, ["--seed=3"])
+
+
+def test_an_empty_value_means_empty_for_an_optional_key():
+    from grouprl.config import TrainConfig, load_config
+
+    assert load_config(TrainConfig, None, ["--eval_size="]).eval_size is None

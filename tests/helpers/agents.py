@@ -39,10 +39,10 @@ def count(text: str) -> int:
 
 
 def make_agent_trainer(tmp_path, env: str = "tests.helpers.agents:DigitTalk", options=None, tools=(), resets=8,
-                       **overrides) -> Trainer:
+                       max_positions: int = 512, **overrides) -> Trainer:
     """A trainer of the tiny model on ``env`` with ``resets`` training resets (seeds 0..) and 4 held-out ones."""
     torch.manual_seed(0)
-    model, tok = tiny_causal_lm(seed=0)
+    model, tok = tiny_causal_lm(seed=0, max_positions=max_positions)
     settings = {"max_new_tokens": 4, "max_turns": 3, "max_trajectory_tokens": 64, "eval_every": 0, **overrides}
     config = base_config(tmp_path, **settings)
     inputs = RunInputs(train_rows=[{"seed": i} for i in range(resets)], reward_fns=[],

@@ -236,3 +236,36 @@ def test_make_reward_by_name():
         make_reward("length_target", goal=3)
     with pytest.raises(ValueError, match="cache_length"):
         overlong_penalty(4, 8)
+
+
+def test_a_function_that_edits_its_inputs_changes_nothing_for_the_others():
+    def vandal(prompts, completions, answer):
+        completions[0] = "hacked"
+        answer[0] = "999"
+        prompts[0][0]["content"] = "changed"
+        completions.append("extra")
+        return [1.0, 1.0]
+
+    def honest(prompts, completions, answer):
+        return [float(c.strip() == a) + (prompts[i][0]["content"] == "q") for i, (c, a) in
+                enumerate(zip(completions, answer))]
+
+    prompts = [[{"role": "user", "content": "q"}], [{"role": "user", "content": "q"}]]
+    completions = ["4", "5"]
+    scores = score_rewards([vandal, honest], None, prompts, completions, columns={"answer": ["4", "4"]})
+    assert scores.per_fn["honest"].tolist() == [2.0, 1.0]
+    assert completions == ["4", "5"] and prompts[0][0]["content"] == "q"
+
+
+@pytest.mark.parametrize("returned", [{"a": 1.0, "b": 0.0}, "10", {1.0, 0.0}])
+def test_only_sequences_of_numbers_are_rewards(returned):
+    with pytest.raises(RewardFunctionError, match="returned (dict|str|set), expected a list of B floats"):
+        score_rewards([lambda p, c: returned], None, ["p", "p"], ["a", "b"])
+
+
+def test_a_reward_function_that_calls_exit_is_an_error_naming_it():
+    def quits(prompts, completions):
+        raise SystemExit(3)
+
+    with pytest.raises(RewardFunctionError, match="reward function 'quits' at row 0 .*raised SystemExit: 3"):
+        score_rewards([quits], None, ["p"], ["a"])

@@ -87,7 +87,7 @@ def test_evaluation_plays_held_out_resets(tmp_path):
                     reason="GEM is not installed (pip install 'grouprl[envs]'; the test extra installs it)")
 def test_a_gem_environment_end_to_end(tmp_path):
     trainer = make_agent_trainer(tmp_path, env="gem:game:GuessTheNumber-v0-easy", total_steps=2, max_new_tokens=6,
-                                 max_turns=2, max_trajectory_tokens=80)
+                                 max_turns=2, max_trajectory_tokens=80, max_positions=1024)
     summary = trainer.train()
     assert summary["steps"] == 2
     records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
@@ -129,3 +129,11 @@ def test_state_keys_group_equal_or_similar_texts_within_a_reset():
     assert exact[0][0] != exact[1][0] and exact[1][1] == -1 and exact[2][0] != exact[0][0]
     close = key_ids(keys, [0, 0, 1], 0.95)
     assert close[0][0] == close[1][0] and close[2][0] != close[0][0]
+
+
+def test_a_first_prompt_that_leaves_no_room_for_the_trajectory_is_named(tmp_path):
+    from grouprl.errors import PromptTooLongError
+
+    trainer = make_agent_trainer(tmp_path, max_trajectory_tokens=500)  # the tiny model holds 512 positions
+    with pytest.raises(PromptTooLongError, match="first prompt for seed .* max_trajectory_tokens=500"):
+        trainer.train()

@@ -254,3 +254,33 @@ def test_prompts_are_drawn_in_a_seeded_order_covering_every_row(tmp_path):
     trainer = make_trainer(tmp_path)
     seen = trainer.collector.stream.take(len(PROMPTS))
     assert sorted(seen) == list(range(len(PROMPTS)))
+
+
+def test_a_prompt_that_leaves_no_room_in_the_models_context_is_named_before_training(tmp_path):
+    from grouprl.errors import PromptTooLongError
+
+    with pytest.raises(PromptTooLongError, match="train row 0: .* over the model's context of 512"):
+        make_trainer(tmp_path, max_new_tokens=500)  # "Count: 0" and its template are ~30 tokens
+
+
+def test_fewer_rows_than_prompts_per_step_warns_of_copies(tmp_path):
+    from grouprl.models import tiny_causal_lm
+    from grouprl.trainer.trainer import Trainer
+    from tests.helpers.trainer import base_config
+
+    model, tok = tiny_causal_lm(seed=0)
+    with pytest.warns(UserWarning, match="1 row.*prompts_per_step is 2: every step trains on copies"):
+        Trainer(base_config(tmp_path), policy=model, tokenizer=tok, reward_fns=[digit_share],
+                train_data=[{"prompt": "Count: 1"}])
+
+
+def test_a_non_finite_gradient_stops_the_run_naming_the_step_and_keeps_the_checkpoints(tmp_path):
+    from grouprl.errors import NonFiniteError
+    from grouprl.run.checkpoint import is_complete
+
+    trainer = make_trainer(tmp_path, lr=1e30, max_grad_norm=0, total_steps=4, save_every=1, beta=0.0)
+    with pytest.raises(NonFiniteError, match=r"step \d: the gradient norm is nan: the update was not applied"):
+        trainer.train()
+    saved = checkpoint_dirs(Path(trainer.config.output_dir) / "checkpoints")
+    assert saved and all(is_complete(d) for d in saved)
+    assert all(torch.isfinite(p).all() for p in trainer.policy.parameters())  # the bad update was never applied

@@ -28,7 +28,8 @@ from grouprl.run.files import as_plain, write_text_atomic
 
 TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})
-NONE_WORDS = frozenset({"none", "null", "~"})
+NONE_WORDS = frozenset({"none", "null", "~", ""})
+"""Words that mean "empty" for an optional key; the field docs call it empty, so '' is one too."""
 
 
 # --------------------------------------------------------------------------- value conversion

@@ -257,7 +257,18 @@ def load_config(cls: type, path: str | os.PathLike | None = None, overrides: Seq
     except ConfigError as e:
         if path is None:
             raise
+        if overrides and _file_alone_is_fine_or_other(cls, path, str(e)):  # the command line's value is at fault
+            raise ConfigError(f"On the command line (over {path}): {e}") from None
         raise ConfigError(f"In {path}: {e}") from None
+
+
+def _file_alone_is_fine_or_other(cls: type, path: str | os.PathLike, message: str) -> bool:
+    """Whether the YAML file without the command line resolves, or fails with another message."""
+    try:
+        from_dict(cls, read_yaml_mapping(path))
+    except ConfigError as e:
+        return str(e) != message
+    return True
 
 
 def load_yaml(path: str | os.PathLike, cls: type) -> Any:

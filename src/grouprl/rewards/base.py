@@ -15,6 +15,7 @@ completion text; ``None`` is the way to skip a row.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import inspect
 import math
@@ -138,8 +139,8 @@ def _locate_failure(fn: Callable[..., Any], prompts: list[Any], completions: lis
     name = reward_name(fn)
     for i in range(len(completions)):
         try:
-            result = _call_one_row(fn, prompts, completions, kwargs, i)
-        except Exception as row_error:  # noqa: BLE001 - any failure is the one being reported
+            result = _call_one_row(fn, copy.deepcopy(prompts), list(completions), kwargs, i)
+        except (Exception, SystemExit) as row_error:  # noqa: BLE001 - any failure is the one being reported
             return RewardFunctionError(name, f"raised {type(row_error).__name__}: {row_error}", i, completions[i])
         if isinstance(result, BaseException):
             return RewardFunctionError(name, f"raised {type(result).__name__}: {result}", i, completions[i])
@@ -149,12 +150,11 @@ def _locate_failure(fn: Callable[..., Any], prompts: list[Any], completions: lis
 
 def _to_tensor(name: str, values: Any, completions: list[str]) -> torch.Tensor:
     """Validate a returned list -> [B] float32 with NaN for None."""
-    if isinstance(values, torch.Tensor):
+    if isinstance(values, torch.Tensor) or type(values).__module__ == "numpy":
         values = values.tolist()
-    try:
-        values = list(values)
-    except TypeError:
-        raise RewardFunctionError(name, f"returned {type(values).__name__}, expected a list of B floats") from None
+    if not isinstance(values, list | tuple):  # a dict, a string or a set would be iterated as something else
+        raise RewardFunctionError(name, f"returned {type(values).__name__}, expected a list of B floats")
+    values = list(values)
     if len(values) != len(completions):
         raise RewardFunctionError(name, f"returned {len(values)} values for {len(completions)} completions")
     out = []
@@ -236,19 +236,22 @@ def score_rewards(reward_fns: Sequence[Callable[..., Any]], weights: Sequence[fl
         available["completion_ids"] = completion_ids
     check_reward_columns(reward_fns, list(available))
 
-    kwargs = [_kwargs_for(fn, available) for fn in reward_fns]
+    # Each function gets its own copies: one that edits its inputs must not change what the next
+    # function, the logs or the trainer see.
+    kwargs = [copy.deepcopy(_kwargs_for(fn, available)) for fn in reward_fns]
+    inputs = [(copy.deepcopy(prompts), list(completions)) for _ in reward_fns]
     results: list[Any] = [None] * len(reward_fns)
     pending: dict[int, Awaitable[Any]] = {}
     for j, fn in enumerate(reward_fns):
         try:
-            results[j] = fn(prompts, completions, **kwargs[j])
-        except Exception as e:  # noqa: BLE001 - reported with the function and row at fault
-            raise _locate_failure(fn, prompts, completions, kwargs[j], e) from e
+            results[j] = fn(*inputs[j], **kwargs[j])
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - reported with the function and row at fault
+            raise _locate_failure(fn, prompts, completions, copy.deepcopy(kwargs[j]), e) from e
         if inspect.isawaitable(results[j]):
             pending[j] = results[j]
     for j, result in zip(pending, _await_all(list(pending.values()))):
         results[j] = result
-        if isinstance(result, Exception):
+        if isinstance(result, Exception | SystemExit):
             raise _locate_failure(reward_fns[j], prompts, completions, kwargs[j], result) from result
 
     per_fn = {name: _to_tensor(name, res, completions) for name, res in zip(names, results)}

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from grouprl.errors import PromptTooLongError
 from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights
 from grouprl.rollout.sampler import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits, decode_conversations
@@ -104,6 +105,7 @@ class AgentSampler:
         """Play ``episodes`` (B = P * G, each group's G from the same reset, group-major) to their ends."""
         starts = [ep.start() for ep in episodes]
         prompt_rows = [self.renderer.prompt_ids(starts[p * group_size]) for p in range(len(episodes) // group_size)]
+        self._check_context(prompt_rows, [episodes[p * group_size] for p in range(len(prompt_rows))])
         device = model_device(self.model)
         ids, mask = left_pad(prompt_rows, self.pad_token_id, device)
         stop = self.stop_ids(params)
@@ -123,6 +125,16 @@ class AgentSampler:
         with eval_mode(self.model), torch.inference_mode():
             out = run_with_bf16_weights(self.model, decode) if params.autocast_bf16 else decode(self.model)
         return self._assemble(episodes, starts, ids, mask, group_size, out)
+
+    def _check_context(self, prompt_rows: list[list[int]], episodes: Sequence[Any]) -> None:
+        """A first prompt plus the trajectory budget must fit in the model's context: name the reset that does not."""
+        context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        for ids, episode in zip(prompt_rows, episodes):
+            if context is not None and len(ids) + self.limits.max_tokens > context:
+                raise PromptTooLongError(
+                    f"the environment's first prompt for seed {episode.seed} is {len(ids)} tokens; with "
+                    f"max_trajectory_tokens={self.limits.max_tokens} that is over the model's context of {context} "
+                    "tokens: lower max_trajectory_tokens")
 
     def _respond(self, episode: Any, tokens: list[int], stop_text: str | None, stop: set[int]) -> Reply:
         """The environment's answer to one turn, as tokens to append."""

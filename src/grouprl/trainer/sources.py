@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from grouprl.models import unwrap_ddp
+from grouprl.models import context_length, unwrap_ddp
 from grouprl.rollout.prompts import encode_checked
 from grouprl.rollout.sampler import Sampler
 from grouprl.trainer.collect import GroupCollector
@@ -26,7 +26,8 @@ class PromptSource:
     def __init__(self, config: Any, inputs: RunInputs, policy: nn.Module, tokenizer: Any, sampler: Any, share: Share):
         c = config
         enc = dict(system_prompt=c.system_prompt if c.system_prompt is not None else inputs.system_prompt,
-                   use_chat_template=c.use_chat_template)
+                   use_chat_template=c.use_chat_template, context=context_length(unwrap_ddp(policy)),
+                   max_new_tokens=c.max_new_tokens)
         train_ids = encode_checked(tokenizer, inputs.train_rows, "train", c.max_prompt_len, **enc)
         self.eval_ids = encode_checked(tokenizer, inputs.eval_rows, "eval", c.max_prompt_len, **enc)
         if sampler is None:

@@ -35,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,9 @@ class Trainer:
         self.reward_fns, self.reward_weights = inputs.reward_fns, inputs.reward_weights
         self.is_correct = inputs.is_correct
         self.train_rows, self.eval_rows = inputs.train_rows, inputs.eval_rows
+        if len(self.train_rows) < c.prompts_per_step:
+            warnings.warn(f"the training set has {len(self.train_rows)} row(s) and prompts_per_step is "
+                          f"{c.prompts_per_step}: every step trains on copies of the same prompts", stacklevel=2)
         if c.group_by is not None and c.group_by not in self.train_rows[0]:
             raise ValueError(f"group_by={c.group_by!r} is not a column of the training rows; their columns: "
                              f"{', '.join(self.train_rows[0])}")
