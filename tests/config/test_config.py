@@ -227,3 +227,12 @@ def test_an_empty_value_means_empty_for_an_optional_key():
     from grouprl.config import TrainConfig, load_config
 
     assert load_config(TrainConfig, None, ["--eval_size="]).eval_size is None
+
+
+def test_a_config_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    from grouprl.config import ConfigError, TrainConfig, load_config
+
+    path = tmp_path / "run.yaml"
+    path.write_bytes(b"model: tiny\nsystem_prompt: caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"run.yaml, line 2: byte 0xe9 is not UTF-8"):
+        load_config(TrainConfig, path)

@@ -269,3 +269,11 @@ def test_a_reward_function_that_calls_exit_is_an_error_naming_it():
 
     with pytest.raises(RewardFunctionError, match="reward function 'quits' at row 0 .*raised SystemExit: 3"):
         score_rewards([quits], None, ["p"], ["a"])
+
+
+def test_an_async_reward_function_that_calls_exit_is_an_error_naming_it():
+    async def quits_later(prompts, completions):
+        raise SystemExit(3)
+
+    with pytest.raises(RewardFunctionError, match="reward function 'quits_later' at row 0 .*raised SystemExit: 3"):
+        score_rewards([quits_later], None, ["p"], ["a"])

@@ -47,9 +47,18 @@ def test_latest_skips_an_incomplete_checkpoint_with_a_warning(tmp_path):
         f.truncate(100)
     with pytest.warns(UserWarning, match="skipping .*step-000002.*incomplete"):
         assert ckpt.resolve_checkpoint("latest", root) == root / "step-000001"
-    (root / "step-000001" / ckpt.MANIFEST).unlink()
+    (root / "step-000001" / ckpt.MANIFEST).write_text("{")  # torn manifest
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"), pytest.warns(UserWarning):
         ckpt.resolve_checkpoint("latest", root)
+
+
+def test_a_checkpoint_from_before_manifests_still_resumes_with_a_warning(tmp_path):
+    trainer, root = trained(tmp_path)
+    (root / "step-000002" / ckpt.MANIFEST).unlink()
+    assert ckpt.resolve_checkpoint("latest", root) == root / "step-000002"
+    with pytest.warns(UserWarning, match="before checkpoints carried a manifest"):
+        trainer.resume("latest")
+    assert trainer.step_count == 2
 
 
 def test_a_damaged_file_is_named_with_the_checkpoint_before_it(tmp_path, capsys):

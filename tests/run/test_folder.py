@@ -65,3 +65,19 @@ def test_a_users_config_yaml_is_never_replaced(tmp_path, capsys):
 def test_a_start_refused_before_writing_leaves_no_folder(tmp_path, capsys):
     assert main(tiny(tmp_path / "run", "--lr", "-1")) == 2
     assert not (tmp_path / "run").exists()
+
+
+def test_a_lock_whose_pid_was_reused_by_another_process_is_taken_over(tmp_path):
+    (tmp_path / LOCK).write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "started": 1}))
+    notes = []
+    lock, _ = claim_output_dir(tmp_path, echo=notes.append)  # this pid is alive, but it started later
+    lock.release()
+    assert "left by a process that is gone" in notes[0]
+
+
+def test_stray_temporary_files_of_a_killed_run_are_cleared_when_the_folder_is_claimed(tmp_path):
+    for name in (".summary.json.x1.tmp", ".config.yaml.x2.tmp"):
+        (tmp_path / name).write_text("half")
+    lock, _ = claim_output_dir(tmp_path)
+    lock.release()
+    assert sorted(os.listdir(tmp_path)) == []

@@ -37,3 +37,15 @@ def test_sampling_params_mirror_the_config():
     sp = p.sampling_params((5,))
     assert (sp.temperature, sp.top_p, sp.max_new_tokens, sp.stop_strings, sp.stop_token_ids, sp.autocast_bf16) == (
         0.7, 0.9, 12, ("</answer>",), (5,), True)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("lr", -1.0), ("lr", float("nan")), ("adam_beta1", 1.0), ("adam_beta2", -0.1), ("weight_decay", -1.0),
+    ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1), ("repetition_penalty", 0.0), ("eval_temperature", -1.0),
+    ("max_grad_norm", -1.0), ("warmup_steps", -1), ("save_every", -1),
+])
+def test_every_bad_value_is_refused_by_its_key(key, value):
+    from grouprl.trainer.config import TrainerConfig
+
+    with pytest.raises(ValueError, match=rf"{key}={value}"):
+        TrainerConfig(**{key: value})

@@ -273,9 +273,15 @@ def read_yaml_mapping(path: str | os.PathLike) -> dict[str, Any]:
     """The top-level mapping of a YAML file (empty file -> {}), with ConfigErrors naming the file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"Config file {path} does not exist.") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(f"Config file {path}, line {line}: byte {raw[e.start]:#04x} is not UTF-8; save the file "
+                          "as UTF-8") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

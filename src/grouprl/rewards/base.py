@@ -115,8 +115,14 @@ def _kwargs_for(fn: Callable[..., Any], available: dict[str, list[Any]]) -> dict
 def _await_all(awaitables: list[Awaitable[Any]]) -> list[Any]:
     """Await concurrently; exceptions are returned in place of results so each is attributed."""
 
+    async def caught(awaitable: Awaitable[Any]) -> Any:
+        try:
+            return await awaitable
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - gather re-raises SystemExit even with return_exceptions
+            return e
+
     async def gather() -> list[Any]:
-        return await asyncio.gather(*awaitables, return_exceptions=True)
+        return await asyncio.gather(*(caught(a) for a in awaitables))
 
     try:
         asyncio.get_running_loop()

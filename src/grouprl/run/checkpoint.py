@@ -216,19 +216,34 @@ def _manifest(folder: Path) -> dict[str, Any] | None:
 
 
 def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` is a whole checkpoint: a manifest, and every file it lists at its size."""
+    """Whether ``folder`` is a whole checkpoint: a manifest, and every file it lists at its size. A
+    checkpoint written before manifests existed counts when its state.json reads (it cannot be
+    verified further)."""
     files = _manifest(folder)
     if files is None:
-        return False
+        return not (folder / MANIFEST).exists() and _legacy(folder)
     try:
         return all((folder / name).stat().st_size == entry["size"] for name, entry in files.items())
     except (OSError, KeyError, TypeError):
         return False
 
 
+def _legacy(folder: Path) -> bool:
+    """A checkpoint from before manifests: a readable state.json beside a model folder."""
+    try:
+        json.loads((folder / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (folder / "model").is_dir()
+
+
 def verify_checkpoint(folder: Path) -> None:
     """Check every file of ``folder`` against its manifest digest; a :class:`CheckpointError` names the
     first damaged or missing file and the checkpoint to fall back on."""
+    if not (folder / MANIFEST).exists() and _legacy(folder):
+        warnings.warn(f"{folder} was written before checkpoints carried a manifest: its files are not verified",
+                      stacklevel=2)
+        return
     files = _manifest(folder)
     problem = None if files is not None else f"{folder / MANIFEST} is missing or unreadable"
     for name, entry in (files or {}).items():

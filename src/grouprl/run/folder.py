@@ -91,7 +91,7 @@ class FolderLock:
         self.held = False
 
     def acquire(self, echo: Callable[[str], None]) -> FolderLock:
-        me = {"pid": os.getpid(), "host": socket.gethostname()}
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _started(os.getpid())}
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -128,8 +128,18 @@ class FolderLock:
         self.release()
 
 
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _alive(holder: dict) -> bool:
-    """Whether the lock's process still runs (a lock from another host is trusted: it cannot be checked)."""
+    """Whether the lock's process still runs (a lock from another host is trusted: it cannot be checked).
+    A pid reused by a later process is told apart by its start time."""
     if holder.get("host") != socket.gethostname():
         return True
     try:
@@ -137,8 +147,9 @@ def _alive(holder: dict) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # it exists, under another user
-        return True
-    return True
+        pass
+    started = holder.get("started")
+    return started is None or _started(int(holder["pid"])) in (None, started)
 
 
 def remove_run_files(folder: Path) -> None:
@@ -166,6 +177,9 @@ def claim_output_dir(folder: str | Path, *, resume_from: str | None = None, over
             shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
             raise ConfigError(f"output_dir {str(out)!r} holds files that are not a run's ({shown}); a run would "
                               "mix into them and --overwrite would not remove them. Choose another --output_dir")
+        for stale in out.iterdir():  # a run's temporary files left by a kill: never anyone else's
+            if OWN_TEMP.match(stale.name):
+                stale.unlink(missing_ok=True)
         earlier = holds_run(out)
         if earlier and not resume_from and not overwrite:
             raise ConfigError(f"output_dir {str(out)!r} already holds a run; continue it with --resume_from latest, "

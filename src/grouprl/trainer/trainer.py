@@ -44,6 +44,7 @@ import torch
 
 from grouprl.algos import kl_per_token
 from grouprl.algos.rollout_correction import rollout_mismatch, truncated_is_weights
+from grouprl.errors import NonFiniteError
 from grouprl.rewards.base import unique_names
 from grouprl.run import checkpoint as ckpt
 from grouprl.run.files import as_plain
@@ -276,6 +277,9 @@ class Trainer:
                 "stateful": stateful, "modules": modules}
 
     def save(self) -> Path:
+        local = (getattr(p, "to_local", lambda p=p: p)() for p in self.policy.parameters())  # a shard under FSDP
+        if self.processes.any(not all(bool(torch.isfinite(t).all()) for t in local)):
+            raise NonFiniteError("the policy's weights are no longer finite: this state is not saved")
         state = {"position": self.collector.stream.position, "kl_controller": self.kl.state_dict(),
                  "config": as_plain(self.config)}
         return self.processes.save(self.out / "checkpoints", self.step_count, state=state, tokenizer=self.tokenizer,
