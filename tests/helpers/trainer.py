@@ -26,9 +26,10 @@ def digit_share(prompts, completions, **_):
 
 
 def base_config(tmp_path, **overrides) -> TrainerConfig:
+    # fp32 whatever the CPU: the expected numbers of the tests must not depend on what dtype=auto measures
     cfg = TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=6, total_steps=2, lr=1e-3, beta=0.04,
-                        micro_batch_size=8, output_dir=str(tmp_path / "run"), progress=False, tensorboard=False,
-                        log_completions_every=1, print_completions=0, seed=3)
+                        dtype="fp32", micro_batch_size=8, output_dir=str(tmp_path / "run"), progress=False,
+                        tensorboard=False, log_completions_every=1, print_completions=0, seed=3)
     return replace(cfg, **overrides)
 
 

@@ -30,7 +30,7 @@ def test_without_a_gpu_or_vllm_the_engine_says_what_is_missing():
 def test_config_refuses_vllm_beam_groups_and_unknown_correction_levels():
     with pytest.raises(ValueError, match="rollout_mode=beam needs rollout_engine=hf"):
         GRPOConfig(rollout_engine="vllm", rollout_mode="beam")
-    with pytest.raises(ValueError, match="rollout_is='tok' is not one of: none, sequence, token"):
+    with pytest.raises(ValueError, match="rollout_is='tok' is not one of: auto, none, sequence, token"):
         GRPOConfig(rollout_is="tok")
     with pytest.raises(ValueError, match="vllm_gpu_memory_utilization"):
         GRPOConfig(vllm_gpu_memory_utilization=1.5)

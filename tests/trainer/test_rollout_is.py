@@ -45,3 +45,16 @@ def test_off_the_correction_logs_the_mismatch_only_when_old_log_probs_exist(tmp_
     assert seen["advantages"].dim() == 1  # no weights without rollout_is
     # the built-in sampler at fp32: its log-probs are the trainer's up to rounding
     assert metrics["rollout/mismatch_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_auto_samples_in_bf16_where_only_decoding_gains_and_corrects_for_it(tmp_path, monkeypatch):
+    import grouprl.models.precision as precision
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(precision, "bf16_speedup", lambda m, k, n, device: 3.0 if m <= 64 else 0.5)
+    trainer = make_trainer(tmp_path, beta=0.0, dtype="auto")
+    assert trainer.setup["dtype"].startswith("rollouts bf16 (bf16 3.00x fp32), training fp32")
+    assert trainer.setup["rollout_is"] == "token"
+    metrics, _ = trainer.step()
+    assert metrics["rollout/mismatch_kl"] > 0  # bf16 sampling against fp32 scoring really differs
+    assert 0 < metrics["rollout/is_weight_mean"] <= 1.001

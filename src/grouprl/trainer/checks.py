@@ -52,11 +52,11 @@ def _registry_problems(c: Any) -> list[str]:
         ("importance_level", c.importance_level, IMPORTANCE_LEVELS),
         ("zero_std_groups", c.zero_std_groups, ZERO_STD_POLICIES),
         ("kl_controller", c.kl_controller_name, KL_CONTROLLERS), ("lr_schedule", c.lr_schedule, LR_SCHEDULES),
-        ("dtype", c.dtype, ("fp32", "bf16")), ("ref_dtype", c.ref_dtype, ("fp32", "bf16")),
+        ("dtype", c.dtype, ("auto", "fp32", "bf16")), ("ref_dtype", c.ref_dtype, ("auto", "fp32", "bf16")),
         ("rollout_mode", c.rollout_mode, ("sample", "beam")), ("engine", c.engine, ("fsdp", "ddp")),
         ("mixed_precision", c.mixed_precision, ("none", "bf16")),
         ("rollout_engine", c.rollout_engine, ("hf", "vllm")),
-        ("rollout_is", c.rollout_is, ("none", *ROLLOUT_IS_LEVELS.names())),
+        ("rollout_is", c.rollout_is, ("auto", "none", *ROLLOUT_IS_LEVELS.names())),
     ]
     return [f"{name}={value!r} is not one of: {', '.join(valid)}" for name, value, valid in checks
             if value not in valid]

@@ -31,7 +31,11 @@ def default_reference(policy: nn.Module, config: Any) -> nn.Module | None:
     to fall back on; None otherwise."""
     if not config.needs_reference or is_peft(policy):
         return None
-    return make_reference(policy, torch.bfloat16 if config.ref_dtype == "bf16" else None)
+    return make_reference(policy, torch.bfloat16 if config.reference_bf16 else None)
+
+
+def _device_type(model: nn.Module) -> str:
+    return next((p.device.type for p in model.parameters()), "cpu")
 
 
 class PolicyPasses:
@@ -51,7 +55,7 @@ class PolicyPasses:
         grad, micro-batch by micro-batch."""
         c = self.config
         model = self.forward_model(model)
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.dtype == "bf16")
+        autocast = torch.autocast(_device_type(model), dtype=torch.bfloat16, enabled=c.train_bf16)
         temperature = c.temperature if c.temperature > 0 else 1.0
         if rows is not None:
             with autocast:

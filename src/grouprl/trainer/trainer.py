@@ -34,6 +34,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -45,6 +46,7 @@ import torch
 from grouprl.algos import kl_per_token
 from grouprl.algos.rollout_correction import rollout_mismatch, truncated_is_weights
 from grouprl.errors import NonFiniteError
+from grouprl.models.precision import choose_precision
 from grouprl.rewards.base import unique_names
 from grouprl.run import checkpoint as ckpt
 from grouprl.run.files import as_plain
@@ -112,6 +114,9 @@ class Trainer:
         self.processes = processes if processes is not None else OneProcess()
         self.is_main = self.processes.is_main
         policy = prepare_policy(policy, c)
+        self.config = c = copy.copy(c)  # the caller's config is left as it was given
+        c.precision = choose_precision(c.dtype, c.ref_dtype, policy, c.rollout_rows // self.processes.world_size,
+                                       c.micro_batch_size * (c.max_prompt_len // 2 + c.max_new_tokens))
         reference = reference if reference is not None else default_reference(policy, c)
         # The critic copies the policy's decoder before any sharding touches it.
         self.critic = Critic(c, policy, critic_backbone) if algo.critic else None
@@ -129,7 +134,7 @@ class Trainer:
         self.metrics_log = JsonlLog(self.out / "metrics.jsonl") if self.is_main else NullLog()
         self.completions_log = JsonlLog(self.out / "completions.jsonl") if self.is_main else NullLog()
         self.eval_history: list[dict[str, Any]] = []
-        self.setup = run_setup(self.reward_fns)
+        self.setup = {"dtype": c.precision.describe(), "rollout_is": c.rollout_is_level, **run_setup(self.reward_fns)}
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -189,9 +194,9 @@ class Trainer:
         if data.old_logp is None:
             return {}
         rollout_logp = data.rollout.sampling_logprobs.to(data.old_logp.device)
-        if c.rollout_is == "none":
+        if c.rollout_is_level == "none":
             return {k: float(v) for k, v in rollout_mismatch(data.old_logp, rollout_logp, data.mask).items()}
-        weights, m = truncated_is_weights(data.old_logp, rollout_logp, data.mask, level=c.rollout_is,
+        weights, m = truncated_is_weights(data.old_logp, rollout_logp, data.mask, level=c.rollout_is_level,
                                           cap=c.rollout_is_cap)
         adv = data.advantages if data.advantages.dim() == 2 else data.advantages.unsqueeze(-1)
         data.advantages = adv * weights

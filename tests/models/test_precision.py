@@ -1,0 +1,89 @@
+"""dtype: auto: fp32 against bf16 measured at the model's shapes, picked per phase, cached per machine;
+the rollout correction turns on when rollouts and training use different formats."""
+
+from __future__ import annotations
+
+import pytest
+
+import grouprl.models.precision as precision
+from grouprl.models import tiny_causal_lm
+from grouprl.models.precision import Precision, choose_precision
+from grouprl.trainer.config import TrainerConfig
+
+
+@pytest.fixture()
+def model():
+    return tiny_causal_lm(seed=0)[0]
+
+
+def fake_speedups(monkeypatch, decode, train):
+    calls = []
+
+    def speedup(m, k, n, device):
+        calls.append((m, k, n))
+        return decode if m <= 64 else train
+
+    monkeypatch.setattr(precision, "bf16_speedup", speedup)
+    return calls
+
+
+def test_forced_formats_are_not_measured(model, monkeypatch, tmp_path):
+    calls = fake_speedups(monkeypatch, 3.0, 3.0)
+    assert choose_precision("fp32", "auto", model, 32, 800, tmp_path / "c.json") == Precision("fp32", "fp32", "fp32",
+                                                                                              how="forced")
+    assert choose_precision("bf16", "fp32", model, 32, 800, tmp_path / "c.json").reference == "fp32"
+    assert calls == []
+
+
+@pytest.mark.parametrize("decode, train, want", [
+    (2.7, 2.3, ("bf16", "bf16", "bf16")),  # a Zen 4 with AVX-512 BF16
+    (0.01, 0.004, ("fp32", "fp32", "fp32")),  # an AVX2-only CPU
+    (1.3, 1.05, ("bf16", "fp32", "fp32")),  # bf16 wins only at decode sizes, and 5% is within the margin
+])
+def test_auto_picks_each_phase_by_its_measured_speedup(model, monkeypatch, tmp_path, decode, train, want):
+    fake_speedups(monkeypatch, decode, train)
+    chosen = choose_precision("auto", "auto", model, 32, 800, tmp_path / "c.json")
+    assert (chosen.rollout, chosen.train, chosen.reference) == want
+    assert chosen.how == "measured" and "rollouts" in chosen.describe()
+
+
+def test_the_probe_runs_once_per_machine_and_shape(model, monkeypatch, tmp_path):
+    calls = fake_speedups(monkeypatch, 2.0, 2.0)
+    cache = tmp_path / "c.json"
+    first = choose_precision("auto", "auto", model, 32, 800, cache)
+    second = choose_precision("auto", "auto", model, 32, 800, cache)
+    assert len(calls) == 2 and (first.rollout, second.how) == ("bf16", "cached")
+    choose_precision("auto", "auto", model, 16, 800, cache)  # another rollout size: measured again
+    assert len(calls) == 4
+
+
+def test_a_hopeless_bf16_is_not_timed_at_the_large_size(monkeypatch):
+    sizes = []
+
+    def time_it(m, k, n, dtype, device, repeats=3):
+        sizes.append(m)
+        return 1.0 if dtype.is_floating_point and dtype.itemsize == 4 else 50.0  # bf16 50x slower
+
+    monkeypatch.setattr(precision, "_time", time_it)
+    import torch
+
+    assert precision.bf16_speedup(2048, 576, 1536, torch.device("cpu")) == pytest.approx(0.02)
+    assert sizes == [16, 16]
+
+
+def test_the_real_probe_is_quick_and_gives_a_ratio(model, tmp_path):
+    import time
+
+    start = time.perf_counter()
+    chosen = choose_precision("auto", "auto", model, 32, 512, tmp_path / "c.json")
+    assert time.perf_counter() - start < 2.0 and chosen.decode_speedup > 0 and chosen.train_speedup > 0
+
+
+def test_the_rollout_correction_follows_the_formats():
+    config = TrainerConfig()
+    assert config.rollout_is == "auto" and config.rollout_is_level == "none"
+    config.precision = Precision("bf16", "fp32", "fp32")
+    assert config.rollout_is_level == "token" and config.needs_old_logprobs and config.rollout_bf16
+    config.precision = Precision("bf16", "bf16", "bf16")
+    assert config.rollout_is_level == "none"
+    assert TrainerConfig(rollout_is="sequence").rollout_is_level == "sequence"
