@@ -17,6 +17,7 @@ import time
 from collections import Counter
 
 import torch
+from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 
 from grouprl.models import load_policy
 from grouprl.rollout.prompts import render_prompt
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("--system-prompt")
     parser.add_argument("--json", help="write figures and completions to this file")
     args = parser.parse_args()
+    print(cpu_line(), flush=True)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -18,6 +18,7 @@ import time
 from collections import Counter
 
 import torch
+from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 
 from grouprl.cli.build import build_inputs, load_model
 from grouprl.config import TrainConfig
@@ -38,6 +39,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    print(cpu_line(), flush=True)
 
     torch.set_num_threads(args.threads)
     config = TrainConfig(model=args.model, env=args.env, env_options=json.loads(args.options),

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 
 
 def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 5) -> tuple[float, int]:
@@ -101,6 +102,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="steps measured after one warm-up step")
     parser.add_argument("--beta", type=float, default=0.04)
     args = parser.parse_args()
+    print(cpu_line(), flush=True)
     torch.set_num_threads(args.threads)
 
     from grouprl.models import load_policy

@@ -18,6 +18,7 @@ import statistics
 import time
 
 import torch
+from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 
 from grouprl.models import load_policy
 from grouprl.rollout.logprobs import token_logprobs
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    print(cpu_line(), flush=True)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
     sampler = Sampler(model, tokenizer)

