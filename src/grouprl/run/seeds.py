@@ -11,26 +11,13 @@ from __future__ import annotations
 
 import torch
 
-MODULUS = 2**62
-"""Seeds stay below this (torch generators take any 64-bit value)."""
+from grouprl.seeding import mix_seed
+
 EVAL_STREAM = 7_777_777
 """First part of every evaluation seed: evaluation draws never coincide with a training draw, and
 ``grouprl eval`` draws exactly what the trainer's evaluation drew."""
 SHUFFLE_STREAM = 1_000
 """Minibatch shuffles use (seed, step, SHUFFLE_STREAM + pass)."""
-
-
-def mix_seed(*parts: int) -> int:
-    """One seed from several integers, e.g. (seed, step, round): a polynomial hash, so (1, 2) and
-    (2, 1) differ and a resumed run derives the same seeds as an uninterrupted one.
-
-    >>> mix_seed(3, 5) == 3 * 1_000_003 + 5, mix_seed(3, 5) != mix_seed(5, 3)
-    (True, True)
-    """
-    out = 0
-    for p in parts:
-        out = (out * 1_000_003 + int(p)) % MODULUS
-    return out
 
 
 def group_seeds(base: int, first_prompt: int, num_prompts: int, group_size: int) -> list[int]:

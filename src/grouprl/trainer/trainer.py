@@ -46,8 +46,10 @@ import torch
 from grouprl.algos import kl_per_token
 from grouprl.algos.rollout_correction import rollout_mismatch, truncated_is_weights
 from grouprl.errors import NonFiniteError
+from grouprl.models import unwrap_ddp
 from grouprl.models.precision import choose_precision
 from grouprl.rewards.base import unique_names
+from grouprl.rollout.vllm import resolve_engine
 from grouprl.run import checkpoint as ckpt
 from grouprl.run.files import as_plain
 from grouprl.run.logs import JsonlLog, NullLog, PhaseTimer, Progress
@@ -117,6 +119,11 @@ class Trainer:
         self.config = c = copy.copy(c)  # the caller's config is left as it was given
         c.precision = choose_precision(c.dtype, c.ref_dtype, policy, c.rollout_rows // self.processes.world_size,
                                        c.micro_batch_size * (c.max_prompt_len // 2 + c.max_new_tokens))
+        if sampler is None:
+            c.resolved_engine, engine_reason = resolve_engine(c.rollout_engine, policy, c.rollout_mode)
+        else:  # one with its own copy of the weights is compared with the trainer like vLLM
+            c.resolved_engine = "hf" if getattr(sampler, "uses_live_model", True) else "vllm"
+            engine_reason = f"a {type(sampler).__name__} was passed in"
         reference = reference if reference is not None else default_reference(policy, c)
         # The critic copies the policy's decoder before any sharding touches it.
         self.critic = Critic(c, policy, critic_backbone) if algo.critic else None
@@ -134,7 +141,8 @@ class Trainer:
         self.metrics_log = JsonlLog(self.out / "metrics.jsonl") if self.is_main else NullLog()
         self.completions_log = JsonlLog(self.out / "completions.jsonl") if self.is_main else NullLog()
         self.eval_history: list[dict[str, Any]] = []
-        self.setup = {"dtype": c.precision.describe(), "rollout_is": c.rollout_is_level, **run_setup(self.reward_fns)}
+        self.setup = {"dtype": c.precision.describe(), "rollout_engine": f"{c.engine_choice} ({engine_reason})",
+                      "rollout_is": c.rollout_is_level, **run_setup(self.reward_fns)}
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -165,6 +173,7 @@ class Trainer:
         metrics.update(self.correct_rollout(data))
         with timer("update"):                                                        # mu x minibatches
             metrics = {**self.rule.update(data, self.step_count, 0.0 if c.kl_penalty_in_reward else beta), **metrics}
+        self.sampler.update_weights(unwrap_ddp(self.policy))  # an engine with its own copy pushes before its next use
         if old_logp is not None and ref_logp is not None:  # the KL the rollout policy had from the reference
             sequence_kl = float((kl_per_token(old_logp, ref_logp, c.kl_estimator) * data.mask).sum(-1).mean())
             metrics["policy/kl_sequence"] = sequence_kl
@@ -211,7 +220,8 @@ class Trainer:
         rewards = torch.cat([p[0] for p in parts])
         per_fn = {k: torch.cat([p[1][k] for p in parts]) for k in got.per_fn}
         constant = None if constant is None else torch.cat([p[2] for p in parts])
-        metrics = {**reward_metrics(rewards, per_fn, constant),
+        engine = getattr(self.sampler, "metrics", None)  # an engine with its own weights: time/weight_push
+        metrics = {**reward_metrics(rewards, per_fn, constant), **(engine() if callable(engine) else {}),
                    **rollout_metrics(RolloutBatch.cat([p[3] for p in parts]), got.rounds), **metrics,
                    **timer.metrics(), "time/step": time.perf_counter() - t0}
         tokens = float(got.batch.completion_mask.sum())
