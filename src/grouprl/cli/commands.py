@@ -53,6 +53,7 @@ def _train_claimed(config: TrainConfig, echo: Echo) -> tuple[dict[str, Any], Pat
     from grouprl.report import write_report
 
     env = join_run(config)  # under torchrun with several processes: this process's place in the run
+    trainer = None
     try:
         policy, tokenizer = load_model(config.model, config.seed)
         trainer = build_trainer(config, inputs, policy, tokenizer, env)
@@ -61,6 +62,8 @@ def _train_claimed(config: TrainConfig, echo: Echo) -> tuple[dict[str, Any], Pat
                 echo(f"{key}: {value}")
         summary = trainer.train()
     finally:
+        if trainer is not None:
+            trainer.close()
         leave_run(env)
     if env is not None and not env.is_main:  # the first process writes the report and prints the summary
         return summary, Path(config.output_dir) / "report"

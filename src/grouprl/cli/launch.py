@@ -71,4 +71,5 @@ def leave_run(env: Any) -> None:
     if env is not None:
         import torch.distributed as dist
 
-        dist.destroy_process_group()
+        if dist.is_initialized():  # a vLLM engine's close may already have destroyed it with its own groups
+            dist.destroy_process_group()

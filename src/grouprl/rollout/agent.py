@@ -104,6 +104,10 @@ class AgentSampler:
     def metrics(self) -> dict[str, float]:
         return self.engine.metrics() if self.engine is not None else {}
 
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
     @property
     def pad_token_id(self) -> int:
         tok = self.tokenizer

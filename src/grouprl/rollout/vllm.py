@@ -293,6 +293,15 @@ class VLLMSampler:
         shutil.rmtree(os.path.join(self.folder, f"adapter-{self.adapter_version - 1}"), ignore_errors=True)
         self.lora_request = LoRARequest(f"grouprl-{self.adapter_version}", self.adapter_version, path)
 
+    def close(self) -> None:
+        """Release vLLM's process groups before the run's own (vLLM's exit handler would otherwise try to
+        destroy its subgroups after the run destroyed its group, and fail)."""
+        if torch.distributed.is_initialized():
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+            destroy_model_parallel()
+            destroy_distributed_environment()  # vLLM's groups, then the run's own
+
     def metrics(self) -> dict[str, float]:
         """``time/weight_push`` since the last call (seconds spent pushing weights)."""
         out, self.push_seconds = {"time/weight_push": self.push_seconds}, 0.0

@@ -235,6 +235,12 @@ class Trainer:
         parts = self.processes.gather(mine)
         return [r for part in parts for r in part] if self.is_main else []
 
+    def close(self) -> None:
+        """Release what the rollout engine holds beyond this process's memory (vLLM's process groups)."""
+        close = getattr(self.sampler, "close", None)
+        if callable(close):
+            close()
+
     # -- the run loop's hooks -----------------------------------------------------------------------
     def finished(self) -> bool:
         return self.step_count >= self.config.total_steps
