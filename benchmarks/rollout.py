@@ -103,7 +103,7 @@ def main() -> None:
     first = None
     for rows, n in settings:
         ids = sampler.encode(prompts(rows))
-        for name, run in methods.items():  # warm-up: first-call allocations and lazy imports
+        for run in methods.values():  # warm-up: first-call allocations and lazy imports
             for fmt in FORMATS:
                 run(ids, 4, fmt, 0)
         totals = {(m, f): [0, 0.0] for m in methods for f in FORMATS}
