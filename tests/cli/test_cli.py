@@ -285,6 +285,13 @@ def test_train_rm_on_a_tiny_model(tmp_path, capsys):
     assert code == 0, err
     assert (tmp_path / "rm" / "config.json").exists()
     assert "held-out pairs ranked right" in out and "--reward_model" in out
+    code, _, err = run_main(capsys, "train-rm", "--pairs", pairs, "--model", "tiny", "--output_dir",
+                            tmp_path / "rm", "--batch_size", "4")
+    assert code == 0, err  # its own earlier output is replaced
+    (tmp_path / "rm" / "README.md").write_text("my notes")
+    code, _, err = run_main(capsys, "train-rm", "--pairs", pairs, "--model", "tiny", "--output_dir",
+                            tmp_path / "rm", "--batch_size", "4")
+    assert code == 2 and "README.md" in err and (tmp_path / "rm" / "README.md").read_text() == "my notes"
 
 
 def test_demo_quick_end_to_end(tmp_path):

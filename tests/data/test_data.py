@@ -124,3 +124,18 @@ def test_prompt_lengths_name_the_row():
     with pytest.raises(PromptTooLongError, match=r"2 prompt\(s\) longer than 5 tokens; first: row 1 with 8 tokens "
                                                  r"\(prompt 'a very long prompt'\)"):
         check_prompt_lengths([[1] * 3, [1] * 8, [1] * 9], max_len=5, rows=rows)
+
+
+@pytest.mark.parametrize("suffix, body", [
+    (".jsonl", b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n'),
+    (".json", b'[{"prompt": "ok"},\n {"prompt": "caf\xe9"}]'),
+    (".csv", b'prompt\ncaf\xe9\n'),
+])
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path, suffix, body):
+    from grouprl.data import load_prompts
+    from grouprl.errors import DataError
+
+    path = tmp_path / f"prompts{suffix}"
+    path.write_bytes(body)
+    with pytest.raises(DataError, match=rf"prompts{suffix}, line 2: byte 0xe9 is not UTF-8"):
+        load_prompts(path)

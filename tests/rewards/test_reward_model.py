@@ -9,7 +9,9 @@ from transformers import LlamaForSequenceClassification
 
 from grouprl.models import tiny_llama_config, tiny_tokenizer
 from grouprl.rewards import RewardModel, score_rewards, train_reward_model
-from grouprl.rewards.reward_model import bradley_terry_loss, load_pairs, render_conversation
+from grouprl.errors import ConfigError, DataError
+from grouprl.rewards.reward_model import (SAVED_MARKER, bradley_terry_loss, check_replaceable, load_pairs,
+                                          render_conversation, save_pretrained_atomic)
 
 
 def tiny_reward_model(seed=0, hidden_size=32):
@@ -90,3 +92,41 @@ def test_held_out_split_from_the_pairs_and_errors(tmp_path):
         RewardModel(tmp_path / "missing")
     with pytest.raises(ValueError, match="num_labels=1"):
         RewardModel(LlamaForSequenceClassification(tiny_llama_config(tok, num_labels=2)), tok)
+
+
+def test_bad_pairs_are_named_by_row_before_any_training():
+    good = {"prompt": "p", "chosen": "a", "rejected": "b"}
+    with pytest.raises(DataError, match=r"preference pair 1: 'chosen' must be text, got list"):
+        load_pairs([good, {**good, "chosen": ["a"]}])
+    with pytest.raises(DataError, match="1"):
+        load_pairs([good, {**good, "prompt": 7}])
+    with pytest.warns(UserWarning, match="every one of the 2 preference pairs has chosen == rejected"):
+        load_pairs([{**good, "rejected": "a"}] * 2)
+    model, tok = tiny_reward_model()
+    with pytest.raises(ValueError, match=r"1 preference pair\(s\) in all, and eval_fraction=0.5 holds them out"):
+        train_reward_model(model, tok, [good], eval_fraction=0.5, epochs=1)
+
+
+def test_a_save_replaces_only_a_folder_an_earlier_save_wrote(tmp_path):
+    model, tok = tiny_reward_model()
+    out = tmp_path / "rm"
+    save_pretrained_atomic(model, tok, out)
+    written = json.loads((out / SAVED_MARKER).read_text())["files"]
+    assert "model.safetensors" in written and "config.json" in written
+    save_pretrained_atomic(model, tok, out)  # its own earlier save: replaced whole
+    assert RewardModel(out, batch_size=2)(["q"], ["a"])
+
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"holds files this command did not write \(notes.txt\)"):
+        save_pretrained_atomic(model, tok, out)
+    assert (out / "notes.txt").read_text() == "mine"
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match="metrics.jsonl"):
+        check_replaceable(run)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        check_replaceable(tmp_path / "file")
+    check_replaceable(tmp_path / "absent")

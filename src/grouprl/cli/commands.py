@@ -164,8 +164,9 @@ def reward_model_start(spec: str, seed: int) -> tuple[Any, Any]:
 
 def train_rm_command(config: RewardModelConfig, echo: Echo = print) -> Any:
     """``grouprl train-rm``: fit a Bradley-Terry reward model to preference pairs and save it."""
-    from grouprl.rewards.reward_model import load_pairs, train_reward_model
+    from grouprl.rewards.reward_model import check_replaceable, load_pairs, train_reward_model
 
+    check_replaceable(config.output_dir)  # a run's or a user's folder is refused before any work
     load_pairs(config.pairs)  # a missing file or column fails here, before the model loads
     if config.eval_pairs:
         load_pairs(config.eval_pairs)

@@ -77,6 +77,19 @@ def _from_datasets(data: Any, split: str | None, where: str) -> list[Row]:
     return data.to_list()
 
 
+TEXT_FORMATS = (".jsonl", ".json", ".csv")
+
+
+def _check_utf8(path: Path) -> None:
+    """A text file that is not UTF-8 is named with the line of its first bad byte."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise DataError(f"{path}, line {line}: byte {raw[e.start]:#04x} is not UTF-8; save the file as UTF-8") from None
+
+
 def load_records(source: str | Path | Any, split: str | None = None) -> list[Row]:
     """Rows from a JSONL / JSON / CSV / parquet file, a ``datasets`` folder (``save_to_disk``), a
     ``datasets.Dataset`` or ``DatasetDict``, a Hugging Face dataset id in the local cache, or a
@@ -94,7 +107,10 @@ def load_records(source: str | Path | Any, split: str | None = None) -> list[Row
         except FileNotFoundError as e:
             raise DataError(f"{path} is a folder but not a saved `datasets` dataset ({e})") from None
     if path.is_file():
-        return READERS.get(path.suffix.lower())(path)
+        reader = READERS.get(path.suffix.lower())
+        if path.suffix.lower() in TEXT_FORMATS:
+            _check_utf8(path)
+        return reader(path)
     if str(source).startswith(("/", ".", "~")) or path.suffix:
         raise DataError(f"prompt file {str(source)!r} does not exist")
     return _load_hub(str(source), split)

@@ -13,6 +13,7 @@ P(chosen > rejected) = sigmoid(r(chosen) - r(rejected)), so the loss is
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import random
 import shutil
@@ -27,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from grouprl.data import load_records
+from grouprl.data.loading import normalise_prompt
+from grouprl.errors import ConfigError, DataError
 from grouprl.types import to_messages
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
@@ -154,6 +157,14 @@ def load_pairs(source: str | Path | Sequence[dict[str, Any]]) -> list[dict[str, 
         missing = [c for c in PAIR_COLUMNS if c not in row]
         if missing:
             raise ValueError(f"preference pair {i} lacks {missing}; it has columns {list(row)}")
+        for key in ("chosen", "rejected"):
+            if not isinstance(row[key], str):
+                raise DataError(f"preference pair {i}: {key!r} must be text, got {type(row[key]).__name__} "
+                                f"{row[key]!r:.80}")
+        normalise_prompt(row["prompt"], i)
+    if all(r["chosen"] == r["rejected"] for r in rows):
+        warnings.warn(f"every one of the {len(rows)} preference pairs has chosen == rejected: a reward model can "
+                      "learn nothing from them", stacklevel=2)
     return rows
 
 
@@ -182,17 +193,45 @@ def evaluate_pairs(model: torch.nn.Module, tokenizer: Any, pairs: list[dict[str,
     return correct / len(pairs), loss / len(pairs)
 
 
+SAVED_MARKER = "grouprl-saved.json"
+"""Written into every folder :func:`save_pretrained_atomic` makes: the files it wrote, so a later save
+replaces such a folder and never one that holds anything else."""
+
+
+def check_replaceable(path: str | Path) -> None:
+    """Refuse ``path`` when it holds anything a grouprl save did not write (a run, a user's files)."""
+    folder = Path(path)
+    if not folder.exists() or (folder.is_dir() and not any(folder.iterdir())):
+        return
+    if not folder.is_dir():
+        raise ConfigError(f"output_dir {str(folder)!r} is a file; choose a folder")
+    try:
+        written = set(json.loads((folder / SAVED_MARKER).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        written = None
+    foreign = sorted(p.name for p in folder.iterdir() if written is None or (p.name not in written
+                                                                             and p.name != SAVED_MARKER))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ConfigError(f"output_dir {str(folder)!r} holds files this command did not write ({shown}); saving "
+                          "would delete them. Choose another --output_dir")
+
+
 def save_pretrained_atomic(model: torch.nn.Module, tokenizer: Any, path: str | Path, overwrite: bool = True) -> Path:
     """``save_pretrained`` model + tokenizer into a temporary sibling folder, then rename it into
-    place: a crash never leaves a half-written ``path``, and a replaced folder is swapped whole."""
+    place: a crash never leaves a half-written ``path``, and a replaced folder is swapped whole. Only
+    a folder an earlier save wrote is replaced (:func:`check_replaceable`)."""
     final = Path(path)
     if final.exists() and not overwrite:
         raise FileExistsError(f"{final} exists; pass overwrite=True to replace it")
+    check_replaceable(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        files = sorted(p.name for p in tmp.iterdir())
+        (tmp / SAVED_MARKER).write_text(json.dumps({"files": files}, indent=1))
         if final.exists():
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
             os.rename(final, old)
@@ -232,7 +271,8 @@ def train_reward_model(model: str | Path | torch.nn.Module, tokenizer: Any, pair
     else:
         held = []
     if not train:
-        raise ValueError("no training pairs left after holding out the eval pairs")
+        raise ValueError(f"{len(held)} preference pair(s) in all, and eval_fraction={eval_fraction} holds them out: "
+                         "add pairs, or set eval_fraction 0 (or give eval_pairs)")
     model, tokenizer = _load(model, tokenizer)
     _prepare(model, tokenizer)
     model.requires_grad_(True)
