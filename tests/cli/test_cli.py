@@ -17,6 +17,7 @@ from grouprl.cli import main
 from grouprl.cli.build import answer_checker, build_inputs, resolve_model_path
 from grouprl.cli.commands import before_after
 from grouprl.config import ConfigError, TrainConfig, load_config, save_yaml
+from grouprl.errors import CheckpointError
 from grouprl.registry import import_object
 from grouprl.rewards import reward_name
 
@@ -224,6 +225,25 @@ def test_run_and_checkpoint_folders_stand_for_their_newest_policy(tmp_path):
     assert resolve_model_path(str(tmp_path)) == newest
     assert resolve_model_path(str(tmp_path / "checkpoints" / "step-000012")) == newest
     assert resolve_model_path("smollm2-135m") == "smollm2-135m"
+
+
+def test_a_run_folder_stands_for_its_newest_complete_checkpoint_or_is_refused(tmp_path, capsys):
+    args = ["--model", "tiny", "--task", "arithmetic", "--total_steps", "2", "--prompts_per_step", "2",
+            "--group_size", "2", "--max_new_tokens", "4", "--eval_size", "2", "--save_every", "1", "--no-progress",
+            "--no-tensorboard", "--output_dir", str(tmp_path / "run")]
+    assert run_main(capsys, "train", *args)[0] == 0
+    first, second = (tmp_path / "run" / "checkpoints" / f"step-{s:06d}" for s in (1, 2))
+    assert resolve_model_path(str(tmp_path / "run")) == str(second / "model")
+    (second / "model" / "model.safetensors").write_bytes(b"cut short")  # a kill mid-write: wrong size
+    with pytest.warns(UserWarning, match="skipping .*step-000002: it is incomplete"):
+        assert resolve_model_path(str(tmp_path / "run")) == str(first / "model")
+    with pytest.raises(CheckpointError, match=r"model.safetensors is damaged.*step-000001, is intact"):
+        resolve_model_path(str(second))
+
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "empty" / "metrics.jsonl").write_text("")
+    code, _, err = run_main(capsys, "eval", "--model", str(tmp_path / "empty"), "--task", "arithmetic")
+    assert code == 2 and "run folder without a complete checkpoint" in err and "sentencepiece" not in err
 
 
 def test_before_after_line():

@@ -151,10 +151,44 @@ def test_clear_errors_for_missing_models(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # fail at once instead of retrying the network
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_policy(str(tmp_path / "nothing"))
-    with pytest.raises(ModelLoadError, match="neither a local folder"):
+    with pytest.raises(ModelLoadError, match="not in the local Hugging Face cache.*HF_HUB_OFFLINE is set"):
         load_policy("no-such-org/no-such-model-anywhere")
+    with pytest.raises(ModelLoadError, match="a folder with no model in it"):
+        load_policy(str(tmp_path))
     with pytest.raises(ValueError, match="unknown dtype"):
         load_policy(str(tmp_path), dtype="float13")
+
+
+def test_a_hub_id_loads_from_the_local_cache_and_fails_fast_when_neither_cached_nor_reachable(tmp_path,
+                                                                                            monkeypatch):
+    import time
+    import urllib.request
+
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from grouprl.models import loading
+
+    model, tok = tiny_causal_lm(seed=0)
+    snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc"
+    model.save_pretrained(snapshot)
+    tok.save_pretrained(snapshot)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache",
+                        lambda repo, name: str(snapshot / name) if repo == "org/tiny" else None)
+
+    def unreachable(url, timeout):
+        assert timeout <= 5  # one short probe, no retries
+        raise urllib.error.URLError("no route to host")
+
+    monkeypatch.setattr(urllib.request, "urlopen", unreachable)
+    assert loading._locate("org/tiny") == snapshot  # cached: loaded from disk, the hub never asked
+    loaded, _ = load_policy("org/tiny")
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError, match=r"'org/other' is not a local path.*no route to host"):
+        load_policy("org/other")
+    assert time.perf_counter() - start < 2
 
 
 # ---- reference models and LoRA ----------------------------------------------------------------

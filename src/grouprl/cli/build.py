@@ -8,12 +8,13 @@ seconds rather than a model load.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from grouprl.config import DEFAULT_TASK_EVAL_SIZE, DEFAULT_TASK_TRAIN_SIZE, TINY_MODEL, TrainConfig
-from grouprl.errors import ConfigError
+from grouprl.errors import ConfigError, ModelLoadError
 from grouprl.registry import import_object
 from grouprl.trainer.inputs import RunInputs
 
@@ -129,15 +130,24 @@ def build_inputs(config: TrainConfig) -> RunInputs:
 
 
 def resolve_model_path(spec: str) -> str:
-    """A run folder or a checkpoint folder stands for the policy it saved last; anything else is
-    passed on unchanged (bundled name, model folder, .gguf file, Hugging Face id)."""
-    from grouprl.run.checkpoint import checkpoint_dirs
+    """A run folder or a checkpoint folder stands for the policy it saved last, once its files match
+    the manifest; anything else is passed on unchanged (bundled name, model folder, .gguf file, Hugging
+    Face id). A run folder without a complete checkpoint is a :class:`ModelLoadError`, not a model."""
+    from grouprl.run.checkpoint import latest_complete, verify_checkpoint
 
     path = Path(spec).expanduser()
     if (path / "state.json").is_file() and (path / "model").is_dir():
+        verify_checkpoint(path)
         return str(path / "model")
-    found = checkpoint_dirs(path / "checkpoints") if path.is_dir() else []
-    return str(found[-1] / "model") if found else spec
+    if not path.is_dir() or not ((path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file()):
+        return spec
+    found = latest_complete(path / "checkpoints", warn=lambda message: warnings.warn(message, stacklevel=3))
+    if found is None:
+        raise ModelLoadError(f"{spec!r} is a run folder without a complete checkpoint (nothing under "
+                             f"{path / 'checkpoints'}), so it holds no policy to load; pass a model or a "
+                             "checkpoint folder, or let the run reach its first save_every")
+    verify_checkpoint(found)
+    return str(found / "model")
 
 
 def load_model(spec: str, seed: int) -> tuple[Any, Any]:

@@ -61,15 +61,65 @@ def ensure_pad_token(tokenizer: Any, model: torch.nn.Module | None = None) -> No
 
 
 def _locate(spec: str) -> Path | str:
-    """A bundled model's cache folder, an existing local path, or a Hugging Face id (unchanged)."""
+    """A bundled model's cache folder, an existing local model folder or file, a Hugging Face id's
+    folder in the local cache, or the id unchanged when the hub can be reached to download it.
+
+    Everything that cannot load fails here, at once: a folder with no model in it, a path that does
+    not exist, an id neither cached nor downloadable (rather than spending half a minute retrying a
+    hub that cannot be reached)."""
     if spec in BUNDLED:
         return bundled_model_folder(spec)
     local = Path(spec).expanduser()
+    bundled = ", ".join(BUNDLED.names())
     if local.exists():
+        if local.is_dir() and not (local / "config.json").is_file():
+            raise ModelLoadError(f"{spec!r} is a folder with no model in it (no config.json); pass a model folder, "
+                                 f"a run or checkpoint folder, a .gguf file or a bundled model ({bundled})")
         return local
     if spec.startswith(("/", ".", "~")) or spec.endswith(".gguf"):
-        raise ModelLoadError(f"model path {spec!r} does not exist (bundled models: {', '.join(BUNDLED.names())})")
+        raise ModelLoadError(f"model path {spec!r} does not exist (bundled models: {bundled})")
+    cached = _hub_cache_folder(spec)
+    if cached is not None:
+        return cached
+    unreachable = _hub_unreachable()
+    if unreachable:
+        raise ModelLoadError(f"model {spec!r} is not a local path, not a bundled model ({bundled}) and not in the "
+                             f"local Hugging Face cache, and the hub cannot be reached to download it "
+                             f"({unreachable})")
     return spec
+
+
+def _hub_cache_folder(repo_id: str) -> Path | None:
+    """The cached snapshot folder of ``repo_id`` (one holding its config.json), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # not a valid repo id at all
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+HUB_PROBE_SECONDS = 3.0
+"""How long one request to the hub may take before the hub counts as unreachable."""
+
+
+def _hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached (offline mode, no route, no name), or None."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        urllib.request.urlopen(constants.ENDPOINT, timeout=HUB_PROBE_SECONDS).close()
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (urllib.error.URLError, OSError) as e:
+        return f"{constants.ENDPOINT}: {getattr(e, 'reason', e)}"
+    return None
 
 
 def _load_pretrained(where: Path | str, dtype: torch.dtype | None) -> tuple[Any, Any]:
@@ -97,7 +147,8 @@ def load_policy(spec: str = "smollm2-135m", dtype: torch.dtype | str | None = to
     the model is a peft model whose adapters alone are trainable. The model is in eval mode, as
     ``from_pretrained`` leaves it; the trainer switches modes itself.
     """
-    model, tokenizer = _load_pretrained(_locate(spec), resolve_dtype(dtype))
+    dtype = resolve_dtype(dtype)  # a bad name fails before any file is touched
+    model, tokenizer = _load_pretrained(_locate(spec), dtype)
     ensure_pad_token(tokenizer, model)
     if lora is not None:
         model = apply_lora(model, lora)

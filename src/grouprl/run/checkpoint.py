@@ -257,7 +257,8 @@ def verify_checkpoint(folder: Path) -> None:
     if problem is None:
         return
     earlier = [d for d in checkpoint_dirs(folder.parent) if d.name < folder.name and is_complete(d)]
-    offer = f"; resume from the one before it with --resume_from {earlier[-1]}" if earlier else ""
+    offer = (f"; the checkpoint before it, {earlier[-1]}, is intact: pass it to --resume_from (or to --model to "
+             "evaluate it)") if earlier else ""
     raise CheckpointError(f"checkpoint {folder} cannot be used: {problem}{offer}")
 
 
