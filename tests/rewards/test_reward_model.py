@@ -7,11 +7,17 @@ import pytest
 import torch
 from transformers import LlamaForSequenceClassification
 
+from grouprl.errors import ConfigError, DataError
 from grouprl.models import tiny_llama_config, tiny_tokenizer
 from grouprl.rewards import RewardModel, score_rewards, train_reward_model
-from grouprl.errors import ConfigError, DataError
-from grouprl.rewards.reward_model import (SAVED_MARKER, bradley_terry_loss, check_replaceable, load_pairs,
-                                          render_conversation, save_pretrained_atomic)
+from grouprl.rewards.reward_model import (
+    SAVED_MARKER,
+    bradley_terry_loss,
+    check_replaceable,
+    load_pairs,
+    render_conversation,
+    save_pretrained_atomic,
+)
 
 
 def tiny_reward_model(seed=0, hidden_size=32):
