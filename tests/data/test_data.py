@@ -11,6 +11,7 @@ from grouprl.data import (
     check_prompt_lengths,
     load_prompts,
     load_records,
+    row_places,
     train_eval_split,
 )
 
@@ -139,3 +140,30 @@ def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path, suffix, body):
     path.write_bytes(body)
     with pytest.raises(DataError, match=rf"prompts{suffix}, line 2: byte 0xe9 is not UTF-8"):
         load_prompts(path)
+
+
+def test_row_places_name_the_line_a_user_can_open(tmp_path):
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n{"prompt": "c"}\n')  # a blank line between
+    assert row_places(jsonl, 3) == ["p.jsonl line 1", "p.jsonl line 3", "p.jsonl line 4"]
+    csv_file = tmp_path / "p.csv"
+    csv_file.write_text('prompt,answer\n"two\nlines",1\nplain,2\n')  # a quoted field spans lines 2-3
+    assert row_places(csv_file, 2) == ["p.csv line 2", "p.csv line 4"]
+    assert row_places([{"prompt": "x"}], 1) == ["list row 0"]
+    with pytest.raises(DataError, match=r"p.jsonl line 3: row 1: the prompt must be non-empty text"):
+        jsonl.write_text('{"prompt": "a"}\n\n{"prompt": ""}\n')
+        load_prompts(jsonl)
+
+
+def test_a_prompt_too_long_for_the_model_is_named_by_its_file_line(tmp_path, capsys):
+    from grouprl.cli import main
+
+    data = tmp_path / "p.jsonl"
+    rows = [{"prompt": f"question {i}"} for i in range(6)]
+    rows[4]["prompt"] = "word " * 600  # the tiny model's context is 512 tokens
+    data.write_text("\n".join(json.dumps(r) + ("\n" if i == 1 else "") for i, r in enumerate(rows)) + "\n")
+    code = main(["train", "--model", "tiny", "--dataset", str(data), "--reward_functions", "repetition_penalty",
+                 "--eval_size", "0", "--total_steps", "1", "--max_prompt_len", "4096", "--no-progress",
+                 "--no-tensorboard", "--output_dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "train row 4 (p.jsonl line 6)" in err and "context of 512" in err

@@ -28,30 +28,33 @@ EVAL_RESET_BASE = 1_000_000
 """Held-out resets of an environment are seeded from here on; training resets count from 0."""
 
 
-def load_rows(config: TrainConfig) -> tuple[list[Row], list[Row], Any]:
-    """(train rows, eval rows, the task object or None) for a task, a dataset or an environment (whose
-    rows without a dataset are reset seeds)."""
+def load_rows(config: TrainConfig) -> tuple[list[Row], list[Row], Any, dict[int, str]]:
+    """(train rows, eval rows, the task object or None, where each file row sits by ``id(row)``) for a
+    task, a dataset or an environment (whose rows without a dataset are reset seeds)."""
     if config.env and not config.dataset:
         n_eval = DEFAULT_TASK_EVAL_SIZE if config.eval_size is None else config.eval_size
         return ([{"seed": i} for i in range(config.train_size or DEFAULT_TASK_TRAIN_SIZE)],
-                [{"seed": EVAL_RESET_BASE + i} for i in range(n_eval)], None)
+                [{"seed": EVAL_RESET_BASE + i} for i in range(n_eval)], None, {})
     if config.task:
         task = config.build_task()
         train = task.rows("train", config.train_size or DEFAULT_TASK_TRAIN_SIZE, config.seed)
         n_eval = DEFAULT_TASK_EVAL_SIZE if config.eval_size is None else config.eval_size
-        return train, task.rows("eval", n_eval, config.seed), task
-    from grouprl.data import load_prompts, train_eval_split
+        return train, task.rows("eval", n_eval, config.seed), task, {}
+    from grouprl.data import load_prompts, row_places, train_eval_split
 
     rows = load_prompts(config.dataset, config.prompt_column, split=config.dataset_split)
+    places = dict(zip(map(id, rows), row_places(config.dataset, len(rows)), strict=True))
     if config.eval_dataset:
-        train, held = rows, load_prompts(config.eval_dataset, config.prompt_column, split=config.dataset_split)
+        held = load_prompts(config.eval_dataset, config.prompt_column, split=config.dataset_split)
+        train = rows
+        places.update(zip(map(id, held), row_places(config.eval_dataset, len(held)), strict=True))
     elif config.eval_size == 0 or (config.eval_size is None and config.eval_fraction == 0):
         train, held = rows, []
     elif config.eval_size is not None:
         train, held = train_eval_split(rows, eval_size=config.eval_size, seed=config.seed)
     else:
         train, held = train_eval_split(rows, eval_fraction=config.eval_fraction, seed=config.seed)
-    return train[: config.train_size] if config.train_size else train, held, None
+    return train[: config.train_size] if config.train_size else train, held, None, places
 
 
 # --------------------------------------------------------------------------- rewards and the checker
@@ -110,7 +113,7 @@ def load_checker(config: TrainConfig, task: Any, eval_rows: list[Row]) -> Callab
 def build_inputs(config: TrainConfig) -> RunInputs:
     """Prompts (or resets), rewards, checker, environment and tools for ``config``, checked (a reward
     function that needs a column the data lacks fails here) before any model is loaded."""
-    train, held, task = load_rows(config)
+    train, held, task, places = load_rows(config)
     fns, weights = load_reward_fns(config, task)
     env, tools = None, []
     if config.env or config.tools:
@@ -123,7 +126,9 @@ def build_inputs(config: TrainConfig) -> RunInputs:
             tools += [Tool.of(fn) for fn in env_tools(env)]  # the tools the environment brings
     return RunInputs(train_rows=train, eval_rows=held, reward_fns=fns, reward_weights=weights,
                      is_correct=None if env is not None else load_checker(config, task, held),
-                     system_prompt=task.system_prompt if task is not None else None, env=env, tools=tools)
+                     system_prompt=task.system_prompt if task is not None else None, env=env, tools=tools,
+                     train_places=[places[id(r)] for r in train] if places else [],
+                     eval_places=[places[id(r)] for r in held] if places else [])
 
 
 # --------------------------------------------------------------------------- the model

@@ -9,9 +9,11 @@ from grouprl.data.loading import (
     load_prompts,
     load_records,
     normalise_prompt,
+    row_places,
     train_eval_split,
 )
 from grouprl.errors import DataError, PromptTooLongError
 
 __all__ = ["READERS", "DataError", "PromptTooLongError", "Row", "check_prompt_lengths", "check_rows", "load_prompts",
-           "load_records", "normalise_prompt", "train_eval_split"]
+           "load_records", "normalise_prompt", "row_places",
+           "train_eval_split"]

@@ -116,6 +116,33 @@ def load_records(source: str | Path | Any, split: str | None = None) -> list[Row
     return _load_hub(str(source), split)
 
 
+def row_places(source: str | Path | Any, count: int) -> list[str]:
+    """Where each of the ``count`` rows :func:`load_records` read from ``source`` sits, for messages
+    a user can act on: ``"prompts.jsonl line 7"`` (blank lines skipped, as the reader does), ``"data.csv
+    line 3"`` (a quoted field may span lines), ``"data.json item 2"``, else ``"<source> row 2"``."""
+    path = Path(source).expanduser() if isinstance(source, str | Path) else None
+    if path is None or not path.is_file():
+        where = source if isinstance(source, str | Path) else type(source).__name__
+        return [f"{where} row {i}" for i in range(count)]
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        with open(path, encoding="utf-8") as f:
+            places = [f"{path.name} line {n}" for n, line in enumerate(f, 1) if line.strip()]
+    elif suffix == ".csv":
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.reader(f)
+            next(reader, None)  # the header
+            places, start = [], reader.line_num + 1
+            for _ in reader:
+                places.append(f"{path.name} line {start}")
+                start = reader.line_num + 1
+    elif suffix == ".json":
+        places = [f"{path.name} item {i}" for i in range(count)]
+    else:
+        places = [f"{path.name} row {i}" for i in range(count)]
+    return places if len(places) == count else [f"{path.name} row {i}" for i in range(count)]
+
+
 def _load_hub(name: str, split: str | None) -> list[Row]:
     import datasets
 
@@ -166,12 +193,15 @@ def load_prompts(source: str | Path | Any, prompt_column: str = "prompt", system
         raise DataError(f"dataset {where} has no rows")
     for i, row in enumerate(rows):
         if prompt_column not in row:
-            raise DataError(f"dataset {where}: row {i} has no column {prompt_column!r}; "
-                            f"columns: {', '.join(map(repr, row))}")
+            raise DataError(f"dataset {where}: row {i} ({row_places(source, len(rows))[i]}) has no column "
+                            f"{prompt_column!r}; columns: {', '.join(map(repr, row))}")
         if prompt_column != "prompt" and "prompt" in row:
             raise DataError(f"dataset {where} has both {prompt_column!r} (the prompt column) and 'prompt'; "
                             "rename one of them")
-        prompt = normalise_prompt(row.pop(prompt_column), i)
+        try:
+            prompt = normalise_prompt(row.pop(prompt_column), i)
+        except DataError as e:
+            raise DataError(f"dataset {where}, {row_places(source, len(rows))[i]}: {e}") from None
         row["prompt"] = to_messages(prompt, system_prompt) if system_prompt else prompt
     return rows
 

@@ -44,11 +44,11 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], *, system_prompt: 
 
 def encode_checked(tokenizer: Any, rows: Sequence[dict[str, Any]], what: str, max_len: int, *,
                    system_prompt: str | None, use_chat_template: bool, context: int | None = None,
-                   max_new_tokens: int = 0) -> list[list[int]]:
+                   max_new_tokens: int = 0, places: Sequence[str] = ()) -> list[list[int]]:
     """Token ids of every row's prompt, once. A prompt over ``max_len`` tokens, one that leaves fewer
     than ``max_new_tokens`` of the model's ``context`` for its completion, or an empty one is a
-    :class:`~grouprl.errors.PromptTooLongError` naming its row (0-based, in the order of the ``what``
-    set's file) and quoting it."""
+    :class:`~grouprl.errors.PromptTooLongError` naming its row (by ``places[i]``, its line in its file,
+    when given; else 0-based in the ``what`` set) and quoting it."""
     ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], system_prompt=system_prompt,
                          use_chat_template=use_chat_template)
     if context is not None and max_new_tokens >= context:
@@ -56,15 +56,16 @@ def encode_checked(tokenizer: Any, rows: Sequence[dict[str, Any]], what: str, ma
                                  f"context of {context} tokens")
     for i, row_ids in enumerate(ids):
         quoted = f"Prompt: {rows[i]['prompt']!r:.200}"
+        row = f"{what} row {i} ({places[i]})" if places else f"{what} row {i}"
         if len(row_ids) > max_len:
             raise PromptTooLongError(
-                f"{what} row {i}: the prompt is {len(row_ids)} tokens after the chat template, over "
+                f"{row}: the prompt is {len(row_ids)} tokens after the chat template, over "
                 f"max_prompt_len={max_len}; shorten it or raise max_prompt_len. {quoted}")
         if context is not None and len(row_ids) + max_new_tokens > context:
             raise PromptTooLongError(
-                f"{what} row {i}: the prompt is {len(row_ids)} tokens after the chat template; with max_new_tokens="
+                f"{row}: the prompt is {len(row_ids)} tokens after the chat template; with max_new_tokens="
                 f"{max_new_tokens} that is over the model's context of {context} tokens. Shorten it or lower "
                 f"max_new_tokens. {quoted}")
         if not row_ids:
-            raise PromptTooLongError(f"{what} row {i}: the prompt is empty")
+            raise PromptTooLongError(f"{row}: the prompt is empty")
     return ids

@@ -41,6 +41,11 @@ class RunInputs:
     trajectory's reward is its environment's return plus the weighted reward functions, if any."""
     tools: list[Any] = field(default_factory=list)
     """Tools the policy may call (:class:`grouprl.envs.tools.Tool`)."""
+    train_places: list[str] = field(default_factory=list)
+    """Where each training row comes from (``"prompts.jsonl line 7"``), for error messages; empty: rows
+    given in code, named by their index."""
+    eval_places: list[str] = field(default_factory=list)
+    """The same for the held-out rows."""
 
     def __post_init__(self) -> None:
         self.train_rows, self.eval_rows, self.reward_fns = list(self.train_rows), list(self.eval_rows), \

@@ -28,8 +28,10 @@ class PromptSource:
         enc = dict(system_prompt=c.system_prompt if c.system_prompt is not None else inputs.system_prompt,
                    use_chat_template=c.use_chat_template, context=context_length(unwrap_ddp(policy)),
                    max_new_tokens=c.max_new_tokens)
-        train_ids = encode_checked(tokenizer, inputs.train_rows, "train", c.max_prompt_len, **enc)
-        self.eval_ids = encode_checked(tokenizer, inputs.eval_rows, "eval", c.max_prompt_len, **enc)
+        train_ids = encode_checked(tokenizer, inputs.train_rows, "train", c.max_prompt_len, places=inputs.train_places,
+                                   **enc)
+        self.eval_ids = encode_checked(tokenizer, inputs.eval_rows, "eval", c.max_prompt_len, places=inputs.eval_places,
+                                      **enc)
         if sampler is None and c.engine_choice == "vllm":
             sampler = vllm_engine(c, policy, tokenizer, c.max_prompt_len + c.max_new_tokens)
         elif sampler is None:
