@@ -72,3 +72,16 @@ def test_step_group_ids_number_by_first_appearance_and_give_singletons_their_own
     ids = step_group_ids(torch.tensor([0, 0, 1]), torch.tensor([[7, -1], [7, 8], [7, 8]]), torch.ones(3, 2))
     # (0, 7) first -> 0; (0, 8) -> 1; (1, 7) -> 2; (1, 8) -> 3; the keyless step -> 4
     assert ids.tolist() == [[0, 4], [0, 1], [2, 3]]
+
+
+def test_rounded_state_keys_by_hand():
+    from grouprl.algos.gigpo import rounded_state_keys
+
+    # episode 0 visits (0.12, 1.0) then (0.31, 1.0); episode 1 visits (0.14, 1.0) then (0.38, 1.0);
+    # at one decimal the first steps are one state (0.1, 1.0), the second ones differ (0.3 vs 0.4);
+    # at zero decimals all four are (0, 1)
+    obs = torch.tensor([[[0.12, 1.0], [0.31, 1.0]], [[0.14, 1.0], [0.38, 1.0]]])
+    mask = torch.ones(2, 2)
+    assert rounded_state_keys(obs, mask, 1).tolist() == [[0, 1], [0, 2]]
+    assert rounded_state_keys(obs, mask, 0).tolist() == [[0, 0], [0, 0]]
+    assert rounded_state_keys(obs, torch.zeros(2, 2), 1).tolist() == [[-1, -1], [-1, -1]]

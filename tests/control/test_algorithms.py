@@ -183,3 +183,26 @@ def test_trpo_step_is_the_exact_natural_gradient_step_inside_the_trust_region():
     # and the step respects the trust region, measured afresh
     assert mean_kl(theta1).item() <= 0.01 + 1e-6
     assert metrics["trpo/kl"] == pytest.approx(mean_kl(theta1).item(), rel=1e-4)
+
+
+def test_gigpo_step_gives_each_step_its_own_advantage_from_rounded_states():
+    from grouprl.algos.gigpo import gigpo_advantages, rounded_state_keys
+
+    envs, agent = cartpole_setup(critic=False)
+    cfg = GRPOControlConfig(prompts_per_step=1, group_size=4, mu=1, minibatch_size=4, max_grad_norm=0.0,
+                            advantage="gigpo", state_key_decimals=1)
+    gigpo = ControlGRPO(cfg, agent, envs, gamma=1.0, reward_scale=1.0, seed=0)
+    batch = gigpo.collect(torch.Generator().manual_seed(3))
+    keys = rounded_state_keys(batch.obs, batch.mask, 1)
+    # the first step of the G episodes of one reset is one state: one anchor group
+    assert len(set(keys[:, 0].tolist())) == 1 and (keys[batch.mask == 0] == -1).all()
+    before = copy.deepcopy(agent.policy)
+    metrics = gigpo.update(batch, sgd(agent.policy.parameters()), torch.Generator())
+    assert metrics["gigpo/step_groups"] >= 2 and 0 <= metrics["gigpo/singleton_frac"] < 1
+    adv, _ = gigpo_advantages(batch.row_returns(), torch.zeros(4, dtype=torch.long), batch.rewards, keys, batch.mask)
+    assert not torch.allclose(adv * batch.mask, adv[:, :1] * batch.mask)  # not one value per episode
+    logp = before.distribution(batch.obs).log_prob(batch.actions)  # [B, T]
+    loss = -(adv * logp * batch.mask).sum() / batch.mask.sum()
+    grads = torch.autograd.grad(loss, list(before.parameters()))
+    for new, old, grad in zip(agent.policy.parameters(), before.parameters(), grads):
+        torch.testing.assert_close(new.detach(), old.detach() - grad, atol=1e-6, rtol=1e-5)

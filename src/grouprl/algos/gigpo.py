@@ -88,3 +88,25 @@ def gigpo_advantages(episode_returns: torch.Tensor, episode_groups: torch.Tensor
                "gigpo/step_group_size_mean": float(shared.float().mean()) if len(shared) else 0.0,
                "gigpo/singleton_frac": float((sizes == 1).sum()) / max(len(flat_ids), 1)}
     return advantages, metrics
+
+
+def rounded_state_keys(obs: torch.Tensor, mask: torch.Tensor, decimals: int) -> torch.Tensor:
+    """``[E, K]`` long state ids of continuous observations ``obs [E, K, D]``: equal where every
+    coordinate rounds to the same value at ``decimals`` places (-1 off the ``[E, K]`` mask), so that
+    the steps of G episodes from one reset seed that pass near the same state share an anchor group.
+
+    >>> obs = torch.tensor([[[0.12, 1.0], [0.31, 1.0]], [[0.14, 1.0], [0.9, 0.0]]])
+    >>> rounded_state_keys(obs, torch.tensor([[1., 1.], [1., 0.]]), 1).tolist()
+    [[0, 1], [0, -1]]
+    """
+    e, k, d = obs.shape
+    real = mask.reshape(-1) > 0
+    ids = torch.full((e * k,), -1, dtype=torch.long)
+    if real.any():
+        # float64 before scaling: float32 * 10**decimals can round a boundary value the other way
+        grid = torch.round(obs.reshape(-1, d)[real].double() * 10.0**decimals).long()  # [N, D]
+        _, inverse = torch.unique(grid, dim=0, return_inverse=True)
+        first = {}
+        ids[real] = torch.tensor([first.setdefault(int(i), len(first)) for i in inverse], dtype=torch.long)
+    return ids.view(e, k)
+

@@ -59,9 +59,19 @@ class GRPOControlConfig:
     """KL coefficient to the initial policy (k3 estimate). 0 as in DAPO: on a task with an exact
     reward there is no reward model to over-optimise."""
     advantage: str = "grpo"
-    """Advantage estimator over the group: grpo, rloo or reinforce (see grouprl.algos.ADVANTAGES)."""
+    """Advantage estimator over the group: grpo, rloo or reinforce (see grouprl.algos.ADVANTAGES), or
+    gigpo: each step gets its episode's advantage plus gigpo_step_weight times a step-level one, its
+    discounted return compared with the steps of the group's episodes that passed through the same
+    state (observations equal after rounding to state_key_decimals; grouprl.algos.gigpo)."""
     advantage_scale: str = "group"
-    """Divide by the group std (group), the batch std (batch) or nothing (none)."""
+    """Divide by the group std (group), the batch std (batch) or nothing (none); gigpo: group or none."""
+    gigpo_step_weight: float = 1.0
+    """advantage=gigpo: w in A = A_episode + w * A_step (GiGPO: 1)."""
+    gigpo_gamma: float = 0.95
+    """advantage=gigpo: discount of the step returns compared within a state's group (GiGPO: 0.95)."""
+    state_key_decimals: int = 1
+    """advantage=gigpo: observations rounded to this many decimals are one state. Coarser keys make
+    larger step groups of less alike states; CartPole's coordinates span about +-2.4 and +-0.2 rad."""
     aggregation: str = "token-mean"
     """Loss aggregation over steps: token-mean weighs every step alike. The paper's
     seq-mean-token-mean would give a long (good) CartPole episode less weight per step than a short one."""
@@ -231,7 +241,8 @@ class ControlConfig:
 def _name_problems(c: ControlConfig) -> list[str]:
     checks: list[tuple[str, str, Registry | tuple[str, ...]]] = [
         ("algo", c.algo, ALGORITHMS), ("activation", c.activation, ACTIVATIONS),
-        ("grpo.advantage", c.grpo.advantage, ADVANTAGES), ("grpo.advantage_scale", c.grpo.advantage_scale, SCALES),
+        ("grpo.advantage", c.grpo.advantage, (*ADVANTAGES.names(), "gigpo")),
+        ("grpo.advantage_scale", c.grpo.advantage_scale, SCALES),
         ("grpo.aggregation", c.grpo.aggregation, AGGREGATIONS), ("vpg.advantage", c.vpg.advantage, CRITIC_ADVANTAGES),
     ]
     out = [f"{name}={value!r} is not one of: {', '.join(valid)}" for name, value, valid in checks if value not in valid]
@@ -251,6 +262,13 @@ def _problems(c: ControlConfig) -> list[str]:
         out.append(f"hidden_sizes={c.hidden_sizes}: give at least one positive width")
     if not 0 < c.gamma <= 1:
         out.append(f"gamma={c.gamma} must be in (0, 1]")
+    if c.grpo.advantage == "gigpo" and c.grpo.advantage_scale not in ("group", "none"):
+        out.append(f"grpo.advantage_scale={c.grpo.advantage_scale!r}: advantage=gigpo normalises each group by its "
+                   "own std (group) or not at all (none)")
+    if c.grpo.advantage == "gigpo" and not (0 <= c.grpo.gigpo_gamma <= 1 and c.grpo.gigpo_step_weight >= 0
+                                            and 0 <= c.grpo.state_key_decimals <= 8):
+        out.append(f"grpo.gigpo_gamma={c.grpo.gigpo_gamma} must be in [0, 1], grpo.gigpo_step_weight="
+                   f"{c.grpo.gigpo_step_weight} >= 0 and grpo.state_key_decimals={c.grpo.state_key_decimals} in 0..8")
     if c.grpo.group_size < 2:
         out.append(f"grpo.group_size={c.grpo.group_size}: a group compares episodes, set it >= 2")
     rows = c.grpo.prompts_per_step * c.grpo.group_size

@@ -6,6 +6,9 @@ policy. The advantage of every step of episode i is its episode's group-normalis
 loss is :func:`grouprl.algos.grpo_loss` over the ``[B, T]`` step rows: clipped ratio to the
 sampling policy, optional k3 KL to the initial policy, aggregation over steps. No critic.
 
+With ``advantage: gigpo`` each step's advantage adds a step-level term (GiGPO): its discounted return
+against those of the group's steps from the same rounded state (``state_key_decimals``).
+
 Departures: the default aggregation is ``token-mean`` (every step weighs the same), because the
 paper's per-sequence mean gives each step of a 500-step episode 1/50 of the weight of a step of a
 10-step one; and the KL coefficient defaults to 0 (see the config).
@@ -18,6 +21,7 @@ import copy
 import torch
 
 from grouprl.algos import compute_advantages, constant_groups, grpo_loss
+from grouprl.algos.gigpo import gigpo_advantages, rounded_state_keys
 from grouprl.control.base import Averager, ControlAlgorithm
 from grouprl.control.batch import EnvBatch
 from grouprl.control.policies import Agent
@@ -47,7 +51,14 @@ class ControlGRPO(ControlAlgorithm):
                generator: torch.Generator) -> dict[str, float]:
         c, g, policy = self.cfg, self.cfg.group_size, self.agent.policy
         returns = batch.row_returns()  # [B]
-        adv = compute_advantages(c.advantage, returns, g, c.advantage_scale)  # [B], broadcast over steps
+        step_metrics: dict[str, float] = {}
+        if c.advantage == "gigpo":  # [B, T]: each step its own advantage
+            keys = rounded_state_keys(batch.obs, batch.mask, c.state_key_decimals)
+            adv, step_metrics = gigpo_advantages(returns, torch.arange(batch.num_rows) // g, batch.rewards, keys,
+                                                 batch.mask, gamma=c.gigpo_gamma, step_weight=c.gigpo_step_weight,
+                                                 scale=c.advantage_scale)
+        else:
+            adv = compute_advantages(c.advantage, returns, g, c.advantage_scale)  # [B], broadcast over steps
         params, avg = self.trainable(), Averager()
         for _ in range(c.mu):
             for groups in torch.randperm(batch.num_rows // g, generator=generator).split(c.minibatch_size // g):
@@ -64,6 +75,6 @@ class ControlGRPO(ControlAlgorithm):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 avg.add({**m, "optim/grad_norm": clip_and_step(params, optimizer, c.max_grad_norm)})
-        out = avg.result()
+        out = {**avg.result(), **step_metrics}
         out["rollout/zero_std_frac"] = float(constant_groups(returns, g).float().mean())
         return out
