@@ -273,3 +273,18 @@ def test_an_agent_trains_through_vllm(engine, tmp_path):
     trainer.train()
     records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
     assert [r["step"] for r in records] == [1, 2] and "rollout/mismatch_kl" in records[0]
+
+
+@needs_vllm
+def test_seeded_rows_whose_prompts_overflow_one_batch_are_drawn_whole(engine):
+    """More prompt tokens than one engine step takes (48 x 200 > 8192): a prompt prefilled in chunks
+    would make vLLM rewind its row's seeded CPU generator, which CPU generators cannot do."""
+    model, tok = model_and_tok(seed=5)
+    engine.update_weights(model)
+    ids = [[(7 * i + j) % 200 + 3 for j in range(200)] for i in range(48)]
+    params = SamplingParams(max_new_tokens=4)
+    seeds = list(range(1000, 1048))
+    batch = engine.generate(ids, 1, params, seed=seeds)
+    assert batch.batch_size == 48 and int(batch.completion_mask.sum()) > 0
+    alone = engine.generate(ids[40:41], 1, params, seed=seeds[40:41])
+    assert batch.completion_ids[40, :alone.completion_ids.shape[1]].tolist() == alone.completion_ids[0].tolist()

@@ -4,6 +4,7 @@ trains on trajectories, the environment's tokens carry no loss, tools, resume, e
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -119,6 +120,16 @@ def test_gigpo_gives_each_turn_its_own_advantage(tmp_path):
     trainer.train()
     record = next(r for r in trainer.metrics_log.records() if "gigpo/step_groups" in r)
     assert record["step"] == 1
+    # the samples say which turns were compared, and the report draws one group of them
+    samples = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    first = samples[0]
+    assert len(first["step_groups"]) == len(first["turn_advantages"]) == len(first["state_keys"]) == first["turns"]
+    group = [r for r in samples if r["step"] == first["step"] and r["prompt"] == first["prompt"]]
+    assert len({r["step_groups"][0] for r in group}) == 1 and first["state_keys"][0].startswith("game")
+    from grouprl.report import write_report
+
+    html = write_report(tmp_path / "run").read_text()
+    assert "Step groups (GiGPO)" in html and "<b>A</b>" in html
 
 
 def test_state_keys_group_equal_or_similar_texts_within_a_reset():
@@ -137,3 +148,22 @@ def test_a_first_prompt_that_leaves_no_room_for_the_trajectory_is_named(tmp_path
     trainer = make_agent_trainer(tmp_path, max_trajectory_tokens=500)  # the tiny model holds 512 positions
     with pytest.raises(PromptTooLongError, match="first prompt for seed .* max_trajectory_tokens=500"):
         trainer.train()
+
+
+def test_a_judge_ranks_the_trajectories_of_each_reset(tmp_path):
+    seen = []
+
+    def judge(prompt, completions, seed):
+        seen.append((seed, len(completions)))
+        return [float(sum(ch.isdigit() for ch in c)) for c in completions]
+
+    trainer = make_agent_trainer(tmp_path, judge=judge, judge_weight=2.0, prompts_per_step=2, group_size=3)
+    metrics, records = trainer.step()
+    assert len(seen) == 2 and all(n == 3 for _, n in seen)  # one call per reset, its G trajectories
+    assert len({s for s, _ in seen}) == 2  # each group's row: its reset seed
+    assert metrics["judge/dropped_groups"] == 0.0
+    # reward = the environment's return + 2 * the judge's score, the return kept as reward/independent
+    assert metrics["reward/mean"] == pytest.approx(metrics["reward/independent"] + 2 * metrics["reward/judge"])
+    assert len(records) == 6 and all(set(r["rewards"]) == {"env", "judge", "independent"} for r in records)
+    for r in records:  # each sample shows the judge's score beside the independent reward
+        assert r["reward"] == pytest.approx(r["rewards"]["independent"] + 2 * r["rewards"]["judge"])

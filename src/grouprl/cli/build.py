@@ -124,7 +124,13 @@ def build_inputs(config: TrainConfig) -> RunInputs:
         if config.env:
             env = make_env_factory(config.env, config.env_options)
             tools += [Tool.of(fn) for fn in env_tools(env)]  # the tools the environment brings
+    judge = None
+    if config.judge:
+        from grouprl.rewards.judges import load_judge
+
+        judge = load_judge(config.judge, config.judge_options, load_model=lambda name: load_model(name, config.seed))
     return RunInputs(train_rows=train, eval_rows=held, reward_fns=fns, reward_weights=weights,
+                     judge=judge, judge_weight=config.judge_weight,
                      is_correct=None if env is not None else load_checker(config, task, held),
                      system_prompt=task.system_prompt if task is not None else None, env=env, tools=tools,
                      train_places=[places[id(r)] for r in train] if places else [],

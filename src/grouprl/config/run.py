@@ -4,6 +4,7 @@ for what reward) and :class:`RewardModelConfig` (``grouprl train-rm``)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from grouprl.trainer.config import TrainerConfig
@@ -62,6 +63,17 @@ class TrainConfig(TrainerConfig):
     or 1 each."""
     reward_model: str | None = None
     """Folder of a reward model trained with `grouprl train-rm`, added as one more reward function."""
+    judge: str | None = None
+    """A judge that scores each group side by side (grouprl.rewards.judges): reward_model:<folder> (a
+    train-rm model; each member's mean Bradley-Terry win probability over the others), lm:<model> (a
+    local LM asked once per group for a 0-10 score per member; an answer that does not parse drops the
+    group) or module:function, (prompt, completions, **columns) -> G scores or None."""
+    judge_weight: float | None = None
+    """Empty: the judge's score is the reward, and the reward functions are only logged
+    (reward/independent). A number w: reward = reward functions + w * judge score."""
+    judge_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Options of the judge: its constructor's (lm: batch_size, max_new_tokens; reward_model:
+    batch_size), or a module:function factory's."""
     env: str | None = None
     """Train an agent in a text environment instead of on prompts: a built-in name (guess-number,
     calculator), an import path (my_module:MyEnv: any class with reset(seed, options) and
@@ -210,6 +222,27 @@ def _size_problems(c: TrainConfig) -> list[str]:
     return out
 
 
+def _judge_problems(c: TrainConfig) -> list[str]:
+    from pathlib import Path
+
+    from grouprl.rewards.judges import JUDGES
+
+    if c.judge is None:
+        return (["judge_weight and judge_options need a judge"] if c.judge_weight is not None or c.judge_options
+                else [])
+    out = []
+    kind, _, argument = c.judge.partition(":")
+    if kind == "reward_model" and not (Path(argument).expanduser() / "config.json").is_file():
+        out.append(f"judge={c.judge!r}: {argument!r} is not a folder saved by grouprl train-rm (no config.json)")
+    elif kind not in JUDGES and not is_import_path(c.judge):
+        out.append(f"judge={c.judge!r}: give reward_model:<folder>, lm:<model> or an import path module:function")
+    elif kind in JUDGES and not argument:
+        out.append(f"judge={c.judge!r}: name the {'folder' if kind == 'reward_model' else 'model'} after '{kind}:'")
+    if c.judge_weight is not None and not (math.isfinite(c.judge_weight) and c.judge_weight > 0):
+        out.append(f"judge_weight={c.judge_weight} must be a positive number (empty: the judge alone)")
+    return out
+
+
 def _reward_problems(c: TrainConfig) -> list[str]:
     from grouprl.rewards import REWARDS
 
@@ -229,12 +262,13 @@ def _reward_problems(c: TrainConfig) -> list[str]:
     if stray:
         out.append(f"reward_options for {', '.join(stray)}, which reward_functions does not list "
                    f"({', '.join(c.reward_functions) or 'empty: the task supplies its own'})")
+    out += _judge_problems(c)
     if c.accuracy_fn and not is_import_path(c.accuracy_fn):
         out.append(f"accuracy_fn={c.accuracy_fn!r}: give an import path, module:function or file.py:function")
     if out:
         return out
     count = c.reward_count()
-    if count == 0 and not c.env:
+    if count == 0 and not c.env and not c.judge:
         out.append("a dataset needs reward_functions (e.g. exact_match, which reads an 'answer' column) or a "
                    "reward_model")
     elif c.reward_weights and len(c.reward_weights) != count:

@@ -190,6 +190,43 @@ def _sample_table(block: StepSamples) -> str:
             + "".join(rows) + "</table>")
 
 
+def _step_groups(samples: list[StepSamples]) -> str:
+    """For one group of the latest step that logged GiGPO's anchors: each trajectory's turns, the
+    state each started from, and which turns were compared with which (equal letters)."""
+    block = next((b for b in reversed(samples) if any("step_groups" in r for r in b.rows)), None)
+    if block is None:
+        return ""
+    first = next(r for r in block.rows if "step_groups" in r)
+    rows = [r for r in block.rows if "step_groups" in r and r.get("prompt") == first.get("prompt")]
+    counts: dict[int, int] = {}
+    for r in rows:
+        for g in r["step_groups"]:
+            counts[g] = counts.get(g, 0) + 1
+    letters: dict[int, str] = {}
+    for g in (g for r in rows for g in r["step_groups"] if counts[g] > 1):
+        letters.setdefault(g, chr(ord("A") + len(letters) % 26))
+    width = max(len(r["step_groups"]) for r in rows)
+    head = "".join(f"<th>turn {t + 1}</th>" for t in range(width))
+    body = []
+    for i, r in enumerate(rows):
+        cells = []
+        for t in range(width):
+            if t >= len(r["step_groups"]):
+                cells.append("<td></td>")
+                continue
+            key = str(r.get("state_keys", [""] * width)[t])
+            label = letters.get(r["step_groups"][t], "alone")
+            advantage = r.get("turn_advantages", [None] * width)[t]
+            cells.append(f'<td><b>{escape(label)}</b> <span class="same">A={fmt(advantage)}</span>'
+                         f"<pre>{escape(key[:80])}</pre></td>")
+        body.append(f'<tr><td class="n">{i + 1}</td><td class="n">{fmt(r.get("reward"))}</td>{"".join(cells)}</tr>')
+    return (f"<h2>Step groups (GiGPO), step {fmt(block.step)}</h2><p class=\"note\">The {len(rows)} trajectories "
+            "of one reset, turn by turn: the state each turn started from, its anchor group (turns with the same "
+            "letter started from the same state and were compared with each other; <b>alone</b>: no other turn "
+            "shared its state, so its step advantage is 0) and the turn's advantage A.</p>"
+            f"<table><tr><th>#</th><th>reward</th>{head}</tr>{''.join(body)}</table>")
+
+
 def _samples(samples: list[StepSamples]) -> str:
     if not samples:
         return '<p class="note">No completions were logged.</p>'
@@ -246,6 +283,7 @@ def render_html(summary: dict[str, Any], plots: list[Plot], samples: list[StepSa
 {_plots(plots)}
 <h2>Sample {"trajectories" if any(_is_agent(b) for b in samples) else "completions"}</h2>
 {_samples(samples)}
+{_step_groups(samples)}
 <h2>Last logged metrics</h2>
 {_metrics_table(summary)}
 {_run_summary(summary["run_summary"])}

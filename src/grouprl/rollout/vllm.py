@@ -231,7 +231,11 @@ class VLLMSampler:
         if on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep)
         else:
-            kwargs.update(enforce_eager=True)
+            # A prompt prefilled in chunks has the token drawn after a partial chunk thrown away, and vLLM
+            # then rewinds that request's seeded generator, which a CPU generator cannot do ("CPU
+            # Generator does not use offset"): schedule each prompt's prefill whole instead.
+            kwargs.update(enforce_eager=True, enable_chunked_prefill=False,
+                          max_num_batched_tokens=max(max_model_len, 8192))
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per torchrun process
         if self.lora:  # vLLM takes a few fixed maximum ranks: the next power of two, at least 8

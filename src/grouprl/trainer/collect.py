@@ -4,7 +4,7 @@ sampling. Knows nothing of advantages or losses."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -13,6 +13,7 @@ from grouprl.algos import constant_groups
 from grouprl.rewards import score_rewards
 from grouprl.run.logs import PhaseTimer
 from grouprl.run.seeds import PromptStream, group_seeds, mix_seed
+from grouprl.trainer.judging import apply_judge
 from grouprl.types import RolloutBatch
 
 
@@ -27,6 +28,8 @@ class Collected:
     """reward function name -> [B] float32, NaN where it returned None."""
     rounds: int
     """Rollout rounds it took (more than 1 only under dynamic sampling)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """What the scoring measured besides the rewards (the judge's ``judge/*``), summed over rounds."""
 
 
 class GroupCollector:
@@ -39,13 +42,16 @@ class GroupCollector:
         config: the trainer config (``prompts_per_step``, ``group_size``, ``seed``, dynamic sampling).
         share: ``count -> (first, stop)``, this process's slice of a step's prompts.
         stop_ids: token ids that end a completion (the tokenizer's EOS).
+        judge / judge_weight: a group judge and how its scores make the reward (:mod:`.judging`).
     """
 
     def __init__(self, sampler: Any, rows: Sequence[dict[str, Any]], prompt_ids: Sequence[list[int]],
                  reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: Any,
-                 share: Callable[[int], tuple[int, int]], stop_ids: tuple[int, ...] = ()):
+                 share: Callable[[int], tuple[int, int]], stop_ids: tuple[int, ...] = (), judge: Any = None,
+                 judge_weight: float | None = None):
         self.sampler, self.rows, self.prompt_ids = sampler, list(rows), list(prompt_ids)
         self.reward_fns, self.reward_weights = list(reward_fns), list(reward_weights)
+        self.judge, self.judge_weight, self.judge_rounds = judge, judge_weight, []
         self.config, self.share, self.stop_ids = config, share, stop_ids
         self.stream = PromptStream(len(self.rows), config.seed)
 
@@ -54,7 +60,7 @@ class GroupCollector:
         dropped and more prompts sampled, up to ``dynamic_sampling_max_rounds`` rounds."""
         c = self.config
         kept: list[tuple[RolloutBatch, torch.Tensor, dict]] = []
-        have, rounds = 0, 0
+        have, rounds, self.judge_rounds = 0, 0, []
         while rounds < (c.dynamic_sampling_max_rounds if c.dynamic_sampling else 1) and have < c.prompts_per_step:
             batch, total, per_fn = self.sample(step, rounds, timer)
             rounds += 1
@@ -71,7 +77,8 @@ class GroupCollector:
             kept.append((batch, total, per_fn))
             have += batch.num_groups
         return Collected(batch=RolloutBatch.cat([b for b, _, _ in kept]), rewards=torch.cat([t for _, t, _ in kept]),
-                         per_fn={k: torch.cat([f[k] for _, _, f in kept]) for k in kept[0][2]}, rounds=rounds)
+                         per_fn={k: torch.cat([f[k] for _, _, f in kept]) for k in kept[0][2]}, rounds=rounds,
+                         metrics=combine_rounds(self.judge_rounds))
 
     def sample(self, step: int, round_: int, timer: PhaseTimer) -> tuple[RolloutBatch, torch.Tensor, dict]:
         """One round: this process's share of the next P prompts, G completions each, scored."""
@@ -90,9 +97,23 @@ class GroupCollector:
             batch.group_ids = factorize(batch.extras[c.group_by])
         with timer("reward"):
             ids = [row[: int(n)].tolist() for row, n in zip(batch.completion_ids, batch.lengths)]
-            scores = score_rewards(self.reward_fns, self.reward_weights, batch.prompts, batch.completions, ids,
-                                   batch.extras)
-        return batch, scores.total, scores.per_fn
+            total, per_fn = None, {}
+            if self.reward_fns:
+                scores = score_rewards(self.reward_fns, self.reward_weights, batch.prompts, batch.completions, ids,
+                                       batch.extras)
+                total, per_fn = scores.total, scores.per_fn
+        if self.judge is not None:
+            with timer("judge"):
+                total, per_fn, metrics = apply_judge(self.judge, self.judge_weight, batch, total, per_fn, batch.extras)
+            self.judge_rounds.append(metrics)
+        return batch, total, per_fn
+
+
+def combine_rounds(rounds: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One step's judge metrics from its rounds': dropped groups add up, the rest are averaged."""
+    keys = {k for r in rounds for k in r}
+    return {k: sum(r[k] for r in rounds if k in r) / (1 if k == "judge/dropped_groups" else
+                                                       sum(k in r for r in rounds)) for k in keys}
 
 
 def factorize(values: Sequence[Any]) -> torch.Tensor:

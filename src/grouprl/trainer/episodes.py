@@ -15,6 +15,7 @@ from grouprl.rewards.base import combine, unique_names
 from grouprl.run.logs import PhaseTimer
 from grouprl.run.seeds import EVAL_STREAM, PromptStream, group_seeds, mix_seed
 from grouprl.trainer.collect import Collected
+from grouprl.trainer.judging import apply_judge
 from grouprl.types import RolloutBatch
 
 DROPPED = ("error", "template")
@@ -37,13 +38,16 @@ class EnvCollector:
         reward_fns / reward_weights: scored on each trajectory's final answer, added to its return.
         config: the trainer config (batch shape, seed, tool limits).
         share: ``count -> (first, stop)``, this process's slice of a step's resets.
+        judge / judge_weight: a group judge of the trajectories and how its scores make the reward
+            (:mod:`.judging`; the return and reward functions are then ``reward/independent``).
     """
 
     def __init__(self, sampler: Any, rows: Sequence[dict[str, Any]], env: Callable[[], Any], tools: Sequence[Any],
                  reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: Any,
-                 share: Callable[[int], tuple[int, int]]):
+                 share: Callable[[int], tuple[int, int]], judge: Any = None, judge_weight: float | None = None):
         self.sampler, self.rows, self.env, self.tools = sampler, list(rows), env, list(tools)
         self.reward_fns, self.reward_weights = list(reward_fns), list(reward_weights)
+        self.judge, self.judge_weight = judge, judge_weight
         self.config, self.share = config, share
         self.stream = PromptStream(len(self.rows), config.seed)
 
@@ -67,7 +71,14 @@ class EnvCollector:
                                           seed=group_seeds(mix_seed(c.seed, step), first, len(rows), c.group_size))
         with timer("reward"):
             batch, total, per_fn = self.score(batch, rows)
-        return Collected(batch=batch, rewards=total, per_fn=per_fn, rounds=1)
+        metrics = {}
+        if self.judge is not None:
+            with timer("judge"):
+                reset = batch.group_ids if batch.group_ids is not None else (
+                    torch.arange(batch.batch_size) // batch.group_size)  # each row's index into rows
+                columns = {k: [rows[int(r)].get(k) for r in reset] for k in (rows[0] if rows else {})}
+                total, per_fn, metrics = apply_judge(self.judge, self.judge_weight, batch, total, per_fn, columns)
+        return Collected(batch=batch, rewards=total, per_fn=per_fn, rounds=1, metrics=metrics)
 
     def score(self, batch: RolloutBatch, rows: Sequence[dict[str, Any]]) -> tuple[RolloutBatch, torch.Tensor, dict]:
         """Drop failed trajectories; each one's reward is its return plus the weighted reward functions."""

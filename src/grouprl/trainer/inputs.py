@@ -41,6 +41,10 @@ class RunInputs:
     trajectory's reward is its environment's return plus the weighted reward functions, if any."""
     tools: list[Any] = field(default_factory=list)
     """Tools the policy may call (:class:`grouprl.envs.tools.Tool`)."""
+    judge: Any = None
+    """A group judge (:mod:`grouprl.rewards.judges`) scoring each group side by side; None: no judge."""
+    judge_weight: float | None = None
+    """None: the judge's score is the reward; w: reward = reward functions + w * judge score."""
     train_places: list[str] = field(default_factory=list)
     """Where each training row comes from (``"prompts.jsonl line 7"``), for error messages; empty: rows
     given in code, named by their index."""
@@ -51,9 +55,9 @@ class RunInputs:
         self.train_rows, self.eval_rows, self.reward_fns = list(self.train_rows), list(self.eval_rows), \
             list(self.reward_fns)
         weights = [1.0] * len(self.reward_fns) if self.reward_weights is None else list(self.reward_weights)
-        if len(weights) != len(self.reward_fns) or not (self.reward_fns or self.env is not None):
+        if len(weights) != len(self.reward_fns) or not (self.reward_fns or self.env is not None or self.judge):
             raise ValueError(f"{len(weights)} reward weights for {len(self.reward_fns)} reward functions (at least "
-                             "one function, or an environment, is needed)")
+                             "one function, an environment or a judge is needed)")
         self.reward_weights = weights
         check_rows(self.train_rows, "train", needs_prompt=self.env is None)
         if self.eval_rows:

@@ -41,7 +41,7 @@ class PromptSource:
         self.config, self.inputs, self.sampler = config, inputs, sampler
         stop = tuple(i for i in [tokenizer.eos_token_id] if i is not None)
         self.collector = GroupCollector(sampler, inputs.train_rows, train_ids, inputs.reward_fns, inputs.reward_weights,
-                                        c, share, stop)
+                                        c, share, stop, judge=inputs.judge, judge_weight=inputs.judge_weight)
 
     def evaluate(self, first: int, stop: int) -> dict[str, float]:
         """Held-out metrics of held-out rows ``first .. stop - 1``."""
@@ -70,7 +70,8 @@ class EnvSource:
                                    TurnLimits(c.max_new_tokens, c.max_turns, c.max_trajectory_tokens), engine=engine)
         self.config, self.inputs, self.sampler = config, inputs, sampler
         self.collector = EnvCollector(sampler, inputs.train_rows, inputs.env, inputs.tools, inputs.reward_fns,
-                                      inputs.reward_weights, c, share)
+                                      inputs.reward_weights, c, share, judge=inputs.judge,
+                                      judge_weight=inputs.judge_weight)
         self.eval_collector = EnvCollector(sampler, inputs.eval_rows or inputs.train_rows, inputs.env, inputs.tools,
                                            inputs.reward_fns, inputs.reward_weights, c, share)
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from grouprl.algos import kl_per_token
-from grouprl.algos.gigpo import gigpo_advantages
+from grouprl.algos.gigpo import gigpo_advantages, step_group_ids
 from grouprl.trainer.collect import Collected
 from grouprl.trainer.update import UpdateBatch
 
@@ -92,6 +92,10 @@ class StepGroupBaseline:
         per_turn, metrics = gigpo_advantages(total, groups, rewards, keys, step_mask, gamma=c.gigpo_gamma,
                                              step_weight=c.gigpo_step_weight, scale=c.advantage_scale or "group",
                                              eps=c.advantage_eps)
+        anchors = step_group_ids(groups, keys, step_mask)  # for the samples: which turns were compared
+        lengths = step_mask.sum(1).long().tolist()
+        batch.info["step_groups"] = [anchors[i, :n].tolist() for i, n in enumerate(lengths)]
+        batch.info["turn_advantages"] = [per_turn[i, :n].tolist() for i, n in enumerate(lengths)]
         advantages = per_turn.gather(1, turns.clamp(min=0).clamp(max=k - 1)) * (turns >= 0)  # [B, T]
         constant = torch.zeros(b, dtype=torch.bool)
         data = UpdateBatch(rollout=batch, advantages=advantages, mask=mask, rewards=total, old_logp=old_logp,

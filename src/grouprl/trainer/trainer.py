@@ -221,7 +221,7 @@ class Trainer:
         per_fn = {k: torch.cat([p[1][k] for p in parts]) for k in got.per_fn}
         constant = None if constant is None else torch.cat([p[2] for p in parts])
         engine = getattr(self.sampler, "metrics", None)  # an engine with its own weights: time/weight_push
-        metrics = {**reward_metrics(rewards, per_fn, constant), **(engine() if callable(engine) else {}),
+        metrics = {**reward_metrics(rewards, per_fn, constant), **got.metrics, **(engine() if callable(engine) else {}),
                    **rollout_metrics(RolloutBatch.cat([p[3] for p in parts]), got.rounds), **metrics,
                    **timer.metrics(), "time/step": time.perf_counter() - t0}
         tokens = float(got.batch.completion_mask.sum())

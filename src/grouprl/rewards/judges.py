@@ -1,0 +1,242 @@
+"""Group judges: score the G members of a group side by side instead of each alone.
+
+GRPO only uses scores relative to the group, and ranking candidates next to each other is easier than
+scoring one in isolation (OpenPipe ART's RULER). A judge receives one group and returns G scores:
+
+    def my_judge(prompt, completions, **columns) -> list[float] | None
+
+``prompt`` is the group's prompt (text or chat messages) or, for agents, the reset's first
+observation; ``completions`` the G completion (or trajectory) texts; ``columns`` the row's dataset
+columns, one value each (the group shares its row). ``None`` drops the group: its members get no
+reward and so no advantage, and ``judge/dropped_groups`` counts it. A judge that can score many groups
+at once defines ``judge_groups(groups: list[JudgeGroup]) -> list[list[float] | None]``; the trainer
+always hands it every group of a step in one call.
+
+Built in (``judge:`` in the config):
+
+- ``reward_model:<folder>``: a model from ``grouprl train-rm``. Bradley-Terry says member i beats
+  member j with probability sigmoid(r_i - r_j); each member's score is its mean win probability over
+  the other G - 1, in [0, 1]. The G(G-1) pairs need only the G scores: one forward pass per member.
+- ``lm:<model>``: a local causal LM (bundled name, folder or cached hub id) asked once per group. The
+  prompt and the members' common prefix are stated once, the members follow numbered, and the answer
+  must be exactly G lines ``<n>: <score 0-10>``; anything else drops the group (:func:`parse_scores`).
+- ``module:function``: your own, as above (an object with ``judge_groups`` too).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grouprl.errors import ConfigError, RewardFunctionError
+from grouprl.registry import Registry, import_object
+
+
+@dataclass
+class JudgeGroup:
+    """One group as a judge sees it."""
+
+    prompt: Any
+    """The group's prompt: text or chat messages."""
+    completions: list[str]
+    """The G members' completion (or trajectory) texts."""
+    columns: dict[str, Any] = field(default_factory=dict)
+    """The group's row: dataset column -> value."""
+
+
+JUDGES: Registry[Callable[..., Any]] = Registry("judge")
+"""``kind`` of a ``kind:argument`` judge spec -> factory ``(argument, load_model, **judge_options) ->
+judge``; ``load_model(name) -> (model, tokenizer)`` resolves a policy-style model name."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Bradley-Terry over a reward model
+
+
+def mean_win_probability(scores: torch.Tensor) -> torch.Tensor:
+    """``[G]`` reward-model scores -> ``[G]`` mean over j != i of sigmoid(r_i - r_j).
+
+    >>> mean_win_probability(torch.tensor([0.0, 0.0, math.log(3)])).tolist()  # p(2 beats 0) = 3/4
+    [0.375, 0.375, 0.75]
+    """
+    g = scores.numel()
+    if g < 2:
+        return torch.full_like(scores, 0.5)
+    wins = torch.sigmoid(scores.unsqueeze(1) - scores.unsqueeze(0))  # [G, G]: i beats j
+    return (wins.sum(1) - 0.5) / (g - 1)  # the diagonal is sigmoid(0) = 1/2
+
+
+class RewardModelJudge:
+    """Ranks a group with a pairwise (Bradley-Terry) reward model; one batched pass over all members."""
+
+    def __init__(self, folder: str, batch_size: int = 8, system_prompt: str | None = None):
+        from grouprl.rewards.reward_model import RewardModel
+
+        self.model = RewardModel(folder, batch_size=batch_size, system_prompt=system_prompt, name="judge")
+
+    def judge_groups(self, groups: list[JudgeGroup]) -> list[list[float] | None]:
+        prompts = [g.prompt for g in groups for _ in g.completions]
+        scores = torch.tensor(self.model(prompts, [c for g in groups for c in g.completions]))
+        out, start = [], 0
+        for g in groups:
+            out.append(mean_win_probability(scores[start:start + len(g.completions)]).tolist())
+            start += len(g.completions)
+        return out
+
+
+JUDGES.register("reward_model", lambda folder, load_model, **options: RewardModelJudge(folder, **options))
+
+
+# ---------------------------------------------------------------------------------------------
+# A language model asked to score the whole group
+
+
+SCORE_LINE = re.compile(r"^\s*(\d+)\s*:\s*(\d+(?:\.\d+)?)\s*$")
+MAX_SCORE = 10.0
+
+
+def parse_scores(answer: str, count: int) -> list[float] | None:
+    """The judge's answer -> ``count`` scores in [0, 1], or None unless it is exactly one line
+    ``<n>: <score>`` for each n = 1..count, in order, scores within 0..10 (blank lines ignored).
+
+    >>> parse_scores("1: 7\\n2: 10\\n", 2)
+    [0.7, 1.0]
+    >>> parse_scores("1: 7\\n2: eleven", 2) is None, parse_scores("2: 7\\n1: 3", 2) is None
+    (True, True)
+    """
+    lines = [line for line in answer.strip().splitlines() if line.strip()]
+    if len(lines) != count:
+        return None
+    scores = []
+    for n, line in enumerate(lines, 1):
+        match = SCORE_LINE.match(line)
+        if match is None or int(match.group(1)) != n or not 0.0 <= float(match.group(2)) <= MAX_SCORE:
+            return None
+        scores.append(float(match.group(2)) / MAX_SCORE)
+    return scores
+
+
+def common_prefix(texts: Sequence[str], min_chars: int = 40) -> str:
+    """The members' shared beginning, cut back to a line or word end; empty when shorter than
+    ``min_chars`` (stating it apart would save nothing)."""
+    prefix = os.path.commonprefix(list(texts))
+    cut = max(prefix.rfind("\n"), prefix.rfind(" "))
+    prefix = prefix[:cut + 1] if cut >= 0 else ""
+    return prefix if len(prefix) >= min_chars and len(texts) > 1 else ""
+
+
+def judge_prompt(group: JudgeGroup) -> str:
+    """The question put to an LM judge: the task once, the shared prefix once, the numbered members."""
+    task = group.prompt if isinstance(group.prompt, str) else "\n".join(
+        f"{m['role']}: {m['content']}" for m in group.prompt)
+    prefix = common_prefix(group.completions)
+    parts = [f"Task:\n{task}\n"]
+    if prefix:
+        parts.append(f"Every response begins with:\n{prefix}\n")
+    for n, text in enumerate(group.completions, 1):
+        parts.append(f"Response {n}{' (continued)' if prefix else ''}:\n{text[len(prefix):]}\n")
+    lines = "\n".join(f"{n}: <score>" for n in range(1, len(group.completions) + 1))
+    parts.append(f"Compare the {len(group.completions)} responses and score how well each one solves the task, "
+                 f"from 0 (wrong) to 10 (perfect). Answer with exactly these lines and nothing else:\n{lines}")
+    return "\n".join(parts)
+
+
+class LanguageModelJudge:
+    """Any local causal LM as a group judge: one greedy answer per group, groups decoded in batches."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int = 4, max_new_tokens: int | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.model.eval().requires_grad_(False)
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+
+    def answer(self, questions: list[str], max_new_tokens: int) -> list[str]:
+        """Greedy answers to ``questions`` (chat-rendered when the tokenizer has a template)."""
+        tok = self.tokenizer
+        if tok.chat_template:
+            texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                             add_generation_prompt=True) for q in questions]
+        else:
+            texts = questions
+        side, tok.padding_side = tok.padding_side, "left"
+        try:
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=not tok.chat_template)
+        finally:
+            tok.padding_side = side
+        with torch.no_grad():
+            out = self.model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                      pad_token_id=tok.pad_token_id)
+        return tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+    def judge_groups(self, groups: list[JudgeGroup]) -> list[list[float] | None]:
+        out: list[list[float] | None] = []
+        for start in range(0, len(groups), self.batch_size):
+            part = groups[start:start + self.batch_size]
+            budget = self.max_new_tokens or 8 * max(len(g.completions) for g in part) + 8
+            answers = self.answer([judge_prompt(g) for g in part], budget)
+            out += [parse_scores(a, len(g.completions)) for a, g in zip(answers, part)]
+        return out
+
+
+JUDGES.register("lm", lambda name, load_model, **options: LanguageModelJudge(*load_model(name), **options))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and running a judge
+
+
+def load_judge(spec: str, options: dict[str, Any] | None = None,
+               load_model: Callable[[str], tuple[Any, Any]] | None = None) -> Any:
+    """The judge ``spec`` names: ``reward_model:<folder>``, ``lm:<model>`` (loaded by ``load_model``) or an
+    import path (``module:function``, ``file.py:function``; with ``options`` a factory called with them)."""
+    options = dict(options or {})
+    kind, _, argument = spec.partition(":")
+    if kind in JUDGES and argument:
+        if kind == "lm" and load_model is None:
+            raise ConfigError(f"judge {spec!r}: loading a model needs load_model (name -> (model, tokenizer))")
+        try:
+            return JUDGES.get(kind)(argument, load_model, **options)
+        except TypeError as e:
+            raise ConfigError(f"judge {spec!r} does not take the judge_options {options}: {e}") from e
+    judge = import_object(spec, "judge")
+    if options:
+        judge = judge(**options)
+    if not (callable(judge) or hasattr(judge, "judge_groups")):
+        raise ConfigError(f"judge {spec!r} is a {type(judge).__name__}, not a callable")
+    return judge
+
+
+def _checked(name: str, scores: Any, size: int, index: int) -> list[float] | None:
+    if scores is None:
+        return None
+    if isinstance(scores, str | bytes | dict) or not isinstance(scores, Sequence | torch.Tensor):
+        raise RewardFunctionError(name, f"group {index}: returned a {type(scores).__name__}; a judge returns a "
+                                        f"list of {size} numbers (or None to drop the group)")
+    values = [float(s) if isinstance(s, int | float) and not isinstance(s, bool) else math.nan
+              for s in (scores.tolist() if isinstance(scores, torch.Tensor) else scores)]
+    if len(values) != size or not all(math.isfinite(v) for v in values):
+        raise RewardFunctionError(name, f"group {index}: returned {list(scores)!r:.200}; a judge returns "
+                                        f"{size} finite numbers, one per member (or None to drop the group)")
+    return values
+
+
+def run_judge(judge: Any, groups: list[JudgeGroup]) -> list[list[float] | None]:
+    """Every group's scores (None: dropped), checked: each a list of G finite numbers."""
+    name = f"judge {getattr(judge, '__name__', type(judge).__name__)}"
+    try:
+        if hasattr(judge, "judge_groups"):
+            results = list(judge.judge_groups(groups))
+        else:
+            results = [judge(g.prompt, list(g.completions), **g.columns) for g in groups]
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - named, with the judge at fault
+        if isinstance(e, RewardFunctionError):
+            raise
+        raise RewardFunctionError(name, f"raised {type(e).__name__}: {e}") from e
+    if len(results) != len(groups):
+        raise RewardFunctionError(name, f"returned {len(results)} results for {len(groups)} groups")
+    return [_checked(name, r, len(g.completions), i) for i, (r, g) in enumerate(zip(results, groups))]
