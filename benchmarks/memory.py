@@ -1,0 +1,129 @@
+"""Where a grouprl GRPO step's memory goes, at the settings of ``benchmarks/vs_trl.py`` (SmolLM2-135M-
+Instruct, arithmetic, 4 prompts x G=4, 64 new tokens, beta 0.04, ``dtype: auto``).
+
+Two kinds of figures:
+
+- **held** tensors, counted exactly from their sizes: the policy's weights, the frozen reference's
+  (in the format ``dtype: auto`` chose for it), the gradients and AdamW's two moments;
+- **transient** memory of each phase of a step (rollout: KV cache, logits; log-probs: the reference's
+  forward; update: activations kept for the backward pass): how far the process's resident memory
+  rose above where the phase began, sampled every 2 ms by a thread, worst over ``--steps`` steps after a
+  warm-up step.
+
+    python benchmarks/memory.py [--steps 2] [--threads 1] [--beta 0.04]
+
+The last line is ``peak_rss_mib=<X> held_mib=<weights + reference + gradients + optimizer>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import tempfile
+import threading
+import time
+
+import torch
+from machine import cpu_line
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE / 2**20
+
+
+class PhaseWatch:
+    """Samples resident memory on a thread; per phase, the most it rose above the phase's start."""
+
+    def __init__(self) -> None:
+        self.phase, self.start, self.rise, self.running = None, 0.0, {}, True
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+        self.thread.start()
+
+    def sample(self) -> None:
+        while self.running:
+            if self.phase is not None:
+                rise = rss_mib() - self.start
+                self.rise[self.phase] = max(self.rise.get(self.phase, 0.0), rise)
+            time.sleep(0.002)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        self.phase, self.start = phase, rss_mib()
+        try:
+            yield
+        finally:
+            self.phase = None
+
+
+def mib(tensors) -> float:
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--beta", type=float, default=0.04)
+    args = parser.parse_args()
+    print(cpu_line(), flush=True)
+    torch.set_num_threads(args.threads)
+    rows = [("Python, torch, transformers (after import)", None)]
+    import transformers  # noqa: F401 - counted in the first row
+
+    from grouprl.models import load_policy
+    from grouprl.run import logs
+    from grouprl.tasks import get_task
+    from grouprl.trainer.config import GRPOConfig
+    from grouprl.trainer.trainer import GRPOTrainer
+
+    rows[0] = (rows[0][0], rss_mib())
+    policy, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    task = get_task("arithmetic")
+    config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=64, temperature=1.0, beta=args.beta, lr=1e-6,
+                        output_dir=tempfile.mkdtemp(prefix="memory-"), progress=False, tensorboard=False,
+                        log_completions_every=0, rollout_engine="hf")
+    trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
+                          train_data=task.rows("train", 400, seed=0), system_prompt=task.system_prompt)
+    watch = PhaseWatch()
+    original = logs.PhaseTimer.__call__
+
+    @contextlib.contextmanager
+    def watched(self, phase):
+        with original(self, phase), watch(phase):
+            yield
+
+    logs.PhaseTimer.__call__ = watched
+    trainer.step()  # warm-up: allocator pools, the optimizer's state
+    watch.rise.clear()
+    for _ in range(args.steps):
+        trainer.step()
+    watch.running = False
+    reference = trainer.passes.reference
+    optimizer = trainer.rule.optimizer
+    held = [
+        (f"policy weights ({next(policy.parameters()).dtype})", mib(policy.parameters())),
+        (f"reference weights ({next(reference.parameters()).dtype})" if reference is not None
+         else "reference weights (none: beta 0)", mib(reference.parameters()) if reference is not None else 0.0),
+        ("gradients", mib(p.grad for p in policy.parameters() if p.grad is not None)),
+        ("AdamW moments (fp32)", mib(v for s in optimizer.state.values() for v in s.values()
+                                     if torch.is_tensor(v) and v.dim() > 0)),
+    ]
+    transient = [(f"{phase} (rise above its start)", rise) for phase, rise in sorted(watch.rise.items())]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    lines = [cpu_line(), "", f"`python benchmarks/memory.py --steps {args.steps} --threads {args.threads} "
+             f"--beta {args.beta}`", "", "| what | MiB |", "|---|---|",
+             f"| {rows[0][0]} | {rows[0][1]:.0f} |"]
+    lines += [f"| held: {name} | {value:.0f} |" for name, value in held]
+    lines += [f"| transient: {name} | {value:.0f} |" for name, value in transient]
+    lines.append(f"| **peak resident memory of the process** | **{peak:.0f}** |")
+    print("\n".join(lines))
+    print(f"peak_rss_mib={peak:.0f} held_mib={sum(v for _, v in held):.0f}")
+
+
+if __name__ == "__main__":
+    main()
