@@ -53,8 +53,8 @@ from grouprl.run.seeds import EVAL_STREAM, generator, mix_seed
 class _EnvStepProgress(Progress):
     """The progress bar counts environment steps, the unit of the budget."""
 
-    def update(self, step: int, metrics: dict[str, Any]) -> None:
-        super().update(int(metrics.get("rollout/env_steps", step)), metrics)
+    def update(self, step: int, metrics: dict[str, Any], alert: str | None = None) -> None:
+        super().update(int(metrics.get("rollout/env_steps", step)), metrics, alert)
 
 
 class ControlTrainer:
@@ -80,6 +80,7 @@ class ControlTrainer:
                                                          0, 1, "constant")
         self.time_budget_s: float | None = None
         self.is_main = True
+        self.health = None  # a solved control policy is meant to stop exploring: the LM rules do not apply
         self.out = Path(c.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.run_config = run_config if run_config is not None else c

@@ -227,6 +227,23 @@ def _step_groups(samples: list[StepSamples]) -> str:
             f"<table><tr><th>#</th><th>reward</th>{head}</tr>{''.join(body)}</table>")
 
 
+def _health(summary: dict[str, Any]) -> str:
+    """The early-warning signs of the run (grouprl.run.health): each with the step it fired."""
+    found = summary.get("health")
+    if found is None:
+        return ""
+    if not found:
+        body = ('<p class="note">None fired: entropy stayed above a quarter of its start, KL had no spike, and '
+                "there was always something to learn from.</p>")
+    else:
+        body = ("<table><tr><th>step</th><th>sign</th></tr>"
+                + "".join(f'<tr><td class="n">{fmt(step)}</td><td>{escape(text)}</td></tr>' for step, text in found)
+                + "</table>")
+    return ("<h2>Early warnings</h2><p class=\"note\">Signs seen before a run's held-out accuracy falls back: "
+            "the policy's entropy collapsing, KL jumping to several times its recent median, steps in a row "
+            f"where almost every group's rewards were equal.</p>{body}")
+
+
 def _samples(samples: list[StepSamples]) -> str:
     if not samples:
         return '<p class="note">No completions were logged.</p>'
@@ -281,6 +298,7 @@ def render_html(summary: dict[str, Any], plots: list[Plot], samples: list[StepSa
 {_eval_table(summary)}
 <h2>Training curves</h2>
 {_plots(plots)}
+{_health(summary)}
 <h2>Sample {"trajectories" if any(_is_agent(b) for b in samples) else "completions"}</h2>
 {_samples(samples)}
 {_step_groups(samples)}

@@ -23,6 +23,7 @@ from grouprl.report.data import ema, is_number, iter_jsonl, metric_keys, read_js
 from grouprl.report.html import Plot, StepSamples, render_html
 from grouprl.report.plots import write_plots
 from grouprl.run.files import write_text_atomic
+from grouprl.run.health import replay
 
 METRICS_FILE = "metrics.jsonl"
 COMPLETIONS_FILE = "completions.jsonl"
@@ -93,6 +94,8 @@ def summarize(run_dir: str | os.PathLike) -> dict[str, Any]:
         "eval_after": after,
         "eval_source": source,
         "run_summary": {k: v for k, v in run_summary.items() if k not in ("eval_before", "eval_after")},
+        # the early-warning signs, by the rules the run itself applied (none for classic control)
+        "health": replay(records) if any("health/warnings" in r for r in records) else None,
     }
 
 

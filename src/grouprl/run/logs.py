@@ -125,12 +125,15 @@ class Progress:
         self.task = self.bar.add_task("train", total=total, completed=start, reward="-", kl="-", tps="-", extra="")
         self.bar.start()
 
-    def update(self, step: int, metrics: dict[str, Any]) -> None:
+    def update(self, step: int, metrics: dict[str, Any], alert: str | None = None) -> None:
+        """Show ``step``'s metrics, and ``alert`` (a short warning from :mod:`grouprl.run.health`) if any."""
         if self.bar is None:
             return
         kl = metrics.get("policy/kl")
         extra = "".join(f"  {label} {fmt.format(_plain(metrics[key]))}" for key, label, fmt in SHOWN_WHEN_PRESENT
                         if metrics.get(key) is not None)
+        if alert:
+            extra += f"  [yellow]! {alert}[/yellow]"
         self.bar.update(self.task, completed=step, reward=f"{_plain(metrics.get('reward/mean', 0.0)):.3f}",
                         kl="-" if kl is None else f"{_plain(kl):.4f}",
                         tps=f"{_plain(metrics.get(self.rate_key, 0.0)):.0f}", extra=extra)

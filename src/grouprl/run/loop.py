@@ -19,6 +19,7 @@ import yaml
 from grouprl.errors import NonFiniteError
 from grouprl.run.files import as_plain, write_text_atomic
 from grouprl.run.folder import RUN_CONFIG_HEADER
+from grouprl.run.health import HealthWatch
 from grouprl.run.logs import JsonlLog, Progress, TensorBoardSink, peak_rss_mb
 
 
@@ -42,6 +43,8 @@ class Run(Protocol):
     is_main: bool
     """False in every process of a multi-process run but the first: only the first writes the run
     folder's config.yaml, TensorBoard events and summary.json."""
+    health: HealthWatch | None
+    """Early-warning rules for this kind of run (:mod:`grouprl.run.health`); None: none apply."""
 
     def step(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """One training iteration: (metrics, sample records for the completions log)."""
@@ -78,6 +81,21 @@ def last_eval(run: Run) -> dict[str, float]:
     found = [r for r in records if r.get("step") == run.step_count and run.step_count >= trained
              and any(k.startswith("eval/") for k in r) and "reward/mean" not in r]
     return {k: v for k, v in found[-1].items() if k.startswith("eval/")} if found else {}
+
+
+def watch_health(run: Run, metrics: dict[str, Any], progress: Progress) -> str | None:
+    """Add the step's ``health/*`` signs to ``metrics`` and print each warning the step it fires; the
+    short form of the first active one, for the bar (None: all is well, or no rules apply)."""
+    if run.health is None:
+        return None
+    signs, active = run.health.observe(run.step_count, metrics)
+    metrics.update(signs)
+    for warning in run.health.new if run.is_main else ():
+        if progress.bar is not None:
+            progress.print(f"[yellow]step {run.step_count}: {warning}[/yellow]")
+        else:
+            print(f"step {run.step_count}: {warning}", flush=True)
+    return active[0].split(":")[0] if active else None
 
 
 def run_loop(run: Run) -> dict[str, Any]:
@@ -122,9 +140,10 @@ def run_loop(run: Run) -> dict[str, Any]:
                                      f"max_grad_norm)") from e
             run.step_count += 1
             metrics["memory/peak_rss_mb"] = peak_rss_mb()
+            alert = watch_health(run, metrics, progress)
             run.metrics_log.append({"step": run.step_count, "wall_time": time.perf_counter() - start, **metrics})
             tb.log(metrics, run.step_count)
-            progress.update(run.step_count, metrics)
+            progress.update(run.step_count, metrics, alert=alert)
             run.log_completions(samples, progress)
             if run.eval_due() and not run.finished() and not out_of_time():
                 log_eval()

@@ -52,6 +52,7 @@ from grouprl.rewards.base import unique_names
 from grouprl.rollout.vllm import resolve_engine
 from grouprl.run import checkpoint as ckpt
 from grouprl.run.files import as_plain
+from grouprl.run.health import HealthWatch, replay
 from grouprl.run.logs import JsonlLog, NullLog, PhaseTimer, Progress
 from grouprl.run.loop import run_loop
 from grouprl.trainer.advantages import make_baseline
@@ -115,6 +116,7 @@ class Trainer:
         algo = ALGORITHMS.get(c.algo)
         self.processes = processes if processes is not None else OneProcess()
         self.is_main = self.processes.is_main
+        self.health = HealthWatch()  # entropy collapse, KL spikes, groups with nothing to teach
         policy = prepare_policy(policy, c)
         self.config = c = copy.copy(c)  # the caller's config is left as it was given
         c.precision = choose_precision(c.dtype, c.ref_dtype, policy, c.rollout_rows // self.processes.world_size,
@@ -315,6 +317,8 @@ class Trainer:
             self.kl.load_state_dict(state["kl_controller"])
         self.metrics_log.truncate_after(self.step_count)
         self.completions_log.truncate_after(self.step_count)
+        self.health = HealthWatch()
+        replay(self.metrics_log.records(), self.health)  # the early-warning signs carry on from the logged steps
 
 
 def run_setup(reward_fns: Sequence[Callable]) -> dict[str, str]:
