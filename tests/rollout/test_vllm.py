@@ -117,6 +117,10 @@ def test_without_the_package_auto_falls_back_and_vllm_is_refused(monkeypatch):
 @needs_vllm
 def test_auto_picks_vllm_only_where_it_can_serve_the_model():
     assert resolve_engine("auto", model_and_tok()[0], "sample")[0] == "vllm"
+    if not torch.cuda.is_available():  # agents on a CPU: the built-in engine keeps the cache across turns
+        engine, why = resolve_engine("auto", model_and_tok()[0], "sample", multi_turn=True)
+        assert engine == "hf" and "across turns" in why
+        assert resolve_engine("vllm", model_and_tok()[0], "sample", multi_turn=True)[0] == "vllm"
     engine, why = resolve_engine("auto", tiny_causal_lm()[0], "sample")  # head size 16
     assert engine == "hf" and ("head sizes" in why or torch.cuda.is_available())
     assert resolve_engine("auto", model_and_tok()[0], "beam") == ("hf", "rollout_mode=beam: vLLM draws sampled "

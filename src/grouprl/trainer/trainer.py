@@ -122,7 +122,8 @@ class Trainer:
         c.precision = choose_precision(c.dtype, c.ref_dtype, policy, c.rollout_rows // self.processes.world_size,
                                        c.micro_batch_size * (c.max_prompt_len // 2 + c.max_new_tokens))
         if sampler is None:
-            c.resolved_engine, engine_reason = resolve_engine(c.rollout_engine, policy, c.rollout_mode)
+            c.resolved_engine, engine_reason = resolve_engine(c.rollout_engine, policy, c.rollout_mode,
+                                                              multi_turn=inputs.env is not None)
         else:  # one with its own copy of the weights is compared with the trainer like vLLM
             c.resolved_engine = "hf" if getattr(sampler, "uses_live_model", True) else "vllm"
             engine_reason = f"a {type(sampler).__name__} was passed in"
