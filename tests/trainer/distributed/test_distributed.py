@@ -168,3 +168,15 @@ def test_a_weight_push_gathers_every_fsdp_shard(variant_runs):
     assert r["pushed"].keys() == r["weights"].keys()
     for key, value in r["weights"].items():
         assert torch.equal(r["pushed"][key], value), key
+
+
+def test_metrics_combine_over_processes_by_their_kind(monkeypatch):
+    """Losses, throughputs and a judge's dropped groups add up; times take the slowest process; the
+    rest is a token-weighted mean (checked without a process group: the gather is given)."""
+    from grouprl.trainer.dist import processes as dist_processes
+
+    parts = [(30.0, {"loss/total": 0.25, "judge/dropped_groups": 1.0, "time/step": 2.0, "reward/mean": 1.0}),
+             (10.0, {"loss/total": 0.5, "judge/dropped_groups": 2.0, "time/step": 3.0, "reward/mean": 0.0})]
+    monkeypatch.setattr(dist_processes, "gather_objects", lambda obj: parts)
+    combined = dist_processes.Processes.combine(object.__new__(dist_processes.Processes), parts[0][1], 30.0)
+    assert combined == {"loss/total": 0.75, "judge/dropped_groups": 3.0, "time/step": 3.0, "reward/mean": 0.75}
