@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -48,7 +49,9 @@ def make_pairs(n: int, path: Path) -> None:
 
 def train(variant: str, seed: int, rm: Path, args: argparse.Namespace, root: Path) -> dict:
     out = root / f"{variant}-seed{seed}"
-    settings = {**DEMO, "total_steps": args.steps, "seed": seed, "output_dir": str(out), "eval_every": 0}
+    # one thread: a second one spinning against another process on a 2-core machine slows a step 10x
+    settings = {**DEMO, "total_steps": args.steps, "seed": seed, "output_dir": str(out), "eval_every": 0,
+                "num_threads": 1}
     argv = [sys.executable, "-m", "grouprl", "train", "--no-progress", "--no-tensorboard"]
     for key, value in settings.items():
         argv += [f"--{key}", str(value)]
@@ -78,7 +81,8 @@ def main() -> None:
         pairs, rm = Path(tmp) / "pairs.jsonl", Path(tmp) / "rm"
         make_pairs(args.pairs, pairs)
         done = subprocess.run([sys.executable, "-m", "grouprl", "train-rm", "--pairs", str(pairs), "--output_dir",
-                               str(rm), "--epochs", "1", "--lr", "2e-5"], check=True, capture_output=True, text=True)
+                               str(rm), "--epochs", "1", "--lr", "2e-5"], check=True, capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
         rm_line = next((line for line in done.stdout.splitlines() if "ranked right" in line), "").strip()
         print(rm_line, flush=True)
         for seed in (int(s) for s in args.seeds.split(",")):
