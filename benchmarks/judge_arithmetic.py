@@ -10,7 +10,7 @@ the same steps, same seeds.
    its reward) and with the task's exact-match reward. Held-out accuracy is the task's checker either
    way (32 problems x 4 samples at temperature 1).
 
-    python benchmarks/judge_arithmetic.py [--seeds 0,1,2] [--steps 12] [--pairs 600]
+    python benchmarks/judge_arithmetic.py [--seeds 0,1,2] [--steps 12] [--pairs 600] [--rm_epochs 3] [--rm_lr 5e-5]
 
 The last line is ``accuracy_ratio=<judge's mean held-out accuracy gain / exact match's>``.
 """
@@ -71,6 +71,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--pairs", type=int, default=600)
+    parser.add_argument("--rm_epochs", type=int, default=3, help="epochs of the reward model over the pairs")
+    parser.add_argument("--rm_lr", type=float, default=5e-5, help="the reward model's learning rate")
     parser.add_argument("--out", default="benchmarks/results/judge-arithmetic")
     args = parser.parse_args()
     print(cpu_line(), flush=True)
@@ -81,7 +83,8 @@ def main() -> None:
         pairs, rm = Path(tmp) / "pairs.jsonl", Path(tmp) / "rm"
         make_pairs(args.pairs, pairs)
         done = subprocess.run([sys.executable, "-m", "grouprl", "train-rm", "--pairs", str(pairs), "--output_dir",
-                               str(rm), "--epochs", "1", "--lr", "2e-5"], check=True, capture_output=True, text=True,
+                               str(rm), "--epochs", str(args.rm_epochs), "--lr", str(args.rm_lr)],
+                              check=True, capture_output=True, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         rm_line = next((line for line in done.stdout.splitlines() if "ranked right" in line), "").strip()
         print(rm_line, flush=True)
@@ -90,7 +93,8 @@ def main() -> None:
                 rows.append(train(variant, seed, rm, args, Path(tmp)))
                 print(json.dumps(rows[-1]), flush=True)
     lines = [cpu_line(), "", f"`python benchmarks/judge_arithmetic.py --seeds {args.seeds} --steps {args.steps} "
-             f"--pairs {args.pairs}`", "", f"reward model: {' '.join(rm_line.split())}", "",
+             f"--pairs {args.pairs} --rm_epochs {args.rm_epochs} --rm_lr {args.rm_lr}`", "",
+             f"reward model: {' '.join(rm_line.split())}", "",
              "| reward | held-out accuracy before | after, mean (min-max) | per seed | judge agreement | s |",
              "|---|---|---|---|---|---|"]
     gains = {}

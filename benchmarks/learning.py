@@ -1,0 +1,573 @@
+"""Does grouprl learn at least as well as TRL per step, and per second? Held-out accuracy of both along training.
+
+grouprl and TRL's ``GRPOTrainer`` both train the bundled SmolLM2-135M-Instruct on the built-in arithmetic task
+with the task's own reward, at the settings of ``grouprl demo`` (src/grouprl/cli/demo.py): 4 prompts x G=8
+completions per step, at most 12 new tokens, temperature 1, lr 2e-5 (constant, AdamW betas 0.9/0.99), beta 0.04
+(k3), mu = 1, the paper's per-sequence loss aggregation, clipping 0.2, gradient norm 1.0, no gradient
+checkpointing, fp32, one torch thread each. grouprl is built from the demo's own config (only the seed, the
+threads, the number format and where its run folder goes are set here); TRL gets the same values, translated
+by :func:`trl_config`, and the same training rows, reward functions and starting weights. One difference is
+TRL's own and cannot be set: it scales advantages by the sample std (ddof 1) plus 1e-4, grouprl by the
+population std (the paper's), so TRL's advantages are ~0.94x grouprl's at G=8.
+
+As in ``benchmarks/vs_trl.py``, each framework runs in its own worker process and the two take their steps in
+turn (the order swapped every step), so load from elsewhere falls on both alike. Every ``--save_every`` steps
+(and after the last) each worker saves its policy as a model folder (config, safetensors, tokenizer); step 0 is
+the base model, saved once and shared. Afterwards every saved model is scored with grouprl's evaluator (what
+``grouprl eval --model FOLDER --task arithmetic --eval_size 32 --samples 8 --eval_temperature 1
+--max_new_tokens 12 --seed 0`` runs) on the same held-out problems, sampled with the same seeds for every
+model. Seconds are cumulative training time: the steps only, not the saves or evaluations.
+
+    .venv-bench/bin/python benchmarks/learning.py --steps 12 --save_every 4 --seeds 0,1,2
+    .venv-bench/bin/python benchmarks/learning.py --report_only        # md, png and last line again
+
+An ablation changes one grouprl setting and trains grouprl alone, reading TRL's curves from the baseline's
+results (same steps, seeds and evaluation):
+
+    python benchmarks/learning.py --set adam_beta2=0.999 --frameworks grouprl \
+        --out benchmarks/results/learning-ablations/adam_beta2-0.999 --compare_with benchmarks/results/learning
+
+Writes ``results.jsonl`` (one record per framework, seed and saved step), ``learning.md`` and ``learning.png``
+into ``--out``. A (framework, seed) already in results.jsonl is skipped, so a killed run continues where it
+stopped (with the same settings; other settings need another ``--out``).
+
+The last line is ``step_ratio=<X> time_gain_ratio=<Y>``:
+
+- step_ratio: the mean over seeds of (grouprl's accuracy at the last step / TRL's accuracy at the last step);
+- time_gain_ratio: the mean over seeds of (grouprl's gain in accuracy over the base model at its last step) /
+  (TRL's gain over the base model at the same cumulative training seconds, interpolated linearly between TRL's
+  saved steps, with gain 0 at 0 s, and held at its last value past its last step). Where TRL's gain there is
+  <= 0 the seed's ratio, and so the mean, is inf (printed with the reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+
+FRAMEWORKS = ("grouprl", "trl")
+EVAL_SEED = 0  # the held-out problems and their sampling seeds, the same for every model
+
+
+# -- the demo's settings ---------------------------------------------------------------------------------
+def demo_config(seed: int, threads: int, output_dir: str, **overrides):
+    """The config ``grouprl demo`` trains with, for this seed and thread count, in fp32, logging nothing."""
+    from grouprl.cli.demo import DEMO
+    from grouprl.config import TrainConfig, from_dict
+
+    return from_dict(TrainConfig, {**DEMO, "seed": seed, "num_threads": threads, "dtype": "fp32", "ref_dtype": "fp32",
+                                   "output_dir": output_dir, "tensorboard": False, "progress": False,
+                                   "log_completions_every": 0, "print_completions": 0, **overrides})
+
+
+def trl_config(c, seed: int, output_dir: str, gradient_checkpointing: bool):
+    """TRL's ``GRPOConfig`` with the values of grouprl's config ``c``; a setting with no TRL counterpart fails."""
+    from trl import GRPOConfig
+
+    expected = {"algo": "grpo", "aggregation": "seq-mean-token-mean", "kl_estimator": "k3", "lr_schedule": "constant",
+                "warmup_steps": 0, "importance_level": "token", "zero_std_groups": "keep", "dynamic_sampling": False,
+                "entropy_coef": 0.0, "kl_controller": None, "kl_in_reward": None, "advantage": None,
+                "advantage_scale": None, "dual_clip": None, "min_p": 0.0, "lora_rank": 0, "ref_sync_steps": 0}
+    wrong = {k: getattr(c, k) for k, v in expected.items() if getattr(c, k) != v}
+    if wrong:
+        raise ValueError(f"the demo's settings changed to ones this benchmark does not translate for TRL: {wrong}")
+    prompts = c.prompts_per_step
+    return GRPOConfig(
+        output_dir=output_dir, per_device_train_batch_size=prompts * c.group_size, gradient_accumulation_steps=1,
+        num_generations=c.group_size, max_completion_length=c.max_new_tokens, temperature=c.temperature,
+        top_p=c.top_p, top_k=c.top_k, repetition_penalty=c.repetition_penalty, beta=c.beta, num_iterations=c.mu,
+        epsilon=c.eps_low, epsilon_high=c.eps_high if c.eps_high is not None else c.eps_low,
+        learning_rate=c.lr, lr_scheduler_type="constant", warmup_steps=0, adam_beta1=c.adam_beta1,
+        adam_beta2=c.adam_beta2, weight_decay=c.weight_decay, max_grad_norm=c.max_grad_norm, loss_type="grpo",
+        scale_rewards="group", mask_truncated_completions=c.mask_truncated, use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=gradient_checkpointing, report_to=[], logging_steps=1, save_strategy="no",
+        max_steps=10_000, disable_tqdm=True, seed=seed, data_seed=seed, dataloader_num_workers=0,
+        log_completions=False)
+
+
+# -- workers -----------------------------------------------------------------------------------------
+PROTOCOL = None  # the worker's private copy of its stdout, for its JSON lines only
+
+
+def emit(record: dict) -> None:
+    PROTOCOL.write(json.dumps(record) + "\n")
+    PROTOCOL.flush()
+
+
+def save_model(model, folder: str, base: str) -> None:
+    """``model`` as a model folder, with the base model's tokenizer (untouched by either trainer)."""
+    from transformers import AutoTokenizer
+
+    from grouprl.run.checkpoint import save_policy
+
+    save_policy(model, Path(folder), AutoTokenizer.from_pretrained(base))
+
+
+def serve(model_fn, base: str) -> None:
+    """Answer the parent's orders until 'step' (returns: the caller takes the step and emits its record):
+    'save FOLDER' saves ``model_fn()``, 'quit' reports the peak RSS and exits."""
+    from grouprl.run.logs import peak_rss_mb
+
+    while True:
+        order = sys.stdin.readline().strip() or "quit"
+        if order == "step":
+            return
+        if order.startswith("save "):
+            save_model(model_fn(), order[5:], base)
+            emit({"saved": order[5:]})
+            continue
+        emit({"peak_rss_mb": peak_rss_mb()})
+        os._exit(0)  # TRL's loop is never left otherwise
+
+
+def grouprl_worker(args: argparse.Namespace) -> None:
+    from grouprl.cli.build import build_inputs, build_trainer, load_model
+    from grouprl.models import unwrap_ddp
+
+    config = demo_config(args.seed, args.threads, tempfile.mkdtemp(prefix="learning-grouprl-"), **args.set)
+    inputs = build_inputs(config)
+    policy, tokenizer = load_model(config.model, config.seed)
+    trainer = build_trainer(config, inputs, policy, tokenizer)
+    emit({"ready": True, "setup": {k: str(v) for k, v in trainer.setup.items()}})
+
+    def step() -> dict:
+        start = time.perf_counter()
+        metrics, _ = trainer.step()
+        seconds = time.perf_counter() - start
+        trainer.step_count += 1  # what the run loop does after each step
+        return {"seconds": seconds, "reward": metrics["reward/mean"], "len_mean": metrics["rollout/len_mean"]}
+
+    while True:
+        serve(lambda: unwrap_ddp(trainer.policy), args.base)
+        emit(step())
+
+
+def trl_worker(args: argparse.Namespace) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    from grouprl.cli.build import build_inputs, load_model
+    from grouprl.rewards import score_rewards
+
+    out = tempfile.mkdtemp(prefix="learning-trl-")
+    c = demo_config(args.seed, args.threads, out)
+    torch.set_num_threads(args.threads)
+    inputs = build_inputs(c)  # the rows, reward functions and weights grouprl trains with
+    model, tokenizer = load_model(c.model, c.seed)  # the same weights and tokenizer grouprl starts from
+    rows = inputs.train_rows
+    system = c.system_prompt if c.system_prompt is not None else inputs.system_prompt
+
+    def messages(prompt):
+        if isinstance(prompt, list):
+            return prompt
+        return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+
+    columns = [k for k in rows[0] if k != "prompt"]
+    data = Dataset.from_dict({"prompt": [messages(r["prompt"]) for r in rows],
+                              **{k: [r[k] for r in rows] for k in columns}})
+
+    def reward(prompts, completions, completion_ids, **kw):  # grouprl's weighted reward, called as grouprl calls it
+        texts = [x[-1]["content"] if isinstance(x, list) else x for x in completions]
+        scores = score_rewards(inputs.reward_fns, inputs.reward_weights, prompts, texts, completion_ids,
+                               {k: kw[k] for k in columns})
+        return [None if x != x else x for x in scores.total.tolist()]
+
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=trl_config(c, args.seed, out, args.trl_ckpt),
+                          train_dataset=data, processing_class=tokenizer)
+
+    class Lockstep(TrainerCallback):
+        start = 0.0
+
+        def on_step_begin(self, *a, **kw):
+            serve(lambda: trainer.accelerator.unwrap_model(trainer.model), args.base)  # until 'step'
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *a, **kw):
+            seconds = time.perf_counter() - self.start
+            logged = trainer._metrics["train"]
+            emit({"seconds": seconds, "reward": logged["reward"][-1],
+                  "len_mean": logged["completions/mean_length"][-1]})
+
+    trainer.add_callback(Lockstep())
+    emit({"ready": True, "setup": {"dtype": "fp32", "gradient_checkpointing": str(args.trl_ckpt)}})
+    trainer.train()
+
+
+class Worker:
+    def __init__(self, name: str, seed: int, args: argparse.Namespace, base: str):
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
+               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+        self.name = name
+        self.proc = subprocess.Popen(
+            [args.python, __file__, "--worker", name, "--seed", str(seed), "--threads", str(args.threads),
+             "--base", base, "--trl_gradient_checkpointing", str(args.trl_gradient_checkpointing),
+             *[f"--set={k}={json.dumps(v)}" for k, v in args.set.items()]],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.setup = self.read()["setup"]
+
+    def read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.name} worker exited (status {self.proc.wait()}); see its output above")
+        return json.loads(line)
+
+    def order(self, line: str) -> dict:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> float:
+        peak = self.order("quit")["peak_rss_mb"]
+        self.proc.wait()
+        return peak
+
+
+# -- training and evaluation ---------------------------------------------------------------------------------
+def save_base(folder: Path) -> str:
+    """The base model as a model folder, once (step 0 of every framework and seed)."""
+    if not (folder / "model.safetensors").is_file():
+        from grouprl.cli.build import load_model
+        from grouprl.run.checkpoint import save_policy
+
+        model, tokenizer = load_model("smollm2-135m", 0)
+        tmp = folder.with_name(folder.name + ".part")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_policy(model, tmp, tokenizer)
+        tmp.rename(folder)
+    return str(folder)
+
+
+def train_seed(args: argparse.Namespace, seed: int, names: list[str], base: str) -> dict[str, list[dict]]:
+    """Train ``names`` in turn for ``args.steps`` steps; per framework, [{step, seconds, reward, folder}]."""
+    workers = [Worker(name, seed, args, base) for name in names]
+    for w in workers:
+        print(f"seed {seed}: {w.name} worker ready ({', '.join(f'{k}: {v}' for k, v in w.setup.items())})", flush=True)
+    saved = {w.name: [{"step": 0, "train_seconds": 0.0, "train_reward": None, "folder": base}] for w in workers}
+    total = {w.name: 0.0 for w in workers}
+    for i in range(1, args.steps + 1):
+        for w in workers if i % 2 == 1 else workers[::-1]:
+            r = w.order("step")
+            total[w.name] += r["seconds"]
+            print(f"  seed {seed} step {i:3d} {w.name:7s} {r['seconds']:6.1f} s (total {total[w.name]:7.1f}) "
+                  f"reward {r['reward']:.3f} len {r['len_mean']:.1f}", flush=True)
+            if i % args.save_every == 0 or i == args.steps:
+                folder = Path(args.models_dir) / f"seed{seed}" / w.name / f"step{i}"
+                shutil.rmtree(folder, ignore_errors=True)
+                w.order(f"save {folder}")
+                saved[w.name].append({"step": i, "train_seconds": total[w.name], "train_reward": r["reward"],
+                                      "folder": str(folder)})
+    for w in workers:
+        print(f"seed {seed}: {w.name} peak RSS {w.close():.0f} MiB", flush=True)
+    return saved
+
+
+def evaluator(args: argparse.Namespace):
+    """``folder -> held-out metrics``: grouprl's evaluator (``grouprl eval``) at the demo's settings."""
+    import torch
+
+    from grouprl.cli.build import build_inputs, load_model
+    from grouprl.cli.commands import evaluate_model
+
+    torch.set_num_threads(args.eval_threads)
+    config = demo_config(EVAL_SEED, args.eval_threads, tempfile.mkdtemp(prefix="learning-eval-"),
+                         eval_size=args.eval_problems, eval_samples=args.eval_samples, eval_temperature=1.0)
+    inputs = build_inputs(config)
+    cache: dict[str, dict] = {}
+
+    def evaluate(folder: str) -> dict:
+        if folder not in cache:
+            start = time.perf_counter()
+            policy, tokenizer = load_model(folder, EVAL_SEED)
+            result = evaluate_model(config, inputs, policy, tokenizer)
+            cache[folder] = {k.removeprefix("eval/"): v for k, v in result.items()}
+            print(f"  eval {folder}: accuracy {cache[folder]['accuracy']:.3f} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+        return cache[folder]
+
+    return evaluate
+
+
+def settings(args: argparse.Namespace) -> dict:
+    return {"steps": args.steps, "save_every": args.save_every, "eval_problems": args.eval_problems,
+            "eval_samples": args.eval_samples, "threads": args.threads,
+            "trl_gradient_checkpointing": args.trl_gradient_checkpointing, "grouprl_overrides": args.set}
+
+
+def read_records(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run(args: argparse.Namespace, command: str) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.jsonl"
+    records = read_records(path)
+    mine = settings(args)
+    other = {json.dumps(r["settings"], sort_keys=True) for r in records} - {json.dumps(mine, sort_keys=True)}
+    if other:
+        raise SystemExit(f"{path} holds results of other settings ({', '.join(other)}): pass another --out")
+    done = {(r["framework"], r["seed"]) for r in records if r["step"] == args.steps}
+    Path(args.models_dir).mkdir(parents=True, exist_ok=True)
+    base = save_base(Path(args.models_dir) / "base")
+    evaluate = None
+    for seed in args.seeds:
+        names = [n for n in args.frameworks if (n, seed) not in done]
+        if not names:
+            print(f"seed {seed}: already in {path}, skipped", flush=True)
+            continue
+        start = time.perf_counter()
+        saved = train_seed(args, seed, names, base)
+        evaluate = evaluate or evaluator(args)
+        for name in names:
+            new = [{"framework": name, "seed": seed, "step": s["step"], "train_seconds": s["train_seconds"],
+                    "train_reward": s["train_reward"], **evaluate(s["folder"]), "settings": mine, "command": command}
+                   for s in saved[name]]
+            with path.open("a") as f:  # a (framework, seed) is written whole, once evaluated: resumable
+                f.writelines(json.dumps(r) + "\n" for r in new)
+        if not args.keep_models:
+            shutil.rmtree(Path(args.models_dir) / f"seed{seed}", ignore_errors=True)
+        print(f"seed {seed}: done in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+# -- the report ------------------------------------------------------------------------------------------
+def by_run(records: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """(framework, seed) -> its records by step; only finished runs (those reaching the settings' last step)."""
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for r in records:
+        runs.setdefault((r["framework"], r["seed"]), []).append(r)
+    return {k: sorted(v, key=lambda r: r["step"]) for k, v in runs.items()
+            if any(r["step"] == r["settings"]["steps"] for r in v)}
+
+
+def interpolate(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise-linear y at x (xs increasing), held at the ends."""
+    if x <= xs[0]:
+        return ys[0]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
+    return ys[-1]
+
+
+def ratios(runs: dict) -> tuple[float, float, list[dict], list[str]]:
+    """(step_ratio, time_gain_ratio, per-seed rows, notes), as the module docstring defines them."""
+    seeds = sorted({s for (n, s) in runs if ("grouprl", s) in runs and ("trl", s) in runs})
+    rows, notes = [], []
+    for s in seeds:
+        g, t = runs["grouprl", s], runs["trl", s]
+        base = g[0]["accuracy"]
+        g_last, t_last = g[-1]["accuracy"], t[-1]["accuracy"]
+        seconds = g[-1]["train_seconds"]
+        t_gain = interpolate([0.0] + [r["train_seconds"] for r in t[1:]],
+                             [0.0] + [r["accuracy"] - base for r in t[1:]], seconds)
+        if seconds > t[-1]["train_seconds"]:
+            notes.append(f"seed {s}: grouprl trained longer ({seconds:.0f} s) than TRL "
+                         f"({t[-1]['train_seconds']:.0f} s); TRL's gain is held at its last step's")
+        step_ratio = g_last / t_last if t_last > 0 else math.inf
+        if t_gain <= 0:
+            notes.append(f"seed {s}: TRL's gain over the base after {seconds:.0f} s is {t_gain:+.3f} (<= 0): "
+                         "its time_gain_ratio is inf")
+            time_ratio = math.inf
+        else:
+            time_ratio = (g_last - base) / t_gain
+        rows.append({"seed": s, "base": base, "grouprl": g_last, "trl": t_last, "grouprl_s": seconds,
+                     "trl_s": t[-1]["train_seconds"], "trl_gain_at": t_gain, "step_ratio": step_ratio,
+                     "time_gain_ratio": time_ratio})
+    mean = (lambda xs: statistics.fmean(xs) if xs else math.nan)
+    return (mean([r["step_ratio"] for r in rows]), mean([r["time_gain_ratio"] for r in rows]), rows, notes)
+
+
+def per_step(runs: dict, name: str) -> dict[int, dict]:
+    """step -> {acc: [per seed], seconds: [per seed]} of framework ``name``."""
+    table: dict[int, dict] = {}
+    for (n, _), recs in sorted(runs.items()):
+        if n == name:
+            for r in recs:
+                table.setdefault(r["step"], {"acc": [], "seconds": []})
+                table[r["step"]]["acc"].append(r["accuracy"])
+                table[r["step"]]["seconds"].append(r["train_seconds"])
+    return dict(sorted(table.items()))
+
+
+def cell(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.fmean(xs):.3f} ± {sd:.3f} ({min(xs):.3f}-{max(xs):.3f})"
+
+
+def compared(args: argparse.Namespace, records: list[dict]) -> list[dict]:
+    """The other frameworks' records of ``--compare_with``'s results, checked to share this run's steps and
+    evaluation (an ablation's TRL curve is the baseline's)."""
+    mine = {r["framework"] for r in records}
+    theirs = [r for r in read_records(Path(args.compare_with) / "results.jsonl") if r["framework"] not in mine]
+    keys = ("steps", "save_every", "eval_problems", "eval_samples", "threads")
+    wanted = {k: settings(args)[k] for k in keys}
+    wrong = sorted({json.dumps({k: r["settings"][k] for k in keys}) for r in theirs} - {json.dumps(wanted)})
+    if wrong:
+        raise SystemExit(f"{args.compare_with} was run with other settings ({', '.join(wrong)}), not {wanted}")
+    return theirs
+
+
+def report(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    records = read_records(out / "results.jsonl")
+    if args.compare_with:
+        records += compared(args, records)
+    runs = by_run(records)
+    if not runs:
+        raise SystemExit(f"no finished runs in {out / 'results.jsonl'}")
+    tables = {n: per_step(runs, n) for n in FRAMEWORKS}
+    steps = sorted(set(tables["grouprl"]) | set(tables["trl"]))
+    seeds = {n: sorted(s for (m, s) in runs if m == n) for n in FRAMEWORKS}
+    step_ratio, time_ratio, rows, notes = ratios(runs)
+    first = records[0]
+    st = first["settings"]
+    changed = ", ".join(f"{k}={v}" for k, v in st.get("grouprl_overrides", {}).items())
+    lines = [
+        "# Learning per step and per second: grouprl against TRL's GRPOTrainer", "",
+        f"{cpu_line()}", "",
+        "SmolLM2-135M-Instruct on the arithmetic task at `grouprl demo`'s settings (4 prompts x G=8, 12 new tokens, "
+        f"lr 2e-5, beta 0.04, fp32, mu=1), {st['threads']} torch thread(s) per framework, steps taken in turn; TRL "
+        f"gradient checkpointing {st['trl_gradient_checkpointing']}. "
+        + (f"**grouprl changed from the demo's settings: {changed}** (TRL's curve from `{args.compare_with}`). "
+           if changed else "")
+        + f"Held-out accuracy: grouprl's evaluator on "
+        f"{st['eval_problems']} problems x {st['eval_samples']} samples at temperature 1, the same problems and "
+        f"sampling seeds for every model. Seeds: grouprl {seeds['grouprl']}, TRL {seeds['trl']}. "
+        "Cells: mean ± std (min-max) over seeds; seconds: cumulative training time (steps only), mean over seeds.",
+        "", "| step | grouprl accuracy | TRL accuracy | grouprl s | TRL s |", "|---:|---|---|---:|---:|"]
+    for step in steps:
+        g, t = tables["grouprl"].get(step), tables["trl"].get(step)
+        lines.append(f"| {step} | {cell(g['acc'] if g else [])} | {cell(t['acc'] if t else [])} | "
+                     f"{statistics.fmean(g['seconds']) if g else math.nan:.0f} | "
+                     f"{statistics.fmean(t['seconds']) if t else math.nan:.0f} |")
+    lines += ["", "Per seed, at the last step:", "",
+              "| seed | base | grouprl | TRL | grouprl s | TRL s | TRL gain at grouprl's s | step ratio | "
+              "time-gain ratio |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['seed']} | {r['base']:.3f} | {r['grouprl']:.3f} | {r['trl']:.3f} | {r['grouprl_s']:.0f} | "
+              f"{r['trl_s']:.0f} | {r['trl_gain_at']:+.3f} | {r['step_ratio']:.2f} | {r['time_gain_ratio']:.2f} |"
+              for r in rows]
+    lines += [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
+    last = f"step_ratio={step_ratio:.2f} time_gain_ratio={time_ratio:.2f}"
+    commands = sorted({r["command"] for r in records})
+    lines += ["step_ratio: mean over seeds of grouprl's last-step accuracy / TRL's; time_gain_ratio: mean over seeds "
+              "of grouprl's gain over the base at its last step / TRL's gain at the same training seconds "
+              "(interpolated between its saved steps; 0 at 0 s).", "", f"`{last}`", "",
+              "Command" + ("s" if len(commands) > 1 else "") + ":", "", "```", *commands, "```", ""]
+    (out / "learning.md").write_text("\n".join(lines))
+    plot(tables, out / "learning.png")
+    print("\n".join(lines[6:6 + 2 + len(steps)]))
+    for n in notes:
+        print(n)
+    print(f"wrote {out / 'learning.md'} and {out / 'learning.png'}")
+    print(last)
+
+
+def plot(tables: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    for (name, table), color in zip(tables.items(), ("tab:blue", "tab:orange")):
+        if not table:
+            continue
+        steps = list(table)
+        mean = [statistics.fmean(table[s]["acc"]) for s in steps]
+        low = [min(table[s]["acc"]) for s in steps]
+        high = [max(table[s]["acc"]) for s in steps]
+        seconds = [statistics.fmean(table[s]["seconds"]) for s in steps]
+        n = len(table[steps[-1]]["acc"])
+        for ax, xs in ((axes[0], steps), (axes[1], seconds)):
+            ax.plot(xs, mean, "-o", color=color, label=f"{name} (mean of {n} seed{'s' if n > 1 else ''})")
+            ax.fill_between(xs, low, high, color=color, alpha=0.2, label=f"{name} min-max")
+    axes[0].set(xlabel="step", ylabel="held-out accuracy", title="Accuracy per step")
+    axes[1].set(xlabel="cumulative training seconds", ylabel="held-out accuracy", title="Accuracy per second")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def override(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` (VALUE in JSON, else a string) -> (KEY, value); the key checked against grouprl's config."""
+    from grouprl.config import TrainConfig
+
+    key, sep, value = text.partition("=")
+    if not sep or key not in TrainConfig.__dataclass_fields__:
+        raise argparse.ArgumentTypeError(f"{text!r}: want KEY=VALUE with KEY a grouprl setting")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12, help="training steps per framework and seed")
+    parser.add_argument("--save_every", type=int, default=4, help="save (and later evaluate) every this many steps")
+    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
+    parser.add_argument("--eval_problems", type=int, default=32, help="held-out problems")
+    parser.add_argument("--eval_samples", type=int, default=8, help="samples per held-out problem (temperature 1)")
+    parser.add_argument("--out", default="benchmarks/results/learning", help="folder of the results")
+    parser.add_argument("--report_only", action="store_true", help="rebuild md, png and last line from results.jsonl")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each worker")
+    parser.add_argument("--eval_threads", type=int, default=1,
+                        help="torch threads of the evaluation (two can wait on each other on a busy CPU)")
+    parser.add_argument("--models_dir", default=os.path.join(tempfile.gettempdir(), "learning-models"),
+                        help="where the saved models go (deleted once a seed is evaluated, unless --keep_models)")
+    parser.add_argument("--keep_models", action="store_true")
+    parser.add_argument("--trl_gradient_checkpointing", type=lambda s: s.lower() in ("1", "true", "yes"),
+                        default=False, help="TRL's own default is true; the demo's (grouprl's) setting is false")
+    parser.add_argument("--python", default=sys.executable, help="interpreter with grouprl and trl installed")
+    parser.add_argument("--set", action="append", default=[], type=override, metavar="KEY=VALUE",
+                        help="change one of grouprl's settings from the demo's (VALUE in JSON; repeatable)")
+    parser.add_argument("--frameworks", type=lambda s: s.split(","), default=list(FRAMEWORKS),
+                        help="which to train (an ablation trains grouprl alone)")
+    parser.add_argument("--compare_with", help="results folder whose other frameworks' curves the report uses")
+    parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--base", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.set = dict(args.set)
+    unknown = set(args.frameworks) - set(FRAMEWORKS)
+    if unknown:
+        parser.error(f"--frameworks: unknown {sorted(unknown)}; choose from {FRAMEWORKS}")
+    if args.worker:
+        global PROTOCOL
+        PROTOCOL = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)  # whatever the libraries print goes to stderr, never into the protocol
+        args.trl_ckpt = args.trl_gradient_checkpointing
+        (grouprl_worker if args.worker == "grouprl" else trl_worker)(args)
+        return
+    print(cpu_line(), flush=True)
+    if not args.report_only:
+        python = os.path.relpath(sys.executable) if not os.path.relpath(sys.executable).startswith("..") else "python"
+        run(args, shlex.join([python, *sys.argv]))
+    report(args)
+
+
+if __name__ == "__main__":
+    main()
