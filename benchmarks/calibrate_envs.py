@@ -23,6 +23,7 @@ from machine import cpu_line  # benchmarks/machine.py: every figure says which C
 from grouprl.cli.build import build_inputs, load_model
 from grouprl.config import TrainConfig
 from grouprl.run.seeds import EVAL_STREAM, group_seeds, mix_seed
+from grouprl.trainer.sampling import rollout_params
 from grouprl.trainer.sources import make_source
 
 
@@ -54,7 +55,7 @@ def main() -> None:
     for first in range(0, len(rows), args.batch_resets):
         chunk = rows[first:first + args.batch_resets]
         batch = collector.sampler.generate(collector.episodes(chunk, range(first, first + len(chunk)), args.group),
-                                           args.group, config.sampling_params(),
+                                           args.group, rollout_params(config),
                                            seed=group_seeds(mix_seed(config.seed, EVAL_STREAM), first, len(chunk),
                                                             args.group))
         flags = [bool(s) for s in batch.info["success"]]

@@ -28,8 +28,8 @@ from machine import cpu_line  # benchmarks/machine.py: every figure says which C
 
 from grouprl.models import load_policy
 from grouprl.models.precision import choose_precision
+from grouprl.rollout.engines import resolve_engine
 from grouprl.rollout.sampler import Sampler
-from grouprl.rollout.vllm import resolve_engine
 from grouprl.types import SamplingParams
 
 G = 4

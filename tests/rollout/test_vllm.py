@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
+from grouprl.rollout.engines import resolve_engine
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler
-from grouprl.rollout.vllm import base_weight_name, outputs_to_batch, resolve_engine, vllm_sampling_kwargs
+from grouprl.rollout.vllm import base_weight_name, outputs_to_batch, vllm_sampling_kwargs
 from grouprl.trainer.config import GRPOConfig
 from grouprl.types import SamplingParams
 

@@ -1,6 +1,7 @@
 import pytest
 
 from grouprl.trainer.config import GRPOConfig
+from grouprl.trainer.sampling import rollout_params
 
 
 @pytest.mark.parametrize(
@@ -34,7 +35,7 @@ def test_off_policy_detection():
 
 def test_sampling_params_mirror_the_config():
     p = GRPOConfig(temperature=0.7, top_p=0.9, max_new_tokens=12, stop_strings=("</answer>",), dtype="bf16")
-    sp = p.sampling_params((5,))
+    sp = rollout_params(p, (5,))
     assert (sp.temperature, sp.top_p, sp.max_new_tokens, sp.stop_strings, sp.stop_token_ids, sp.autocast_bf16) == (
         0.7, 0.9, 12, ("</answer>",), (5,), True)
 

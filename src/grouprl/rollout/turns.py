@@ -83,6 +83,19 @@ class Conversations:
         """Rows a budget cut off (not ended by their environment)."""
         return [r in ("length", "turns") for r in self.end_reason]
 
+    def add_reply(self, row: int, reply: Reply, used: int, limits: TurnLimits) -> bool:
+        """Count ``row``'s policy turn and append the environment's ``reply`` to it; False when the
+        trajectory ends after this turn instead (its reason recorded). ``used``: its tokens after the prompt."""
+        self.turns[row] += 1
+        reason = _ended(reply, used, self.turns[row], limits)
+        if reason is not None:
+            self.end_reason[row] = reason
+            return False
+        self.tokens[row].extend(reply.tokens)
+        self.from_policy[row].extend([False] * len(reply.tokens))
+        self.logprobs[row].extend([0.0] * len(reply.tokens))
+        return True
+
 
 class _Batch:
     """The running rows' decoding state: which original row each is, its attention columns, its
@@ -139,16 +152,9 @@ def decode_conversations(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
         replies = respond(rows, turn_tokens, stopped)
         keep, blocks = [], []
         for i, (row, reply) in enumerate(zip(rows, replies)):
-            out.turns[row] += 1
-            reason = _ended(reply, int(batch.used[i]), out.turns[row], limits)
-            if reason is not None:
-                out.end_reason[row] = reason
-                continue
-            keep.append(i)
-            blocks.append([turn_tokens[i][-1], *reply.tokens])  # the last sampled token is fed with the reply
-            out.tokens[row].extend(reply.tokens)
-            out.from_policy[row].extend([False] * len(reply.tokens))
-            out.logprobs[row].extend([0.0] * len(reply.tokens))
+            if out.add_reply(row, reply, int(batch.used[i]), limits):
+                keep.append(i)
+                blocks.append([turn_tokens[i][-1], *reply.tokens])  # the last sampled token is fed with the reply
         if not keep:
             break
         keep_t = torch.tensor(keep, dtype=torch.long, device=device)

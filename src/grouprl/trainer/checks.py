@@ -162,7 +162,7 @@ def _scale_out_problems(c: Any) -> list[str]:
     if c.rollout_engine == "vllm" and c.rollout_mode == "beam":
         out.append("rollout_mode=beam needs rollout_engine=hf: the vLLM engine samples groups only")
     if c.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        from grouprl.rollout.vllm import INSTALL
+        from grouprl.rollout.engines import INSTALL
 
         out.append(f"rollout_engine=vllm needs the vllm package, which is not installed: {INSTALL}")
     if not (math.isfinite(c.vllm_kv_cache_gib) and c.vllm_kv_cache_gib > 0):

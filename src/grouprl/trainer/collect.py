@@ -14,6 +14,7 @@ from grouprl.rewards import score_rewards
 from grouprl.run.logs import PhaseTimer
 from grouprl.run.seeds import PromptStream, group_seeds, mix_seed
 from grouprl.trainer.judging import apply_judge
+from grouprl.trainer.sampling import rollout_params
 from grouprl.types import RolloutBatch
 
 
@@ -89,7 +90,7 @@ class GroupCollector:
         columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
         with timer("rollout"):
             batch = self.sampler.generate([self.prompt_ids[i] for i in idx[first:stop]], c.group_size,
-                                          c.sampling_params(self.stop_ids),
+                                          rollout_params(c, self.stop_ids),
                                           seed=group_seeds(mix_seed(c.seed, step, round_), first, stop - first,
                                                            c.group_size),
                                           prompts=[r["prompt"] for r in rows], extras=columns)

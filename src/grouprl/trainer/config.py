@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from grouprl.models.precision import Precision
 from grouprl.trainer.algorithms import ALGORITHMS
-from grouprl.types import SamplingParams
 
 
 @dataclass
@@ -305,7 +304,6 @@ class TrainerConfig:
     num_threads: int = 0
     """torch intra-op threads (0 = leave PyTorch's choice)."""
 
-
     def __post_init__(self) -> None:
         self.validate()
         # The formats dtype=auto chose (grouprl.models.precision), set by the trainer once it has
@@ -383,18 +381,6 @@ class TrainerConfig:
     def kl_controller_name(self) -> str:
         """``kl_controller``, or the algorithm's own when it is empty."""
         return self.kl_controller or ALGORITHMS.get(self.algo).kl_controller
-
-    def sampling_params(self, stop_token_ids: tuple[int, ...] = ()) -> SamplingParams:
-        return SamplingParams(
-            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-            min_p=self.min_p, repetition_penalty=self.repetition_penalty, stop_token_ids=tuple(stop_token_ids),
-            stop_strings=tuple(self.stop_strings), mode=self.rollout_mode, autocast_bf16=self.rollout_bf16,
-        )
-
-    def eval_params(self) -> SamplingParams:
-        """Sampling of held-out evaluation: the training settings' length and stops, ``eval_temperature``."""
-        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.eval_temperature,
-                              stop_strings=tuple(self.stop_strings), autocast_bf16=self.rollout_bf16)
 
     def validate(self) -> None:
         """Reject impossible or contradictory settings, and keys the algorithm does not read, with a

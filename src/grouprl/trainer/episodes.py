@@ -16,6 +16,7 @@ from grouprl.run.logs import PhaseTimer
 from grouprl.run.seeds import EVAL_STREAM, PromptStream, group_seeds, mix_seed
 from grouprl.trainer.collect import Collected
 from grouprl.trainer.judging import apply_judge
+from grouprl.trainer.sampling import rollout_params
 from grouprl.types import RolloutBatch
 
 DROPPED = ("error", "template")
@@ -67,7 +68,7 @@ class EnvCollector:
         rows = [self.rows[i] for i in idx[first:stop]]
         with timer("rollout"):
             batch = self.sampler.generate(self.episodes(rows, idx[first:stop], c.group_size), c.group_size,
-                                          c.sampling_params(),
+                                          rollout_params(c),
                                           seed=group_seeds(mix_seed(c.seed, step), first, len(rows), c.group_size))
         with timer("reward"):
             batch, total, per_fn = self.score(batch, rows)

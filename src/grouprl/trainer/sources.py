@@ -16,6 +16,7 @@ from grouprl.rollout.sampler import Sampler
 from grouprl.trainer.collect import GroupCollector
 from grouprl.trainer.evaluate import evaluate
 from grouprl.trainer.inputs import RunInputs
+from grouprl.trainer.sampling import eval_params
 
 Share = Callable[[int], tuple[int, int]]
 
@@ -46,7 +47,7 @@ class PromptSource:
     def evaluate(self, first: int, stop: int) -> dict[str, float]:
         """Held-out metrics of held-out rows ``first .. stop - 1``."""
         c, inputs = self.config, self.inputs
-        return evaluate(self.sampler, self.eval_ids[first:stop], inputs.eval_rows[first:stop], params=c.eval_params(),
+        return evaluate(self.sampler, self.eval_ids[first:stop], inputs.eval_rows[first:stop], params=eval_params(c),
                         k=c.eval_samples, reward_fns=inputs.reward_fns, reward_weights=inputs.reward_weights,
                         is_correct=inputs.is_correct, seed=c.seed, first=first)
 
@@ -79,7 +80,7 @@ class EnvSource:
         from grouprl.trainer.episodes import evaluate_episodes
 
         c = self.config
-        return evaluate_episodes(self.eval_collector, self.inputs.eval_rows[first:stop], params=c.eval_params(),
+        return evaluate_episodes(self.eval_collector, self.inputs.eval_rows[first:stop], params=eval_params(c),
                                  k=c.eval_samples, seed=c.seed, first=first)
 
 

@@ -49,7 +49,7 @@ from grouprl.errors import NonFiniteError
 from grouprl.models import unwrap_ddp
 from grouprl.models.precision import choose_precision
 from grouprl.rewards.base import unique_names
-from grouprl.rollout.vllm import resolve_engine
+from grouprl.rollout.engines import resolve_engine
 from grouprl.run import checkpoint as ckpt
 from grouprl.run.files import as_plain
 from grouprl.run.health import HealthWatch, replay
