@@ -20,7 +20,7 @@ from torch import nn
 
 from grouprl.errors import PromptTooLongError
 from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights
-from grouprl.rollout.sampler import resolve_row_seeds
+from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits, decode_conversations
 from grouprl.types import RolloutBatch, SamplingParams
 

@@ -27,6 +27,7 @@ from grouprl.rollout.beams import beam_groups, check_beam_request
 from grouprl.rollout.decoding import Decoded, DecodeRequest, row_uniforms, sample_groups
 from grouprl.rollout.prompts import Prompt, encode_prompts
 from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights, unwrap_model
+from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.stops import StopStringMatcher, cut_at_stop
 from grouprl.types import RolloutBatch, SamplingParams
 
@@ -90,22 +91,6 @@ def _check_vocab(ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> None:
         row = int(bad.any(1).nonzero()[0])
         raise ValueError(f"prompt {row} has token ids outside the model's vocabulary [0, {vocab}): "
                          f"{ids[row][bad[row]].tolist()[:5]}")
-
-
-def resolve_row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int]:
-    """``rows`` row seeds from what a caller of ``generate`` passed: the seeds themselves, one int
-    that seeds their draw, or None (fresh randomness)."""
-    if seed is not None and not isinstance(seed, int):
-        seeds = [int(s) for s in seed]
-        if len(seeds) != rows:
-            raise ValueError(f"{len(seeds)} row seeds for {rows} rows (P prompts x G samples)")
-        return seeds
-    gen = torch.Generator()
-    if seed is None:
-        gen.seed()
-    else:
-        gen.manual_seed(seed)
-    return torch.randint(0, 2**62, (rows,), generator=gen).tolist()
 
 
 class Sampler:

@@ -49,10 +49,9 @@ from torch import nn
 
 from grouprl.rollout.engines import plain_class_name, require_vllm
 from grouprl.rollout.runner import left_pad
-from grouprl.rollout.sampler import resolve_row_seeds
+from grouprl.rollout.seeds import MODULUS, mix_seed, resolve_row_seeds
 from grouprl.rollout.stops import cut_at_stop
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
-from grouprl.seeding import MODULUS, mix_seed
 from grouprl.types import RolloutBatch, SamplingParams
 
 

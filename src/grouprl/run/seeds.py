@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from grouprl.seeding import mix_seed
+from grouprl.rollout.seeds import mix_seed
 
 EVAL_STREAM = 7_777_777
 """First part of every evaluation seed: evaluation draws never coincide with a training draw, and
