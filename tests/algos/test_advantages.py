@@ -32,6 +32,19 @@ def test_batch_scale_divides_by_one_shared_std():
     torch.testing.assert_close(group_advantages(r, 2, scale="batch"), expected)
 
 
+def test_group_sample_scale_is_the_sample_std_as_trl_computes_it():
+    r = torch.tensor([1.0, 0.0, 0.0, 2.0, 2.0, float("nan"), 5.0])  # groups [1,0,0] and [2,2,nan,5] (ids)
+    ids = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    # [1,0,0]: centred [2/3,-1/3,-1/3], squares sum 6/9, sample var (6/9)/2 = 1/3.
+    # [2,2,5] (the NaN left out): mean 3, centred [-1,-1,2], squares sum 6, sample var 6/2 = 3.
+    s1, s2 = math.sqrt(1 / 3), math.sqrt(3)
+    expected = torch.tensor([2 / 3 / s1, -1 / 3 / s1, -1 / 3 / s1, -1 / s2, -1 / s2, 0.0, 2 / s2])
+    got = compute_advantages("grpo", r, scale="group-sample", eps=1e-4, group_ids=ids)
+    torch.testing.assert_close(got, expected * torch.tensor([s1 / (s1 + 1e-4)] * 3 + [s2 / (s2 + 1e-4)] * 4))
+    trl = (r[:3] - r[:3].mean()) / (r[:3].std() + 1e-4)  # TRL's formula on the first group
+    torch.testing.assert_close(got[:3], trl)
+
+
 def test_all_equal_group_is_exactly_zero_even_with_float_residue():
     # 0.1 * 3 / 3 != 0.1 in floating point: a std-based test would produce +-1 here.
     r = torch.tensor([0.1, 0.1, 0.1, 0.7, 0.7, 0.7, 0.0, 1.0, 0.0], dtype=torch.float64)
@@ -94,7 +107,7 @@ def test_registry_lookup_and_unknown_name():
     torch.testing.assert_close(compute_advantages("grpo", r, 4, "group"), group_advantages(r, 4))
     with pytest.raises(UnknownNameError, match="valid names: grpo, rank, reinforce, rloo"):
         compute_advantages("ppo", r, 4, "group")
-    with pytest.raises(UnknownNameError, match="valid names: batch, group, none"):
+    with pytest.raises(UnknownNameError, match="valid names: batch, group, group-sample, none"):
         compute_advantages("grpo", r, 4, "global")
 
 

@@ -92,8 +92,9 @@ class TrainerConfig:
     trajectories that start in the same state; GiGPO, arXiv 2505.10978). Empty = the algorithm's own
     (grpo for grpo and trpo); rloo and reinforce are defined by theirs."""
     advantage_scale: str | None = None
-    """Divide centred rewards by the group std (group; the paper), the batch std (batch), or not at
-    all (none; Dr. GRPO argues the group std over-weights near-solved prompts). Empty = the
+    """Divide centred rewards by the group std (group; the paper's population std), the group's sample
+    std (group-sample; TRL and verl), the batch std (batch), or not at all (none; Dr. GRPO argues the
+    group std over-weights near-solved prompts). Empty = the
     estimator's own: group for grpo, none for rloo and reinforce."""
     advantage_eps: float = 0.0
     """Added to the std before dividing (TRL: 1e-4). All-equal groups get 0 regardless."""
