@@ -365,6 +365,27 @@ def interpolate(xs: list[float], ys: list[float], x: float) -> float:
     return ys[-1]
 
 
+def trl_gain_at(t: list[dict], base: float, seconds: float) -> float:
+    """TRL's gain over ``base`` after ``seconds`` of training: linear between its saved steps, 0 at 0 s."""
+    return interpolate([0.0] + [r["train_seconds"] for r in t[1:]], [0.0] + [r["accuracy"] - base for r in t[1:]],
+                       seconds)
+
+
+def time_gain_by_step(runs: dict) -> dict[int, list[float]]:
+    """grouprl's saved step -> per seed, (its gain over the base there) / (TRL's gain at the same training
+    seconds): the time_gain_ratio had training stopped at that step. Seeds where TRL's gain is <= 0 are left out."""
+    out: dict[int, list[float]] = {}
+    for (name, seed), g in sorted(runs.items()):
+        if name != "grouprl" or ("trl", seed) not in runs:
+            continue
+        t, base = runs["trl", seed], g[0]["accuracy"]
+        for r in g[1:]:
+            gain = trl_gain_at(t, base, r["train_seconds"])
+            if gain > 0:
+                out.setdefault(r["step"], []).append((r["accuracy"] - base) / gain)
+    return out
+
+
 def ratios(runs: dict) -> tuple[float, float, list[dict], list[str]]:
     """(step_ratio, time_gain_ratio, per-seed rows, notes), as the module docstring defines them."""
     seeds = sorted({s for (n, s) in runs if ("grouprl", s) in runs and ("trl", s) in runs})
@@ -374,8 +395,7 @@ def ratios(runs: dict) -> tuple[float, float, list[dict], list[str]]:
         base = g[0]["accuracy"]
         g_last, t_last = g[-1]["accuracy"], t[-1]["accuracy"]
         seconds = g[-1]["train_seconds"]
-        t_gain = interpolate([0.0] + [r["train_seconds"] for r in t[1:]],
-                             [0.0] + [r["accuracy"] - base for r in t[1:]], seconds)
+        t_gain = trl_gain_at(t, base, seconds)
         if seconds > t[-1]["train_seconds"]:
             notes.append(f"seed {s}: grouprl trained longer ({seconds:.0f} s) than TRL "
                          f"({t[-1]['train_seconds']:.0f} s); TRL's gain is held at its last step's")
@@ -452,12 +472,17 @@ def report(args: argparse.Namespace) -> None:
         f"{st['eval_problems']} problems x {st['eval_samples']} samples at temperature 1, the same problems and "
         f"sampling seeds for every model. Seeds: grouprl {seeds['grouprl']}, TRL {seeds['trl']}. "
         "Cells: mean ± std (min-max) over seeds; seconds: cumulative training time (steps only), mean over seeds.",
-        "", "| step | grouprl accuracy | TRL accuracy | grouprl s | TRL s |", "|---:|---|---|---:|---:|"]
+        "Time-gain ratio at a step: grouprl's gain over the base there / TRL's gain after the same training "
+        "seconds, mean (min-max) over seeds.",
+        "", "| step | grouprl accuracy | TRL accuracy | grouprl s | TRL s | time-gain ratio |",
+        "|---:|---|---|---:|---:|---|"]
+    by_step = time_gain_by_step(runs)
     for step in steps:
-        g, t = tables["grouprl"].get(step), tables["trl"].get(step)
+        g, t, tg = tables["grouprl"].get(step), tables["trl"].get(step), by_step.get(step)
         lines.append(f"| {step} | {cell(g['acc'] if g else [])} | {cell(t['acc'] if t else [])} | "
                      f"{statistics.fmean(g['seconds']) if g else math.nan:.0f} | "
-                     f"{statistics.fmean(t['seconds']) if t else math.nan:.0f} |")
+                     f"{statistics.fmean(t['seconds']) if t else math.nan:.0f} | "
+                     + (f"{statistics.fmean(tg):.2f} ({min(tg):.2f}-{max(tg):.2f})" if tg else "-") + " |")
     lines += ["", "Per seed, at the last step:", "",
               "| seed | base | grouprl | TRL | grouprl s | TRL s | TRL gain at grouprl's s | step ratio | "
               "time-gain ratio |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -473,7 +498,7 @@ def report(args: argparse.Namespace) -> None:
               "Command" + ("s" if len(commands) > 1 else "") + ":", "", "```", *commands, "```", ""]
     (out / "learning.md").write_text("\n".join(lines))
     plot(tables, out / "learning.png")
-    print("\n".join(lines[6:6 + 2 + len(steps)]))
+    print("\n".join(lines[7:7 + 3 + len(steps)]))
     for n in notes:
         print(n)
     print(f"wrote {out / 'learning.md'} and {out / 'learning.png'}")
