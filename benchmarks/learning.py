@@ -26,6 +26,8 @@ results (same steps, seeds and evaluation):
 
     python benchmarks/learning.py --set adam_beta2=0.999 --frameworks grouprl \
         --out benchmarks/results/learning-ablations/adam_beta2-0.999 --compare_with benchmarks/results/learning
+    python benchmarks/learning.py --ablations benchmarks/results/learning-ablations \
+        --compare_with benchmarks/results/learning                        # one table of every ablation
 
 Writes ``results.jsonl`` (one record per framework, seed and saved step), ``learning.md`` and ``learning.png``
 into ``--out``. A (framework, seed) already in results.jsonl is skipped, so a killed run continues where it
@@ -438,7 +440,8 @@ def compared(args: argparse.Namespace, records: list[dict]) -> list[dict]:
     mine = {r["framework"] for r in records}
     theirs = [r for r in read_records(Path(args.compare_with) / "results.jsonl") if r["framework"] not in mine]
     keys = ("steps", "save_every", "eval_problems", "eval_samples", "threads")
-    wanted = {k: settings(args)[k] for k in keys}
+    own = records[0]["settings"] if records else settings(args)  # --report_only: the settings the run had
+    wanted = {k: own[k] for k in keys}
     wrong = sorted({json.dumps({k: r["settings"][k] for k in keys}) for r in theirs} - {json.dumps(wanted)})
     if wrong:
         raise SystemExit(f"{args.compare_with} was run with other settings ({', '.join(wrong)}), not {wanted}")
@@ -503,6 +506,39 @@ def report(args: argparse.Namespace) -> None:
         print(n)
     print(f"wrote {out / 'learning.md'} and {out / 'learning.png'}")
     print(last)
+
+
+def ablations(args: argparse.Namespace) -> None:
+    """One line per ablation folder under ``--ablations`` (and the baseline, ``--compare_with``): grouprl's mean
+    held-out accuracy per saved step over seeds, its fall from best to last step, and step_ratio against the
+    baseline's TRL; written to ``ablations.md`` there."""
+    base = by_run(read_records(Path(args.compare_with) / "results.jsonl"))
+    trl = per_step(base, "trl")
+    folders = [("baseline (the demo's settings)", Path(args.compare_with))]
+    folders += [(f.name, f) for f in sorted(Path(args.ablations).iterdir()) if (f / "results.jsonl").is_file()]
+    steps = list(trl)
+    lines = [f"{cpu_line()}", "", "grouprl's held-out accuracy, mean over seeds, at each saved step; one setting "
+             "changed from the demo's per row (same seeds, same evaluation); `fall`: best saved step's mean minus the "
+             "last one's; `step_ratio`: as in learning.md, against the baseline's TRL.", "",
+             "| grouprl run | seeds | " + " | ".join(f"step {k}" for k in steps) + " | fall | step_ratio |",
+             "|---|---|" + "---:|" * (len(steps) + 2)]
+    for name, folder in folders:
+        runs = by_run(read_records(folder / "results.jsonl"))
+        mine = {k: v for k, v in runs.items() if k[0] == "grouprl"}
+        table = per_step(mine, "grouprl")
+        means = [statistics.fmean(table[k]["acc"]) if k in table else math.nan for k in steps]
+        both = {**mine, **{k: v for k, v in base.items() if k[0] == "trl"}}
+        step_ratio = ratios(both)[0]
+        seeds = sorted(s for (_, s) in mine)
+        lines.append(f"| {name} | {','.join(map(str, seeds))} | " + " | ".join(f"{m:.3f}" for m in means)
+                     + f" | {max(means) - means[-1]:.3f} | {step_ratio:.2f} |")
+    t_means = [statistics.fmean(trl[k]["acc"]) for k in steps]
+    lines.append("| TRL (baseline) | " + ",".join(map(str, sorted(s for (n, s) in base if n == "trl"))) + " | "
+                 + " | ".join(f"{m:.3f}" for m in t_means) + f" | {max(t_means) - t_means[-1]:.3f} | 1.00 |")
+    lines += ["", "Commands:", "", "```", *sorted({r["command"] for _, f in folders
+                                                  for r in read_records(f / "results.jsonl")}), "```", ""]
+    (Path(args.ablations) / "ablations.md").write_text("\n".join(lines))
+    print("\n".join(lines[2:-4]))
 
 
 def plot(tables: dict, path: Path) -> None:
@@ -572,6 +608,8 @@ def main() -> None:
     parser.add_argument("--frameworks", type=lambda s: s.split(","), default=list(FRAMEWORKS),
                         help="which to train (an ablation trains grouprl alone)")
     parser.add_argument("--compare_with", help="results folder whose other frameworks' curves the report uses")
+    parser.add_argument("--ablations", help="instead: summarise every ablation folder under this one against "
+                        "--compare_with (ablations.md)")
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--base", help=argparse.SUPPRESS)
@@ -588,6 +626,8 @@ def main() -> None:
         (grouprl_worker if args.worker == "grouprl" else trl_worker)(args)
         return
     print(cpu_line(), flush=True)
+    if args.ablations:
+        return ablations(args)
     if not args.report_only:
         python = os.path.relpath(sys.executable) if not os.path.relpath(sys.executable).startswith("..") else "python"
         run(args, shlex.join([python, *sys.argv]))
