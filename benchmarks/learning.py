@@ -510,35 +510,36 @@ def report(args: argparse.Namespace) -> None:
 
 def ablations(args: argparse.Namespace) -> None:
     """One line per ablation folder under ``--ablations`` (and the baseline, ``--compare_with``): grouprl's mean
-    held-out accuracy per saved step over seeds, its fall from best to last step, and step_ratio against the
-    baseline's TRL; written to ``ablations.md`` there."""
+    held-out accuracy per saved step over the seeds every row has finished (so rows compare like with like), its
+    fall from the best saved step to the last, and step_ratio against the baseline's TRL; written to
+    ``ablations.md`` there."""
     base = by_run(read_records(Path(args.compare_with) / "results.jsonl"))
-    trl = per_step(base, "trl")
     folders = [("baseline (the demo's settings)", Path(args.compare_with))]
     folders += [(f.name, f) for f in sorted(Path(args.ablations).iterdir()) if (f / "results.jsonl").is_file()]
-    steps = list(trl)
-    lines = [f"{cpu_line()}", "", "grouprl's held-out accuracy, mean over seeds, at each saved step; one setting "
-             "changed from the demo's per row (same seeds, same evaluation); `fall`: best saved step's mean minus the "
-             "last one's; `step_ratio`: as in learning.md, against the baseline's TRL.", "",
-             "| grouprl run | seeds | " + " | ".join(f"step {k}" for k in steps) + " | fall | step_ratio |",
-             "|---|---|" + "---:|" * (len(steps) + 2)]
-    for name, folder in folders:
-        runs = by_run(read_records(folder / "results.jsonl"))
-        mine = {k: v for k, v in runs.items() if k[0] == "grouprl"}
-        table = per_step(mine, "grouprl")
+    rows = [(name, {k: v for k, v in by_run(read_records(f / "results.jsonl")).items() if k[0] == "grouprl"})
+            for name, f in folders]
+    rows.append(("TRL (baseline)", {k: v for k, v in base.items() if k[0] == "trl"}))
+    seeds = set.intersection(*[{s for (_, s) in runs} for _, runs in rows])
+    trl = {k: v for k, v in base.items() if k[0] == "trl" and k[1] in seeds}
+    steps = list(per_step(trl, "trl"))
+    lines = [f"{cpu_line()}", "", "grouprl's held-out accuracy, mean over seeds "
+             f"{', '.join(map(str, sorted(seeds)))} (those every row has finished), at each saved step; one setting "
+             "changed from the demo's per row (same seeds, same evaluation); `fall`: the best saved step's mean minus "
+             "the last one's; `step_ratio`: as in learning.md, against the baseline's TRL.", "",
+             "| run | " + " | ".join(f"step {k}" for k in steps) + " | fall | step_ratio |",
+             "|---|" + "---:|" * (len(steps) + 2)]
+    for name, runs in rows:
+        runs = {k: v for k, v in runs.items() if k[1] in seeds}
+        framework = next(iter(runs))[0]
+        table = per_step(runs, framework)
         means = [statistics.fmean(table[k]["acc"]) if k in table else math.nan for k in steps]
-        both = {**mine, **{k: v for k, v in base.items() if k[0] == "trl"}}
-        step_ratio = ratios(both)[0]
-        seeds = sorted(s for (_, s) in mine)
-        lines.append(f"| {name} | {','.join(map(str, seeds))} | " + " | ".join(f"{m:.3f}" for m in means)
+        step_ratio = ratios({**runs, **trl})[0] if framework == "grouprl" else 1.0
+        lines.append(f"| {name} | " + " | ".join(f"{m:.3f}" for m in means)
                      + f" | {max(means) - means[-1]:.3f} | {step_ratio:.2f} |")
-    t_means = [statistics.fmean(trl[k]["acc"]) for k in steps]
-    lines.append("| TRL (baseline) | " + ",".join(map(str, sorted(s for (n, s) in base if n == "trl"))) + " | "
-                 + " | ".join(f"{m:.3f}" for m in t_means) + f" | {max(t_means) - t_means[-1]:.3f} | 1.00 |")
     lines += ["", "Commands:", "", "```", *sorted({r["command"] for _, f in folders
                                                   for r in read_records(f / "results.jsonl")}), "```", ""]
     (Path(args.ablations) / "ablations.md").write_text("\n".join(lines))
-    print("\n".join(lines[2:-4]))
+    print("\n".join(lines[2:-6]))
 
 
 def plot(tables: dict, path: Path) -> None:
