@@ -55,7 +55,8 @@ def test_a_run_prints_its_warnings_and_the_report_lists_them(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert all("health/warnings" in r for r in records if "loss/total" in r)
+    trained = [r for r in records if "rollout/zero_std_frac" in r]
+    assert len(trained) == 4 and all("health/warnings" in r for r in trained)
     fired = replay(records)
     assert [s for s, _ in fired] == [3] and fired[0][1].startswith("3 steps in a row with 75%+ of groups all-equal")
     assert f"step 3: {fired[0][1]}" in out  # printed the step it fired (no progress bar: plain print)

@@ -96,8 +96,8 @@ def replay(records: Iterable[dict[str, Any]], watch: HealthWatch | None = None) 
     records leave it in, so a resumed run carries on judging where it stopped."""
     watch, out = watch or HealthWatch(), []
     for r in records:
-        if "policy/entropy" not in r and "loss/total" not in r:
-            continue  # an evaluation line
+        if not any(k in r for k in ("rollout/zero_std_frac", "policy/entropy", "loss/total")):
+            continue  # an evaluation line (a training step logs its rollout even when its update was skipped)
         watch.observe(int(r.get("step", 0)), r)
         out += [(int(r.get("step", 0)), w) for w in watch.new]
     return out

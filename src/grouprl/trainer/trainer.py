@@ -230,7 +230,9 @@ class Trainer:
         tokens = float(got.batch.completion_mask.sum())
         metrics["throughput/tokens_per_s"] = tokens / metrics["time/step"]
         metrics["throughput/rollout_tokens_per_s"] = tokens / max(timer.seconds.get("rollout", 0.0), 1e-9)
-        return self.processes.combine(metrics, tokens)
+        # The update's means are over the tokens in the loss, which differ between processes when all-equal
+        # groups or truncated completions are left out: weigh each process's by those.
+        return self.processes.combine(metrics, float(data.mask.sum()))
 
     def records(self, got: Collected, data: UpdateBatch) -> list[dict[str, Any]]:
         """Sample records of every process's completions (on the main process; empty elsewhere)."""

@@ -51,7 +51,8 @@ from grouprl.trainer.dist.sharding import Sharding, WholeForward, gathered_weigh
 
 SUMMED = ("loss/", "throughput/", "judge/dropped_groups")
 """Metric prefixes added up over processes: each process's loss is its share of the batch loss,
-throughputs add, and so do the groups a judge dropped (each process judges its own). ``time/`` takes the slowest process; the rest is a token-weighted mean."""
+throughputs add, and so do the groups a judge dropped (each process judges its own). ``time/`` takes the slowest
+process; the rest is a mean weighted by each process's tokens in the loss."""
 
 
 def world_size_problems(config: Any, world_size: int) -> list[str]:
