@@ -62,6 +62,32 @@ def test_on_policy_gradient_is_reinforce(tmp_path):
         torch.testing.assert_close(got[k], p.grad, atol=1e-6, rtol=1e-4)
 
 
+def test_rows_outside_the_loss_get_no_pass_and_leave_the_gradient_exact(tmp_path, monkeypatch):
+    """A dropped all-equal group's rows are not run through the policy, and the gradient is still the
+    formula's over the rows that are in the loss."""
+    trainer = make_trainer(tmp_path, beta=0.0, max_grad_norm=0.0, micro_batch_size=3)
+    batch, _ = rollout(trainer)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.0])
+    mask = batch.completion_mask.clone()
+    mask[4:] = 0  # the second group left out of the loss, as zero_std_groups=drop does
+    seen, logprobs = [], trainer.passes.logprobs
+    monkeypatch.setattr(trainer.passes, "logprobs", lambda model, rollout, rows, **kw: (
+        seen.extend(rows.tolist()), logprobs(model, rollout, rows, **kw))[1])
+    run_update(trainer, batch, adv, mask=mask)
+    assert sorted(seen) == [0, 1, 2, 3]
+    got = {k: p.grad.clone() for k, p in trainer.policy.named_parameters()}
+
+    fresh = make_trainer(tmp_path / "fresh", beta=0.0)
+    fresh.policy.train()
+    logp, _ = token_logprobs(fresh.policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                             batch.completion_mask)
+    # seq-mean-token-mean over the 4 rows in the loss: -(1/4) sum_i (1/|o_i|) sum_t A_i log pi(o_it)
+    loss = -((adv.unsqueeze(-1) * logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / 4
+    loss.backward()
+    for k, p in fresh.policy.named_parameters():
+        torch.testing.assert_close(got[k], p.grad, atol=1e-6, rtol=1e-4)
+
+
 def test_old_and_reference_logprobs_only_when_needed(tmp_path, monkeypatch):
     calls = {"no_grad": 0}
     real = policy_module.token_logprobs

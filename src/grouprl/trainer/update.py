@@ -92,6 +92,10 @@ class ClippedSurrogateUpdate:
                 if n_tokens == 0:  # every row masked out: a step would only apply momentum
                     avg.add({"optim/skipped": 1.0}, 1.0)
                     continue
+                if self.critic is None and self.processes.world_size == 1:
+                    # Rows with nothing in the loss (dropped all-equal groups) would add exact zeros: no pass
+                    # for them. Several processes must make the same passes in step, so they keep every row.
+                    rows = rows[mask.sum(-1) > 0]
                 for micro in rows.split(c.micro_batch_size):
                     loss, m = self.micro_loss(data, micro, step, beta, n_rows, n_tokens)
                     loss.backward()
