@@ -6,9 +6,12 @@ completions per step, at most 12 new tokens, temperature 1, lr 2e-5 (constant, A
 (k3), mu = 1, the paper's per-sequence loss aggregation, clipping 0.2, gradient norm 1.0, no gradient
 checkpointing, fp32, one torch thread each. grouprl is built from the demo's own config (only the seed, the
 threads, the number format and where its run folder goes are set here); TRL gets the same values, translated
-by :func:`trl_config`, and the same training rows, reward functions and starting weights. One difference is
-TRL's own and cannot be set: it scales advantages by the sample std (ddof 1) plus 1e-4, grouprl by the
-population std (the paper's), so TRL's advantages are ~0.94x grouprl's at G=8.
+by :func:`trl_config`, and the same training rows, reward functions and starting weights. Two differences are
+TRL's own and cannot be set there: it scales advantages by the sample std (ddof 1) plus 1e-4, grouprl by the
+population std (the paper's), so TRL's advantages are ~0.94x grouprl's at G=8; and TRL keeps all-equal groups in the
+loss (their KL term and their share of the denominators), where grouprl drops them by default (``zero_std_groups``;
+``--set zero_std_groups='"keep"'`` gives TRL's, and the baseline in benchmarks/results/learning was measured so,
+before that default changed).
 
 As in ``benchmarks/vs_trl.py``, each framework runs in its own worker process and the two take their steps in
 turn (the order swapped every step), so load from elsewhere falls on both alike. Every ``--save_every`` steps
@@ -79,7 +82,7 @@ def trl_config(c, seed: int, output_dir: str, gradient_checkpointing: bool):
     from trl import GRPOConfig
 
     expected = {"algo": "grpo", "aggregation": "seq-mean-token-mean", "kl_estimator": "k3", "lr_schedule": "constant",
-                "warmup_steps": 0, "importance_level": "token", "zero_std_groups": "keep", "dynamic_sampling": False,
+                "warmup_steps": 0, "importance_level": "token", "dynamic_sampling": False,
                 "entropy_coef": 0.0, "kl_controller": None, "kl_in_reward": None, "advantage": None,
                 "advantage_scale": None, "dual_clip": None, "min_p": 0.0, "lora_rank": 0, "ref_sync_steps": 0}
     wrong = {k: getattr(c, k) for k, v in expected.items() if getattr(c, k) != v}

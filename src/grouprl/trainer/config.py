@@ -105,11 +105,12 @@ class TrainerConfig:
     mask_truncated: bool = False
     """Leave completions that hit max_new_tokens out of the loss (DAPO's overlong filtering):
     their reward says more about the length limit than about the answer."""
-    zero_std_groups: str = "keep"
-    """Groups whose rewards are all equal have advantage 0, so no policy gradient. keep: their
-    tokens still carry the KL term and count in the loss denominators (the paper, TRL);
-    drop: they are left out of the loss altogether (no KL pull, denominators over informative
-    groups only)."""
+    zero_std_groups: str = "drop"
+    """Groups whose rewards are all equal have advantage 0, so no policy gradient. drop: they are
+    left out of the loss altogether (no KL pull, denominators over informative groups only); keep:
+    their tokens still carry the KL term and count in the loss denominators (the paper, TRL). drop
+    is the default because keep lets the KL to the reference take over the update as a task
+    saturates (README, Defaults)."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop all-equal groups and sample more prompts until P informative
     groups are collected (at most dynamic_sampling_max_rounds rounds; then train on what there is)."""
