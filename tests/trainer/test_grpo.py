@@ -88,6 +88,39 @@ def test_rows_outside_the_loss_get_no_pass_and_leave_the_gradient_exact(tmp_path
         torch.testing.assert_close(got[k], p.grad, atol=1e-6, rtol=1e-4)
 
 
+def one_group_all_equal(prompts, completions, **_):
+    """The first group's 4 rewards all equal, the second's not (B = 8, prompt-major)."""
+    return [1.0] * 4 + [0.0, 1.0, 0.0, 1.0]
+
+
+def test_log_prob_passes_skip_dropped_groups_and_the_step_is_unchanged(tmp_path, monkeypatch):
+    """Under drop, the old and reference passes run only on rows left in the loss; the step's
+    parameters equal those of a step that ran them on every row."""
+    settings = dict(reward_fns=(one_group_all_equal,), zero_std_groups="drop", beta=0.1, mu=2, total_steps=1,
+                    micro_batch_size=2)
+    trainer = make_trainer(tmp_path / "live", **settings)
+    seen, logprobs = [], trainer.passes.logprobs
+
+    def spy(model, batch, rows=None, **kw):
+        if rows is None:
+            only = kw.get("only")
+            seen.append(list(range(batch.batch_size)) if only is None else only.nonzero().flatten().tolist())
+        return logprobs(model, batch, rows, **kw)
+
+    monkeypatch.setattr(trainer.passes, "logprobs", spy)
+    metrics, _ = trainer.step()
+    assert seen == [[4, 5, 6, 7], [4, 5, 6, 7]]  # pi_old, then pi_ref
+    assert metrics["rollout/zero_std_frac"] == 0.5
+
+    every = make_trainer(tmp_path / "every", **settings)
+    monkeypatch.setattr(every.baseline, "rows_in_loss", lambda got, mask: None)
+    reference, _ = every.step()
+    for k, v in params_of(trainer.policy).items():
+        torch.testing.assert_close(v, params_of(every.policy)[k], atol=1e-6, rtol=1e-5)
+    for k in ("policy/kl", "policy/kl_sequence", "loss/total"):
+        assert metrics[k] == pytest.approx(reference[k], rel=1e-5, abs=1e-7), k
+
+
 def test_old_and_reference_logprobs_only_when_needed(tmp_path, monkeypatch):
     calls = {"no_grad": 0}
     real = policy_module.token_logprobs

@@ -23,6 +23,20 @@ class GroupBaseline:
     def __init__(self, config: Any, reduce: Any):
         self.config, self.reduce = config, reduce
 
+    def rows_in_loss(self, got: Collected, mask: torch.Tensor) -> torch.Tensor:
+        """``[B]`` bool: the rows :meth:`prepare` will leave in the loss, known before the log-prob passes
+        (so rows outside it need none): those with a token in ``mask``, less all-equal groups under
+        ``drop``. With ``kl_in_reward`` every row's KL moves its group's rewards, so every row counts."""
+        c = self.config
+        live = mask.sum(-1) > 0
+        if c.kl_penalty_in_reward:
+            return torch.ones_like(live)
+        if c.zero_std_groups == "drop":
+            ids = got.batch.group_ids
+            live = live & ~constant_rows(got.rewards, None if ids is not None else c.group_size, group_ids=ids).to(
+                live.device)
+        return live
+
     def prepare(self, got: Collected, mask: torch.Tensor, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
                 beta: float, step: int) -> tuple[UpdateBatch, dict[str, float], torch.Tensor]:
         """(the update's inputs, metrics, ``[B]`` bool rows of all-equal groups) for one step's

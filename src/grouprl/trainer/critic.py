@@ -88,6 +88,10 @@ class Critic:
             return torch.cat([self.model(*pick(chunk))
                               for chunk in torch.arange(batch.batch_size).split(self.config.micro_batch_size)])
 
+    def rows_in_loss(self, got: Collected, mask: torch.Tensor) -> torch.Tensor:
+        """``[B]`` bool, all true: GAE runs over every row."""
+        return torch.ones(mask.shape[0], dtype=torch.bool, device=mask.device)
+
     def prepare(self, got: Collected, mask: torch.Tensor, old_logp: torch.Tensor | None,
                 ref_logp: torch.Tensor | None, beta: float, step: int) -> tuple[UpdateBatch, dict[str, float], None]:
         """(the update's inputs with GAE advantages ``[B, T]``, metrics, None: no group statistics)."""

@@ -49,10 +49,11 @@ class PolicyPasses:
         self.forward_model = forward_model
 
     def logprobs(self, model: nn.Module, batch: RolloutBatch, rows: torch.Tensor | None = None,
-                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | torch.Tensor:
+                 with_entropy: bool = False, only: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None] | torch.Tensor:
         """Per-token log-probs ``[B, T]`` of the batch's completions under ``model``. With ``rows`` (a
-        micro-batch, with grad): ``(logp [b, T], entropy [b, T] or None)``. Without: every row, no
-        grad, micro-batch by micro-batch."""
+        micro-batch, with grad): ``(logp [b, T], entropy [b, T] or None)``. Without: no grad, micro-batch
+        by micro-batch, every row, or only the rows where ``only [B]`` (bool) is true (0 elsewhere)."""
         c = self.config
         model = self.forward_model(model)
         autocast = torch.autocast(_device_type(model), dtype=torch.bfloat16, enabled=c.train_bf16)
@@ -60,10 +61,12 @@ class PolicyPasses:
         if rows is not None:
             with autocast:
                 return self._pass(model, batch, rows, temperature, with_entropy)
+        out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
+        wanted = torch.arange(batch.batch_size) if only is None else only.nonzero().flatten().cpu()
         with torch.no_grad(), autocast:
-            out = [self._pass(model, batch, chunk, temperature, False)[0]
-                   for chunk in torch.arange(batch.batch_size).split(c.micro_batch_size)]
-        return torch.cat(out).float()
+            for chunk in wanted.split(c.micro_batch_size) if len(wanted) else ():
+                out[chunk.to(out.device)] = self._pass(model, batch, chunk, temperature, False)[0].float()
+        return out
 
     def _pass(self, model: nn.Module, batch: RolloutBatch, rows: torch.Tensor, temperature: float,
               with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -73,14 +76,14 @@ class PolicyPasses:
                               chunk_size=self.config.logprob_chunk_size, with_entropy=with_entropy,
                               packed=self.config.packing, sequence_mask=sequence)
 
-    def old_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        """``[B, T]`` log-probs under the policy before the update (pi_old)."""
-        return self.logprobs(self.policy, batch)
+    def old_logprobs(self, batch: RolloutBatch, only: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, T]`` log-probs under the policy before the update (pi_old), of the rows ``only`` selects."""
+        return self.logprobs(self.policy, batch, only=only)
 
-    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        """``[B, T]`` log-probs under the frozen reference (pi_ref)."""
+    def reference_logprobs(self, batch: RolloutBatch, only: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, T]`` log-probs under the frozen reference (pi_ref), of the rows ``only`` selects."""
         with reference_context(self.policy, self.reference) as ref:
-            return self.logprobs(ref, batch)
+            return self.logprobs(ref, batch, only=only)
 
     def sync_reference(self, alpha: float) -> None:
         """ref <- alpha * policy + (1 - alpha) * ref (TR-DPO style soft update; alpha = 1 copies)."""

@@ -69,6 +69,10 @@ class StepGroupBaseline:
     def __init__(self, config: Any, reduce: Any):
         self.config = config
 
+    def rows_in_loss(self, got: Collected, mask: torch.Tensor) -> torch.Tensor:
+        """``[B]`` bool, all true: every turn keeps its step-group advantage."""
+        return torch.ones(mask.shape[0], dtype=torch.bool, device=mask.device)
+
     def prepare(self, got: Collected, mask: torch.Tensor, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
                 beta: float, step: int) -> tuple[UpdateBatch, dict[str, float], torch.Tensor]:
         c, batch, total = self.config, got.batch, got.rewards

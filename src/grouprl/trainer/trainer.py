@@ -167,9 +167,12 @@ class Trainer:
         mask = got.batch.completion_mask.clone()
         if c.mask_truncated:
             mask = mask * (~got.batch.truncated).unsqueeze(-1).to(mask.dtype)
+        # Rows that will be out of the loss need no log-probs; several processes keep every row, since
+        # they must make the same passes in step (sharded weights are gathered pass by pass).
+        live = self.baseline.rows_in_loss(got, mask) if self.processes.world_size == 1 else None
         with timer("logprobs"):
-            old_logp = self.passes.old_logprobs(got.batch) if c.needs_old_logprobs else None
-            ref_logp = self.passes.reference_logprobs(got.batch) if c.needs_reference else None
+            old_logp = self.passes.old_logprobs(got.batch, live) if c.needs_old_logprobs else None
+            ref_logp = self.passes.reference_logprobs(got.batch, live) if c.needs_reference else None
         beta = self.kl.beta
         data, metrics, constant = self.baseline.prepare(got, mask, old_logp, ref_logp, beta, self.step_count)  # A
         records = self.records(got, data)  # the advantages as estimated, before any importance weights
