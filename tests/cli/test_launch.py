@@ -15,6 +15,7 @@ import pytest
 from grouprl.cli import main
 from grouprl.cli.launch import torchrun_command
 from grouprl.config import TrainConfig, load_config
+from grouprl.report.data import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +57,7 @@ def test_train_nproc_2_from_the_command_line(tmp_path):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss/total" in r] == [1, 2]
     assert records[1]["rollout/groups"] == 2.0  # the whole batch, gathered from both processes
-    assert len((run / "completions.jsonl").read_text().splitlines()) == 2 * 8
+    assert len(read_jsonl(run / "completions.jsonl")) == 2 * 8
     final = run / "checkpoints" / "step-000002"
     assert (final / "dcp").is_dir() and (final / "model" / "model.safetensors").exists()
     assert sorted(p.name for p in (final / "rng").iterdir()) == ["rank-0.pt", "rank-1.pt"]

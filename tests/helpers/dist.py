@@ -101,9 +101,17 @@ def fails_on_rank_one(prompts, completions, **_):
     return [0.0] * len(completions)
 
 
+def digit_share_but_threes(prompts, completions, **_):
+    """:func:`digit_share`, but 0.5 for prompts ending in a multiple of 3: their groups are
+    all-equal, so they leave the loss (zero_std_groups drop) and get no passes; a process whose share is
+    all such groups still makes the passes the other makes (with a row that carries nothing)."""
+    shares = digit_share(prompts, completions)
+    return [0.5 if int(p.split()[-1]) % 3 == 0 else s for p, s in zip(prompts, shares)]
+
+
 SCENARIOS = {
-    "ddp": dict(engine="ddp", rollout_is="token"),
-    "fsdp": dict(engine="fsdp", advantage_scale="batch", save_every=1),
+    "ddp": dict(engine="ddp", rollout_is="token", reward_fns=(digit_share_but_threes,)),
+    "fsdp": dict(engine="fsdp", advantage_scale="batch", save_every=1, reward_fns=(digit_share_but_threes,)),
 }
 """name -> trainer settings of the 3-step runs compared with one process."""
 

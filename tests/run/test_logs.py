@@ -18,3 +18,21 @@ def test_a_spawned_process_reports_its_own_peak_not_its_parents():
     del block
     assert parent > 400
     assert float(child.stdout) < parent - 300  # a bare interpreter: tens of MiB, whatever its parent held
+
+
+def test_a_completion_holding_unicode_line_breaks_survives_a_reopened_log(tmp_path):
+    """Sampled text may hold U+2028, U+0085 or U+001E, which str.splitlines splits at and json.dumps
+    (ensure_ascii=False) writes as they are: reopening the log on resume must keep those lines whole."""
+    from grouprl.report.data import read_jsonl
+    from grouprl.run.folder import holds_run
+    from grouprl.run.logs import JsonlLog
+
+    odd = "a\u2028b\x85c\x1ed\u2029e"
+    log = JsonlLog(tmp_path / "completions.jsonl")
+    log.append([{"step": 1, "completion": odd}, {"step": 2, "completion": "x"}])
+    reopened = JsonlLog(tmp_path / "completions.jsonl")
+    assert reopened.records() == [{"step": 1, "completion": odd}, {"step": 2, "completion": "x"}]
+    reopened.truncate_after(1)
+    assert read_jsonl(tmp_path / "completions.jsonl") == [{"step": 1, "completion": odd}]
+    JsonlLog(tmp_path / "metrics.jsonl").append({"step": 1, "note": odd})
+    assert holds_run(tmp_path)

@@ -4,11 +4,11 @@ trains on trajectories, the environment's tokens carry no loss, tools, resume, e
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 import torch
 
+from grouprl.report.data import read_jsonl
 from grouprl.run.logs import PhaseTimer
 from tests.helpers.agents import count, make_agent_trainer
 from tests.helpers.trainer import params_of
@@ -121,7 +121,7 @@ def test_gigpo_gives_each_turn_its_own_advantage(tmp_path):
     record = next(r for r in trainer.metrics_log.records() if "gigpo/step_groups" in r)
     assert record["step"] == 1
     # the samples say which turns were compared, and the report draws one group of them
-    samples = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    samples = read_jsonl(tmp_path / "run" / "completions.jsonl")
     first = samples[0]
     assert len(first["step_groups"]) == len(first["turn_advantages"]) == len(first["state_keys"]) == first["turns"]
     group = [r for r in samples if r["step"] == first["step"] and r["prompt"] == first["prompt"]]

@@ -9,6 +9,7 @@ import torch
 
 import grouprl.trainer.policy as policy_module
 from grouprl.algos import AGGREGATIONS, group_advantages
+from grouprl.report.data import read_jsonl
 from grouprl.rewards import RewardFunctionError
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.run.checkpoint import checkpoint_dirs
@@ -166,7 +167,7 @@ def test_run_folder_metrics_and_completions(tmp_path):
     evals = [r for r in records if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 1, 2]
     assert "eval/pass@4" in evals[0] and 0 <= evals[0]["eval/accuracy"] <= 1
-    completions = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    completions = read_jsonl(out / "completions.jsonl")
     assert len(completions) == 2 * 8 and set(completions[0]) >= {"step", "prompt", "completion", "reward", "rewards"}
     assert (out / "config.yaml").exists() and (out / "summary.json").exists()
     assert summary["eval_before"]["eval/accuracy"] == evals[0]["eval/accuracy"]

@@ -44,7 +44,7 @@ def holds_run(folder: str | Path) -> bool:
     log = out / "metrics.jsonl"
     if not log.exists():
         return False
-    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in log.read_text(encoding="utf-8", errors="replace").split("\n"):  # not splitlines: see JsonlLog
         try:
             if int(json.loads(line).get("step", 0)) > 0:
                 return True

@@ -36,7 +36,11 @@ class JsonlLog:
         for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):  # a rewrite a kill interrupted
             stale.unlink(missing_ok=True)
         if self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
+            # split at "\n" only: str.splitlines also splits at U+2028, U+0085 and the like, which a sampled
+            # completion may hold and json.dumps(ensure_ascii=False) leaves as they are
+            for line in self.path.read_text(encoding="utf-8").split("\n"):
+                if not line:
+                    continue
                 try:
                     json.loads(line)
                 except json.JSONDecodeError:

@@ -34,6 +34,23 @@ def default_reference(policy: nn.Module, config: Any) -> nn.Module | None:
     return make_reference(policy, torch.bfloat16 if config.reference_bf16 else None)
 
 
+def micro_batches(rows: torch.Tensor, live: torch.Tensor | None, size: int, in_step: bool) -> list[torch.Tensor]:
+    """``rows`` (``[n]`` row indices) in passes of at most ``size``, each pass keeping only the rows whose
+    ``live`` (``[B]`` bool, None = all) is true. The split is made before the rows are left out, so a
+    pass holds the same rows however the batch is shared between processes (one process's pass i is a
+    process's pass i of its share when that share is ``size`` rows): the same arithmetic, the same
+    numbers. A pass left with no row is skipped in one process; with ``in_step`` (several processes,
+    which must make the same passes to stay in step) it keeps its first row, whose part is 0 anyway."""
+    out = []
+    for chunk in rows.split(size):
+        kept = chunk if live is None else chunk[live[chunk].to(chunk.device)]
+        if len(kept):
+            out.append(kept)
+        elif in_step:
+            out.append(chunk[:1])
+    return out
+
+
 def _device_type(model: nn.Module) -> str:
     return next((p.device.type for p in model.parameters()), "cpu")
 
@@ -44,9 +61,10 @@ class PolicyPasses:
     ``forward_model`` wraps a model for the pass (the process group's: the identity in one process,
     one whole forward across several)."""
 
-    def __init__(self, policy: nn.Module, reference: nn.Module | None, config: Any, forward_model: Any):
+    def __init__(self, policy: nn.Module, reference: nn.Module | None, config: Any, forward_model: Any,
+                 in_step: bool = False):
         self.policy, self.reference, self.config = policy, reference, config
-        self.forward_model = forward_model
+        self.forward_model, self.in_step = forward_model, in_step
 
     def logprobs(self, model: nn.Module, batch: RolloutBatch, rows: torch.Tensor | None = None,
                  with_entropy: bool = False, only: torch.Tensor | None = None
@@ -62,9 +80,9 @@ class PolicyPasses:
             with autocast:
                 return self._pass(model, batch, rows, temperature, with_entropy)
         out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
-        wanted = torch.arange(batch.batch_size) if only is None else only.nonzero().flatten().cpu()
+        live = None if only is None else only.cpu()
         with torch.no_grad(), autocast:
-            for chunk in wanted.split(c.micro_batch_size) if len(wanted) else ():
+            for chunk in micro_batches(torch.arange(batch.batch_size), live, c.micro_batch_size, self.in_step):
                 out[chunk.to(out.device)] = self._pass(model, batch, chunk, temperature, False)[0].float()
         return out
 

@@ -131,7 +131,7 @@ class Trainer:
         # The critic copies the policy's decoder before any sharding touches it.
         self.critic = Critic(c, policy, critic_backbone) if algo.critic else None
         policy, reference = self.processes.place(policy, reference)
-        self.passes = PolicyPasses(policy, reference, c, self.processes.forward_model)
+        self.passes = PolicyPasses(policy, reference, c, self.processes.forward_model, self.processes.world_size > 1)
         self.baseline = self.critic or make_baseline(c, self.processes.sum)
         self.rule = UPDATE_RULES.get(algo.update)(c, self.passes, self.processes, self.critic)
         self.kl = KL_CONTROLLERS.get(c.kl_controller_name)(c)
@@ -167,9 +167,7 @@ class Trainer:
         mask = got.batch.completion_mask.clone()
         if c.mask_truncated:
             mask = mask * (~got.batch.truncated).unsqueeze(-1).to(mask.dtype)
-        # Rows that will be out of the loss need no log-probs; several processes keep every row, since
-        # they must make the same passes in step (sharded weights are gathered pass by pass).
-        live = self.baseline.rows_in_loss(got, mask) if self.processes.world_size == 1 else None
+        live = self.baseline.rows_in_loss(got, mask)  # rows out of the loss need no log-probs
         with timer("logprobs"):
             old_logp = self.passes.old_logprobs(got.batch, live) if c.needs_old_logprobs else None
             ref_logp = self.passes.reference_logprobs(got.batch, live) if c.needs_reference else None

@@ -18,7 +18,7 @@ from grouprl.algos import grpo_loss
 from grouprl.run.optim import build_optimizer, clip_and_step
 from grouprl.run.seeds import SHUFFLE_STREAM, generator
 from grouprl.trainer.metrics import MetricAverager
-from grouprl.trainer.policy import PolicyPasses
+from grouprl.trainer.policy import PolicyPasses, micro_batches
 from grouprl.types import RolloutBatch
 
 
@@ -92,11 +92,10 @@ class ClippedSurrogateUpdate:
                 if n_tokens == 0:  # every row masked out: a step would only apply momentum
                     avg.add({"optim/skipped": 1.0}, 1.0)
                     continue
-                if self.critic is None and self.processes.world_size == 1:
-                    # Rows with nothing in the loss (dropped all-equal groups) would add exact zeros: no pass
-                    # for them. Several processes must make the same passes in step, so they keep every row.
-                    rows = rows[mask.sum(-1) > 0]
-                for micro in rows.split(c.micro_batch_size):
+                # Rows with nothing in the loss (dropped all-equal groups) would add exact zeros: no pass for them
+                # (a critic still learns from them).
+                live = None if self.critic is not None else data.mask.sum(-1) > 0
+                for micro in micro_batches(rows, live, c.micro_batch_size, self.processes.world_size > 1):
                     loss, m = self.micro_loss(data, micro, step, beta, n_rows, n_tokens)
                     loss.backward()
                     avg.add(m, float(data.mask[micro].sum()))

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from grouprl.models import load_policy, tiny_causal_lm
+from grouprl.report.data import read_jsonl
 from tests.helpers.dist import (
     SCENARIOS,
     SETTINGS,
@@ -65,10 +66,11 @@ def test_two_processes_on_half_the_batch_train_like_one_process_on_all_of_it(run
         torch.testing.assert_close(got["weights"][key], expected, atol=TOLERANCE, rtol=0, msg=key)
     steps = [r for r in got["metrics"] if "loss/total" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(0 < r["rollout/zero_std_frac"] < 1 for r in steps)  # rows out of the loss, and rows in it
     for mine, theirs in zip(steps, [r for r in want["metrics"] if "loss/total" in r]):
         for key in COMPARED_METRICS:
             assert mine[key] == pytest.approx(theirs[key], abs=TOLERANCE), (mine["step"], key)
-    completions = (out / name / "run" / "completions.jsonl").read_text().splitlines()
+    completions = read_jsonl(out / name / "run" / "completions.jsonl")
     per_step = SETTINGS["prompts_per_step"] * SETTINGS["group_size"]
     assert len(completions) == 3 * per_step  # every process's completions, written once
 
