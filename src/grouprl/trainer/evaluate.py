@@ -11,6 +11,9 @@ from grouprl.rewards import score_rewards
 from grouprl.run.seeds import EVAL_STREAM, group_seeds, mix_seed
 from grouprl.types import SamplingParams
 
+EVAL_BATCH = 8
+"""Held-out prompts (or resets) sampled together, each ``k`` times."""
+
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
     """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021):
@@ -30,7 +33,7 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
 def evaluate(sampler: Any, prompt_ids: Sequence[list[int]], rows: Sequence[dict[str, Any]], *,
              params: SamplingParams, k: int, reward_fns: Sequence[Callable], reward_weights: Sequence[float],
              is_correct: Callable[[str, dict], bool] | None, seed: int, first: int = 0,
-             batch_prompts: int = 8) -> dict[str, float]:
+             batch_prompts: int = EVAL_BATCH) -> dict[str, float]:
     """Sample ``k`` completions per eval prompt (one if greedy) and score them.
 
     ``seed`` is the run's seed and ``first`` the position of ``rows[0]`` in the whole held-out set:

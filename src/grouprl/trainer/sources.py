@@ -14,7 +14,7 @@ from grouprl.models import context_length, unwrap_ddp
 from grouprl.rollout.prompts import encode_checked
 from grouprl.rollout.sampler import Sampler
 from grouprl.trainer.collect import GroupCollector
-from grouprl.trainer.evaluate import evaluate
+from grouprl.trainer.evaluate import EVAL_BATCH, evaluate
 from grouprl.trainer.inputs import RunInputs
 from grouprl.trainer.sampling import eval_params
 
@@ -34,7 +34,8 @@ class PromptSource:
         self.eval_ids = encode_checked(tokenizer, inputs.eval_rows, "eval", c.max_prompt_len, places=inputs.eval_places,
                                       **enc)
         if sampler is None and c.engine_choice == "vllm":
-            sampler = vllm_engine(c, policy, tokenizer, c.max_prompt_len + c.max_new_tokens)
+            longest = max(map(len, [*train_ids, *self.eval_ids]), default=c.max_prompt_len)
+            sampler = vllm_engine(c, policy, tokenizer, longest + c.max_new_tokens)
         elif sampler is None:
             sampler = Sampler(unwrap_ddp(policy), tokenizer)
         elif isinstance(sampler, Sampler):  # decode through the root (FSDP) or the module inside DDP
@@ -89,10 +90,11 @@ def vllm_engine(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: i
     from grouprl.rollout.vllm import VLLMSampler
 
     c = config
+    rows = max(c.rollout_rows, EVAL_BATCH * c.eval_samples)  # a rollout's rows, or an evaluation batch's
     return VLLMSampler(unwrap_ddp(policy), tokenizer, max_model_len=max_model_len,
                        dtype="bfloat16" if c.rollout_bf16 else "float32", seed=c.seed,
                        lora_rank=c.lora_rank or None, gpu_memory_utilization=c.vllm_gpu_memory_utilization,
-                       sleep=c.vllm_sleep, kv_cache_gib=c.vllm_kv_cache_gib)
+                       sleep=c.vllm_sleep, kv_cache_gib=c.vllm_kv_cache_gib, max_rows=rows)
 
 
 def make_source(config: Any, inputs: RunInputs, policy: nn.Module, tokenizer: Any, sampler: Any,

@@ -202,8 +202,12 @@ class Trainer:
     def correct_rollout(self, data: UpdateBatch) -> dict[str, float]:
         """With ``rollout_is`` on, weight each token's policy-gradient term by the capped ratio
         pi_old / pi_rollout (:mod:`grouprl.algos.rollout_correction`), making ``data.advantages``
-        ``[B, T]``; logs the rollout engine's mismatch KL whenever pi_old was computed."""
+        ``[B, T]``; logs the rollout engine's mismatch KL whenever pi_old was computed. On-policy, the
+        update forms the weights from its own pass instead (``data.rollout_logp``)."""
         c = self.config
+        if c.rollout_is_in_update:
+            data.rollout_logp = data.rollout.sampling_logprobs.to(data.mask.device)
+            return {}
         if data.old_logp is None:
             return {}
         rollout_logp = data.rollout.sampling_logprobs.to(data.old_logp.device)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from grouprl.algos import grpo_loss
+from grouprl.algos.rollout_correction import truncated_is_weights
 from grouprl.run.optim import build_optimizer, clip_and_step
 from grouprl.run.seeds import SHUFFLE_STREAM, generator
 from grouprl.trainer.metrics import MetricAverager
@@ -43,12 +44,16 @@ class UpdateBatch:
     """[B, T] the critic's values at rollout time (the clipped value loss's anchor)."""
     returns: torch.Tensor | None = None
     """[B, T] the critic's regression targets."""
+    rollout_logp: torch.Tensor | None = None
+    """[B, T] the rollout engine's log-probs of the sampled tokens, when the update forms the rollout
+    importance weights from its own pass (on-policy: that pass is pi_old); None otherwise."""
 
     def rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor | None]:
         """The per-row tensors of ``rows`` (a micro-batch), by name."""
         pick = lambda x: None if x is None else x[rows]  # noqa: E731
         return {"advantages": pick(self.advantages), "mask": self.mask[rows], "old_logp": pick(self.old_logp),
-                "ref_logp": pick(self.ref_logp), "values": pick(self.values), "returns": pick(self.returns)}
+                "ref_logp": pick(self.ref_logp), "values": pick(self.values), "returns": pick(self.returns),
+                "rollout_logp": pick(self.rollout_logp)}
 
 
 class ClippedSurrogateUpdate:
@@ -117,13 +122,18 @@ class ClippedSurrogateUpdate:
             total, metrics = self.critic.loss(data.rollout, micro, part, n_rows, n_tokens)
         if self.critic is None or not self.critic.warming_up(step):  # while the critic warms up, no policy pass
             logp, entropy = self.passes.logprobs(self.passes.policy, data.rollout, micro, with_entropy=True)
+            advantages, is_metrics = part["advantages"], {}
+            if part["rollout_logp"] is not None:  # on-policy: this pass, detached, is pi_old
+                weights, is_metrics = truncated_is_weights(logp.detach(), part["rollout_logp"], part["mask"],
+                                                           level=c.rollout_is_level, cap=c.rollout_is_cap)
+                advantages = (advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)) * weights
             loss, policy_metrics = grpo_loss(
-                logp, part["old_logp"], part["ref_logp"], part["advantages"], part["mask"], eps_low=c.eps_low,
+                logp, part["old_logp"], part["ref_logp"], advantages, part["mask"], eps_low=c.eps_low,
                 eps_high=c.eps_high, beta=beta, kl_estimator=c.kl_estimator, aggregation=c.aggregation,
                 level=c.importance_level, dual_clip=c.dual_clip, entropy=entropy, entropy_coef=c.entropy_coef,
                 max_tokens=c.max_new_tokens, group_size=c.group_size, num_rows=n_rows, num_tokens=n_tokens)
             total = total + loss
-            metrics = {**policy_metrics, **metrics, "loss/total": total.detach()}
+            metrics = {**policy_metrics, **is_metrics, **metrics, "loss/total": total.detach()}
         return total * self.processes.loss_scale(), metrics
 
     def optimizer_step(self, step: int) -> float:
