@@ -46,9 +46,9 @@ class PhaseWatch:
 
     def sample(self) -> None:
         while self.running:
-            if self.phase is not None:
-                rise = rss_mib() - self.start
-                self.rise[self.phase] = max(self.rise.get(self.phase, 0.0), rise)
+            phase, start = self.phase, self.start  # read once: the main thread may end the phase meanwhile
+            if phase is not None:
+                self.rise[phase] = max(self.rise.get(phase, 0.0), rss_mib() - start)
             time.sleep(0.002)
 
     @contextlib.contextmanager
@@ -69,6 +69,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--beta", type=float, default=0.04)
+    parser.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="rollout_engine")
+    parser.add_argument("--micro_batch_size", type=int, default=8, help="rows per training pass (the default 8)")
     args = parser.parse_args()
     print(cpu_line(), flush=True)
     torch.set_num_threads(args.threads)
@@ -86,9 +88,11 @@ def main() -> None:
     task = get_task("arithmetic")
     config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=64, temperature=1.0, beta=args.beta, lr=1e-6,
                         output_dir=tempfile.mkdtemp(prefix="memory-"), progress=False, tensorboard=False,
-                        log_completions_every=0, rollout_engine="hf")
+                        log_completions_every=0, rollout_engine=args.engine, micro_batch_size=args.micro_batch_size)
+    before_setup = rss_mib()
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
                           train_data=task.rows("train", 400, seed=0), system_prompt=task.system_prompt)
+    setup = rss_mib() - before_setup
     watch = PhaseWatch()
     original = logs.PhaseTimer.__call__
 
@@ -113,10 +117,14 @@ def main() -> None:
         ("AdamW moments (fp32)", mib(v for s in optimizer.state.values() for v in s.values()
                                      if torch.is_tensor(v) and v.dim() > 0)),
     ]
+    engine = trainer.setup.get("rollout_engine", config.rollout_engine)
+    held.append((f"rollout engine: {engine} (its libraries, weights and KV cache, when it keeps its own)",
+                 max(0.0, setup - held[1][1])))
     transient = [(f"{phase} (rise above its start)", rise) for phase, rise in sorted(watch.rise.items())]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    lines = [cpu_line(), "", f"`python benchmarks/memory.py --steps {args.steps} --threads {args.threads} "
-             f"--beta {args.beta}`", "", "| what | MiB |", "|---|---|",
+    command = (f"python benchmarks/memory.py --steps {args.steps} --threads {args.threads} --beta {args.beta} "
+               f"--engine {args.engine} --micro_batch_size {args.micro_batch_size}")
+    lines = [cpu_line(), "", f"`{command}`", "", "| what | MiB |", "|---|---|",
              f"| {rows[0][0]} | {rows[0][1]:.0f} |"]
     lines += [f"| held: {name} | {value:.0f} |" for name, value in held]
     lines += [f"| transient: {name} | {value:.0f} |" for name, value in transient]

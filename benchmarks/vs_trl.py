@@ -1,7 +1,8 @@
 """grouprl's GRPO step against TRL's GRPOTrainer, side by side in one run on this machine.
 
 Both train the bundled SmolLM2-135M-Instruct on the built-in arithmetic task with the task's own
-reward function, at the same settings: 4 prompts x G=4 completions per optimizer step, at most 64
+reward function, at the same settings, on the same 4 problems at every step (TRL takes them unshuffled
+in the order grouprl's prompt stream draws them): 4 prompts x G=4 completions per optimizer step, at most 64
 new tokens, temperature 1.0, mu = 1, learning rate 1e-6 (constant), the paper's per-sequence loss
 aggregation, the same number of torch threads; grouprl at its defaults (``dtype: auto``) and TRL at
 its best format here (bf16 where the machine's bf16 products are faster, else fp32: ``--trl_dtype``).
@@ -76,7 +77,7 @@ def grouprl_worker(args: argparse.Namespace) -> None:
     task, rows = task_rows(args.seed)
     policy, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
     config = GRPOConfig(prompts_per_step=PROMPTS, group_size=G, max_new_tokens=MAX_NEW, temperature=1.0,
-                        beta=args.beta, mu=1, lr=LR, seed=args.seed, micro_batch_size=PROMPTS * G,
+                        beta=args.beta, mu=1, lr=LR, seed=args.seed, rollout_engine=args.grouprl_engine,
                         output_dir=tempfile.mkdtemp(prefix="vs_trl-"), progress=False, tensorboard=False,
                         log_completions_every=0)
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
@@ -101,9 +102,13 @@ def trl_worker(args: argparse.Namespace) -> None:
 
     from grouprl.models import bundled_model_folder
     from grouprl.rewards import score_rewards
+    from grouprl.run.seeds import PromptStream
 
     torch.set_num_threads(args.threads)
     task, rows = task_rows(args.seed)
+    # the prompts in the order grouprl's seeded stream draws them, taken unshuffled: both frameworks answer
+    # the same 4 problems at every step, so neither gets the easier (shorter) draws by chance
+    rows = [rows[i] for i in PromptStream(len(rows), args.seed).take(len(rows))]
     folder = str(bundled_model_folder("smollm2-135m"))
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -126,7 +131,7 @@ def trl_worker(args: argparse.Namespace) -> None:
         use_cpu=True, bf16=args.trl_dtype == "bf16", fp16=False, report_to=[], logging_steps=1, save_strategy="no",
         max_steps=10_000,
         disable_tqdm=True, seed=args.seed, data_seed=args.seed, dataloader_num_workers=0, log_completions=False,
-        gradient_checkpointing=args.trl_gradient_checkpointing,
+        gradient_checkpointing=args.trl_gradient_checkpointing, shuffle_dataset=False,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn(f) for f in task.reward_fns], args=config,
                           train_dataset=data, processing_class=tokenizer)
@@ -171,13 +176,14 @@ def trl_worker(args: argparse.Namespace) -> None:
 # -- the parent ----------------------------------------------------------------------------------------
 class Worker:
     def __init__(self, name: str, beta: float, threads: int, seed: int, python: str, trl_ckpt: bool,
-                 trl_dtype: str):
+                 trl_dtype: str, grouprl_engine: str):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
         self.name = name
         self.proc = subprocess.Popen(
             [python, __file__, "--worker", name, "--beta", str(beta), "--threads", str(threads), "--seed", str(seed),
-             "--trl_gradient_checkpointing", str(trl_ckpt), "--trl_dtype", trl_dtype],
+             "--trl_gradient_checkpointing", str(trl_ckpt), "--trl_dtype", trl_dtype,
+             "--grouprl_engine", grouprl_engine],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.read()  # ready
 
@@ -215,7 +221,8 @@ def trl_best_dtype(threads: int) -> str:
 
 def run_pair(args: argparse.Namespace, beta: float, steps: int, seed: int) -> dict:
     """Both frameworks, ``steps`` steps each in turn (the first a warm-up): their step records and peaks."""
-    workers = [Worker(name, beta, args.threads, seed, args.python, args.trl_gradient_checkpointing, args.trl_dtype)
+    workers = [Worker(name, beta, args.threads, seed, args.python, args.trl_gradient_checkpointing, args.trl_dtype,
+                      args.grouprl_engine)
                for name in ("grouprl", "trl")]
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
     for i in range(steps):
@@ -318,6 +325,9 @@ def main() -> None:
     parser.add_argument("--output", default="benchmarks/results/vs_trl", help="folder of the curves' files")
     parser.add_argument("--trl_gradient_checkpointing", type=lambda s: s.lower() in ("1", "true", "yes"),
                         default=True, help="TRL's own default (true) recomputes activations in backward")
+    parser.add_argument("--grouprl_engine", choices=["auto", "hf", "vllm"], default="auto",
+                        help="grouprl's rollout_engine (auto: vLLM when installed; hf: the built-in engine, which "
+                             "keeps no second copy of the model and no vLLM libraries in memory)")
     parser.add_argument("--trl_dtype", choices=["auto", "fp32", "bf16"], default="auto",
                         help="TRL's number format; auto: bf16 where this machine's training-sized bf16 products are "
                              "faster (grouprl's own probe), else fp32: TRL at its best setting here")
@@ -337,8 +347,8 @@ def main() -> None:
         curves(args)
         return
     print(f"SmolLM2-135M-Instruct, arithmetic, {PROMPTS} prompts x G={G}, {MAX_NEW} new tokens, lr {LR}; grouprl at "
-          f"its defaults (dtype auto), TRL in {args.trl_dtype}; {args.threads} thread(s) per worker, steps taken in "
-          "turn", flush=True)
+          f"its defaults (dtype auto, rollout_engine {args.grouprl_engine}), TRL in {args.trl_dtype}; {args.threads} "
+          "thread(s) per worker, steps taken in turn", flush=True)
     results = [summarise(beta, run_pair(args, beta, args.steps, args.seed)) for beta in args.betas]
     print(f"speedup={min(s for s, _ in results):.2f} memory_ratio={max(m for _, m in results):.2f}")
 

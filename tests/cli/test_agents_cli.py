@@ -81,8 +81,7 @@ def test_demo_agent_settings(capsys):
     assert config["model"] == "smollm2-135m" and config["task"] == ""
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("env", [None, "tests.helpers.agents:DigitTalk"])
+@pytest.mark.parametrize("env", [None, pytest.param("tests.helpers.agents:DigitTalk", marks=pytest.mark.slow)])
 def test_two_processes_train_like_one_from_the_command_line(tmp_path, env):
     """The same run with --nproc 2 and in one process: the same completions (each row's draws depend on
     its place in the batch, not on the process that draws it), so the same weights after 3 steps. In fp32:

@@ -39,13 +39,15 @@ def count(text: str) -> int:
 
 
 def make_agent_trainer(tmp_path, env: str = "tests.helpers.agents:DigitTalk", options=None, tools=(), resets=8,
-                       max_positions: int = 512, judge=None, judge_weight=None, **overrides) -> Trainer:
+                       max_positions: int = 512, judge=None, judge_weight=None, reward_fns=(), reward_weights=(),
+                       **overrides) -> Trainer:
     """A trainer of the tiny model on ``env`` with ``resets`` training resets (seeds 0..) and 4 held-out ones."""
     torch.manual_seed(0)
     model, tok = tiny_causal_lm(seed=0, max_positions=max_positions)
     settings = {"max_new_tokens": 4, "max_turns": 3, "max_trajectory_tokens": 64, "eval_every": 0, **overrides}
     config = base_config(tmp_path, **settings)
-    inputs = RunInputs(train_rows=[{"seed": i} for i in range(resets)], reward_fns=[],
+    inputs = RunInputs(train_rows=[{"seed": i} for i in range(resets)], reward_fns=list(reward_fns),
+                       reward_weights=list(reward_weights) or [1.0] * len(reward_fns),
                        eval_rows=[{"seed": 100 + i} for i in range(4)], env=make_env_factory(env, options),
                        tools=[Tool.of(t) for t in tools], judge=judge, judge_weight=judge_weight)
     return Trainer(config, policy=model, tokenizer=tok, inputs=inputs)

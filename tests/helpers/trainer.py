@@ -57,3 +57,8 @@ def run_update(trainer: Trainer, batch: RolloutBatch, advantages: torch.Tensor, 
 
 def params_of(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def raises_on_every_batch(prompts, completions, **_):
+    """A reward function that fails the first time it scores anything (a start that fails at its first step)."""
+    raise RuntimeError("this reward function is broken")

@@ -83,7 +83,15 @@ def test_the_rollout_correction_follows_the_formats():
     config = TrainerConfig()
     assert config.rollout_is == "auto" and config.rollout_is_level == "none"
     config.precision = Precision("bf16", "fp32", "fp32")
-    assert config.rollout_is_level == "token" and config.needs_old_logprobs and config.rollout_bf16
+    assert config.rollout_is_level == "token" and config.rollout_bf16
+    # on-policy grpo forms the weights in its update from its own pass; trpo needs a pass before its step
+    assert config.rollout_is_in_update and not config.needs_old_logprobs
+    trpo = TrainerConfig(algo="trpo")
+    trpo.precision = Precision("bf16", "fp32", "fp32")
+    assert not trpo.rollout_is_in_update and trpo.needs_old_logprobs
+    off_policy = TrainerConfig(mu=2)
+    off_policy.precision = Precision("bf16", "fp32", "fp32")
+    assert not off_policy.rollout_is_in_update and off_policy.needs_old_logprobs
     config.precision = Precision("bf16", "bf16", "bf16")
     assert config.rollout_is_level == "none"
     assert TrainerConfig(rollout_is="sequence").rollout_is_level == "sequence"

@@ -254,3 +254,23 @@ def test_a_run_names_how_its_code_reward_isolates_programs(tmp_path):
     assert setup["isolation/code_execution"].startswith("bubblewrap")
     assert setup["isolation/code_execution_2"].startswith("UNSAFE")
     assert len(setup) == 2
+
+
+def test_an_unsafe_run_says_so_at_start_in_its_summary_and_in_its_report(tmp_path, capsys):
+    import json
+
+    from grouprl.cli import main
+
+    data = tmp_path / "code.jsonl"
+    rows = [{"prompt": f"Write f(x) returning x + {i}.", "tests": [f"assert f(1) == {i + 1}"]} for i in range(4)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    status = main(["train", "--model", "tiny", "--dataset", str(data), "--reward_functions", "code_execution",
+                   "--reward_options", "{code_execution: {isolation: unsafe}}", "--prompts_per_step", "2",
+                   "--group_size", "2", "--max_new_tokens", "4", "--total_steps", "1", "--eval_size", "0",
+                   "--no-progress", "--no-tensorboard", "--output_dir", str(out)])
+    assert status == 0
+    assert "isolation/code_execution: UNSAFE" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["setup"]["isolation/code_execution"].startswith("UNSAFE")
+    assert "UNSAFE" in (out / "report" / "report.html").read_text()

@@ -81,3 +81,20 @@ def test_stray_temporary_files_of_a_killed_run_are_cleared_when_the_folder_is_cl
     lock, _ = claim_output_dir(tmp_path)
     lock.release()
     assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_start_that_failed_at_its_first_rollout_leaves_a_folder_the_corrected_command_takes(tmp_path, capsys):
+    """A run whose first step failed (here its reward function raises) wrote its config and logs but
+    trained nothing: the corrected command, and --resume_from latest, start afresh in that folder."""
+    out = tmp_path / "run"
+    broken = tiny(out, "--reward_functions", "tests.helpers.trainer:raises_on_every_batch")
+    assert main(broken) != 0
+    assert (out / "config.yaml").exists()  # the failed start did write into the folder
+    assert main(tiny(out)) == 0
+    assert "never trained a step; starting afresh" in capsys.readouterr().out
+    assert (out / "checkpoints" / "step-000001").is_dir()
+    assert main(broken) != 0  # the folder now holds a run: resuming it is the way on
+    out2 = tmp_path / "run2"
+    assert main(tiny(out2, "--reward_functions", "tests.helpers.trainer:raises_on_every_batch")) != 0
+    assert main(tiny(out2, "--resume_from", "latest")) == 0
+    assert "nothing to resume" in capsys.readouterr().out

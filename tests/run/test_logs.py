@@ -36,3 +36,19 @@ def test_a_completion_holding_unicode_line_breaks_survives_a_reopened_log(tmp_pa
     assert read_jsonl(tmp_path / "completions.jsonl") == [{"step": 1, "completion": odd}]
     JsonlLog(tmp_path / "metrics.jsonl").append({"step": 1, "note": odd})
     assert holds_run(tmp_path)
+
+
+def test_the_progress_bar_shows_an_agents_success_and_turns_only_when_the_run_has_them():
+    from grouprl.run.logs import Progress
+
+    bar = Progress(total=3, start=0, enabled=True)
+    try:
+        bar.update(1, {"reward/mean": 0.5, "policy/kl": 0.01, "throughput/tokens_per_s": 120.0})
+        fields = bar.bar.tasks[0].fields
+        assert (fields["reward"], fields["kl"], fields["tps"], fields["extra"]) == ("0.500", "0.0100", "120", "")
+        bar.update(2, {"reward/mean": 0.25, "env/success": 0.375, "env/turns_mean": 2.25}, alert="entropy falling")
+        fields = bar.bar.tasks[0].fields
+        assert fields["extra"] == "  success 0.38  turns 2.2  [yellow]! entropy falling[/yellow]"
+        assert fields["kl"] == "-" and bar.bar.tasks[0].completed == 2
+    finally:
+        bar.close()

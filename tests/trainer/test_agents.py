@@ -167,3 +167,40 @@ def test_a_judge_ranks_the_trajectories_of_each_reset(tmp_path):
     assert len(records) == 6 and all(set(r["rewards"]) == {"env", "judge", "independent"} for r in records)
     for r in records:  # each sample shows the judge's score beside the independent reward
         assert r["reward"] == pytest.approx(r["rewards"]["independent"] + 2 * r["rewards"]["judge"])
+
+
+def test_a_judge_of_agents_reads_whole_trajectories(tmp_path):
+    seen = []
+
+    def judge(prompt, completions, **_):
+        seen.extend(completions)
+        return [0.0] * len(completions)
+
+    trainer = make_agent_trainer(tmp_path, judge=judge, prompts_per_step=1, group_size=2, max_turns=3)
+    trainer.step()
+    turns = [t.split("\n\n") for t in seen]
+    assert turns and all(t[0].startswith("assistant: ") for t in turns)
+    # several turns with the environment's replies between them, not the last answer alone
+    assert any(len(t) >= 3 and t[1].startswith("user: ") and t[2].startswith("assistant: ") for t in turns)
+
+
+
+def test_reward_functions_score_the_final_answer_and_see_the_whole_trajectory(tmp_path):
+    """reward = the environment's return + the weighted reward functions, which get the last answer as
+    the completion and the trajectory's messages as the ``trajectory`` column."""
+    seen = []
+
+    def turns_taken(prompts, completions, trajectory):
+        seen.append((list(completions), trajectory))
+        return [float(sum(m["role"] == "assistant" for m in t)) for t in trajectory]
+
+    trainer = make_agent_trainer(tmp_path, reward_fns=[turns_taken], reward_weights=[0.5], prompts_per_step=2,
+                                 group_size=2, max_turns=3)
+    metrics, records = trainer.step()
+    completions, trajectories = seen[0]
+    assert len(trajectories) == 4 and all(isinstance(m, dict) for t in trajectories for m in t)
+    for text, messages in zip(completions, trajectories):  # the completion is the trajectory's last answer
+        assert text == [m["content"] for m in messages if m["role"] == "assistant"][-1]
+    assert metrics["reward/turns_taken"] == pytest.approx(metrics["env/turns_mean"])
+    for r in records:
+        assert r["reward"] == pytest.approx(r["rewards"]["env"] + 0.5 * r["rewards"]["turns_taken"])

@@ -9,11 +9,22 @@ import torch
 
 import grouprl.trainer.policy as policy_module
 from grouprl.algos import AGGREGATIONS, group_advantages
+from grouprl.models import tiny_causal_lm
 from grouprl.report.data import read_jsonl
 from grouprl.rewards import RewardFunctionError
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.run.checkpoint import checkpoint_dirs
-from tests.helpers.trainer import PROMPTS, RESUME_SETTINGS, digit_share, make_trainer, params_of, rollout, run_update
+from grouprl.trainer.trainer import Trainer
+from tests.helpers.trainer import (
+    PROMPTS,
+    RESUME_SETTINGS,
+    base_config,
+    digit_share,
+    make_trainer,
+    params_of,
+    rollout,
+    run_update,
+)
 
 REQUIRED_METRICS = [
     "reward/mean", "reward/std", "reward/digit_share", "rollout/zero_std_frac", "rollout/len_mean",
@@ -344,3 +355,42 @@ def test_a_non_finite_gradient_stops_the_run_naming_the_step_and_keeps_the_check
     saved = checkpoint_dirs(Path(trainer.config.output_dir) / "checkpoints")
     assert saved and all(is_complete(d) for d in saved)
     assert all(torch.isfinite(p).all() for p in trainer.policy.parameters())  # the bad update was never applied
+
+
+def test_weights_that_are_no_longer_finite_are_never_saved(tmp_path):
+    from grouprl.errors import NonFiniteError
+
+    trainer = make_trainer(tmp_path, total_steps=1)
+    trainer.train()
+    saved = checkpoint_dirs(Path(trainer.config.output_dir) / "checkpoints")
+    with torch.no_grad():
+        next(trainer.policy.parameters())[0, 0] = float("inf")
+    trainer.step_count += 1
+    with pytest.raises(NonFiniteError, match="no longer finite: this state is not saved"):
+        trainer.save()
+    assert checkpoint_dirs(Path(trainer.config.output_dir) / "checkpoints") == saved  # nothing new, nothing lost
+
+
+def test_group_by_compares_the_rows_that_share_a_column_across_prompts(tmp_path):
+    """group_by: the completions of every prompt with the same ``task`` value form one group (of any
+    size), and each advantage is (r - that group's mean) / its std."""
+    torch.manual_seed(0)
+    model, tok = tiny_causal_lm(seed=0)
+    rows = [{"prompt": f"Count: {i}", "task": i % 3} for i in range(12)]
+
+    def digits_and_length(prompts, completions, **_):  # varied rewards: no group is all-equal
+        return [sum(ch.isdigit() for ch in c) + len(c) / 10 for c in completions]
+
+    trainer = Trainer(base_config(tmp_path, prompts_per_step=6, group_size=2, group_by="task"), policy=model,
+                      tokenizer=tok, reward_fns=[digits_and_length], train_data=rows)
+    _, records = trainer.step()
+    task = {r["prompt"]: r["task"] for r in rows}
+    by_task = {}
+    for r in records:
+        by_task.setdefault(task[r["prompt"]], []).append(r)
+    assert sorted(len(v) for v in by_task.values()) != [2] * 6  # groups span prompts, not one prompt's G
+    for members in by_task.values():
+        rewards = torch.tensor([m["reward"] for m in members])
+        std = rewards.std(unbiased=False)
+        expected = (rewards - rewards.mean()) / std if std > 0 else torch.zeros_like(rewards)
+        torch.testing.assert_close(torch.tensor([m["advantage"] for m in members]), expected, rtol=1e-4, atol=1e-5)

@@ -16,7 +16,7 @@ path (``my_module:MyEnv``) or by a GEM id (``gem:game:GuessTheNumber-v0-easy``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from grouprl.registry import Registry
@@ -52,3 +52,16 @@ def as_messages(observation: Observation, role: str = "user") -> list[Message]:
     if isinstance(observation, list) and all(isinstance(m, dict) and "role" in m for m in observation):
         return [dict(m) for m in observation]
     raise TypeError(f"an observation is text or a list of chat messages with a 'role', got {observation!r:.200}")
+
+
+def transcript(messages: Sequence[Message]) -> str:
+    """A trajectory's turns from the policy's first one on, as text: each message headed by its role
+    (what a judge of whole trajectories reads; the opening prompt is the group's own).
+
+    >>> transcript([{"role": "user", "content": "Guess 1-8."}, {"role": "assistant", "content": "4"},
+    ...             {"role": "user", "content": "Higher."}, {"role": "assistant", "content": "6"}])
+    'assistant: 4\n\nuser: Higher.\n\nassistant: 6'
+    """
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages[first:])
+

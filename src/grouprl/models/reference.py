@@ -19,10 +19,17 @@ def make_reference(policy: torch.nn.Module, dtype: torch.dtype | str | None = No
     disabled (see :func:`reference_context`), which costs no memory."""
     if is_peft(policy):
         return None
-    reference = copy.deepcopy(unwrap_ddp(policy))
-    target = resolve_dtype(dtype)
+    module, target = unwrap_ddp(policy), resolve_dtype(dtype)
+    # Cast tensor by tensor while copying: a whole copy in the policy's format first would make the
+    # process hold it (freed memory stays with the allocator) for a copy that is half its size.
+    memo: dict[int, object] = {}
     if target is not None:
-        reference = reference.to(target)
+        for t in (*module.parameters(), *module.buffers()):
+            if t.is_floating_point():
+                cast = t.detach().to(target)
+                memo[id(t)] = torch.nn.Parameter(cast, requires_grad=False) if isinstance(t, torch.nn.Parameter) \
+                    else cast
+    reference = copy.deepcopy(module, memo)
     reference.eval()
     reference.requires_grad_(False)
     return reference

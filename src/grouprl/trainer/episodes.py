@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from grouprl.envs import transcript
 from grouprl.rewards import score_rewards
 from grouprl.rewards.base import combine, unique_names
 from grouprl.run.logs import PhaseTimer
@@ -79,7 +80,10 @@ class EnvCollector:
                 reset = batch.group_ids if batch.group_ids is not None else (
                     torch.arange(batch.batch_size) // batch.group_size)  # each row's index into rows
                 columns = {k: [rows[int(r)].get(k) for r in reset] for k in (rows[0] if rows else {})}
-                total, per_fn, metrics = apply_judge(self.judge, self.judge_weight, batch, total, per_fn, columns)
+                # the judge reads whole trajectories (every turn, the environment's replies too), not last answers
+                shown = [transcript(m) for m in batch.extras["trajectory"]]
+                total, per_fn, metrics = apply_judge(self.judge, self.judge_weight, batch, total, per_fn, columns,
+                                                     shown)
         return Collected(batch=batch, rewards=total, per_fn=per_fn, rounds=1, metrics=metrics)
 
     def score(self, batch: RolloutBatch, rows: Sequence[dict[str, Any]]) -> tuple[RolloutBatch, torch.Tensor, dict]:

@@ -32,7 +32,7 @@ def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def apply_judge(judge: Any, weight: float | None, batch: RolloutBatch, independent: torch.Tensor | None,
                 per_fn: dict[str, torch.Tensor], columns: dict[str, Sequence[Any]],
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
+                shown: Sequence[str] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
     """Judge every group of ``batch``; returns (rewards ``[B]``, per-function rewards, judge metrics).
 
     Args:
@@ -43,6 +43,8 @@ def apply_judge(judge: Any, weight: float | None, batch: RolloutBatch, independe
             None when there are none.
         per_fn: reward name -> ``[B]``; gains ``judge`` (and ``independent``, when there is one).
         columns: the rows' columns, B values each; a group's first row speaks for it.
+        shown: what the judge reads of each row, B texts (an agent's whole trajectory); default the
+            completions.
 
     A dropped group's rows get a NaN reward, so they carry no advantage (``judge/dropped_groups``).
     ``judge/agreement`` is the mean Spearman correlation between the judge's scores and the independent
@@ -50,7 +52,8 @@ def apply_judge(judge: Any, weight: float | None, batch: RolloutBatch, independe
     """
     index = batch.group_index()
     members = [(index == g).nonzero().flatten().tolist() for g in range(int(index.max()) + 1)]
-    groups = [JudgeGroup(prompt=batch.prompts[rows[0]], completions=[batch.completions[i] for i in rows],
+    shown = batch.completions if shown is None else shown
+    groups = [JudgeGroup(prompt=batch.prompts[rows[0]], completions=[shown[i] for i in rows],
                          columns={k: v[rows[0]] for k, v in columns.items()}) for rows in members]
     scores = torch.full((batch.batch_size,), float("nan"))
     for rows, result in zip(members, run_judge(judge, groups)):
