@@ -58,9 +58,13 @@ def transcript(messages: Sequence[Message]) -> str:
     """A trajectory's turns from the policy's first one on, as text: each message headed by its role
     (what a judge of whole trajectories reads; the opening prompt is the group's own).
 
-    >>> transcript([{"role": "user", "content": "Guess 1-8."}, {"role": "assistant", "content": "4"},
-    ...             {"role": "user", "content": "Higher."}, {"role": "assistant", "content": "6"}])
-    'assistant: 4\n\nuser: Higher.\n\nassistant: 6'
+    >>> print(transcript([{"role": "user", "content": "Guess 1-8."}, {"role": "assistant", "content": "4"},
+    ...                   {"role": "user", "content": "Higher."}, {"role": "assistant", "content": "6"}]))
+    assistant: 4
+    <BLANKLINE>
+    user: Higher.
+    <BLANKLINE>
+    assistant: 6
     """
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
     return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages[first:])

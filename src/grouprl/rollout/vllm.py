@@ -242,7 +242,7 @@ class VLLMSampler:
                 weights = full_tensors(self.model, self.device)
             # in the engine's format: a bf16 engine gets half the bytes, and vLLM warns of every fp32 tensor
             cast = ((n, t.to(self.dtype) if self.dtype and t.is_floating_point() else t) for n, t in weights)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(cast)})
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast})
             self.base_loaded = True
         if self.lora:
             self._push_adapter()
