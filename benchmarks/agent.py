@@ -3,18 +3,20 @@ prefilled between turns) against the obvious baseline (re-render the whole conve
 ``model.generate`` on it every turn), on the bundled SmolLM2-135M-Instruct.
 
     python benchmarks/agent.py [--env guess-number] [--options '{"high": 16, "max_guesses": 5}']
-        [--max-turns 5] [--resets 4] [--group 8] [--repeats 3] [--threads 2]
+        [--max-turns 3] [--resets 4] [--group 8] [--repeats 3] [--threads 2]
 
 Both sides play the same games (same environment seeds) with the same sampling: temperature 1, no
-top-k/top-p, ``--max-new-tokens`` per turn, at most ``--max-turns`` turns, stop on EOS. tokens/s counts
-the policy's tokens (up to and including EOS); the environment's replies are not counted for either.
-Runs alternate between the two so that load from other processes falls on both alike; medians are
-printed, and the last line is ``speedup=<engine over generate, tokens/s>``.
+top-k/top-p, ``--max-new-tokens`` per turn, at most ``--max-turns`` turns, stop on EOS, each in fp32 and
+in bf16 (autocast). tokens/s counts the policy's tokens (up to and including EOS); the environment's
+replies are not counted for either. Runs alternate between the methods and formats so that load from
+other processes falls on all alike; medians are printed, and the last line is ``speedup=<the engine in
+the format dtype auto picks for rollouts here, over generate in its faster format, tokens/s>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -24,9 +26,12 @@ from machine import cpu_line
 
 from grouprl.envs import Episode, make_env_factory
 from grouprl.models import load_policy
+from grouprl.models.precision import choose_precision
 from grouprl.rollout.agent import AgentSampler, ChatRenderer
 from grouprl.rollout.turns import TurnLimits
 from grouprl.types import SamplingParams
+
+FORMATS = ("fp32", "bf16")
 
 
 def episodes(factory, resets: int, group: int, seed: int) -> list[Episode]:
@@ -42,6 +47,13 @@ def run_engine(sampler: AgentSampler, eps: list[Episode], group: int, params: Sa
 
 def run_generate(model, tokenizer, renderer: ChatRenderer, eps: list[Episode], params: SamplingParams,
                  max_turns: int) -> tuple[int, float]:
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if params.autocast_bf16 else contextlib.nullcontext()
+    with amp:
+        return _run_generate(model, tokenizer, renderer, eps, params, max_turns)
+
+
+def _run_generate(model, tokenizer, renderer: ChatRenderer, eps: list[Episode], params: SamplingParams,
+                  max_turns: int) -> tuple[int, float]:
     """Every turn: render each running conversation, left-pad, ``model.generate``, decode, respond."""
     start, tokens = time.perf_counter(), 0
     running = list(range(len(eps)))
@@ -89,22 +101,26 @@ def main() -> None:
     renderer = ChatRenderer(tokenizer)
     limits = TurnLimits(args.max_new_tokens, args.max_turns, args.max_new_tokens * args.max_turns + 512)
     sampler = AgentSampler(model, tokenizer, renderer, limits)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0)
-    rates: dict[str, list[float]] = {"engine": [], "generate": []}
+    rates: dict[tuple[str, str], list[float]] = {(m, f): [] for m in ("engine", "generate") for f in FORMATS}
     for r in range(args.repeats):
-        torch.manual_seed(r)
-        n, s = run_engine(sampler, episodes(factory, args.resets, args.group, 100 * r), args.group, params, r)
-        rates["engine"].append(n / s)
-        n2, s2 = run_generate(model, tokenizer, renderer, episodes(factory, args.resets, args.group, 100 * r), params,
-                              args.max_turns)
-        rates["generate"].append(n2 / s2)
-        print(f"repeat {r}: engine {n} tokens in {s:.1f} s ({n / s:.1f}/s); generate {n2} tokens in {s2:.1f} s "
-              f"({n2 / s2:.1f}/s)", flush=True)
-    engine, generate = statistics.median(rates["engine"]), statistics.median(rates["generate"])
+        for method, fmt in rates:
+            params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, autocast_bf16=fmt == "bf16")
+            eps = episodes(factory, args.resets, args.group, 100 * r)
+            torch.manual_seed(r)
+            if method == "engine":
+                n, s = run_engine(sampler, eps, args.group, params, r)
+            else:
+                n, s = run_generate(model, tokenizer, renderer, eps, params, args.max_turns)
+            rates[method, fmt].append(n / s)
+            print(f"repeat {r}: {method} {fmt} {n} tokens in {s:.1f} s ({n / s:.1f}/s)", flush=True)
+    median = {k: statistics.median(v) for k, v in rates.items()}
+    chosen = choose_precision("auto", "auto", model, args.resets * args.group, 512).rollout
+    best_generate = max(FORMATS, key=lambda f: median["generate", f])
     print(f"{args.env} {args.options}: {args.resets} resets x {args.group}, <= {args.max_turns} turns of <= "
-          f"{args.max_new_tokens} tokens, fp32, {args.threads} threads; median tokens/s: engine {engine:.1f}, "
-          f"generate {generate:.1f}")
-    print(f"speedup={engine / generate:.2f}")
+          f"{args.max_new_tokens} tokens, {args.threads} threads; median tokens/s: "
+          + ", ".join(f"{m} {f} {v:.1f}" for (m, f), v in median.items())
+          + f"; dtype auto samples in {chosen} here")
+    print(f"speedup={median['engine', chosen] / median['generate', best_generate]:.2f}")
 
 
 if __name__ == "__main__":

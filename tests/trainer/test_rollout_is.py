@@ -46,7 +46,8 @@ def test_the_update_gets_advantages_weighted_by_the_capped_ratio(tmp_path, monke
     weights, _ = truncated_is_weights(old_logp, batch.sampling_logprobs, mask, level=level, cap=1.001)
     row_advantages = torch.tensor([r["advantage"] for r in records])
     torch.testing.assert_close(seen["advantages"], row_advantages.unsqueeze(-1) * weights)
-    assert metrics["rollout/mismatch_kl"] > 0 and 0 < metrics["rollout/is_weight_mean"] <= 1.001
+    cap = 1.001 + 1e-6  # up to float32 rounding
+    assert metrics["rollout/mismatch_kl"] > 0 and 0 < metrics["rollout/is_weight_mean"] <= cap
     assert 0 <= metrics["rollout/is_capped_frac"] <= 1
 
 
@@ -93,4 +94,4 @@ def test_auto_samples_in_bf16_where_only_decoding_gains_and_corrects_for_it(tmp_
     assert trainer.setup["rollout_is"] == "token"
     metrics, _ = trainer.step()
     assert metrics["rollout/mismatch_kl"] > 0  # bf16 sampling against fp32 scoring really differs
-    assert 0 < metrics["rollout/is_weight_mean"] <= 1.001
+    assert 0 < metrics["rollout/is_weight_mean"] <= 1.001 + 1e-6  # the cap, up to float32 rounding

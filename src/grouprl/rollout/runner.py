@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from grouprl.rollout.attention import decoding, sdpa_configs
 from grouprl.rollout.cache import make_cache
 
 
@@ -75,6 +76,10 @@ def run_with_bf16_weights(model: nn.Module, fn: Callable[[nn.Module], Any]) -> A
         return torch.func.functional_call(wrapper, params, (fn,), tie_weights=True, strict=False)
 
 
+def _contiguous_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (args[0].contiguous(), *args[1:]) if args and torch.is_tensor(args[0]) else args
+
+
 class Runner:
     """Prefill and single-token decode steps of ``model`` on a preallocated cache.
 
@@ -88,20 +93,31 @@ class Runner:
         self.cache = make_cache(unwrap_model(model), capacity)
         forward = inspect.signature(type(unwrap_model(model)).forward).parameters
         self._extra = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
+        self._sdpa = sdpa_configs(unwrap_model(model))  # decode steps attend without SDPA's copies of the cache
+        head = unwrap_model(model).get_output_embeddings() if hasattr(unwrap_model(model), "get_output_embeddings") \
+            else None
+        self._head = head if isinstance(head, nn.Module) else None
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """Append ``ids`` [b, q] to the cache; returns the last position's logits, [b, V] float32.
 
         ``attention_mask`` is [b, n + q] over the cached and new positions; ``position_ids`` [b, q].
         """
-        out = self.model(
-            input_ids=ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=self.cache,
-            use_cache=True,
-            **self._extra,
-        )
+        # A prefill's last positions (logits_to_keep) are a strided slice of its hidden states, which
+        # torch.matmul cannot fold into one matrix product: it would expand the LM head's weight to every
+        # row (29 rows x 576 x 49k copied per call, a second for a 135M model). A contiguous input folds.
+        hook = self._head.register_forward_pre_hook(_contiguous_input) if self._head is not None else None
+        with decoding(self._sdpa), contextlib.ExitStack() as stack:
+            if hook is not None:
+                stack.callback(hook.remove)
+            out = self.model(
+                input_ids=ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=self.cache,
+                use_cache=True,
+                **self._extra,
+            )
         if out.past_key_values is not None and out.past_key_values is not self.cache:
             # Models that build their own cache object hand it back; keep using theirs.
             self.cache = out.past_key_values
