@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grouprl.models.precision import Precision
-from grouprl.trainer.algorithms import ALGORITHMS
+from grouprl.trainer.resolved import ResolvedSettings
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(ResolvedSettings):
     algo: str = "grpo"
     """Algorithm: grpo (group-relative advantages, clipped surrogate; the default), rloo and reinforce
     (GRPO's update with a leave-one-out or group-mean baseline and no std division), ppo (a learned
@@ -318,85 +318,6 @@ class TrainerConfig:
         self.precision: Precision | None = None
         self.resolved_engine: str | None = None
         """rollout_engine with auto resolved (hf or vllm), set by the trainer."""
-
-    @property
-    def rollout_bf16(self) -> bool:
-        """Rollouts sample from bf16 weights."""
-        return self.precision.rollout == "bf16" if self.precision else self.dtype == "bf16"
-
-    @property
-    def train_bf16(self) -> bool:
-        """The training and log-prob passes run under bf16 autocast."""
-        return self.precision.train == "bf16" if self.precision else self.dtype == "bf16"
-
-    @property
-    def reference_bf16(self) -> bool:
-        """The frozen reference copy is stored in bf16."""
-        return self.precision.reference == "bf16" if self.precision else self.ref_dtype == "bf16"
-
-    @property
-    def engine_choice(self) -> str:
-        """The rollout engine in use: ``rollout_engine`` with auto resolved by the trainer (hf until then)."""
-        return self.resolved_engine or (self.rollout_engine if self.rollout_engine != "auto" else "hf")
-
-    @property
-    def rollout_is_level(self) -> str:
-        """``rollout_is`` with auto resolved (see the field)."""
-        if self.rollout_is != "auto":
-            return self.rollout_is
-        other_engine = self.engine_choice == "vllm"
-        return "token" if other_engine or self.rollout_bf16 != self.train_bf16 else "none"
-
-    @property
-    def rollout_rows(self) -> int:
-        """B = P * G."""
-        return self.prompts_per_step * self.group_size
-
-    @property
-    def minibatch_rows(self) -> int:
-        return self.minibatch_size or self.rollout_rows
-
-    @property
-    def off_policy(self) -> bool:
-        """True when some update uses a policy that already moved: old log-probs are needed."""
-        return self.mu > 1 or self.minibatch_rows < self.rollout_rows
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.beta > 0
-
-    @property
-    def needs_old_logprobs(self) -> bool:
-        """A pass for the policy's log-probs before the update is needed: off-policy ratios, a KL
-        reward penalty, or rollout importance weights that the update cannot take from its own pass."""
-        return self.off_policy or self.kl_penalty_in_reward or (self.rollout_is_level != "none"
-                                                               and not self.rollout_is_in_update)
-
-    @property
-    def rollout_is_in_update(self) -> bool:
-        """The rollout importance weights are formed inside the clipped-surrogate update from its own
-        log-probs: on-policy, pi_old is the policy the update's first pass runs, so that pass (detached)
-        gives pi_old and no separate pass is needed."""
-        return (self.rollout_is_level != "none" and not self.off_policy and not self.kl_penalty_in_reward
-                and ALGORITHMS.get(self.algo).update == "clipped")
-
-    # -- what an empty algorithm-dependent key stands for (the field keeps what the user wrote, so a
-    # config copied with another algo gets that algorithm's defaults) --------------------------------
-    @property
-    def advantage_estimator(self) -> str:
-        """``advantage``, or the algorithm's own estimator when it is empty."""
-        return self.advantage or ALGORITHMS.get(self.algo).advantage
-
-    @property
-    def kl_penalty_in_reward(self) -> bool:
-        """``kl_in_reward``, or the algorithm's own placement when it is empty (never without a KL)."""
-        own = ALGORITHMS.get(self.algo).kl_in_reward
-        return bool(self.beta > 0 and (own if self.kl_in_reward is None else self.kl_in_reward))
-
-    @property
-    def kl_controller_name(self) -> str:
-        """``kl_controller``, or the algorithm's own when it is empty."""
-        return self.kl_controller or ALGORITHMS.get(self.algo).kl_controller
 
     def validate(self) -> None:
         """Reject impossible or contradictory settings, and keys the algorithm does not read, with a
