@@ -92,6 +92,8 @@ def test_the_rollout_correction_follows_the_formats():
     off_policy = TrainerConfig(mu=2)
     off_policy.precision = Precision("bf16", "fp32", "fp32")
     assert not off_policy.rollout_is_in_update and off_policy.needs_old_logprobs
-    config.precision = Precision("bf16", "bf16", "bf16")
+    config.precision = Precision("bf16", "bf16", "bf16")  # bf16 weights decode, autocast trains: not the same
+    assert config.rollout_is_level == "token"
+    config.precision = Precision("fp32", "fp32", "bf16")  # a bf16 reference changes only the KL term
     assert config.rollout_is_level == "none"
     assert TrainerConfig(rollout_is="sequence").rollout_is_level == "sequence"

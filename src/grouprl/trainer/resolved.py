@@ -42,8 +42,10 @@ class ResolvedSettings:
         """``rollout_is`` with auto resolved (see the field)."""
         if self.rollout_is != "auto":
             return self.rollout_is
-        other_engine = self.engine_choice == "vllm"
-        return "token" if other_engine or self.rollout_bf16 != self.train_bf16 else "none"
+        # Only fp32 on both sides with the built-in engine computes the same numbers: a bf16 rollout runs on
+        # bf16 weights with a bf16 residual stream, a bf16 training pass under autocast on fp32 ones.
+        exact = self.engine_choice == "hf" and not self.rollout_bf16 and not self.train_bf16
+        return "none" if exact else "token"
 
     @property
     def rollout_rows(self) -> int:
