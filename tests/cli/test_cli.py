@@ -217,6 +217,14 @@ def test_an_import_path_with_options_names_a_factory(tmp_path):
     with pytest.raises(ConfigError, match="does not take the options"):
         build_inputs(replace(config, reward_options={name: {"pts": 2.0}}))
 
+def test_a_wrong_tool_parser_is_refused_before_any_model_loads():
+    config = TrainConfig(env="calculator", tool_parser="hermez")
+    with pytest.raises(ConfigError, match="tool_parser: unknown tool parser 'hermez'"):
+        build_inputs(config)
+    inputs = build_inputs(replace(config, tool_parser="tests.envs.test_tools:parse_calc"))
+    assert [t.name for t in inputs.tools] == ["calculator"]
+
+
 def test_run_and_checkpoint_folders_stand_for_their_newest_policy(tmp_path):
     for step in (1, 12):
         (tmp_path / "checkpoints" / f"step-{step:06d}" / "model").mkdir(parents=True)

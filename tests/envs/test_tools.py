@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from grouprl.envs.tools import TOOL_PARSERS, Tool, ToolCall, ToolRunner, load_tools, parse_hermes, tools_system_prompt
+from grouprl.envs import Episode
+from grouprl.envs.tools import (TOOL_PARSERS, Tool, ToolCall, ToolRunner, load_tools, parse_hermes,
+                                 resolve_tool_parser, tools_system_prompt)
 from grouprl.errors import ConfigError
 
 
@@ -155,3 +157,42 @@ def test_the_system_prompt_lists_the_schemas_and_the_format():
     text = tools_system_prompt([Tool.of(add)])
     assert '"name": "add"' in text and "<tool_call>" in text
     assert "hermes" in TOOL_PARSERS
+
+
+def parse_calc(text: str) -> list[ToolCall]:
+    """``CALC a b`` calls add(a, b): a model-specific format a user brings."""
+    if not text.startswith("CALC "):
+        return []
+    a, b = text.split()[1:3]
+    return [ToolCall("add", {"a": int(a), "b": int(b)})]
+
+
+class Silent:
+    def reset(self, *, seed=None, options=None):
+        return "add two numbers", {}
+
+    def step(self, action):
+        return "done", 1.0, True, False, {}
+
+
+def test_a_tool_parser_by_import_path_or_registered_name_reads_the_calls():
+    assert resolve_tool_parser("tests.envs.test_tools:parse_calc") is parse_calc
+    assert resolve_tool_parser(__file__ + ":parse_calc")("CALC 1 2") == [ToolCall("add", {"a": 1, "b": 2})]
+    if "calc" not in TOOL_PARSERS:
+        TOOL_PARSERS.register("calc", parse_calc)
+    for spec in ("calc", "tests.envs.test_tools:parse_calc"):
+        ep = Episode(Silent(), [Tool.of(add)], tool_parser=spec)
+        ep.start()
+        assert ep.respond("CALC 2 3") == [{"role": "tool", "name": "add", "content": "5"}]
+        # a hermes call is plain text to this parser: the environment gets it as the answer
+        assert ep.respond('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>') is None
+        assert (ep.tool_calls, ep.return_) == (1, 1.0)
+
+
+def test_a_wrong_tool_parser_is_refused_by_field():
+    with pytest.raises(ConfigError, match="tool_parser: unknown tool parser 'hermz' .did you mean 'hermes'"):
+        resolve_tool_parser("hermz")
+    with pytest.raises(ConfigError, match="tool_parser 'tests.envs.test_tools:__doc__' is a str, not a function"):
+        resolve_tool_parser("tests.envs.test_tools:__doc__")
+    with pytest.raises(ConfigError, match="has no attribute 'nope'"):
+        resolve_tool_parser("tests.envs.test_tools:nope")

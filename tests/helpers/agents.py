@@ -51,3 +51,19 @@ def make_agent_trainer(tmp_path, env: str = "tests.helpers.agents:DigitTalk", op
                        eval_rows=[{"seed": 100 + i} for i in range(4)], env=make_env_factory(env, options),
                        tools=[Tool.of(t) for t in tools], judge=judge, judge_weight=judge_weight)
     return Trainer(config, policy=model, tokenizer=tok, inputs=inputs)
+
+
+class BreaksEveryThird(DigitTalk):
+    """DigitTalk whose every third environment (in the order they are made) raises at its first step."""
+
+    made = 0
+
+    def __init__(self, turns: int = 2):
+        super().__init__(turns)
+        BreaksEveryThird.made += 1
+        self.broken = BreaksEveryThird.made % 3 == 0
+
+    def step(self, action):
+        if self.broken:
+            raise RuntimeError("the environment broke")
+        return super().step(action)

@@ -204,3 +204,22 @@ def test_reward_functions_score_the_final_answer_and_see_the_whole_trajectory(tm
     assert metrics["reward/turns_taken"] == pytest.approx(metrics["env/turns_mean"])
     for r in records:
         assert r["reward"] == pytest.approx(r["rewards"]["env"] + 0.5 * r["rewards"]["turns_taken"])
+
+
+def test_trajectories_whose_environment_raised_leave_the_batch_and_the_run_goes_on(tmp_path):
+    from tests.helpers.agents import BreaksEveryThird
+
+    trainer = make_agent_trainer(tmp_path, env="tests.helpers.agents:BreaksEveryThird", prompts_per_step=3,
+                                 group_size=4, total_steps=2, beta=0.0)
+    before = params_of(trainer.policy)
+    BreaksEveryThird.made = 0  # counted from the step's first environment
+    collected = trainer.collector.collect(1, PhaseTimer())
+    # 12 trajectories, every third broken: 8 stay, in groups of the resets they came from (sizes 3, 3, 2)
+    assert collected.batch.batch_size == 8
+    assert collected.batch.group_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
+    trainer.train()
+    after = params_of(trainer.policy)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["env/ended_error"] == pytest.approx(1 / 3) for r in records)

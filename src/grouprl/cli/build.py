@@ -118,8 +118,9 @@ def build_inputs(config: TrainConfig) -> RunInputs:
     env, tools = None, []
     if config.env or config.tools:
         from grouprl.envs.registry import env_tools, make_env_factory
-        from grouprl.envs.tools import Tool, load_tools
+        from grouprl.envs.tools import Tool, load_tools, resolve_tool_parser
 
+        resolve_tool_parser(config.tool_parser)
         tools = load_tools(list(config.tools))
         if config.env:
             env = make_env_factory(config.env, config.env_options)

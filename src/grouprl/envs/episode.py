@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grouprl.envs.base import Message, as_messages
-from grouprl.envs.tools import TOOL_PARSERS, Tool, ToolRunner
+from grouprl.envs.tools import Tool, ToolParser, ToolRunner, resolve_tool_parser
 
 
 def _state_key(observation: Any, info: dict[str, Any]) -> Any:
@@ -41,16 +41,17 @@ class Episode:
         tools: the tools the policy may call.
         seed / options: the reset's seed and options (the dataset row).
         max_tool_calls: tool calls allowed over the trajectory.
-        tool_parser: a name of :data:`~grouprl.envs.tools.TOOL_PARSERS`.
+        tool_parser: a name of :data:`~grouprl.envs.tools.TOOL_PARSERS`, an import path of a parser, or
+            the parser itself (``text -> list[ToolCall]``).
         tool_timeout_s: seconds one tool call may take.
     """
 
     def __init__(self, env: Any, tools: Sequence[Tool] = (), *, seed: int | None = None,
-                 options: dict[str, Any] | None = None, max_tool_calls: int = 4, tool_parser: str = "hermes",
+                 options: dict[str, Any] | None = None, max_tool_calls: int = 4, tool_parser: str | ToolParser = "hermes",
                  tool_timeout_s: float = 10.0):
         self.env, self.seed, self.options = env, seed, options
         self.runner = ToolRunner(tools, tool_timeout_s) if tools else None
-        self.parse = TOOL_PARSERS.get(tool_parser)
+        self.parse = resolve_tool_parser(tool_parser) if isinstance(tool_parser, str) else tool_parser
         self.max_tool_calls = max_tool_calls
         self.messages: list[Message] = []
         self.return_ = 0.0

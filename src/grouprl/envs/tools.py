@@ -131,6 +131,20 @@ def _json_or_literal(text: str) -> Any:
 TOOL_PARSERS.register("hermes", parse_hermes)
 
 
+def resolve_tool_parser(spec: str) -> ToolParser:
+    """The parser ``spec`` names: a name of :data:`TOOL_PARSERS` or the import path of a function
+    ``(assistant text) -> list[ToolCall]`` (``module:function``, ``file.py:function``)."""
+    if ":" not in spec:
+        try:
+            return TOOL_PARSERS.get(spec)
+        except ValueError as e:
+            raise ConfigError(f"tool_parser: {e}") from e
+    parser = import_object(spec, "tool_parser")
+    if not callable(parser):
+        raise ConfigError(f"tool_parser {spec!r} is a {type(parser).__name__}, not a function (text -> list[ToolCall])")
+    return parser
+
+
 def tools_system_prompt(tools: Sequence[Tool]) -> str:
     """The tools described in a system message, for chat templates that ignore ``tools=``."""
     listing = "\n".join(json.dumps(t.schema["function"]) for t in tools)

@@ -197,8 +197,9 @@ class TrainerConfig(ResolvedSettings):
     """Most tool calls per trajectory; later calls go to the environment as plain answers."""
     tool_parser: str = "hermes"
     """How tool calls are read from an assistant turn: hermes (<tool_call>{"name", "arguments"}
-    </tool_call>, as Qwen and SmolLM2's templates write them), or a name registered in
-    grouprl.envs.tools.TOOL_PARSERS."""
+    </tool_call>, as Qwen and SmolLM2's templates write them), a name registered in
+    grouprl.envs.tools.TOOL_PARSERS, or the import path (file.py:function, module:function) of a
+    function (assistant text) -> list[grouprl.envs.tools.ToolCall], empty when the turn calls no tool."""
     tool_timeout_s: float = 10.0
     """Seconds one tool call may take before its result is an error message to the model."""
     gigpo_step_weight: float = 1.0

@@ -53,6 +53,9 @@ class EnvCollector:
         self.judge, self.judge_weight = judge, judge_weight
         self.config, self.share = config, share
         self.stream = PromptStream(len(self.rows), config.seed)
+        from grouprl.envs.tools import resolve_tool_parser
+
+        self.parse = resolve_tool_parser(config.tool_parser)  # once: an import path is not imported per episode
 
     def episodes(self, rows: Sequence[dict[str, Any]], indices: Sequence[int], group_size: int) -> list[Any]:
         """``group_size`` fresh episodes per row, group-major, each reset like its row says."""
@@ -60,7 +63,7 @@ class EnvCollector:
 
         c = self.config
         return [Episode(self.env(), self.tools, seed=reset_seed(row, i), options=dict(row),
-                        max_tool_calls=c.max_tool_calls, tool_parser=c.tool_parser, tool_timeout_s=c.tool_timeout_s)
+                        max_tool_calls=c.max_tool_calls, tool_parser=self.parse, tool_timeout_s=c.tool_timeout_s)
                 for row, i in zip(rows, indices) for _ in range(group_size)]
 
     def collect(self, step: int, timer: PhaseTimer) -> Collected:
@@ -72,9 +75,11 @@ class EnvCollector:
             batch = self.sampler.generate(self.episodes(rows, idx[first:stop], c.group_size), c.group_size,
                                           rollout_params(c),
                                           seed=group_seeds(mix_seed(c.seed, step), first, len(rows), c.group_size))
+        # why the trajectories ended, over every one played: the dropped ones leave the batch the rest is measured on
+        ended = batch.info["end_reason"]
+        metrics = {f"env/ended_{reason}": sum(r == reason for r in ended) / len(ended) for reason in sorted(set(ended))}
         with timer("reward"):
             batch, total, per_fn = self.score(batch, rows)
-        metrics = {}
         if self.judge is not None:
             with timer("judge"):
                 reset = batch.group_ids if batch.group_ids is not None else (
@@ -82,8 +87,8 @@ class EnvCollector:
                 columns = {k: [rows[int(r)].get(k) for r in reset] for k in (rows[0] if rows else {})}
                 # the judge reads whole trajectories (every turn, the environment's replies too), not last answers
                 shown = [transcript(m) for m in batch.extras["trajectory"]]
-                total, per_fn, metrics = apply_judge(self.judge, self.judge_weight, batch, total, per_fn, columns,
-                                                     shown)
+                total, per_fn, judged = apply_judge(self.judge, self.judge_weight, batch, total, per_fn, columns, shown)
+                metrics.update(judged)
         return Collected(batch=batch, rewards=total, per_fn=per_fn, rounds=1, metrics=metrics)
 
     def score(self, batch: RolloutBatch, rows: Sequence[dict[str, Any]]) -> tuple[RolloutBatch, torch.Tensor, dict]:

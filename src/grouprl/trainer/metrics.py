@@ -63,8 +63,9 @@ def rollout_metrics(batch: RolloutBatch, rounds: int) -> dict[str, float]:
 
 def env_metrics(batch: RolloutBatch) -> dict[str, float]:
     """``env/*`` of a batch of trajectories: mean return, success rate (where the environment says),
-    turns, tool calls and tool errors per trajectory, the share cut by a budget, and why they ended."""
-    info, n = batch.info, batch.batch_size
+    turns, tool calls and tool errors per trajectory, and the share cut by a budget. Why they ended
+    (``env/ended_<reason>``) the collector measures over every trajectory played, the dropped included."""
+    info = batch.info
 
     def mean(values: list) -> float:
         return sum(float(v) for v in values) / max(len(values), 1)
@@ -75,8 +76,6 @@ def env_metrics(batch: RolloutBatch) -> dict[str, float]:
     said = [s for s in info["success"] if s is not None]
     if said:
         out["env/success"] = mean(said)
-    for reason in sorted(set(info["end_reason"])):
-        out[f"env/ended_{reason}"] = sum(r == reason for r in info["end_reason"]) / n
     return out
 
 
