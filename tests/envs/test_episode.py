@@ -50,7 +50,7 @@ def test_an_environment_that_raises_ends_the_trajectory_as_an_error():
 
 
 def test_tool_turns_are_answered_by_tools_and_the_environment_does_not_step():
-    env = Calculator()
+    env = Calculator(worked_example=False)
     ep = Episode(env, [Tool.of(calculator)], seed=0, max_tool_calls=2)
     question = ep.start()[0]["content"]
     a, b = question.split("What is ")[1].split("?")[0].split(" + ")
@@ -60,10 +60,27 @@ def test_tool_turns_are_answered_by_tools_and_the_environment_does_not_step():
     assert (ep.tool_calls, ep.tool_errors, ep.step_rewards) == (2, 1, [0.0, 0.0])
     # the budget of tool calls is spent: the next call goes to the environment as an answer
     assert ep.respond(call) is None and ep.success is False and ep.tool_calls == 2
-    ep2 = Episode(Calculator(), [Tool.of(calculator)], seed=0)
+    ep2 = Episode(Calculator(worked_example=False), [Tool.of(calculator)], seed=0)
     ep2.start()
     assert ep2.respond(f"It is {int(a) + int(b)}.") is None
     assert (ep2.return_, ep2.success) == (1.0, True)
+
+
+def test_the_calculator_opens_with_a_worked_example_of_another_sum():
+    ep = Episode(Calculator(), [Tool.of(calculator)], seed=5)
+    opening = ep.start()
+    assert [m["role"] for m in opening] == ["user", "assistant", "tool", "assistant", "user"] and ep.opening == 5
+    example, asked = opening[0]["content"], opening[-1]["content"]
+    ea, eb = (int(x) for x in example.split("What is ")[1].split("?")[0].split(" + "))
+    a, b = (int(x) for x in asked.split("What is ")[1].split("?")[0].split(" + "))
+    assert (ea, eb) != (a, b) and opening[1]["content"] in example  # the example's call is the one it shows
+    assert opening[2]["content"] == opening[3]["content"] == str(ea + eb)
+    assert Calculator().reset(seed=5) == Calculator().reset(seed=5)
+    # the reward is for the asked sum, not the example's
+    assert ep.respond(str(ea + eb)) is None and ep.return_ == 0.0
+    ep = Episode(Calculator(), [Tool.of(calculator)], seed=5)
+    ep.start()
+    assert ep.respond(str(a + b)) is None and (ep.return_, ep.final_answer) == (1.0, str(a + b))
 
 
 def test_guess_number_answers_higher_or_lower_and_keys_the_interval():

@@ -9,8 +9,16 @@ import time
 import pytest
 
 from grouprl.envs import Episode
-from grouprl.envs.tools import (TOOL_PARSERS, Tool, ToolCall, ToolRunner, load_tools, parse_hermes,
-                                 resolve_tool_parser, tools_system_prompt)
+from grouprl.envs.tools import (
+    TOOL_PARSERS,
+    Tool,
+    ToolCall,
+    ToolRunner,
+    load_tools,
+    parse_hermes,
+    resolve_tool_parser,
+    tools_system_prompt,
+)
 from grouprl.errors import ConfigError
 
 

@@ -67,3 +67,12 @@ class BreaksEveryThird(DigitTalk):
         if self.broken:
             raise RuntimeError("the environment broke")
         return super().step(action)
+
+
+class FewShotDigitTalk(DigitTalk):
+    """DigitTalk whose reset opens with a solved example: a user turn, an assistant turn, then the question."""
+
+    def reset(self, *, seed=None, options=None):
+        question, info = super().reset(seed=seed, options=options)
+        return [{"role": "user", "content": "example: digits"}, {"role": "assistant", "content": "EXAMPLE-123"},
+                {"role": "user", "content": question}], info

@@ -8,8 +8,8 @@ from grouprl.rollout.agent import ChatRenderer
 from tests.envs.test_tools import add
 from tests.helpers.rollout import CHAT_TEMPLATE, make_tokenizer
 
-TOOLS_TEMPLATE = ("{% if tools %}tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}{{ '\\n' }}{% endif %}"
-                  + CHAT_TEMPLATE)
+TOOLS_TEMPLATE = ("{% if tools %}tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}"
+                  "{{ '\\n' }}{% endif %}" + CHAT_TEMPLATE)
 """A template that renders the tools it is given, as Qwen's and Llama 3's do."""
 
 

@@ -223,3 +223,27 @@ def test_trajectories_whose_environment_raised_leave_the_batch_and_the_run_goes_
     records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["env/ended_error"] == pytest.approx(1 / 3) for r in records)
+
+
+def test_an_opening_with_a_worked_example_stays_the_resets_own(tmp_path):
+    """A few-shot opening's assistant turn is context: not the policy's in the judge's transcript, in the
+    report, or in the group's prompt, which is the opening's last question."""
+    from grouprl.report.html import _trajectory
+
+    seen = []
+
+    def judge(prompt, completions, **_):
+        seen.append((prompt, list(completions)))
+        return [0.0] * len(completions)
+
+    trainer = make_agent_trainer(tmp_path, env="tests.helpers.agents:FewShotDigitTalk", judge=judge,
+                                 prompts_per_step=2, group_size=2)
+    metrics, records = trainer.step()
+    assert all(r["opening"] == 3 and r["trajectory"][1]["content"] == "EXAMPLE-123" for r in records)
+    assert all(r["prompt"].startswith("game ") for r in records)
+    assert seen and all(prompt.startswith("game ") for prompt, _ in seen)
+    texts = [t for _, completions in seen for t in completions]
+    assert all(t.startswith("assistant: ") and "EXAMPLE-123" not in t and "example: digits" not in t for t in texts)
+    html = _trajectory(records[0]["trajectory"], records[0]["opening"])
+    assert html.count('class="turn policy"') == sum(m["role"] == "assistant" for m in records[0]["trajectory"]) - 1
+    assert '<div class="turn env"><div class="role">assistant</div><pre>EXAMPLE-123</pre>' in html

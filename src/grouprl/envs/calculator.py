@@ -1,6 +1,8 @@
 """A tool task: two-digit arithmetic with a calculator tool. The bundled SmolLM2-135M alone is right
 about 2% of the time at two-digit sums; calling ``calculator`` and copying its result solves them.
-One answer (a turn without a tool call) ends the episode: reward 1 when it holds the result.
+One answer (a turn without a tool call) ends the episode: reward 1 when it holds the result. Each
+game opens with one solved example as chat turns: told the call format, the bundled model wins 1% of
+games at temperature 1; shown it answered, 38%.
 
 Calibrated on the bundled SmolLM2-135M in ``docs/calibration.md``.
 """
@@ -52,27 +54,44 @@ def calculator(expression: str) -> str:
 class Calculator:
     """See the module docstring. Options: ``low``, ``high`` (the operands' range), ``operations``
     (drawn from, e.g. "+-*"), ``show_call`` (the question shows the call that computes it: the
-    policy then has to make the call, read the result and answer with it)."""
+    policy then has to make the call, read the result and answer with it), ``worked_example`` (the
+    conversation opens with one solved question, call, result and answer, before the real one)."""
 
     tools = (calculator,)
     """Tools this environment brings; they join the run's ``tools``."""
 
-    def __init__(self, low: int = 10, high: int = 99, operations: str = "+", show_call: bool = True):
+    def __init__(self, low: int = 10, high: int = 99, operations: str = "+", show_call: bool = True,
+                 worked_example: bool = True):
         if not 0 <= low <= high or not operations or set(operations) - set("+-*"):
             raise ValueError(f"calculator needs 0 <= low <= high and operations from '+-*', got {low}, {high}, "
                              f"{operations!r}")
         self.low, self.high, self.operations, self.show_call = low, high, operations, show_call
+        self.worked_example = worked_example
         self.answer = 0
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def question(self, a: int, op: str, b: int) -> tuple[str, str]:
+        """The question about ``a op b`` and the call that answers it."""
+        call = "<tool_call>" + json.dumps({"name": "calculator", "arguments": {"expression": f"{a} {op} {b}"}}) + \
+            "</tool_call>"
+        if self.show_call:
+            return (f"What is {a} {op} {b}? First call the calculator by replying with exactly this line:\n"
+                    f"{call}\nThen reply with just the number it gives."), call
+        return f"What is {a} {op} {b}? Use the calculator, then reply with just the number.", call
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         rng = random.Random(seed)
         a, b, op = rng.randint(self.low, self.high), rng.randint(self.low, self.high), rng.choice(self.operations)
         self.answer = int(calculator(f"{a} {op} {b}"))
-        call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a} {op} {b}"}})
-        if self.show_call:
-            return (f"What is {a} {op} {b}? First call the calculator by replying with exactly this line:\n"
-                    f"<tool_call>{call}</tool_call>\nThen reply with just the number it gives."), {}
-        return f"What is {a} {op} {b}? Use the calculator, then reply with just the number.", {}
+        text, _ = self.question(a, op, b)
+        if not self.worked_example:
+            return text, {}
+        # a small model copies a format it has seen answered far more often than one it is told about
+        ea, eb, eop = rng.randint(self.low, self.high), rng.randint(self.low, self.high), rng.choice(self.operations)
+        example, call = self.question(ea, eop, eb)
+        result = calculator(f"{ea} {eop} {eb}")
+        return [{"role": "user", "content": example}, {"role": "assistant", "content": call},
+                {"role": "tool", "name": "calculator", "content": result}, {"role": "assistant", "content": result},
+                {"role": "user", "content": text}], {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         right = last_integer(action) == self.answer

@@ -47,13 +47,15 @@ class Episode:
     """
 
     def __init__(self, env: Any, tools: Sequence[Tool] = (), *, seed: int | None = None,
-                 options: dict[str, Any] | None = None, max_tool_calls: int = 4, tool_parser: str | ToolParser = "hermes",
-                 tool_timeout_s: float = 10.0):
+                 options: dict[str, Any] | None = None, max_tool_calls: int = 4,
+                 tool_parser: str | ToolParser = "hermes", tool_timeout_s: float = 10.0):
         self.env, self.seed, self.options = env, seed, options
         self.runner = ToolRunner(tools, tool_timeout_s) if tools else None
         self.parse = resolve_tool_parser(tool_parser) if isinstance(tool_parser, str) else tool_parser
         self.max_tool_calls = max_tool_calls
         self.messages: list[Message] = []
+        self.opening = 0
+        """How many of :attr:`messages` the reset opened with (a few-shot opening may hold assistant turns)."""
         self.return_ = 0.0
         self.tool_calls = self.tool_errors = 0
         self.success: bool | None = None
@@ -73,6 +75,7 @@ class Episode:
             raise RuntimeError(f"environment {type(self.env).__name__} failed to reset (seed {self.seed}): "
                                f"{type(e).__name__}: {e}") from e
         self.messages = as_messages(observation)
+        self.opening = len(self.messages)
         self._next_key = _state_key(observation, info or {})
         return list(self.messages)
 

@@ -144,12 +144,13 @@ def _text(value: Any) -> str:
     return escape(text)
 
 
-def _trajectory(messages: list[dict[str, Any]]) -> str:
-    """A conversation turn by turn: the policy's turns marked, the environment's and tools' set apart."""
+def _trajectory(messages: list[dict[str, Any]], opening: int = 1) -> str:
+    """A conversation turn by turn: the policy's turns marked, the environment's and tools' set apart
+    (the first ``opening`` messages are the reset's, whatever their roles)."""
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         role = str(m.get("role", ""))
-        kind = "policy" if role == "assistant" else "env"
+        kind = "policy" if role == "assistant" and i >= opening else "env"
         name = f" ({m['name']})" if m.get("name") else ""
         out.append(f'<div class="turn {kind}"><div class="role">{escape(role + name)}</div>'
                    f"<pre>{_text(m.get('content', ''))}</pre></div>")
@@ -179,7 +180,7 @@ def _sample_table(block: StepSamples) -> str:
         cells = "".join(f'<td class="n">{fmt(per_fn.get(n))}</td>' for n in fn_names)
         cells += "".join(f'<td class="n">{escape(str(r.get(key, "")))}</td>' for key, _ in extra)
         trajectory = r.get("trajectory")  # an agent's whole conversation, when it has one
-        body = (_trajectory(trajectory) if isinstance(trajectory, list)
+        body = (_trajectory(trajectory, int(r.get("opening", 1))) if isinstance(trajectory, list)
                 else f"<pre>{_text(r.get('completion', ''))}</pre>")
         rows.append(
             f'<tr><td class="n">{i + 1}</td><td>{prompt_cell}</td><td>{body}</td>'

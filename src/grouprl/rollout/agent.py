@@ -183,16 +183,17 @@ class AgentSampler:
         reasons = [r if r != "env" else (ep.end_reason or "env") for r, ep in zip(out.end_reason, episodes)]
         info = {"turns": list(out.turns), "end_reason": reasons,
                 **{k: [getattr(ep, k) for ep in episodes] for k in EPISODE_FACTS}}
-        first_user = [next((m["content"] for m in s if m.get("role") == "user"), "") for s in starts]
+        # the question a group answers: the opening's last user message (a few-shot opening asks others first)
+        asked = [next((m["content"] for m in reversed(s) if m.get("role") == "user"), "") for s in starts]
         return RolloutBatch(
             prompt_ids=prompt_ids.repeat_interleave(group_size, 0).cpu(),
             prompt_mask=prompt_mask.repeat_interleave(group_size, 0).cpu(),
             completion_ids=ids, completion_mask=policy, sampling_logprobs=logp,
             truncated=torch.tensor([r in ("length", "turns") for r in reasons]),
-            completions=[ep.final_answer or "" for ep in episodes], prompts=first_user, group_size=group_size,
+            completions=[ep.final_answer or "" for ep in episodes], prompts=asked, group_size=group_size,
             pad_token_id=self.pad_token_id, extras={"trajectory": [list(ep.messages) for ep in episodes]},
             sequence_mask=seq, info=info)
 
 
-EPISODE_FACTS = ("return_", "tool_calls", "tool_errors", "success", "state_keys", "step_rewards")
+EPISODE_FACTS = ("return_", "tool_calls", "tool_errors", "success", "state_keys", "step_rewards", "opening")
 """What each episode reports into the batch's ``info`` (see :class:`grouprl.envs.episode.Episode`)."""

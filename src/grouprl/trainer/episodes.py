@@ -86,7 +86,7 @@ class EnvCollector:
                     torch.arange(batch.batch_size) // batch.group_size)  # each row's index into rows
                 columns = {k: [rows[int(r)].get(k) for r in reset] for k in (rows[0] if rows else {})}
                 # the judge reads whole trajectories (every turn, the environment's replies too), not last answers
-                shown = [transcript(m) for m in batch.extras["trajectory"]]
+                shown = [transcript(m[o:]) for m, o in zip(batch.extras["trajectory"], batch.info["opening"])]
                 total, per_fn, judged = apply_judge(self.judge, self.judge_weight, batch, total, per_fn, columns, shown)
                 metrics.update(judged)
         return Collected(batch=batch, rewards=total, per_fn=per_fn, rounds=1, metrics=metrics)

@@ -100,7 +100,8 @@ def sample_records(batch: RolloutBatch, rewards: torch.Tensor, per_fn: dict[str,
     if "trajectory" in batch.extras:  # an agent's records carry the whole conversation with its roles
         for i, r in enumerate(records):
             r.update(trajectory=batch.extras["trajectory"][i], turns=batch.info["turns"][i],
-                     success=batch.info["success"][i], end_reason=batch.info["end_reason"][i])
+                     success=batch.info["success"][i], end_reason=batch.info["end_reason"][i],
+                     opening=batch.info["opening"][i])
             if "step_groups" in batch.info:  # GiGPO: each turn's state, anchor group and advantage
                 r.update(state_keys=[str(k) for k in batch.info["state_keys"][i]],
                          step_groups=batch.info["step_groups"][i], turn_advantages=batch.info["turn_advantages"][i])
