@@ -29,9 +29,10 @@ class _RotaryCacheNotice(logging.Filter):
 
 def require_vllm() -> Any:
     """The ``vllm`` module, or a clear error saying how to install it. vLLM logs every weight push and
-    prefix-cache reset at INFO, which would break into the progress bar each step: unless the user set
-    ``VLLM_LOGGING_LEVEL``, it logs warnings and errors only."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    prefix-cache reset at INFO, which would break into the progress bar each step, and a dozen start-up
+    warnings about its own build (Triton, tcmalloc, thread binding) that a run cannot act on: unless the
+    user set ``VLLM_LOGGING_LEVEL``, it logs errors only."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     try:
         import vllm
     except ImportError as e:
