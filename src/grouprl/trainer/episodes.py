@@ -77,7 +77,7 @@ class EnvCollector:
                                           seed=group_seeds(mix_seed(c.seed, step), first, len(rows), c.group_size))
         # why the trajectories ended, over every one played: the dropped ones leave the batch the rest is measured on
         ended = batch.info["end_reason"]
-        metrics = {f"env/ended_{reason}": sum(r == reason for r in ended) / len(ended) for reason in sorted(set(ended))}
+        metrics = {f"env/ended_{reason}": ended.count(reason) / len(ended) for reason in sorted(set(ended))}
         with timer("reward"):
             batch, total, per_fn = self.score(batch, rows)
         if self.judge is not None:
