@@ -117,6 +117,18 @@ def combine_rounds(rounds: Sequence[dict[str, float]]) -> dict[str, float]:
                                                        sum(k in r for r in rounds)) for k in keys}
 
 
+def combine_processes(parts: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The whole batch's collection metrics from each process's equal share of it: dropped groups add
+    up, the rest average over the processes (a fraction one process did not report is 0 there).
+
+    >>> combine_processes([{"env/ended_env": 1.0, "judge/dropped_groups": 1.0},
+    ...                    {"env/ended_env": 0.5, "env/ended_error": 0.5, "judge/dropped_groups": 2.0}])
+    {'env/ended_env': 0.75, 'env/ended_error': 0.25, 'judge/dropped_groups': 3.0}
+    """
+    keys = sorted({k for p in parts for k in p})
+    return {k: sum(p.get(k, 0.0) for p in parts) / (1 if k == "judge/dropped_groups" else len(parts)) for k in keys}
+
+
 def factorize(values: Sequence[Any]) -> torch.Tensor:
     """``[B]`` long ids, equal for equal values, numbered in order of first appearance.
 
