@@ -79,7 +79,7 @@ class GroupCollector:
             have += batch.num_groups
         return Collected(batch=RolloutBatch.cat([b for b, _, _ in kept]), rewards=torch.cat([t for _, t, _ in kept]),
                          per_fn={k: torch.cat([f[k] for _, _, f in kept]) for k in kept[0][2]}, rounds=rounds,
-                         metrics=combine_rounds(self.judge_rounds))
+                         metrics=combine_metrics(self.judge_rounds, absent_is_zero=False))
 
     def sample(self, step: int, round_: int, timer: PhaseTimer) -> tuple[RolloutBatch, torch.Tensor, dict]:
         """One round: this process's share of the next P prompts, G completions each, scored."""
@@ -110,23 +110,26 @@ class GroupCollector:
         return batch, total, per_fn
 
 
-def combine_rounds(rounds: Sequence[dict[str, float]]) -> dict[str, float]:
-    """One step's judge metrics from its rounds': dropped groups add up, the rest are averaged."""
-    keys = {k for r in rounds for k in r}
-    return {k: sum(r[k] for r in rounds if k in r) / (1 if k == "judge/dropped_groups" else
-                                                       sum(k in r for r in rounds)) for k in keys}
+def combine_metrics(parts: Sequence[dict[str, float]], *, absent_is_zero: bool) -> dict[str, float]:
+    """One step's collection metrics from its parts': dropped groups add up, the rest are averaged, over
+    the parts that report them (rounds of dynamic sampling) or, with ``absent_is_zero``, over all parts
+    (processes, each holding an equal share of the batch: a fraction one did not report is 0 there).
 
-
-def combine_processes(parts: Sequence[dict[str, float]]) -> dict[str, float]:
-    """The whole batch's collection metrics from each process's equal share of it: dropped groups add
-    up, the rest average over the processes (a fraction one process did not report is 0 there).
-
-    >>> combine_processes([{"env/ended_env": 1.0, "judge/dropped_groups": 1.0},
-    ...                    {"env/ended_env": 0.5, "env/ended_error": 0.5, "judge/dropped_groups": 2.0}])
+    >>> parts = [{"env/ended_env": 1.0, "judge/dropped_groups": 1.0},
+    ...          {"env/ended_env": 0.5, "env/ended_error": 0.5, "judge/dropped_groups": 2.0}]
+    >>> combine_metrics(parts, absent_is_zero=True)
     {'env/ended_env': 0.75, 'env/ended_error': 0.25, 'judge/dropped_groups': 3.0}
+    >>> combine_metrics(parts, absent_is_zero=False)["env/ended_error"]
+    0.5
     """
     keys = sorted({k for p in parts for k in p})
-    return {k: sum(p.get(k, 0.0) for p in parts) / (1 if k == "judge/dropped_groups" else len(parts)) for k in keys}
+
+    def count(k: str) -> int:
+        if k == "judge/dropped_groups":
+            return 1
+        return len(parts) if absent_is_zero else sum(k in p for p in parts)
+
+    return {k: sum(p.get(k, 0.0) for p in parts) / count(k) for k in keys}
 
 
 def factorize(values: Sequence[Any]) -> torch.Tensor:

@@ -57,7 +57,7 @@ from grouprl.run.logs import JsonlLog, NullLog, PhaseTimer, Progress
 from grouprl.run.loop import run_loop
 from grouprl.trainer.advantages import make_baseline
 from grouprl.trainer.algorithms import ALGORITHMS, KL_CONTROLLERS
-from grouprl.trainer.collect import Collected, combine_processes
+from grouprl.trainer.collect import Collected, combine_metrics
 from grouprl.trainer.critic import Critic
 from grouprl.trainer.inputs import RunInputs
 from grouprl.trainer.metrics import reward_metrics, rollout_metrics, row_advantages, sample_records
@@ -229,8 +229,8 @@ class Trainer:
         per_fn = {k: torch.cat([p[1][k] for p in parts]) for k in got.per_fn}
         constant = None if constant is None else torch.cat([p[2] for p in parts])
         engine = getattr(self.sampler, "metrics", None)  # an engine with its own weights: time/weight_push
-        metrics = {**reward_metrics(rewards, per_fn, constant), **combine_processes([p[4] for p in parts]),
-                   **(engine() if callable(engine) else {}),
+        collected = combine_metrics([p[4] for p in parts], absent_is_zero=True)  # each process's equal share
+        metrics = {**reward_metrics(rewards, per_fn, constant), **collected, **(engine() if callable(engine) else {}),
                    **rollout_metrics(RolloutBatch.cat([p[3] for p in parts]), got.rounds), **metrics,
                    **timer.metrics(), "time/step": time.perf_counter() - t0}
         tokens = float(got.batch.completion_mask.sum())
