@@ -293,3 +293,23 @@ def test_seeded_rows_whose_prompts_overflow_one_batch_are_drawn_whole(engine):
     assert batch.batch_size == 48 and int(batch.completion_mask.sum()) > 0
     alone = engine.generate(ids[40:41], 1, params, seed=seeds[40:41])
     assert batch.completion_ids[40, :alone.completion_ids.shape[1]].tolist() == alone.completion_ids[0].tolist()
+
+
+@needs_vllm
+def test_vllm_start_up_notices_stay_quiet_unless_asked_for():
+    """vLLM's notices from before an engine configures its logger (its Triton lacks a CPU backend) and its
+    FutureWarning about a torch name are not printed into a run; a user's VLLM_LOGGING_LEVEL still wins."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from grouprl.rollout.engines import require_vllm; require_vllm(); import vllm.triton_utils"
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
+    quiet = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "Triton" not in quiet.stderr and "FutureWarning" not in quiet.stderr, quiet.stderr
+    loud = subprocess.run([sys.executable, "-W", "default", "-c", code], env={**env, "VLLM_LOGGING_LEVEL": "INFO"},
+                          capture_output=True, text=True, timeout=300)
+    assert loud.returncode == 0, loud.stderr
+    if not torch.cuda.is_available():  # the notice is the CPU build's
+        assert "Triton" in loud.stderr, loud.stderr

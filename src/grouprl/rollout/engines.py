@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -31,8 +32,14 @@ def require_vllm() -> Any:
     """The ``vllm`` module, or a clear error saying how to install it. vLLM logs every weight push and
     prefix-cache reset at INFO, which would break into the progress bar each step, and a dozen start-up
     warnings about its own build (Triton, tcmalloc, thread binding) that a run cannot act on: unless the
-    user set ``VLLM_LOGGING_LEVEL``, it logs errors only."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    user set ``VLLM_LOGGING_LEVEL``, it logs errors only. vLLM configures its logger only when an engine
+    starts; what it says before (that its Triton has no CPU backend) would reach Python's last-resort
+    handler, so its logger gets the level now, and its own use of a deprecated torch name is not
+    reported as the run's."""
+    if "VLLM_LOGGING_LEVEL" not in os.environ:
+        os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
     try:
         import vllm
     except ImportError as e:
