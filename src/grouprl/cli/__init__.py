@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_arguments(train, TrainConfig)
     train.set_defaults(handler=_train)
 
-    demo = add("demo", "the default model learns arithmetic (about 10-15 minutes on a CPU)",
+    demo = add("demo", "the default model learns arithmetic (2-8 minutes on 2 CPU cores)",
                "SmolLM2-135M-Instruct learns one-digit arithmetic with GRPO; held-out accuracy is measured "
                "before and after, and the last line reads 'accuracy before=... after=...'. Any train option "
                "overrides the demo's settings.", "[--quick] [--key value ...]")
