@@ -1,5 +1,8 @@
 """The machine a benchmark ran on, printed first by every benchmark: the CPU's model name, its
-cores, and the flags that decide which number format is fast (avx2, avx512_bf16, amx_bf16)."""
+cores, and the flags that decide which number format is fast (avx2, avx512_bf16, amx_bf16), and any
+instruction-set limit the run was given: ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` makes
+PyTorch's kernels and oneDNN's matrix products use AVX2 only, which measures an AVX2-only CPU's code
+paths (bf16 products 40-90x slower than fp32, as on a Zen 3) on a CPU that has more."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import os
 import platform
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 
 
 def cpu_info() -> dict[str, str]:
@@ -28,7 +32,9 @@ def cpu_info() -> dict[str, str]:
 def cpu_line() -> str:
     """``cpu: <model> (<n> cores; avx2 avx512_bf16 ...)``."""
     info = cpu_info()
-    return f"cpu: {info['cpu']} ({info['cores']} cores; {info['flags']})"
+    limits = [f"{k}={os.environ[k]}" for k in ISA_LIMITS if os.environ.get(k)]
+    limited = f"; limited to {' '.join(limits)}" if limits else ""
+    return f"cpu: {info['cpu']} ({info['cores']} cores; {info['flags']}{limited})"
 
 
 if __name__ == "__main__":

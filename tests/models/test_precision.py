@@ -57,6 +57,19 @@ def test_the_probe_runs_once_per_machine_and_shape(model, monkeypatch, tmp_path)
     assert len(calls) == 4
 
 
+def test_an_instruction_set_cap_is_another_machine(model, monkeypatch, tmp_path):
+    """ONEDNN_MAX_CPU_ISA=AVX2 makes bf16 products tens of times slower on a CPU whose flags promise
+    bf16 units: a ratio measured without the cap must not be reused under it."""
+    calls = fake_speedups(monkeypatch, 2.0, 2.0)
+    cache = tmp_path / "c.json"
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    choose_precision("auto", "auto", model, 32, 800, cache)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    fake_speedups(monkeypatch, 0.02, 0.02)
+    capped = choose_precision("auto", "auto", model, 32, 800, cache)
+    assert len(calls) == 2 and capped.how == "measured" and capped.train == "fp32"
+
+
 def test_a_hopeless_bf16_is_not_timed_at_the_large_size(monkeypatch):
     sizes = []
 

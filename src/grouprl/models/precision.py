@@ -67,7 +67,10 @@ def _cpu_key() -> str:
                     flags = " ".join(sorted(f for f in value.split() if "avx" in f or "amx" in f or "fma" in f))
     except OSError:
         pass
-    return f"{model}|{flags}"
+    # What the kernels may use, not only what the CPU has: ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA cap
+    # it (an AVX2 cap makes bf16 products 40-90x slower on a CPU whose flags say avx512_bf16).
+    used = f"{torch.backends.cpu.get_cpu_capability()}|{os.environ.get('ONEDNN_MAX_CPU_ISA', '')}"
+    return f"{model}|{flags}|{used}"
 
 
 def _time(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, repeats: int = 3) -> float:
