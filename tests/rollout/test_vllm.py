@@ -313,3 +313,15 @@ def test_vllm_start_up_notices_stay_quiet_unless_asked_for():
     assert loud.returncode == 0, loud.stderr
     if not torch.cuda.is_available():  # the notice is the CPU build's
         assert "Triton" in loud.stderr, loud.stderr
+
+
+@needs_vllm
+def test_an_engine_leaves_the_process_thread_count_to_its_owner(engine):
+    """vLLM's CPU worker turns torch.set_num_threads into a no-op when it starts; a run (or a user's code)
+    that sets the thread count after an engine exists must still get what it asked for."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if before != 1 else 2)
+        assert torch.get_num_threads() == (1 if before != 1 else 2)
+    finally:
+        torch.set_num_threads(before)

@@ -201,7 +201,11 @@ class VLLMSampler:
             kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per torchrun process
         if self.lora:  # vLLM takes a few fixed maximum ranks: the next power of two, at least 8
             kwargs.update(enable_lora=True, max_lora_rank=max(8, 1 << (int(lora_rank) - 1).bit_length()), max_loras=1)
+        set_threads = torch.set_num_threads
         self.llm = self.vllm.LLM(**kwargs)
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the rest of the process (it binds
+        # its own threads when it runs in a process of its own); in-process the trainer owns the threads.
+        torch.set_num_threads = set_threads
         self.awake, self.stale, self.base_loaded, self.adapter_version = True, True, False, 0
         self.in_phase = False
         self.lora_request: Any = None
