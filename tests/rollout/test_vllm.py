@@ -325,3 +325,25 @@ def test_an_engine_leaves_the_process_thread_count_to_its_owner(engine):
         assert torch.get_num_threads() == (1 if before != 1 else 2)
     finally:
         torch.set_num_threads(before)
+
+
+@needs_vllm
+def test_an_engine_leaves_the_process_memory_on_every_numa_node():
+    """vLLM's CPU worker binds its process's memory to one NUMA node on start (right for a process of its
+    own, wrong for a trainer's that holds optimizer state on every node): the policy is as before."""
+    import subprocess
+    import sys
+
+    from grouprl.rollout.process_state import memory_policy
+
+    if memory_policy() is None:
+        pytest.skip("no NUMA memory policy calls here")
+    code = ("from grouprl.rollout.process_state import memory_policy; before = memory_policy()\n"
+            "from grouprl.models import tiny_causal_lm\n"
+            "from grouprl.rollout.vllm import VLLMSampler\n"
+            f"model, tok = tiny_causal_lm(seed=0, **{SHAPE!r})\n"
+            "VLLMSampler(model, tok, max_model_len=64, dtype='float32', max_rows=2)\n"
+            "print(before == memory_policy(), before, memory_policy()[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1].startswith("True"), out.stdout

@@ -32,7 +32,9 @@ turn sends each running trajectory's whole token sequence (the prefix cache make
 and appends exactly the sampled ids, then the environment's reply.
 
 ``vllm`` is imported only when an engine is made. Pitfalls this follows: the engine runs in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``); the CPU build drags in CUDA builds of torchvision, torchaudio
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and what its CPU worker changes for the whole process on start
+(memory bound to one NUMA node, ``torch.set_num_threads`` made a no-op) is put back
+(:mod:`grouprl.rollout.process_state`); the CPU build drags in CUDA builds of torchvision, torchaudio
 and torchcodec that break ``transformers``' model imports: remove them (the README's install line does).
 """
 
@@ -50,6 +52,7 @@ import torch
 from torch import nn
 
 from grouprl.rollout.engines import plain_class_name, require_vllm
+from grouprl.rollout.process_state import kept_process_state
 from grouprl.rollout.runner import left_pad
 from grouprl.rollout.seeds import MODULUS, mix_seed, resolve_row_seeds
 from grouprl.rollout.stops import cut_at_stop
@@ -201,11 +204,8 @@ class VLLMSampler:
             kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per torchrun process
         if self.lora:  # vLLM takes a few fixed maximum ranks: the next power of two, at least 8
             kwargs.update(enable_lora=True, max_lora_rank=max(8, 1 << (int(lora_rank) - 1).bit_length()), max_loras=1)
-        set_threads = torch.set_num_threads
-        self.llm = self.vllm.LLM(**kwargs)
-        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the rest of the process (it binds
-        # its own threads when it runs in a process of its own); in-process the trainer owns the threads.
-        torch.set_num_threads = set_threads
+        with kept_process_state():  # in-process, the trainer keeps its threads and its memory on every node
+            self.llm = self.vllm.LLM(**kwargs)
         self.awake, self.stale, self.base_loaded, self.adapter_version = True, True, False, 0
         self.in_phase = False
         self.lora_request: Any = None
