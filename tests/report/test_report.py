@@ -168,3 +168,17 @@ def test_ema_starts_at_first_value_and_tracks_a_constant():
     assert ema([2.0, 2.0, 2.0]) == [2.0, 2.0, 2.0]
     out = ema([0.0, 1.0, 1.0], span=3)  # alpha = 0.5
     assert out == [0.0, 0.5, 0.75] and not any(math.isnan(v) for v in out)
+
+
+def test_a_single_reward_function_is_named_in_its_panel():
+    """With one reward function the per-function curve repeats the total, so its title says which
+    function it is (a legend of one series is not drawn); with several, the legend names them."""
+    from grouprl.report.plots import _panel_plots
+
+    def reward_panel(keys):
+        return next(panels for name, _, panels in _panel_plots(keys) if name == "reward.png")[1]
+
+    one = reward_panel(["reward/mean", "reward/std", "reward/exact_match"])
+    assert one.title == "Reward function exact_match" and one.keys == ("reward/exact_match",)
+    two = reward_panel(["reward/mean", "reward/format", "reward/exact_match"])
+    assert two.title == "Per reward function" and set(two.keys) == {"reward/format", "reward/exact_match"}

@@ -181,11 +181,18 @@ def _reward_fn_keys(keys: list[str]) -> tuple[str, ...]:
     return tuple(k for k in keys if k.startswith("reward/") and k.count("/") == 1 and k[7:] not in REWARD_STATS)
 
 
+def _reward_fn_panel(keys: list[str]) -> Panel:
+    """Each reward function's mean; a single function is named in the title (a legend of one is not drawn)."""
+    fns = _reward_fn_keys(keys)
+    title = f"Reward function {fns[0][7:]}" if len(fns) == 1 else "Per reward function"
+    return Panel(title, "mean reward", fns)
+
+
 def _panel_plots(keys: list[str]) -> list[tuple[str, str, list[Panel]]]:
     """(file name, figure title, panels) of every plot drawn as smoothed curves."""
     return [
         ("reward.png", "Reward", [Panel("Total reward", "mean reward per completion", ("reward/mean",)),
-                                  Panel("Per reward function", "mean reward", _reward_fn_keys(keys))]),
+                                  _reward_fn_panel(keys)]),
         ("kl.png", "KL divergence from the reference policy",
          [Panel("policy/kl, mean over completion tokens", "KL per token (k3 estimate)", ("policy/kl",))]),
         ("entropy.png", "Policy entropy", [Panel("policy/entropy, mean over completion tokens", "nats per token",
