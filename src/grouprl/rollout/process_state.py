@@ -31,8 +31,9 @@ def _libc():
 
 
 def memory_policy() -> tuple[int, tuple[int, ...]] | None:
-    """(mode with its flags, node mask words) of this process's NUMA memory policy, or None where it
-    cannot be read (not Linux on x86_64 / aarch64, or the call is refused)."""
+    """(mode with its flags, node mask words) of the calling thread's NUMA memory policy (the kernel keeps
+    one per thread; new threads inherit it), or None where it cannot be read (not Linux on x86_64 /
+    aarch64, or the call is refused)."""
     libc, calls = _libc()
     if libc is None:
         return None
@@ -43,7 +44,8 @@ def memory_policy() -> tuple[int, tuple[int, ...]] | None:
 
 
 def set_memory_policy(policy: tuple[int, tuple[int, ...]]) -> bool:
-    """Make ``policy`` (as :func:`memory_policy` returned it) the process's memory policy; False if refused."""
+    """Make ``policy`` (as :func:`memory_policy` returned it) the calling thread's memory policy; False if
+    refused."""
     libc, calls = _libc()
     if libc is None:
         return False
