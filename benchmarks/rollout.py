@@ -1,5 +1,7 @@
 """Rollout speed on the bundled SmolLM2-135M-Instruct: the built-in engine, vLLM (when installed) and
-``model.generate``, each in fp32 and bf16, at 16 rows x 64 new tokens and 64 rows x 128.
+``model.generate``, each in fp32 and bf16, at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
+engine with every matrix product as ``x @ W.T`` (what its learnt few-row layouts,
+:mod:`grouprl.rollout.skinny`, gain in fp32; bf16 decoding does not use them).
 
     python benchmarks/rollout.py [--repeats 2] [--threads 2] [--settings 16x64,64x128]
 
@@ -30,10 +32,19 @@ from grouprl.models import load_policy
 from grouprl.models.precision import choose_precision
 from grouprl.rollout.engines import resolve_engine
 from grouprl.rollout.sampler import Sampler
+from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.types import SamplingParams
 
 G = 4
 FORMATS = ("fp32", "bf16")
+
+
+class PlainProducts(SkinnyProducts):
+    """Every product as ``x @ W.T``: the built-in engine before it learnt few-row layouts."""
+
+    @contextlib.contextmanager
+    def step(self, linears, rows):
+        yield
 
 
 def prompts(rows: int) -> list[str]:
@@ -82,15 +93,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="rollouts per method, format and setting")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--settings", default="16x64,64x128", help="rows x new tokens, comma-separated")
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help="number formats to time (fp32 alone where bf16 products are emulated and slow)")
+    parser.add_argument("--no_vllm", action="store_true", help="leave vLLM out even where it is installed")
     args = parser.parse_args()
     print(cpu_line(), flush=True)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
     sampler = Sampler(model, tokenizer)
+    plain = Sampler(model, tokenizer)
+    plain.products = PlainProducts()
     settings = [tuple(map(int, s.split("x"))) for s in args.settings.split(",")]
+    formats = tuple(f for f in FORMATS if f in args.formats.split(","))
     methods = {"engine": lambda ids, n, fmt, seed: run_engine(sampler, ids, n, fmt, seed),
+               "engine, x @ W.T only": lambda ids, n, fmt, seed: run_engine(plain, ids, n, fmt, seed),
                "generate": lambda ids, n, fmt, seed: run_generate(model, tokenizer, ids, n, fmt, seed)}
-    if importlib.util.find_spec("vllm") is not None:
+    if importlib.util.find_spec("vllm") is not None and not args.no_vllm:
         from grouprl.rollout.vllm import VLLMSampler
 
         longest = max(n for _, n in settings) + 64
@@ -99,26 +117,32 @@ def main() -> None:
                    for fmt, d in (("fp32", "float32"), ("bf16", "bfloat16"))}
         methods["vllm"] = lambda ids, n, fmt, seed: run_vllm(engines, ids, n, fmt, seed)
     else:
-        print("vllm is not installed: built-in engine and model.generate only", flush=True)
+        print("vLLM left out (not installed, or --no_vllm): built-in engine and model.generate only", flush=True)
     auto_engine = {"hf": "engine", "vllm": "vllm"}[resolve_engine("auto", model, "sample")[0]]
+    auto_engine = auto_engine if auto_engine in methods else "engine"
     first = None
     for rows, n in settings:
         ids = sampler.encode(prompts(rows))
         for run in methods.values():  # warm-up: first-call allocations and lazy imports
-            for fmt in FORMATS:
+            for fmt in formats:
                 run(ids, 4, fmt, 0)
-        totals = {(m, f): [0, 0.0] for m in methods for f in FORMATS}
+        totals = {(m, f): [0, 0.0] for m in methods for f in formats}
         for seed in range(args.repeats):
             for key in totals:
                 tokens, seconds = methods[key[0]](ids, n, key[1], seed)
                 totals[key][0] += tokens
                 totals[key][1] += seconds
         rate = {k: t / s for k, (t, s) in totals.items()}
-        best = {m: max(FORMATS, key=lambda f, m=m: rate[m, f]) for m in methods}
+        best = {m: max(formats, key=lambda f, m=m: rate[m, f]) for m in methods}
         chosen = choose_precision("auto", "auto", model, rows, 512).rollout
+        chosen = chosen if chosen in formats else best[auto_engine]
         print(f"{rows} rows x {n} new tokens (tokens/s):", flush=True)
         for m in methods:
-            print(f"  {m:9s} fp32 {rate[m, 'fp32']:7.1f}  bf16 {rate[m, 'bf16']:7.1f}  best {best[m]}", flush=True)
+            figures = "  ".join(f"{f} {rate[m, f]:7.1f}" for f in formats)
+            print(f"  {m:20s} {figures}  best {best[m]}", flush=True)
+        if "fp32" in formats:
+            gain = rate["engine", "fp32"] / rate["engine, x @ W.T only", "fp32"]
+            print(f"  few-row layouts learnt, fp32: {gain:.2f}x the engine with x @ W.T only", flush=True)
         auto = rate[auto_engine, chosen]
         generate = rate["generate", best["generate"]]
         print(f"  auto ({auto_engine}, {chosen}) over generate at its best: {auto / generate:.2f}x; over the built-in "

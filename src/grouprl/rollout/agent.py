@@ -21,6 +21,7 @@ from torch import nn
 from grouprl.errors import PromptTooLongError
 from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights
 from grouprl.rollout.seeds import resolve_row_seeds
+from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits, decode_conversations
 from grouprl.types import RolloutBatch, SamplingParams
 
@@ -83,6 +84,7 @@ class AgentSampler:
     def __init__(self, model: nn.Module, tokenizer: Any, renderer: ChatRenderer, limits: TurnLimits,
                  engine: Any = None):
         self.model, self.tokenizer, self.renderer, self.limits = model, tokenizer, renderer, limits
+        self.products = SkinnyProducts()  # what few-row decode steps have shown, kept across rollouts
         self.engine = engine
         """A vLLM engine (:class:`grouprl.rollout.vllm.VLLMSampler`) playing the turns, or None: the
         built-in KV-cache engine on the live model."""
@@ -139,7 +141,7 @@ class AgentSampler:
 
         def decode(model: nn.Module) -> Conversations:
             return decode_conversations(model, ids, mask, group_size, params, self.limits, respond, seeds, stop_t,
-                                        self.pad_token_id)
+                                        self.pad_token_id, self.products)
 
         if self.engine is not None:  # token in, token out through vLLM's prefix cache
             out = self.engine.conversations(prompt_rows, group_size, params, self.limits, respond, seeds, stop)

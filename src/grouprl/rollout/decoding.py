@@ -26,6 +26,7 @@ from torch import nn
 
 from grouprl.rollout.picking import pick_tokens
 from grouprl.rollout.runner import Runner, positions_from_mask
+from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.rollout.stops import StopStringMatcher
 from grouprl.types import SamplingParams
 
@@ -50,6 +51,8 @@ class DecodeRequest:
     """Prefill each prompt once and repeat its cache G times (False: prefill all B rows)."""
     compact: bool = True
     """Drop finished rows from the batch (False: keep decoding them and discard their tokens)."""
+    products: SkinnyProducts | None = None
+    """The layout of few-row steps' matrix products, learnt across rollouts (None: learnt afresh)."""
 
 
 @dataclass
@@ -112,7 +115,7 @@ def sample_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     g, n = req.group_size, params.max_new_tokens
     b_all = p * g
     device = req.prompt_ids.device
-    runner = Runner(req.model, capacity=lp + n)
+    runner = Runner(req.model, capacity=lp + n, products=req.products)
     logits = prefill(runner, req)  # [B, V]
 
     rows = torch.arange(b_all, device=device)  # original row of each running row  [b]

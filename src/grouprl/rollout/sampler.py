@@ -28,6 +28,7 @@ from grouprl.rollout.decoding import Decoded, DecodeRequest, row_uniforms, sampl
 from grouprl.rollout.prompts import Prompt, encode_prompts
 from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights, unwrap_model
 from grouprl.rollout.seeds import resolve_row_seeds
+from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.rollout.stops import StopStringMatcher, cut_at_stop
 from grouprl.types import RolloutBatch, SamplingParams
 
@@ -116,6 +117,7 @@ class Sampler:
         self.tokenizer = tokenizer
         self.share_prefill = share_prefill
         self.compact = compact
+        self.products = SkinnyProducts()  # what few-row decode steps have shown, kept across rollouts
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
 
     def update_weights(self, model: nn.Module) -> None:
@@ -178,7 +180,7 @@ class Sampler:
             stop_ids=torch.tensor(self.stop_token_ids(params), dtype=torch.long, device=device),
             matcher=self._matcher(tuple(params.stop_strings), vocab),
             uniforms=row_uniforms(row_seeds, params.max_new_tokens, device) if params.temperature > 0 else None,
-            share_prefill=self.share_prefill, compact=self.compact,
+            share_prefill=self.share_prefill, compact=self.compact, products=self.products,
         )
         mode = MODES.get(params.mode)
         mode.check(params, group_size, vocab, req.stop_ids.numel())
