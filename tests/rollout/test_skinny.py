@@ -87,9 +87,10 @@ def decided(layout):
 class _AlwaysDecided(dict):
     def __init__(self, seconds):
         super().__init__()
-        self.seconds = seconds
+        self.seconds, self.lookups = seconds, 0
 
     def setdefault(self, key, default=None):
+        self.lookups += 1
         return Timings(calls=[SAMPLES + 1] * 2, seconds=list(self.seconds))
 
 
@@ -103,6 +104,7 @@ def test_decoding_gives_the_same_completions_in_either_layout():
         sampler = Sampler(model, tok)
         sampler.products = decided(layout)
         outs.append(sampler.generate(ids, 3, params, seed=7))  # 6 rows: every step is a few-row step
+        assert sampler.products.table.lookups > 0  # the decode steps did go through the chosen layout
     plain, transposed = outs
     assert torch.equal(plain.completion_ids, transposed.completion_ids)
     torch.testing.assert_close(plain.sampling_logprobs, transposed.sampling_logprobs, rtol=1e-5, atol=1e-5)
