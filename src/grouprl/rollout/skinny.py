@@ -3,11 +3,11 @@ inside the decode steps themselves.
 
 A decode step multiplies b running rows by every weight of the model, and in a rollout whose rows stop at
 EOS most steps have only 2-8 rows left. For such skinny products the CPU BLAS's choice of kernel can be
-poor in float32, and which layout is better depends on the weight's shape: in a profiled rollout on a
-2-core AMD EPYC Zen 4 limited to AVX2 (one thread, SmolLM2-135M, 2 rows), ``x @ W.T`` against a 1536 x
-576 projection took 0.48 ms and ``(W @ x.T).T`` 0.19 ms, against the 49k x 576 LM head 22.6 ms and
-5.8 ms, while against a 576 x 1536 one the plain layout was 3x faster (0.36 ms against 1.0;
-``benchmarks/products.py`` times the shapes one by one). In bf16, and from 16 rows on, the
+poor in float32, and which layout is better depends on the weight's shape and the row count: on a
+2-core AMD EPYC Zen 4 limited to AVX2 (one thread, SmolLM2-135M's weights streamed from memory,
+``benchmarks/products.py``), at 2 rows ``x @ W.T`` against a 1536 x 576 projection took 0.47 ms and
+``(W @ x.T).T`` 0.18 ms, against the 49k x 576 LM head 21.6 ms and 5.7 ms, while at 4 rows against a
+576 x 1536 one the plain layout was faster (0.34 ms against 0.49). In bf16, and from 16 rows on, the
 plain layout won everywhere measured. What is fast flips with the CPU, the BLAS, the shape and the row
 count, so nothing is assumed: for each (output size, input size, rows) up to :data:`MAX_ROWS` rows, the
 calls alternate between the layouts and are timed (the first call of each layout not counted, as it may
