@@ -2,7 +2,8 @@
 cores, and the flags that decide which number format is fast (avx2, avx512_bf16, amx_bf16), and any
 instruction-set limit the run was given: ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` makes
 PyTorch's kernels and oneDNN's matrix products use AVX2 only, which measures an AVX2-only CPU's code
-paths (bf16 products 40-90x slower than fp32, as on a Zen 3) on a CPU that has more."""
+paths (bf16 products tens of times slower than fp32, as on a Zen 3; ``vs_trl.py``'s header line gives
+the dtype probe's ratio) on a CPU that has more."""
 
 from __future__ import annotations
 

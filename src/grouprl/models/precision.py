@@ -68,7 +68,7 @@ def _cpu_key() -> str:
     except OSError:
         pass
     # What the kernels may use, not only what the CPU has: ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA cap
-    # it (an AVX2 cap makes bf16 products 40-90x slower on a CPU whose flags say avx512_bf16).
+    # it (an AVX2 cap makes bf16 products tens of times slower on a CPU whose flags say avx512_bf16).
     used = f"{torch.backends.cpu.get_cpu_capability()}|{os.environ.get('ONEDNN_MAX_CPU_ISA', '')}"
     return f"{model}|{flags}|{used}"
 
