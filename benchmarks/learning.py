@@ -23,6 +23,8 @@ model. Seconds are cumulative training time: the steps only, not the saves or ev
 
     .venv-bench/bin/python benchmarks/learning.py --steps 12 --save_every 4 --seeds 0,1,2
     .venv-bench/bin/python benchmarks/learning.py --report_only        # md, png and last line again
+    .venv-bench/bin/python benchmarks/learning.py --task_options '{"operands": 3}' --out /tmp/learning-3-operands
+                                                                       # another level of the task, for both
 
 An ablation changes one grouprl setting and trains grouprl alone, reading TRL's curves from the baseline's
 results (same steps, seeds and evaluation):
@@ -141,7 +143,8 @@ def grouprl_worker(args: argparse.Namespace) -> None:
     from grouprl.cli.build import build_inputs, build_trainer, load_model
     from grouprl.models import unwrap_ddp
 
-    config = demo_config(args.seed, args.threads, tempfile.mkdtemp(prefix="learning-grouprl-"), **args.set)
+    config = demo_config(args.seed, args.threads, tempfile.mkdtemp(prefix="learning-grouprl-"),
+                         **task(args), **args.set)
     inputs = build_inputs(config)
     policy, tokenizer = load_model(config.model, config.seed)
     trainer = build_trainer(config, inputs, policy, tokenizer)
@@ -169,7 +172,7 @@ def trl_worker(args: argparse.Namespace) -> None:
     from grouprl.rewards import score_rewards
 
     out = tempfile.mkdtemp(prefix="learning-trl-")
-    c = demo_config(args.seed, args.threads, out)
+    c = demo_config(args.seed, args.threads, out, **task(args))
     torch.set_num_threads(args.threads)
     inputs = build_inputs(c)  # the rows, reward functions and weights grouprl trains with
     model, tokenizer = load_model(c.model, c.seed)  # the same weights and tokenizer grouprl starts from
@@ -220,6 +223,7 @@ class Worker:
         self.proc = subprocess.Popen(
             [args.python, __file__, "--worker", name, "--seed", str(seed), "--threads", str(args.threads),
              "--base", base, "--trl_gradient_checkpointing", str(args.trl_gradient_checkpointing),
+             "--task_options", json.dumps(args.task_options),
              *[f"--set={k}={json.dumps(v)}" for k, v in args.set.items()]],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.setup = self.read()["setup"]
@@ -288,7 +292,7 @@ def evaluator(args: argparse.Namespace):
     from grouprl.cli.commands import evaluate_model
 
     torch.set_num_threads(args.eval_threads)
-    config = demo_config(EVAL_SEED, args.eval_threads, tempfile.mkdtemp(prefix="learning-eval-"),
+    config = demo_config(EVAL_SEED, args.eval_threads, tempfile.mkdtemp(prefix="learning-eval-"), **task(args),
                          eval_size=args.eval_problems, eval_samples=args.eval_samples, eval_temperature=1.0)
     inputs = build_inputs(config)
     cache: dict[str, dict] = {}
@@ -306,10 +310,16 @@ def evaluator(args: argparse.Namespace):
     return evaluate
 
 
+def task(args: argparse.Namespace) -> dict:
+    """The arithmetic task's options both frameworks train on and every model is scored on (empty: the demo's)."""
+    return {"task_options": args.task_options} if args.task_options else {}
+
+
 def settings(args: argparse.Namespace) -> dict:
     return {"steps": args.steps, "save_every": args.save_every, "eval_problems": args.eval_problems,
             "eval_samples": args.eval_samples, "threads": args.threads,
-            "trl_gradient_checkpointing": args.trl_gradient_checkpointing, "grouprl_overrides": args.set}
+            "trl_gradient_checkpointing": args.trl_gradient_checkpointing, "grouprl_overrides": args.set,
+            **task(args)}
 
 
 def read_records(path: Path) -> list[dict]:
@@ -469,7 +479,9 @@ def report(args: argparse.Namespace) -> None:
     lines = [
         "# Learning per step and per second: grouprl against TRL's GRPOTrainer", "",
         f"{cpu_line()}", "",
-        "SmolLM2-135M-Instruct on the arithmetic task at `grouprl demo`'s settings (4 prompts x G=8, 12 new tokens, "
+        "SmolLM2-135M-Instruct on the arithmetic task"
+        + (f" with options {json.dumps(st['task_options'])}" if st.get("task_options") else "")
+        + " at `grouprl demo`'s settings (4 prompts x G=8, 12 new tokens, "
         f"lr 2e-5, beta 0.04, fp32, mu=1), {st['threads']} torch thread(s) per framework, steps taken in turn; TRL "
         f"gradient checkpointing {st['trl_gradient_checkpointing']}. "
         + (f"**grouprl changed from the demo's settings: {changed}** (TRL's curve from `{args.compare_with}`). "
@@ -606,6 +618,9 @@ def main() -> None:
     parser.add_argument("--keep_models", action="store_true")
     parser.add_argument("--trl_gradient_checkpointing", type=lambda s: s.lower() in ("1", "true", "yes"),
                         default=False, help="TRL's own default is true; the demo's (grouprl's) setting is false")
+    parser.add_argument("--task_options", type=json.loads, default={},
+                        help="the arithmetic task's options, in JSON, for both frameworks and the evaluation "
+                        "(e.g. '{\"operands\": 3}'); empty: the demo's task")
     parser.add_argument("--python", default=sys.executable, help="interpreter with grouprl and trl installed")
     parser.add_argument("--set", action="append", default=[], type=override, metavar="KEY=VALUE",
                         help="change one of grouprl's settings from the demo's (VALUE in JSON; repeatable)")
