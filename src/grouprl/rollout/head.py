@@ -62,19 +62,20 @@ class HeadScores(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, tokens, temperature, with_entropy):
-        ctx.hidden_dtype = hidden.dtype
-        hidden = hidden.to(weight.dtype)
+        # Saved as given (a view of the pass's features, no new memory) and cast again in backward: a
+        # cast copy kept alive per chunk until backward pins heap blocks between the transient logits.
+        ctx.save_for_backward(hidden, weight, tokens)
         with torch.autocast(hidden.device.type, enabled=False):
-            logq = _log_softmax(hidden, weight, temperature)  # [c, V]
+            logq = _log_softmax(hidden.to(weight.dtype), weight, temperature)  # [c, V]
         logp = logq.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         entropy = -(logq.exp() * logq).sum(-1) if with_entropy else torch.zeros_like(logp)
-        ctx.save_for_backward(hidden, weight, tokens)
         ctx.temperature = temperature
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, tokens = ctx.saved_tensors
+        given_dtype, hidden = hidden.dtype, hidden.to(weight.dtype)
         logq = _log_softmax(hidden, weight, ctx.temperature)  # [c, V]
         p = logq.exp()
         if grad_logp is None:
@@ -90,7 +91,7 @@ class HeadScores(torch.autograd.Function):
         if ctx.temperature != 1.0:
             grad_logits.div_(ctx.temperature)
         grad_logits = grad_logits.to(hidden.dtype)
-        grad_hidden = (grad_logits @ weight).to(ctx.hidden_dtype) if ctx.needs_input_grad[0] else None
+        grad_hidden = (grad_logits @ weight).to(given_dtype) if ctx.needs_input_grad[0] else None
         grad_weight = grad_logits.t() @ hidden if ctx.needs_input_grad[1] else None
         return grad_hidden, grad_weight, None, None, None
 
