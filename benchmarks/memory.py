@@ -12,6 +12,10 @@ Two kinds of figures:
 
     python benchmarks/memory.py [--steps 2] [--threads 1] [--beta 0.04]
 
+With glibc, the sampler also reads ``mallinfo2`` whenever resident memory reaches a new high, and prints
+how much of glibc's heap was in use and how much freed but kept at the peak (set ``MALLOC_MMAP_THRESHOLD_``
+in the environment to see what a fixed threshold changes).
+
 The last line is ``peak_rss_mib=<X> held_mib=<weights + reference + gradients + optimizer>``.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import resource
 import tempfile
@@ -31,6 +36,28 @@ from machine import cpu_line
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def glibc_heap():
+    """() -> {heap_in_use, heap_free, mapped} in MiB from glibc's ``mallinfo2``; None without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+    except (OSError, AttributeError):
+        return None
+
+    def read() -> dict[str, float]:
+        info = libc.mallinfo2()
+        return {"heap_in_use": info.uordblks / 2**20, "heap_free": info.fordblks / 2**20,
+                "mapped": info.hblkhd / 2**20}
+
+    return read
+
+
 def rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * PAGE / 2**20
@@ -41,14 +68,18 @@ class PhaseWatch:
 
     def __init__(self) -> None:
         self.phase, self.start, self.rise, self.running = None, 0.0, {}, True
+        self.heap, self.high, self.at_high = glibc_heap(), 0.0, None
         self.thread = threading.Thread(target=self.sample, daemon=True)
         self.thread.start()
 
     def sample(self) -> None:
         while self.running:
             phase, start = self.phase, self.start  # read once: the main thread may end the phase meanwhile
+            now = rss_mib()
+            if now > self.high and self.heap is not None and phase is not None:
+                self.high, self.at_high = now, (phase, self.heap())
             if phase is not None:
-                self.rise[phase] = max(self.rise.get(phase, 0.0), rss_mib() - start)
+                self.rise[phase] = max(self.rise.get(phase, 0.0), now - start)
             time.sleep(0.002)
 
     @contextlib.contextmanager
@@ -107,6 +138,7 @@ def main() -> None:
     logs.PhaseTimer.__call__ = watched
     trainer.step()  # warm-up: allocator pools, the optimizer's state
     watch.rise.clear()
+    watch.high, watch.at_high = 0.0, None
     for _ in range(args.steps):
         trainer.step()
     watch.running = False
@@ -133,6 +165,11 @@ def main() -> None:
     lines += [f"| transient: {name} | {value:.0f} |" for name, value in transient]
     lines.append(f"| **peak resident memory of the process** | **{peak:.0f}** |")
     print("\n".join(lines))
+    if watch.at_high is not None:
+        phase, heap = watch.at_high
+        print(f"glibc at the highest resident size sampled ({watch.high:.0f} MiB, in {phase}): heap in use "
+              f"{heap['heap_in_use']:.0f} MiB, heap freed but kept {heap['heap_free']:.0f} MiB, mapped blocks "
+              f"{heap['mapped']:.0f} MiB")
     print(f"peak_rss_mib={peak:.0f} held_mib={sum(v for _, v in held):.0f}")
 
 
