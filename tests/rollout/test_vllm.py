@@ -136,8 +136,8 @@ def prompts(tok, n=4):
     return Sampler(tiny_causal_lm()[0], tok).encode([f"Count: {i}" for i in range(n)])
 
 
-@needs_vllm
-def test_after_a_weight_change_greedy_completions_follow_the_trainer(engine):
+def check_pushes_reach(engine):
+    """After a weight change, the engine's greedy completions are the trainer's own under the new weights."""
     model, tok = model_and_tok(seed=3)
     engine.update_weights(model)
     ids = prompts(tok)
@@ -152,6 +152,38 @@ def test_after_a_weight_change_greedy_completions_follow_the_trainer(engine):
     assert after.completion_ids.tolist() != want.completion_ids.tolist()  # the change is visible
     assert engine.generate(ids, 1, greedy, seed=0).completion_ids.tolist() == after.completion_ids.tolist()
     assert engine.metrics()["time/weight_push"] > 0
+
+
+@needs_vllm
+def test_after_a_weight_change_greedy_completions_follow_the_trainer(engine):
+    check_pushes_reach(engine)
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_a_compiled_engine_follows_pushes_too():
+    """vllm_compile: the compiled model reads the weights reloaded in place, not ones captured when it compiled."""
+    from grouprl.rollout.vllm import VLLMSampler
+
+    model, tok = model_and_tok()
+    compiled = VLLMSampler(model, tok, max_model_len=256, dtype="float32", max_rows=16, compiled=True)
+    try:
+        assert compiled.llm.llm_engine.vllm_config.model_config.enforce_eager is False
+        check_pushes_reach(compiled)
+    finally:
+        compiled.close()
+
+
+def test_vllm_compile_reaches_the_engine(monkeypatch):
+    from grouprl.rollout import vllm as vllm_module
+    from grouprl.trainer.sources import vllm_engine
+
+    built = []
+    monkeypatch.setattr(vllm_module, "VLLMSampler", lambda *a, **kw: built.append(kw))
+    model, tok = model_and_tok()
+    for flag in (False, True):
+        vllm_engine(GRPOConfig(rollout_engine="vllm", vllm_compile=flag, dtype="fp32"), model, tok, 256)
+    assert [kw["compiled"] for kw in built] == [False, True]
 
 
 @needs_vllm

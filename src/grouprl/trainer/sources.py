@@ -94,7 +94,8 @@ def vllm_engine(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: i
     return VLLMSampler(unwrap_ddp(policy), tokenizer, max_model_len=max_model_len,
                        dtype="bfloat16" if c.rollout_bf16 else "float32", seed=c.seed,
                        lora_rank=c.lora_rank or None, gpu_memory_utilization=c.vllm_gpu_memory_utilization,
-                       sleep=c.vllm_sleep, kv_cache_gib=c.vllm_kv_cache_gib, max_rows=rows)
+                       sleep=c.vllm_sleep, kv_cache_gib=c.vllm_kv_cache_gib, max_rows=rows,
+                       compiled=c.vllm_compile)
 
 
 def make_source(config: Any, inputs: RunInputs, policy: nn.Module, tokenizer: Any, sampler: Any,
