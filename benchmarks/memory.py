@@ -139,8 +139,11 @@ def main() -> None:
     trainer.step()  # warm-up: allocator pools, the optimizer's state
     watch.rise.clear()
     watch.high, watch.at_high = 0.0, None
+    seconds = []
     for _ in range(args.steps):
+        start = time.perf_counter()
         trainer.step()
+        seconds.append(time.perf_counter() - start)
     watch.running = False
     reference = trainer.passes.reference
     optimizer = trainer.rule.optimizer
@@ -164,6 +167,8 @@ def main() -> None:
     lines += [f"| held: {name} | {value:.0f} |" for name, value in held]
     lines += [f"| transient: {name} | {value:.0f} |" for name, value in transient]
     lines.append(f"| **peak resident memory of the process** | **{peak:.0f}** |")
+    mean = sum(seconds) / len(seconds)
+    lines.append(f"\nseconds per step: {', '.join(f'{x:.2f}' for x in seconds)} (mean {mean:.2f})")
     print("\n".join(lines))
     if watch.at_high is not None:
         phase, heap = watch.at_high
