@@ -62,8 +62,8 @@ class HeadScores(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, tokens, temperature, with_entropy):
-        # Saved as given (a view of the pass's features, no new memory) and cast again in backward: a
-        # cast copy kept alive per chunk until backward pins heap blocks between the transient logits.
+        # Saved as given (a view of the pass's features) and cast again in backward, so that no copy
+        # per chunk stays alive until then.
         ctx.save_for_backward(hidden, weight, tokens)
         with torch.autocast(hidden.device.type, enabled=False):
             logq = _log_softmax(hidden.to(weight.dtype), weight, temperature)  # [c, V]
