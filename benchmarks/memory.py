@@ -101,6 +101,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="rollout_engine")
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed (prompts and sampling)")
     parser.add_argument("--micro_batch_size", type=int, default=8, help="rows per training pass (the default 8)")
     args = parser.parse_args()
     print(cpu_line(), flush=True)
@@ -122,7 +123,8 @@ def main() -> None:
     task = get_task("arithmetic")
     config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=64, temperature=1.0, beta=args.beta, lr=1e-6,
                         output_dir=tempfile.mkdtemp(prefix="memory-"), progress=False, tensorboard=False,
-                        log_completions_every=0, rollout_engine=args.engine, micro_batch_size=args.micro_batch_size)
+                        log_completions_every=0, rollout_engine=args.engine, micro_batch_size=args.micro_batch_size,
+                        seed=args.seed)
     before_setup = rss_mib()
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
                           train_data=task.rows("train", 400, seed=0), system_prompt=task.system_prompt)
@@ -161,7 +163,7 @@ def main() -> None:
     transient = [(f"{phase} (rise above its start)", rise) for phase, rise in sorted(watch.rise.items())]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     command = (f"python benchmarks/memory.py --steps {args.steps} --threads {args.threads} --beta {args.beta} "
-               f"--engine {args.engine} --micro_batch_size {args.micro_batch_size}")
+               f"--engine {args.engine} --micro_batch_size {args.micro_batch_size} --seed {args.seed}")
     lines = [cpu_line(), "", f"`{command}`", "", "| what | MiB |", "|---|---|",
              f"| {rows[0][0]} | {rows[0][1]:.0f} |"]
     lines += [f"| held: {name} | {value:.0f} |" for name, value in held]
