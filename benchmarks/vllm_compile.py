@@ -3,7 +3,7 @@ default): what compiling costs at start and gains in decoding, and whether a wei
 the compiled engine.
 
 Both engines are grouprl's ``VLLMSampler`` on the bundled SmolLM2-135M-Instruct, bf16, built in one
-process; compiled mode is vLLM's ``enforce_eager=False``. Start: seconds from construction to the end
+process; compiled mode is ``vllm_compile`` (vLLM's ``enforce_eager=False``). Start: seconds from construction to the end
 of a first 4-token rollout (vLLM compiles on its first calls). Decoding: ``--rows`` rows (prompts x G=4)
 of up to ``--new_tokens`` tokens at temperature 1, stopping at EOS, the two engines in turn with the
 same seeds, ``--repeats`` times; medians. Push: the policy's weights get noise of 5% of their mean size
@@ -26,29 +26,17 @@ from machine import cpu_line  # benchmarks/machine.py: every figure says which C
 from rollout import G, prompts
 
 from grouprl.models import load_policy
-from grouprl.rollout.engines import require_vllm
 from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
 
 
 def build(model, tokenizer, eager: bool, longest: int, rows: int):
-    """A bf16 ``VLLMSampler`` with vLLM's ``enforce_eager`` set to ``eager``; (sampler, start seconds)."""
-    vllm = require_vllm()
+    """A bf16 ``VLLMSampler``, compiled unless ``eager``; (sampler, the time its construction started)."""
     from grouprl.rollout.vllm import VLLMSampler
 
-    original = vllm.LLM.__init__
-
-    def init(self, *args, **kwargs):
-        kwargs["enforce_eager"] = eager
-        original(self, *args, **kwargs)
-
-    vllm.LLM.__init__ = init
-    try:
-        start = time.perf_counter()
-        sampler = VLLMSampler(model, tokenizer, max_model_len=longest, dtype="bfloat16", max_rows=rows)
-    finally:
-        vllm.LLM.__init__ = original
-    return sampler, start
+    start = time.perf_counter()
+    return VLLMSampler(model, tokenizer, max_model_len=longest, dtype="bfloat16", max_rows=rows,
+                       compiled=not eager), start
 
 
 def main() -> None:
