@@ -272,9 +272,10 @@ class TrainerConfig(ResolvedSettings):
     memory), handing its GPU memory back to training. The CPU build has no sleep mode."""
     vllm_compile: bool = False
     """CPU: compile the vLLM engine's model (vLLM's torch.compile, its own default; it needs a C++
-    compiler) instead of running it eagerly. On SmolLM2-135M, bf16, 16 x 64, one thread: decoding 1.17-1.19x
-    faster for 42-44 s more at start (`python benchmarks/vllm_compile.py`), so it pays from about a hundred
-    steps on (about 0.5 s saved per step where decoding takes 4 s). A GPU engine is always compiled."""
+    compiler) instead of running it eagerly. On SmolLM2-135M, bf16, 16 x 64, one thread of an AMD EPYC
+    Zen 4: decoding 1.17-1.19x faster for 42-44 s more at start (`python benchmarks/vllm_compile.py`),
+    so it pays from about a hundred steps on (about 0.5 s saved per step where decoding takes 4 s). A
+    GPU engine is always compiled."""
     vllm_kv_cache_gib: float | None = None
     """CPU: memory of the vLLM engine's KV cache, in GiB. Empty = sized to the run: every row of a
     rollout (or of an evaluation batch) at its longest, all at once, plus a quarter (tens to hundreds of
