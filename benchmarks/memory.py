@@ -10,7 +10,10 @@ Two kinds of figures:
   rose above where the phase began, sampled every 2 ms by a thread, worst over ``--steps`` steps after a
   warm-up step.
 
-    python benchmarks/memory.py [--steps 2] [--threads 1] [--beta 0.04]
+    python benchmarks/memory.py [--steps 2] [--threads 1] [--beta 0.04] [--allocator auto]
+
+It runs under the allocator the ``grouprl`` command would preload (``--allocator auto``: tcmalloc where
+installed; ``system``: the C library's malloc), starting itself again with it as the command does.
 
 With glibc, the sampler also reads ``mallinfo2`` whenever resident memory reaches a new high, and prints
 how much of glibc's heap was in use and how much freed but kept at the peak (set ``MALLOC_MMAP_THRESHOLD_``
@@ -26,6 +29,7 @@ import contextlib
 import ctypes
 import os
 import resource
+import sys
 import tempfile
 import threading
 import time
@@ -103,8 +107,13 @@ def main() -> None:
     parser.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="rollout_engine")
     parser.add_argument("--seed", type=int, default=0, help="the run's seed (prompts and sampling)")
     parser.add_argument("--micro_batch_size", type=int, default=8, help="rows per training pass (the default 8)")
+    parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting (auto, system, ...)")
     args = parser.parse_args()
+    from grouprl.run.allocator import describe, restart_with_allocator, running
+
+    restart_with_allocator(args.allocator, [sys.executable, *sys.argv])
     print(cpu_line(), flush=True)
+    print(f"allocator: {describe()}", flush=True)
     torch.set_num_threads(args.threads)
     rows = [("Python, torch, transformers (after import)", None)]
     import transformers  # noqa: F401 - counted in the first row
@@ -163,7 +172,8 @@ def main() -> None:
     transient = [(f"{phase} (rise above its start)", rise) for phase, rise in sorted(watch.rise.items())]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     command = (f"python benchmarks/memory.py --steps {args.steps} --threads {args.threads} --beta {args.beta} "
-               f"--engine {args.engine} --micro_batch_size {args.micro_batch_size} --seed {args.seed}")
+               f"--engine {args.engine} --micro_batch_size {args.micro_batch_size} --seed {args.seed} "
+               f"--allocator {args.allocator}")
     lines = [cpu_line(), "", f"`{command}`", "", "| what | MiB |", "|---|---|",
              f"| {rows[0][0]} | {rows[0][1]:.0f} |"]
     lines += [f"| held: {name} | {value:.0f} |" for name, value in held]
@@ -172,7 +182,7 @@ def main() -> None:
     mean = sum(seconds) / len(seconds)
     lines.append(f"\nseconds per step: {', '.join(f'{x:.2f}' for x in seconds)} (mean {mean:.2f})")
     print("\n".join(lines))
-    if watch.at_high is not None:
+    if watch.at_high is not None and running() is None:  # under another allocator glibc's heap holds nothing
         phase, heap = watch.at_high
         print(f"glibc at the highest resident size sampled ({watch.high:.0f} MiB, in {phase}): heap in use "
               f"{heap['heap_in_use']:.0f} MiB, heap freed but kept {heap['heap_free']:.0f} MiB, mapped blocks "

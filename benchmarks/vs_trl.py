@@ -4,8 +4,11 @@ Both train the bundled SmolLM2-135M-Instruct on the built-in arithmetic task wit
 reward function, at the same settings, on the same 4 problems at every step (TRL takes them unshuffled
 in the order grouprl's prompt stream draws them): 4 prompts x G=4 completions per optimizer step, at most 64
 new tokens, temperature 1.0, mu = 1, learning rate 1e-6 (constant), the paper's per-sequence loss
-aggregation, the same number of torch threads; grouprl at its defaults (``dtype: auto``) and TRL at
-its best format here (bf16 where the machine's bf16 products are faster, else fp32: ``--trl_dtype``).
+aggregation, the same number of torch threads; grouprl at its defaults (``dtype: auto``; its worker
+starts under the allocator the ``grouprl`` command would preload, ``allocator: auto``: tcmalloc where
+installed, ``--grouprl_allocator``) and TRL at its best format here (bf16 where the machine's bf16
+products are faster, else fp32: ``--trl_dtype``), under the C library's malloc as a TRL user runs it
+(``--trl_allocator`` gives it another, to see what the allocator alone is worth to it).
 Each framework runs in its own worker process (so each peak RSS is its own), and the two take their
 steps in turn, the order swapped every step, so that load from elsewhere on the machine falls on
 both alike. The first step of
@@ -36,6 +39,8 @@ from pathlib import Path
 
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 
+from grouprl.run.allocator import describe as describe_allocator
+from grouprl.run.allocator import preload_environ
 from grouprl.run.logs import peak_rss_mb  # this process's own peak, not a parent's
 
 PROMPTS, G, MAX_NEW, LR = 4, 4, 64, 1e-6
@@ -82,7 +87,7 @@ def grouprl_worker(args: argparse.Namespace) -> None:
                         log_completions_every=0)
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
                           train_data=rows, system_prompt=task.system_prompt)
-    emit({"ready": True})
+    emit({"ready": True, "allocator": describe_allocator()})
     while command() == "step":
         start = time.perf_counter()
         metrics, _ = trainer.step()
@@ -169,23 +174,24 @@ def trl_worker(args: argparse.Namespace) -> None:
                   "reward": logged["reward"][-1], "len_mean": logged["completions/mean_length"][-1]})
 
     trainer.add_callback(Lockstep())
-    emit({"ready": True})
+    emit({"ready": True, "allocator": describe_allocator()})
     trainer.train()
 
 
 # -- the parent ----------------------------------------------------------------------------------------
 class Worker:
     def __init__(self, name: str, beta: float, threads: int, seed: int, python: str, trl_ckpt: bool,
-                 trl_dtype: str, grouprl_engine: str):
+                 trl_dtype: str, grouprl_engine: str, allocator: str):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+        env = preload_environ(allocator, env) or env  # as the grouprl command starts itself
         self.name = name
         self.proc = subprocess.Popen(
             [python, __file__, "--worker", name, "--beta", str(beta), "--threads", str(threads), "--seed", str(seed),
              "--trl_gradient_checkpointing", str(trl_ckpt), "--trl_dtype", trl_dtype,
              "--grouprl_engine", grouprl_engine],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        self.read()  # ready
+        self.allocator = self.read()["allocator"]
 
     def read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -222,8 +228,10 @@ def trl_best_dtype(threads: int) -> str:
 def run_pair(args: argparse.Namespace, beta: float, steps: int, seed: int) -> dict:
     """Both frameworks, ``steps`` steps each in turn (the first a warm-up): their step records and peaks."""
     workers = [Worker(name, beta, args.threads, seed, args.python, args.trl_gradient_checkpointing, args.trl_dtype,
-                      args.grouprl_engine)
+                      args.grouprl_engine, getattr(args, f"{name}_allocator"))
                for name in ("grouprl", "trl")]
+    for w in workers:
+        print(f"  {w.name} worker's allocator: {w.allocator}", flush=True)
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
     for i in range(steps):
         for w in workers if i % 2 == 0 else workers[::-1]:
@@ -328,6 +336,10 @@ def main() -> None:
     parser.add_argument("--grouprl_engine", choices=["auto", "hf", "vllm"], default="auto",
                         help="grouprl's rollout_engine (auto: vLLM when installed; hf: the built-in engine, which "
                              "keeps no second copy of the model and no vLLM libraries in memory)")
+    parser.add_argument("--grouprl_allocator", default="auto",
+                        help="allocator of grouprl's worker, as grouprl's allocator setting (auto: what the grouprl "
+                             "command preloads; system: the C library's malloc)")
+    parser.add_argument("--trl_allocator", default="system", help="allocator of TRL's worker, the same choices")
     parser.add_argument("--trl_dtype", choices=["auto", "fp32", "bf16"], default="auto",
                         help="TRL's number format; auto: bf16 where this machine's training-sized bf16 products are "
                              "faster (grouprl's own probe), else fp32: TRL at its best setting here")

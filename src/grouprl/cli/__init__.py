@@ -148,6 +148,16 @@ def _resolve(args: argparse.Namespace, rest: list[str], cls: type, base: dict[st
     return from_dict(cls, apply_overrides(data, overrides, cls))
 
 
+def _restart_with_allocator(args: argparse.Namespace, config: TrainConfig) -> None:
+    """Start this command again, once, under the allocator ``config.allocator`` picks
+    (:mod:`grouprl.run.allocator`); only when it runs as the program, never when ``main`` is called
+    with its arguments from Python (a test, a script), whose process is not the command's to replace."""
+    if args.is_program:
+        from grouprl.run.allocator import restart_with_allocator
+
+        restart_with_allocator(config.allocator, [sys.executable, "-m", "grouprl", *sys.argv[1:]])
+
+
 def _print_config(config: Any) -> int:
     import yaml
 
@@ -159,6 +169,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     config = _resolve(args, rest, TrainConfig)
     if args.print_config:
         return _print_config(config)
+    _restart_with_allocator(args, config)
     from grouprl.cli.commands import train
     from grouprl.trainer.dist.group import torchrun_world_size
 
@@ -179,6 +190,7 @@ def _demo(args: argparse.Namespace, rest: list[str]) -> int:
     config = _resolve(args, rest, TrainConfig, base=settings)
     if args.print_config:
         return _print_config(config)
+    _restart_with_allocator(args, config)
     from grouprl.cli.commands import train
 
     note = QUICK_DEMO_NOTE if args.quick else agent_demo_note if args.agent else demo_note
@@ -195,6 +207,8 @@ def _config_command(cls: type, command: str) -> Callable[[argparse.Namespace, li
         config = _resolve(args, rest, cls)
         if args.print_config:
             return _print_config(config)
+        if isinstance(config, TrainConfig):
+            _restart_with_allocator(args, config)
         from grouprl.cli import commands
 
         getattr(commands, command)(config)
@@ -224,10 +238,12 @@ def error_paragraph(error: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (the console script exits with it)."""
+    is_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
         args, rest = build_parser().parse_known_args(argv)
+        args.is_program = is_program
         handler: Callable[[argparse.Namespace, list[str]], int] = args.handler
         return handler(args, rest)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed

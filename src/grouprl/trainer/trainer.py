@@ -51,6 +51,7 @@ from grouprl.models.precision import choose_precision
 from grouprl.rewards.base import unique_names
 from grouprl.rollout.engines import resolve_engine
 from grouprl.run import checkpoint as ckpt
+from grouprl.run.allocator import describe as describe_allocator
 from grouprl.run.files import as_plain
 from grouprl.run.health import HealthWatch, replay
 from grouprl.run.logs import JsonlLog, NullLog, PhaseTimer, Progress
@@ -145,7 +146,8 @@ class Trainer:
         self.completions_log = JsonlLog(self.out / "completions.jsonl") if self.is_main else NullLog()
         self.eval_history: list[dict[str, Any]] = []
         self.setup = {"dtype": c.precision.describe(), "rollout_engine": f"{c.engine_choice} ({engine_reason})",
-                      "rollout_is": c.rollout_is_level, **run_setup(self.reward_fns)}
+                      "rollout_is": c.rollout_is_level, "allocator": describe_allocator(),
+                      **run_setup(self.reward_fns)}
 
     @property
     def policy(self) -> torch.nn.Module:

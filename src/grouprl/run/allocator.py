@@ -1,0 +1,157 @@
+"""The process's memory allocator: which one runs, and a faster one to load before anything else.
+
+PyTorch on a CPU takes every tensor from the C library's ``malloc``, and a run allocates and frees
+tensors of changing shapes at every step: a rollout's KV cache and logits, the log-prob chunks, the
+update's activations, each sized by that step's completion lengths. glibc's malloc serves blocks
+above its mmap threshold with fresh pages that are faulted in and zeroed at first touch and unmapped
+on free, and it keeps freed heap blocks that the next shapes do not fit (0.3-0.9 GiB at the update's
+peak: ``benchmarks/memory.py`` prints it). tcmalloc and jemalloc keep freed pages for reuse across
+sizes. On SmolLM2-135M at ``benchmarks/vs_trl.py``'s settings both lowered the peak by 200-260 MiB,
+and tcmalloc made steps faster; the README's "Speed and memory" gives the figures.
+
+An allocator cannot be swapped in a running process: the library has to be loaded first, through
+``LD_PRELOAD``. So the ``grouprl`` command starts itself again, once, with ``LD_PRELOAD`` naming the
+library that the ``allocator`` setting picks (:func:`preload_environ`), before it loads a model;
+PyTorch's own CPU launcher (``torch.backends.xeon.run_cpu``) preloads the same way, and vLLM's CPU
+build asks for tcmalloc so. A process started otherwise (a script using the Python API) keeps its
+malloc; the trainer reports at start which one runs and, where a faster one is installed, how to
+start with it (:func:`describe`).
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from grouprl.errors import ConfigError
+from grouprl.registry import Registry
+
+ALLOCATORS: Registry[tuple[str, ...]] = Registry("allocator")
+"""name -> the library files that provide it, best first."""
+ALLOCATORS.register("tcmalloc", ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"))
+ALLOCATORS.register("jemalloc", ("libjemalloc.so.2",))
+PREFERENCE = ("tcmalloc", "jemalloc")
+"""The order ``auto`` tries them in: tcmalloc gave the faster steps of the two (module docstring)."""
+PRELOADED = "GROUPRL_ALLOCATOR_PRELOADED"
+"""Set in the environment of a process started again with an allocator: it is never started a third time."""
+INSTALL_HINT = "apt-get install libtcmalloc-minimal4 (Debian, Ubuntu) or dnf install gperftools-libs (Fedora)"
+
+
+class Allocator(NamedTuple):
+    name: str
+    path: Path
+
+
+def library_dirs() -> list[Path]:
+    """Where shared libraries are looked for: this environment's own lib folder (a conda or venv install)
+    first, then the system's, multiarch folders included."""
+    arch = sysconfig.get_config_var("MULTIARCH") or ""
+    prefix = Path(sysconfig.get_config_var("prefix") or "/usr")
+    candidates = [prefix / "lib", Path("/usr/local/lib"), Path("/usr/lib") / arch, Path("/lib") / arch,
+                  Path("/usr/lib64"), Path("/usr/lib")]
+    seen: list[Path] = []
+    for d in candidates:
+        if d not in seen:
+            seen.append(d)
+    return seen
+
+
+def find(name: str, dirs: Sequence[Path] | None = None) -> Allocator | None:
+    """The allocator ``name`` (a key of :data:`ALLOCATORS`) if one of its library files is in ``dirs``."""
+    for d in library_dirs() if dirs is None else dirs:
+        for file in ALLOCATORS.get(name):
+            if (Path(d) / file).is_file():
+                return Allocator(name, Path(d) / file)
+    return None
+
+
+def resolve(setting: str, dirs: Sequence[Path] | None = None) -> Allocator | None:
+    """The allocator the ``allocator`` setting asks for: None for ``system`` (the C library's malloc) and
+    for ``auto`` where neither tcmalloc nor jemalloc is installed; a named one that is not installed, or a
+    path that is not a file, is refused with how to install it."""
+    if setting == "system":
+        return None
+    if setting == "auto":
+        return next((a for a in (find(n, dirs) for n in PREFERENCE) if a is not None), None)
+    if "/" in setting:
+        path = Path(setting).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"allocator: {setting!r} is not a file; give a shared library such as "
+                              "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4, or auto or system")
+        return Allocator(allocator_name(path) or path.name, path)
+    if setting not in ALLOCATORS:
+        try:
+            ALLOCATORS.get(setting)
+        except ValueError as e:  # the registry's message: the closest names and the valid ones
+            raise ConfigError(f"allocator: {e}, or auto, system or a library's path") from None
+    found = find(setting, dirs)
+    if found is None:
+        looked = ", ".join(str(d) for d in (library_dirs() if dirs is None else dirs))
+        raise ConfigError(f"allocator: {setting} is not installed ({', '.join(ALLOCATORS.get(setting))} not found in "
+                          f"{looked}); install it ({INSTALL_HINT}) or set allocator: auto or system")
+    return found
+
+
+def allocator_name(path: Path) -> str | None:
+    """The registered allocator a library file provides, by its file name (None for any other library)."""
+    return next((n for n in ALLOCATORS.names() if any(path.name.startswith(f.split(".so")[0] + ".so")
+                                                      for f in ALLOCATORS.get(n))), None)
+
+
+def running(maps: str | os.PathLike = "/proc/self/maps") -> Allocator | None:
+    """The registered allocator loaded into this process (read from its memory map), if any."""
+    try:
+        text = Path(maps).read_text(encoding="utf-8", errors="replace")
+    except OSError:  # not Linux: nothing to read, nothing claimed
+        return None
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)  # address, permissions, offset, device, inode, path
+        if len(fields) == 6 and fields[5].startswith("/"):
+            path = Path(fields[5].strip())
+            name = allocator_name(path)
+            if name is not None:
+                return Allocator(name, path)
+    return None
+
+
+def preload_environ(setting: str, environ: Mapping[str, str], dirs: Sequence[Path] | None = None,
+                    maps: str | os.PathLike = "/proc/self/maps") -> dict[str, str] | None:
+    """The environment to start this command again with, the chosen allocator first in ``LD_PRELOAD``;
+    None when there is nothing to do: ``system``, nothing installed, a registered allocator already
+    loaded (the user's own ``LD_PRELOAD``), or this process is already the second start."""
+    if environ.get(PRELOADED) or running(maps) is not None:
+        return None
+    chosen = resolve(setting, dirs)
+    if chosen is None:
+        return None
+    rest = environ.get("LD_PRELOAD", "")
+    return {**environ, "LD_PRELOAD": f"{chosen.path} {rest}".strip(), PRELOADED: chosen.name}
+
+
+def restart_with_allocator(setting: str, command: Sequence[str]) -> None:
+    """Replace this process with ``command`` started under the allocator ``setting`` picks (see
+    :func:`preload_environ`); return without doing anything when it picks none."""
+    env = preload_environ(setting, os.environ)
+    if env is None:
+        return
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(command[0], list(command), env)
+
+
+def describe(dirs: Sequence[Path] | None = None, maps: str | os.PathLike = "/proc/self/maps") -> str:
+    """One line for the run's start and summary: the allocator running and, for the C library's malloc,
+    where a faster one is (or how to install one)."""
+    now = running(maps)
+    if now is not None:
+        return f"{now.name} ({now.path})"
+    found = resolve("auto", dirs)
+    if found is None:
+        return f"the C library's malloc (tcmalloc or jemalloc lowers the peak and speeds steps up: {INSTALL_HINT})"
+    return (f"the C library's malloc ({found.name} is installed: the grouprl command preloads it unless allocator is "
+            f"system; a script can start with LD_PRELOAD={found.path})")
