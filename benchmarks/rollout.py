@@ -3,7 +3,7 @@
 engine with every matrix product as ``x @ W.T`` (what its learnt few-row layouts,
 :mod:`grouprl.rollout.skinny`, gain in fp32; bf16 decoding does not use them).
 
-    python benchmarks/rollout.py [--repeats 2] [--threads 2] [--settings 16x64,64x128]
+    python benchmarks/rollout.py [--repeats 2] [--threads 2] [--settings 16x64,64x128] [--allocator auto]
 
 Rows are arithmetic prompts x G=4 samples, temperature 1, no top-k/top-p, stopping on EOS only;
 tokens/s counts completion tokens up to and including EOS (what a trainer uses), so a method that
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import sys
 import time
 
 import torch
@@ -96,8 +97,14 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(FORMATS),
                         help="number formats to time (fp32 alone where bf16 products are emulated and slow)")
     parser.add_argument("--no_vllm", action="store_true", help="leave vLLM out even where it is installed")
+    parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting (auto: what the grouprl "
+                        "command preloads, tcmalloc where installed; system: the C library's malloc)")
     args = parser.parse_args()
+    from grouprl.run.allocator import describe, restart_with_allocator
+
+    restart_with_allocator(args.allocator, [sys.executable, *sys.argv])  # as the grouprl command starts itself
     print(cpu_line(), flush=True)
+    print(f"allocator: {describe()}", flush=True)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
     sampler = Sampler(model, tokenizer)

@@ -180,15 +180,15 @@ def trl_worker(args: argparse.Namespace) -> None:
 
 # -- the parent ----------------------------------------------------------------------------------------
 class Worker:
-    def __init__(self, name: str, beta: float, threads: int, seed: int, python: str, trl_ckpt: bool,
+    def __init__(self, name: str, framework: str, beta: float, threads: int, seed: int, python: str, trl_ckpt: bool,
                  trl_dtype: str, grouprl_engine: str, allocator: str):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
         env = preload_environ(allocator, env) or env  # as the grouprl command starts itself
         self.name = name
         self.proc = subprocess.Popen(
-            [python, __file__, "--worker", name, "--beta", str(beta), "--threads", str(threads), "--seed", str(seed),
-             "--trl_gradient_checkpointing", str(trl_ckpt), "--trl_dtype", trl_dtype,
+            [python, __file__, "--worker", framework, "--beta", str(beta), "--threads", str(threads),
+             "--seed", str(seed), "--trl_gradient_checkpointing", str(trl_ckpt), "--trl_dtype", trl_dtype,
              "--grouprl_engine", grouprl_engine],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.allocator = self.read()["allocator"]
@@ -227,9 +227,12 @@ def trl_best_dtype(threads: int) -> str:
 
 def run_pair(args: argparse.Namespace, beta: float, steps: int, seed: int) -> dict:
     """Both frameworks, ``steps`` steps each in turn (the first a warm-up): their step records and peaks."""
-    workers = [Worker(name, beta, args.threads, seed, args.python, args.trl_gradient_checkpointing, args.trl_dtype,
-                      args.grouprl_engine, getattr(args, f"{name}_allocator"))
-               for name in ("grouprl", "trl")]
+    # the first grouprl allocator is the headline's ("grouprl"); any further one runs beside it as grouprl[name]
+    allocators = args.grouprl_allocator.split(",")
+    specs = [("grouprl" if i == 0 else f"grouprl[{a}]", "grouprl", a) for i, a in enumerate(allocators)]
+    workers = [Worker(name, framework, beta, args.threads, seed, args.python, args.trl_gradient_checkpointing,
+                      args.trl_dtype, args.grouprl_engine, allocator)
+               for name, framework, allocator in [*specs, ("trl", "trl", args.trl_allocator)]]
     for w in workers:
         print(f"  {w.name} worker's allocator: {w.allocator}", flush=True)
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
@@ -257,12 +260,14 @@ def summarise(beta: float, result: dict) -> tuple[float, float]:
     speedup = med["trl"]["seconds"] / med["grouprl"]["seconds"]
     memory = peak["grouprl"] / peak["trl"]
     print(f"beta={beta}: {len(timed['trl'])} timed steps each")
-    for k in ("grouprl", "trl"):
-        m = med[k]
+    for k, m in med.items():
         print(f"  {k:7s} median {m['seconds']:6.2f} s/step (generate {m['generate']:.2f}, logprobs "
               f"{m['logprobs']:.2f}, update {m['update']:.2f}), mean completion {lens[k]:.1f} tokens, "
               f"peak RSS {peak[k]:.0f} MiB")
     print(f"  speedup {speedup:.2f}x, memory ratio {memory:.2f}")
+    for k in (k for k in med if k.startswith("grouprl[")):
+        print(f"  {k}: speedup {med['trl']['seconds'] / med[k]['seconds']:.2f}x, memory ratio "
+              f"{peak[k] / peak['trl']:.2f}")
     return speedup, memory
 
 
@@ -338,7 +343,8 @@ def main() -> None:
                              "keeps no second copy of the model and no vLLM libraries in memory)")
     parser.add_argument("--grouprl_allocator", default="auto",
                         help="allocator of grouprl's worker, as grouprl's allocator setting (auto: what the grouprl "
-                             "command preloads; system: the C library's malloc)")
+                             "command preloads; system: the C library's malloc); a comma-separated list runs one "
+                             "grouprl worker per entry, in turn with the others, the first giving the last line")
     parser.add_argument("--trl_allocator", default="system", help="allocator of TRL's worker, the same choices")
     parser.add_argument("--trl_dtype", choices=["auto", "fp32", "bf16"], default="auto",
                         help="TRL's number format; auto: bf16 where this machine's training-sized bf16 products are "

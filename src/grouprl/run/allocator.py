@@ -135,7 +135,7 @@ def restart_with_allocator(setting: str, command: Sequence[str]) -> None:
     """Replace this process with ``command`` started under the allocator ``setting`` picks (see
     :func:`preload_environ`); return without doing anything when it picks none."""
     env = preload_environ(setting, os.environ)
-    if env is None:
+    if env is None or not command or not command[0]:  # an embedded interpreter has no executable to start
         return
     import sys
 
