@@ -21,6 +21,7 @@ start with it (:func:`describe`).
 from __future__ import annotations
 
 import os
+import sys
 import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -49,9 +50,8 @@ def library_dirs() -> list[Path]:
     """Where shared libraries are looked for: this environment's own lib folder (a conda or venv install)
     first, then the system's, multiarch folders included."""
     arch = sysconfig.get_config_var("MULTIARCH") or ""
-    prefix = Path(sysconfig.get_config_var("prefix") or "/usr")
-    candidates = [prefix / "lib", Path("/usr/local/lib"), Path("/usr/lib") / arch, Path("/lib") / arch,
-                  Path("/usr/lib64"), Path("/usr/lib")]
+    candidates = [Path(sys.prefix) / "lib", Path(sys.base_prefix) / "lib", Path("/usr/local/lib"),
+                  Path("/usr/lib") / arch, Path("/lib") / arch, Path("/usr/lib64"), Path("/usr/lib")]
     seen: list[Path] = []
     for d in candidates:
         if d not in seen:
@@ -137,8 +137,6 @@ def restart_with_allocator(setting: str, command: Sequence[str]) -> None:
     env = preload_environ(setting, os.environ)
     if env is None or not command or not command[0]:  # an embedded interpreter has no executable to start
         return
-    import sys
-
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command[0], list(command), env)
