@@ -15,9 +15,10 @@ Two kinds of figures:
 It runs under the allocator the ``grouprl`` command would preload (``--allocator auto``: tcmalloc where
 installed; ``system``: the C library's malloc), starting itself again with it as the command does.
 
-With glibc, the sampler also reads ``mallinfo2`` whenever resident memory reaches a new high, and prints
-how much of glibc's heap was in use and how much freed but kept at the peak (set ``MALLOC_MMAP_THRESHOLD_``
-in the environment to see what a fixed threshold changes).
+Under glibc's malloc (``--allocator system``, or no other allocator installed), the sampler also reads
+``mallinfo2`` whenever resident memory reaches a new high, and prints how much of glibc's heap was in use
+and how much freed but kept at the peak (set ``MALLOC_MMAP_THRESHOLD_`` in the environment to see what a
+fixed threshold changes).
 
 The last line is ``peak_rss_mib=<X> held_mib=<weights + reference + gradients + optimizer>``.
 """

@@ -52,11 +52,7 @@ def library_dirs() -> list[Path]:
     arch = sysconfig.get_config_var("MULTIARCH") or ""
     candidates = [Path(sys.prefix) / "lib", Path(sys.base_prefix) / "lib", Path("/usr/local/lib"),
                   Path("/usr/lib") / arch, Path("/lib") / arch, Path("/usr/lib64"), Path("/usr/lib")]
-    seen: list[Path] = []
-    for d in candidates:
-        if d not in seen:
-            seen.append(d)
-    return seen
+    return list(dict.fromkeys(candidates))  # each once, in order
 
 
 def find(name: str, dirs: Sequence[Path] | None = None) -> Allocator | None:
@@ -82,15 +78,14 @@ def resolve(setting: str, dirs: Sequence[Path] | None = None) -> Allocator | Non
             raise ConfigError(f"allocator: {setting!r} is not a file; give a shared library such as "
                               "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4, or auto or system")
         return Allocator(allocator_name(path) or path.name, path)
-    if setting not in ALLOCATORS:
-        try:
-            ALLOCATORS.get(setting)
-        except ValueError as e:  # the registry's message: the closest names and the valid ones
-            raise ConfigError(f"allocator: {e}, or auto, system or a library's path") from None
+    try:
+        files = ALLOCATORS.get(setting)
+    except ValueError as e:  # the registry's message: the closest names and the valid ones
+        raise ConfigError(f"allocator: {e}, or auto, system or a library's path") from None
     found = find(setting, dirs)
     if found is None:
         looked = ", ".join(str(d) for d in (library_dirs() if dirs is None else dirs))
-        raise ConfigError(f"allocator: {setting} is not installed ({', '.join(ALLOCATORS.get(setting))} not found in "
+        raise ConfigError(f"allocator: {setting} is not installed ({', '.join(files)} not found in "
                           f"{looked}); install it ({INSTALL_HINT}) or set allocator: auto or system")
     return found
 
@@ -150,6 +145,6 @@ def describe(dirs: Sequence[Path] | None = None, maps: str | os.PathLike = "/pro
         return f"{now.name} ({now.path})"
     found = resolve("auto", dirs)
     if found is None:
-        return f"the C library's malloc (tcmalloc or jemalloc lowers the peak and speeds steps up: {INSTALL_HINT})"
+        return f"the C library's malloc (tcmalloc lowers the peak and speeds steps up: {INSTALL_HINT})"
     return (f"the C library's malloc ({found.name} is installed: the grouprl command preloads it unless allocator is "
             f"system; a script can start with LD_PRELOAD={found.path})")
