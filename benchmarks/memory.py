@@ -10,7 +10,7 @@ Two kinds of figures:
   rose above where the phase began, sampled every 2 ms by a thread, worst over ``--steps`` steps after a
   warm-up step.
 
-    python benchmarks/memory.py [--steps 2] [--threads 1] [--beta 0.04] [--allocator auto]
+    python benchmarks/memory.py [--steps 2] [--threads 1] [--beta 0.04] [--allocator auto] [--gradient_checkpointing]
 
 It runs under the allocator the ``grouprl`` command would preload (``--allocator auto``: tcmalloc where
 installed; ``system``: the C library's malloc), starting itself again with it as the command does.
@@ -108,6 +108,8 @@ def main() -> None:
     parser.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="rollout_engine")
     parser.add_argument("--seed", type=int, default=0, help="the run's seed (prompts and sampling)")
     parser.add_argument("--micro_batch_size", type=int, default=8, help="rows per training pass (the default 8)")
+    parser.add_argument("--gradient_checkpointing", action="store_true",
+                        help="recompute each layer's activations in the backward pass")
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting (auto, system, ...)")
     args = parser.parse_args()
     from grouprl.run.allocator import describe, restart_with_allocator, running
@@ -134,7 +136,7 @@ def main() -> None:
     config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=64, temperature=1.0, beta=args.beta, lr=1e-6,
                         output_dir=tempfile.mkdtemp(prefix="memory-"), progress=False, tensorboard=False,
                         log_completions_every=0, rollout_engine=args.engine, micro_batch_size=args.micro_batch_size,
-                        seed=args.seed)
+                        seed=args.seed, gradient_checkpointing=args.gradient_checkpointing)
     before_setup = rss_mib()
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
                           train_data=task.rows("train", 400, seed=0), system_prompt=task.system_prompt)
@@ -174,7 +176,7 @@ def main() -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     command = (f"python benchmarks/memory.py --steps {args.steps} --threads {args.threads} --beta {args.beta} "
                f"--engine {args.engine} --micro_batch_size {args.micro_batch_size} --seed {args.seed} "
-               f"--allocator {args.allocator}")
+               f"--allocator {args.allocator}" + (" --gradient_checkpointing" if args.gradient_checkpointing else ""))
     lines = [cpu_line(), "", f"`{command}`", "", "| what | MiB |", "|---|---|",
              f"| {rows[0][0]} | {rows[0][1]:.0f} |"]
     lines += [f"| held: {name} | {value:.0f} |" for name, value in held]

