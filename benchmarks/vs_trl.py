@@ -100,9 +100,14 @@ def grouprl_worker(args: argparse.Namespace) -> None:
     emit({"peak_rss_mb": peak_rss_mb()})
 
 
+def true_word(value: str) -> bool:
+    """A command-line boolean: 1, true or yes (any case) is True."""
+    return value.lower() in ("1", "true", "yes")
+
+
 def checkpointing_option(value: str) -> dict:
     """grouprl's ``gradient_checkpointing`` for the worker: ``default`` leaves the config's own."""
-    return {} if value == "default" else {"gradient_checkpointing": value.lower() in ("1", "true", "yes")}
+    return {} if value == "default" else {"gradient_checkpointing": true_word(value)}
 
 
 def trl_worker(args: argparse.Namespace) -> None:
@@ -344,7 +349,7 @@ def main() -> None:
     parser.add_argument("--curves", type=int, default=0, help="instead: reward curves over this many steps")
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0])
     parser.add_argument("--output", default="benchmarks/results/vs_trl", help="folder of the curves' files")
-    parser.add_argument("--trl_gradient_checkpointing", type=lambda s: s.lower() in ("1", "true", "yes"),
+    parser.add_argument("--trl_gradient_checkpointing", type=true_word,
                         default=True, help="TRL's own default (true) recomputes activations in backward")
     parser.add_argument("--grouprl_engine", choices=["auto", "hf", "vllm"], default="auto",
                         help="grouprl's rollout_engine (auto: vLLM when installed; hf: the built-in engine, which "
