@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from grouprl.config import TrainConfig, save_yaml
 from grouprl.errors import ConfigError
 from grouprl.run.folder import CLAIMED_BY_PARENT
@@ -57,13 +59,17 @@ def launch(config: TrainConfig, nproc: int) -> int:
 
 def join_run(config: TrainConfig) -> Any:
     """This process's :class:`~grouprl.trainer.dist.group.DistEnv` under torchrun with several
-    processes (the process group joined), or None in a one-process run."""
+    processes (the process group joined); in one process on a machine with a GPU, a group of that one
+    process, so that the model trains on the GPU through the same placement as a multi-GPU run; None
+    in a one-process run on a CPU (``CUDA_VISIBLE_DEVICES=`` keeps a GPU machine's run there)."""
+    from grouprl.trainer.dist.group import init_distributed, one_process_init_method
+
     world = torchrun_world_size()
-    if world <= 1:
+    if world <= 1 and not torch.cuda.is_available():
         return None
     check_world_size(config, world)
-    from grouprl.trainer.dist.group import init_distributed
-
+    if world <= 1 and "MASTER_ADDR" not in os.environ:  # not under torchrun: no rendezvous to read
+        return init_distributed(rank=0, world_size=1, init_method=one_process_init_method(), device="cuda")
     return init_distributed()
 
 

@@ -4,7 +4,7 @@ sampling. Knows nothing of advantages or losses."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -31,6 +31,11 @@ class Collected:
     """Rollout rounds it took (more than 1 only under dynamic sampling)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """What the scoring measured besides the rewards (the judge's ``judge/*``), summed over rounds."""
+
+    def to(self, device: torch.device) -> Collected:
+        """The same rollout and rewards on ``device`` (where the trainer's passes and update run)."""
+        return replace(self, batch=self.batch.to(device), rewards=self.rewards.to(device),
+                       per_fn={k: v.to(device) for k, v in self.per_fn.items()})
 
 
 class GroupCollector:

@@ -248,7 +248,8 @@ class TrainerConfig(ResolvedSettings):
     """How a run on several processes (grouprl train --nproc N, or torchrun) shares the model:
     fsdp (FSDP2: parameters, gradients and optimizer state sharded across processes, each decoder
     layer gathered only while it runs; the reference sharded the same way) or ddp (a full copy
-    per process, gradients all-reduced: simpler, more memory). Unused in one process."""
+    per process, gradients all-reduced: simpler, more memory). One process on a GPU places its model
+    the same way (a group of one); unused in one process on a CPU."""
     mixed_precision: str = "none"
     """FSDP2 mixed precision: none, or bf16 (parameters gathered and computed in bfloat16,
     gradients reduced in float32; the optimizer keeps float32 shards)."""

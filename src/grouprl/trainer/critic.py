@@ -78,7 +78,8 @@ class Critic:
 
     def values(self, batch: RolloutBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Critic values ``[B, T]`` (or of ``rows``, with grad); without rows, no grad, in micro-batches."""
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.config.train_bf16)
+        device_type = next(self.model.parameters()).device.type
+        autocast = torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.config.train_bf16)
         pick = lambda r: (batch.prompt_ids[r], batch.prompt_mask[r], batch.completion_ids[r], batch.completion_mask[r])  # noqa: E731
         if rows is not None:
             with autocast:

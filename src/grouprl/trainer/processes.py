@@ -24,6 +24,8 @@ class OneProcess:
     world_size = 1
     is_main = True
     """Only the main process writes the run folder's logs, summary and report."""
+    device: torch.device | None = None
+    """Where :meth:`place` puts the models (None: where they already are)."""
 
     def place(self, policy: nn.Module, reference: nn.Module | None) -> tuple[nn.Module, nn.Module | None]:
         """The models as this process trains them (sharded or wrapped across processes)."""

@@ -121,7 +121,8 @@ class Trainer:
         policy = prepare_policy(policy, c)
         self.config = c = copy.copy(c)  # the caller's config is left as it was given
         c.precision = choose_precision(c.dtype, c.ref_dtype, policy, c.rollout_rows // self.processes.world_size,
-                                       c.micro_batch_size * (c.max_prompt_len // 2 + c.max_new_tokens))
+                                       c.micro_batch_size * (c.max_prompt_len // 2 + c.max_new_tokens),
+                                       device=self.processes.device)
         if sampler is None:
             c.resolved_engine, engine_reason = resolve_engine(c.rollout_engine, policy, c.rollout_mode,
                                                               multi_turn=inputs.env is not None)
@@ -199,7 +200,8 @@ class Trainer:
             except Exception as e:  # noqa: BLE001 - re-raised below, in every process
                 error = e
         self.processes.check(error)
-        return result
+        device = self.processes.device  # a GPU run: rewards and a vLLM engine's rollout come back on the CPU
+        return result if device is None else result.to(device)
 
     def correct_rollout(self, data: UpdateBatch) -> dict[str, float]:
         """With ``rollout_is`` on, weight each token's policy-gradient term by the capped ratio

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,13 @@ def init_distributed(*, rank: int | None = None, world_size: int | None = None, 
         dist.init_process_group("cuda:nccl,cpu:gloo" if use_cuda else "gloo", init_method=init_method or "env://",
                                 rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
     return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=dev)
+
+
+def one_process_init_method() -> str:
+    """A rendezvous address for a group of one process: a free TCP port on this machine."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def sum_tensor(x: torch.Tensor) -> torch.Tensor:

@@ -91,7 +91,7 @@ class Processes:
         for msg in world_size_problems(config, env.world_size):
             raise ValueError(msg)
         self.env = env
-        self.rank, self.world_size, self.is_main = env.rank, env.world_size, env.is_main
+        self.rank, self.world_size, self.is_main, self.device = env.rank, env.world_size, env.is_main, env.device
         self.sharding = Sharding(config.engine, config.mixed_precision, config.cpu_offload)
 
     def place(self, policy: nn.Module, reference: nn.Module | None) -> tuple[nn.Module, nn.Module | None]:
