@@ -10,7 +10,9 @@ One engine class for both devices; what differs is a setting, not a second class
   to ``kv_cache_gib``, no sleep mode;
 - GPU: CUDA graphs, ``gpu_memory_utilization`` of the GPU while awake, and sleep mode between
   rollouts (level 1: the KV cache freed, the weights parked in CPU memory), which hands the memory
-  back to training.
+  back to training. vLLM's sleep-mode allocator serves one engine per process: a second engine in
+  the same process starts without sleep mode (with a warning). Its LoRA kernels take bf16 or fp16
+  adapters only: an fp32 engine with LoRA is refused before it starts.
 
 Weights: the engine starts with dummy weights (nothing is read from disk) and receives the trainer's
 before its first rollout and again before the first rollout after every optimizer step
@@ -45,6 +47,8 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -174,6 +178,8 @@ class VLLMSampler:
 
     uses_live_model = False
     """The trainer need not gather its own weights for a rollout: the engine holds a copy."""
+    _sleeper: weakref.ref[VLLMSampler] | None = None
+    """The engine of this process that holds vLLM's sleep-mode allocator."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, max_model_len: int, dtype: str = "float32", seed: int = 0,
                  lora_rank: int | None = None, gpu_memory_utilization: float = 0.3, sleep: bool = True,
@@ -183,16 +189,23 @@ class VLLMSampler:
         self.vllm = require_vllm()
         self.model, self.tokenizer = model, tokenizer
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
+        self.lora = lora_rank is not None and hasattr(model, "peft_config")
+        if on_gpu and self.lora and self.dtype == torch.float32:
+            raise ValueError("vLLM's GPU LoRA kernels take bf16 or fp16 adapters and this engine would run in "
+                             "fp32: set dtype: bf16 (or auto, bf16 on a GPU), or rollout_engine: hf")
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         self.sleep_between = sleep and on_gpu  # the CPU build has no sleep mode
-        self.lora = lora_rank is not None and hasattr(model, "peft_config")
+        if self.sleep_between and VLLMSampler._sleeper is not None and VLLMSampler._sleeper() is not None:
+            warnings.warn("a second vLLM engine in this process starts without sleep mode: vLLM's sleep-mode "
+                          "allocator serves one engine per process", stacklevel=2)
+            self.sleep_between = False
         self.folder = tempfile.mkdtemp(prefix="grouprl-vllm-")
         self._write_model_files()
         kwargs: dict[str, Any] = dict(
             model=self.folder, tokenizer=self.folder, load_format="dummy", dtype=dtype, seed=seed,
             max_model_len=max_model_len, logprobs_mode="processed_logprobs", enable_prefix_caching=True)
         if on_gpu:
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep)
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_between)
         else:
             # A prompt prefilled in chunks has the token drawn after a partial chunk thrown away, and vLLM
             # then rewinds that request's seeded generator, which a CPU generator cannot do ("CPU
@@ -208,6 +221,8 @@ class VLLMSampler:
             kwargs.update(enable_lora=True, max_lora_rank=max(8, 1 << (int(lora_rank) - 1).bit_length()), max_loras=1)
         with kept_process_state():  # in-process, the trainer keeps its threads and its memory on every node
             self.llm = self.vllm.LLM(**kwargs)
+        if self.sleep_between:
+            VLLMSampler._sleeper = weakref.ref(self)
         self.awake, self.stale, self.base_loaded, self.adapter_version = True, True, False, 0
         self.in_phase = False
         self.lora_request: Any = None
