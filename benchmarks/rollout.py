@@ -4,6 +4,10 @@ engine with every matrix product as ``x @ W.T`` (what its learnt few-row layouts
 :mod:`grouprl.rollout.skinny`, gain in fp32; bf16 decoding does not use them).
 
     python benchmarks/rollout.py [--repeats 2] [--threads 2] [--settings 16x64,64x128] [--allocator auto]
+                                 [--device auto]
+
+On a machine with a GPU (``--device auto`` picks it) every method runs there: the built-in engine and
+``model.generate`` on the model moved to the GPU, vLLM with its GPU build.
 
 Rows are arithmetic prompts x G=4 samples, temperature 1, no top-k/top-p, stopping on EOS only;
 tokens/s counts completion tokens up to and including EOS (what a trainer uses), so a method that
@@ -53,20 +57,27 @@ def prompts(rows: int) -> list[str]:
             [(7 + i, (3 * i) % 10 + 1) for i in range(rows // G)]]
 
 
+def finished() -> float:
+    """The clock once the GPU's queued work (if any) is done."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 def run_engine(sampler: Sampler, ids: list[list[int]], n: int, fmt: str, seed: int) -> tuple[int, float]:
     """(tokens, seconds) of one built-in engine rollout."""
     params = SamplingParams(max_new_tokens=n, temperature=1.0, autocast_bf16=fmt == "bf16")
-    start = time.perf_counter()
+    start = finished()
     batch = sampler.generate(ids, G, params, seed=seed)
-    return int(batch.lengths.sum()), time.perf_counter() - start
+    return int(batch.lengths.sum()), finished() - start
 
 
 def run_vllm(engine, ids: list[list[int]], n: int, fmt: str, seed: int) -> tuple[int, float]:
     """(tokens, seconds) of one vLLM rollout (an engine per format)."""
     params = SamplingParams(max_new_tokens=n, temperature=1.0)
-    start = time.perf_counter()
+    start = finished()
     batch = engine[fmt].generate(ids, G, params, seed=seed)
-    return int(batch.lengths.sum()), time.perf_counter() - start
+    return int(batch.lengths.sum()), finished() - start
 
 
 def run_generate(model, tokenizer, ids: list[list[int]], n: int, fmt: str, seed: int) -> tuple[int, float]:
@@ -74,15 +85,16 @@ def run_generate(model, tokenizer, ids: list[list[int]], n: int, fmt: str, seed:
     eos = tokenizer.eos_token_id
     width = max(map(len, ids))
     rows = [r for r in ids for _ in range(G)]
-    inp = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
-    attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    device = next(model.parameters()).device
+    inp = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows], device=device)
+    attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
     torch.manual_seed(seed)
-    amp = torch.autocast("cpu", dtype=torch.bfloat16) if fmt == "bf16" else contextlib.nullcontext()
-    start = time.perf_counter()
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if fmt == "bf16" else contextlib.nullcontext()
+    start = finished()
     with amp:
         out = model.generate(input_ids=inp, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                              max_new_tokens=n, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
-    seconds = time.perf_counter() - start
+    seconds = finished() - start
     comp = out[:, width:]
     is_eos = comp == eos
     lengths = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, comp.shape[1])
@@ -97,16 +109,22 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(FORMATS),
                         help="number formats to time (fp32 alone where bf16 products are emulated and slow)")
     parser.add_argument("--no_vllm", action="store_true", help="leave vLLM out even where it is installed")
+    parser.add_argument("--device", default="auto", help="auto (a GPU where there is one), cpu or cuda")
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting (auto: what the grouprl "
                         "command preloads, tcmalloc where installed; system: the C library's malloc)")
     args = parser.parse_args()
     from grouprl.run.allocator import describe, restart_with_allocator
 
     restart_with_allocator(args.allocator, [sys.executable, *sys.argv])  # as the grouprl command starts itself
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
     print(cpu_line(), flush=True)
+    if device.type == "cuda":
+        print(f"gpu: {torch.cuda.get_device_name(device)} (torch {torch.__version__})", flush=True)
     print(f"allocator: {describe()}", flush=True)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    model.to(device)
     sampler = Sampler(model, tokenizer)
     plain = Sampler(model, tokenizer)
     plain.products = PlainProducts()
@@ -115,13 +133,14 @@ def main() -> None:
     methods = {"engine": lambda ids, n, fmt, seed: run_engine(sampler, ids, n, fmt, seed),
                "engine, x @ W.T only": lambda ids, n, fmt, seed: run_engine(plain, ids, n, fmt, seed),
                "generate": lambda ids, n, fmt, seed: run_generate(model, tokenizer, ids, n, fmt, seed)}
+    engines = {}
     if importlib.util.find_spec("vllm") is not None and not args.no_vllm:
         from grouprl.rollout.vllm import VLLMSampler
 
         longest = max(n for _, n in settings) + 64
         engines = {fmt: VLLMSampler(model, tokenizer, max_model_len=longest, dtype=d,
                                     max_rows=max(rows for rows, _ in settings))
-                   for fmt, d in (("fp32", "float32"), ("bf16", "bfloat16"))}
+                   for fmt, d in (("fp32", "float32"), ("bf16", "bfloat16")) if fmt in formats}
         methods["vllm"] = lambda ids, n, fmt, seed: run_vllm(engines, ids, n, fmt, seed)
     else:
         print("vLLM left out (not installed, or --no_vllm): built-in engine and model.generate only", flush=True)
@@ -141,7 +160,7 @@ def main() -> None:
                 totals[key][1] += seconds
         rate = {k: t / s for k, (t, s) in totals.items()}
         best = {m: max(formats, key=lambda f, m=m: rate[m, f]) for m in methods}
-        chosen = choose_precision("auto", "auto", model, rows, 512).rollout
+        chosen = choose_precision("auto", "auto", model, rows, 512, device=device).rollout
         chosen = chosen if chosen in formats else best[auto_engine]
         print(f"{rows} rows x {n} new tokens (tokens/s):", flush=True)
         for m in methods:
@@ -155,6 +174,8 @@ def main() -> None:
         print(f"  auto ({auto_engine}, {chosen}) over generate at its best: {auto / generate:.2f}x; over the built-in "
               f"engine at its best: {auto / rate['engine', best['engine']]:.2f}x", flush=True)
         first = first or auto / generate
+    for engine in engines.values():
+        engine.close()
     print(f"speedup={first:.2f}")
 
 
