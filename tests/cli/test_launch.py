@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from grouprl.cli import main
-from grouprl.cli.launch import torchrun_command
+from grouprl.cli.launch import one_gpu_problem, torchrun_command
 from grouprl.config import TrainConfig, load_config
 from grouprl.report.data import read_jsonl
 
@@ -83,3 +83,10 @@ def test_the_readme_scaling_out_commands_resolve(tmp_path, monkeypatch, capsys):
         args = argv[argv.index("grouprl") + 1:]
         assert args[0] == "train", argv
         assert main([*args, "--print-config"]) == 0, (argv, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("algo, why", [("grpo", None), ("rloo", None), ("reinforce", None),
+                                       ("ppo", "trains a critic"), ("trpo", "natural-gradient step")])
+def test_one_gpu_runs_train_on_the_gpu_except_critics_and_natural_gradients(algo, why):
+    got = one_gpu_problem(TrainConfig(algo=algo))
+    assert got is None if why is None else why in got

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,25 @@ def join_run(config: TrainConfig) -> Any:
     world = torchrun_world_size()
     if world <= 1 and not torch.cuda.is_available():
         return None
+    if world <= 1 and (why := one_gpu_problem(config)):
+        warnings.warn(f"{why}: this run trains on the CPU", stacklevel=2)
+        return None
     check_world_size(config, world)
     if world <= 1 and "MASTER_ADDR" not in os.environ:  # not under torchrun: no rendezvous to read
         return init_distributed(rank=0, world_size=1, init_method=one_process_init_method(), device="cuda")
     return init_distributed()
+
+
+def one_gpu_problem(config: TrainConfig) -> str | None:
+    """Why a one-process run of ``config`` cannot train on this machine's GPU (None: it can)."""
+    from grouprl.trainer.algorithms import ALGORITHMS
+
+    algo = ALGORITHMS.get(config.algo)
+    if algo.critic:
+        return f"algo={config.algo} trains a critic, which the GPU placement does not move"
+    if algo.update != "clipped":
+        return f"algo={config.algo}: its natural-gradient step takes whole-model products outside the GPU placement"
+    return None
 
 
 def leave_run(env: Any) -> None:
