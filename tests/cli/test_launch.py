@@ -31,6 +31,7 @@ def tiny_args(tmp_path: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize("extra, message", [
     (("--prompts_per_step", "3"), "prompts_per_step=3 .* must divide evenly over 2 processes"),
     (("--dynamic_sampling", "true"), "dynamic_sampling is not available with several processes"),
+    (("--algo", "ppo"), "trains a critic, which the process group neither shards nor moves; train it in one"),
 ])
 def test_nproc_refuses_a_batch_it_cannot_split_before_starting_processes(tmp_path, capsys, extra, message):
     code = main(["train", *tiny_args(tmp_path, *extra), "--nproc", "2"])

@@ -79,14 +79,9 @@ def join_run(config: TrainConfig) -> Any:
 
 def one_gpu_problem(config: TrainConfig) -> str | None:
     """Why a one-process run of ``config`` cannot train on this machine's GPU (None: it can)."""
-    from grouprl.trainer.algorithms import ALGORITHMS
+    from grouprl.trainer.dist.processes import placement_problems
 
-    algo = ALGORITHMS.get(config.algo)
-    if algo.critic:
-        return f"algo={config.algo} trains a critic, which the GPU placement does not move"
-    if algo.update != "clipped":
-        return f"algo={config.algo}: its natural-gradient step takes whole-model products outside the GPU placement"
-    return None
+    return next(iter(placement_problems(config)), None)
 
 
 def leave_run(env: Any) -> None:

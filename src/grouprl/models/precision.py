@@ -135,7 +135,7 @@ def choose_precision(dtype: str, ref_dtype: str, model: torch.nn.Module, decode_
         # A probe at these sizes would time kernel launches, not arithmetic; bf16 units run every
         # product of a training step at least as fast as fp32 (tf32 included) and halve the bytes moved.
         fmt = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-        return Precision(fmt, fmt, forced_ref or fmt, how=f"{torch.cuda.get_device_name(device)}")
+        return Precision(fmt, fmt, forced_ref or fmt, how=torch.cuda.get_device_name(device))
     hidden, width = model_shape(model)
     decode_rows, train_tokens = max(1, min(decode_rows, 256)), max(16, min(train_tokens, 2048))
     key = hashlib.sha1(json.dumps([_cpu_key(), device.type, torch.get_num_threads(), torch.__version__, hidden,

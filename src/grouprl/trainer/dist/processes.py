@@ -59,8 +59,6 @@ def world_size_problems(config: Any, world_size: int) -> list[str]:
     """What in ``config`` cannot be split over ``world_size`` processes (checked before loading)."""
     if world_size <= 1:
         return []
-    from grouprl.trainer.algorithms import ALGORITHMS
-
     out = []
     groups = config.minibatch_rows // config.group_size
     if config.prompts_per_step % world_size or groups % world_size:
@@ -69,13 +67,21 @@ def world_size_problems(config: Any, world_size: int) -> list[str]:
     if config.dynamic_sampling:
         out.append("dynamic_sampling is not available with several processes (processes would hold different "
                    "numbers of groups); train in one process or set dynamic_sampling false")
+    return out + [f"{why}; train it in one process (grpo, rloo and reinforce run on several)"
+                  for why in placement_problems(config)]
+
+
+def placement_problems(config: Any) -> list[str]:
+    """What in ``config`` :class:`Processes` cannot place (on several processes, or on one GPU)."""
+    from grouprl.trainer.algorithms import ALGORITHMS
+
     algo = ALGORITHMS.get(config.algo)
+    out = []
     if algo.critic:
-        out.append(f"algo={config.algo} trains a critic, which is not sharded across processes; train it in one "
-                   f"process (grpo, rloo and reinforce run on several)")
+        out.append(f"algo={config.algo} trains a critic, which the process group neither shards nor moves")
     if algo.update != "clipped":
         out.append(f"algo={config.algo}: its natural-gradient step needs whole-model gradient and Fisher-vector "
-                   f"products, which are not reduced across processes; train it in one process")
+                   f"products, which are not reduced across processes")
     return out
 
 
