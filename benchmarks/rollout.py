@@ -116,8 +116,7 @@ def main() -> None:
     from grouprl.run.allocator import describe, restart_with_allocator
 
     restart_with_allocator(args.allocator, [sys.executable, *sys.argv])  # as the grouprl command starts itself
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     print(cpu_line(), flush=True)
     if device.type == "cuda":
         print(f"gpu: {torch.cuda.get_device_name(device)} (torch {torch.__version__})", flush=True)
@@ -160,7 +159,7 @@ def main() -> None:
                 totals[key][1] += seconds
         rate = {k: t / s for k, (t, s) in totals.items()}
         best = {m: max(formats, key=lambda f, m=m: rate[m, f]) for m in methods}
-        chosen = choose_precision("auto", "auto", model, rows, 512, device=device).rollout
+        chosen = choose_precision("auto", "auto", model, rows, 512).rollout
         chosen = chosen if chosen in formats else best[auto_engine]
         print(f"{rows} rows x {n} new tokens (tokens/s):", flush=True)
         for m in methods:
