@@ -14,6 +14,7 @@ from grouprl.report.data import read_jsonl
 from grouprl.rewards import RewardFunctionError
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.run.checkpoint import checkpoint_dirs
+from grouprl.run.logs import PhaseTimer
 from grouprl.trainer.trainer import Trainer
 from tests.helpers.trainer import (
     PROMPTS,
@@ -394,3 +395,15 @@ def test_group_by_compares_the_rows_that_share_a_column_across_prompts(tmp_path)
         std = rewards.std(unbiased=False)
         expected = (rewards - rewards.mean()) / std if std > 0 else torch.zeros_like(rewards)
         torch.testing.assert_close(torch.tensor([m["advantage"] for m in members]), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_collected_rollout_moves_whole_to_the_training_device(tmp_path):
+    """A GPU run moves each step's rollout and rewards to the GPU: every tensor goes, nothing else changes."""
+    trainer = make_trainer(tmp_path)
+    got = trainer.collector.collect(0, PhaseTimer())
+    moved = got.to(torch.device("meta"))
+    tensors = [v for v in vars(moved.batch).values() if isinstance(v, torch.Tensor)]
+    assert tensors and all(t.device.type == "meta" for t in tensors)
+    assert moved.rewards.device.type == "meta" and all(v.device.type == "meta" for v in moved.per_fn.values())
+    assert moved.batch.completions == got.batch.completions and moved.rounds == got.rounds
+    assert got.rewards.device.type == "cpu"  # the original is left as it was
