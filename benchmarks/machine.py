@@ -38,5 +38,21 @@ def cpu_line() -> str:
     return f"cpu: {info['cpu']} ({info['cores']} cores; {info['flags']}{limited})"
 
 
+def start_under_allocator(allocator: str, threads: int) -> None:
+    """What a benchmark that runs grouprl's code does first: start itself again under the allocator the
+    ``grouprl`` command would preload (``allocator`` as grouprl's setting), then print the CPU and the
+    allocator and set torch's intra-op threads."""
+    import sys
+
+    import torch
+
+    from grouprl.run.allocator import describe, restart_with_allocator
+
+    restart_with_allocator(allocator, [sys.executable, *sys.argv])
+    print(cpu_line(), flush=True)
+    print(f"allocator: {describe()}", flush=True)
+    torch.set_num_threads(threads)
+
+
 if __name__ == "__main__":
     print(cpu_line())

@@ -30,13 +30,12 @@ import contextlib
 import ctypes
 import os
 import resource
-import sys
 import tempfile
 import threading
 import time
 
 import torch
-from machine import cpu_line
+from machine import cpu_line, start_under_allocator
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -112,12 +111,9 @@ def main() -> None:
                         help="recompute each layer's activations in the backward pass")
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting (auto, system, ...)")
     args = parser.parse_args()
-    from grouprl.run.allocator import describe, restart_with_allocator, running
+    from grouprl.run.allocator import running
 
-    restart_with_allocator(args.allocator, [sys.executable, *sys.argv])
-    print(cpu_line(), flush=True)
-    print(f"allocator: {describe()}", flush=True)
-    torch.set_num_threads(args.threads)
+    start_under_allocator(args.allocator, args.threads)
     rows = [("Python, torch, transformers (after import)", None)]
     import transformers  # noqa: F401 - counted in the first row
 

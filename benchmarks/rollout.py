@@ -27,11 +27,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import sys
 import time
 
 import torch
-from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from machine import start_under_allocator  # benchmarks/machine.py: every figure names its CPU
 
 from grouprl.models import load_policy
 from grouprl.models.precision import choose_precision
@@ -113,15 +112,10 @@ def main() -> None:
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting (auto: what the grouprl "
                         "command preloads, tcmalloc where installed; system: the C library's malloc)")
     args = parser.parse_args()
-    from grouprl.run.allocator import describe, restart_with_allocator
-
-    restart_with_allocator(args.allocator, [sys.executable, *sys.argv])  # as the grouprl command starts itself
+    start_under_allocator(args.allocator, args.threads)  # as the grouprl command starts itself
     device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
-    print(cpu_line(), flush=True)
     if device.type == "cuda":
         print(f"gpu: {torch.cuda.get_device_name(device)} (torch {torch.__version__})", flush=True)
-    print(f"allocator: {describe()}", flush=True)
-    torch.set_num_threads(args.threads)
     model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
     model.to(device)
     sampler = Sampler(model, tokenizer)

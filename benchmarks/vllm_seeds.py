@@ -12,10 +12,9 @@ last line is ``seeded_over_unseeded=<X> eos_over_ignore_eos=<Y>`` (with EOS, see
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
-from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from machine import start_under_allocator  # benchmarks/machine.py: every figure names its CPU
 from rollout import G, finished, prompts
 
 from grouprl.models import load_policy
@@ -29,12 +28,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting")
     args = parser.parse_args()
-    from grouprl.run.allocator import describe, restart_with_allocator
-
-    restart_with_allocator(args.allocator, [sys.executable, *sys.argv])
-    print(cpu_line(), flush=True)
-    print(f"allocator: {describe()}", flush=True)
-    torch.set_num_threads(args.threads)
+    start_under_allocator(args.allocator, args.threads)
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
