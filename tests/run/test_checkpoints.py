@@ -123,3 +123,14 @@ def test_stale_temporary_log_files_of_a_killed_writer_are_removed(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     log = JsonlLog(tmp_path / "metrics.jsonl")
     assert log.records() == [{"step": 1}] and os.listdir(tmp_path) == ["metrics.jsonl"]
+
+
+def test_a_sharded_checkpoint_is_refused_in_one_process_with_how_to_resume_it(tmp_path):
+    """A process group's checkpoint (``world_size`` in its state) holds no optimizer.pt: one process
+    names how it was written instead of failing on a missing file."""
+    folder = tmp_path / "step-00000002"
+    folder.mkdir()
+    (folder / "state.json").write_text(json.dumps({"step": 2, "world_size": 1}))
+    trainer = make_trainer(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"process group \(one process on a GPU\).*--model"):
+        ckpt.load_checkpoint(folder, policy=trainer.policy)

@@ -267,6 +267,12 @@ def load_checkpoint(folder: Path, *, policy: torch.nn.Module, reference: torch.n
                     modules: dict[str, torch.nn.Module] | None = None) -> dict[str, Any]:
     """Restore everything :func:`save_checkpoint` wrote, once every file matches the manifest; returns
     the state dict (with ``step``)."""
+    state_file = folder / "state.json"
+    world = json.loads(state_file.read_text()).get("world_size") if state_file.exists() else None
+    if world is not None:  # sharded state: a process group wrote it (several processes, or one on a GPU)
+        how = "one process on a GPU" if world == 1 else f"--nproc {world}"
+        raise ValueError(f"{folder} was written by a run with a process group ({how}): resume it the same way, or "
+                         f"start from its weights with --model {folder / 'model'}")
     verify_checkpoint(folder)
     load_policy_weights(policy, folder / "model")
     if reference is not None and (folder / "reference.safetensors").exists():

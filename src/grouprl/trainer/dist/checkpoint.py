@@ -143,8 +143,9 @@ def load_dist_checkpoint(folder: Path, *, env: DistEnv, policy: nn.Module, refer
     state = json.loads((folder / "state.json").read_text())
     saved_world = state.get("world_size")
     if not (folder / "dcp").is_dir() or saved_world is None:
-        raise ValueError(f"{folder} was written by a one-process run: resume it in one process, or start from its "
-                         f"weights with --model {folder / 'model'}")
+        raise ValueError(f"{folder} was written by a run without a process group (one process on a CPU): resume it "
+                         f"there (CUDA_VISIBLE_DEVICES= on a GPU machine), or start from its weights with --model "
+                         f"{folder / 'model'}")
     if saved_world != env.world_size:
         raise ValueError(f"{folder} was written by {saved_world} processes; resume it with the same number "
                          f"(--nproc {saved_world}), not {env.world_size}")
