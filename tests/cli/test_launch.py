@@ -16,16 +16,9 @@ from grouprl.cli import main
 from grouprl.cli.launch import one_gpu_problem, torchrun_command
 from grouprl.config import TrainConfig, load_config
 from grouprl.report.data import read_jsonl
+from tests.helpers.trainer import tiny_args
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def tiny_args(tmp_path: Path, *extra: str) -> list[str]:
-    return ["--model", "tiny", "--reward_functions", "grouprl.cli.demo:digit_share", "--accuracy_fn",
-            "grouprl.cli.demo:only_digits", "--prompts_per_step", "2", "--group_size", "4", "--max_new_tokens", "4",
-            "--total_steps", "2", "--lr", "1e-3", "--eval_size", "5", "--eval_samples", "2", "--train_size", "16",
-            "--log_completions_every", "1", "--no-progress", "--no-tensorboard", "--output_dir",
-            str(tmp_path / "run"), *extra]
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -62,3 +62,13 @@ def params_of(model) -> dict[str, torch.Tensor]:
 def raises_on_every_batch(prompts, completions, **_):
     """A reward function that fails the first time it scores anything (a start that fails at its first step)."""
     raise RuntimeError("this reward function is broken")
+
+
+def tiny_args(tmp_path, *extra: str) -> list[str]:
+    """``grouprl train`` options for a 2-step run of the tiny model on the demo's task, into
+    ``tmp_path/run``; ``extra`` options come last and win."""
+    return ["--model", "tiny", "--reward_functions", "grouprl.cli.demo:digit_share", "--accuracy_fn",
+            "grouprl.cli.demo:only_digits", "--prompts_per_step", "2", "--group_size", "4", "--max_new_tokens", "4",
+            "--total_steps", "2", "--lr", "1e-3", "--eval_size", "5", "--eval_samples", "2", "--train_size", "16",
+            "--log_completions_every", "1", "--no-progress", "--no-tensorboard", "--output_dir",
+            str(tmp_path / "run"), *extra]

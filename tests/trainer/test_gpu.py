@@ -16,21 +16,16 @@ import torch
 
 from grouprl.models import load_policy, tiny_causal_lm
 from grouprl.models.precision import choose_precision
+from tests.helpers.trainer import tiny_args
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 
 
-def train_args(tmp_path: Path, model: str, *extra: str) -> list[str]:
-    return ["--model", model, "--reward_functions", "grouprl.cli.demo:digit_share", "--accuracy_fn",
-            "grouprl.cli.demo:only_digits", "--prompts_per_step", "2", "--group_size", "4", "--max_new_tokens", "8",
-            "--total_steps", "2", "--lr", "1e-2", "--eval_size", "4", "--eval_samples", "1", "--train_size", "16",
-            "--save_every", "2", "--no-progress", "--no-tensorboard", "--output_dir", str(tmp_path / "run"), *extra]
-
-
 def run_train(tmp_path: Path, model: str, *extra: str) -> tuple[str, list[dict]]:
-    cmd = [sys.executable, "-m", "grouprl", "--debug", "train", *train_args(tmp_path, model, *extra)]
+    cmd = [sys.executable, "-m", "grouprl", "--debug", "train",
+           *tiny_args(tmp_path, "--model", model, "--max_new_tokens", "8", "--lr", "1e-2", "--save_every", "2", *extra)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
