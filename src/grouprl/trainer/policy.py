@@ -4,25 +4,31 @@ through the process group's forward, and the reference moved towards the policy 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 from torch import nn
 
 from grouprl.models import LoraSettings, apply_lora, is_peft, make_reference, reference_context
+from grouprl.models.activations import keep_fewer_activations
+from grouprl.models.casts import weight_casts_recomputed
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.types import RolloutBatch
 
 
 def prepare_policy(policy: nn.Module, config: Any) -> nn.Module:
     """``policy`` with LoRA adapters (``lora_rank`` > 0, unless it already has some) and gradient
-    checkpointing (``gradient_checkpointing``) as configured."""
+    checkpointing (``gradient_checkpointing``) as configured; without the latter, its norms and MLPs
+    keep fewer activations (:mod:`grouprl.models.activations`: the same numbers)."""
     if config.lora_rank and not is_peft(policy):
         policy = apply_lora(policy, LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha,
                                                  dropout=config.lora_dropout,
                                                  target_modules=tuple(config.lora_target_modules)))
     if config.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
+    else:  # a checkpointed layer keeps none of them anyway
+        keep_fewer_activations(policy)
     return policy
 
 
@@ -51,6 +57,13 @@ def micro_batches(rows: torch.Tensor, live: torch.Tensor | None, size: int, in_s
     return out
 
 
+def _sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 manages ``model``'s parameters (they exist whole only while a layer runs)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
 def _device_type(model: nn.Module) -> str:
     return next((p.device.type for p in model.parameters()), "cpu")
 
@@ -74,11 +87,16 @@ class PolicyPasses:
         by micro-batch, every row, or only the rows where ``only [B]`` (bool) is true (0 elsewhere)."""
         c = self.config
         model = self.forward_model(model)
-        autocast = torch.autocast(_device_type(model), dtype=torch.bfloat16, enabled=c.train_bf16)
+        device_type = _device_type(model)
         temperature = c.temperature if c.temperature > 0 else 1.0
         if rows is not None:
-            with autocast:
+            # The weights' bf16 casts are made again in backward rather than kept from forward to backward
+            # (grouprl.models.casts); FSDP frees its gathered weights after the forward, so it keeps them.
+            lean = c.train_bf16 and torch.is_grad_enabled() and not _sharded(model)
+            with (torch.autocast(device_type, dtype=torch.bfloat16, enabled=c.train_bf16, cache_enabled=not lean),
+                  weight_casts_recomputed() if lean else contextlib.nullcontext()):
                 return self._pass(model, batch, rows, temperature, with_entropy)
+        autocast = torch.autocast(device_type, dtype=torch.bfloat16, enabled=c.train_bf16)
         out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
         live = None if only is None else only.cpu()
         with torch.no_grad(), autocast:
