@@ -221,7 +221,9 @@ class TrainerConfig(ResolvedSettings):
     """Storage dtype of the frozen reference copy: auto (bf16 where the training-sized bf16 products
     are faster: also half the memory), fp32 or bf16."""
     gradient_checkpointing: bool = False
-    """Recompute decoder activations in backward: less memory, about a third more compute."""
+    """Recompute each decoder layer's activations in backward: less memory, about a third more compute. Off,
+    the norms and MLPs of Llama-family models (Llama, Mistral, Qwen2, Qwen3) still recompute their cheap
+    intermediates instead of keeping them, with the same numbers (grouprl/models/activations.py)."""
     packing: bool = True
     """Run the log-prob and training forward passes padding-free: each group's prompt once, then
     its completions, masked so they never see each other (grouprl.rollout.packing). Same

@@ -1,0 +1,75 @@
+"""Fewer activations kept for the backward pass of a Llama-family decoder, with the same numbers.
+
+A training pass keeps, per token and decoder layer, what autograd needs for the backward pass. Two
+parts keep far more than they need, and both are cheap to run again:
+
+- an RMSNorm keeps its float32 input, its normalised float32 output and the product by its weight
+  (autograd saves the operands of each elementwise step): run under a checkpoint it keeps its
+  input alone and recomputes the rest (a few elementwise passes over the hidden size) in backward;
+- SwiGLU's ``act(gate) * up`` keeps ``act(gate)`` beside ``gate`` and ``up``: checkpointed it keeps
+  ``gate`` and ``up`` and recomputes the activation (one elementwise pass over the intermediate size).
+
+On SmolLM2-135M under bf16 autocast that is 7.5 KiB less per token and layer (two norms' outputs of
+576 floats, one activation of 1536 bf16): 190 MiB of the 756 MiB an 8-row micro-batch of 108 tokens
+kept (``python benchmarks/activations.py``). The recomputation runs the same kernels on the same
+inputs, so the gradients are bitwise those of the plain model; a full checkpoint of each decoder layer
+(``gradient_checkpointing``) keeps less still, for a second forward pass.
+
+Only module classes whose forward is known are changed (:data:`NORMS`, :data:`MLPS`); any other
+model trains as it is. Passes without grad (rollouts, reference and old log-probs) run the modules'
+own forward.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+"""RMSNorm classes computed as ``weight * (x * rsqrt(mean(x^2) + eps))`` with no state of their own."""
+MLPS = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
+"""Gated MLP classes computed as ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
+
+
+def _keeps_graph(x: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and x.requires_grad
+
+
+def _norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """hidden [..., H] -> normalised [..., H]: the class's own forward, its intermediates recomputed in backward."""
+    plain = type(self).forward
+    if not _keeps_graph(x):
+        return plain(self, x)
+    return checkpoint(plain, self, x, use_reentrant=False)
+
+
+def _gated(act: nn.Module, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return act(gate) * up
+
+
+def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """hidden [..., H] -> [..., H] through [..., I]: ``act(gate)`` recomputed in backward."""
+    gate, up = self.gate_proj(x), self.up_proj(x)
+    if not _keeps_graph(gate):
+        return self.down_proj(self.act_fn(gate) * up)
+    return self.down_proj(checkpoint(_gated, self.act_fn, gate, up, use_reentrant=False))
+
+
+LEAN_FORWARDS: dict[frozenset[str], Any] = {NORMS: _norm_forward, MLPS: _mlp_forward}
+
+
+def keep_fewer_activations(model: nn.Module) -> int:
+    """Give the known norm and MLP modules of ``model`` their lean forward (in place); the number
+    of modules changed. Idempotent; weights, state dict and outputs are untouched."""
+    changed = 0
+    for module in model.modules():
+        name = type(module).__name__
+        for names, forward in LEAN_FORWARDS.items():
+            if name in names and getattr(module.forward, "__func__", None) is not forward:
+                module.forward = types.MethodType(forward, module)
+                changed += 1
+    return changed
