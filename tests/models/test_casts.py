@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grouprl.models import tiny_causal_lm
-from grouprl.models.casts import _cast_source, weight_casts_recomputed
+from grouprl.models.casts import _cast_source, lean_casts
 from grouprl.rollout.logprobs import token_logprobs
 from tests.helpers.memory import peak_bytes
 
@@ -23,7 +23,7 @@ def batch(seed=0, rows=4, prompt=6, completion=10):
 
 def forward(model, lean: bool):
     with (torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=not lean),
-          weight_casts_recomputed() if lean else contextlib.nullcontext()):
+          lean_casts() if lean else contextlib.nullcontext()):
         logp, entropy = token_logprobs(model, *batch(), temperature=0.7, with_entropy=True, chunk_size=7)
     return logp.sum() + 0.1 * entropy.sum()
 
@@ -74,7 +74,32 @@ def test_what_counts_as_a_weight_cast():
 def test_a_saved_view_comes_back_with_its_values(dtype):
     w = torch.nn.Parameter(torch.randn(5, 3))
     x = torch.randn(2, 5, requires_grad=True)
-    with weight_casts_recomputed():
+    with lean_casts():
         y = (x.to(dtype) @ w.to(dtype)).float().sum()  # mm saves both operands: x's cast and w's
     y.backward()
     assert torch.equal(w.grad, (x.to(dtype).t().float() @ torch.ones(2, 3, dtype=dtype).float()).to(dtype).float())
+
+
+def test_a_tensor_cast_alike_for_several_products_is_kept_once():
+    torch.manual_seed(0)
+    q, k, v = (torch.nn.Linear(256, 256, bias=False) for _ in range(3))
+    x0 = torch.randn(512, 256)
+
+    def run(lean: bool):
+        for m in (q, k, v):
+            m.weight.grad = None
+        x = x0.clone().requires_grad_()
+        with (torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=not lean),
+              lean_casts() if lean else contextlib.nullcontext()):
+            h = torch.nn.functional.layer_norm(x, (256,))  # fp32 under autocast: each product casts it
+            out = (q(h) * k(h)).float().sum() + v(h).float().pow(2).sum()
+        out.backward()
+        return x.grad, [m.weight.grad.clone() for m in (q, k, v)]
+
+    plain, lean = run(False), run(True)
+    assert torch.equal(plain[0], lean[0])
+    assert all(torch.equal(a, b) for a, b in zip(plain[1], lean[1]))
+    peak_plain, _ = peak_bytes(lambda: run(False))
+    peak_lean, _ = peak_bytes(lambda: run(True))
+    h_bf16, weights_bf16 = 512 * 256 * 2, 3 * 256 * 256 * 2
+    assert peak_plain - peak_lean >= 2 * h_bf16 + weights_bf16 // 2, (peak_plain, peak_lean)

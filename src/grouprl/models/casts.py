@@ -1,19 +1,21 @@
-"""Training under autocast without a second copy of the weights alive through the backward pass.
+"""Training under autocast without keeping casts the backward pass can have again for free.
 
 Under bf16 autocast every fp32 weight is cast to bf16 for its product, and autograd saves that cast
 for the backward pass (``grad_input = grad_output @ W``). So from a micro-batch's forward to the end
 of its backward the pass holds a bf16 copy of every weight: half the fp32 model (257 MiB for
-SmolLM2-135M), more than the activations of an 8-row micro-batch of a hundred tokens.
+SmolLM2-135M), more than the activations of an 8-row micro-batch of a hundred tokens. And a float32
+activation entering several products (a norm's output entering the q, k and v projections) is cast
+once per product, each cast saved: three bf16 copies of the same values.
 
-:func:`weight_casts_recomputed` keeps a reference to the fp32 weight instead of its cast and casts it
-again when the backward pass needs it: the same bf16 values (a cast is exact and deterministic), so
-the same gradients, with one layer's cast alive at a time. What it costs is one more cast of each
-weight per micro-batch (reading the fp32 weights once more). Autocast's own cache, which would keep
-every cast until the autocast region ends, is turned off for such a pass (``cache_enabled=False``):
-each weight is used once per forward, except a tied LM head, which the head's pass casts once
-itself.
+:func:`lean_casts` keeps a reference to the fp32 weight instead of its cast and casts it again when
+the backward pass needs it, and keeps one of several alike casts of the same tensor: the same values
+(a cast is exact and deterministic), so the same gradients, with one weight's cast alive at a time.
+What it costs is one more cast of each weight per micro-batch (reading the fp32 weights once more).
+Autocast's own cache, which would keep every weight's cast until the autocast region ends, is turned
+off for such a pass (``cache_enabled=False``): each weight is used once per forward, except a tied LM
+head, which the head's pass casts once itself.
 
-Only casts of trainable leaf weights are recognised (their ``grad_fn`` is the cast, whose next node
+Only casts of trainable leaf weights are made again (their ``grad_fn`` is the cast, whose next node
 accumulates into the weight); a frozen weight's cast (LoRA's base) has no such trace and is saved as
 usual.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,16 +44,32 @@ class _Recast:
     offset: int
 
 
-def _cast_source(t: torch.Tensor) -> torch.Tensor | None:
-    """The fp32 leaf weight whose whole cast ``t`` is, or is a view of; None otherwise."""
+@dataclass(frozen=True)
+class _Same:
+    """A saved cast equal to one saved before in the pass: that one is kept, once."""
+
+    tensor: torch.Tensor
+
+
+def _cast_of(t: torch.Tensor) -> tuple[torch.Tensor, Any] | None:
+    """(the whole cast ``t`` is or is a view of, the autograd node of what was cast) where ``t`` is a
+    floating-point cast to a narrower format; None otherwise."""
     cast = t if t._base is None else t._base
     node = cast.grad_fn
     if node is None or type(node).__name__ != _CAST_NODE or not cast.is_floating_point():
         return None
     nexts = node.next_functions
-    if len(nexts) != 1 or nexts[0][0] is None or not hasattr(nexts[0][0], "variable"):
+    if len(nexts) != 1 or nexts[0][0] is None:
         return None
-    weight = nexts[0][0].variable  # an AccumulateGrad node: its leaf
+    return cast, nexts[0]
+
+
+def _cast_source(t: torch.Tensor) -> torch.Tensor | None:
+    """The fp32 leaf weight whose whole cast ``t`` is, or is a view of; None otherwise."""
+    found = _cast_of(t)
+    if found is None or not hasattr(found[1][0], "variable"):
+        return None
+    cast, weight = found[0], found[1][0].variable  # an AccumulateGrad node: its leaf
     if weight.dtype != torch.float32 or cast.element_size() >= weight.element_size() or weight.shape != cast.shape:
         return None
     if weight.device != cast.device or cast.storage_offset() != 0 or not cast.is_contiguous():
@@ -58,23 +77,46 @@ def _cast_source(t: torch.Tensor) -> torch.Tensor | None:
     return weight
 
 
-def _pack(t: torch.Tensor) -> torch.Tensor | _Recast:
-    weight = _cast_source(t)
-    if weight is None:
+class _Packer:
+    """The saved-tensor hooks of one :func:`lean_casts` region."""
+
+    def __init__(self) -> None:
+        self.first: dict[tuple, torch.Tensor] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor | _Recast | _Same:
+        weight = _cast_source(t)
+        if weight is not None:
+            return _Recast(weight, t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset())
+        found = _cast_of(t)
+        if found is None:
+            return t
+        # The same output of the same node, cast to the same format and viewed alike: the same values.
+        # (An in-place change in between would have given the source a new node.)
+        (node, index), geometry = found[1], (t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset())
+        key = (node, index, geometry)
+        if key in self.first:
+            return _Same(self.first[key])
+        self.first[key] = t
         return t
-    return _Recast(weight, t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset())
 
-
-def _unpack(saved: torch.Tensor | _Recast) -> torch.Tensor:
-    if isinstance(saved, _Recast):
-        return saved.weight.to(saved.dtype).as_strided(saved.size, saved.stride, saved.offset)
-    return saved
+    @staticmethod
+    def unpack(saved: torch.Tensor | _Recast | _Same) -> torch.Tensor:
+        if isinstance(saved, _Recast):
+            return saved.weight.to(saved.dtype).as_strided(saved.size, saved.stride, saved.offset)
+        if isinstance(saved, _Same):
+            return saved.tensor
+        return saved
 
 
 @contextlib.contextmanager
-def weight_casts_recomputed() -> Iterator[None]:
-    """Within: autograd saves a reference to each trainable fp32 weight instead of its low-precision
-    cast, and casts it again in the backward pass. Use it with ``torch.autocast(...,
-    cache_enabled=False)`` (autocast's cache would keep every cast alive until its region ends)."""
-    with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
-        yield
+def lean_casts() -> Iterator[None]:
+    """Within: autograd keeps a reference to each trainable fp32 weight instead of its low-precision
+    cast, and casts it again in the backward pass; a tensor cast several times alike (a norm's output
+    entering the q, k and v projections) is kept once. Use it with ``torch.autocast(...,
+    cache_enabled=False)`` (autocast's cache would keep every weight's cast alive until its region ends)."""
+    packer = _Packer()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(packer.pack, packer.unpack):
+            yield
+    finally:
+        packer.first.clear()  # the graph keeps what it saved; the region's index goes

@@ -12,7 +12,7 @@ from torch import nn
 
 from grouprl.models import LoraSettings, apply_lora, is_peft, make_reference, reference_context
 from grouprl.models.activations import keep_fewer_activations
-from grouprl.models.casts import weight_casts_recomputed
+from grouprl.models.casts import lean_casts
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.types import RolloutBatch
 
@@ -90,11 +90,11 @@ class PolicyPasses:
         device_type = _device_type(model)
         temperature = c.temperature if c.temperature > 0 else 1.0
         if rows is not None:
-            # The weights' bf16 casts are made again in backward rather than kept from forward to backward
-            # (grouprl.models.casts); FSDP frees its gathered weights after the forward, so it keeps them.
+            # The weights' bf16 casts are made again in backward rather than kept from forward to backward, a
+            # repeated cast kept once (grouprl.models.casts); FSDP frees its gathered weights after the forward.
             lean = c.train_bf16 and torch.is_grad_enabled() and not _sharded(model)
             with (torch.autocast(device_type, dtype=torch.bfloat16, enabled=c.train_bf16, cache_enabled=not lean),
-                  weight_casts_recomputed() if lean else contextlib.nullcontext()):
+                  lean_casts() if lean else contextlib.nullcontext()):
                 return self._pass(model, batch, rows, temperature, with_entropy)
         autocast = torch.autocast(device_type, dtype=torch.bfloat16, enabled=c.train_bf16)
         out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
