@@ -20,12 +20,10 @@ start with it (:func:`describe`).
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import sys
 import sysconfig
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -150,50 +148,3 @@ def describe(dirs: Sequence[Path] | None = None, maps: str | os.PathLike = "/pro
         return f"the C library's malloc (tcmalloc lowers the peak and speeds steps up: {INSTALL_HINT})"
     return (f"the C library's malloc ({found.name} is installed: the grouprl command preloads it unless allocator is "
             f"system; a script can start with LD_PRELOAD={found.path})")
-
-
-def _release_tcmalloc(lib: ctypes.CDLL) -> None:
-    lib.MallocExtension_ReleaseFreeMemory()
-
-
-def _release_jemalloc(lib: ctypes.CDLL) -> None:
-    # "arena.<MALLCTL_ARENAS_ALL>.purge": every arena's unused dirty pages back to the system
-    lib.mallctl(b"arena.4096.purge", None, None, None, ctypes.c_size_t(0))
-
-
-def _release_glibc(lib: ctypes.CDLL) -> None:
-    lib.malloc_trim(ctypes.c_size_t(0))
-
-
-RELEASERS: Registry = Registry("allocator release")
-"""allocator name (``system`` for the C library's) -> how to hand its freed pages back to the system."""
-RELEASERS.register("tcmalloc", _release_tcmalloc)
-RELEASERS.register("jemalloc", _release_jemalloc)
-RELEASERS.register("system", _release_glibc)
-
-
-@functools.cache
-def _releaser() -> Callable[[], None] | None:
-    now = running()
-    try:
-        lib = ctypes.CDLL(None)  # the process's own symbols: a preloaded allocator's come first
-        release = RELEASERS.get(now.name if now is not None else "system")
-        release(lib)  # once here: a C library without the call is found out now
-    except (OSError, AttributeError, ValueError):  # not Linux, not glibc, or an allocator without the call
-        return None
-    return functools.partial(release, lib)
-
-
-def release_free_memory() -> bool:
-    """Hand the pages the running allocator keeps freed back to the system; False where it cannot.
-
-    Between a step's phases: what a rollout frees (its KV cache, its bf16 copy of the weights) is kept
-    by the allocator in blocks that the update's activations, of other sizes, fit only in part, so
-    without this the update's peak sits on top of the rollout's leftovers (``benchmarks/memory.py``:
-    190 MiB lower with the built-in engine on SmolLM2-135M). The pages are faulted in again when next
-    used: milliseconds against a step's seconds."""
-    release = _releaser()
-    if release is None:
-        return False
-    release()
-    return True

@@ -52,7 +52,6 @@ from grouprl.rewards.base import unique_names
 from grouprl.rollout.engines import resolve_engine
 from grouprl.run import checkpoint as ckpt
 from grouprl.run.allocator import describe as describe_allocator
-from grouprl.run.allocator import release_free_memory
 from grouprl.run.files import as_plain
 from grouprl.run.health import HealthWatch, replay
 from grouprl.run.logs import JsonlLog, NullLog, PhaseTimer, Progress
@@ -167,7 +166,6 @@ class Trainer:
     def step(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """One iteration, in the paper's order. Returns (metrics, sample completions)."""
         c, timer, t0 = self.config, PhaseTimer(), time.perf_counter()
-        release_free_memory()  # the last update's activations, before the rollout's own shapes
         got = self.collect(timer)                                                    # o_i ~ pi_old(.|q), r_i
         mask = got.batch.completion_mask.clone()
         if c.mask_truncated:
@@ -180,7 +178,6 @@ class Trainer:
         data, metrics, constant = self.baseline.prepare(got, mask, old_logp, ref_logp, beta, self.step_count)  # A
         records = self.records(got, data)  # the advantages as estimated, before any importance weights
         metrics.update(self.correct_rollout(data))
-        release_free_memory()  # the rollout's KV cache and weight copy, before the update's activations
         with timer("update"):                                                        # mu x minibatches
             metrics = {**self.rule.update(data, self.step_count, 0.0 if c.kl_penalty_in_reward else beta), **metrics}
         self.sampler.update_weights(unwrap_ddp(self.policy))  # an engine with its own copy pushes before its next use
