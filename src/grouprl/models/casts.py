@@ -52,8 +52,8 @@ class _Same:
 
 
 def _cast_of(t: torch.Tensor) -> tuple[torch.Tensor, Any] | None:
-    """(the whole cast ``t`` is or is a view of, the autograd node of what was cast) where ``t`` is a
-    floating-point cast to a narrower format; None otherwise."""
+    """(the whole cast ``t`` is or is a view of, (the autograd node of what was cast, its output index))
+    where ``t`` is a floating-point cast; None otherwise."""
     cast = t if t._base is None else t._base
     node = cast.grad_fn
     if node is None or type(node).__name__ != _CAST_NODE or not cast.is_floating_point():
