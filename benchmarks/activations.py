@@ -23,38 +23,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import statistics
-import tempfile
 import time
-import warnings
-from pathlib import Path
 
 import torch
 from machine import start_under_allocator  # benchmarks/machine.py: every figure names its CPU
-from torch.profiler import ProfilerActivity, profile
 
 from grouprl.models import load_policy
 from grouprl.models.activations import keep_fewer_activations
 from grouprl.models.casts import lean_casts
 from grouprl.rollout.logprobs import token_logprobs
+from grouprl.run.logs import peak_tensor_bytes
 
 WAYS = ("before", "casts", "casts+activations", "checkpointing")
-KINDS = ("PREEXISTING", "PARAMETER", "OPTIMIZER_STATE", "INPUT", "TEMPORARY", "ACTIVATION", "GRADIENT",
-         "AUTOGRAD_DETAIL", "UNKNOWN")
-
-
-def peak_mib(step) -> tuple[float, dict[str, float]]:
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
-        step()
-    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        path = Path(folder) / "timeline.json"
-        prof.export_memory_timeline(str(path), device="cpu")
-        _, sizes = json.loads(path.read_text())
-    totals = [sum(s) for s in sizes]
-    at = max(range(len(totals)), key=totals.__getitem__)
-    return totals[at] / 2**20, {k: v / 2**20 for k, v in zip(KINDS, sizes[at]) if v}
 
 
 def main() -> None:
@@ -107,8 +88,9 @@ def main() -> None:
     print("| way | peak | activations | seconds | gradients equal `before`'s |\n|---|---:|---:|---:|---|")
     peaks = {}
     for way in WAYS:
-        peaks[way], kinds = peak_mib(lambda w=way: (step(w), optimizers[w].step()))
-        print(f"| {way} | {peaks[way]:.0f} | {kinds.get('ACTIVATION', 0):.0f} | "
+        peak, kinds = peak_tensor_bytes(lambda w=way: (step(w), optimizers[w].step()))
+        peaks[way] = peak / 2**20
+        print(f"| {way} | {peaks[way]:.0f} | {kinds['ACTIVATION'] / 2**20:.0f} | "
               f"{statistics.median(seconds[way]):.2f} | {same.get(way, '-')} |")
     ratio = statistics.median(a / b for a, b in zip(seconds["casts+activations"], seconds["before"]))
     print(f"saved_mib={peaks['before'] - peaks['casts+activations']:.0f} time_ratio={ratio:.3f}")

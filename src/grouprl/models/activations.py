@@ -10,10 +10,11 @@ parts keep far more than they need, and both are cheap to run again:
   ``gate`` and ``up`` and recomputes the activation (one elementwise pass over the intermediate size).
 
 On SmolLM2-135M under bf16 autocast that is 7.5 KiB less per token and layer (two norms' outputs of
-576 floats, one activation of 1536 bf16): 190 MiB of the 756 MiB an 8-row micro-batch of 108 tokens
-kept (``python benchmarks/activations.py``). The recomputation runs the same kernels on the same
-inputs, so the gradients are bitwise those of the plain model; a full checkpoint of each decoder layer
-(``gradient_checkpointing``) keeps less still, for a second forward pass.
+576 floats, one activation of 1536 bf16): 191 MiB of the 670 MiB an update of two 8-row micro-batches
+of 108 tokens kept with the casts already lean (``python benchmarks/activations.py``, AMD EPYC Zen 4,
+AVX-512 BF16). The recomputation runs the same kernels on the same inputs, so the gradients are
+bitwise those of the plain model; a full checkpoint of each decoder layer (``gradient_checkpointing``)
+keeps less still, for a second forward pass.
 
 Only module classes whose forward is known are changed (:data:`NORMS`, :data:`MLPS`); any other
 model trains as it is. Passes without grad (rollouts, reference and old log-probs) run the modules'

@@ -64,17 +64,21 @@ def _cast_of(t: torch.Tensor) -> tuple[torch.Tensor, Any] | None:
     return cast, nexts[0]
 
 
+def _weight_of(cast: torch.Tensor, source: Any) -> torch.Tensor | None:
+    """The fp32 leaf weight ``cast`` is a whole narrower cast of (``source``: the cast's input node and
+    index, as :func:`_cast_of` gives them); None otherwise."""
+    weight = getattr(source[0], "variable", None)  # an AccumulateGrad node holds its leaf
+    if weight is None or weight.dtype != torch.float32 or cast.element_size() >= weight.element_size():
+        return None
+    if weight.shape != cast.shape or weight.device != cast.device or cast.storage_offset() != 0:
+        return None
+    return weight if cast.is_contiguous() else None
+
+
 def _cast_source(t: torch.Tensor) -> torch.Tensor | None:
     """The fp32 leaf weight whose whole cast ``t`` is, or is a view of; None otherwise."""
     found = _cast_of(t)
-    if found is None or not hasattr(found[1][0], "variable"):
-        return None
-    cast, weight = found[0], found[1][0].variable  # an AccumulateGrad node: its leaf
-    if weight.dtype != torch.float32 or cast.element_size() >= weight.element_size() or weight.shape != cast.shape:
-        return None
-    if weight.device != cast.device or cast.storage_offset() != 0 or not cast.is_contiguous():
-        return None
-    return weight
+    return None if found is None else _weight_of(*found)
 
 
 class _Packer:
@@ -84,16 +88,16 @@ class _Packer:
         self.first: dict[tuple, torch.Tensor] = {}
 
     def pack(self, t: torch.Tensor) -> torch.Tensor | _Recast | _Same:
-        weight = _cast_source(t)
-        if weight is not None:
-            return _Recast(weight, t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset())
         found = _cast_of(t)
         if found is None:
             return t
+        geometry = (t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset())
+        weight = _weight_of(*found)
+        if weight is not None:
+            return _Recast(weight, *geometry)
         # The same output of the same node, cast to the same format and viewed alike: the same values.
         # (An in-place change in between would have given the source a new node.)
-        (node, index), geometry = found[1], (t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset())
-        key = (node, index, geometry)
+        key = (*found[1], geometry)
         if key in self.first:
             return _Same(self.first[key])
         self.first[key] = t

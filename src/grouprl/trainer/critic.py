@@ -23,6 +23,7 @@ from grouprl.models import load_policy
 from grouprl.models.value_head import ValueModel, make_critic
 from grouprl.run.optim import build_optimizer
 from grouprl.trainer.collect import Collected
+from grouprl.trainer.policy import model_device_type
 from grouprl.trainer.update import UpdateBatch
 from grouprl.types import RolloutBatch
 
@@ -78,8 +79,7 @@ class Critic:
 
     def values(self, batch: RolloutBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Critic values ``[B, T]`` (or of ``rows``, with grad); without rows, no grad, in micro-batches."""
-        device_type = next(self.model.parameters()).device.type
-        autocast = torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.config.train_bf16)
+        autocast = torch.autocast(model_device_type(self.model), dtype=torch.bfloat16, enabled=self.config.train_bf16)
         pick = lambda r: (batch.prompt_ids[r], batch.prompt_mask[r], batch.completion_ids[r], batch.completion_mask[r])  # noqa: E731
         if rows is not None:
             with autocast:

@@ -64,7 +64,8 @@ def _sharded(model: nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
-def _device_type(model: nn.Module) -> str:
+def model_device_type(model: nn.Module) -> str:
+    """The device type (cpu, cuda) of ``model``'s parameters: the one its autocast is for."""
     return next((p.device.type for p in model.parameters()), "cpu")
 
 
@@ -87,7 +88,7 @@ class PolicyPasses:
         by micro-batch, every row, or only the rows where ``only [B]`` (bool) is true (0 elsewhere)."""
         c = self.config
         model = self.forward_model(model)
-        device_type = _device_type(model)
+        device_type = model_device_type(model)
         temperature = c.temperature if c.temperature > 0 else 1.0
         if rows is not None:
             # The weights' bf16 casts are made again in backward rather than kept from forward to backward, a
