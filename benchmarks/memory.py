@@ -166,7 +166,8 @@ def main() -> None:
                                      if torch.is_tensor(v) and v.dim() > 0)),
     ]
     engine = trainer.setup.get("rollout_engine", config.rollout_engine)
-    held.append((f"rollout engine: {engine} (its libraries, weights and KV cache, when it keeps its own)",
+    held.append((f"rollout engine: {engine} (its libraries, weights and KV cache at start, when it keeps its own; "
+                 "vLLM on a CPU frees its weights from each rollout's end to the next push)",
                  max(0.0, setup - held[1][1])))
     transient = [(f"{phase} (rise above its start)", rise) for phase, rise in sorted(watch.rise.items())]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -253,6 +253,34 @@ def test_a_pushed_lora_adapter_changes_vllm_as_it_changes_the_trainer(lora_engin
         assert got == want
 
 
+def held_weights(worker):
+    """(bytes of the engine's parameters, layers with packed weights), run inside the engine."""
+    model = worker.model_runner.get_model()
+    return (sum(p.untyped_storage().nbytes() for p in model.parameters()),
+            sum(getattr(m, "cpu_linear", None) is not None for m in model.modules()))
+
+
+@needs_vllm
+def test_a_resting_engine_frees_its_weights_and_the_next_push_brings_them_back(engine):
+    model, tok = model_and_tok(seed=8)
+    engine.update_weights(model)
+    ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
+    before = engine.generate(ids, 1, greedy, seed=0).completion_ids.tolist()
+    ((weight_bytes, packed),) = engine.llm.collective_rpc(held_weights)
+    assert weight_bytes > 0 and packed > 0
+    engine.rest()
+    assert engine.llm.collective_rpc(held_weights) == [(0, 0)]
+    assert engine.generate(ids, 1, greedy, seed=0).completion_ids.tolist() == before  # pushed again
+    assert engine.llm.collective_rpc(held_weights) == [(weight_bytes, packed)]
+    engine.rest()
+    with torch.no_grad():  # an update while the engine rests
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine.update_weights(model)
+    want = Sampler(model, tok).generate(ids, 1, greedy, seed=0).completion_ids.tolist()
+    assert want != before and engine.generate(ids, 1, greedy, seed=0).completion_ids.tolist() == want
+
+
 @needs_vllm
 def test_every_lora_base_weight_has_a_wrapped_name_in_the_engine(lora_engine):
     """The names pushed to a vLLM that loads by its module tree (0.26 and before) cover the engine's
@@ -300,6 +328,8 @@ def test_every_algorithm_trains_through_vllm(engine, tmp_path, algo):
     assert [r["step"] for r in records] == [1, 2]
     assert trainer.setup["rollout_is"] == "token" and "rollout/mismatch_kl" in records[0]
     assert "time/weight_push" in records[1]
+    assert engine.resting  # freed its weights once the rollout was in; each step pushed them back
+    assert all(r["rollout/mismatch_kl"] < 1e-6 for r in records)  # fp32 engine: the trainer's own weights
 
 
 @needs_vllm

@@ -103,6 +103,11 @@ class AgentSampler:
         """Around a rollout or an evaluation with a vLLM engine: one weight push at its start."""
         return self.engine.phase()
 
+    def rest(self) -> None:
+        """Between the rollout and the update: see :meth:`grouprl.rollout.vllm.VLLMSampler.rest`."""
+        if self.engine is not None:
+            self.engine.rest()
+
     def metrics(self) -> dict[str, float]:
         return self.engine.metrics() if self.engine is not None else {}
 

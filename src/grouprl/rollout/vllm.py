@@ -150,6 +150,26 @@ def _engine_parameters(worker: Any) -> tuple[list[str], dict[str, list[str]]]:
     return [n for n, _ in model.named_parameters()], dict(getattr(model, "packed_modules_mapping", {}))
 
 
+def _free_weights(worker: Any) -> None:
+    """Free a CPU engine's copy of the weights, run inside the engine: the packed copies its CPU matrix
+    products read (``cpu_linear``, rebuilt by every reload) and the storage of every parameter (brought
+    back by :func:`_restore_weights`, then rewritten by the reload)."""
+    model = worker.model_runner.get_model()
+    for module in model.modules():
+        if getattr(module, "cpu_linear", None) is not None:
+            module.cpu_linear = None
+    params = [(n, p.untyped_storage()) for n, p in model.named_parameters()]
+    worker.grouprl_weight_bytes = {n: s.nbytes() for n, s in params}  # before any shared storage shrinks
+    for _, storage in params:
+        storage.resize_(0)
+
+
+def _restore_weights(worker: Any) -> None:
+    """Give every parameter :func:`_free_weights` emptied its storage again (contents to be reloaded)."""
+    for n, p in worker.model_runner.get_model().named_parameters():
+        p.untyped_storage().resize_(worker.grouprl_weight_bytes[n])
+
+
 def full_tensors(model: nn.Module, device: torch.device,
                  keep: Callable[[str], bool] = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) of the entries of ``model``'s state dict whose name ``keep`` accepts,
@@ -255,6 +275,8 @@ class VLLMSampler:
         self.awake, self.stale, self.base_loaded, self.adapter_version = True, True, False, 0
         self.in_phase = False
         self.lora_request: Any = None
+        self.can_rest = not on_gpu and not self.lora and not compiled
+        self.resting = False
         self._wrapped: tuple[set[str], dict[str, list[str]]] | None = None
         self.push_seconds = 0.0
 
@@ -285,6 +307,9 @@ class VLLMSampler:
             return
         start = time.perf_counter()
         self.wake()
+        if self.resting:
+            self.llm.collective_rpc(_restore_weights)
+            self.resting = False
         if not self.lora or not self.base_loaded:
             if self.lora:
                 weights = ((self._engine_name(base_weight_name(n)), t)
@@ -346,6 +371,16 @@ class VLLMSampler:
         if self.awake and self.sleep_between:
             self.llm.sleep(level=1)
             self.awake = False
+
+    def rest(self) -> None:
+        """The rollout is in and the trainer is about to change its weights: an engine on the CPU whose
+        every weight the next push rewrites frees its copy of them now (the model's size in the rollout
+        format), so the log-prob passes and the update have that memory, and the push before the next
+        rollout rebuilds it. A GPU engine sleeps instead; a LoRA engine keeps its base weights (pushed
+        once); a compiled one keeps the tensors its compiled code was built on."""
+        if self.can_rest and not self.resting:
+            self.llm.collective_rpc(_free_weights)
+            self.resting = self.stale = True
 
     @contextlib.contextmanager
     def phase(self) -> Iterator[None]:

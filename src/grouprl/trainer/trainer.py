@@ -167,6 +167,9 @@ class Trainer:
         """One iteration, in the paper's order. Returns (metrics, sample completions)."""
         c, timer, t0 = self.config, PhaseTimer(), time.perf_counter()
         got = self.collect(timer)                                                    # o_i ~ pi_old(.|q), r_i
+        rest = getattr(self.sampler, "rest", None)  # an engine with its own copy of the weights, rewritten
+        if rest is not None:                        # by the next push, can free it for the update
+            rest()
         mask = got.batch.completion_mask.clone()
         if c.mask_truncated:
             mask = mask * (~got.batch.truncated).unsqueeze(-1).to(mask.dtype)
