@@ -11,6 +11,7 @@ Two kinds of figures:
   warm-up step.
 
     python benchmarks/memory.py [--steps 2] [--threads 1] [--beta 0.04] [--allocator auto] [--gradient_checkpointing]
+                                [--lora_rank R]
 
 It runs under the allocator the ``grouprl`` command would preload (``--allocator auto``: tcmalloc where
 installed; ``system``: the C library's malloc), starting itself again with it as the command does.
@@ -110,6 +111,7 @@ def main() -> None:
     parser.add_argument("--gradient_checkpointing", action="store_true",
                         help="recompute each layer's activations in the backward pass")
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting (auto, system, ...)")
+    parser.add_argument("--lora_rank", type=int, default=0, help="train LoRA adapters of this rank (0: full weights)")
     args = parser.parse_args()
     from grouprl.run.allocator import running
 
@@ -132,7 +134,7 @@ def main() -> None:
     config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=64, temperature=1.0, beta=args.beta, lr=1e-6,
                         output_dir=tempfile.mkdtemp(prefix="memory-"), progress=False, tensorboard=False,
                         log_completions_every=0, rollout_engine=args.engine, micro_batch_size=args.micro_batch_size,
-                        seed=args.seed, gradient_checkpointing=args.gradient_checkpointing)
+                        seed=args.seed, gradient_checkpointing=args.gradient_checkpointing, lora_rank=args.lora_rank)
     before_setup = rss_mib()
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
                           train_data=task.rows("train", 400, seed=0), system_prompt=task.system_prompt)
@@ -158,7 +160,8 @@ def main() -> None:
     reference = trainer.passes.reference
     optimizer = trainer.rule.optimizer
     held = [
-        (f"policy weights ({next(policy.parameters()).dtype})", mib(policy.parameters())),
+        (f"policy weights ({', '.join(sorted({str(p.dtype) for p in policy.parameters()}))})",
+         mib(policy.parameters())),
         (f"reference weights ({next(reference.parameters()).dtype})" if reference is not None
          else "reference weights (none: beta 0)", mib(reference.parameters()) if reference is not None else 0.0),
         ("gradients", mib(p.grad for p in policy.parameters() if p.grad is not None)),
@@ -173,7 +176,8 @@ def main() -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     command = (f"python benchmarks/memory.py --steps {args.steps} --threads {args.threads} --beta {args.beta} "
                f"--engine {args.engine} --micro_batch_size {args.micro_batch_size} --seed {args.seed} "
-               f"--allocator {args.allocator}" + (" --gradient_checkpointing" if args.gradient_checkpointing else ""))
+               f"--allocator {args.allocator}" + (" --gradient_checkpointing" if args.gradient_checkpointing else "")
+               + (f" --lora_rank {args.lora_rank}" if args.lora_rank else ""))
     lines = [cpu_line(), "", f"`{command}`", "", "| what | MiB |", "|---|---|",
              f"| {rows[0][0]} | {rows[0][1]:.0f} |"]
     lines += [f"| held: {name} | {value:.0f} |" for name, value in held]

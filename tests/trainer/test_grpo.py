@@ -1,4 +1,5 @@
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -248,6 +249,22 @@ def test_lora_trains_adapters_only_and_reference_is_the_base(tmp_path):
         assert torch.equal(v, base_before[k]), k
     assert any(not torch.equal(v, lora_before[k]) for k, v in trainer.policy.named_parameters() if "lora_" in k)
     assert metrics["policy/kl"] > 0  # adapters moved the policy away from the adapter-free base
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_a_lora_run_in_bf16_stores_its_frozen_base_in_bf16_and_trains(tmp_path, dtype):
+    trainer = make_trainer(tmp_path, dtype=dtype, lora_rank=4, lr=1e-2, beta=0.1, total_steps=2)
+    embedding = trainer.policy.get_input_embeddings().weight
+    base = [m.weight for m in trainer.policy.modules()
+            if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad and m.weight is not embedding]
+    assert base and all(w.dtype == (torch.bfloat16 if dtype == "bf16" else torch.float32) for w in base)
+    assert embedding.dtype == torch.float32
+    lora_before = {k: v.clone() for k, v in trainer.policy.named_parameters() if "lora_" in k}
+    for _ in range(2):
+        metrics, _ = trainer.step()
+        trainer.step_count += 1
+    assert any(not torch.equal(v, lora_before[k]) for k, v in trainer.policy.named_parameters() if "lora_" in k)
+    assert math.isfinite(metrics["policy/kl"]) and metrics["policy/kl"] > 0  # the adapters moved the policy
 
 
 RESUME_SCRIPT = textwrap.dedent(

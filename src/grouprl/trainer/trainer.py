@@ -46,7 +46,7 @@ import torch
 from grouprl.algos import kl_per_token
 from grouprl.algos.rollout_correction import rollout_mismatch, truncated_is_weights
 from grouprl.errors import NonFiniteError
-from grouprl.models import unwrap_ddp
+from grouprl.models import store_frozen_linears, unwrap_ddp
 from grouprl.models.precision import choose_precision
 from grouprl.rewards.base import unique_names
 from grouprl.rollout.engines import resolve_engine
@@ -62,7 +62,7 @@ from grouprl.trainer.collect import Collected, combine_metrics
 from grouprl.trainer.critic import Critic
 from grouprl.trainer.inputs import RunInputs
 from grouprl.trainer.metrics import reward_metrics, rollout_metrics, row_advantages, sample_records
-from grouprl.trainer.policy import PolicyPasses, default_reference, prepare_policy
+from grouprl.trainer.policy import PolicyPasses, bf16_base_fits, default_reference, prepare_policy
 from grouprl.trainer.processes import OneProcess
 from grouprl.trainer.rules import UPDATE_RULES
 from grouprl.trainer.sources import make_source
@@ -132,6 +132,8 @@ class Trainer:
         reference = reference if reference is not None else default_reference(policy, c)
         # The critic copies the policy's decoder before any sharding touches it.
         self.critic = Critic(c, policy, critic_backbone) if algo.critic else None
+        if bf16_base_fits(policy, c, self.processes):
+            store_frozen_linears(policy, torch.bfloat16)
         policy, reference = self.processes.place(policy, reference)
         self.passes = PolicyPasses(policy, reference, c, self.processes.forward_model, self.processes.world_size > 1)
         self.baseline = self.critic or make_baseline(c, self.processes.sum)
