@@ -238,7 +238,9 @@ class TrainerConfig(ResolvedSettings):
     # --- LoRA ---------------------------------------------------------------------------------
     lora_rank: int = 0
     """LoRA rank (0 = full fine-tuning). With LoRA the reference is the base model with the
-    adapters disabled: no copy in memory."""
+    adapters disabled: no copy in memory. Where every pass runs in bf16 (dtype) in one process on
+    the CPU, the base's linear weights are stored in bf16: the products autocast would compute anyway,
+    at half the memory and with no casts kept for the backward pass."""
     lora_alpha: float = 16.0
     """LoRA scaling alpha."""
     lora_dropout: float = 0.0
