@@ -104,3 +104,20 @@ def test_merging_a_bf16_base_adds_the_adapters_in_the_models_own_format(tmp_path
     assert not torch.equal(got[q].to(torch.bfloat16).float(), got[q])  # the update is below bf16's resolution
     assert not torch.equal(got[q], base.float())
     assert store_frozen_linears(model, torch.bfloat16) == 0  # the model itself keeps training as it was
+
+
+def test_converting_lets_go_of_the_file_the_model_was_mapped_from(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model, tok = tiny_causal_lm(seed=0, hidden_size=128)
+    model.save_pretrained(tmp_path / "m")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.float32)
+    lora = apply_lora(loaded, LoraSettings(rank=4, target_modules=TARGETS))
+    del loaded
+
+    def mapped():
+        return str(tmp_path / "m" / "model.safetensors") in open("/proc/self/maps").read()
+
+    assert mapped()  # transformers maps the weights file: its pages count as the process's memory
+    store_frozen_linears(lora, torch.bfloat16)
+    assert not mapped()

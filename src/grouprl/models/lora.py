@@ -60,16 +60,21 @@ def store_frozen_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
     how many. Under bf16 autocast a linear layer runs on a bf16 cast of its weight, made at every pass
     and saved for the backward pass: stored in bf16, the frozen weights take half the memory and the
     casts none, for the same products. A weight shared with another kind of module (an output head
-    tied to the embedding, looked up outside autocast) and the biases keep their format."""
+    tied to the embedding, looked up outside autocast) and the biases keep their format, copied out of
+    the memory-mapped file the model may have been loaded from, so that the file's pages are let go."""
     shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
-    count = 0
+    converted = set()
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if (isinstance(module, torch.nn.Linear) and not weight.requires_grad and id(weight) not in shared
                 and weight.dtype != dtype):
             weight.data = weight.data.to(dtype)
-            count += 1
-    return count
+            converted.add(id(weight))
+    if converted:  # the rest leave the file they may be mapped from, which stays resident while any of them lives
+        for p in model.parameters():
+            if id(p) not in converted:
+                p.data = p.data.clone()
+    return len(converted)
 
 
 def merge_and_save(model: torch.nn.Module, tokenizer: Any, path: str | Path, overwrite: bool = False) -> Path:
