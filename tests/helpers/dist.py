@@ -193,7 +193,7 @@ def variant_group(rank: int, world: int, store_file: str, out: str) -> None:
 
     def evaluation() -> dict[str, Any]:
         trainer = build(out, "eval", env=env, eval_samples=2, evaluated=True)
-        from grouprl.rollout.vllm import full_tensors
+        from grouprl.rollout.vllm_weights import full_tensors
 
         pushed = dict(full_tensors(trainer.policy, torch.device("cpu")))  # what a vLLM weight push sends
         return {"eval": trainer.evaluate(), "pushed": pushed, "weights": full_weights(trainer)}

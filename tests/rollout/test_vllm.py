@@ -17,7 +17,8 @@ from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.engines import resolve_engine
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler
-from grouprl.rollout.vllm import base_weight_name, outputs_to_batch, vllm_sampling_kwargs, wrapped_weight_name
+from grouprl.rollout.vllm import outputs_to_batch, vllm_sampling_kwargs
+from grouprl.rollout.vllm_weights import base_weight_name, wrapped_weight_name
 from grouprl.trainer.config import GRPOConfig
 from grouprl.types import SamplingParams
 from tests.helpers.rollout import assert_thread_count_can_change
@@ -285,9 +286,9 @@ def test_a_resting_engine_frees_its_weights_and_the_next_push_brings_them_back(e
 def test_every_lora_base_weight_has_a_wrapped_name_in_the_engine(lora_engine):
     """The names pushed to a vLLM that loads by its module tree (0.26 and before) cover the engine's
     parameters exactly, packed projections through their owner; the CPU build resolves them itself."""
-    from grouprl.rollout.vllm import _engine_parameters, resolves_lora_wrappers
+    from grouprl.rollout.vllm_weights import engine_parameters, resolves_lora_wrappers
 
-    ((params, packed),) = lora_engine.llm.collective_rpc(_engine_parameters)
+    ((params, packed),) = lora_engine.llm.collective_rpc(engine_parameters)
     assert any(".base_layer." in n for n in params)  # the engine wraps its layers for LoRA
     owner = {f".{leaf}.": f".{group}." for group, leaves in packed.items() for leaf in leaves}
 

@@ -21,7 +21,9 @@ before its first rollout and again before the first rollout after every optimize
 weights after loading). The prefix cache is reset after each push (cached keys and values belong to
 the old weights). FSDP shards are gathered one tensor at a time. LoRA: the base weights are pushed
 once, then after each step only the adapter, as a new LoRA request. The push time is logged
-(``time/weight_push``).
+(``time/weight_push``). On the CPU the engine frees its copy of the weights between a rollout and the
+next push (:meth:`VLLMSampler.rest`). The names and the functions run inside the engine are in
+:mod:`grouprl.rollout.vllm_weights`.
 
 Sampling: one request per row with the row's own seed (vLLM then draws with a per-request generator),
 so a completion depends on (seed, step, prompt, sample index) and not on what else is in the batch;
@@ -61,6 +63,15 @@ from grouprl.rollout.runner import left_pad
 from grouprl.rollout.seeds import MODULUS, mix_seed, resolve_row_seeds
 from grouprl.rollout.stops import cut_at_stop
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
+from grouprl.rollout.vllm_weights import (
+    base_weight_name,
+    engine_parameters,
+    free_weights,
+    full_tensors,
+    resolves_lora_wrappers,
+    restore_weights,
+    wrapped_weight_name,
+)
 from grouprl.types import RolloutBatch, SamplingParams
 
 
@@ -112,76 +123,6 @@ def outputs_to_batch(completions: Sequence[Any], prompt_ids: list[list[int]], gr
         prompts=[x for x in prompts for _ in range(g)], group_size=g, pad_token_id=pad_id,
         extras={k: [v for v in col for _ in range(g)] for k, col in (extras or {}).items()},
     )
-
-
-def base_weight_name(name: str) -> str | None:
-    """A peft LoRA model's parameter name as the plain model calls it; None for adapter weights."""
-    if ".lora_" in name:
-        return None
-    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
-
-
-def wrapped_weight_name(name: str, engine_params: set[str], packed: dict[str, list[str]]) -> str:
-    """A plain model's weight ``name`` as a LoRA engine of a vLLM that loads by its own module tree takes
-    it: ``.base_layer.`` inserted where the engine wraps the module, looked up under the module's packed
-    name (``packed``: the engine model's ``packed_modules_mapping``, q_proj's weight loads into
-    qkv_proj); ``name`` itself where the engine has no wrapper."""
-    module, _, param = name.rpartition(".")
-    parent, _, leaf = module.rpartition(".")
-    owner = next((group for group, leaves in packed.items() if leaf in leaves), leaf)
-    engine_module = f"{parent}.{owner}" if parent else owner
-    return f"{module}.base_layer.{param}" if f"{engine_module}.base_layer.{param}" in engine_params else name
-
-
-def resolves_lora_wrappers() -> bool:
-    """Whether this vLLM reloads a LoRA engine's base weights under their plain names: newer versions
-    resolve their LoRA wrappers themselves (and refuse the wrapped names), older ones (0.26 and before)
-    load by their module tree and take only the wrapped ones."""
-    try:
-        from vllm.model_executor.model_loader.reload.inplace import get_parameter_for_reload  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _engine_parameters(worker: Any) -> tuple[list[str], dict[str, list[str]]]:
-    """(parameter names, packed modules) of a vLLM worker's model; run inside the engine."""
-    model = worker.model_runner.get_model()
-    return [n for n, _ in model.named_parameters()], dict(getattr(model, "packed_modules_mapping", {}))
-
-
-def _free_weights(worker: Any) -> None:
-    """Free a CPU engine's copy of the weights, run inside the engine: the packed copies its CPU matrix
-    products read (``cpu_linear``, rebuilt by every reload) and the storage of every parameter (brought
-    back by :func:`_restore_weights`, then rewritten by the reload)."""
-    model = worker.model_runner.get_model()
-    for module in model.modules():
-        if getattr(module, "cpu_linear", None) is not None:
-            module.cpu_linear = None
-    params = [(n, p.untyped_storage()) for n, p in model.named_parameters()]
-    worker.grouprl_weight_bytes = {n: s.nbytes() for n, s in params}  # before any shared storage shrinks
-    for _, storage in params:
-        storage.resize_(0)
-
-
-def _restore_weights(worker: Any) -> None:
-    """Give every parameter :func:`_free_weights` emptied its storage again (contents to be reloaded)."""
-    for n, p in worker.model_runner.get_model().named_parameters():
-        p.untyped_storage().resize_(worker.grouprl_weight_bytes[n])
-
-
-def full_tensors(model: nn.Module, device: torch.device,
-                 keep: Callable[[str], bool] = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) of the entries of ``model``'s state dict whose name ``keep`` accepts,
-    gathering FSDP shards one tensor at a time (a collective: every process iterates alike)."""
-    from torch.distributed.tensor import DTensor
-
-    for name, t in model.state_dict().items():
-        if not keep(name):
-            continue
-        if isinstance(t, DTensor):
-            t = t.to(device).full_tensor()
-        yield name, t.detach()
 
 
 KV_HEADROOM = 1.25
@@ -308,7 +249,7 @@ class VLLMSampler:
         start = time.perf_counter()
         self.wake()
         if self.resting:
-            self.llm.collective_rpc(_restore_weights)
+            self.llm.collective_rpc(restore_weights)
             self.resting = False
         if not self.lora or not self.base_loaded:
             if self.lora:
@@ -332,7 +273,7 @@ class VLLMSampler:
             if resolves_lora_wrappers():
                 self._wrapped = (set(), {})
             else:
-                ((params, packed),) = self.llm.collective_rpc(_engine_parameters)
+                ((params, packed),) = self.llm.collective_rpc(engine_parameters)
                 self._wrapped = (set(params), packed)
         return wrapped_weight_name(name, *self._wrapped) if self._wrapped[0] else name
 
@@ -379,7 +320,7 @@ class VLLMSampler:
         rollout rebuilds it. A GPU engine sleeps instead; a LoRA engine keeps its base weights (pushed
         once); a compiled one keeps the tensors its compiled code was built on."""
         if self.can_rest and not self.resting:
-            self.llm.collective_rpc(_free_weights)
+            self.llm.collective_rpc(free_weights)
             self.resting = self.stale = True
 
     @contextlib.contextmanager

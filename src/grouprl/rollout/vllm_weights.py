@@ -1,0 +1,82 @@
+"""What crosses between the trainer's weights and a vLLM engine's (:mod:`grouprl.rollout.vllm`): the
+names a push gives each tensor, FSDP shards gathered one tensor at a time, and the functions that run
+inside the engine (``collective_rpc``) to read its parameter names or to free and restore its copy of
+the weights on the CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def base_weight_name(name: str) -> str | None:
+    """A peft LoRA model's parameter name as the plain model calls it; None for adapter weights."""
+    if ".lora_" in name:
+        return None
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def wrapped_weight_name(name: str, engine_params: set[str], packed: dict[str, list[str]]) -> str:
+    """A plain model's weight ``name`` as a LoRA engine of a vLLM that loads by its own module tree takes
+    it: ``.base_layer.`` inserted where the engine wraps the module, looked up under the module's packed
+    name (``packed``: the engine model's ``packed_modules_mapping``, q_proj's weight loads into
+    qkv_proj); ``name`` itself where the engine has no wrapper."""
+    module, _, param = name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    owner = next((group for group, leaves in packed.items() if leaf in leaves), leaf)
+    engine_module = f"{parent}.{owner}" if parent else owner
+    return f"{module}.base_layer.{param}" if f"{engine_module}.base_layer.{param}" in engine_params else name
+
+
+def resolves_lora_wrappers() -> bool:
+    """Whether this vLLM reloads a LoRA engine's base weights under their plain names: newer versions
+    resolve their LoRA wrappers themselves (and refuse the wrapped names), older ones (0.26 and before)
+    load by their module tree and take only the wrapped ones."""
+    try:
+        from vllm.model_executor.model_loader.reload.inplace import get_parameter_for_reload  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def engine_parameters(worker: Any) -> tuple[list[str], dict[str, list[str]]]:
+    """(parameter names, packed modules) of a vLLM worker's model; run inside the engine."""
+    model = worker.model_runner.get_model()
+    return [n for n, _ in model.named_parameters()], dict(getattr(model, "packed_modules_mapping", {}))
+
+
+def free_weights(worker: Any) -> None:
+    """Free a CPU engine's copy of the weights, run inside the engine: the packed copies its CPU matrix
+    products read (``cpu_linear``, rebuilt by every reload) and the storage of every parameter (brought
+    back by :func:`restore_weights`, then rewritten by the reload)."""
+    model = worker.model_runner.get_model()
+    for module in model.modules():
+        if getattr(module, "cpu_linear", None) is not None:
+            module.cpu_linear = None
+    params = [(n, p.untyped_storage()) for n, p in model.named_parameters()]
+    worker.grouprl_weight_bytes = {n: s.nbytes() for n, s in params}  # before any shared storage shrinks
+    for _, storage in params:
+        storage.resize_(0)
+
+
+def restore_weights(worker: Any) -> None:
+    """Give every parameter :func:`free_weights` emptied its storage again (contents to be reloaded)."""
+    for n, p in worker.model_runner.get_model().named_parameters():
+        p.untyped_storage().resize_(worker.grouprl_weight_bytes[n])
+
+
+def full_tensors(model: nn.Module, device: torch.device,
+                 keep: Callable[[str], bool] = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of the entries of ``model``'s state dict whose name ``keep`` accepts,
+    gathering FSDP shards one tensor at a time (a collective: every process iterates alike)."""
+    from torch.distributed.tensor import DTensor
+
+    for name, t in model.state_dict().items():
+        if not keep(name):
+            continue
+        if isinstance(t, DTensor):
+            t = t.to(device).full_tensor()
+        yield name, t.detach()
