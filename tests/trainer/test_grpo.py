@@ -251,6 +251,21 @@ def test_lora_trains_adapters_only_and_reference_is_the_base(tmp_path):
     assert metrics["policy/kl"] > 0  # adapters moved the policy away from the adapter-free base
 
 
+def test_lora_adapters_start_from_the_runs_seed(tmp_path):
+    def adapters(seed, caller_seed):
+        model, tok = tiny_causal_lm(seed=0)
+        torch.manual_seed(caller_seed)  # whatever the caller's generator holds
+        trainer = Trainer(base_config(tmp_path / f"{seed}-{caller_seed}", lora_rank=4, seed=seed), policy=model,
+                          tokenizer=tok, reward_fns=[digit_share], train_data=PROMPTS)
+        return {k: v.clone() for k, v in trainer.policy.named_parameters() if "lora_A" in k}
+
+    state = torch.random.get_rng_state()
+    first, again, other = adapters(0, caller_seed=1), adapters(0, caller_seed=2), adapters(1, caller_seed=1)
+    assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
+    assert any(not torch.equal(first[k], other[k]) for k in first)
+    torch.random.set_rng_state(state)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_a_lora_run_in_bf16_stores_its_frozen_base_in_bf16_and_trains(tmp_path, dtype):
     trainer = make_trainer(tmp_path, dtype=dtype, lora_rank=4, lr=1e-2, beta=0.1, total_steps=2)
