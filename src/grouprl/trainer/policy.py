@@ -18,10 +18,10 @@ from grouprl.types import RolloutBatch
 
 
 def prepare_policy(policy: nn.Module, config: Any) -> nn.Module:
-    """``policy`` with LoRA adapters (``lora_rank`` > 0, unless it already has some; their random start drawn
-    from ``seed``) and gradient
-    checkpointing (``gradient_checkpointing``) as configured; without the latter, its norms and MLPs
-    keep fewer activations (:mod:`grouprl.models.activations`: the same numbers)."""
+    """``policy`` with LoRA adapters (``lora_rank`` > 0, unless it already has some; their random start
+    drawn from ``seed``) and gradient checkpointing (``gradient_checkpointing``) as configured; without
+    the latter, its norms and MLPs keep fewer activations (:mod:`grouprl.models.activations`: the same
+    numbers)."""
     if config.lora_rank and not is_peft(policy):
         with torch.random.fork_rng(devices=[]):  # the adapters' random start follows the run's seed alone
             torch.manual_seed(config.seed)
