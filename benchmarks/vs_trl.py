@@ -18,6 +18,7 @@ each is a warm-up and is excluded; the figure per framework is the median second
     python benchmarks/vs_trl.py                       # beta 0.04 and beta 0, 6 timed steps each
     python benchmarks/vs_trl.py --curves 20 --seeds 0,1   # reward curves of both over 20 steps
     python benchmarks/vs_trl.py --grouprl_checkpointing true,false  # a grouprl worker per setting, in turn
+    python benchmarks/vs_trl.py --repeats 3           # fresh workers 3 times: median step times and peaks
 
 The last line is ``speedup=<TRL s/step over grouprl s/step> memory_ratio=<grouprl peak RSS over
 TRL's>``, the weaker of the configurations run (lowest speedup, highest memory ratio).
@@ -264,19 +265,24 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def summarise(beta: float, result: dict) -> tuple[float, float]:
-    timed = {k: v[1:] for k, v in result["records"].items()}  # the warm-up step excluded
+def summarise(beta: float, results: list[dict]) -> tuple[float, float]:
+    """Medians over ``results`` (one per repeat, fresh workers each): of every timed step's seconds, and of
+    each repeat's peak RSS."""
+    timed = {k: [r for result in results for r in result["records"][k][1:]]  # the warm-up steps excluded
+             for k in results[0]["records"]}
     med = {k: {p: median([r[p] for r in v]) for p in ("seconds", "generate", "logprobs", "update")}
            for k, v in timed.items()}
     lens = {k: statistics.fmean(r["len_mean"] for r in v) for k, v in timed.items()}
-    peak = result["peak_rss_mb"]
+    peaks = {k: [result["peak_rss_mb"][k] for result in results] for k in timed}
+    peak = {k: median(v) for k, v in peaks.items()}
     speedup = med["trl"]["seconds"] / med["grouprl"]["seconds"]
     memory = peak["grouprl"] / peak["trl"]
-    print(f"beta={beta}: {len(timed['trl'])} timed steps each")
+    print(f"beta={beta}: {len(timed['trl'])} timed steps each" + (f" over {len(results)} repeats, peaks (MiB) "
+          + "; ".join(f"{k} {', '.join(f'{x:.0f}' for x in v)}" for k, v in peaks.items()) if len(results) > 1 else ""))
     for k, m in med.items():
         print(f"  {k:7s} median {m['seconds']:6.2f} s/step (generate {m['generate']:.2f}, logprobs "
               f"{m['logprobs']:.2f}, update {m['update']:.2f}), mean completion {lens[k]:.1f} tokens, "
-              f"peak RSS {peak[k]:.0f} MiB")
+              f"{'median ' if len(results) > 1 else ''}peak RSS {peak[k]:.0f} MiB")
     print(f"  speedup {speedup:.2f}x, memory ratio {memory:.2f}")
     for k in (k for k in med if k.startswith("grouprl[")):
         print(f"  {k}: speedup {med['trl']['seconds'] / med[k]['seconds']:.2f}x, memory ratio "
@@ -345,6 +351,8 @@ def main() -> None:
     parser.add_argument("--betas", type=lambda s: [float(x) for x in s.split(",")], default=[0.04, 0.0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each worker")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per beta, fresh workers each (a peak RSS moves from run to run): medians over all")
     parser.add_argument("--python", default=sys.executable, help="interpreter with grouprl and trl installed")
     parser.add_argument("--curves", type=int, default=0, help="instead: reward curves over this many steps")
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0])
@@ -383,7 +391,8 @@ def main() -> None:
     print(f"SmolLM2-135M-Instruct, arithmetic, {PROMPTS} prompts x G={G}, {MAX_NEW} new tokens, lr {LR}; grouprl at "
           f"its defaults (dtype auto, rollout_engine {args.grouprl_engine}), TRL in {args.trl_dtype}; {args.threads} "
           "thread(s) per worker, steps taken in turn", flush=True)
-    results = [summarise(beta, run_pair(args, beta, args.steps, args.seed)) for beta in args.betas]
+    results = [summarise(beta, [run_pair(args, beta, args.steps, args.seed) for _ in range(args.repeats)])
+               for beta in args.betas]
     print(f"speedup={min(s for s, _ in results):.2f} memory_ratio={max(m for _, m in results):.2f}")
 
 
