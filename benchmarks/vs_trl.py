@@ -277,8 +277,11 @@ def summarise(beta: float, results: list[dict]) -> tuple[float, float]:
     peak = {k: median(v) for k, v in peaks.items()}
     speedup = med["trl"]["seconds"] / med["grouprl"]["seconds"]
     memory = peak["grouprl"] / peak["trl"]
-    print(f"beta={beta}: {len(timed['trl'])} timed steps each" + (f" over {len(results)} repeats, peaks (MiB) "
-          + "; ".join(f"{k} {', '.join(f'{x:.0f}' for x in v)}" for k, v in peaks.items()) if len(results) > 1 else ""))
+    header = f"beta={beta}: {len(timed['trl'])} timed steps each"
+    if len(results) > 1:
+        header += f" over {len(results)} repeats, peaks (MiB) " + "; ".join(
+            f"{k} {', '.join(f'{x:.0f}' for x in v)}" for k, v in peaks.items())
+    print(header)
     for k, m in med.items():
         print(f"  {k:7s} median {m['seconds']:6.2f} s/step (generate {m['generate']:.2f}, logprobs "
               f"{m['logprobs']:.2f}, update {m['update']:.2f}), mean completion {lens[k]:.1f} tokens, "

@@ -217,8 +217,13 @@ class VLLMSampler:
         self.in_phase = False
         self.lora_request: Any = None
         self.can_rest = not on_gpu and not self.lora and not compiled
-        self.resting = False
-        self._wrapped: tuple[set[str], dict[str, list[str]]] | None = None
+        self.freed: dict[str, int] | None = None
+        """While the engine rests: the bytes of each of its parameters, to be given back before the push."""
+        # a LoRA engine's parameter names and packed modules, for a vLLM that loads base weights only under them
+        self.engine_names: tuple[set[str], dict[str, list[str]]] = (set(), {})
+        if self.lora and not resolves_lora_wrappers():
+            ((params, packed),) = self.llm.collective_rpc(engine_parameters)
+            self.engine_names = (set(params), packed)
         self.push_seconds = 0.0
 
     def _write_model_files(self) -> None:
@@ -248,12 +253,12 @@ class VLLMSampler:
             return
         start = time.perf_counter()
         self.wake()
-        if self.resting:
-            self.llm.collective_rpc(restore_weights)
-            self.resting = False
+        if self.freed is not None:
+            self.llm.collective_rpc(restore_weights, kwargs={"sizes": self.freed})
+            self.freed = None
         if not self.lora or not self.base_loaded:
             if self.lora:
-                weights = ((self._engine_name(base_weight_name(n)), t)
+                weights = ((wrapped_weight_name(base_weight_name(n), *self.engine_names), t)
                            for n, t in full_tensors(self.model, self.device, lambda n: base_weight_name(n) is not None))
             else:
                 weights = full_tensors(self.model, self.device)
@@ -266,16 +271,6 @@ class VLLMSampler:
         self.llm.reset_prefix_cache()  # cached prompt keys/values were computed with the old weights
         self.stale = False
         self.push_seconds += time.perf_counter() - start
-
-    def _engine_name(self, name: str) -> str:
-        """A base weight's name as this LoRA engine's reload takes it (see :func:`resolves_lora_wrappers`)."""
-        if self._wrapped is None:
-            if resolves_lora_wrappers():
-                self._wrapped = (set(), {})
-            else:
-                ((params, packed),) = self.llm.collective_rpc(engine_parameters)
-                self._wrapped = (set(params), packed)
-        return wrapped_weight_name(name, *self._wrapped) if self._wrapped[0] else name
 
     def _push_adapter(self) -> None:
         from vllm.lora.request import LoRARequest
@@ -319,9 +314,13 @@ class VLLMSampler:
         format), so the log-prob passes and the update have that memory, and the push before the next
         rollout rebuilds it. A GPU engine sleeps instead; a LoRA engine keeps its base weights (pushed
         once); a compiled one keeps the tensors its compiled code was built on."""
-        if self.can_rest and not self.resting:
-            self.llm.collective_rpc(free_weights)
-            self.resting = self.stale = True
+        if self.can_rest and self.freed is None:
+            (self.freed,) = self.llm.collective_rpc(free_weights)
+            self.stale = True
+
+    @property
+    def resting(self) -> bool:
+        return self.freed is not None
 
     @contextlib.contextmanager
     def phase(self) -> Iterator[None]:

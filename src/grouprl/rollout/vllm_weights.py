@@ -48,24 +48,25 @@ def engine_parameters(worker: Any) -> tuple[list[str], dict[str, list[str]]]:
     return [n for n, _ in model.named_parameters()], dict(getattr(model, "packed_modules_mapping", {}))
 
 
-def free_weights(worker: Any) -> None:
+def free_weights(worker: Any) -> dict[str, int]:
     """Free a CPU engine's copy of the weights, run inside the engine: the packed copies its CPU matrix
-    products read (``cpu_linear``, rebuilt by every reload) and the storage of every parameter (brought
-    back by :func:`restore_weights`, then rewritten by the reload)."""
+    products read (``cpu_linear``, rebuilt by every reload) and the storage of every parameter. Returns
+    each parameter's bytes, for :func:`restore_weights` (the reload then rewrites the contents)."""
     model = worker.model_runner.get_model()
     for module in model.modules():
         if getattr(module, "cpu_linear", None) is not None:
             module.cpu_linear = None
     params = [(n, p.untyped_storage()) for n, p in model.named_parameters()]
-    worker.grouprl_weight_bytes = {n: s.nbytes() for n, s in params}  # before any shared storage shrinks
+    sizes = {n: s.nbytes() for n, s in params}  # all read before any shared storage shrinks
     for _, storage in params:
         storage.resize_(0)
+    return sizes
 
 
-def restore_weights(worker: Any) -> None:
-    """Give every parameter :func:`free_weights` emptied its storage again (contents to be reloaded)."""
+def restore_weights(worker: Any, sizes: dict[str, int]) -> None:
+    """Give every parameter :func:`free_weights` emptied its storage again (``sizes``: what it returned)."""
     for n, p in worker.model_runner.get_model().named_parameters():
-        p.untyped_storage().resize_(worker.grouprl_weight_bytes[n])
+        p.untyped_storage().resize_(sizes[n])
 
 
 def full_tensors(model: nn.Module, device: torch.device,
