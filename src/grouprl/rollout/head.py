@@ -46,54 +46,84 @@ def chunk_scores(head: Callable[[torch.Tensor], torch.Tensor], temperature: floa
     return logp, entropy
 
 
+# Rows per reduction over a chunk's logits: logsumexp and the entropy's p * log p make a temporary the
+# size of their input, which for a whole chunk would be one more [c, V] at the backward pass's peak.
+REDUCE_ROWS = 32
+
+
 def _log_softmax(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
     """[c, V] log-softmax of ``hidden @ weight.T / temperature`` (at least float32), built in place."""
     logits = _at_least_float32(F.linear(hidden, weight))
     if temperature != 1.0:
         logits.div_(temperature)
-    return logits.sub_(torch.logsumexp(logits, -1, keepdim=True))
+    for rows in logits.split(REDUCE_ROWS):
+        rows.sub_(torch.logsumexp(rows, -1, keepdim=True))
+    return logits
+
+
+def _entropy(logq: torch.Tensor) -> torch.Tensor:
+    """logq [c, V] -> H [c] = -sum p log p."""
+    return torch.cat([-(rows.exp() * rows).sum(-1) for rows in logq.split(REDUCE_ROWS)])
 
 
 class HeadScores(torch.autograd.Function):
-    """(hidden [c, H], weight [V, H], tokens [c], temperature, with_entropy) -> (logp [c], entropy [c]).
+    """(hidden [n, H], weight [V, H], tokens [n], temperature, with_entropy, chunk) -> (logp [n], entropy [n]),
+    ``chunk`` positions at a time.
 
     The products run in ``weight``'s format (``hidden`` is cast to it; its gradient comes back in
-    its own), whatever autocast says: the caller casts the weight once for all chunks."""
+    its own), whatever autocast says: the caller casts the weight once for the pass. Backward keeps
+    one chunk's ``[c, V]`` logits at a time and adds every chunk's weight gradient into one ``[V, H]``
+    buffer (one matrix product with accumulation per chunk), where a function per chunk would have
+    autograd hold each chunk's gradient and its running sum: at the start of the backward pass, when
+    the activations and the earlier micro-batches' gradients are all alive, that was one more
+    ``[V, H]`` (54 MiB for SmolLM2's head in bf16)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, tokens, temperature, with_entropy):
+    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, chunk):
         # Saved as given (a view of the pass's features) and cast again in backward, so that no copy
-        # per chunk stays alive until then.
+        # stays alive until then.
         ctx.save_for_backward(hidden, weight, tokens)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        logp = hidden.new_empty(hidden.shape[0], dtype=torch.promote_types(weight.dtype, torch.float32))
+        entropy = torch.zeros_like(logp)
         with torch.autocast(hidden.device.type, enabled=False):
-            logq = _log_softmax(hidden.to(weight.dtype), weight, temperature)  # [c, V]
-        logp = logq.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        entropy = -(logq.exp() * logq).sum(-1) if with_entropy else torch.zeros_like(logp)
-        ctx.temperature = temperature
+            for start in range(0, hidden.shape[0], chunk):
+                part = slice(start, start + chunk)
+                logq = _log_softmax(hidden[part].to(weight.dtype), weight, temperature)  # [c, V]
+                logp[part] = logq.gather(-1, tokens[part].unsqueeze(-1)).squeeze(-1)
+                if with_entropy:
+                    entropy[part] = _entropy(logq)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, tokens = ctx.saved_tensors
-        given_dtype, hidden = hidden.dtype, hidden.to(weight.dtype)
-        logq = _log_softmax(hidden, weight, ctx.temperature)  # [c, V]
-        p = logq.exp()
-        if grad_logp is None:
-            grad_logp = torch.zeros_like(tokens, dtype=logq.dtype)
-        if grad_entropy is not None and bool(grad_entropy.any()):
-            entropy = -(p * logq).sum(-1, keepdim=True)  # [c, 1]
-            # -p * (g_logp + g_H * (log p + H)), accumulated in logq's storage
-            coeff = logq.add_(entropy).mul_(grad_entropy.unsqueeze(-1)).add_(grad_logp.unsqueeze(-1))
-        else:
-            coeff = grad_logp.unsqueeze(-1)
-        grad_logits = p.mul_(coeff).neg_()
-        grad_logits.scatter_add_(-1, tokens.unsqueeze(-1), grad_logp.unsqueeze(-1))
-        if ctx.temperature != 1.0:
-            grad_logits.div_(ctx.temperature)
-        grad_logits = grad_logits.to(hidden.dtype)
-        grad_hidden = (grad_logits @ weight).to(given_dtype) if ctx.needs_input_grad[0] else None
-        grad_weight = grad_logits.t() @ hidden if ctx.needs_input_grad[1] else None
-        return grad_hidden, grad_weight, None, None, None
+        n = hidden.shape[0]
+        grad_logp = grad_logp if grad_logp is not None else hidden.new_zeros(n, dtype=torch.float32)
+        with_entropy = grad_entropy is not None and bool(grad_entropy.any())
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for start in range(0, n, ctx.chunk):
+            part = slice(start, start + ctx.chunk)
+            h, g_logp = hidden[part].to(weight.dtype), grad_logp[part].unsqueeze(-1)  # [c, H], [c, 1]
+            logq = _log_softmax(h, weight, ctx.temperature)  # [c, V]
+            if with_entropy:
+                entropy = _entropy(logq).unsqueeze(-1)  # [c, 1]
+                p = logq.exp()
+                # -p * (g_logp + g_H * (log p + H)), accumulated in logq's storage
+                coeff = logq.add_(entropy).mul_(grad_entropy[part].unsqueeze(-1)).add_(g_logp)
+            else:
+                p, coeff = logq.exp_(), g_logp  # log q is not needed again: p takes its storage
+            grad_logits = p.mul_(coeff).neg_()
+            grad_logits.scatter_add_(-1, tokens[part].unsqueeze(-1), g_logp)
+            if ctx.temperature != 1.0:
+                grad_logits.div_(ctx.temperature)
+            grad_logits = grad_logits.to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[part] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.t(), h)
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def _fusable(head: nn.Module) -> bool:
@@ -112,14 +142,16 @@ def score_chunks(head: nn.Module, feats: torch.Tensor, tokens: torch.Tensor, tem
                  with_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """feats [n, F] (hidden states, or logits with ``head`` the identity) and tokens [n] ->
     (logp [n], entropy [n], zeros without ``with_entropy``), ``chunk_size`` positions at a time."""
+    if _fusable(head):
+        if feats.shape[0] == 0:
+            empty = feats.new_zeros(0, dtype=torch.float32)
+            return empty, empty
+        return HeadScores.apply(feats, _head_weight(head, feats.device), tokens, temperature, with_entropy, chunk_size)
     grad = torch.is_grad_enabled() and feats.requires_grad
-    weight = _head_weight(head, feats.device) if _fusable(head) else None
     logps, ents = [], []
     for start in range(0, feats.shape[0], chunk_size):
         h, tok = feats[start : start + chunk_size], tokens[start : start + chunk_size]
-        if weight is not None:
-            lp, ent = HeadScores.apply(h, weight, tok, temperature, with_entropy)
-        elif grad:
+        if grad:
             lp, ent = checkpoint(chunk_scores, head, temperature, with_entropy, h, tok, use_reentrant=False)
         else:
             lp, ent = chunk_scores(head, temperature, with_entropy, h, tok)
