@@ -55,6 +55,25 @@ def run_update(trainer: Trainer, batch: RolloutBatch, advantages: torch.Tensor, 
     return trainer.rule.update(data, trainer.step_count, trainer.config.beta)
 
 
+def update_grads(trainer: Trainer, batch: RolloutBatch, advantages: torch.Tensor, **kwargs) -> dict[str, torch.Tensor]:
+    """:func:`run_update` (one optimizer step), returning the policy's gradients as that step took them
+    (after clipping): the update frees them once it is done."""
+    optimizer, taken = trainer.rule.optimizer, []
+    step = optimizer.step
+
+    def recording_step(*args, **kw):
+        taken.append({k: p.grad.clone() for k, p in trainer.policy.named_parameters()})
+        return step(*args, **kw)
+
+    optimizer.step = recording_step
+    try:
+        run_update(trainer, batch, advantages, **kwargs)
+    finally:
+        del optimizer.step
+    assert len(taken) == 1, f"expected one optimizer step, got {len(taken)}"
+    return taken[0]
+
+
 def params_of(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 

@@ -26,6 +26,7 @@ from tests.helpers.trainer import (
     params_of,
     rollout,
     run_update,
+    update_grads,
 )
 
 REQUIRED_METRICS = [
@@ -46,8 +47,7 @@ def test_micro_batches_give_the_same_update_as_one_batch(tmp_path, mode):
         batch, rewards = rollout(trainer)
         ref_logp = trainer.passes.reference_logprobs(batch)
         adv = group_advantages(torch.tensor([1.0, 0.0, 0.5, 0.2, 0.3, 0.3, 0.9, 0.0]), 4)
-        run_update(trainer, batch, adv, ref_logp=ref_logp)
-        grads = {k: p.grad.clone() for k, p in trainer.policy.named_parameters()}
+        grads = update_grads(trainer, batch, adv, ref_logp=ref_logp)
         results.append((grads, params_of(trainer.policy)))
     (g1, p1), (g2, p2) = results
     for k in g1:
@@ -57,12 +57,21 @@ def test_micro_batches_give_the_same_update_as_one_batch(tmp_path, mode):
         torch.testing.assert_close(p2[k], p1[k], atol=1e-5, rtol=0)
 
 
+def test_the_update_frees_its_gradients(tmp_path):
+    """Spent once the last optimizer step is taken: none is left to sit under the next rollout."""
+    trainer = make_trainer(tmp_path, beta=0.0)
+    batch, _ = rollout(trainer)
+    before = params_of(trainer.policy)
+    run_update(trainer, batch, torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0]))
+    assert any(not torch.equal(p, before[k]) for k, p in trainer.policy.named_parameters())
+    assert all(p.grad is None for p in trainer.policy.parameters())
+
+
 def test_on_policy_gradient_is_reinforce(tmp_path):
     trainer = make_trainer(tmp_path, beta=0.0, max_grad_norm=0.0)
     batch, _ = rollout(trainer)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0])
-    run_update(trainer, batch, adv)
-    got = {k: p.grad.clone() for k, p in trainer.policy.named_parameters()}
+    got = update_grads(trainer, batch, adv)
 
     fresh = make_trainer(tmp_path / "fresh", beta=0.0)
     fresh.policy.train()
@@ -87,9 +96,8 @@ def test_rows_outside_the_loss_get_no_pass_and_leave_the_gradient_exact(tmp_path
     seen, logprobs = [], trainer.passes.logprobs
     monkeypatch.setattr(trainer.passes, "logprobs", lambda model, rollout, rows, **kw: (
         seen.extend(rows.tolist()), logprobs(model, rollout, rows, **kw))[1])
-    run_update(trainer, batch, adv, mask=mask)
+    got = update_grads(trainer, batch, adv, mask=mask)
     assert sorted(seen) == [0, 1, 2, 3]
-    got = {k: p.grad.clone() for k, p in trainer.policy.named_parameters()}
 
     fresh = make_trainer(tmp_path / "fresh", beta=0.0)
     fresh.policy.train()

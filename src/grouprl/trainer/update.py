@@ -106,6 +106,8 @@ class ClippedSurrogateUpdate:
                     avg.add(m, float(data.mask[micro].sum()))
                 avg.add({"optim/grad_norm": self.optimizer_step(step)}, 1.0)
                 avg.optimizer_steps += 1
+        # Spent: held to the next update they would sit under the rollout's engine and KV cache.
+        self.optimizer.zero_grad(set_to_none=True)
         policy.eval()
         out = avg.result()
         out["optim/lr"] = self.scheduler.get_last_lr()[0]
