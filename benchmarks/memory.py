@@ -69,10 +69,11 @@ def rss_mib() -> float:
 
 
 class PhaseWatch:
-    """Samples resident memory on a thread; per phase, the most it rose above the phase's start."""
+    """Samples resident memory on a thread; per phase, the most it rose above the phase's start and the
+    highest resident size sampled in it."""
 
     def __init__(self) -> None:
-        self.phase, self.start, self.rise, self.running = None, 0.0, {}, True
+        self.phase, self.start, self.rise, self.top, self.running = None, 0.0, {}, {}, True
         self.heap, self.high, self.at_high = glibc_heap(), 0.0, None
         self.thread = threading.Thread(target=self.sample, daemon=True)
         self.thread.start()
@@ -85,6 +86,7 @@ class PhaseWatch:
                 self.high, self.at_high = now, (phase, self.heap())
             if phase is not None:
                 self.rise[phase] = max(self.rise.get(phase, 0.0), now - start)
+                self.top[phase] = max(self.top.get(phase, 0.0), now)
             time.sleep(0.002)
 
     @contextlib.contextmanager
@@ -150,6 +152,7 @@ def main() -> None:
     logs.PhaseTimer.__call__ = watched
     trainer.step()  # warm-up: allocator pools, the optimizer's state
     watch.rise.clear()
+    watch.top.clear()
     watch.high, watch.at_high = 0.0, None
     seconds = []
     for _ in range(args.steps):
@@ -172,7 +175,8 @@ def main() -> None:
     held.append((f"rollout engine: {engine} (its libraries, weights and KV cache at start, when it keeps its own; "
                  "vLLM on a CPU frees its weights from each rollout's end to the next push)",
                  max(0.0, setup - held[1][1])))
-    transient = [(f"{phase} (rise above its start)", rise) for phase, rise in sorted(watch.rise.items())]
+    transient = [(f"{phase} (rise above its start; highest resident size in it {watch.top[phase]:.0f})", rise)
+                 for phase, rise in sorted(watch.rise.items())]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     command = (f"python benchmarks/memory.py --steps {args.steps} --threads {args.threads} --beta {args.beta} "
                f"--engine {args.engine} --micro_batch_size {args.micro_batch_size} --seed {args.seed} "
