@@ -10,7 +10,8 @@ Two kinds of figures:
   rose above where the phase began, sampled every 2 ms by a thread, worst over ``--steps`` steps after a
   warm-up step.
 
-    python benchmarks/memory.py [--steps 2] [--threads 1] [--beta 0.04] [--allocator auto] [--gradient_checkpointing]
+    python benchmarks/memory.py [--steps 2] [--threads 1] [--beta 0.04] [--allocator auto]
+                                [--gradient_checkpointing default|true|false]
                                 [--lora_rank R]
 
 It runs under the allocator the ``grouprl`` command would preload (``--allocator auto``: tcmalloc where
@@ -39,6 +40,7 @@ import torch
 from machine import cpu_line, start_under_allocator
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+CHECKPOINTING = {"default": None, "true": True, "false": False}  # --gradient_checkpointing -> the config's value
 
 
 class MallInfo2(ctypes.Structure):
@@ -136,7 +138,8 @@ def main() -> None:
     config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=64, temperature=1.0, beta=args.beta, lr=1e-6,
                         output_dir=tempfile.mkdtemp(prefix="memory-"), progress=False, tensorboard=False,
                         log_completions_every=0, rollout_engine=args.engine, micro_batch_size=args.micro_batch_size,
-                        seed=args.seed, gradient_checkpointing=args.gradient_checkpointing, lora_rank=args.lora_rank)
+                        seed=args.seed, lora_rank=args.lora_rank,
+                        gradient_checkpointing=CHECKPOINTING[args.gradient_checkpointing])
     before_setup = rss_mib()
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
                           train_data=task.rows("train", 400, seed=0), system_prompt=task.system_prompt)
@@ -180,7 +183,7 @@ def main() -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     command = (f"python benchmarks/memory.py --steps {args.steps} --threads {args.threads} --beta {args.beta} "
                f"--engine {args.engine} --micro_batch_size {args.micro_batch_size} --seed {args.seed} "
-               f"--allocator {args.allocator}" + (" --gradient_checkpointing" if args.gradient_checkpointing else "")
+               f"--allocator {args.allocator}" + f" --gradient_checkpointing {args.gradient_checkpointing}"
                + (f" --lora_rank {args.lora_rank}" if args.lora_rank else ""))
     lines = [cpu_line(), "", f"`{command}`", "", "| what | MiB |", "|---|---|",
              f"| {rows[0][0]} | {rows[0][1]:.0f} |"]

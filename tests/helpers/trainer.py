@@ -58,18 +58,13 @@ def run_update(trainer: Trainer, batch: RolloutBatch, advantages: torch.Tensor, 
 def update_grads(trainer: Trainer, batch: RolloutBatch, advantages: torch.Tensor, **kwargs) -> dict[str, torch.Tensor]:
     """:func:`run_update` (one optimizer step), returning the policy's gradients as that step took them
     (after clipping): the update frees them once it is done."""
-    optimizer, taken = trainer.rule.optimizer, []
-    step = optimizer.step
-
-    def recording_step(*args, **kw):
-        taken.append({k: p.grad.clone() for k, p in trainer.policy.named_parameters()})
-        return step(*args, **kw)
-
-    optimizer.step = recording_step
+    taken = []
+    hook = trainer.rule.optimizer.register_step_pre_hook(lambda *_: taken.append(
+        {k: p.grad.clone() for k, p in trainer.policy.named_parameters()}))
     try:
         run_update(trainer, batch, advantages, **kwargs)
     finally:
-        del optimizer.step
+        hook.remove()
     assert len(taken) == 1, f"expected one optimizer step, got {len(taken)}"
     return taken[0]
 

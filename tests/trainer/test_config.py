@@ -50,3 +50,11 @@ def test_every_bad_value_is_refused_by_its_key(key, value):
 
     with pytest.raises(ValueError, match=rf"{key}={value}"):
         TrainerConfig(**{key: value})
+
+
+def test_gradient_checkpointing_is_on_unless_set_off_or_the_update_differentiates_twice():
+    from grouprl.trainer.config import TrainerConfig
+
+    assert GRPOConfig().checkpointing and TrainerConfig(algo="ppo").checkpointing
+    assert not GRPOConfig(gradient_checkpointing=False).checkpointing
+    assert not TrainerConfig(algo="trpo").checkpointing  # Fisher-vector products: a double backward

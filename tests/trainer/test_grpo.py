@@ -447,3 +447,9 @@ def test_a_collected_rollout_moves_whole_to_the_training_device(tmp_path):
     assert moved.rewards.device.type == "meta" and all(v.device.type == "meta" for v in moved.per_fn.values())
     assert moved.batch.completions == got.batch.completions and moved.rounds == got.rounds
     assert got.rewards.device.type == "cpu"  # the original is left as it was
+
+
+@pytest.mark.parametrize("setting, checkpointed", [(None, True), (False, False)])
+def test_the_policy_is_checkpointed_as_resolved(tmp_path, setting, checkpointed):
+    trainer = make_trainer(tmp_path, gradient_checkpointing=setting)
+    assert trainer.policy.is_gradient_checkpointing is checkpointed

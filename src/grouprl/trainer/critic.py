@@ -61,7 +61,7 @@ class Critic:
         if backbone is None and c.critic_model != "copy":
             backbone, _ = load_policy(c.critic_model)
         self.model: ValueModel = make_critic(policy, backbone)
-        if c.gradient_checkpointing:
+        if c.checkpointing:
             self.model.body.gradient_checkpointing_enable()
         self.optimizer, _ = build_optimizer(self.model.parameters(), c.critic_lr or c.lr, (c.adam_beta1, c.adam_beta2),
                                             c.weight_decay, 0, 1, "constant")

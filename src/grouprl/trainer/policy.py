@@ -19,7 +19,7 @@ from grouprl.types import RolloutBatch
 
 def prepare_policy(policy: nn.Module, config: Any) -> nn.Module:
     """``policy`` with LoRA adapters (``lora_rank`` > 0, unless it already has some; their random start
-    drawn from ``seed``) and gradient checkpointing (``gradient_checkpointing``) as configured; without
+    drawn from ``seed``) and gradient checkpointing (``gradient_checkpointing``, resolved) as configured; without
     the latter, its norms and MLPs keep fewer activations (:mod:`grouprl.models.activations`: the same
     numbers)."""
     if config.lora_rank and not is_peft(policy):
@@ -28,7 +28,7 @@ def prepare_policy(policy: nn.Module, config: Any) -> nn.Module:
             policy = apply_lora(policy, LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha,
                                                      dropout=config.lora_dropout,
                                                      target_modules=tuple(config.lora_target_modules)))
-    if config.gradient_checkpointing:
+    if config.checkpointing:
         policy.gradient_checkpointing_enable()
     else:  # a checkpointed layer keeps none of them anyway
         keep_fewer_activations(policy)

@@ -33,6 +33,13 @@ class ResolvedSettings:
         return self.precision.reference == "bf16" if self.precision else self.ref_dtype == "bf16"
 
     @property
+    def checkpointing(self) -> bool:
+        """``gradient_checkpointing`` with empty resolved: on, except for a trust-region update."""
+        if self.gradient_checkpointing is not None:
+            return self.gradient_checkpointing
+        return ALGORITHMS.get(self.algo).update != "trust-region"
+
+    @property
     def engine_choice(self) -> str:
         """The rollout engine in use: ``rollout_engine`` with auto resolved by the trainer (hf until then)."""
         return self.resolved_engine or (self.rollout_engine if self.rollout_engine != "auto" else "hf")
