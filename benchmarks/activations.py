@@ -6,8 +6,9 @@ fp32 weights and fused AdamW, log-probs and entropies through grouprl's LM head)
   autograd keeps them until backward), the model's own modules;
 - ``casts``: the weights' casts made again in backward (:mod:`grouprl.models.casts`);
 - ``casts+activations``: and the norms and MLPs keeping fewer activations
-  (:mod:`grouprl.models.activations`): what grouprl trains with by default;
-- ``checkpointing``: ``casts`` with every decoder layer checkpointed (``gradient_checkpointing: true``).
+  (:mod:`grouprl.models.activations`): what grouprl trains with under ``gradient_checkpointing: false``;
+- ``checkpointing``: ``casts`` with every decoder layer checkpointed (``gradient_checkpointing`` on, the
+  default).
 
 Peak tensor memory by kind comes from PyTorch's profiler (every allocation, whatever the allocator);
 seconds per step are medians over ``--rounds`` rounds taking the four ways in turn. The gradients of

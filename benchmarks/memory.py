@@ -112,8 +112,9 @@ def main() -> None:
     parser.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="rollout_engine")
     parser.add_argument("--seed", type=int, default=0, help="the run's seed (prompts and sampling)")
     parser.add_argument("--micro_batch_size", type=int, default=8, help="rows per training pass (the default 8)")
-    parser.add_argument("--gradient_checkpointing", action="store_true",
-                        help="recompute each layer's activations in the backward pass")
+    parser.add_argument("--gradient_checkpointing", choices=list(CHECKPOINTING), default="default",
+                        help="recompute each decoder layer's activations in the backward pass (default: the "
+                             "config's own, on)")
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting (auto, system, ...)")
     parser.add_argument("--lora_rank", type=int, default=0, help="train LoRA adapters of this rank (0: full weights)")
     args = parser.parse_args()
@@ -170,7 +171,8 @@ def main() -> None:
          mib(policy.parameters())),
         (f"reference weights ({next(reference.parameters()).dtype})" if reference is not None
          else "reference weights (none: beta 0)", mib(reference.parameters()) if reference is not None else 0.0),
-        ("gradients", mib(p.grad for p in policy.parameters() if p.grad is not None)),
+        # one per trainable parameter, in its format, from the update's first backward pass to its end (freed then)
+        ("gradients (during the update)", mib(p for p in policy.parameters() if p.requires_grad)),
         ("AdamW moments (fp32)", mib(v for s in optimizer.state.values() for v in s.values()
                                      if torch.is_tensor(v) and v.dim() > 0)),
     ]
