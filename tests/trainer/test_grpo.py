@@ -25,7 +25,6 @@ from tests.helpers.trainer import (
     make_trainer,
     params_of,
     rollout,
-    run_update,
     update_grads,
 )
 
@@ -55,16 +54,6 @@ def test_micro_batches_give_the_same_update_as_one_batch(tmp_path, mode):
         # Adam's first step is ~lr * g / |g|: where |g| is near Adam's eps, fp32 summation-order noise
         # in g shows up amplified, so the parameters are compared at 1% of the step size (lr = 1e-3).
         torch.testing.assert_close(p2[k], p1[k], atol=1e-5, rtol=0)
-
-
-def test_the_update_frees_its_gradients(tmp_path):
-    """Spent once the last optimizer step is taken: none is left to sit under the next rollout."""
-    trainer = make_trainer(tmp_path, beta=0.0)
-    batch, _ = rollout(trainer)
-    before = params_of(trainer.policy)
-    run_update(trainer, batch, torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0]))
-    assert any(not torch.equal(p, before[k]) for k, p in trainer.policy.named_parameters())
-    assert all(p.grad is None for p in trainer.policy.parameters())
 
 
 def test_on_policy_gradient_is_reinforce(tmp_path):
@@ -448,8 +437,3 @@ def test_a_collected_rollout_moves_whole_to_the_training_device(tmp_path):
     assert moved.batch.completions == got.batch.completions and moved.rounds == got.rounds
     assert got.rewards.device.type == "cpu"  # the original is left as it was
 
-
-@pytest.mark.parametrize("setting, checkpointed", [(None, True), (False, False)])
-def test_the_policy_is_checkpointed_as_resolved(tmp_path, setting, checkpointed):
-    trainer = make_trainer(tmp_path, gradient_checkpointing=setting)
-    assert trainer.policy.is_gradient_checkpointing is checkpointed
