@@ -221,8 +221,8 @@ class TrainerConfig(ResolvedSettings):
     """Storage dtype of the frozen reference copy: auto (bf16 where the training-sized bf16 products
     are faster: also half the memory), fp32 or bf16."""
     gradient_checkpointing: bool | None = None
-    """Recompute each decoder layer's activations in backward: less memory, more compute (on SmolLM2-135M in
-    bf16 on a CPU, steps 3-13% longer and a peak 250-300 MiB lower). Empty = on (as TRL's and verl's
+    """Recompute each decoder layer's activations in backward: less memory, more compute (SmolLM2-135M in
+    bf16 on a CPU, benchmarks/vs_trl.py: steps ~6% longer, the peak ~310 MiB lower). Empty = on (as TRL's and verl's
     defaults), except for trpo, whose Fisher-vector products differentiate twice through the forward pass.
     Off, the norms and MLPs of Llama-family models (Llama, Mistral, Qwen2, Qwen3) still recompute their
     cheap intermediates instead of keeping them, with the same numbers (grouprl/models/activations.py)."""
