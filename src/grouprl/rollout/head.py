@@ -142,10 +142,10 @@ def score_chunks(head: nn.Module, feats: torch.Tensor, tokens: torch.Tensor, tem
                  with_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """feats [n, F] (hidden states, or logits with ``head`` the identity) and tokens [n] ->
     (logp [n], entropy [n], zeros without ``with_entropy``), ``chunk_size`` positions at a time."""
+    if feats.shape[0] == 0:
+        empty = feats.new_zeros(0, dtype=torch.float32)
+        return empty, empty
     if _fusable(head):
-        if feats.shape[0] == 0:
-            empty = feats.new_zeros(0, dtype=torch.float32)
-            return empty, empty
         return HeadScores.apply(feats, _head_weight(head, feats.device), tokens, temperature, with_entropy, chunk_size)
     grad = torch.is_grad_enabled() and feats.requires_grad
     logps, ents = [], []
@@ -157,7 +157,4 @@ def score_chunks(head: nn.Module, feats: torch.Tensor, tokens: torch.Tensor, tem
             lp, ent = chunk_scores(head, temperature, with_entropy, h, tok)
         logps.append(lp)
         ents.append(ent)
-    if not logps:
-        empty = feats.new_zeros(0, dtype=torch.float32)
-        return empty, empty
     return torch.cat(logps), torch.cat(ents)
