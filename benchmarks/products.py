@@ -1,7 +1,10 @@
-"""Few-row matrix products at SmolLM2-135M's decoding shapes, one way per line: ``x @ W.T`` (what
-``nn.Linear`` does), ``(W @ x.T).T`` (the other layout the built-in engine may learn to use,
-``grouprl/rollout/skinny.py``), bf16 ``x @ W.T``, and PyTorch's weight-only int8 kernel
-(``torch.ops.aten._weight_int8pack_mm``, bf16 activations), which reads a quarter of fp32's weight bytes.
+"""Few-row matrix products at SmolLM2-135M's decoding shapes, one way per column: ``x @ W.T`` (what
+``nn.Linear`` does), ``(W @ x.T).T`` and oneDNN's linear on a reordered copy of the weight (the other
+layouts the built-in engine may learn to use, ``grouprl/rollout/skinny.py``), the same three in bf16, and
+PyTorch's weight-only int8 kernel (``torch.ops.aten._weight_int8pack_mm``, bf16 activations), which reads
+a quarter of fp32's weight bytes. A way this CPU cannot run (oneDNN reorders bf16 weights only with
+AVX-512 BW or AVX-NE-CONVERT) prints ``-``. Each row ends with a 16-row decode step's total of the
+shape's products per way (times the count of such weights a step reads).
 
 Each shape cycles through as many distinct weights as the model has of it (30 per layer shape, one LM
 head), so the weights stream from memory as in a decode step, not from cache.
@@ -43,25 +46,50 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(cpu_line(), f"threads {args.threads}", flush=True)
-    ways = {
-        "x @ W.T": lambda w, x: torch.nn.functional.linear(x, w["fp32"]),
-        "(W @ x.T).T": lambda w, x: torch.mm(w["fp32"], x.t()).t(),
-        "bf16 x @ W.T": lambda w, x: torch.nn.functional.linear(x.bfloat16(), w["bf16"]),
-        "int8 weights": lambda w, x: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), w["int8"], w["scales"]),
+    linear, mm = torch.nn.functional.linear, torch.mm
+    packed = lambda w, x: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")  # noqa: E731
+    ways = {  # name -> (the weight it reads, the product)
+        "x @ W.T": ("fp32", lambda w, x: linear(x, w)),
+        "(W @ x.T).T": ("fp32", lambda w, x: mm(w, x.t()).t()),
+        "oneDNN packed": ("fp32 packed", packed),
+        "bf16 x @ W.T": ("bf16", lambda w, x: linear(x.bfloat16(), w)),
+        "bf16 (W@x.T).T": ("bf16", lambda w, x: mm(w, x.bfloat16().t()).t()),
+        "bf16 packed": ("bf16 packed", lambda w, x: packed(w, x.bfloat16())),
+        "int8 weights": ("int8", lambda w, x: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), *w)),
     }
-    print(f"{'shape':24s} {'rows':>4s} " + " ".join(f"{k:>13s}" for k in ways), flush=True)
+    print(f"{'shape':24s} {'rows':>4s} " + " ".join(f"{k:>14s}" for k in ways), flush=True)
+    step = dict.fromkeys(ways, 0.0)  # a 16-row decode step's products, all shapes
     for name, (out, inp, count) in SHAPES.items():
-        weights = []
+        weights = {key: [] for key in ("fp32", "fp32 packed", "bf16", "bf16 packed", "int8")}
         for _ in range(count):
             w = torch.randn(out, inp)
             scales = w.abs().amax(1) / 127
-            weights.append({"fp32": w, "bf16": w.bfloat16(), "scales": scales.bfloat16(),
-                            "int8": (w / scales[:, None]).round().clamp(-128, 127).to(torch.int8)})
+            for key, value in (("fp32", w), ("fp32 packed", reordered(w)), ("bf16", w.bfloat16()),
+                               ("bf16 packed", reordered(w.bfloat16())),
+                               ("int8", ((w / scales[:, None]).round().clamp(-128, 127).to(torch.int8),
+                                         scales.bfloat16()))):
+                weights[key].append(value)
         repeats = 3 if count == 1 else 5
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, inp)
-            ms = [per_call_ms(fn, weights, x, repeats) for fn in ways.values()]
-            print(f"{name:24s} {rows:4d} " + " ".join(f"{m:10.3f} ms" for m in ms), flush=True)
+            ms = {k: None if weights[key][0] is None else per_call_ms(fn, weights[key], x, repeats)
+                  for k, (key, fn) in ways.items()}
+            if rows == 16:
+                for k, m in ms.items():
+                    step[k] += count * (float("nan") if m is None else m)
+            print(f"{name:24s} {rows:4d} " + " ".join(f"{'-':>14s}" if m is None else f"{m:11.3f} ms"
+                                                      for m in ms.values()), flush=True)
+    if "16" in args.rows.split(","):
+        print(f"{'16-row step, all shapes':29s} " + " ".join(f"{'-':>14s}" if m != m else f"{m:11.1f} ms"
+                                                           for m in step.values()), flush=True)
+
+
+def reordered(w: torch.Tensor) -> torch.Tensor | None:
+    """``w`` in oneDNN's blocked layout, or None where this CPU cannot reorder its format."""
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(w, None)
+    except RuntimeError:
+        return None
 
 
 if __name__ == "__main__":

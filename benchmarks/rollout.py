@@ -47,7 +47,7 @@ class PlainProducts(SkinnyProducts):
     """Every product as ``x @ W.T``: the built-in engine before it learnt few-row layouts."""
 
     @contextlib.contextmanager
-    def step(self, linears, rows):
+    def step(self, linears, rows, packs):
         yield
 
 

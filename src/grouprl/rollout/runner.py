@@ -17,7 +17,7 @@ from torch import nn
 
 from grouprl.rollout.attention import decoding, sdpa_configs
 from grouprl.rollout.cache import make_cache
-from grouprl.rollout.skinny import SkinnyProducts, model_linears
+from grouprl.rollout.skinny import PackedWeights, SkinnyProducts, model_linears
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -87,14 +87,16 @@ class Runner:
     The cache is a ``transformers`` ``DynamicCache`` whose full-attention layers are
     :class:`~grouprl.rollout.cache.BufferLayer` s of ``capacity`` positions; rows are dropped or
     repeated with :meth:`select_rows` / :meth:`repeat_rows`. ``products`` picks the layout of
-    few-row decode steps' matrix products (:mod:`grouprl.rollout.skinny`); pass one that outlives the
-    runner to keep what it learnt across rollouts.
+    decode steps' matrix products (:mod:`grouprl.rollout.skinny`); pass one that outlives the runner to
+    keep what it learnt across rollouts. The weights must not change while the runner lives: the
+    reordered copies some layouts read are made once and kept until it goes.
     """
 
     def __init__(self, model: nn.Module, capacity: int, products: SkinnyProducts | None = None):
         self.model = model
         self.products = products if products is not None else SkinnyProducts()
         self._linears = model_linears(unwrap_model(model))
+        self._packs = PackedWeights()
         self.cache = make_cache(unwrap_model(model), capacity)
         forward = inspect.signature(type(unwrap_model(model)).forward).parameters
         self._extra = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
@@ -112,7 +114,8 @@ class Runner:
         # torch.matmul cannot fold into one matrix product: it would expand the LM head's weight to every
         # row (29 rows x 576 x 49k copied per call, a second for a 135M model). A contiguous input folds.
         hook = self._head.register_forward_pre_hook(_contiguous_input) if self._head is not None else None
-        with decoding(self._sdpa), self.products.step(self._linears, ids.numel()), contextlib.ExitStack() as stack:
+        products = self.products.step(self._linears, ids.numel(), self._packs)
+        with decoding(self._sdpa), products, contextlib.ExitStack() as stack:
             if hook is not None:
                 stack.callback(hook.remove)
             out = self.model(
