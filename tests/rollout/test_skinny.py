@@ -4,6 +4,8 @@ completions whichever is chosen."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -241,3 +243,29 @@ def test_bf16_decoding_goes_through_the_packed_layout(monkeypatch):
     assert first_difference >= 1
     torch.testing.assert_close(plain.sampling_logprobs[:, :first_difference],
                                packed.sampling_logprobs[:, :first_difference], rtol=0.05, atol=0.05)
+
+
+def test_copies_stop_at_the_budget_and_the_rest_run_plain():
+    """A loop's copies fit in its budget; a weight past it runs ``x @ W.T`` untimed, and the layout stays
+    on trial for later loops (with room) rather than being left out."""
+    a, b = nn.Linear(8, 4), nn.Linear(8, 4)
+    packs = PackedWeights(budget=a.weight.numel() * 4)  # room for one float32 weight of 4 x 8
+    assert packs.of(a) is not None and packs.of(b) is None and packs.used == a.weight.numel() * 4
+    now = [0.0]
+    products = SkinnyProducts(clock=lambda: now[0])
+    x = torch.randn(2, 8)
+    timings = products.table.setdefault((4, 8, 2, torch.float32), Timings(calls=[2, 2, 0]))  # packed's turn
+    y = products.linear(b, x, packs)
+    torch.testing.assert_close(y, b(x), rtol=1e-6, atol=1e-6)
+    assert timings.calls == [2, 2, 0] and timings.left_out == set()
+    products.linear(b, x, PackedWeights(budget=None))  # the default budget: a share of the free memory
+    assert timings.calls == [2, 2, 1]
+
+
+def test_the_default_budget_is_a_share_of_the_available_memory(monkeypatch):
+    if Path("/proc/meminfo").exists():
+        assert 0 < skinny.available_memory() < 1 << 50
+    monkeypatch.setattr(skinny, "available_memory", lambda: 1000)
+    assert PackedWeights().budget == int(1000 * skinny.PACK_SHARE)
+    monkeypatch.setattr(skinny, "available_memory", lambda: None)
+    assert PackedWeights().budget is None

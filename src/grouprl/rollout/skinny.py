@@ -10,8 +10,9 @@ and which layout is better depends on the CPU, the weight's shape and the row co
 - oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``) on a copy of the weight reordered into
   oneDNN's blocked layout, made on its first use in a rollout (a decode loop) and kept to the loop's
   end: the weight's size in memory meanwhile, and a reorder per weight per rollout, paid only for the
-  weights whose products are on trial in it or have chosen it. Where the CPU cannot reorder the format
-  (bf16 without AVX-512 BW or AVX-NE-CONVERT), the layout is left out.
+  weights whose products are on trial in it or have chosen it, while the copies fit in half the memory
+  the system had available at the loop's start. Where the CPU cannot reorder the format (bf16 without
+  AVX-512 BW or AVX-NE-CONVERT), the layout is left out.
 
 On a 2-core AMD EPYC Zen 4 (AVX-512 BF16; one thread, SmolLM2-135M's weights streamed from memory,
 ``python benchmarks/products.py --threads 1``, log in ``benchmarks/results/products/``), in fp32 at 2
@@ -50,13 +51,37 @@ PLAIN, TRANSPOSED, PACKED = 0, 1, 2
 LAYOUT_NAMES = ("x @ W.T", "(W @ x.T).T", "oneDNN packed")
 
 
+PACK_SHARE = 0.5
+"""The reordered copies of one decode loop take at most this share of the memory the system had available
+when the loop began; weights past it run in the other layouts."""
+
+
+def available_memory() -> int | None:
+    """Bytes the system can still hand out without swapping (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 class PackedWeights:
     """oneDNN-reordered copies of the weights one decode loop reads (weights do not change within it),
-    made on first use; ``None`` for a format this CPU cannot reorder."""
+    made on first use while they fit in ``budget`` bytes (None: :data:`PACK_SHARE` of the memory available
+    now, unbounded where that is unknown); ``None`` for a format this CPU cannot reorder or a weight past
+    the budget."""
 
-    def __init__(self) -> None:
-        self.copies: dict[int, torch.Tensor] = {}
+    def __init__(self, budget: int | None = None) -> None:
+        # id(weight) -> (weight, its copy): holding the weight keeps its id from being reused meanwhile
+        self.copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.unsupported: set[torch.dtype] = set()
+        if budget is None:
+            available = available_memory()
+            budget = None if available is None else int(available * PACK_SHARE)
+        self.budget, self.used = budget, 0
 
     def supports(self, weight: torch.Tensor) -> bool:
         return weight.dtype not in self.unsupported
@@ -64,16 +89,18 @@ class PackedWeights:
     def of(self, module: nn.Linear) -> torch.Tensor | None:
         """``module``'s weight reordered (made now if this loop has not yet), or None where it cannot be."""
         weight = module.weight
-        key = id(weight)
-        if key not in self.copies:
-            if not self.supports(weight):
+        if id(weight) not in self.copies:
+            size = weight.numel() * weight.element_size()
+            if not self.supports(weight) or (self.budget is not None and self.used + size > self.budget):
                 return None
             try:
-                self.copies[key] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-            except (RuntimeError, AttributeError):  # no oneDNN build, or no reorder for this format here
+                copy = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            except (RuntimeError, AttributeError, NotImplementedError, TypeError):  # no oneDNN, or not this format
                 self.unsupported.add(weight.dtype)
                 return None
-        return self.copies[key]
+            self.copies[id(weight)] = (weight, copy)
+            self.used += size
+        return self.copies[id(weight)][1]
 
 
 def plain_linear(module: nn.Linear, x: torch.Tensor, packs: PackedWeights) -> torch.Tensor:
@@ -152,6 +179,8 @@ class SkinnyProducts:
         if timings.decided:
             return LAYOUTS[layout](module, x, packs)
         if layout == PACKED and packs.of(module) is None:  # the reorder is paid before the clock starts
+            if packs.supports(weight):  # no room for the copy in this loop: plain, and not timed
+                return plain_linear(module, x, packs)
             timings.left_out.add(PACKED)
             layout = timings.layout()
         start = self.clock()
