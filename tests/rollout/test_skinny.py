@@ -269,3 +269,11 @@ def test_the_default_budget_is_a_share_of_the_available_memory(monkeypatch):
     assert PackedWeights().budget == int(1000 * skinny.PACK_SHARE)
     monkeypatch.setattr(skinny, "available_memory", lambda: None)
     assert PackedWeights().budget is None
+
+
+def test_row_counts_share_what_is_learnt_up_to_the_next_power_of_two():
+    products, packs, layer = SkinnyProducts(), PackedWeights(), nn.Linear(8, 4)
+    for rows in (1, 2, 3, 4, 5, 8, 9, 33, 64):
+        products.linear(layer, torch.randn(rows, 8), packs)
+    assert sorted(k[2] for k in products.table) == [1, 2, 4, 8, 16, 64]
+    assert sum(products.table[(4, 8, 4, torch.float32)].calls) == 2  # rows 3 and 4

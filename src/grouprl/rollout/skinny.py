@@ -20,8 +20,9 @@ rows ``x @ W.T`` against the 49k x 576 LM head took 23.7 ms, ``(W @ x.T).T`` 6.1
 16 rows 25.2, 29.5 and 11.3; a whole 16-row step's products 96, 108 and 59 ms, and in bf16 55, 53 and
 35 ms. With its kernels limited to AVX2 the 16-row step took 97, 109 and 82 ms, and at 2 rows the
 transposed layout was the fastest for most shapes. What is fast flips with the CPU, the BLAS, the
-shape and the row count, so nothing is assumed: for each (output size, input size, rows, format) up to
-:data:`MAX_ROWS` rows, the calls go round the layouts and are timed (the first call of each not
+shape and the row count, so nothing is assumed: for each output size, input size, format and row count
+up to :data:`MAX_ROWS` rounded up to a power of two (a learner per row count would spend a rollout of
+64 rows on trials), the calls go round the layouts and are timed (the first call of each not
 counted, as it may pay for first use; the reorder is made before the clock starts) until each has
 :data:`SAMPLES` timings; then the fastest is used for good. A decode step calls each shape once per
 layer, so most shapes are decided within a step or two; the LM head, called once per step, within a
@@ -152,9 +153,9 @@ class Timings:
 
 
 class SkinnyProducts:
-    """Per (output size, input size, rows, format), the fastest layout of a decode step's product, learnt
-    from the decode steps' own calls. One instance serves many rollouts of one model (the sampler keeps
-    it), so a shape and row count is measured once per run.
+    """Per (output size, input size, rows rounded up to a power of two, format), the fastest layout of a
+    decode step's product, learnt from the decode steps' own calls. One instance serves many rollouts of
+    one model (the sampler keeps it), so a shape and row count is measured once per run.
 
     Args:
         clock: seconds, for the call timings (tests pass a fake one).
@@ -165,13 +166,14 @@ class SkinnyProducts:
         self.table: dict[tuple[int, int, int, torch.dtype], Timings] = {}
 
     def chosen(self) -> dict[tuple[int, int, int, torch.dtype], str]:
-        """(output size, input size, rows, weight format) -> the layout chosen, for the decided ones."""
+        """(output size, input size, rows up to, weight format) -> the layout chosen, for the decided ones."""
         return {k: LAYOUT_NAMES[t.layout()] for k, t in sorted(self.table.items(), key=str) if t.decided}
 
     def linear(self, module: nn.Linear, x: torch.Tensor, packs: PackedWeights) -> torch.Tensor:
         """``module(x)`` in the layout chosen for its shape and row count (or on trial)."""
         weight = module.weight
-        key = (module.out_features, module.in_features, x.numel() // x.shape[-1], weight.dtype)
+        rows = x.numel() // x.shape[-1]
+        key = (module.out_features, module.in_features, 1 << (rows - 1).bit_length(), weight.dtype)
         timings = self.table.setdefault(key, Timings())
         if not packs.supports(weight):
             timings.left_out.add(PACKED)
