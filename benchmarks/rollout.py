@@ -1,17 +1,20 @@
 """Rollout speed on the bundled SmolLM2-135M-Instruct: the built-in engine, vLLM (when installed) and
 ``model.generate``, each in fp32 and bf16, at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
-engine with every matrix product as ``x @ W.T`` (what its learnt few-row layouts,
-:mod:`grouprl.rollout.skinny`, gain in fp32; bf16 decoding does not use them).
+engine with every matrix product as ``x @ W.T`` (what its learnt decode layouts,
+:mod:`grouprl.rollout.skinny`, gain).
 
-    python benchmarks/rollout.py [--repeats 2] [--threads 2] [--settings 16x64,64x128] [--allocator auto]
-                                 [--device auto]
+    python benchmarks/rollout.py [--repeats 2] [--warmup 0] [--threads 2] [--settings 16x64,64x128]
+                                 [--allocator auto] [--device auto]
 
 On a machine with a GPU (``--device auto`` picks it) every method runs there: the built-in engine and
 ``model.generate`` on the model moved to the GPU, vLLM with its GPU build.
 
 Rows are arithmetic prompts x G=4 samples, temperature 1, no top-k/top-p, stopping on EOS only;
 tokens/s counts completion tokens up to and including EOS (what a trainer uses), so a method that
-keeps decoding finished rows pays for them. The methods take their rollouts in turn, so that load
+keeps decoding finished rows pays for them. The built-in engine learns the layout of its decode products
+on its first rollouts (:mod:`grouprl.rollout.skinny`) and pays for the trials there, as a training run
+does on its first steps; ``--warmup N`` runs N whole rollouts per method and format before the timed
+ones, to measure it once it has settled. The methods take their rollouts in turn, so that load
 from other processes falls on all alike; each figure is the total tokens over the total seconds of
 ``--repeats`` rollouts. A method's best format is its faster one here. The last line is
 ``speedup=<what rollout_engine auto and dtype auto pick, over model.generate at its best format>``
@@ -44,7 +47,7 @@ FORMATS = ("fp32", "bf16")
 
 
 class PlainProducts(SkinnyProducts):
-    """Every product as ``x @ W.T``: the built-in engine before it learnt few-row layouts."""
+    """Every product as ``x @ W.T``: the built-in engine without its learnt decode layouts."""
 
     @contextlib.contextmanager
     def step(self, linears, rows, packs):
@@ -103,6 +106,7 @@ def run_generate(model, tokenizer, ids: list[list[int]], n: int, fmt: str, seed:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="rollouts per method, format and setting")
+    parser.add_argument("--warmup", type=int, default=0, help="whole rollouts per method and format before them")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--settings", default="16x64,64x128", help="rows x new tokens, comma-separated")
     parser.add_argument("--formats", default=",".join(FORMATS),
@@ -145,6 +149,8 @@ def main() -> None:
         for run in methods.values():  # warm-up: first-call allocations and lazy imports
             for fmt in formats:
                 run(ids, 4, fmt, 0)
+                for seed in range(args.warmup):
+                    run(ids, n, fmt, args.repeats + seed)
         totals = {(m, f): [0, 0.0] for m in methods for f in formats}
         for seed in range(args.repeats):
             for key in totals:
@@ -159,9 +165,9 @@ def main() -> None:
         for m in methods:
             figures = "  ".join(f"{f} {rate[m, f]:7.1f}" for f in formats)
             print(f"  {m:20s} {figures}  best {best[m]}", flush=True)
-        if "fp32" in formats:
-            gain = rate["engine", "fp32"] / rate["engine, x @ W.T only", "fp32"]
-            print(f"  few-row layouts learnt, fp32: {gain:.2f}x the engine with x @ W.T only", flush=True)
+        for fmt in formats:
+            gain = rate["engine", fmt] / rate["engine, x @ W.T only", fmt]
+            print(f"  decode layouts learnt, {fmt}: {gain:.2f}x the engine with x @ W.T only", flush=True)
         auto = rate[auto_engine, chosen]
         generate = rate["generate", best["generate"]]
         print(f"  auto ({auto_engine}, {chosen}) over generate at its best: {auto / generate:.2f}x; over the built-in "
