@@ -62,20 +62,25 @@ def test_the_packed_layout_in_bf16_is_autocasts_product():
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
-def test_a_weight_is_reordered_once_per_decode_loop(monkeypatch):
-    calls = []
-    reorder = torch.ops.mkldnn._reorder_linear_weight
+def count_reorders(monkeypatch) -> list[torch.Tensor]:
+    """The weights oneDNN reorders from now on, in order."""
+    made, reorder = [], torch.ops.mkldnn._reorder_linear_weight
 
     def counting(w, batch_size):
-        calls.append(w.shape)
+        made.append(w)
         return reorder(w, batch_size)
 
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", counting)
+    return made
+
+
+def test_a_weight_is_reordered_once_per_decode_loop(monkeypatch):
+    calls = count_reorders(monkeypatch)
     a, b, packs = nn.Linear(8, 4), nn.Linear(8, 6), PackedWeights()
     for rows in (1, 3, 1):
         for layer in (a, b):
             LAYOUTS[PACKED](layer, torch.randn(rows, 8), packs)
-    assert calls == [a.weight.shape, b.weight.shape]
+    assert [w.shape for w in calls] == [a.weight.shape, b.weight.shape]
 
 
 def fake_layouts(monkeypatch, costs, used, now):
@@ -219,14 +224,7 @@ def test_decoding_gives_the_same_completions_in_any_layout():
 def test_bf16_decoding_goes_through_the_packed_layout(monkeypatch):
     """A bf16 rollout's decode steps run on reordered copies of the rollout's bf16 weights, one per
     weight per rollout, and sample what plain bf16 products give to bf16 rounding."""
-    made = []
-    reorder = torch.ops.mkldnn._reorder_linear_weight
-
-    def counting(w, batch_size):
-        made.append(w.dtype)
-        return reorder(w, batch_size)
-
-    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", counting)
+    made = count_reorders(monkeypatch)
     tok = make_tokenizer()
     model = make_model(tok, seed=1)
     ids = encode(tok, PROMPTS[:2])
@@ -236,7 +234,7 @@ def test_bf16_decoding_goes_through_the_packed_layout(monkeypatch):
         sampler = Sampler(model, tok)
         sampler.products = decided(layout)
         outs.append(sampler.generate(ids, 3, params, seed=7))
-    assert made == [torch.bfloat16] * len(model_linears(model))
+    assert [w.dtype for w in made] == [torch.bfloat16] * len(model_linears(model))
     plain, packed = outs
     same = plain.completion_ids == packed.completion_ids
     first_difference = int(same.all(0).logical_not().nonzero()[0]) if not same.all() else same.shape[1]
