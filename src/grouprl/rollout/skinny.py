@@ -132,7 +132,7 @@ LAYOUTS = (plain_linear, transposed_linear, packed_linear)
 
 @dataclass
 class Timings:
-    """Calls and seconds of each layout for one (output size, input size, rows)."""
+    """Calls and seconds of each layout for one (output size, input size, rows up to, format)."""
 
     calls: list[int] = field(default_factory=lambda: [0] * len(LAYOUTS))
     seconds: list[float] = field(default_factory=lambda: [0.0] * len(LAYOUTS))
