@@ -84,7 +84,7 @@ class AgentSampler:
     def __init__(self, model: nn.Module, tokenizer: Any, renderer: ChatRenderer, limits: TurnLimits,
                  engine: Any = None):
         self.model, self.tokenizer, self.renderer, self.limits = model, tokenizer, renderer, limits
-        self.products = SkinnyProducts()  # what few-row decode steps have shown, kept across rollouts
+        self.products = SkinnyProducts()  # what decode steps' products have shown, kept across rollouts
         self.engine = engine
         """A vLLM engine (:class:`grouprl.rollout.vllm.VLLMSampler`) playing the turns, or None: the
         built-in KV-cache engine on the live model."""

@@ -52,7 +52,7 @@ class DecodeRequest:
     compact: bool = True
     """Drop finished rows from the batch (False: keep decoding them and discard their tokens)."""
     products: SkinnyProducts | None = None
-    """The layout of few-row steps' matrix products, learnt across rollouts (None: learnt afresh)."""
+    """The layout of decode steps' matrix products, learnt across rollouts (None: learnt afresh)."""
 
 
 @dataclass

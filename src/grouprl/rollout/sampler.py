@@ -117,7 +117,7 @@ class Sampler:
         self.tokenizer = tokenizer
         self.share_prefill = share_prefill
         self.compact = compact
-        self.products = SkinnyProducts()  # what few-row decode steps have shown, kept across rollouts
+        self.products = SkinnyProducts()  # what decode steps' products have shown, kept across rollouts
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
 
     def update_weights(self, model: nn.Module) -> None:
