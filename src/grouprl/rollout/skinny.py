@@ -175,8 +175,6 @@ class SkinnyProducts:
         rows = x.numel() // x.shape[-1]
         key = (module.out_features, module.in_features, 1 << (rows - 1).bit_length(), weight.dtype)
         timings = self.table.setdefault(key, Timings())
-        if not packs.supports(weight):
-            timings.left_out.add(PACKED)
         layout = timings.layout()
         if timings.decided:
             return LAYOUTS[layout](module, x, packs)
