@@ -1,7 +1,8 @@
 """Rollout speed on the bundled SmolLM2-135M-Instruct: the built-in engine, vLLM (when installed) and
 ``model.generate``, each in fp32 and bf16, at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
 engine with every matrix product as ``x @ W.T`` (what its learnt decode layouts,
-:mod:`grouprl.rollout.skinny`, gain).
+:mod:`grouprl.rollout.skinny`, gain) and with its decode steps through the model's ``transformers`` forward
+(what its layer loop, :mod:`grouprl.rollout.layer_loop`, gains).
 
     python benchmarks/rollout.py [--repeats 2] [--warmup 0] [--threads 2] [--settings 16x64,64x128]
                                  [--allocator auto] [--device auto]
@@ -31,6 +32,7 @@ import argparse
 import contextlib
 import importlib.util
 import time
+from unittest import mock
 
 import torch
 from machine import start_under_allocator  # benchmarks/machine.py: every figure names its CPU
@@ -38,6 +40,7 @@ from machine import start_under_allocator  # benchmarks/machine.py: every figure
 from grouprl.models import load_policy
 from grouprl.models.precision import choose_precision
 from grouprl.rollout.engines import resolve_engine
+from grouprl.rollout.layer_loop import LayerLoop
 from grouprl.rollout.sampler import Sampler
 from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.types import SamplingParams
@@ -52,6 +55,14 @@ class PlainProducts(SkinnyProducts):
     @contextlib.contextmanager
     def step(self, linears, rows, packs):
         yield
+
+
+def through_forward(run):
+    """``run`` with the engine's decode steps through the model's ``transformers`` forward (no layer loop)."""
+    def wrapped(*args):
+        with mock.patch.object(LayerLoop, "plan", classmethod(lambda cls, model: None)):
+            return run(*args)
+    return wrapped
 
 
 def prompts(rows: int) -> list[str]:
@@ -125,10 +136,13 @@ def main() -> None:
     sampler = Sampler(model, tokenizer)
     plain = Sampler(model, tokenizer)
     plain.products = PlainProducts()
+    forward = Sampler(model, tokenizer)
     settings = [tuple(map(int, s.split("x"))) for s in args.settings.split(",")]
     formats = tuple(f for f in FORMATS if f in args.formats.split(","))
     methods = {"engine": lambda ids, n, fmt, seed: run_engine(sampler, ids, n, fmt, seed),
                "engine, x @ W.T only": lambda ids, n, fmt, seed: run_engine(plain, ids, n, fmt, seed),
+               "engine, transformers forward": through_forward(
+                   lambda ids, n, fmt, seed: run_engine(forward, ids, n, fmt, seed)),
                "generate": lambda ids, n, fmt, seed: run_generate(model, tokenizer, ids, n, fmt, seed)}
     engines = {}
     if importlib.util.find_spec("vllm") is not None and not args.no_vllm:
@@ -164,10 +178,12 @@ def main() -> None:
         print(f"{rows} rows x {n} new tokens (tokens/s):", flush=True)
         for m in methods:
             figures = "  ".join(f"{f} {rate[m, f]:7.1f}" for f in formats)
-            print(f"  {m:20s} {figures}  best {best[m]}", flush=True)
+            print(f"  {m:28s} {figures}  best {best[m]}", flush=True)
         for fmt in formats:
             gain = rate["engine", fmt] / rate["engine, x @ W.T only", fmt]
             print(f"  decode layouts learnt, {fmt}: {gain:.2f}x the engine with x @ W.T only", flush=True)
+            gain = rate["engine", fmt] / rate["engine, transformers forward", fmt]
+            print(f"  layer loop, {fmt}: {gain:.2f}x the engine through the transformers forward", flush=True)
         auto = rate[auto_engine, chosen]
         generate = rate["generate", best["generate"]]
         print(f"  auto ({auto_engine}, {chosen}) over generate at its best: {auto / generate:.2f}x; over the built-in "

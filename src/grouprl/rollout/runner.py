@@ -17,6 +17,7 @@ from torch import nn
 
 from grouprl.rollout.attention import decoding, sdpa_configs
 from grouprl.rollout.cache import make_cache
+from grouprl.rollout.layer_loop import LayerLoop
 from grouprl.rollout.skinny import PackedWeights, SkinnyProducts, model_linears
 
 
@@ -89,7 +90,9 @@ class Runner:
     repeated with :meth:`select_rows` / :meth:`repeat_rows`. ``products`` picks the layout of
     decode steps' matrix products (:mod:`grouprl.rollout.skinny`); pass one that outlives the runner to
     keep what it learnt across rollouts. The weights must not change while the runner lives: the
-    reordered copies some layouts read are made once and kept until it goes.
+    reordered copies some layouts read are made once and kept until it goes. On a CPU, one-token steps
+    of the model families :mod:`grouprl.rollout.layer_loop` covers run through its layer loop rather
+    than the model's forward (the same logits, without the forward's per-step glue).
     """
 
     def __init__(self, model: nn.Module, capacity: int, products: SkinnyProducts | None = None):
@@ -104,17 +107,22 @@ class Runner:
         head = unwrap_model(model).get_output_embeddings() if hasattr(unwrap_model(model), "get_output_embeddings") \
             else None
         self._head = head if isinstance(head, nn.Module) else None
+        # decode steps on a CPU skip the transformers forward's per-step glue (measured there only)
+        self._loop = LayerLoop.plan(unwrap_model(model)) if model_device(model).type == "cpu" else None
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """Append ``ids`` [b, q] to the cache; returns the last position's logits, [b, V] float32.
 
         ``attention_mask`` is [b, n + q] over the cached and new positions; ``position_ids`` [b, q].
         """
+        products = self.products.step(self._linears, ids.numel(), self._packs)
+        if self._loop is not None and self._loop.covers(self.cache, ids):
+            with products:
+                return self._loop.step(ids, attention_mask, position_ids, self.cache)
         # A prefill's last positions (logits_to_keep) are a strided slice of its hidden states, which
         # torch.matmul cannot fold into one matrix product: it would expand the LM head's weight to every
         # row (29 rows x 576 x 49k copied per call, a second for a 135M model). A contiguous input folds.
         hook = self._head.register_forward_pre_hook(_contiguous_input) if self._head is not None else None
-        products = self.products.step(self._linears, ids.numel(), self._packs)
         with decoding(self._sdpa), products, contextlib.ExitStack() as stack:
             if hook is not None:
                 stack.callback(hook.remove)
