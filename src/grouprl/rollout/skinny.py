@@ -164,6 +164,8 @@ class SkinnyProducts:
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self.clock = clock
         self.table: dict[tuple[int, int, int, torch.dtype], Timings] = {}
+        # the decided entries' layouts: a decode step makes a few hundred calls, each looked up here alone
+        self._fixed: dict[tuple[int, int, int, torch.dtype], Callable] = {}
 
     def chosen(self) -> dict[tuple[int, int, int, torch.dtype], str]:
         """(output size, input size, rows up to, weight format) -> the layout chosen, for the decided ones."""
@@ -174,9 +176,13 @@ class SkinnyProducts:
         weight = module.weight
         rows = x.numel() // x.shape[-1]
         key = (module.out_features, module.in_features, 1 << (rows - 1).bit_length(), weight.dtype)
+        fixed = self._fixed.get(key)
+        if fixed is not None:
+            return fixed(module, x, packs)
         timings = self.table.setdefault(key, Timings())
         layout = timings.layout()
         if timings.decided:
+            self._fixed[key] = LAYOUTS[layout]
             return LAYOUTS[layout](module, x, packs)
         if layout == PACKED and packs.of(module) is None:  # the reorder is paid before the clock starts
             if packs.supports(weight):  # no room for the copy in this loop: plain, and not timed
