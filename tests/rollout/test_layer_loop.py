@@ -72,6 +72,7 @@ def decode(model: torch.nn.Module, loop: bool, steps: int = 5) -> list[torch.Ten
 
 
 @pytest.mark.parametrize("family,extra", [("llama", {}), ("llama", {"attention_bias": True, "mlp_bias": True}),
+                                          ("llama", {"tie_word_embeddings": True}),
                                           ("qwen2", {}), ("qwen3", {}), ("mistral", {})])
 @pytest.mark.parametrize("bf16", [False, True])
 def test_the_loop_is_the_forward_bit_for_bit(family, extra, bf16):
@@ -114,12 +115,15 @@ def test_other_models_keep_the_transformers_forward(model):
     assert LayerLoop.plan(model()) is None
 
 
-def test_prefills_and_foreign_caches_keep_the_forward():
+def test_prefills_training_mode_and_foreign_caches_keep_the_forward():
     model = build("llama")
     loop = LayerLoop.plan(model)
     runner = Runner(model, 16)
     assert loop is not None and loop.covers(runner.cache, torch.zeros(2, 1, dtype=torch.long))
     assert not loop.covers(runner.cache, torch.zeros(2, 3, dtype=torch.long))
+    model.train()  # attention dropout is the forward's to apply
+    assert not loop.covers(runner.cache, torch.zeros(2, 1, dtype=torch.long))
+    model.eval()
     from transformers import DynamicCache
 
     assert not loop.covers(DynamicCache(config=model.config), torch.zeros(2, 1, dtype=torch.long))

@@ -84,10 +84,11 @@ class LayerLoop:
 
     def covers(self, cache: object, ids: torch.Tensor) -> bool:
         """Whether :meth:`step` can take this call: one new position per row, on a cache of
-        :class:`~grouprl.rollout.cache.BufferLayer` s, one per layer."""
+        :class:`~grouprl.rollout.cache.BufferLayer` s, one per layer, with the model in eval mode (the loop
+        has no attention dropout)."""
         layers = getattr(cache, "layers", None)
-        return ids.shape[1] == 1 and layers is not None and len(layers) == len(self.base.layers) and \
-            all(type(c) is BufferLayer for c in layers)
+        return ids.shape[1] == 1 and not self.model.training and layers is not None and \
+            len(layers) == len(self.base.layers) and all(type(c) is BufferLayer for c in layers)
 
     def step(self, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
              cache: object) -> torch.Tensor:
