@@ -26,25 +26,15 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from grouprl.rollout.attention import grouped_attention
 from grouprl.rollout.cache import BufferLayer
 
 FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 """``config.model_type`` values whose decoder layer is the block :meth:`LayerLoop.step` computes (Qwen3's
-per-head query and key norms included); each model's layers are checked as well."""
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding, as these families apply it: x ``[b, heads, 1, D]``, cos / sin
-    ``[b, 1, D]``."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return (x * cos) + (_rotate_half(x) * sin)
+per-head query and key norms included; the four apply rotary embeddings alike); each model's layers are
+checked as well."""
 
 
 class LayerLoop:
@@ -115,8 +105,7 @@ class LayerLoop:
             v = attn.v_proj(x).view(b, 1, -1, attn.head_dim).transpose(1, 2)
             if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before the rotation
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q = rotate(q.transpose(1, 2), cos, sin)                       # [b, H, 1, D]
-            k = rotate(k.transpose(1, 2), cos, sin)                       # [b, KV, 1, D]
+            q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [b, H | KV, 1, D]
             keys, values = kv.update(k, v)                                # [b, KV, L, D] views
             out = grouped_attention(q, keys, values, attend, attn.scaling)  # [b, 1, H, D]
             h = h + attn.o_proj(out.reshape(b, 1, -1))
