@@ -153,3 +153,39 @@ def test_language_model_comparison_end_to_end(tmp_path):
     assert "loss/value" in keys("ppo") and "trpo/fvp_calls" in keys("trpo")
     assert not {"loss/value", "trpo/fvp_calls"} & (keys("grpo") | keys("rloo"))
     assert all(numbers[a]["peak_rss_mb"] > 50 for a in numbers)
+
+
+
+@pytest.mark.parametrize("command", [["compare", "--algos", "grpo,rloo"], ["train"]])
+def test_the_command_starts_again_under_the_allocator_setting(command, tmp_path, monkeypatch):
+    class Restarted(Exception):
+        pass
+
+    calls, ran = [], []
+
+    def restart(setting, argv):
+        calls.append((setting, argv[1:]))
+        raise Restarted
+
+    monkeypatch.setattr("grouprl.run.allocator.restart_with_allocator", restart)
+    monkeypatch.setattr("grouprl.cli.compare.run_compare", lambda compare, base, **k: ran.append(base.allocator))
+    monkeypatch.setattr("grouprl.cli.commands.train", lambda config, **k: ran.append(config.allocator))
+    argv = [*command, "--model", "tiny", "--allocator", "system", "--output_dir", str(tmp_path), "--debug"]
+    monkeypatch.setattr("sys.argv", ["grouprl", *argv])
+    with pytest.raises(Restarted):
+        main()  # as the program: it may replace its process
+    assert calls == [("system", ["-m", "grouprl", *argv])] and ran == []
+    calls.clear()
+    assert main(argv) == 0  # called from Python: its process is not the command's to replace
+    assert calls == [] and ran == ["system"]
+
+
+def test_a_control_comparison_keeps_its_process(monkeypatch):
+    pytest.importorskip("gymnasium")
+    ran = []
+    monkeypatch.setattr("grouprl.run.allocator.restart_with_allocator", lambda *a: ran.append("restarted"))
+    monkeypatch.setattr("grouprl.cli.compare.run_compare", lambda compare, base, **k: ran.append(base.env))
+    argv = ["compare", "--env", "CartPole-v1", "--algos", "grpo", "--debug"]
+    monkeypatch.setattr("sys.argv", ["grouprl", *argv])
+    assert main() == 0
+    assert ran == ["CartPole-v1"]  # classic control has no allocator setting

@@ -149,13 +149,10 @@ def _resolve(args: argparse.Namespace, rest: list[str], cls: type, base: dict[st
 
 
 def _restart_with_allocator(args: argparse.Namespace, config: TrainConfig) -> None:
-    """Start this command again, once, under the allocator ``config.allocator`` picks
-    (:mod:`grouprl.run.allocator`); only when it runs as the program, never when ``main`` is called
-    with its arguments from Python (a test, a script), whose process is not the command's to replace."""
-    if args.is_program:
-        from grouprl.run.allocator import restart_with_allocator
+    """The command again under ``config.allocator``'s pick (:func:`grouprl.run.allocator.restart_command`)."""
+    from grouprl.run.allocator import restart_command
 
-        restart_with_allocator(config.allocator, [sys.executable, "-m", "grouprl", *sys.argv[1:]])
+    restart_command(config.allocator, args.is_program)
 
 
 def _print_config(config: Any) -> int:

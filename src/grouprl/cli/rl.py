@@ -107,6 +107,10 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> int:
     if args.print_config:
         _print(compare)
         return _print(base)
+    if isinstance(base, TrainConfig):  # language models: their runs (child processes) inherit the allocator
+        from grouprl.run.allocator import restart_command
+
+        restart_command(base.allocator, args.is_program)
     from grouprl.cli.compare import run_compare
 
     run_compare(compare, base, overwrite=args.overwrite)

@@ -91,8 +91,9 @@ class TrainConfig(TrainerConfig):
     (completion, row) -> bool. Empty = the task's checker; with a dataset, exact match of the final
     answer against an 'answer' column when there is one (else accuracy is not reported)."""
     allocator: str = "auto"
-    """Memory allocator of the grouprl command's process (train, demo, eval): auto = tcmalloc, else
-    jemalloc, where installed (apt-get install libtcmalloc-minimal4), else the C library's malloc;
+    """Memory allocator of the grouprl command's process (train, demo, eval, compare of language
+    models): auto = tcmalloc, else jemalloc, where installed (apt-get install libtcmalloc-minimal4),
+    else the C library's malloc;
     system = always the C library's; tcmalloc, jemalloc or a library's path = that one. The command
     starts itself again once with it preloaded (LD_PRELOAD). glibc's malloc keeps freed blocks that
     later tensor shapes do not fit and page-faults large ones in at every step: on SmolLM2-135M

@@ -137,6 +137,14 @@ def restart_with_allocator(setting: str, command: Sequence[str]) -> None:
     os.execve(command[0], list(command), env)
 
 
+def restart_command(setting: str, is_program: bool) -> None:
+    """Start the ``grouprl`` command line this process runs again, once, under the allocator ``setting``
+    picks; only when ``is_program`` (it runs as the program), never when the command's ``main`` was called
+    from Python (a test, a script), whose process is not the command's to replace."""
+    if is_program:
+        restart_with_allocator(setting, [sys.executable, "-m", "grouprl", *sys.argv[1:]])
+
+
 def describe(dirs: Sequence[Path] | None = None, maps: str | os.PathLike = "/proc/self/maps") -> str:
     """One line for the run's start and summary: the allocator running and, for the C library's malloc,
     where a faster one is (or how to install one)."""
