@@ -3,7 +3,8 @@ cores, and the flags that decide which number format is fast (avx2, avx512_bf16,
 instruction-set limit the run was given: ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` makes
 PyTorch's kernels and oneDNN's matrix products use AVX2 only, which measures an AVX2-only CPU's code
 paths (bf16 products tens of times slower than fp32, as on a Zen 3; ``vs_trl.py``'s header line gives
-the dtype probe's ratio) on a CPU that has more."""
+the dtype probe's ratio) on a CPU that has more. ``MKL_ENABLE_INSTRUCTIONS=AVX2`` does the same for MKL,
+whose fp32 products (``x @ W.T`` and the update's) the other two leave alone."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 import platform
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def cpu_info() -> dict[str, str]:
