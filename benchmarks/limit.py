@@ -18,7 +18,7 @@
 3. The same settings as benchmarks/vs_trl.py (SmolLM2-135M-Instruct, arithmetic, 4 prompts x
    G=4, 64 new tokens, grouprl's defaults, beta 0.04), a few steps, each phase's GFLOP/s and MFU.
 
-    python benchmarks/limit.py --threads 1 --steps 4
+    python benchmarks/limit.py --threads 1 --steps 6
 
 The last line is ``mfu_training=<the log-prob passes' and the update's seconds at their formats' peaks,
 over their seconds> mfu_step=<the same over all phases> peak_fp32_gflops=<measured> peak_bf16_gflops=<measured>``.
