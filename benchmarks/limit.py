@@ -193,5 +193,6 @@ def main() -> None:
           f"mfu_step={sum(at_peak.values()) / all_s:.2f} peak_fp32_gflops={peaks['fp32']:.1f} "
           f"peak_bf16_gflops={peaks['bf16']:.1f}")
 
+
 if __name__ == "__main__":
     main()
