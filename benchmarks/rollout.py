@@ -2,8 +2,7 @@
 ``model.generate``, each in fp32 and bf16, at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
 engine with every matrix product as ``x @ W.T`` (what its learnt decode layouts,
 :mod:`grouprl.rollout.skinny`, gain) and with its decode steps through the model's ``transformers`` forward
-(what its layer loop, :mod:`grouprl.rollout.layer_loop`, gains) and with its bf16 decode attention on the
-cache's filled views (what reading the whole buffers, :mod:`grouprl.rollout.attention`, gains).
+(what its layer loop, :mod:`grouprl.rollout.layer_loop`, gains).
 
     python benchmarks/rollout.py [--repeats 2] [--warmup 0] [--threads 2] [--settings 16x64,64x128]
                                  [--allocator auto] [--device auto]
@@ -66,14 +65,6 @@ def through_forward(run):
     return wrapped
 
 
-def on_filled_views(run):
-    """``run`` with the decode attention on the cache's filled views, never its whole buffers."""
-    def wrapped(*args):
-        with mock.patch("grouprl.rollout.attention.whole_buffers", lambda keys, values: None):
-            return run(*args)
-    return wrapped
-
-
 def prompts(rows: int) -> list[str]:
     return [f"What is {a}+{b}? Answer with just the number." for a, b in
             [(7 + i, (3 * i) % 10 + 1) for i in range(rows // G)]]
@@ -123,18 +114,6 @@ def run_generate(model, tokenizer, ids: list[list[int]], n: int, fmt: str, seed:
     return int(lengths.sum()), seconds
 
 
-def print_gains(rate: dict[tuple[str, str], float], formats: tuple[str, ...]) -> None:
-    """What each of the engine's own measures gains, format by format (tokens/s over tokens/s without it)."""
-    for fmt in formats:
-        gain = rate["engine", fmt] / rate["engine, x @ W.T only", fmt]
-        print(f"  decode layouts learnt, {fmt}: {gain:.2f}x the engine with x @ W.T only", flush=True)
-        gain = rate["engine", fmt] / rate["engine, transformers forward", fmt]
-        print(f"  layer loop, {fmt}: {gain:.2f}x the engine through the transformers forward", flush=True)
-        if fmt != "fp32":  # fp32 attention reads the views either way
-            gain = rate["engine", fmt] / rate["engine, attention on views", fmt]
-            print(f"  attention on whole buffers, {fmt}: {gain:.2f}x the engine on the filled views", flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="rollouts per method, format and setting")
@@ -158,15 +137,12 @@ def main() -> None:
     plain = Sampler(model, tokenizer)
     plain.products = PlainProducts()
     forward = Sampler(model, tokenizer)
-    views = Sampler(model, tokenizer)
     settings = [tuple(map(int, s.split("x"))) for s in args.settings.split(",")]
     formats = tuple(f for f in FORMATS if f in args.formats.split(","))
     methods = {"engine": lambda ids, n, fmt, seed: run_engine(sampler, ids, n, fmt, seed),
                "engine, x @ W.T only": lambda ids, n, fmt, seed: run_engine(plain, ids, n, fmt, seed),
                "engine, transformers forward": through_forward(
                    lambda ids, n, fmt, seed: run_engine(forward, ids, n, fmt, seed)),
-               "engine, attention on views": on_filled_views(
-                   lambda ids, n, fmt, seed: run_engine(views, ids, n, fmt, seed)),
                "generate": lambda ids, n, fmt, seed: run_generate(model, tokenizer, ids, n, fmt, seed)}
     engines = {}
     if importlib.util.find_spec("vllm") is not None and not args.no_vllm:
@@ -203,7 +179,11 @@ def main() -> None:
         for m in methods:
             figures = "  ".join(f"{f} {rate[m, f]:7.1f}" for f in formats)
             print(f"  {m:28s} {figures}  best {best[m]}", flush=True)
-        print_gains(rate, formats)
+        for fmt in formats:
+            gain = rate["engine", fmt] / rate["engine, x @ W.T only", fmt]
+            print(f"  decode layouts learnt, {fmt}: {gain:.2f}x the engine with x @ W.T only", flush=True)
+            gain = rate["engine", fmt] / rate["engine, transformers forward", fmt]
+            print(f"  layer loop, {fmt}: {gain:.2f}x the engine through the transformers forward", flush=True)
         auto = rate[auto_engine, chosen]
         generate = rate["generate", best["generate"]]
         print(f"  auto ({auto_engine}, {chosen}) over generate at its best: {auto / generate:.2f}x; over the built-in "

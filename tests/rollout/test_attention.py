@@ -6,7 +6,6 @@ import torch.nn.functional as F
 
 from grouprl.models import tiny_causal_lm
 from grouprl.rollout.attention import NAME, decoding, grouped_attention, sdpa_configs
-from grouprl.rollout.cache import BufferLayer, whole_buffers
 
 
 def expanded_sdpa(q, k, v, mask, scale):
@@ -34,49 +33,6 @@ def test_grouped_heads_attend_as_sdpa_on_expanded_heads(queries, mask_kind):
         mask = keep if mask_kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
     torch.testing.assert_close(grouped_attention(q, k, v, mask, d ** -0.5), expanded_sdpa(q, k, v, mask, d ** -0.5),
                                rtol=1e-5, atol=1e-6)
-
-
-def filled_layer(b, kv, length, d, capacity, dtype):
-    """A BufferLayer holding ``length`` positions of ``capacity``, its views, and contiguous copies of them."""
-    layer = BufferLayer(capacity)
-    k, v = torch.randn(b, kv, length, d).to(dtype), torch.randn(b, kv, length, d).to(dtype)
-    keys, values = layer.update(k, v)
-    return layer, keys, values, k, v
-
-
-@pytest.mark.parametrize("queries", [1, 3])
-@pytest.mark.parametrize("mask_kind", ["bool", "float", "none"])
-def test_bf16_attention_on_a_buffers_whole_capacity_matches_the_filled_positions(queries, mask_kind):
-    torch.manual_seed(1)
-    b, h, kv, length, d = 3, 6, 2, 11, 8
-    layer, keys, values, k, v = filled_layer(b, kv, length, d, 32, torch.bfloat16)
-    layer.crop(-2)  # the positions past the fill need not be zero, only finite
-    keys, values, k, v = layer.keys, layer.values, k[:, :, :-2], v[:, :, :-2]
-    length -= 2
-    assert whole_buffers(keys, values) is not None  # the path this test is about
-    q = torch.randn(b, h, queries, d).bfloat16()
-    mask = None
-    if mask_kind != "none":
-        keep = torch.ones(b, 1, queries, length, dtype=torch.bool)
-        keep[2, :, :, :3] = False
-        keep &= torch.ones(queries, length, dtype=torch.bool).tril(length - queries)
-        mask = keep if mask_kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
-    # contiguous copies have no buffer behind them: the filled positions only
-    torch.testing.assert_close(grouped_attention(q, keys, values, mask, d ** -0.5),
-                               grouped_attention(q, k.contiguous(), v.contiguous(), mask, d ** -0.5))
-
-
-def test_whole_buffers_are_found_only_behind_a_buffer_layers_filled_views():
-    layer, keys, values, k, v = filled_layer(2, 1, 5, 4, 8, torch.bfloat16)
-    whole = whole_buffers(keys, values)
-    assert whole is not None and whole[0].shape == (2, 1, 8, 4) and torch.equal(whole[0][:, :, :5], k)
-    assert torch.count_nonzero(whole[1][:, :, 5:]) == 0  # never written: zeros
-    plain = torch.randn(2, 1, 8, 4)
-    assert whole_buffers(plain[:, :, :5], plain[:, :, :5]) is None  # a view of a tensor of unknown contents
-    assert whole_buffers(k, v) is None
-    assert whole_buffers(keys[:1], values[:1]) is None  # not every row of the buffer
-    layer.batch_select_indices(torch.tensor([1]))  # a rebuilt buffer is a buffer like the first
-    assert whole_buffers(layer.keys, layer.values) is not None
 
 
 def test_a_query_with_nothing_to_attend_to_stays_finite():

@@ -10,13 +10,6 @@ on a 2-core AMD EPYC (Zen 4), one layer of SmolLM2 (9 query heads on 3 key/value
 the rollout engines' attention (:func:`decoding`); prefills (more than :data:`MAX_QUERIES` new
 positions) and every training pass keep SDPA, whose kernels do not hold the ``[q, L]`` scores.
 
-In bf16 (and fp16) on a CPU, PyTorch's batched products copy an operand whose batch stride is not dense,
-and a view of a cache's filled positions never is (its rows are spaced by the buffer's capacity): each
-decode step would copy every layer's keys and values. There the attention reads the whole buffers of
-:class:`~grouprl.rollout.cache.BufferLayer` under a mask widened to their capacity (the positions past the
-filled ones weigh exactly 0); fp32 products take the views without a copy and keep them, which is faster
-when much of a buffer is still empty. ``python benchmarks/rollout.py`` prints what the whole buffers gain.
-
 Shapes: B rows, H query heads in KV groups of g = H / KV, q new positions, L cached + new positions,
 D head width.
 """
@@ -29,8 +22,6 @@ from typing import Any
 
 import torch
 from torch import nn
-
-from grouprl.rollout.cache import whole_buffers
 
 NAME = "grouprl_decode"
 """The name this attention is registered under in ``transformers``' attention interfaces."""
@@ -54,18 +45,13 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         The softmax runs in float32.
     """
     b, h, q, d = query.shape
-    if mask is None and q > 1:
-        positions = torch.arange(key.shape[2], device=query.device)
-        mask = (positions <= positions[key.shape[2] - q:, None]).view(1, 1, q, -1)  # each query sees up to itself
-    whole = whole_buffers(key, value) if query.device.type == "cpu" and query.dtype != torch.float32 and \
-        (mask is None or mask.shape[-1] == key.shape[2]) else None
-    if whole is not None:  # reduced-precision batched products on a CPU would copy the views (module docstring)
-        mask = _widened(mask, key.shape[2], whole[0].shape[2], q, query.device)
-        key, value = whole
     kv, length = key.shape[1], key.shape[2]
     g = h // kv
     scores = torch.matmul(query.reshape(b, kv, g * q, d), key.transpose(-1, -2)) * scaling  # [B, KV, g*q, L]
     scores = scores.float().view(b, kv, g, q, length)                                      # shape [B, KV, g, q, L]
+    if mask is None and q > 1:
+        positions = torch.arange(length, device=query.device)
+        mask = (positions <= positions[length - q:, None]).view(1, 1, q, length)  # each query sees up to itself
     if mask is not None:
         mask = mask.unsqueeze(1)                                                               # [B, 1, 1, q, L]
         # the lowest float, not -inf: a row with nothing to attend to (a padding query) gets finite weights,
@@ -75,19 +61,6 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     probs = torch.softmax(scores, dim=-1).to(value.dtype).view(b, kv, g * q, length)
     out = torch.matmul(probs, value).view(b, kv, g, q, d).reshape(b, h, q, d)              # [B, H, q, D]
     return out.transpose(1, 2).contiguous()                                                 # [B, q, H, D]
-
-
-def _widened(mask: torch.Tensor | None, filled: int, capacity: int, q: int, device: torch.device) -> torch.Tensor:
-    """``mask`` over ``filled`` positions (``[B, 1, q, filled]``, or None: all of them) extended to a buffer's
-    ``capacity``, its positions past the filled ones masked out: bool, or additive float (the lowest float)."""
-    if mask is None:
-        return (torch.arange(capacity, device=device) < filled).view(1, 1, 1, capacity).expand(1, 1, q, capacity)
-    if mask.dtype == torch.bool:
-        wide = mask.new_zeros(*mask.shape[:-1], capacity)
-    else:
-        wide = mask.new_full((*mask.shape[:-1], capacity), torch.finfo(mask.dtype).min)
-    wide[..., :filled] = mask
-    return wide
 
 
 def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

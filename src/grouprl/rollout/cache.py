@@ -7,11 +7,6 @@ writes each step's keys and values into place; the attention sees a view of the 
 
 Only full-attention layers are replaced; sliding-window or linear-attention layers of hybrid
 models keep their own ``transformers`` implementation (they already support row selection).
-
-The buffers hold finite numbers beyond the filled positions (zeros until written; what a crop left), so
-attention may also read a whole buffer under a mask
-(:func:`whole_buffers`): PyTorch's bf16 batched products on a CPU copy an operand whose batch stride is not
-dense, which the filled part of a buffer (a prefix along the positions) never is.
 """
 
 from __future__ import annotations
@@ -19,27 +14,6 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-
-_FINITE = "_grouprl_finite_beyond_fill"
-"""Attribute set on :class:`BufferLayer` buffers: the positions past the filled ones hold finite numbers, so a
-masked position's weight (exactly 0) times its value is 0, never NaN."""
-
-
-def _zeros(like: torch.Tensor, *shape: int) -> torch.Tensor:
-    buffer = like.new_zeros(*shape)
-    setattr(buffer, _FINITE, True)
-    return buffer
-
-
-def whole_buffers(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The whole ``[b, heads, capacity, head_dim]`` buffers behind ``keys`` and ``values`` when they are a
-    :class:`BufferLayer`'s filled views, else None."""
-    bases = keys._base, values._base
-    for view, base in zip((keys, values), bases, strict=True):
-        if base is None or not getattr(base, _FINITE, False) or view.data_ptr() != base.data_ptr() or \
-                view.stride() != base.stride() or view.shape[:2] != base.shape[:2] or view.shape[3:] != base.shape[3:]:
-            return None
-    return bases
 
 
 class BufferLayer(DynamicLayer):
@@ -59,8 +33,8 @@ class BufferLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
-        self._kbuf = _zeros(key_states, *key_states.shape[:2], self.capacity, key_states.shape[-1])
-        self._vbuf = _zeros(value_states, *value_states.shape[:2], self.capacity, value_states.shape[-1])
+        self._kbuf = key_states.new_empty(*key_states.shape[:2], self.capacity, key_states.shape[-1])
+        self._vbuf = value_states.new_empty(*value_states.shape[:2], self.capacity, value_states.shape[-1])
 
     def _expose(self) -> None:
         self.keys = self._kbuf[:, :, : self.length]
@@ -85,7 +59,7 @@ class BufferLayer(DynamicLayer):
         self.capacity = max(needed, 2 * self.capacity)
         for name in ("_kbuf", "_vbuf"):
             old = getattr(self, name)
-            new = _zeros(old, *old.shape[:2], self.capacity, old.shape[-1])
+            new = old.new_empty(*old.shape[:2], self.capacity, old.shape[-1])
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
 
@@ -98,8 +72,8 @@ class BufferLayer(DynamicLayer):
         if not self.is_initialized:
             return
         n = self.length
-        k = _zeros(self._kbuf, rows.numel(), *self._kbuf.shape[1:])
-        v = _zeros(self._vbuf, rows.numel(), *self._vbuf.shape[1:])
+        k = self._kbuf.new_empty(rows.numel(), *self._kbuf.shape[1:])
+        v = self._vbuf.new_empty(rows.numel(), *self._vbuf.shape[1:])
         k[:, :, :n] = self._kbuf[:, :, :n].index_select(0, rows)
         v[:, :, :n] = self._vbuf[:, :, :n].index_select(0, rows)
         self._kbuf, self._vbuf = k, v
