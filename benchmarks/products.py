@@ -1,10 +1,12 @@
 """Few-row matrix products at SmolLM2-135M's decoding shapes, one way per column: ``x @ W.T`` (what
 ``nn.Linear`` does), ``(W @ x.T).T`` and oneDNN's linear on a reordered copy of the weight (the other
-layouts the built-in engine may learn to use, ``grouprl/rollout/skinny.py``), the same three in bf16, and
-PyTorch's weight-only int8 kernel (``torch.ops.aten._weight_int8pack_mm``, bf16 activations), which reads
-a quarter of fp32's weight bytes. A way this CPU cannot run (oneDNN reorders bf16 weights only with
-AVX-512 BW or AVX-NE-CONVERT) prints ``-``. Each row ends with a 16-row decode step's total of the
-shape's products per way (times the count of such weights a step reads).
+layouts the built-in engine may learn to use, ``grouprl/rollout/skinny.py``), two it does not use
+(``x @ Wt`` on a transposed copy of the weight, and MKL's packed GEMM, ``torch.ops.mkl._mkl_linear``, on
+a copy packed for the row count), the first three in bf16, and PyTorch's weight-only int8 kernel
+(``torch.ops.aten._weight_int8pack_mm``, bf16 activations), which reads a quarter of fp32's weight
+bytes. A way this CPU cannot run (oneDNN reorders bf16 weights only with AVX-512 BW or AVX-NE-CONVERT)
+prints ``-``. Each row ends with a 16-row decode step's total of the shape's products per way (times
+the count of such weights a step reads).
 
 Each shape cycles through as many distinct weights as the model has of it (30 per layer shape, one LM
 head), so the weights stream from memory as in a decode step, not from cache.
@@ -52,6 +54,8 @@ def main() -> None:
         "x @ W.T": ("fp32", lambda w, x: linear(x, w)),
         "(W @ x.T).T": ("fp32", lambda w, x: mm(w, x.t()).t()),
         "oneDNN packed": ("fp32 packed", packed),
+        "x @ Wt": ("fp32 transposed", lambda w, x: torch.mm(x, w)),
+        "MKL packed": ("fp32 MKL", lambda w, x: torch.ops.mkl._mkl_linear(x, w[0], w[1], None, x.shape[0])),
         "bf16 x @ W.T": ("bf16", lambda w, x: linear(x.bfloat16(), w)),
         "bf16 (W@x.T).T": ("bf16", lambda w, x: mm(w, x.bfloat16().t()).t()),
         "bf16 packed": ("bf16 packed", lambda w, x: packed(w, x.bfloat16())),
@@ -60,11 +64,12 @@ def main() -> None:
     print(f"{'shape':24s} {'rows':>4s} " + " ".join(f"{k:>14s}" for k in ways), flush=True)
     step = dict.fromkeys(ways, 0.0)  # a 16-row decode step's products, all shapes
     for name, (out, inp, count) in SHAPES.items():
-        weights = {key: [] for key in ("fp32", "fp32 packed", "bf16", "bf16 packed", "int8")}
+        weights = {key: [] for key in ("fp32", "fp32 packed", "fp32 transposed", "bf16", "bf16 packed", "int8")}
         for _ in range(count):
             w = torch.randn(out, inp)
             scales = w.abs().amax(1) / 127
-            for key, value in (("fp32", w), ("fp32 packed", reordered(w)), ("bf16", w.bfloat16()),
+            for key, value in (("fp32", w), ("fp32 packed", reordered(w)), ("fp32 transposed", w.t().contiguous()),
+                               ("bf16", w.bfloat16()),
                                ("bf16 packed", reordered(w.bfloat16())),
                                ("int8", ((w / scales[:, None]).round().clamp(-128, 127).to(torch.int8),
                                          scales.bfloat16()))):
@@ -72,6 +77,7 @@ def main() -> None:
         repeats = 3 if count == 1 else 5
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, inp)
+            weights["fp32 MKL"] = [mkl_packed(w, rows) for w in weights["fp32"]]  # packed for this row count
             ms = {k: None if weights[key][0] is None else per_call_ms(fn, weights[key], x, repeats)
                   for k, (key, fn) in ways.items()}
             if rows == 16:
@@ -82,6 +88,14 @@ def main() -> None:
     if "16" in args.rows.split(","):
         print(f"{'16-row step, all shapes':29s} " + " ".join(f"{'-':>14s}" if m != m else f"{m:11.1f} ms"
                                                            for m in step.values()), flush=True)
+
+
+def mkl_packed(w: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(``w`` packed by MKL for products of ``rows`` rows, ``w``), or None where this build has no MKL."""
+    try:
+        return torch.ops.mkl._mkl_reorder_linear_weight(w, rows), w
+    except (RuntimeError, AttributeError):
+        return None
 
 
 def reordered(w: torch.Tensor) -> torch.Tensor | None:
