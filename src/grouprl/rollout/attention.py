@@ -10,6 +10,12 @@ on a 2-core AMD EPYC (Zen 4), one layer of SmolLM2 (9 query heads on 3 key/value
 the rollout engines' attention (:func:`decoding`); prefills (more than :data:`MAX_QUERIES` new
 positions) and every training pass keep SDPA, whose kernels do not hold the ``[q, L]`` scores.
 
+Nothing here copies the cache, but in bf16 on a CPU PyTorch's batched products copy the cache views
+themselves: their batch stride (the buffer's capacity) is not dense. Reading the whole preallocated buffers
+under a mask widened to their capacity avoids that copy, and was measured no faster over a whole rollout
+(0.95-0.99x, ``benchmarks/results/rollout/zen4-whole-buffers-9a6f1a9*.log``): the spare positions and the
+wider masks cost what the copy did.
+
 Shapes: B rows, H query heads in KV groups of g = H / KV, q new positions, L cached + new positions,
 D head width.
 """
