@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from setting import step_trainer
 
 
 def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 5) -> tuple[float, int]:
@@ -119,9 +119,6 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from grouprl.models import load_policy
-    from grouprl.tasks import get_task
-    from grouprl.trainer.config import GRPOConfig
-    from grouprl.trainer.trainer import GRPOTrainer
 
     policy, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
     shape = Shape.of(policy.config)
@@ -133,12 +130,7 @@ def main() -> None:
         print(f"matmul {name}: {square:7.1f} GFLOP/s at {m1}x2048x2048, {mlp:7.1f} at {m2}x{shape.hidden}x"
               f"{shape.intermediate} ({args.threads} thread(s))", flush=True)
 
-    task = get_task("arithmetic")
-    config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=64, temperature=1.0, beta=args.beta, lr=1e-6,
-                        micro_batch_size=16, output_dir=tempfile.mkdtemp(prefix="limit-"), progress=False,
-                        tensorboard=False, log_completions_every=0)
-    trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
-                          train_data=task.rows("train", 400, seed=0), system_prompt=task.system_prompt)
+    trainer = step_trainer(policy, tokenizer, "limit", beta=args.beta, micro_batch_size=16)
     seen = {}
     collect = trainer.collector.collect
 

@@ -32,12 +32,12 @@ import contextlib
 import ctypes
 import os
 import resource
-import tempfile
 import threading
 import time
 
 import torch
 from machine import cpu_line, start_under_allocator
+from setting import step_trainer
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 CHECKPOINTING = {"default": None, "true": True, "false": False}  # --gradient_checkpointing -> the config's value
@@ -124,26 +124,19 @@ def main() -> None:
     rows = [("Python, torch, transformers (after import)", None)]
     import transformers  # noqa: F401 - counted in the first row
 
+    import grouprl.trainer.trainer  # noqa: F401 - counted in the first row, not in the setup
     from grouprl.models import load_policy
     from grouprl.run import logs
-    from grouprl.tasks import get_task
-    from grouprl.trainer.config import GRPOConfig
-    from grouprl.trainer.trainer import GRPOTrainer
 
     rows[0] = (rows[0][0], rss_mib())
     policy, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
     with torch.no_grad():  # page the weights in: loaded memory-mapped, they would count where first read
         for p in policy.parameters():
             p.view(-1)[::1024].sum()
-    task = get_task("arithmetic")
-    config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=64, temperature=1.0, beta=args.beta, lr=1e-6,
-                        output_dir=tempfile.mkdtemp(prefix="memory-"), progress=False, tensorboard=False,
-                        log_completions_every=0, rollout_engine=args.engine, micro_batch_size=args.micro_batch_size,
-                        seed=args.seed, lora_rank=args.lora_rank,
-                        gradient_checkpointing=CHECKPOINTING[args.gradient_checkpointing])
     before_setup = rss_mib()
-    trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
-                          train_data=task.rows("train", 400, seed=0), system_prompt=task.system_prompt)
+    trainer = step_trainer(policy, tokenizer, "memory", beta=args.beta, rollout_engine=args.engine,
+                           micro_batch_size=args.micro_batch_size, seed=args.seed, lora_rank=args.lora_rank,
+                           gradient_checkpointing=CHECKPOINTING[args.gradient_checkpointing])
     setup = rss_mib() - before_setup
     watch = PhaseWatch()
     original = logs.PhaseTimer.__call__
@@ -176,7 +169,7 @@ def main() -> None:
         ("AdamW moments (fp32)", mib(v for s in optimizer.state.values() for v in s.values()
                                      if torch.is_tensor(v) and v.dim() > 0)),
     ]
-    engine = trainer.setup.get("rollout_engine", config.rollout_engine)
+    engine = trainer.setup.get("rollout_engine", trainer.config.rollout_engine)
     held.append((f"rollout engine: {engine} (its libraries, weights and KV cache at start, when it keeps its own; "
                  "vLLM on a CPU frees its weights from each rollout's end to the next push)",
                  max(0.0, setup - held[1][1])))

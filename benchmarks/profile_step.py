@@ -15,11 +15,11 @@ The last line is ``rollout_products=<share> update_products=<share>``.
 from __future__ import annotations
 
 import argparse
-import tempfile
 from collections import defaultdict
 
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from setting import step_trainer
 from torch.profiler import ProfilerActivity, profile
 
 KINDS = {
@@ -62,17 +62,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from grouprl.models import load_policy
-    from grouprl.tasks import get_task
-    from grouprl.trainer.config import GRPOConfig
-    from grouprl.trainer.trainer import GRPOTrainer
 
     policy, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
-    task = get_task("arithmetic")
-    config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=64, temperature=1.0, beta=args.beta, lr=1e-6,
-                        rollout_engine=args.engine, output_dir=tempfile.mkdtemp(prefix="profile-"), progress=False,
-                        tensorboard=False, log_completions_every=0)
-    trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
-                          train_data=task.rows("train", 400, seed=0), system_prompt=task.system_prompt)
+    trainer = step_trainer(policy, tokenizer, "profile", beta=args.beta, rollout_engine=args.engine)
     profiles, on = {}, [False]
 
     def profiled(phase, fn):
