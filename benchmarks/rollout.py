@@ -57,6 +57,10 @@ class PlainProducts(SkinnyProducts):
         yield
 
 
+VARIANTS = ("engine, x @ W.T only", "engine, transformers forward")
+"""The engine without its learnt decode layouts, and without its layer loop (CPU rows)."""
+
+
 def through_forward(run):
     """``run`` with the engine's decode steps through the model's ``transformers`` forward (no layer loop)."""
     def wrapped(*args):
@@ -114,6 +118,20 @@ def run_generate(model, tokenizer, ids: list[list[int]], n: int, fmt: str, seed:
     return int(lengths.sum()), seconds
 
 
+def built_in_methods(model, tokenizer, sampler: Sampler, device: torch.device) -> dict:
+    """The built-in engine's rows and ``model.generate``'s: name -> run(ids, n, fmt, seed)."""
+    methods = {"engine": lambda ids, n, fmt, seed: run_engine(sampler, ids, n, fmt, seed)}
+    if device.type == "cpu":  # learnt layouts and the layer loop serve CPUs only: elsewhere these rows run one code
+        plain, forward = Sampler(model, tokenizer), Sampler(model, tokenizer)
+        plain.products = PlainProducts()
+        methods[VARIANTS[0]] = lambda ids, n, fmt, seed: run_engine(plain, ids, n, fmt, seed)
+        methods[VARIANTS[1]] = through_forward(lambda ids, n, fmt, seed: run_engine(forward, ids, n, fmt, seed))
+    else:
+        print("the engine's learnt decode layouts and layer loop serve CPUs only: one engine row here", flush=True)
+    methods["generate"] = lambda ids, n, fmt, seed: run_generate(model, tokenizer, ids, n, fmt, seed)
+    return methods
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="rollouts per method, format and setting")
@@ -134,16 +152,9 @@ def main() -> None:
     model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
     model.to(device)
     sampler = Sampler(model, tokenizer)
-    plain = Sampler(model, tokenizer)
-    plain.products = PlainProducts()
-    forward = Sampler(model, tokenizer)
     settings = [tuple(map(int, s.split("x"))) for s in args.settings.split(",")]
     formats = tuple(f for f in FORMATS if f in args.formats.split(","))
-    methods = {"engine": lambda ids, n, fmt, seed: run_engine(sampler, ids, n, fmt, seed),
-               "engine, x @ W.T only": lambda ids, n, fmt, seed: run_engine(plain, ids, n, fmt, seed),
-               "engine, transformers forward": through_forward(
-                   lambda ids, n, fmt, seed: run_engine(forward, ids, n, fmt, seed)),
-               "generate": lambda ids, n, fmt, seed: run_generate(model, tokenizer, ids, n, fmt, seed)}
+    methods = built_in_methods(model, tokenizer, sampler, device)
     engines = {}
     if importlib.util.find_spec("vllm") is not None and not args.no_vllm:
         from grouprl.rollout.vllm import VLLMSampler
@@ -179,10 +190,10 @@ def main() -> None:
         for m in methods:
             figures = "  ".join(f"{f} {rate[m, f]:7.1f}" for f in formats)
             print(f"  {m:28s} {figures}  best {best[m]}", flush=True)
-        for fmt in formats:
-            gain = rate["engine", fmt] / rate["engine, x @ W.T only", fmt]
+        for fmt in formats if VARIANTS[0] in methods else ():
+            gain = rate["engine", fmt] / rate[VARIANTS[0], fmt]
             print(f"  decode layouts learnt, {fmt}: {gain:.2f}x the engine with x @ W.T only", flush=True)
-            gain = rate["engine", fmt] / rate["engine, transformers forward", fmt]
+            gain = rate["engine", fmt] / rate[VARIANTS[1], fmt]
             print(f"  layer loop, {fmt}: {gain:.2f}x the engine through the transformers forward", flush=True)
         auto = rate[auto_engine, chosen]
         generate = rate["generate", best["generate"]]
