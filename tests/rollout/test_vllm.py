@@ -7,6 +7,7 @@ points it at its own model, which has the same shape."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -259,6 +260,29 @@ def held_weights(worker):
     model = worker.model_runner.get_model()
     return (sum(p.untyped_storage().nbytes() for p in model.parameters()),
             sum(getattr(m, "cpu_linear", None) is not None for m in model.modules()))
+
+
+@needs_vllm
+def test_an_engine_removes_its_folder_when_it_closes_or_the_process_ends():
+    """Its config, tokenizer and adapters are the engine's own: gone after ``close``, and at exit for one
+    never closed. (In a process of their own: ``close`` tears down vLLM's groups for every engine.)"""
+    import subprocess
+    import sys
+
+    code = ("import os, warnings; warnings.simplefilter('ignore')\n"
+            "from grouprl.models import tiny_causal_lm\n"
+            "from grouprl.rollout.vllm import VLLMSampler\n"
+            f"model, tok = tiny_causal_lm(seed=0, **{SHAPE!r})\n"
+            "kept = VLLMSampler(model, tok, max_model_len=64, dtype='float32', max_rows=2)\n"
+            "closed = VLLMSampler(model, tok, max_model_len=64, dtype='float32', max_rows=2, sleep=False)\n"
+            "print(kept.folder, closed.folder, os.path.isfile(os.path.join(kept.folder, 'config.json')))\n"
+            "closed.close()\n"
+            "print(os.path.exists(closed.folder), os.path.exists(kept.folder))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (kept, closed, written), after_close = (line.split() for line in out.stdout.strip().splitlines()[-2:])
+    assert written == "True" and after_close == ["False", "True"]  # closed: gone; the other still in use
+    assert not os.path.exists(kept) and not os.path.exists(closed)
 
 
 @needs_vllm

@@ -190,6 +190,8 @@ class VLLMSampler:
                           "allocator serves one engine per process", stacklevel=2)
             self.sleep_between = False
         self.folder = tempfile.mkdtemp(prefix="grouprl-vllm-")
+        # its config, tokenizer and LoRA adapters go when the engine closes, is collected or the process ends
+        self._remove_folder = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
         self._write_model_files()
         kwargs: dict[str, Any] = dict(
             model=self.folder, tokenizer=self.folder, load_format="dummy", dtype=dtype, seed=seed,
@@ -283,8 +285,9 @@ class VLLMSampler:
         self.lora_request = LoRARequest(f"grouprl-{self.adapter_version}", self.adapter_version, path)
 
     def close(self) -> None:
-        """Release vLLM's process groups before the run's own (vLLM's exit handler would otherwise try to
-        destroy its subgroups after the run destroyed its group, and fail)."""
+        """Remove the engine's folder, and release vLLM's process groups before the run's own (vLLM's exit
+        handler would otherwise try to destroy its subgroups after the run destroyed its group, and fail)."""
+        self._remove_folder()
         if torch.distributed.is_initialized():
             from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
 
