@@ -189,9 +189,8 @@ class VLLMSampler:
             warnings.warn("a second vLLM engine in this process starts without sleep mode: vLLM's sleep-mode "
                           "allocator serves one engine per process", stacklevel=2)
             self.sleep_between = False
-        self.folder = tempfile.mkdtemp(prefix="grouprl-vllm-")
-        # its config, tokenizer and LoRA adapters go when the engine closes, is collected or the process ends
-        self._remove_folder = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
+        self.folder = tempfile.mkdtemp(prefix="grouprl-vllm-")  # config, tokenizer, LoRA adapters: removed by
+        self._remove_folder = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)  # close or exit
         self._write_model_files()
         kwargs: dict[str, Any] = dict(
             model=self.folder, tokenizer=self.folder, load_format="dummy", dtype=dtype, seed=seed,
