@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from grouprl.errors import ConfigError
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.engines import resolve_engine
 from grouprl.rollout.logprobs import token_logprobs
@@ -150,6 +151,8 @@ def test_auto_picks_vllm_only_where_it_can_serve_the_model():
     engine, why = resolve_engine("auto", tiny_causal_lm()[0], "sample")  # head size 16
     if not torch.cuda.is_available():  # the CPU build's attention takes a fixed list of head sizes
         assert engine == "hf" and "head sizes" in why
+        with pytest.raises(ConfigError, match=r"rollout_engine=vllm: vLLM's CPU attention takes head sizes .*'s is 16"):
+            resolve_engine("vllm", tiny_causal_lm()[0], "sample")  # asked for by name: refused before it starts
     assert resolve_engine("auto", model_and_tok()[0], "beam") == ("hf", "rollout_mode=beam: vLLM draws sampled "
                                                                           "groups only")
 

