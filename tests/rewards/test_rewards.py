@@ -85,6 +85,45 @@ def test_only_accepted_keywords_are_passed_unless_kwargs():
     assert seen == {"answer": [1, 2, 3], "ids": IDS, "extra": "default", "all": ["answer", "completion_ids", "other"]}
 
 
+def test_a_function_that_names_completions_gets_its_inputs_by_name():
+    seen = {}
+
+    def reward_len(completions, **kwargs):  # the keyword style: prompts and columns arrive in kwargs
+        seen["len"] = (list(completions), sorted(kwargs), kwargs["prompts"])
+        return [-abs(2 - len(c)) for c in completions]
+
+    def reversed_order(completions, prompts):
+        seen["reversed"] = (list(completions), list(prompts))
+        return [0.0] * len(completions)
+
+    def only_completions(completions, answer):
+        seen["only"] = (list(completions), answer)
+        return [0.0] * len(completions)
+
+    positional = lambda p, c: [float(len(x)) for x in c]  # noqa: E731 - any two names, in this order
+    columns = {"answer": [1, 2, 3]}
+    s = score_rewards([reward_len, reversed_order, only_completions, positional], None, PROMPTS, COMPLETIONS, IDS,
+                      columns)
+    assert seen["len"] == (COMPLETIONS, ["answer", "completion_ids", "prompts"], PROMPTS)
+    assert seen["reversed"] == (COMPLETIONS, PROMPTS)
+    assert seen["only"] == (COMPLETIONS, [1, 2, 3])
+    assert s.per_fn["reward_len"].tolist() == [-1.0, 0.0, -1.0] and s.per_fn["<lambda>"].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_a_function_that_cannot_take_prompts_and_completions_is_refused_before_any_call():
+    def one_argument(texts):
+        return [0.0] * len(texts)
+
+    def needs_a_third(prompts, outputs, scale):  # positional: scale would be a column, and there is none
+        return [0.0] * len(outputs)
+
+    with pytest.raises(RewardFunctionError, match=r"reward function 'one_argument'.*cannot be called as "
+                                                  r"fn\(prompts, completions.*too many positional"):
+        check_reward_columns([one_argument], ["answer"])
+    with pytest.raises(RewardFunctionError, match=r"'needs_a_third'.*needs column\(s\) 'scale'"):
+        check_reward_columns([needs_a_third], ["answer"])
+
+
 def test_async_functions_are_awaited_concurrently():
     async def slow_a(prompts, completions):
         await asyncio.sleep(0.3)

@@ -3,7 +3,10 @@
 A reward function is any callable ``fn(prompts, completions, *, completion_ids, **columns)`` that
 returns one ``float`` or ``None`` per row. ``columns`` are the dataset's other columns for those
 rows (e.g. ``answer``); a function may name only the ones it needs (its signature is inspected and
-only accepted keywords are passed, unless it takes ``**kwargs``). ``None`` means "does not apply
+only accepted keywords are passed, unless it takes ``**kwargs``). A function whose signature names
+``completions`` gets its inputs by name instead, in any order, ``prompts`` only if it takes it
+(``def reward_len(completions, **kwargs)``); one that could take neither call is refused before
+training starts. ``None`` means "does not apply
 to this row": it is excluded from the weighted total and from group statistics. An ``async``
 function is awaited concurrently with the other async ones.
 
@@ -67,42 +70,81 @@ def unique_names(fns: Sequence[Callable[..., Any]]) -> list[str]:
 
 @dataclass
 class _Params:
-    """What a reward function's signature accepts beyond (prompts, completions)."""
+    """How a reward function is called, and what its signature accepts beyond prompts and completions."""
 
+    by_name: bool
+    """It names a ``completions`` parameter: prompts and completions go by keyword (those it takes)."""
+    takes_prompts: bool
     var_keyword: bool
     accepted: frozenset[str]
     required: frozenset[str]
+
+
+BY_NAME = ("prompts", "completions")
 
 
 def _params(fn: Callable[..., Any]) -> _Params:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # some C callables have no signature: give them everything
-        return _Params(True, frozenset(), frozenset())
+        return _Params(False, True, True, frozenset(), frozenset())
     params = list(sig.parameters.values())
+    var_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if "completions" in named:  # def f(completions, **kwargs), def f(prompts, completions, answer)
+        rest = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in BY_NAME]
+        return _Params(True, var_keyword or "prompts" in named, var_keyword, frozenset(p.name for p in rest),
+                       frozenset(p.name for p in rest if p.default is p.empty))
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     rest = [p for p in params if p.kind == p.KEYWORD_ONLY] + positional[2:]
     return _Params(
-        var_keyword=any(p.kind == p.VAR_KEYWORD for p in params),
+        by_name=False,
+        takes_prompts=True,
+        var_keyword=var_keyword,
         accepted=frozenset(p.name for p in rest),
         required=frozenset(p.name for p in rest if p.default is p.empty),
     )
 
 
+def _call(fn: Callable[..., Any], prompts: list[Any], completions: list[str], kwargs: dict[str, list[Any]]) -> Any:
+    """``fn`` on one batch: ``fn(prompts, completions, **kwargs)``, or by name where it names ``completions``."""
+    params = _params(fn)
+    if not params.by_name:
+        return fn(prompts, completions, **kwargs)
+    data: dict[str, Any] = {"prompts": prompts} if params.takes_prompts else {}
+    return fn(completions=completions, **data, **kwargs)
+
+
 def check_reward_columns(reward_fns: Sequence[Callable[..., Any]], column_names: Sequence[str]) -> None:
-    """Fail before any generation if a reward function needs a column the data lacks.
+    """Fail before any generation if a reward function needs a column the data lacks, or cannot be
+    called with prompts and completions at all.
 
     ``completion_ids`` is always provided and need not be a column.
     """
     available = set(column_names) | {"completion_ids"}
     for fn in reward_fns:
-        missing = sorted(_params(fn).required - available)
+        params = _params(fn)
+        missing = sorted(params.required - available)
         if missing:
             raise RewardFunctionError(
                 reward_name(fn),
                 f"needs column(s) {', '.join(map(repr, missing))}, which the data lacks "
                 f"(columns: {', '.join(sorted(column_names)) or 'none'})",
             )
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            continue
+        kwargs = _kwargs_for(fn, dict.fromkeys(available))
+        try:
+            if params.by_name:
+                signature.bind(completions=None, **({"prompts": None} if params.takes_prompts else {}), **kwargs)
+            else:
+                signature.bind(None, None, **kwargs)
+        except TypeError as e:
+            raise RewardFunctionError(
+                reward_name(fn), f"cannot be called as fn(prompts, completions, **columns) or with completions= "
+                                 f"by name: {e}") from e
 
 
 def _kwargs_for(fn: Callable[..., Any], available: dict[str, list[Any]]) -> dict[str, list[Any]]:
@@ -135,7 +177,7 @@ def _await_all(awaitables: list[Awaitable[Any]]) -> list[Any]:
 
 def _call_one_row(fn: Callable[..., Any], prompts: list[Any], completions: list[str],
                   kwargs: dict[str, list[Any]], i: int) -> Any:
-    result = fn(prompts[i:i + 1], completions[i:i + 1], **{k: v[i:i + 1] for k, v in kwargs.items()})
+    result = _call(fn, prompts[i:i + 1], completions[i:i + 1], {k: v[i:i + 1] for k, v in kwargs.items()})
     return _await_all([result])[0] if inspect.isawaitable(result) else result
 
 
@@ -250,7 +292,7 @@ def score_rewards(reward_fns: Sequence[Callable[..., Any]], weights: Sequence[fl
     pending: dict[int, Awaitable[Any]] = {}
     for j, fn in enumerate(reward_fns):
         try:
-            results[j] = fn(*inputs[j], **kwargs[j])
+            results[j] = _call(fn, *inputs[j], kwargs[j])
         except (Exception, SystemExit) as e:  # noqa: BLE001 - reported with the function and row at fault
             raise _locate_failure(fn, prompts, completions, copy.deepcopy(kwargs[j]), e) from e
         if inspect.isawaitable(results[j]):
