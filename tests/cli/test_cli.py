@@ -299,6 +299,14 @@ def test_train_then_eval_scores_the_final_checkpoint_as_the_run_did(tmp_path, ca
     table = dict(line.split(maxsplit=1) for line in out.splitlines() if line.startswith(("accuracy", "pass@")))
     assert float(table["accuracy"]) == pytest.approx(summary["eval_after"]["eval/accuracy"], abs=1e-3)
     assert "pass@2" in table
+    # A run folder, or one of its checkpoints, alone: evaluated on its run's prompts as above.
+    newest = sorted((run / "checkpoints").iterdir())[-1]
+    for model in (run, newest):
+        code, out, err = run_main(capsys, "eval", "--model", model)
+        assert code == 0, err
+        assert f"sampling of the run: {run / 'config.yaml'}" in out
+        alone = dict(line.split(maxsplit=1) for line in out.splitlines() if line.startswith(("accuracy", "pass@")))
+        assert alone == table
     # Training again into the same folder would append to its logs: refused, unless replacing it.
     code, _, err = run_main(capsys, "train", *tiny_run_args(tmp_path))
     assert code == 2 and "--resume_from latest" in err and "--overwrite" in err

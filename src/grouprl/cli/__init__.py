@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     _with_config(evaluate, "train")
     add_dataclass_arguments(evaluate, TrainConfig, keys=EVAL_OPTIONS, aliases={"samples": "eval_samples"},
                             title="options (any train key works too)")
-    evaluate.set_defaults(handler=_config_command(TrainConfig, "evaluate_command"))
+    evaluate.set_defaults(handler=_eval)
 
     report = add("report", "(re)write a run's plots and report.html", "Write RUN_DIR/report/: PNG plots and "
                  "report.html from metrics.jsonl, completions.jsonl and config.yaml (also works mid-run).", "RUN_DIR")
@@ -193,6 +193,33 @@ def _demo(args: argparse.Namespace, rest: list[str]) -> int:
     note = QUICK_DEMO_NOTE if args.quick else agent_demo_note if args.agent else demo_note
     print(note if isinstance(note, str) else note(to_dict(config)), flush=True)
     train(config, overwrite=True)  # a demo run again starts afresh; its last line is "accuracy before=... after=..."
+    return EXIT_OK
+
+
+PROMPT_SOURCES = frozenset({"task", "dataset", "eval_dataset", "env"})
+"""Keys that say where eval's held-out prompts come from."""
+
+
+def _eval(args: argparse.Namespace, rest: list[str]) -> int:
+    """``grouprl eval``; a run (or checkpoint) folder with neither --config nor a prompt source given is
+    evaluated on its own run's held-out prompts, rewards and sampling (its config.yaml)."""
+    from grouprl.cli.build import run_config_of
+
+    config = _resolve(args, rest, TrainConfig)
+    given = {a[2:].split("=")[0] for a in [*args.overrides, *rest] if a.startswith("--")}
+    run_config = None if args.config or given & PROMPT_SOURCES else run_config_of(config.model)
+    if run_config is not None:
+        args.config = str(run_config)
+        config = _resolve(args, rest, TrainConfig)
+    if args.print_config:
+        return _print_config(config)
+    _restart_with_allocator(args, config)
+    from grouprl.cli import commands
+
+    if run_config is not None:
+        print(f"held-out prompts, rewards and sampling of the run: {run_config} (--task or --dataset to "
+              "evaluate on others)", flush=True)
+    commands.evaluate_command(config)
     return EXIT_OK
 
 

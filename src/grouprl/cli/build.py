@@ -162,6 +162,15 @@ def resolve_model_path(spec: str) -> str:
     return str(found / "model")
 
 
+def run_config_of(spec: str) -> Path | None:
+    """The ``config.yaml`` of the run that a run folder or one of its checkpoint folders belongs to."""
+    path = Path(spec).expanduser()
+    if (path / "state.json").is_file() and (path / "model").is_dir():
+        path = path.parent.parent  # RUN/checkpoints/step-N
+    is_run = path.is_dir() and ((path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file())
+    return path / "config.yaml" if is_run and (path / "config.yaml").is_file() else None
+
+
 def load_model(spec: str, seed: int) -> tuple[Any, Any]:
     """(policy, tokenizer) for a ``model`` config value; ``tiny`` is a random 2-layer model."""
     from grouprl.models import load_policy, tiny_causal_lm
