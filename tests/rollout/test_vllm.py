@@ -19,7 +19,7 @@ from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.engines import resolve_engine
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler
-from grouprl.rollout.vllm import outputs_to_batch, vllm_sampling_kwargs
+from grouprl.rollout.vllm_convert import outputs_to_batch, vllm_sampling_kwargs
 from grouprl.rollout.vllm_weights import base_weight_name, wrapped_weight_name
 from grouprl.trainer.config import GRPOConfig
 from grouprl.types import SamplingParams
@@ -259,10 +259,12 @@ def test_a_pushed_lora_adapter_changes_vllm_as_it_changes_the_trainer(lora_engin
 
 
 def held_weights(worker):
-    """(bytes of the engine's parameters, layers with packed weights), run inside the engine."""
+    """(bytes of the engine's parameters, layers with packed weights, bytes of its KV cache), run inside
+    the engine."""
     model = worker.model_runner.get_model()
+    caches = {id(s): s.nbytes() for s in (t.untyped_storage() for t in worker.model_runner.kv_caches)}
     return (sum(p.untyped_storage().nbytes() for p in model.parameters()),
-            sum(getattr(m, "cpu_linear", None) is not None for m in model.modules()))
+            sum(getattr(m, "cpu_linear", None) is not None for m in model.modules()), sum(caches.values()))
 
 
 @needs_vllm
@@ -290,17 +292,17 @@ def test_an_engine_removes_its_folder_when_it_closes_or_the_process_ends():
 
 @needs_vllm
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU build's resting: a GPU engine sleeps instead")
-def test_a_resting_engine_frees_its_weights_and_the_next_push_brings_them_back(engine):
+def test_a_resting_engine_frees_its_weights_and_cache_and_the_next_rollout_brings_them_back(engine):
     model, tok = model_and_tok(seed=8)
     engine.update_weights(model)
     ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
     before = engine.generate(ids, 1, greedy, seed=0).completion_ids.tolist()
-    ((weight_bytes, packed),) = engine.llm.collective_rpc(held_weights)
-    assert weight_bytes > 0 and packed > 0
+    ((weight_bytes, packed, cache_bytes),) = engine.llm.collective_rpc(held_weights)
+    assert weight_bytes > 0 and packed > 0 and cache_bytes > 0
     engine.rest()
-    assert engine.llm.collective_rpc(held_weights) == [(0, 0)]
+    assert engine.llm.collective_rpc(held_weights) == [(0, 0, 0)]
     assert engine.generate(ids, 1, greedy, seed=0).completion_ids.tolist() == before  # pushed again
-    assert engine.llm.collective_rpc(held_weights) == [(weight_bytes, packed)]
+    assert engine.llm.collective_rpc(held_weights) == [(weight_bytes, packed, cache_bytes)]
     engine.rest()
     with torch.no_grad():  # an update while the engine rests
         for p in model.parameters():
@@ -308,6 +310,26 @@ def test_a_resting_engine_frees_its_weights_and_the_next_push_brings_them_back(e
     engine.update_weights(model)
     want = Sampler(model, tok).generate(ids, 1, greedy, seed=0).completion_ids.tolist()
     assert want != before and engine.generate(ids, 1, greedy, seed=0).completion_ids.tolist() == want
+
+
+@needs_vllm
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU build's resting: a GPU engine sleeps instead")
+def test_a_resting_lora_engine_frees_its_cache_only_and_forgets_the_prompts_it_held(lora_engine):
+    """Its base weights were pushed once and stay; the cache comes back zeroed, so the prefix cache
+    (which would send the same prompts to their old blocks) starts empty too."""
+    tok = model_and_tok()[1]
+    texts = [f"Count {i}: " + " ".join(map(str, range(i, 60))) for i in range(4)]  # past a 128-token block
+    ids, greedy = Sampler(tiny_causal_lm()[0], tok).encode(texts), SamplingParams(max_new_tokens=12, temperature=0.0)
+    assert min(map(len, ids)) > 128
+    before = lora_engine.generate(ids, 1, greedy, seed=0)
+    ((weight_bytes, packed, cache_bytes),) = lora_engine.llm.collective_rpc(held_weights)
+    lora_engine.rest()
+    assert lora_engine.resting and lora_engine.llm.collective_rpc(held_weights) == [(weight_bytes, packed, 0)]
+    after = lora_engine.generate(ids, 1, greedy, seed=0)
+    # log-probs, not tokens: a tiny random model's greedy tokens barely feel its attention
+    assert after.completion_ids.tolist() == before.completion_ids.tolist()
+    assert torch.allclose(after.sampling_logprobs, before.sampling_logprobs, atol=1e-6, rtol=0)
+    assert lora_engine.llm.collective_rpc(held_weights) == [(weight_bytes, packed, cache_bytes)]
 
 
 @needs_vllm

@@ -21,8 +21,8 @@ before its first rollout and again before the first rollout after every optimize
 weights after loading). The prefix cache is reset after each push (cached keys and values belong to
 the old weights). FSDP shards are gathered one tensor at a time. LoRA: the base weights are pushed
 once, then after each step only the adapter, as a new LoRA request. The push time is logged
-(``time/weight_push``). On the CPU the engine frees its copy of the weights between a rollout and the
-next push (:meth:`VLLMSampler.rest`). The names and the functions run inside the engine are in
+(``time/weight_push``). On the CPU the engine frees its KV cache and its copy of the weights between a
+rollout and the next generation (:meth:`VLLMSampler.rest`). The names and the functions run inside the engine are in
 :mod:`grouprl.rollout.vllm_weights`.
 
 Sampling: one request per row with the row's own seed (vLLM then draws with a per-request generator),
@@ -59,71 +59,21 @@ from torch import nn
 
 from grouprl.rollout.engines import plain_class_name, require_vllm
 from grouprl.rollout.process_state import kept_process_state
-from grouprl.rollout.runner import left_pad
-from grouprl.rollout.seeds import MODULUS, mix_seed, resolve_row_seeds
-from grouprl.rollout.stops import cut_at_stop
+from grouprl.rollout.seeds import mix_seed, resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
+from grouprl.rollout.vllm_convert import outputs_to_batch, vllm_sampling_kwargs
 from grouprl.rollout.vllm_weights import (
     base_weight_name,
     engine_parameters,
+    free_kv_cache,
     free_weights,
     full_tensors,
     resolves_lora_wrappers,
+    restore_kv_cache,
     restore_weights,
     wrapped_weight_name,
 )
 from grouprl.types import RolloutBatch, SamplingParams
-
-
-def vllm_sampling_kwargs(params: SamplingParams, stop_token_ids: Sequence[int], seed: int | None,
-                         max_tokens: int | None = None) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.SamplingParams`` drawing one completion as ``params`` says."""
-    if params.mode != "sample":
-        raise ValueError(f"the vLLM engine draws sampled groups only, not mode={params.mode!r}; use rollout_engine=hf")
-    return {
-        "n": 1, "temperature": params.temperature, "top_p": params.top_p,
-        "top_k": params.top_k if params.top_k > 0 else -1,  # vLLM spells "off" as -1
-        "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
-        "max_tokens": params.max_new_tokens if max_tokens is None else max_tokens,
-        "stop_token_ids": sorted(set(stop_token_ids)), "stop": list(params.stop_strings) or None,
-        "include_stop_str_in_output": True, "logprobs": 0, "seed": None if seed is None else seed % MODULUS,
-    }
-
-
-def outputs_to_batch(completions: Sequence[Any], prompt_ids: list[list[int]], group_size: int, tokenizer: Any,
-                     pad_id: int, stop_strings: tuple[str, ...], prompts: list | None = None,
-                     extras: dict[str, list] | None = None) -> RolloutBatch:
-    """A prompt-major :class:`~grouprl.types.RolloutBatch` from B = P * G vLLM ``CompletionOutput`` s in
-    row order (each with ``token_ids``, ``logprobs``: one ``{token_id: Logprob}`` per token, and
-    ``finish_reason``). Texts are decoded and cut at stop strings exactly as the built-in sampler
-    does, so reward functions see the same strings."""
-    if len(completions) != len(prompt_ids) * group_size:
-        raise ValueError(f"{len(completions)} completions for {len(prompt_ids)} prompts x {group_size}")
-    tokens = [list(c.token_ids) for c in completions]
-    logps = [[float(entry[t].logprob) for entry, t in zip(c.logprobs, ids)] for c, ids in zip(completions, tokens)]
-    truncated = [c.finish_reason == "length" for c in completions]
-    width = max(1, max(len(t) for t in tokens))
-    ids = torch.full((len(tokens), width), pad_id, dtype=torch.long)  # [B, T]
-    lp = torch.zeros(len(tokens), width)
-    for i, (t, lps) in enumerate(zip(tokens, logps)):
-        ids[i, : len(t)] = torch.tensor(t, dtype=torch.long)
-        lp[i, : len(t)] = torch.tensor(lps)
-    lengths = torch.tensor([len(t) for t in tokens])
-    mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).float()  # [B, T]
-    texts = tokenizer.batch_decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    if stop_strings:
-        texts = [cut_at_stop(t, stop_strings)[0] for t in texts]
-    p_ids, p_mask = left_pad([list(map(int, r)) for r in prompt_ids], pad_id, torch.device("cpu"))
-    if prompts is None:
-        prompts = tokenizer.batch_decode([list(r) for r in prompt_ids], skip_special_tokens=False)
-    g = group_size
-    return RolloutBatch(
-        prompt_ids=p_ids.repeat_interleave(g, 0), prompt_mask=p_mask.repeat_interleave(g, 0), completion_ids=ids,
-        completion_mask=mask, sampling_logprobs=lp, truncated=torch.tensor(truncated), completions=texts,
-        prompts=[x for x in prompts for _ in range(g)], group_size=g, pad_token_id=pad_id,
-        extras={k: [v for v in col for _ in range(g)] for k, col in (extras or {}).items()},
-    )
-
 
 KV_HEADROOM = 1.25
 """Room above the KV cache's exact need: vLLM allocates it in blocks of tokens, rounding every request up."""
@@ -217,9 +167,11 @@ class VLLMSampler:
         self.awake, self.stale, self.base_loaded, self.adapter_version = True, True, False, 0
         self.in_phase = False
         self.lora_request: Any = None
-        self.can_rest = not on_gpu and not self.lora and not compiled
+        self.can_rest = not on_gpu and not compiled  # see rest()
         self.freed: dict[str, int] | None = None
         """While the engine rests: the bytes of each of its parameters, to be given back before the push."""
+        self.freed_cache: list[int] | None = None
+        """While the engine rests: the bytes of its KV cache, given back before its next generation."""
         # a LoRA engine's parameter names and packed modules, for a vLLM that loads base weights only under them
         self.engine_names: tuple[set[str], dict[str, list[str]]] = (set(), {})
         if self.lora and not resolves_lora_wrappers():
@@ -250,6 +202,10 @@ class VLLMSampler:
     def sync_weights(self) -> None:
         """Push the trainer's weights if they changed since the last push (a collective under FSDP:
         every process calls it at the same point)."""
+        if self.freed_cache is not None:  # given back zeroed: nothing the prefix cache pointed to is there
+            self.llm.collective_rpc(restore_kv_cache, kwargs={"sizes": self.freed_cache})
+            self.freed_cache = None
+            self.llm.reset_prefix_cache()
         if not self.stale:
             return
         start = time.perf_counter()
@@ -311,18 +267,22 @@ class VLLMSampler:
             self.awake = False
 
     def rest(self) -> None:
-        """The rollout is in and the trainer is about to change its weights: an engine on the CPU whose
-        every weight the next push rewrites frees its copy of them now (the model's size in the rollout
-        format), so the log-prob passes and the update have that memory, and the push before the next
-        rollout rebuilds it. A GPU engine sleeps instead; a LoRA engine keeps its base weights (pushed
-        once); a compiled one keeps the tensors its compiled code was built on."""
-        if self.can_rest and self.freed is None:
+        """The rollout is in and the trainer is about to change its weights: an engine on the CPU frees its
+        KV cache (every row of the largest batch at its longest) and, where the next push rewrites every
+        weight, its copy of the weights (the model's size in the rollout format), so the log-prob passes
+        and the update have that memory; the next generation gives both back. A GPU engine sleeps instead;
+        a LoRA engine keeps its base weights (pushed once); a compiled one keeps the tensors its compiled
+        code was built on."""
+        if not self.can_rest or self.freed_cache is not None:
+            return
+        (self.freed_cache,) = self.llm.collective_rpc(free_kv_cache)
+        if not self.lora:
             (self.freed,) = self.llm.collective_rpc(free_weights)
             self.stale = True
 
     @property
     def resting(self) -> bool:
-        return self.freed is not None
+        return self.freed_cache is not None
 
     @contextlib.contextmanager
     def phase(self) -> Iterator[None]:

@@ -69,6 +69,25 @@ def restore_weights(worker: Any, sizes: dict[str, int]) -> None:
         p.untyped_storage().resize_(sizes[n])
 
 
+def free_kv_cache(worker: Any) -> list[int]:
+    """Free a CPU engine's KV cache, run inside the engine (its layers are views of one buffer, whose
+    storage is emptied). Returns the bytes of each storage, for :func:`restore_kv_cache`."""
+    storages = {id(s): s for s in (t.untyped_storage() for t in worker.model_runner.kv_caches)}
+    sizes = [s.nbytes() for s in storages.values()]
+    for storage in storages.values():
+        storage.resize_(0)
+    return sizes
+
+
+def restore_kv_cache(worker: Any, sizes: list[int]) -> None:
+    """Give the KV cache :func:`free_kv_cache` emptied its memory again, zeroed as vLLM allocates it (a
+    kernel may read a block's unwritten slots under a zero weight, and 0 * NaN is NaN)."""
+    storages = {id(s): s for s in (t.untyped_storage() for t in worker.model_runner.kv_caches)}
+    for storage, size in zip(storages.values(), sizes, strict=True):
+        storage.resize_(size)
+        torch.empty(0, dtype=torch.int8).set_(storage, 0, (size,)).zero_()
+
+
 def full_tensors(model: nn.Module, device: torch.device,
                  keep: Callable[[str], bool] = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) of the entries of ``model``'s state dict whose name ``keep`` accepts,
