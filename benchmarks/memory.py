@@ -171,8 +171,11 @@ def main() -> None:
     ]
     engine = trainer.setup.get("rollout_engine", trainer.config.rollout_engine)
     held.append((f"rollout engine: {engine} (its libraries, weights and KV cache at start, when it keeps its own; "
-                 "vLLM on a CPU frees its weights from each rollout's end to the next push)",
+                 "vLLM on a CPU frees its KV cache and weights from each rollout's end to its next generation)",
                  max(0.0, setup - held[1][1])))
+    freed_cache = getattr(trainer.sampler, "freed_cache", None)
+    if freed_cache is not None:  # the trainer's last step left the engine resting: its cache, counted
+        held.append(("of which the KV cache, freed during log-probs and update", sum(freed_cache) / 2**20))
     transient = [(f"{phase} (rise above its start; highest resident size in it {watch.top[phase]:.0f})", rise)
                  for phase, rise in sorted(watch.rise.items())]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
