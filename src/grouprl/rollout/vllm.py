@@ -22,8 +22,9 @@ weights after loading). The prefix cache is reset after each push (cached keys a
 the old weights). FSDP shards are gathered one tensor at a time. LoRA: the base weights are pushed
 once, then after each step only the adapter, as a new LoRA request. The push time is logged
 (``time/weight_push``). On the CPU the engine frees its KV cache and its copy of the weights between a
-rollout and the next generation (:meth:`VLLMSampler.rest`). The names and the functions run inside the engine are in
-:mod:`grouprl.rollout.vllm_weights`.
+rollout and the next generation (:meth:`VLLMSampler.rest`). The names and the functions run inside the
+engine are in :mod:`grouprl.rollout.vllm_weights`; the conversions of sampling settings and completions
+in :mod:`grouprl.rollout.vllm_convert`.
 
 Sampling: one request per row with the row's own seed (vLLM then draws with a per-request generator),
 so a completion depends on (seed, step, prompt, sample index) and not on what else is in the batch;
@@ -139,8 +140,9 @@ class VLLMSampler:
             warnings.warn("a second vLLM engine in this process starts without sleep mode: vLLM's sleep-mode "
                           "allocator serves one engine per process", stacklevel=2)
             self.sleep_between = False
-        self.folder = tempfile.mkdtemp(prefix="grouprl-vllm-")  # config, tokenizer, LoRA adapters: removed by
-        self._remove_folder = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)  # close or exit
+        self.folder = tempfile.mkdtemp(prefix="grouprl-vllm-")
+        # its config, tokenizer and LoRA adapters go when the engine closes, is collected or the process ends
+        self._remove_folder = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
         self._write_model_files()
         kwargs: dict[str, Any] = dict(
             model=self.folder, tokenizer=self.folder, load_format="dummy", dtype=dtype, seed=seed,
