@@ -106,9 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = add("eval", "held-out accuracy, pass@k and mean reward of a model",
                    "Evaluate a model (a bundled name, a model folder, or a run or checkpoint folder: its newest "
-                   "policy) on the held-out prompts of a task or dataset. With --config runs/X/config.yaml it "
-                   "uses that run's held-out prompts and sampling, so the final checkpoint scores as the run "
-                   "reported. Every train key is accepted; the ones that matter are listed.",
+                   "policy) on the held-out prompts of a task or dataset. A run folder (or one of its "
+                   "checkpoints) given alone brings its run's config.yaml: its held-out prompts, rewards and "
+                   "sampling, so the final checkpoint scores as the run reported (as --config "
+                   "runs/X/config.yaml does). Every train key is accepted; the ones that matter are listed.",
                    "--model PATH [--task NAME | --dataset FILE] [--samples K] [--key value ...]")
     _with_config(evaluate, "train")
     add_dataclass_arguments(evaluate, TrainConfig, keys=EVAL_OPTIONS, aliases={"samples": "eval_samples"},
