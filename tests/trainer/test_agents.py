@@ -4,6 +4,7 @@ trains on trajectories, the environment's tokens carry no loss, tools, resume, e
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -146,8 +147,11 @@ def test_a_first_prompt_that_leaves_no_room_for_the_trajectory_is_named(tmp_path
     from grouprl.errors import PromptTooLongError
 
     trainer = make_agent_trainer(tmp_path, max_trajectory_tokens=500)  # the tiny model holds 512 positions
-    with pytest.raises(PromptTooLongError, match="first prompt for seed .* max_trajectory_tokens=500"):
+    with pytest.raises(PromptTooLongError, match="first prompt for seed .* max_trajectory_tokens=500") as caught:
         trainer.train()
+    tokens, bound = map(int, re.search(r"is (\d+) tokens.*to at most (\d+) ", str(caught.value)).groups())
+    assert tokens + bound <= 512 and bound < 500  # the room the longest first prompt leaves
+    make_agent_trainer(tmp_path / "fits", max_trajectory_tokens=bound).train()
 
 
 def test_a_judge_ranks_the_trajectories_of_each_reset(tmp_path):

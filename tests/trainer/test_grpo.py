@@ -1,5 +1,6 @@
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -302,8 +303,11 @@ def test_prompts_are_drawn_in_a_seeded_order_covering_every_row(tmp_path):
 def test_a_prompt_that_leaves_no_room_in_the_models_context_is_named_before_training(tmp_path):
     from grouprl.errors import PromptTooLongError
 
-    with pytest.raises(PromptTooLongError, match="train row 0: .* over the model's context of 512"):
+    with pytest.raises(PromptTooLongError, match="train row 0: .* over the model's context of 512") as caught:
         make_trainer(tmp_path, max_new_tokens=500)  # "Count: 0" and its template are ~30 tokens
+    bound = int(re.search(r"lower max_new_tokens to at most (\d+) ", str(caught.value)).group(1))
+    assert 400 < bound < 500
+    make_trainer(tmp_path / "fits", max_new_tokens=bound)  # the bound named fits every prompt of the set
 
 
 def test_fewer_rows_than_prompts_per_step_warns_of_copies(tmp_path):

@@ -163,7 +163,8 @@ class AgentSampler:
                 raise PromptTooLongError(
                     f"the environment's first prompt for seed {episode.seed} is {len(ids)} tokens; with "
                     f"max_trajectory_tokens={self.limits.max_tokens} that is over the model's context of {context} "
-                    "tokens: lower max_trajectory_tokens")
+                    f"tokens: lower max_trajectory_tokens to at most {context - max(map(len, prompt_rows))} (the "
+                    "room the longest first prompt of this rollout leaves)")
 
     def _respond(self, episode: Any, tokens: list[int], stop_text: str | None, stop: set[int]) -> Reply:
         """The environment's answer to one turn, as tokens to append."""

@@ -65,7 +65,8 @@ def encode_checked(tokenizer: Any, rows: Sequence[dict[str, Any]], what: str, ma
             raise PromptTooLongError(
                 f"{row}: the prompt is {len(row_ids)} tokens after the chat template; with max_new_tokens="
                 f"{max_new_tokens} that is over the model's context of {context} tokens. Shorten it or lower "
-                f"max_new_tokens. {quoted}")
+                f"max_new_tokens to at most {context - max(map(len, ids))} (the room the longest prompt here "
+                f"leaves). {quoted}")
         if not row_ids:
             raise PromptTooLongError(f"{row}: the prompt is empty")
     return ids
