@@ -3,6 +3,7 @@ runs, and (slow) a whole 2-process run from the command line."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
@@ -58,6 +59,31 @@ def test_train_nproc_2_from_the_command_line(tmp_path):
     assert (run / "report" / "report.html").exists()
     config = load_config(TrainConfig, run / "config.yaml")
     assert config.prompts_per_step == 2 and config.model == "tiny"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+def test_train_nproc_2_through_vllm_on_the_cpu(tmp_path):
+    """Two processes, FSDP, a vLLM engine in each (the head size vLLM's CPU build takes): the gathered
+    shards reach both engines before every rollout, and the weights move."""
+    from grouprl.models import load_policy, tiny_causal_lm
+
+    start, tok = tiny_causal_lm(seed=0, hidden_size=128, num_heads=2, num_kv_heads=2)  # head size 64
+    start.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    cmd = [sys.executable, "-m", "grouprl", "train", *tiny_args(tmp_path, "--model", str(tmp_path / "model"),
+                                                                 "--rollout_engine", "vllm", "--engine", "fsdp"),
+           "--nproc", "2"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rollout_engine: vllm" in done.stdout
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "rollout/groups" in r]  # a step whose groups all tie has no loss
+    assert [r["step"] for r in steps] == [1, 2] and all(r["time/weight_push"] > 0 for r in steps)
+    assert all(r["rollout/groups"] == 2.0 for r in steps)  # the whole batch, gathered from both processes
+    end, _ = load_policy(str(tmp_path / "run" / "checkpoints" / "step-000002" / "model"))
+    before, after = start.state_dict(), end.state_dict()
+    assert max((after[k] - before[k]).abs().max().item() for k in before if k in after) > 0
 
 
 def test_the_readme_scaling_out_commands_resolve(tmp_path, monkeypatch, capsys):
