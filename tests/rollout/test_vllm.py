@@ -20,7 +20,7 @@ from grouprl.rollout.engines import resolve_engine
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler
 from grouprl.rollout.vllm_convert import outputs_to_batch, vllm_sampling_kwargs
-from grouprl.rollout.vllm_weights import base_weight_name, wrapped_weight_name
+from grouprl.rollout.vllm_weights import base_weight_name, kv_storages, wrapped_weight_name
 from grouprl.trainer.config import GRPOConfig
 from grouprl.types import SamplingParams
 from tests.helpers.rollout import assert_thread_count_can_change
@@ -262,9 +262,9 @@ def held_weights(worker):
     """(bytes of the engine's parameters, layers with packed weights, bytes of its KV cache), run inside
     the engine."""
     model = worker.model_runner.get_model()
-    caches = {id(s): s.nbytes() for s in (t.untyped_storage() for t in worker.model_runner.kv_caches)}
     return (sum(p.untyped_storage().nbytes() for p in model.parameters()),
-            sum(getattr(m, "cpu_linear", None) is not None for m in model.modules()), sum(caches.values()))
+            sum(getattr(m, "cpu_linear", None) is not None for m in model.modules()),
+            sum(s.nbytes() for s in kv_storages(worker)))
 
 
 @needs_vllm

@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "--pairs FILE [--model NAME] [--output_dir DIR] [--key value ...]")
     _with_config(train_rm, "train-rm")
     add_dataclass_arguments(train_rm, RewardModelConfig)
-    train_rm.set_defaults(handler=_config_command(RewardModelConfig, "train_rm_command"))
+    train_rm.set_defaults(handler=_train_rm)
     from grouprl.cli.rl import register as register_rl  # rl (classic control) and compare
 
     register_rl(sub)
@@ -224,22 +224,14 @@ def _eval(args: argparse.Namespace, rest: list[str]) -> int:
     return EXIT_OK
 
 
-def _config_command(cls: type, command: str) -> Callable[[argparse.Namespace, list[str]], int]:
-    """A handler that resolves a ``cls`` config and prints it (``--print-config``) or passes it to
-    ``grouprl.cli.commands.<command>`` (imported only then: it pulls in torch)."""
+def _train_rm(args: argparse.Namespace, rest: list[str]) -> int:
+    config = _resolve(args, rest, RewardModelConfig)
+    if args.print_config:
+        return _print_config(config)
+    from grouprl.cli.commands import train_rm_command  # imported only now: it pulls in torch
 
-    def handler(args: argparse.Namespace, rest: list[str]) -> int:
-        config = _resolve(args, rest, cls)
-        if args.print_config:
-            return _print_config(config)
-        if isinstance(config, TrainConfig):
-            _restart_with_allocator(args, config)
-        from grouprl.cli import commands
-
-        getattr(commands, command)(config)
-        return EXIT_OK
-
-    return handler
+    train_rm_command(config)
+    return EXIT_OK
 
 
 def _report(args: argparse.Namespace, rest: list[str]) -> int:

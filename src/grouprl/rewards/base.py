@@ -87,14 +87,16 @@ def _params(fn: Callable[..., Any]) -> _Params:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # some C callables have no signature: give them everything
-        return _Params(False, True, True, frozenset(), frozenset())
+        return _Params(by_name=False, takes_prompts=True, var_keyword=True, accepted=frozenset(),
+                       required=frozenset())
     params = list(sig.parameters.values())
     var_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
     named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     if "completions" in named:  # def f(completions, **kwargs), def f(prompts, completions, answer)
         rest = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in BY_NAME]
-        return _Params(True, var_keyword or "prompts" in named, var_keyword, frozenset(p.name for p in rest),
-                       frozenset(p.name for p in rest if p.default is p.empty))
+        return _Params(by_name=True, takes_prompts=var_keyword or "prompts" in named, var_keyword=var_keyword,
+                       accepted=frozenset(p.name for p in rest),
+                       required=frozenset(p.name for p in rest if p.default is p.empty))
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     rest = [p for p in params if p.kind == p.KEYWORD_ONLY] + positional[2:]
     return _Params(

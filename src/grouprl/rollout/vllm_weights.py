@@ -69,12 +69,19 @@ def restore_weights(worker: Any, sizes: dict[str, int]) -> None:
         p.untyped_storage().resize_(sizes[n])
 
 
+def kv_storages(worker: Any) -> list[torch.UntypedStorage]:
+    """The storages behind a vLLM worker's KV cache, each once (its layers are views of one buffer)."""
+    # keyed by the storage itself (_cdata): its data pointer is 0 for every storage once emptied
+    storages = {s._cdata: s for s in (t.untyped_storage() for t in worker.model_runner.kv_caches)}
+    return list(storages.values())
+
+
 def free_kv_cache(worker: Any) -> list[int]:
-    """Free a CPU engine's KV cache, run inside the engine (its layers are views of one buffer, whose
-    storage is emptied). Returns the bytes of each storage, for :func:`restore_kv_cache`."""
-    storages = {id(s): s for s in (t.untyped_storage() for t in worker.model_runner.kv_caches)}
-    sizes = [s.nbytes() for s in storages.values()]
-    for storage in storages.values():
+    """Free a CPU engine's KV cache, run inside the engine: its storages are emptied. Returns the bytes
+    of each, for :func:`restore_kv_cache`."""
+    storages = kv_storages(worker)
+    sizes = [s.nbytes() for s in storages]
+    for storage in storages:
         storage.resize_(0)
     return sizes
 
@@ -82,8 +89,7 @@ def free_kv_cache(worker: Any) -> list[int]:
 def restore_kv_cache(worker: Any, sizes: list[int]) -> None:
     """Give the KV cache :func:`free_kv_cache` emptied its memory again, zeroed as vLLM allocates it (a
     kernel may read a block's unwritten slots under a zero weight, and 0 * NaN is NaN)."""
-    storages = {id(s): s for s in (t.untyped_storage() for t in worker.model_runner.kv_caches)}
-    for storage, size in zip(storages.values(), sizes, strict=True):
+    for storage, size in zip(kv_storages(worker), sizes, strict=True):
         storage.resize_(size)
         torch.empty(0, dtype=torch.int8).set_(storage, 0, (size,)).zero_()
 
