@@ -5,6 +5,7 @@ layouts and ``dtype: auto`` chooses.
 
     python benchmarks/profile_step.py [--threads 1] [--steps 3] [--beta 0.04] [--engine auto]
     ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python benchmarks/profile_step.py   # AVX2 code paths
+    python benchmarks/profile_step.py --shapes 8      # also each phase's 8 costliest operator-and-shape pairs
 
 For each phase: its operators' self time summed into kinds (:data:`KINDS`: matrix products, attention,
 casts and copies, oneDNN's weight reorders, the optimizer step, the rest), each kind's share, and the
@@ -51,12 +52,19 @@ def shares(prof) -> tuple[float, dict[str, float], list[tuple[str, float]]]:
     return total, dict(by_kind), [(name, seconds / total) for name, seconds in top]
 
 
+def by_shape(prof, count: int) -> list[str]:
+    """The ``count`` operator-and-input-shape pairs with most self time: which tensor a cast or fill is of."""
+    events = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_cpu_time_total)[:count]
+    return [f"    {e.self_cpu_time_total / 1e6:6.3f} s  {e.count:4d} x {e.key} {e.input_shapes}" for e in events]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3, help="warm-up steps before the profiled one")
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--engine", choices=["auto", "hf", "vllm"], default="auto", help="grouprl's rollout_engine")
+    parser.add_argument("--shapes", type=int, default=0, help="print each phase's N costliest operator-and-shape pairs")
     args = parser.parse_args()
     print(cpu_line(), flush=True)
     torch.set_num_threads(args.threads)
@@ -71,7 +79,7 @@ def main() -> None:
         def run(*a, **k):
             if not on[0]:
                 return fn(*a, **k)
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=args.shapes > 0) as prof:
                 out = fn(*a, **k)
             profiles[phase] = prof
             return out
@@ -96,6 +104,9 @@ def main() -> None:
         for kind in (*KINDS, "the rest"):
             print(f"  {kind:18s} {kinds.get(kind, 0.0):6.1%}")
         print("  most self time: " + ", ".join(f"{name} {share:.1%}" for name, share in top), flush=True)
+        if args.shapes:
+            print("  by input shape (self seconds, calls, operator, shapes):")
+            print("\n".join(by_shape(prof, args.shapes)), flush=True)
     print(f"rollout_products={products['rollout']:.2f} update_products={products['update']:.2f}")
 
 
