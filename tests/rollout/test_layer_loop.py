@@ -145,3 +145,67 @@ def test_sampled_completions_match_the_forward(bf16, monkeypatch):
     assert looped.lengths.float().std() > 0  # rows ended at different steps
     assert torch.equal(looped.completion_ids, plain.completion_ids)
     torch.testing.assert_close(looped.sampling_logprobs, plain.sampling_logprobs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family,extra", [("llama", {}), ("qwen2", {}), ("llama", {"mlp_bias": True})])
+def test_bf16_copies_are_stacked_and_each_stack_is_one_product(family, extra, monkeypatch):
+    """A bf16 rollout's copies of q, k, v (and gate, up) are row blocks of one tensor each, the loop runs
+    each stack as one product, and its logits are still the forward's bit for bit."""
+    from grouprl.rollout import layer_loop
+
+    model = build(family, **extra)
+    calls = []
+    def forward(self, x):
+        calls.append(self.sizes)
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+    monkeypatch.setattr(layer_loop.StackedLinear, "forward", forward)
+
+    def check(m):
+        attn, mlp = m.model.layers[0].self_attn, m.model.layers[0].mlp
+        storage = attn.q_proj.weight.untyped_storage()
+        assert attn.q_proj.weight.dtype == torch.bfloat16 and storage.nbytes() == (64 + 32 + 32) * 64 * 2
+        pointers = [w.untyped_storage().data_ptr() for w in (attn.k_proj.weight, attn.v_proj.weight)]
+        assert pointers == [storage.data_ptr()] * 2
+        assert attn.v_proj.weight.storage_offset() == 96 * 64
+        assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp.gate_proj.weight.untyped_storage().data_ptr()
+        if family == "qwen2":  # q, k, v biases are stacked alike
+            assert attn.k_proj.bias.untyped_storage().data_ptr() == attn.q_proj.bias.untyped_storage().data_ptr()
+        loop = LayerLoop.plan(m)
+        stack = loop.stacks[0].qkv.weight
+        assert stack.shape == (128, 64) and torch.equal(stack[96:], attn.v_proj.weight)
+        assert len(loop.stacked_linears()) == 2 * SIZES["num_hidden_layers"]
+        return decode(m, loop=True)
+
+    with torch.inference_mode():
+        got = run_with_bf16_weights(model, check)
+        want = run_with_bf16_weights(model, lambda m: decode(m, loop=False))
+    # 5 decode steps x 2 layers x (q, k, v as one; gate, up as one)
+    assert calls.count([64, 32, 32]) == 10 and calls.count([96, 96]) == 10 and len(calls) == 20
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    # the stacked copies hold the casts of the fp32 weights, which stay as they were
+    attn = model.model.layers[0].self_attn
+    assert attn.q_proj.weight.dtype == torch.float32 and attn.q_proj.weight.untyped_storage().nbytes() == 64 * 64 * 4
+
+
+def test_fp32_weights_and_lora_projections_are_not_stacked():
+    from peft import LoraConfig, get_peft_model
+
+    assert LayerLoop.plan(build("llama")).stacked_linears() == []  # fp32: no copies to stack
+    model = get_peft_model(build("llama"), LoraConfig(r=4, target_modules=["q_proj"]))
+    with torch.inference_mode():
+        loops = run_with_bf16_weights(model, lambda m: LayerLoop.plan(m.get_base_model()))
+    stacks = loops.stacks
+    assert all(s.qkv is None and s.gate_up is not None for s in stacks)  # q is LoRA-wrapped: its group is not stacked
+
+
+def test_only_blocks_in_order_that_fill_one_tensor_are_a_stack():
+    from grouprl.rollout.layer_loop import _stack_of
+
+    whole = torch.arange(12.0).view(6, 2)
+    a, b, c = whole.split([1, 2, 3])
+    assert torch.equal(_stack_of([a, b, c]), whole)
+    assert _stack_of([b, a, c]) is None  # out of order
+    assert _stack_of([a, b]) is None  # the tensor has more rows
+    assert _stack_of([a, b.clone(), c]) is None  # not one tensor

@@ -17,7 +17,7 @@ from torch import nn
 
 from grouprl.rollout.attention import decoding, sdpa_configs
 from grouprl.rollout.cache import make_cache
-from grouprl.rollout.layer_loop import LayerLoop
+from grouprl.rollout.layer_loop import LayerLoop, stacked_copies
 from grouprl.rollout.skinny import PackedWeights, SkinnyProducts, model_linears
 
 
@@ -67,13 +67,16 @@ def run_with_bf16_weights(model: nn.Module, fn: Callable[[nn.Module], Any]) -> A
     Autocast alone re-casts each weight at every call under ``torch.inference_mode`` (its weight
     cache only serves leaves that require grad outside inference mode), which made a bf16 decode
     step several times slower than fp32. Casting once per rollout and substituting the copies with
-    ``functional_call`` keeps the live module untouched (the trainer still owns fp32 weights).
+    ``functional_call`` keeps the live module untouched (the trainer still owns fp32 weights). On a CPU
+    the copies of each layer's q, k, v and of its gate, up projections are stacked
+    (:func:`~grouprl.rollout.layer_loop.stacked_copies`), so that its layer loop runs each stack as one product.
     """
     wrapper = _WholeCall(model)
-    params = {
-        name: (p.to(torch.bfloat16) if p.dtype == torch.float32 else p)
-        for name, p in wrapper.named_parameters()
-    }
+    if model_device(model).type == "cpu":
+        params = stacked_copies(wrapper, torch.bfloat16)
+    else:
+        params = {name: (p.to(torch.bfloat16) if p.dtype == torch.float32 else p)
+                  for name, p in wrapper.named_parameters()}
     with torch.autocast(model_device(model).type, dtype=torch.bfloat16):
         return torch.func.functional_call(wrapper, params, (fn,), tie_weights=True, strict=False)
 
@@ -98,7 +101,13 @@ class Runner:
     def __init__(self, model: nn.Module, capacity: int, products: SkinnyProducts | None = None):
         self.model = model
         self.products = products if products is not None else SkinnyProducts()
-        self._linears = model_linears(unwrap_model(model))
+        # decode steps on a CPU skip the transformers forward's per-step glue (measured there only)
+        self._loop = LayerLoop.plan(unwrap_model(model)) if model_device(model).type == "cpu" else None
+        # Products the learnt layouts serve: a stack's parts are left to x @ W.T (only a short prefill calls them),
+        # so that their weights are not reordered a second time beside the stack's.
+        stacked = self._loop.stacked_parts() if self._loop else set()
+        self._linears = [m for m in model_linears(unwrap_model(model)) if id(m) not in stacked] + \
+            (self._loop.stacked_linears() if self._loop else [])
         self._packs = PackedWeights()
         self.cache = make_cache(unwrap_model(model), capacity)
         forward = inspect.signature(type(unwrap_model(model)).forward).parameters
@@ -107,8 +116,6 @@ class Runner:
         head = unwrap_model(model).get_output_embeddings() if hasattr(unwrap_model(model), "get_output_embeddings") \
             else None
         self._head = head if isinstance(head, nn.Module) else None
-        # decode steps on a CPU skip the transformers forward's per-step glue (measured there only)
-        self._loop = LayerLoop.plan(unwrap_model(model)) if model_device(model).type == "cpu" else None
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """Append ``ids`` [b, q] to the cache; returns the last position's logits, [b, V] float32.
