@@ -5,8 +5,9 @@ layouts the built-in engine may learn to use, ``grouprl/rollout/skinny.py``), tw
 a copy packed for the row count), the first three in bf16, and PyTorch's weight-only int8 kernel
 (``torch.ops.aten._weight_int8pack_mm``, bf16 activations), which reads a quarter of fp32's weight
 bytes. A way this CPU cannot run (oneDNN reorders bf16 weights only with AVX-512 BW or AVX-NE-CONVERT)
-prints ``-``. Each row ends with a 16-row decode step's total of the shape's products per way (times
-the count of such weights a step reads).
+prints ``-``. The table ends with a 16-row decode step's total of the products per way (each shape's
+time times the count of such weights a step reads), with the weights one by one and stacked as a bf16
+rollout's layer loop reads them.
 
 Each shape cycles through as many distinct weights as the model has of it (30 per layer shape, one LM
 head), so the weights stream from memory as in a decode step, not from cache.
@@ -25,10 +26,12 @@ import time
 import torch
 from machine import cpu_line
 
-SHAPES = {"q, o (576 x 576)": (576, 576, 60), "k, v (192 x 576)": (192, 576, 60),
-          "gate, up (1536 x 576)": (1536, 576, 60), "down (576 x 1536)": (576, 1536, 30),
-          "LM head (49152 x 576)": (49152, 576, 1)}
-"""name -> (output size, input size, how many such weights a decode step reads)."""
+SHAPES = {"q, o (576 x 576)": (576, 576, 60, 30), "k, v (192 x 576)": (192, 576, 60, 0),
+          "gate, up (1536 x 576)": (1536, 576, 60, 0), "down (576 x 1536)": (576, 1536, 30, 30),
+          "LM head (49152 x 576)": (49152, 576, 1, 1), "q, k, v stacked (960 x 576)": (960, 576, 0, 30),
+          "gate, up stacked (3072 x 576)": (3072, 576, 0, 30)}
+"""name -> (output size, input size, how many such weights a decode step reads, how many a step of a bf16
+rollout's stacked copies reads: a layer's q, k, v as one, its gate, up as one, ``grouprl/rollout/layer_loop.py``)."""
 
 
 def per_call_ms(fn, weights, x, repeats: int) -> float:
@@ -63,9 +66,10 @@ def main() -> None:
     }
     print(f"{'shape':24s} {'rows':>4s} " + " ".join(f"{k:>14s}" for k in ways), flush=True)
     step = dict.fromkeys(ways, 0.0)  # a 16-row decode step's products, all shapes
-    for name, (out, inp, count) in SHAPES.items():
+    stacked_step = dict.fromkeys(ways, 0.0)  # the same with a layer's q, k, v and gate, up stacked
+    for name, (out, inp, count, stacked) in SHAPES.items():
         weights = {key: [] for key in ("fp32", "fp32 packed", "fp32 transposed", "bf16", "bf16 packed", "int8")}
-        for _ in range(count):
+        for _ in range(max(count, stacked)):
             w = torch.randn(out, inp)
             scales = w.abs().amax(1) / 127
             for key, value in (("fp32", w), ("fp32 packed", reordered(w)), ("fp32 transposed", w.t().contiguous()),
@@ -83,11 +87,13 @@ def main() -> None:
             if rows == 16:
                 for k, m in ms.items():
                     step[k] += count * (float("nan") if m is None else m)
+                    stacked_step[k] += stacked * (float("nan") if m is None else m)
             print(f"{name:24s} {rows:4d} " + " ".join(f"{'-':>14s}" if m is None else f"{m:11.3f} ms"
                                                       for m in ms.values()), flush=True)
     if "16" in args.rows.split(","):
-        print(f"{'16-row step, all shapes':29s} " + " ".join(f"{'-':>14s}" if m != m else f"{m:11.1f} ms"
-                                                           for m in step.values()), flush=True)
+        for label, total in (("16-row step, all shapes", step), ("16-row step, stacked", stacked_step)):
+            print(f"{label:29s} " + " ".join(f"{'-':>14s}" if m != m else f"{m:11.1f} ms" for m in total.values()),
+                  flush=True)
 
 
 def mkl_packed(w: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:

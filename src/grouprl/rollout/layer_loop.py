@@ -21,8 +21,9 @@ forward. LoRA layers that peft injected are modules like any other and are calle
 Where the weights are stacked copies (a bf16 rollout's, :func:`stacked_copies`), a layer's q, k and v
 projections run as one product of the stacked ``[q + k + v, E]`` weight and its gate and up projections
 as one of ``[2 I, E]``: four products a layer instead of seven, each over more output columns, which the
-few-row kernels run faster than the parts (SmolLM2-135M's 30 layers in bf16 on an Intel Xeon with AMX,
-one thread, oneDNN's packed layout: 25.5 against 27.5 ms a 16-row step). The copies are views of the
+few-row kernels run faster than the parts (SmolLM2-135M in bf16 on a 2-core Intel Xeon with AMX, a 16-row
+step's products at their fastest layout: 14.3 against 15.8 ms, ``python benchmarks/products.py --threads 2
+--rows 4,16``, log ``benchmarks/results/products/xeon-amx.log``). The copies are views of the
 stacked tensors, so the ``transformers`` forward (prefills) reads the same memory, and a step costs no
 more memory than before. Each output column is the same dot product either way.
 
