@@ -69,13 +69,13 @@ def stack_groups(model: nn.Module) -> list[list[str]]:
     return groups
 
 
-def stacked_copies(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """``dtype`` copies of ``model``'s floating-point parameters by name, each group of
-    :func:`stack_groups` written into one stacked tensor whose row blocks the copies are (the rest cast
-    one by one): what :class:`LayerLoop` runs as one product."""
+def stacked_copies(model: nn.Module, dtype: torch.dtype, groups: list[list[str]]) -> dict[str, torch.Tensor]:
+    """``dtype`` copies of ``model``'s float32 parameters by name (others as they are), each of ``groups``
+    (:func:`stack_groups`, or none) written into one stacked tensor whose row blocks the copies are: what
+    :class:`LayerLoop` runs as one product."""
     params = dict(model.named_parameters())
     copies: dict[str, torch.Tensor] = {}
-    for group in stack_groups(model):
+    for group in groups:
         for kind in ("weight", "bias"):
             parts = [params.get(f"{g}.{kind}") for g in group]
             if any(p is None or p.dtype != torch.float32 for p in parts):
@@ -98,6 +98,8 @@ class StackedLinear(nn.Module):
         super().__init__()
         self.weight, self.bias, self.sizes = weight, bias, sizes  # plain tensors: the copies of one rollout
         self.out_features, self.in_features = weight.shape
+        self.parts: tuple[nn.Linear, ...] = ()
+        """The projections it runs (a plain tuple, not submodules)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -117,7 +119,9 @@ class StackedLinear(nn.Module):
             bias = None
         elif (bias := _stack_of(biases)) is None:
             return None
-        return cls(weight, bias, [m.out_features for m in linears])
+        stack = cls(weight, bias, [m.out_features for m in linears])
+        stack.parts = tuple(linears)
+        return stack
 
 
 def _stack_of(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -164,15 +168,6 @@ class LayerLoop:
     def stacked_linears(self) -> list[StackedLinear]:
         """The stacked products the steps run (the weights' copies of one rollout)."""
         return [s for st in self.stacks for s in (st.qkv, st.gate_up) if s is not None]
-
-    def stacked_parts(self) -> set[int]:
-        """``id`` s of the projections whose products the stacks run (the forward of a prefill still calls them)."""
-        parts = set()
-        for layer, st in zip(self.base.layers, self.stacks, strict=True):
-            for block, stack in (("self_attn", st.qkv), ("mlp", st.gate_up)):
-                if stack is not None:
-                    parts.update(id(getattr(getattr(layer, block), p)) for p in STACKS[block])
-        return parts
 
     @classmethod
     def plan(cls, model: nn.Module) -> LayerLoop | None:

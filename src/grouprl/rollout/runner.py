@@ -17,7 +17,7 @@ from torch import nn
 
 from grouprl.rollout.attention import decoding, sdpa_configs
 from grouprl.rollout.cache import make_cache
-from grouprl.rollout.layer_loop import LayerLoop, stacked_copies
+from grouprl.rollout.layer_loop import LayerLoop, stack_groups, stacked_copies
 from grouprl.rollout.skinny import PackedWeights, SkinnyProducts, model_linears
 
 
@@ -72,11 +72,8 @@ def run_with_bf16_weights(model: nn.Module, fn: Callable[[nn.Module], Any]) -> A
     (:func:`~grouprl.rollout.layer_loop.stacked_copies`), so that its layer loop runs each stack as one product.
     """
     wrapper = _WholeCall(model)
-    if model_device(model).type == "cpu":
-        params = stacked_copies(wrapper, torch.bfloat16)
-    else:
-        params = {name: (p.to(torch.bfloat16) if p.dtype == torch.float32 else p)
-                  for name, p in wrapper.named_parameters()}
+    groups = stack_groups(wrapper) if model_device(model).type == "cpu" else []
+    params = stacked_copies(wrapper, torch.bfloat16, groups)
     with torch.autocast(model_device(model).type, dtype=torch.bfloat16):
         return torch.func.functional_call(wrapper, params, (fn,), tie_weights=True, strict=False)
 
@@ -105,9 +102,9 @@ class Runner:
         self._loop = LayerLoop.plan(unwrap_model(model)) if model_device(model).type == "cpu" else None
         # Products the learnt layouts serve: a stack's parts are left to x @ W.T (only a short prefill calls them),
         # so that their weights are not reordered a second time beside the stack's.
-        stacked = self._loop.stacked_parts() if self._loop else set()
-        self._linears = [m for m in model_linears(unwrap_model(model)) if id(m) not in stacked] + \
-            (self._loop.stacked_linears() if self._loop else [])
+        stacks = self._loop.stacked_linears() if self._loop else []
+        stacked = {id(m) for stack in stacks for m in stack.parts}
+        self._linears = [m for m in model_linears(unwrap_model(model)) if id(m) not in stacked] + stacks
         self._packs = PackedWeights()
         self.cache = make_cache(unwrap_model(model), capacity)
         forward = inspect.signature(type(unwrap_model(model)).forward).parameters
