@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from grouprl.errors import PromptTooLongError
+from grouprl.rollout.compiled import CompiledStep
 from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights
 from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.skinny import SkinnyProducts
@@ -82,9 +83,11 @@ class AgentSampler:
     conversation; this class decodes the policy's turns and feeds the environment's replies back."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, renderer: ChatRenderer, limits: TurnLimits,
-                 engine: Any = None):
+                 engine: Any = None, compile_steps: bool = False):
         self.model, self.tokenizer, self.renderer, self.limits = model, tokenizer, renderer, limits
         self.products = SkinnyProducts()  # what decode steps' products have shown, kept across rollouts
+        self.compiled = CompiledStep() if compile_steps else None
+        """The built-in engine's compiled decode step (``compile_steps``: :mod:`grouprl.rollout.compiled`)."""
         self.engine = engine
         """A vLLM engine (:class:`grouprl.rollout.vllm.VLLMSampler`) playing the turns, or None: the
         built-in KV-cache engine on the live model."""
@@ -109,7 +112,9 @@ class AgentSampler:
             self.engine.rest()
 
     def metrics(self) -> dict[str, float]:
-        return self.engine.metrics() if self.engine is not None else {}
+        if self.engine is not None:
+            return self.engine.metrics()
+        return self.compiled.metrics() if self.compiled is not None else {}
 
     def close(self) -> None:
         if self.engine is not None:
@@ -146,7 +151,7 @@ class AgentSampler:
 
         def decode(model: nn.Module) -> Conversations:
             return decode_conversations(model, ids, mask, group_size, params, self.limits, respond, seeds, stop_t,
-                                        self.pad_token_id, self.products)
+                                        self.pad_token_id, self.products, self.compiled)
 
         if self.engine is not None:  # token in, token out through vLLM's prefix cache
             out = self.engine.conversations(prompt_rows, group_size, params, self.limits, respond, seeds, stop)

@@ -53,6 +53,11 @@ class BufferLayer(DynamicLayer):
         self._expose()
         return self.keys, self.values
 
+    def advance(self, q: int) -> None:
+        """Count ``q`` positions that were written into the buffers directly (a compiled step's) as filled."""
+        self.length += q
+        self._expose()
+
     def _grow(self, needed: int) -> None:
         """Reallocate to at least ``needed`` positions (doubling, so a long multi-turn conversation
         pays a logarithmic number of copies)."""

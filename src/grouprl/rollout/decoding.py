@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from grouprl.rollout.compiled import CompiledStep
 from grouprl.rollout.picking import pick_tokens
 from grouprl.rollout.runner import Runner, positions_from_mask
 from grouprl.rollout.skinny import SkinnyProducts
@@ -53,6 +54,8 @@ class DecodeRequest:
     """Drop finished rows from the batch (False: keep decoding them and discard their tokens)."""
     products: SkinnyProducts | None = None
     """The layout of decode steps' matrix products, learnt across rollouts (None: learnt afresh)."""
+    compiled: CompiledStep | None = None
+    """The compiled decode step, kept across rollouts (None: decode eagerly)."""
 
 
 @dataclass
@@ -115,7 +118,7 @@ def sample_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     g, n = req.group_size, params.max_new_tokens
     b_all = p * g
     device = req.prompt_ids.device
-    runner = Runner(req.model, capacity=lp + n, products=req.products)
+    runner = Runner(req.model, capacity=lp + n, products=req.products, compiled=req.compiled)
     logits = prefill(runner, req)  # [B, V]
 
     rows = torch.arange(b_all, device=device)  # original row of each running row  [b]

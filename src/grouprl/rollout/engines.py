@@ -84,9 +84,16 @@ def model_problem(model: nn.Module) -> str | None:
     return None
 
 
-def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_turn: bool = False) -> tuple[str, str]:
+def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_turn: bool = False,
+                   compile_steps: bool = False) -> tuple[str, str]:
     """(hf or vllm, why) for ``rollout_engine`` ``requested`` (auto, hf or vllm); ``multi_turn``: the
-    rollouts are trajectories in environments."""
+    rollouts are trajectories in environments; ``compile_steps``: ``rollout_compile``, which asks for the
+    built-in engine on a CPU."""
+    if compile_steps and (requested == "vllm" or torch.cuda.is_available()):
+        raise ConfigError("rollout_compile compiles the built-in engine's decode steps on a CPU: it needs "
+                          "rollout_engine hf or auto, and no GPU (a GPU engine is compiled by vLLM)")
+    if compile_steps:
+        return "hf", "rollout_compile=true: the built-in engine's compiled decode steps"
     if requested == "hf":
         return "hf", "rollout_engine=hf"
     if requested == "vllm":

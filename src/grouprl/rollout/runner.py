@@ -17,6 +17,7 @@ from torch import nn
 
 from grouprl.rollout.attention import decoding, sdpa_configs
 from grouprl.rollout.cache import make_cache
+from grouprl.rollout.compiled import CompiledStep
 from grouprl.rollout.layer_loop import LayerLoop, stack_groups, stacked_copies
 from grouprl.rollout.skinny import PackedWeights, SkinnyProducts, model_linears
 
@@ -89,15 +90,18 @@ class Runner:
     :class:`~grouprl.rollout.cache.BufferLayer` s of ``capacity`` positions; rows are dropped or
     repeated with :meth:`select_rows` / :meth:`repeat_rows`. ``products`` picks the layout of
     decode steps' matrix products (:mod:`grouprl.rollout.skinny`); pass one that outlives the runner to
-    keep what it learnt across rollouts. The weights must not change while the runner lives: the
-    reordered copies some layouts read are made once and kept until it goes. On a CPU, one-token steps
-    of the model families :mod:`grouprl.rollout.layer_loop` covers run through its layer loop rather
-    than the model's forward (the same logits, without the forward's per-step glue).
+    keep what it learnt across rollouts; ``compiled`` (:mod:`grouprl.rollout.compiled`), likewise kept, runs
+    the layer loop's steps as one compiled graph once the layouts are learnt. The weights must not change
+    while the runner lives: the reordered copies some layouts read are made once and kept until it goes.
+    On a CPU, one-token steps of the model families :mod:`grouprl.rollout.layer_loop` covers run through
+    its layer loop rather than the model's forward (the same logits, without the forward's per-step glue).
     """
 
-    def __init__(self, model: nn.Module, capacity: int, products: SkinnyProducts | None = None):
+    def __init__(self, model: nn.Module, capacity: int, products: SkinnyProducts | None = None,
+                 compiled: CompiledStep | None = None):
         self.model = model
         self.products = products if products is not None else SkinnyProducts()
+        self.compiled = compiled
         # decode steps on a CPU skip the transformers forward's per-step glue (measured there only)
         self._loop = LayerLoop.plan(unwrap_model(model)) if model_device(model).type == "cpu" else None
         # Products the learnt layouts serve: a stack's parts are left to x @ W.T (only a short prefill calls them),
@@ -121,6 +125,10 @@ class Runner:
         """
         products = self.products.step(self._linears, ids.numel(), self._packs)
         if self._loop is not None and self._loop.covers(self.cache, ids):
+            if self.compiled is not None:
+                logits = self.compiled.run(self._loop, self.products, ids, attention_mask, position_ids, self.cache)
+                if logits is not None:
+                    return logits
             with products:
                 return self._loop.step(ids, attention_mask, position_ids, self.cache)
         # A prefill's last positions (logits_to_keep) are a strided slice of its hidden states, which

@@ -24,6 +24,7 @@ from torch import nn
 
 from grouprl.registry import Registry
 from grouprl.rollout.beams import beam_groups, check_beam_request
+from grouprl.rollout.compiled import CompiledStep
 from grouprl.rollout.decoding import Decoded, DecodeRequest, row_uniforms, sample_groups
 from grouprl.rollout.prompts import Prompt, encode_prompts
 from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights, unwrap_model
@@ -112,18 +113,25 @@ class Sampler:
       (SmolLM2-135M, B=16, 306 positions: 225 MB in fp32) and shrinks as rows finish.
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any, *, share_prefill: bool = True, compact: bool = True):
+    def __init__(self, model: nn.Module, tokenizer: Any, *, share_prefill: bool = True, compact: bool = True,
+                 compile_steps: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.share_prefill = share_prefill
         self.compact = compact
         self.products = SkinnyProducts()  # what decode steps' products have shown, kept across rollouts
+        self.compiled = CompiledStep() if compile_steps else None
+        """The compiled decode step (``compile_steps``: :mod:`grouprl.rollout.compiled`), kept across rollouts."""
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
 
     def update_weights(self, model: nn.Module) -> None:
         """Nothing to copy: this engine samples from the live module. A different module object
         (for example the policy unwrapped from a distributed wrapper) replaces the one held."""
         self.model = model
+
+    def metrics(self) -> dict[str, float]:
+        """``time/compile`` (with ``compile_steps``): see :meth:`grouprl.rollout.compiled.CompiledStep.metrics`."""
+        return self.compiled.metrics() if self.compiled is not None else {}
 
     def encode(self, prompts: Sequence[Prompt], *, system_prompt: str | None = None,
                use_chat_template: bool = True) -> list[list[int]]:
@@ -181,6 +189,7 @@ class Sampler:
             matcher=self._matcher(tuple(params.stop_strings), vocab),
             uniforms=row_uniforms(row_seeds, params.max_new_tokens, device) if params.temperature > 0 else None,
             share_prefill=self.share_prefill, compact=self.compact, products=self.products,
+            compiled=self.compiled,
         )
         mode = MODES.get(params.mode)
         mode.check(params, group_size, vocab, req.stop_ids.numel())

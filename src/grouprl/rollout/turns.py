@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grouprl.rollout.compiled import CompiledStep
 from grouprl.rollout.decoding import row_uniforms
 from grouprl.rollout.picking import pick_tokens
 from grouprl.rollout.runner import Runner, positions_from_mask
@@ -128,18 +129,21 @@ class _Batch:
 def decode_conversations(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                          group_size: int, params: SamplingParams, limits: TurnLimits, respond: Respond,
                          row_seeds: list[int], stop_ids: torch.Tensor, pad_id: int,
-                         products: SkinnyProducts | None = None) -> Conversations:
+                         products: SkinnyProducts | None = None,
+                         compiled: CompiledStep | None = None) -> Conversations:
     """Decode G conversations for each of P left-padded prompts ``[P, Lp]``; see the module docstring.
 
     ``respond`` is called once per turn with the rows whose turn just ended; ``row_seeds`` are B
-    seeds; ``stop_ids`` [n_stop] end a turn; ``products`` as for :class:`~grouprl.rollout.runner.Runner`.
+    seeds; ``stop_ids`` [n_stop] end a turn; ``products`` and ``compiled`` as for
+    :class:`~grouprl.rollout.runner.Runner`.
     """
     if params.repetition_penalty != 1.0:
         raise ValueError("repetition_penalty is not available for multi-turn rollouts (the environment's tokens "
                          "would count as repetitions)")
     device = prompt_ids.device
     b_all = prompt_ids.shape[0] * group_size
-    runner = Runner(model, capacity=prompt_ids.shape[1] + limits.max_tokens + limits.max_turns, products=products)
+    runner = Runner(model, capacity=prompt_ids.shape[1] + limits.max_tokens + limits.max_turns, products=products,
+                    compiled=compiled)
     logits = runner.forward(prompt_ids, prompt_mask, positions_from_mask(prompt_mask))  # [P, V]
     runner.repeat_rows(group_size)
     logits = logits.repeat_interleave(group_size, 0)  # [B, V]

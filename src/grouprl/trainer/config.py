@@ -271,6 +271,11 @@ class TrainerConfig(ResolvedSettings):
     CPU the attention head size), hf otherwise, for rollout_mode=beam and for environments on a CPU
     (the built-in engine keeps each trajectory's KV cache across turns); the choice and why are
     printed at start. vllm samples in the rollout format dtype chose."""
+    rollout_compile: bool = False
+    """CPU, built-in engine: run its decode steps as one torch.compile graph (rollout/compiled.py; needs a C++
+    compiler), compiled during the first rollout once the products' layouts are learnt, and kept for the run.
+    Pays where the small operators around the matrix products are a large share of a step: bf16 on a CPU
+    with bf16 units. The compile time is printed and logged (rollout/compile_s)."""
     vllm_gpu_memory_utilization: float = 0.3
     """GPU: share of each GPU's memory the colocated vLLM engine may take (weights + KV cache); the
     rest stays with training. TRL's colocate default is 0.3, vLLM's own 0.9."""

@@ -125,7 +125,8 @@ class Trainer:
                                        device=self.processes.device)
         if sampler is None:
             c.resolved_engine, engine_reason = resolve_engine(c.rollout_engine, policy, c.rollout_mode,
-                                                              multi_turn=inputs.env is not None)
+                                                              multi_turn=inputs.env is not None,
+                                                              compile_steps=c.rollout_compile)
         else:  # one with its own copy of the weights is compared with the trainer like vLLM
             c.resolved_engine = "hf" if getattr(sampler, "uses_live_model", True) else "vllm"
             engine_reason = f"a {type(sampler).__name__} was passed in"

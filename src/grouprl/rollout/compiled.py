@@ -1,0 +1,282 @@
+"""Compiled decode steps: the layer loop's one-token step as one ``torch.compile`` graph.
+
+On a CPU whose matrix units make a small model's products fast (bf16 on AMX or AVX-512 BF16), more than
+half of a decode step is the few thousand small operators around the products (norms, rotary embedding,
+attention, residual adds, casts), each a dispatch of a few microseconds on a handful of numbers. Inductor
+fuses them into a few dozen C++ loops. Compiling per layer instead (one compiled call per layer) was
+measured to lose most of the gain: a compiled call costs ~25 us of guards and wrappers, as much as the
+small operators it replaces. So the whole step is one graph, and its inputs are plain tensors (the
+weights of this rollout, the cache buffers), not modules: a later rollout's fresh bf16 copies and a
+cache rebuilt for fewer rows reuse the compiled graph instead of retracing it.
+
+What the graph cannot learn for itself is the layout of each product (:mod:`grouprl.rollout.skinny`):
+its timing runs outside a graph. The step is compiled once the eager steps' learner has decided every
+product of the step at the row count then running, with the layouts it chose (oneDNN's packed layout,
+whose copies inductor takes for constants, is replaced by the faster of the other two as measured), and
+kept for the sampler's life. Rows and cache length are dynamic: one graph serves every later step of 2
+or more rows (a step of one row, which would be compiled anew, runs eagerly). Compiling takes tens of
+seconds on the first rollout (inductor's on-disk cache shortens later runs'), reported as
+:attr:`CompiledStep.compile_seconds`.
+
+The graph computes what the eager loop computes, in the same formats; inductor fuses and orders the sums
+its own way, so the logits agree to the format's rounding, not bit for bit (tested).
+
+Shapes: b rows, L cached + new positions, E hidden size, H query heads, KV key/value heads, D head width,
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from grouprl.rollout.attention import grouped_attention
+from grouprl.rollout.layer_loop import LayerLoop, StackedLinear
+from grouprl.rollout.skinny import PACKED, PLAIN, TRANSPOSED, SkinnyProducts
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
+}
+"""``config.hidden_act`` values the compiled step computes (others decode eagerly)."""
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The Llama-family RMSNorm: normalised in float32, scaled in the input's format."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` [b, heads, 1, D] (``apply_rotary_pos_emb``'s rotate-half form)."""
+    a, b = x.chunk(2, -1)
+    return x * cos + torch.cat((-b, a), -1) * sin
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layout: int) -> torch.Tensor:
+    """x [..., in] times ``weight`` [out, in] (plus ``bias``) in ``layout`` (skinny's PLAIN or TRANSPOSED)."""
+    if layout == TRANSPOSED:
+        y = torch.mm(weight, x.reshape(-1, x.shape[-1]).t()).t().reshape(*x.shape[:-1], weight.shape[0])
+        return y if bias is None else y + bias
+    return F.linear(x, weight, bias)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the compiled step computes, fixed at compile time (a change means a new graph)."""
+
+    stacked: bool
+    """q, k, v and gate, up run as stacked products (else one by one)."""
+    qkv_sizes: tuple[int, int, int]
+    gate_up_sizes: tuple[int, int]
+    head_dim: int
+    scaling: float
+    eps: float
+    """The RMSNorms' epsilon (the same for all of them)."""
+    head_norms: bool
+    """Qwen3's per-head query and key norms."""
+    activation: str
+    layouts: tuple[int, ...]
+    """Per product of a layer, in the order of :meth:`Plan.products`, then the LM head's."""
+
+    def products(self) -> int:
+        return 4 if self.stacked else 7
+
+
+def layer_tensors(loop: LayerLoop, plan_stacked: bool) -> list[list[torch.Tensor | None]]:
+    """Per layer: its norms' weights, then (weight, bias) of each product in :class:`Plan` order, then
+    the head norms' weights where the model has them."""
+    out = []
+    for layer, stacks in zip(loop.base.layers, loop.stacks, strict=True):
+        attn, mlp = layer.self_attn, layer.mlp
+        if plan_stacked:
+            mods = [stacks.qkv, attn.o_proj, stacks.gate_up, mlp.down_proj]
+        else:
+            mods = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        tensors: list[torch.Tensor | None] = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        for m in mods:
+            tensors += [m.weight, m.bias]
+        if hasattr(attn, "q_norm"):
+            tensors += [attn.q_norm.weight, attn.k_norm.weight]
+        out.append(tensors)
+    return out
+
+
+def decode_step(plan: Plan, ids: torch.Tensor, attention_mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                embed: torch.Tensor, layers: list[list[torch.Tensor | None]], final_norm: torch.Tensor,
+                head: torch.Tensor, head_bias: torch.Tensor | None, keys: list[torch.Tensor],
+                values: list[torch.Tensor]) -> torch.Tensor:
+    """One decode step, written into the cache buffers; what :meth:`LayerLoop.step` computes.
+
+    Args:
+        ids: ``[b, 1]`` long.
+        attention_mask: ``[b, L]`` (nonzero = attend); the cached positions are ``L - 1``.
+        cos, sin: ``[b, 1, D]``, the rotary embedding of the new positions.
+        embed: ``[V, E]``; layers: :func:`layer_tensors`; final_norm ``[E]``; head ``[V, E]`` and its bias.
+        keys, values: per layer ``[b, KV, capacity, D]`` buffers; position ``L - 1`` is written.
+
+    Returns:
+        ``[b, V]`` float32.
+    """
+    b, n = ids.shape[0], attention_mask.shape[1] - 1
+    d, eps, lay = plan.head_dim, plan.eps, plan.layouts
+    act = ACTIVATIONS[plan.activation]
+    attend = attention_mask.bool()[:, None, None, :]                        # [b, 1, 1, L]
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                           # [b, 1, 1, D]
+    h = F.embedding(ids, embed)                                             # [b, 1, E]
+    for tensors, kbuf, vbuf in zip(layers, keys, values, strict=True):
+        w = tensors[2:2 + 2 * plan.products()]
+        x = rms_norm(h, tensors[0], eps)
+        if plan.stacked:
+            q, k, v = product(x, w[0], w[1], lay[0]).split(plan.qkv_sizes, -1)
+            rest = 1
+        else:
+            q, k, v = (product(x, w[2 * i], w[2 * i + 1], lay[i]) for i in range(3))
+            rest = 3
+        q = q.view(b, 1, -1, d)                                             # [b, 1, H, D]
+        k = k.view(b, 1, -1, d)                                             # [b, 1, KV, D]
+        if plan.head_norms:
+            q, k = rms_norm(q, tensors[-2], eps), rms_norm(k, tensors[-1], eps)
+        q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
+        kbuf[:, :, n:n + 1] = k
+        vbuf[:, :, n:n + 1] = v.view(b, 1, -1, d).transpose(1, 2)
+        out = grouped_attention(q, kbuf[:, :, :n + 1], vbuf[:, :, :n + 1], attend, plan.scaling)  # [b, 1, H, D]
+        h = h + product(out.reshape(b, 1, -1), w[2 * rest], w[2 * rest + 1], lay[rest])
+        x = rms_norm(h, tensors[1], eps)
+        if plan.stacked:
+            gate, up = product(x, w[4], w[5], lay[2]).split(plan.gate_up_sizes, -1)
+            down = 3
+        else:
+            gate, up = product(x, w[8], w[9], lay[4]), product(x, w[10], w[11], lay[5])
+            down = 6
+        h = h + product(act(gate) * up, w[2 * down], w[2 * down + 1], lay[down])
+    return product(rms_norm(h, final_norm, eps), head, head_bias, lay[-1])[:, -1].float()
+
+
+class CompiledStep:
+    """The compiled decode step of one sampler's model, kept across its rollouts.
+
+    :meth:`run` returns None where a step is to run eagerly: before the learner has decided the step's
+    layouts, for one row, for a model the graph does not cover, and where the cache must grow."""
+
+    def __init__(self) -> None:
+        self.plan: Plan | None = None
+        self._fn: Callable | None = None
+        self.compile_seconds = 0.0
+        """Time spent in the first compiled call (tracing and compiling), 0 until then."""
+        self.unsupported: str | None = None
+        """Why this model's steps run eagerly, once found."""
+        self.steps = 0
+        """Steps run through the compiled graph."""
+        self.refused = 0
+        """Steps the compiled graph's guards refused (run eagerly instead of compiling a second graph)."""
+        self._logged = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """``time/compile``: seconds spent compiling since the last call (the step that compiled shows them)."""
+        out, self._logged = {"time/compile": self.compile_seconds - self._logged}, self.compile_seconds
+        return out
+
+    def run(self, loop: LayerLoop, products: SkinnyProducts, ids: torch.Tensor, attention_mask: torch.Tensor,
+            position_ids: torch.Tensor, cache: object) -> torch.Tensor | None:
+        """The step's ``[b, V]`` float32 logits with the cache advanced, or None (run it eagerly)."""
+        b, n = ids.shape[0], attention_mask.shape[1] - 1
+        layers = cache.layers
+        if self.unsupported is not None or b < 2 or n < 2 or \
+                any(kv.length != n or n + 1 > kv.capacity or kv._kbuf.shape[0] != b for kv in layers):
+            return None
+        if self.plan is None:
+            self.plan, self.unsupported = self._plan(loop, products, b, layers[0]._kbuf.dtype)
+            if self.unsupported is not None:
+                warnings.warn(f"rollout_compile: decode steps run eagerly, the compiled step does not cover "
+                              f"{self.unsupported}", stacklevel=2)
+            if self.plan is None:
+                return None
+            self._fn = torch.compile(partial(decode_step, self.plan), dynamic=False)
+        base, head = loop.base, loop.head
+        embed = base.embed_tokens.weight
+        cos, sin = base.rotary_emb(embed, position_ids)  # [b, 1, D] each (the first argument gives the format)
+        keys, values = [kv._kbuf for kv in layers], [kv._vbuf for kv in layers]
+        args = (ids, attention_mask, cos, sin, embed, layer_tensors(loop, self.plan.stacked), base.norm.weight,
+                head.weight, head.bias, keys, values)
+        first = not self.compile_seconds
+        if first:  # dimensions that change from step to step are dynamic from the first compile on
+            for t, dims in ((ids, (0,)), (attention_mask, (0, 1)), (cos, (0,)), (sin, (0,)),
+                            *((t, (0, 2)) for t in (*keys, *values))):
+                for dim in dims:
+                    torch._dynamo.mark_dynamic(t, dim)
+        start = time.perf_counter()
+        try:
+            with torch.compiler.set_stance("default" if first else "fail_on_recompile"):
+                logits = self._fn(*args)
+        except RuntimeError as e:  # a step the graph's guards refuse (another format): eager, not a second compile
+            if first or "Detected recompile" not in str(e):
+                raise
+            self.refused += 1
+            return None
+        if first:
+            self.compile_seconds = time.perf_counter() - start
+        for kv in layers:
+            kv.advance(1)
+        self.steps += 1
+        return logits
+
+    @staticmethod
+    def _plan(loop: LayerLoop, products: SkinnyProducts, rows: int, dtype: torch.dtype) -> tuple[Plan | None,
+                                                                                                 str | None]:
+        """(the plan, None) once every product of a ``rows``-row step is decided; (None, None) until then;
+        (None, why) for a model the graph does not cover."""
+        config = loop.model.config
+        activation = getattr(config, "hidden_act", None)
+        if activation not in ACTIVATIONS:
+            return None, f"activation {activation!r}"
+        layers = loop.base.layers
+        norms = [loop.base.norm] + [m for layer in layers for m in (layer.input_layernorm,
+                                                                    layer.post_attention_layernorm)]
+        if any(not type(m).__name__.endswith("RMSNorm") or not hasattr(m, "variance_epsilon") for m in norms):
+            return None, "a norm other than RMSNorm"
+        eps = {m.variance_epsilon for m in norms}
+        if len(eps) != 1:
+            return None, "norms of different epsilons"
+        stacked = all(s.qkv is not None and s.gate_up is not None for s in loop.stacks)
+        names = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
+                 ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))
+        projections = [[getattr(getattr(layer, block), p) for block, p in names] for layer in layers]
+        if any(type(m) is not nn.Linear for m in [loop.head, *(m for ms in projections for m in ms)]):
+            return None, "projections that are not plain linear layers (LoRA)"
+        first = projections[0]
+        mods = [loop.stacks[0].qkv, first[3], loop.stacks[0].gate_up, first[6]] if stacked else first
+        layouts = []
+        for m in [*mods, loop.head]:
+            layout = _decided_layout(products, m, rows, dtype)
+            if layout is None:
+                return None, None
+            layouts.append(layout)
+        attn = layers[0].self_attn
+        qkv = (first[0].out_features, first[1].out_features, first[2].out_features)
+        gate_up = (first[4].out_features, first[5].out_features)
+        return Plan(stacked=stacked, qkv_sizes=qkv, gate_up_sizes=gate_up, head_dim=attn.head_dim,
+                    scaling=float(attn.scaling), eps=float(eps.pop()), head_norms=hasattr(attn, "q_norm"),
+                    activation=activation, layouts=tuple(layouts)), None
+
+
+def _decided_layout(products: SkinnyProducts, module: nn.Module | StackedLinear, rows: int,
+                    dtype: torch.dtype) -> int | None:
+    """The layout the learner chose for ``module``'s products of ``rows`` rows (the faster of the plain and
+    transposed ones where it chose oneDNN's packed copy), or None while it has not decided."""
+    timings = products.table.get((module.out_features, module.in_features, 1 << (rows - 1).bit_length(), dtype))
+    if timings is None or not timings.decided:
+        return None
+    layout = timings.layout()
+    if layout == PACKED:
+        layout = min((PLAIN, TRANSPOSED), key=lambda i: timings.seconds[i] / max(timings.calls[i] - 1, 1))
+    return layout
