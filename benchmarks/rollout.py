@@ -2,7 +2,8 @@
 ``model.generate``, each in fp32 and bf16, at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
 engine with every matrix product as ``x @ W.T`` (what its learnt decode layouts,
 :mod:`grouprl.rollout.skinny`, gain) and with its decode steps through the model's ``transformers`` forward
-(what its layer loop, :mod:`grouprl.rollout.layer_loop`, gains).
+(what its layer loop, :mod:`grouprl.rollout.layer_loop`, gains), and with ``rollout_compile``'s compiled decode
+steps (:mod:`grouprl.rollout.compiled`).
 
     python benchmarks/rollout.py [--repeats 2] [--warmup 0] [--threads 2] [--settings 16x64,64x128]
                                  [--allocator auto] [--device auto]
@@ -18,7 +19,7 @@ does on its first steps; ``--warmup N`` runs N whole rollouts per method and for
 ones, to measure it once it has settled. The methods take their rollouts in turn, so that load
 from other processes falls on all alike; each figure is the total tokens over the total seconds of
 ``--repeats`` rollouts. A method's best format is its faster one here. The last line is
-``speedup=<what rollout_engine auto and dtype auto pick, over model.generate at its best format>``
+``speedup=<what rollout_engine, rollout_compile and dtype auto pick, over model.generate at its best format>``
 at the first setting, and the table's other ratios are printed above it.
 
 On a machine shared with other jobs the timings swing by several times from run to run: two
@@ -39,7 +40,7 @@ from machine import start_under_allocator  # benchmarks/machine.py: every figure
 
 from grouprl.models import load_policy
 from grouprl.models.precision import choose_precision
-from grouprl.rollout.engines import resolve_engine
+from grouprl.rollout.engines import resolve_compile, resolve_engine
 from grouprl.rollout.layer_loop import LayerLoop
 from grouprl.rollout.sampler import Sampler
 from grouprl.rollout.skinny import SkinnyProducts
@@ -59,6 +60,9 @@ class PlainProducts(SkinnyProducts):
 
 VARIANTS = ("engine, x @ W.T only", "engine, transformers forward")
 """The engine without its learnt decode layouts, and without its layer loop (CPU rows)."""
+COMPILED = "engine, compiled steps"
+"""The engine with ``rollout_compile`` (CPU rows): compiled in its first rollout of a format once the layouts are
+learnt, so its figures are the compiled step's only with ``--warmup 1`` or more."""
 
 
 def through_forward(run):
@@ -126,6 +130,9 @@ def built_in_methods(model, tokenizer, sampler: Sampler, device: torch.device) -
         plain.products = PlainProducts()
         methods[VARIANTS[0]] = lambda ids, n, fmt, seed: run_engine(plain, ids, n, fmt, seed)
         methods[VARIANTS[1]] = through_forward(lambda ids, n, fmt, seed: run_engine(forward, ids, n, fmt, seed))
+        compiled = {f: Sampler(model, tokenizer, compile_steps=True) for f in FORMATS}  # a graph per format
+        methods[COMPILED] = lambda ids, n, fmt, seed: run_engine(compiled[fmt], ids, n, fmt, seed)
+        methods[COMPILED].samplers = compiled
     else:
         print("the engine's learnt decode layouts and layer loop serve CPUs only: one engine row here", flush=True)
     methods["generate"] = lambda ids, n, fmt, seed: run_generate(model, tokenizer, ids, n, fmt, seed)
@@ -166,8 +173,6 @@ def main() -> None:
         methods["vllm"] = lambda ids, n, fmt, seed: run_vllm(engines, ids, n, fmt, seed)
     else:
         print("vLLM left out (not installed, or --no_vllm): built-in engine and model.generate only", flush=True)
-    auto_engine = {"hf": "engine", "vllm": "vllm"}[resolve_engine("auto", model, "sample")[0]]
-    auto_engine = auto_engine if auto_engine in methods else "engine"
     first = None
     for rows, n in settings:
         ids = sampler.encode(prompts(rows))
@@ -185,7 +190,12 @@ def main() -> None:
         rate = {k: t / s for k, (t, s) in totals.items()}
         best = {m: max(formats, key=lambda f, m=m: rate[m, f]) for m in methods}
         chosen = choose_precision("auto", "auto", model, rows, 512).rollout
-        chosen = chosen if chosen in formats else best[auto_engine]
+        chosen = chosen if chosen in formats else best["engine"]
+        # what rollout_engine auto and rollout_compile auto run in the chosen format
+        compiles = COMPILED in methods and resolve_compile(None, "auto", chosen == "bf16", model)[0]
+        auto_engine = {"hf": COMPILED if compiles else "engine", "vllm": "vllm"}[
+            resolve_engine("auto", model, "sample", compile_steps=compiles)[0]]
+        auto_engine = auto_engine if auto_engine in methods else "engine"
         print(f"{rows} rows x {n} new tokens (tokens/s):", flush=True)
         for m in methods:
             figures = "  ".join(f"{f} {rate[m, f]:7.1f}" for f in formats)
@@ -195,6 +205,9 @@ def main() -> None:
             print(f"  decode layouts learnt, {fmt}: {gain:.2f}x the engine with x @ W.T only", flush=True)
             gain = rate["engine", fmt] / rate[VARIANTS[1], fmt]
             print(f"  layer loop, {fmt}: {gain:.2f}x the engine through the transformers forward", flush=True)
+            step = methods[COMPILED].samplers[fmt].compiled
+            print(f"  compiled steps, {fmt}: {rate[COMPILED, fmt] / rate['engine', fmt]:.2f}x the engine (compiled in "
+                  f"{step.compile_seconds:.1f} s, {step.steps} steps compiled, {step.refused} refused)", flush=True)
         auto = rate[auto_engine, chosen]
         generate = rate["generate", best["generate"]]
         print(f"  auto ({auto_engine}, {chosen}) over generate at its best: {auto / generate:.2f}x; over the built-in "

@@ -86,7 +86,8 @@ def grouprl_worker(args: argparse.Namespace) -> None:
     config = GRPOConfig(prompts_per_step=PROMPTS, group_size=G, max_new_tokens=MAX_NEW, temperature=1.0,
                         beta=args.beta, mu=1, lr=LR, seed=args.seed, rollout_engine=args.grouprl_engine,
                         output_dir=tempfile.mkdtemp(prefix="vs_trl-"), progress=False, tensorboard=False,
-                        log_completions_every=0, **checkpointing_option(args.grouprl_checkpointing))
+                        log_completions_every=0, **forced("gradient_checkpointing", args.grouprl_checkpointing),
+                        **forced("rollout_compile", args.grouprl_compile))
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
                           train_data=rows, system_prompt=task.system_prompt)
     emit({"ready": True, "allocator": describe_allocator()})
@@ -97,7 +98,8 @@ def grouprl_worker(args: argparse.Namespace) -> None:
         trainer.step_count += 1
         emit({"seconds": seconds, "generate": metrics["time/rollout"], "logprobs": metrics["time/logprobs"],
               "update": seconds - metrics["time/rollout"] - metrics["time/logprobs"],
-              "reward": metrics["reward/mean"], "len_mean": metrics["rollout/len_mean"]})
+              "reward": metrics["reward/mean"], "len_mean": metrics["rollout/len_mean"],
+              "compile": metrics.get("time/compile", 0.0)})
     emit({"peak_rss_mb": peak_rss_mb()})
 
 
@@ -106,9 +108,9 @@ def true_word(value: str) -> bool:
     return value.lower() in ("1", "true", "yes")
 
 
-def checkpointing_option(value: str) -> dict:
-    """grouprl's ``gradient_checkpointing`` for the worker: ``default`` leaves the config's own."""
-    return {} if value == "default" else {"gradient_checkpointing": true_word(value)}
+def forced(field: str, value: str) -> dict:
+    """A boolean field of grouprl's config for the worker: ``default`` leaves the config's own."""
+    return {} if value == "default" else {field: true_word(value)}
 
 
 def trl_worker(args: argparse.Namespace) -> None:
@@ -193,7 +195,8 @@ def trl_worker(args: argparse.Namespace) -> None:
 # -- the parent ----------------------------------------------------------------------------------------
 class Worker:
     def __init__(self, name: str, framework: str, beta: float, threads: int, seed: int, python: str, trl_ckpt: bool,
-                 trl_dtype: str, grouprl_engine: str, allocator: str, checkpointing: str = "default"):
+                 trl_dtype: str, grouprl_engine: str, allocator: str, checkpointing: str = "default",
+                 compile_steps: str = "default"):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
         env = preload_environ(allocator, env) or env  # as the grouprl command starts itself
@@ -201,7 +204,8 @@ class Worker:
         self.proc = subprocess.Popen(
             [python, __file__, "--worker", framework, "--beta", str(beta), "--threads", str(threads),
              "--seed", str(seed), "--trl_gradient_checkpointing", str(trl_ckpt), "--trl_dtype", trl_dtype,
-             "--grouprl_engine", grouprl_engine, "--grouprl_checkpointing", checkpointing],
+             "--grouprl_engine", grouprl_engine, "--grouprl_checkpointing", checkpointing,
+             "--grouprl_compile", compile_steps],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.allocator = self.read()["allocator"]
 
@@ -245,7 +249,7 @@ def run_pair(args: argparse.Namespace, beta: float, steps: int, seed: int) -> di
     specs = [("grouprl" if i == 0 else f"grouprl[{a}]", "grouprl", a, ckpts[0]) for i, a in enumerate(allocators)]
     specs += [(f"grouprl[ckpt={c}]", "grouprl", allocators[0], c) for c in ckpts[1:]]
     workers = [Worker(name, framework, beta, args.threads, seed, args.python, args.trl_gradient_checkpointing,
-                      args.trl_dtype, args.grouprl_engine, allocator, ckpt)
+                      args.trl_dtype, args.grouprl_engine, allocator, ckpt, args.grouprl_compile)
                for name, framework, allocator, ckpt in [*specs, ("trl", "trl", args.trl_allocator, "default")]]
     for w in workers:
         print(f"  {w.name} worker's allocator: {w.allocator}", flush=True)
@@ -256,7 +260,8 @@ def run_pair(args: argparse.Namespace, beta: float, steps: int, seed: int) -> di
             records[w.name].append(r)
             print(f"  beta={beta} step {i} {w.name:7s} {r['seconds']:6.1f} s (generate {r['generate']:5.1f}, "
                 f"logprobs {r['logprobs']:5.1f}, update {r['update']:5.1f}) reward {r['reward']:.3f} "
-                f"len {r['len_mean']:.1f}", flush=True)
+                f"len {r['len_mean']:.1f}" + (f", compiling its decode step took {r['compile']:.1f} s of it"
+                                              if r.get("compile") else ""), flush=True)
     peaks = {w.name: w.close() for w in workers}
     return {"records": records, "peak_rss_mb": peaks}
 
@@ -372,6 +377,9 @@ def main() -> None:
     parser.add_argument("--grouprl_checkpointing", default="default",
                         help="grouprl's gradient_checkpointing (default: its config's own; true/false force it); "
                              "comma-separated: one more grouprl worker per further value, as --grouprl_allocator")
+    parser.add_argument("--grouprl_compile", default="default",
+                        help="grouprl's rollout_compile (default: its config's own; true/false force it); it compiles "
+                             "in the warm-up step, whose time the step lines show")
     parser.add_argument("--trl_allocator", default="system", help="allocator of TRL's worker, the same choices")
     parser.add_argument("--trl_dtype", choices=["auto", "fp32", "bf16"], default="auto",
                         help="TRL's number format; auto: bf16 where this machine's training-sized bf16 products are "
@@ -392,7 +400,8 @@ def main() -> None:
         curves(args)
         return
     print(f"SmolLM2-135M-Instruct, arithmetic, {PROMPTS} prompts x G={G}, {MAX_NEW} new tokens, lr {LR}; grouprl at "
-          f"its defaults (dtype auto, rollout_engine {args.grouprl_engine}), TRL in {args.trl_dtype}; {args.threads} "
+          f"its defaults (dtype auto, rollout_engine {args.grouprl_engine}, rollout_compile "
+          f"{args.grouprl_compile}), TRL in {args.trl_dtype}; {args.threads} "
           "thread(s) per worker, steps taken in turn", flush=True)
     results = [summarise(beta, [run_pair(args, beta, args.steps, args.seed) for _ in range(args.repeats)])
                for beta in args.betas]

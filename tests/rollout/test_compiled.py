@@ -4,10 +4,14 @@ the learner chose; eager where it does not apply."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
+from grouprl.errors import ConfigError
 from grouprl.rollout.compiled import CompiledStep, _decided_layout
+from grouprl.rollout.engines import resolve_compile, resolve_engine
 from grouprl.rollout.layer_loop import LayerLoop
 from grouprl.rollout.runner import Runner, left_pad, positions_from_mask, run_with_bf16_weights
 from grouprl.rollout.sampler import Sampler
@@ -142,13 +146,43 @@ def test_a_packed_choice_becomes_the_faster_of_the_other_two():
 
 
 def test_rollout_compile_asks_for_the_built_in_engine_on_a_cpu():
-    from grouprl.errors import ConfigError
-    from grouprl.rollout.engines import resolve_engine
-
     model = build("llama")
-    assert resolve_engine("auto", model, "sample", compile_steps=True)[0] == "hf"
+    assert resolve_engine("auto", model, "sample", compile_steps=True) == (
+        "hf", "the built-in engine's compiled decode steps (rollout_compile) outpace vLLM's CPU build")
     with pytest.raises(ConfigError, match="rollout_compile .* needs rollout_engine hf or auto"):
-        resolve_engine("vllm", model, "sample", compile_steps=True)
+        resolve_compile(True, "vllm", True, model, torch.device("cpu"))
+    assert resolve_compile(None, "vllm", True, model, torch.device("cpu"))[0] is False
+    assert resolve_compile(None, "auto", True, model, torch.device("cpu"))[0] is True
+    with pytest.raises(ConfigError, match="rollout_compile .* needs rollout_engine hf or auto, and no GPU"):
+        resolve_compile(True, "hf", True, model, torch.device("cuda"))
+
+
+def test_auto_compiles_bf16_rollouts_of_models_the_graph_covers(monkeypatch):
+    from peft import LoraConfig, get_peft_model
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from grouprl.rollout import compiled as compiled_module
+    from tests.rollout.test_layer_loop import SIZES
+
+    cpu, llama = torch.device("cpu"), build("llama")
+    assert resolve_compile(None, "hf", True, llama, cpu)[0] is True
+    assert resolve_compile(None, "hf", False, llama, cpu) == (False, "fp32 rollouts: the matrix products outweigh "
+                                                                     "what compiling fuses")
+    assert resolve_compile(True, "hf", False, llama, cpu) == (True, "rollout_compile=true")
+    assert resolve_compile(False, "hf", True, llama, cpu) == (False, "rollout_compile=false")
+    assert resolve_compile(None, "vllm", True, llama, cpu)[0] is False
+    lora = get_peft_model(build("llama"), LoraConfig(r=4, target_modules=["q_proj"]))
+    gemma = Gemma2ForCausalLM(Gemma2Config(**SIZES, head_dim=16))
+    for model, why in ((lora, "LoRA"), (gemma, "outside the layer loop's families")):
+        on, reason = resolve_compile(None, "hf", True, model, cpu)
+        assert not on and why in reason
+        with pytest.raises(ConfigError, match=f"rollout_compile=true: the compiled decode step cannot serve .*{why}"):
+            resolve_compile(True, "hf", True, model, cpu)
+    monkeypatch.setattr(compiled_module, "compiler_found", lambda: False)
+    why = "no C++ compiler found (inductor's CPU code needs g++ or clang++)"
+    assert resolve_compile(None, "hf", True, llama, cpu) == (False, why)
+    with pytest.raises(ConfigError, match=re.escape(f"rollout_compile=true: {why}")):
+        resolve_compile(True, "hf", True, llama, cpu)
 
 
 @pytest.mark.slow

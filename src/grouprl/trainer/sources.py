@@ -37,7 +37,7 @@ class PromptSource:
             longest = max(map(len, [*train_ids, *self.eval_ids]), default=c.max_prompt_len)
             sampler = vllm_engine(c, policy, tokenizer, longest + c.max_new_tokens)
         elif sampler is None:
-            sampler = Sampler(unwrap_ddp(policy), tokenizer, compile_steps=c.rollout_compile)
+            sampler = Sampler(unwrap_ddp(policy), tokenizer, compile_steps=c.compile_steps)
         elif isinstance(sampler, Sampler):  # decode through the root (FSDP) or the module inside DDP
             sampler.update_weights(unwrap_ddp(policy))
         self.config, self.inputs, self.sampler = config, inputs, sampler
@@ -70,7 +70,7 @@ class EnvSource:
             engine = vllm_engine(c, policy, tokenizer, length) if c.engine_choice == "vllm" else None
             sampler = AgentSampler(unwrap_ddp(policy), tokenizer, renderer,
                                    TurnLimits(c.max_new_tokens, c.max_turns, c.max_trajectory_tokens), engine=engine,
-                                   compile_steps=c.rollout_compile)
+                                   compile_steps=c.compile_steps)
         self.config, self.inputs, self.sampler = config, inputs, sampler
         self.collector = EnvCollector(sampler, inputs.train_rows, inputs.env, inputs.tools, inputs.reward_fns,
                                       inputs.reward_weights, c, share, judge=inputs.judge,

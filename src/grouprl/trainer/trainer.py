@@ -49,7 +49,7 @@ from grouprl.errors import NonFiniteError
 from grouprl.models import store_frozen_linears, unwrap_ddp
 from grouprl.models.precision import choose_precision
 from grouprl.rewards.base import unique_names
-from grouprl.rollout.engines import resolve_engine
+from grouprl.rollout.engines import resolve_compile, resolve_engine
 from grouprl.run import checkpoint as ckpt
 from grouprl.run.allocator import describe as describe_allocator
 from grouprl.run.files import as_plain
@@ -124,12 +124,16 @@ class Trainer:
                                        c.micro_batch_size * (c.max_prompt_len // 2 + c.max_new_tokens),
                                        device=self.processes.device)
         if sampler is None:
+            compiles, compile_reason = resolve_compile(c.rollout_compile, c.rollout_engine, c.rollout_bf16, policy,
+                                                       self.processes.device)
             c.resolved_engine, engine_reason = resolve_engine(c.rollout_engine, policy, c.rollout_mode,
                                                               multi_turn=inputs.env is not None,
-                                                              compile_steps=c.rollout_compile)
+                                                              compile_steps=compiles)
+            c.compile_steps = compiles  # auto takes the built-in engine where its steps compile
         else:  # one with its own copy of the weights is compared with the trainer like vLLM
             c.resolved_engine = "hf" if getattr(sampler, "uses_live_model", True) else "vllm"
             engine_reason = f"a {type(sampler).__name__} was passed in"
+            c.compile_steps, compile_reason = getattr(sampler, "compiled", None) is not None, engine_reason
         reference = reference if reference is not None else default_reference(policy, c)
         # The critic copies the policy's decoder before any sharding touches it.
         self.critic = Critic(c, policy, critic_backbone) if algo.critic else None
@@ -150,6 +154,7 @@ class Trainer:
         self.completions_log = JsonlLog(self.out / "completions.jsonl") if self.is_main else NullLog()
         self.eval_history: list[dict[str, Any]] = []
         self.setup = {"dtype": c.precision.describe(), "rollout_engine": f"{c.engine_choice} ({engine_reason})",
+                      "rollout_compile": f"{'on' if c.compile_steps else 'off'} ({compile_reason})",
                       "rollout_is": c.rollout_is_level, "allocator": describe_allocator(),
                       **run_setup(self.reward_fns)}
 
