@@ -1,4 +1,4 @@
-"""What compiling a decode step would gain: the built-in engine's layer-loop step
+"""What compiling a decode step gains, the step alone: the built-in engine's layer-loop step
 (``grouprl/rollout/layer_loop.py``) run eagerly and through ``torch.compile`` (inductor, static shapes),
 side by side in one process, on SmolLM2-135M-Instruct with the bf16 copies a bf16 rollout decodes with.
 
@@ -6,7 +6,9 @@ A step of a 135M model at a few rows is a few hundred small operators around ~12
 CPU where the products are fast (bf16 on AMX or AVX-512 BF16) the operators around them cost as much
 as the products. Compiling fuses them into a few kernels. Both paths here run every product as
 ``x @ W.T`` (the engine's learnt layouts are left out: their timing cannot run inside a compiled graph),
-so the difference is what compiling takes off the rest of the step.
+so the difference is what compiling takes off the rest of the step. (The engine's own compiled steps,
+``grouprl/rollout/compiled.py``, keep the learnt layouts and dynamic shapes; ``benchmarks/rollout.py`` times
+them in whole rollouts.)
 
     python benchmarks/compiled_step.py [--threads 2] [--rows 16] [--cached 100] [--format bf16]
 

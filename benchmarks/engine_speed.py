@@ -5,10 +5,12 @@ SmolLM2-135M-Instruct, ``benchmarks/rollout.py``'s arithmetic prompts x G=4, tem
 EOS; ``--warmup`` whole rollouts first (the learnt layouts decide within them), then ``--timed`` rollouts
 of further seeds, their completion tokens over their seconds.
 
-    python benchmarks/engine_speed.py [--rows 16] [--new_tokens 64] [--format bf16] [--threads 2]
+    python benchmarks/engine_speed.py [--rows 16] [--new_tokens 64] [--format bf16] [--threads 2] [--compile]
     git worktree add /tmp/before REV && PYTHONPATH=/tmp/before/src python benchmarks/engine_speed.py  # the other
 
-The last line is ``tokens_per_s=<X>``.
+``--compile`` runs the engine with its compiled decode steps (``rollout_compile``), compiled within the warm-up
+rollouts, and prints how long compiling took (``TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)`` in front times a compile
+with nothing cached). The last line is ``tokens_per_s=<X>``.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timed", type=int, default=6)
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting")
+    parser.add_argument("--compile", action="store_true", help="the compiled decode steps (rollout_compile)")
     args = parser.parse_args()
     start_under_allocator(args.allocator, args.threads)  # as the grouprl command starts itself
     model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
-    sampler = Sampler(model, tokenizer)
+    sampler = Sampler(model, tokenizer, compile_steps=args.compile)
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
            for p in prompts(args.rows)]
     ids = [i if isinstance(i, list) else i["input_ids"] for i in ids]
@@ -52,6 +55,10 @@ def main() -> None:
         tokens += int(batch.lengths.sum())
     print(f"{args.rows} rows x {args.new_tokens} new tokens, {args.format}, {args.threads} threads: "
           f"{tokens} tokens in {seconds:.2f} s")
+    if sampler.compiled is not None:
+        step = sampler.compiled
+        print(f"compiled steps: compiling took {step.compile_seconds:.1f} s; {step.steps} steps compiled, "
+              f"{step.refused} refused{', ' + step.unsupported if step.unsupported else ''}")
     print(f"tokens_per_s={tokens / seconds:.1f}")
 
 

@@ -129,6 +129,25 @@ def test_until_the_layouts_are_learnt_and_for_lora_steps_run_eagerly():
     assert compiled.metrics() == {"time/compile": 0.0}
 
 
+def test_a_step_that_fails_to_compile_leaves_the_run_decoding_eagerly(monkeypatch):
+    def failing(fn, **_):
+        def call(*args):
+            raise RuntimeError("no C++ toolchain for this")
+        return call
+
+    model = build("llama")
+    products = learnt(model, PLAIN)
+    compiled = CompiledStep()
+    monkeypatch.setattr(torch, "compile", failing)
+    with torch.inference_mode(), pytest.warns(UserWarning, match="failed to compile .*no C\\+\\+ toolchain"):
+        got = steps(model, products, compiled)
+    with torch.inference_mode():
+        want = steps(model, products, None)
+    assert compiled.steps == 0 and "failed to compile" in compiled.unsupported
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
 def test_a_packed_choice_becomes_the_faster_of_the_other_two():
     model = build("llama")
     loop = LayerLoop.plan(model)

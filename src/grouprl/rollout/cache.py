@@ -53,6 +53,11 @@ class BufferLayer(DynamicLayer):
         self._expose()
         return self.keys, self.values
 
+    @property
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole key and value buffers, ``[b, heads, capacity, head_dim]`` each (after the first update)."""
+        return self._kbuf, self._vbuf
+
     def advance(self, q: int) -> None:
         """Count ``q`` positions that were written into the buffers directly (a compiled step's) as filled."""
         self.length += q

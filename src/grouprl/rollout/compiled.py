@@ -136,15 +136,16 @@ def decode_step(plan: Plan, ids: torch.Tensor, attention_mask: torch.Tensor, cos
     attend = attention_mask.bool()[:, None, None, :]                        # [b, 1, 1, L]
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                           # [b, 1, 1, D]
     h = F.embedding(ids, embed)                                             # [b, 1, E]
+    o, gate_up, down = (1, 2, 3) if plan.stacked else (3, 4, 6)  # indices of the layer's products, Plan order
     for tensors, kbuf, vbuf in zip(layers, keys, values, strict=True):
-        w = tensors[2:2 + 2 * plan.products()]
+        def linear(i: int, x: torch.Tensor, tensors=tensors) -> torch.Tensor:
+            return product(x, tensors[2 + 2 * i], tensors[3 + 2 * i], lay[i])
+
         x = rms_norm(h, tensors[0], eps)
         if plan.stacked:
-            q, k, v = product(x, w[0], w[1], lay[0]).split(plan.qkv_sizes, -1)
-            rest = 1
+            q, k, v = linear(0, x).split(plan.qkv_sizes, -1)
         else:
-            q, k, v = (product(x, w[2 * i], w[2 * i + 1], lay[i]) for i in range(3))
-            rest = 3
+            q, k, v = linear(0, x), linear(1, x), linear(2, x)
         q = q.view(b, 1, -1, d)                                             # [b, 1, H, D]
         k = k.view(b, 1, -1, d)                                             # [b, 1, KV, D]
         if plan.head_norms:
@@ -153,15 +154,10 @@ def decode_step(plan: Plan, ids: torch.Tensor, attention_mask: torch.Tensor, cos
         kbuf[:, :, n:n + 1] = k
         vbuf[:, :, n:n + 1] = v.view(b, 1, -1, d).transpose(1, 2)
         out = grouped_attention(q, kbuf[:, :, :n + 1], vbuf[:, :, :n + 1], attend, plan.scaling)  # [b, 1, H, D]
-        h = h + product(out.reshape(b, 1, -1), w[2 * rest], w[2 * rest + 1], lay[rest])
+        h = h + linear(o, out.reshape(b, 1, -1))
         x = rms_norm(h, tensors[1], eps)
-        if plan.stacked:
-            gate, up = product(x, w[4], w[5], lay[2]).split(plan.gate_up_sizes, -1)
-            down = 3
-        else:
-            gate, up = product(x, w[8], w[9], lay[4]), product(x, w[10], w[11], lay[5])
-            down = 6
-        h = h + product(act(gate) * up, w[2 * down], w[2 * down + 1], lay[down])
+        gate, up = linear(gate_up, x).split(plan.gate_up_sizes, -1) if plan.stacked else (linear(4, x), linear(5, x))
+        h = h + linear(down, act(gate) * up)
     return product(rms_norm(h, final_norm, eps), head, head_bias, lay[-1])[:, -1].float()
 
 
@@ -195,43 +191,59 @@ class CompiledStep:
         b, n = ids.shape[0], attention_mask.shape[1] - 1
         layers = cache.layers
         if self.unsupported is not None or b < 2 or n < 2 or \
-                any(kv.length != n or n + 1 > kv.capacity or kv._kbuf.shape[0] != b for kv in layers):
+                any(kv.length != n or n + 1 > kv.capacity or kv.buffers[0].shape[0] != b for kv in layers):
             return None
         if self.plan is None:
-            self.plan, self.unsupported = self._plan(loop, products, b, layers[0]._kbuf.dtype)
+            self.plan, self.unsupported = self._plan(loop, products, b, layers[0].buffers[0].dtype)
             if self.unsupported is not None:
                 warnings.warn(f"rollout_compile: decode steps run eagerly, the compiled step does not cover "
                               f"{self.unsupported}", stacklevel=2)
             if self.plan is None:
                 return None
-            self._fn = torch.compile(partial(decode_step, self.plan), dynamic=False)
         base, head = loop.base, loop.head
         embed = base.embed_tokens.weight
         cos, sin = base.rotary_emb(embed, position_ids)  # [b, 1, D] each (the first argument gives the format)
-        keys, values = [kv._kbuf for kv in layers], [kv._vbuf for kv in layers]
+        keys, values = zip(*(kv.buffers for kv in layers), strict=True)
         args = (ids, attention_mask, cos, sin, embed, layer_tensors(loop, self.plan.stacked), base.norm.weight,
-                head.weight, head.bias, keys, values)
-        first = not self.compile_seconds
-        if first:  # dimensions that change from step to step are dynamic from the first compile on
-            for t, dims in ((ids, (0,)), (attention_mask, (0, 1)), (cos, (0,)), (sin, (0,)),
-                            *((t, (0, 2)) for t in (*keys, *values))):
-                for dim in dims:
-                    torch._dynamo.mark_dynamic(t, dim)
-        start = time.perf_counter()
-        try:
-            with torch.compiler.set_stance("default" if first else "fail_on_recompile"):
-                logits = self._fn(*args)
-        except RuntimeError as e:  # a step the graph's guards refuse (another format): eager, not a second compile
-            if first or "Detected recompile" not in str(e):
-                raise
-            self.refused += 1
+                head.weight, head.bias, list(keys), list(values))
+        logits = self._call(args) if self._fn is not None else self._compile(args)
+        if logits is None:
             return None
-        if first:
-            self.compile_seconds = time.perf_counter() - start
         for kv in layers:
             kv.advance(1)
         self.steps += 1
         return logits
+
+    def _compile(self, args: tuple) -> torch.Tensor | None:
+        """The first call: trace and compile, the dimensions that change from step to step dynamic. A failure
+        (a compiler error, an operator inductor lacks) leaves the run decoding eagerly, with a warning."""
+        ids, attention_mask, cos, sin, keys, values = args[0], args[1], args[2], args[3], args[9], args[10]
+        for t, dims in ((ids, (0,)), (attention_mask, (0, 1)), (cos, (0,)), (sin, (0,)),
+                        *((t, (0, 2)) for t in (*keys, *values))):
+            for dim in dims:
+                torch._dynamo.mark_dynamic(t, dim)
+        fn = torch.compile(partial(decode_step, self.plan), dynamic=False)
+        start = time.perf_counter()
+        try:
+            logits = fn(*args)
+        except Exception as e:  # noqa: BLE001 - any failure to compile is reported and decoding goes on eagerly
+            self.unsupported = f"this step, which failed to compile ({type(e).__name__}: {str(e)[:300]})"
+            warnings.warn(f"rollout_compile: decode steps run eagerly, {self.unsupported}", stacklevel=3)
+            return None
+        self.compile_seconds, self._fn = time.perf_counter() - start, fn
+        return logits
+
+    def _call(self, args: tuple) -> torch.Tensor | None:
+        """A later call, through the compiled graph only: a step its guards refuse (another format) runs eagerly
+        rather than compiling a second graph."""
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                return self._fn(*args)
+        except RuntimeError as e:
+            if "Detected recompile" not in str(e):
+                raise
+            self.refused += 1
+            return None
 
     @staticmethod
     def _plan(loop: LayerLoop, products: SkinnyProducts, rows: int, dtype: torch.dtype) -> tuple[Plan | None,
@@ -269,7 +281,10 @@ def problem(loop: LayerLoop | None) -> str | None:
     if activation not in ACTIVATIONS:
         return f"the activation {activation!r}"
     layers = loop.base.layers
-    norms = [loop.base.norm] + [m for layer in layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+    norms = [loop.base.norm]
+    for layer in layers:  # Qwen3's per-head norms included
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+        norms += [getattr(layer.self_attn, n) for n in ("q_norm", "k_norm") if hasattr(layer.self_attn, n)]
     if any(not type(m).__name__.endswith("RMSNorm") or not hasattr(m, "variance_epsilon") for m in norms):
         return "a norm other than RMSNorm"
     if len({m.variance_epsilon for m in norms}) != 1:
