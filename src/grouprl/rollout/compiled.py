@@ -36,6 +36,7 @@ from functools import partial
 import torch
 from torch import nn
 from torch.nn import functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from grouprl.rollout.attention import grouped_attention
 from grouprl.rollout.layer_loop import LayerLoop, StackedLinear
@@ -57,12 +58,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The Llama-family RMSNorm: normalised in float32, scaled in the input's format."""
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x`` [b, heads, 1, D] (``apply_rotary_pos_emb``'s rotate-half form)."""
-    a, b = x.chunk(2, -1)
-    return x * cos + torch.cat((-b, a), -1) * sin
 
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layout: int) -> torch.Tensor:
@@ -89,24 +84,26 @@ class Plan:
     """Qwen3's per-head query and key norms."""
     activation: str
     layouts: tuple[int, ...]
-    """Per product of a layer, in the order of :meth:`Plan.products`, then the LM head's."""
-
-    def products(self) -> int:
-        return 4 if self.stacked else 7
+    """Per product of a layer, in the order of :func:`layer_products`, then the LM head's."""
 
 
-def layer_tensors(loop: LayerLoop, plan_stacked: bool) -> list[list[torch.Tensor | None]]:
-    """Per layer: its norms' weights, then (weight, bias) of each product in :class:`Plan` order, then
-    the head norms' weights where the model has them."""
+def layer_products(loop: LayerLoop, i: int, stacked: bool) -> list[nn.Module]:
+    """Layer ``i``'s products in the order the step runs them: the stacks and o, down where ``stacked``, else
+    the seven projections of :data:`PROJECTIONS`."""
+    layer, stacks = loop.base.layers[i], loop.stacks[i]
+    if stacked:
+        return [stacks.qkv, layer.self_attn.o_proj, stacks.gate_up, layer.mlp.down_proj]
+    return [getattr(getattr(layer, block), p) for block, p in PROJECTIONS]
+
+
+def layer_tensors(loop: LayerLoop, stacked: bool) -> list[list[torch.Tensor | None]]:
+    """Per layer: its norms' weights, then (weight, bias) of each of :func:`layer_products`, then the head
+    norms' weights where the model has them."""
     out = []
-    for layer, stacks in zip(loop.base.layers, loop.stacks, strict=True):
-        attn, mlp = layer.self_attn, layer.mlp
-        if plan_stacked:
-            mods = [stacks.qkv, attn.o_proj, stacks.gate_up, mlp.down_proj]
-        else:
-            mods = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    for i, layer in enumerate(loop.base.layers):
+        attn = layer.self_attn
         tensors: list[torch.Tensor | None] = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-        for m in mods:
+        for m in layer_products(loop, i, stacked):
             tensors += [m.weight, m.bias]
         if hasattr(attn, "q_norm"):
             tensors += [attn.q_norm.weight, attn.k_norm.weight]
@@ -134,7 +131,6 @@ def decode_step(plan: Plan, ids: torch.Tensor, attention_mask: torch.Tensor, cos
     d, eps, lay = plan.head_dim, plan.eps, plan.layouts
     act = ACTIVATIONS[plan.activation]
     attend = attention_mask.bool()[:, None, None, :]                        # [b, 1, 1, L]
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                           # [b, 1, 1, D]
     h = F.embedding(ids, embed)                                             # [b, 1, E]
     o, gate_up, down = (1, 2, 3) if plan.stacked else (3, 4, 6)  # indices of the layer's products, Plan order
     for tensors, kbuf, vbuf in zip(layers, keys, values, strict=True):
@@ -150,7 +146,7 @@ def decode_step(plan: Plan, ids: torch.Tensor, attention_mask: torch.Tensor, cos
         k = k.view(b, 1, -1, d)                                             # [b, 1, KV, D]
         if plan.head_norms:
             q, k = rms_norm(q, tensors[-2], eps), rms_norm(k, tensors[-1], eps)
-        q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
+        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [b, H | KV, 1, D]
         kbuf[:, :, n:n + 1] = k
         vbuf[:, :, n:n + 1] = v.view(b, 1, -1, d).transpose(1, 2)
         out = grouped_attention(q, kbuf[:, :, :n + 1], vbuf[:, :, :n + 1], attend, plan.scaling)  # [b, 1, H, D]
@@ -253,13 +249,10 @@ class CompiledStep:
         why = problem(loop)
         if why is not None:
             return None, why
-        layers = loop.base.layers
-        first, attn, stacks = layers[0], layers[0].self_attn, loop.stacks[0]
+        first, attn = loop.base.layers[0], loop.base.layers[0].self_attn
         stacked = all(s.qkv is not None and s.gate_up is not None for s in loop.stacks)
-        mods = [stacks.qkv, attn.o_proj, stacks.gate_up, first.mlp.down_proj] if stacked else \
-            [getattr(getattr(first, block), p) for block, p in PROJECTIONS]
         layouts = []
-        for m in [*mods, loop.head]:
+        for m in [*layer_products(loop, 0, stacked), loop.head]:
             layout = _decided_layout(products, m, rows, dtype)
             if layout is None:
                 return None, None
