@@ -30,30 +30,58 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     return torch.where(seen, penalised, logits)
 
 
-def _invert_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Index drawn from each row of unnormalised ``probs`` [b, K] with uniforms ``u`` [b] -> [b] long.
+BLOCK = 256
+"""Tokens per block of the two-level draw (about the square root of a 50k-150k vocabulary)."""
 
-    The running sum is float64: in float32 it stops resolving probabilities below ~6e-8 once it
-    nears 1, which over a 49k vocabulary skews the draw by ~2e-4 in total variation (measured on
-    SmolLM2); in float64, with float64 uniforms, the error is negligible.
+
+def _last_with_mass(cdf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``index`` [b, 1] moved back to the last entry of ``cdf`` [b, K] that adds mass.
+
+    ``u * total`` can round up to the total; a draw must never step past the last entry with mass.
     """
-    cdf = probs.double().cumsum(-1)  # [b, K]
-    total = cdf[:, -1:]
-    drawn = torch.searchsorted(cdf, u.double().unsqueeze(-1) * total, right=True)  # [b, 1]
-    # u * total can round up to total; never step past the last token with mass.
-    last = (cdf < total).sum(-1, keepdim=True)
-    return torch.minimum(drawn, last).squeeze(-1)
+    return torch.minimum(index, (cdf < cdf[:, -1:]).sum(-1, keepdim=True))
 
 
-def _keep_sorted(sorted_probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Which of the descending ``sorted_probs`` [b, K] the top-p / min-p filters keep -> [b, K] bool."""
-    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+def _invert_cdf(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index drawn from each row of unnormalised ``weights`` [b, K] float32 with uniforms ``u`` [b].
+
+    Returns (index [b] long, the row's total weight [b] float64).
+
+    Two levels, so that no running sum spans the vocabulary: the block of :data:`BLOCK` entries is
+    drawn from the blocks' float32 sums, then the entry inside it from the block's own running
+    sum, on the uniform's position within that block rescaled to the block's float64 total. Each
+    entry's share of its block is then exact to float64 rounding and each block's share of the row
+    is off by its float32 sum's rounding (~1e-7 relative), where one float32 running sum over a
+    49k vocabulary skews the draw by ~2e-4 in total variation (measured on SmolLM2) and one float64
+    running sum costs ~10x the whole two-level draw.
+    """
+    b, k = weights.shape
+    whole = k // BLOCK * BLOCK
+    sums = weights[:, :whole].view(b, -1, BLOCK).sum(-1)  # [b, nb]
+    if whole < k:
+        sums = torch.cat([sums, weights[:, whole:].sum(-1, keepdim=True)], -1)  # the ragged last block
+    cdf = sums.double().cumsum(-1)  # [b, nb]
+    total = cdf[:, -1:]  # [b, 1]
+    target = u.double().unsqueeze(-1) * total
+    block = _last_with_mass(cdf, torch.searchsorted(cdf, target, right=True))  # [b, 1]
+    block_sum = sums.gather(-1, block).double()
+    share = (target - (cdf.gather(-1, block) - block_sum)) / block_sum  # [b, 1], in [0, 1] up to rounding
+    index = block * BLOCK + torch.arange(BLOCK, device=weights.device)  # [b, BLOCK]
+    inside = weights.gather(-1, index.clamp(max=k - 1)).masked_fill(index >= k, 0.0).double().cumsum(-1)
+    entry = _last_with_mass(inside, torch.searchsorted(inside, share * inside[:, -1:], right=True))  # [b, 1]
+    return (block * BLOCK + entry).squeeze(-1), total.squeeze(-1)
+
+
+def _keep_sorted(sorted_weights: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Which of the descending unnormalised probabilities ``sorted_weights`` [b, K] the top-p / min-p
+    filters keep -> [b, K] bool."""
+    keep = torch.ones_like(sorted_weights, dtype=torch.bool)
     if params.top_p < 1.0:
-        mass = sorted_probs / sorted_probs.sum(-1, keepdim=True)
+        mass = sorted_weights / sorted_weights.sum(-1, keepdim=True)
         before = mass.cumsum(-1) - mass  # probability of strictly better-ranked tokens
         keep &= before < params.top_p
     if params.min_p > 0.0:
-        keep &= sorted_probs >= params.min_p * sorted_probs[:, :1]
+        keep &= sorted_weights >= params.min_p * sorted_weights[:, :1]
     keep[:, 0] = True
     return keep
 
@@ -66,26 +94,31 @@ def pick_tokens(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | 
     already in the prompt or completion, used by the repetition penalty) -> (tokens [b] long,
     logprobs [b] float32).
     """
+    # The head's learnt layout can hand over column-major logits; a row's sums must run in one order
+    # whatever the layout, or a seeded run would draw differently once the layout is relearnt.
+    logits = logits.contiguous()
     if seen is not None and params.repetition_penalty != 1.0:
         logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
     if params.temperature == 0.0:
         tokens = logits.argmax(-1)
-        logp = torch.log_softmax(logits, -1)
-        return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        return tokens, _at(logits, tokens) - torch.logsumexp(logits, -1)
 
-    logp = torch.log_softmax(logits / params.temperature, -1)  # [b, V]
-    probs = logp.exp()
+    scaled = logits / params.temperature if params.temperature != 1.0 else logits
+    top = scaled.amax(-1)  # [b]
+    weights = (scaled - top.unsqueeze(-1)).exp_()  # [b, V] unnormalised probabilities, the largest 1
     if params.top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0:
-        tokens = _invert_cdf(probs, u)
-        return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-    if 0 < params.top_k < probs.shape[-1]:
-        sorted_probs, order = probs.topk(params.top_k, -1)  # [b, k], descending
+        tokens, mass = _invert_cdf(weights, u)
     else:
-        sorted_probs, order = probs.sort(-1, descending=True)  # [b, V]
-    kept = sorted_probs * _keep_sorted(sorted_probs, params)
-    rank = _invert_cdf(kept, u)  # [b]
-    tokens = order.gather(-1, rank.unsqueeze(-1)).squeeze(-1)
-    log_kept_mass = kept.sum(-1).log()
-    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_kept_mass
+        if 0 < params.top_k < weights.shape[-1]:
+            sorted_weights, order = weights.topk(params.top_k, -1)  # [b, k], descending
+        else:
+            sorted_weights, order = weights.sort(-1, descending=True)  # [b, V]
+        rank, mass = _invert_cdf(sorted_weights * _keep_sorted(sorted_weights, params), u)  # [b]
+        tokens = order.gather(-1, rank.unsqueeze(-1)).squeeze(-1)
+    # log of the token's weight over the kept mass: log_softmax at the token, renormalised over what the filters keep
+    return tokens, _at(scaled, tokens) - top - mass.float().log()
 
+
+def _at(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """rows [b, V], index [b] -> rows[i, index[i]]  [b]."""
+    return rows.gather(-1, index.unsqueeze(-1)).squeeze(-1)
