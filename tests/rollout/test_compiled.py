@@ -121,11 +121,13 @@ def test_until_the_layouts_are_learnt_and_for_lora_steps_run_eagerly():
     with torch.inference_mode():
         steps(model, SkinnyProducts(), compiled)  # a fresh learner has decided nothing at first
     assert compiled.plan is None and compiled.unsupported is None and compiled.steps == 0
+    assert compiled.fewest_rows == 2  # decode loops keep 2 rows for the graph to come
     lora = get_peft_model(build("llama"), LoraConfig(r=4, target_modules=["q_proj"]))
     compiled = CompiledStep()
     with torch.inference_mode(), pytest.warns(UserWarning, match="does not cover projections that are not plain"):
         steps(lora, learnt(lora.get_base_model(), PLAIN), compiled)
     assert compiled.plan is None and "LoRA" in compiled.unsupported and compiled.steps == 0
+    assert compiled.fewest_rows == 1  # no graph will serve these steps: nothing to pad for
     assert compiled.metrics() == {"time/compile": 0.0}
 
 

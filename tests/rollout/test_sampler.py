@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from grouprl.registry import UnknownNameError
+from grouprl.rollout.decoding import rows_to_keep
 from grouprl.rollout.logprobs import token_logprobs
+from grouprl.rollout.runner import Runner
 from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
 from tests.helpers.rollout import PROMPTS, encode, make_model
@@ -90,6 +92,39 @@ def test_dropping_finished_rows_changes_nothing(model, tok, ids):
     assert len(set(dropped.lengths.tolist())) > 4, "rows must finish at different steps"
     assert torch.equal(kept.completion_ids, dropped.completion_ids)
     torch.testing.assert_close(kept.sampling_logprobs, dropped.sampling_logprobs, atol=1e-5, rtol=0)
+
+
+def test_rows_to_keep_tops_up_the_running_rows_with_finished_ones():
+    running = torch.tensor([False, True, False, False, True])
+    assert rows_to_keep(running, 1).tolist() == [1, 4]
+    assert rows_to_keep(running, 2).tolist() == [1, 4]
+    assert rows_to_keep(running, 3).tolist() == [0, 1, 4]
+    assert rows_to_keep(torch.tensor([False, False, True, False]), 2).tolist() == [0, 2]
+    assert rows_to_keep(torch.tensor([True]), 2).tolist() == [0]  # no finished row to pad with
+
+
+def test_keeping_finished_rows_to_pad_the_batch_changes_nothing(model, tok, ids, monkeypatch):
+    """A compiled step needs 2 rows; with 3 the padding shows over more steps. Finished rows decode on
+    beside the last running ones and what they draw past their end is cut."""
+    params = SamplingParams(max_new_tokens=60, temperature=1.0, stop_token_ids=(5, 9, 40, 17, 33))
+    dropped = Sampler(model, tok).generate(ids, 4, params, seed=3)
+    last = sorted(dropped.lengths.tolist())[-3:]
+    assert last[0] < last[1] < last[2], "the last three rows must end at different steps"
+    rows_seen = []
+    forward = Runner.forward
+
+    def spy(self, step_ids, mask, positions):
+        if step_ids.shape[1] == 1:
+            rows_seen.append(step_ids.shape[0])
+        return forward(self, step_ids, mask, positions)
+
+    monkeypatch.setattr(Runner, "fewest_rows", property(lambda self: 3))
+    monkeypatch.setattr(Runner, "forward", spy)
+    padded = Sampler(model, tok).generate(ids, 4, params, seed=3)
+    assert min(rows_seen) == 3
+    assert torch.equal(padded.completion_ids, dropped.completion_ids)
+    assert torch.equal(padded.lengths, dropped.lengths) and torch.equal(padded.truncated, dropped.truncated)
+    torch.testing.assert_close(padded.sampling_logprobs, dropped.sampling_logprobs, atol=1e-5, rtol=0)
 
 
 def test_shared_prefill_matches_independent_prefills(model, tok, ids):

@@ -9,7 +9,8 @@ Where the time goes and what this loop does about it:
   one prefill, not G;
 - rows that finish are dropped from the batch and the KV cache as soon as they finish, so a step
   costs what the running rows cost (``transformers``' ``generate`` keeps decoding finished rows
-  until the longest row ends);
+  until the longest row ends), down to the rows a compiled step needs (two: the last running row
+  keeps one finished row beside it rather than fall back to an eager step);
 - the KV cache is written in place (:mod:`grouprl.rollout.cache`) rather than re-concatenated;
 - a step does a fixed handful of tensor operations whatever b is: stop tokens are checked with one
   ``isin``, stop strings through a vocabulary table (:mod:`grouprl.rollout.stops`), and each row
@@ -111,6 +112,18 @@ def finish(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, ended_at: torch
     return Decoded(tokens=tokens, logprobs=logprobs, lengths=lengths, truncated=ended_at == 0)
 
 
+def rows_to_keep(running: torch.Tensor, fewest: int) -> torch.Tensor:
+    """Indices [b'] of the batch rows to go on decoding: the running ones (``running`` [b] bool), topped up
+    with finished ones to ``fewest`` where the batch has them. A finished row decodes on only to keep the
+    step compiled (see :attr:`~grouprl.rollout.compiled.CompiledStep.FEWEST_ROWS`); :func:`finish` cuts what
+    it draws past its end."""
+    keep = running.nonzero().flatten()
+    short = fewest - len(keep)
+    if short > 0:
+        keep = torch.cat([keep, (~running).nonzero().flatten()[:short]]).sort().values
+    return keep
+
+
 def sample_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     """Draw G completions per prompt. Returns prompt-major [B, T] tokens and their sampling log-probs."""
     params = req.params
@@ -143,14 +156,13 @@ def sample_groups(req: DecodeRequest, pad_id: int) -> Decoded:
         done = torch.isin(tokens, req.stop_ids)  # [b]
         if req.matcher is not None:
             done |= req.matcher.completed(out_tokens, rows, step, tokens)
-        if not req.compact:
-            done &= ended_at[rows] == 0
+        done &= ended_at[rows] == 0  # a row decoding past its end (no compaction, or padding) stopped before
         if done.any():
             ended_at[rows[done]] = step + 1
             if bool((ended_at > 0).all()) or step == n - 1:
                 break
-            if req.compact:
-                keep = (~done).nonzero().flatten()  # [b']
+            keep = rows_to_keep(ended_at[rows] == 0, runner.fewest_rows) if req.compact else None  # [b']
+            if keep is not None and len(keep) < len(rows):
                 rows, tokens = rows[keep], tokens[keep]
                 attn, first_pos = attn[keep], first_pos[keep]
                 seen = seen[keep] if seen is not None else None

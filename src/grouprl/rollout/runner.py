@@ -151,6 +151,11 @@ class Runner:
             self.cache = out.past_key_values
         return out.logits[:, -1, :].float()
 
+    @property
+    def fewest_rows(self) -> int:
+        """Rows worth keeping in a step even when fewer are running (see :attr:`CompiledStep.FEWEST_ROWS`)."""
+        return self.compiled.fewest_rows if self.compiled is not None else 1
+
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep cache rows ``rows`` ([b'] long, in that order)."""
         self.cache.batch_select_indices(rows)
