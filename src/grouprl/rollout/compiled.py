@@ -65,7 +65,10 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, la
     if layout == TRANSPOSED:
         y = torch.mm(weight, x.reshape(-1, x.shape[-1]).t()).t().reshape(*x.shape[:-1], weight.shape[0])
         return y if bias is None else y + bias
-    return F.linear(x, weight, bias)
+    # After a transposed product the graph's pointwise ops write column-major rows; x @ W.T on those took
+    # ~3x the step (80.7 against 28.7 ms at 16 rows, bf16 SmolLM2, AMX Xeon). Asked for contiguous rows,
+    # the pointwise kernel before writes them so at no cost.
+    return F.linear(x.contiguous(), weight, bias)
 
 
 @dataclass(frozen=True)
