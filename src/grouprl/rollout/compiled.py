@@ -65,9 +65,9 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, la
     if layout == TRANSPOSED:
         y = torch.mm(weight, x.reshape(-1, x.shape[-1]).t()).t().reshape(*x.shape[:-1], weight.shape[0])
         return y if bias is None else y + bias
-    # After a transposed product the graph's pointwise ops write column-major rows; x @ W.T on those took
-    # ~3x the step (80.7 against 28.7 ms at 16 rows, bf16 SmolLM2, AMX Xeon). Asked for contiguous rows,
-    # the pointwise kernel before writes them so at no cost.
+    # After a transposed product the graph's pointwise ops write column-major rows; x @ W.T on those made
+    # the step 2.6x slower (benchmarks/compiled_layouts.py). Asked for contiguous rows, the pointwise
+    # kernel before writes them so at no cost.
     return F.linear(x.contiguous(), weight, bias)
 
 
@@ -169,8 +169,7 @@ class CompiledStep:
     FEWEST_ROWS = 2
     """Rows a compiled step needs: dynamo specialises a dimension of size 1, so a 1-row step would need a
     graph of its own. A decode loop keeps this many rows (a finished one decoding on, its tokens cut) rather
-    than go eager for its last row: ~45 ms a step eagerly against ~28 ms compiled for 16 rows, SmolLM2 in bf16
-    on the AMX Xeon."""
+    than run its last row's steps eagerly, which cost more than a compiled step of any row count."""
 
     def __init__(self) -> None:
         self.plan: Plan | None = None

@@ -53,7 +53,7 @@ def _invert_cdf(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, t
     entry's share of its block is then exact to float64 rounding and each block's share of the row
     is off by its float32 sum's rounding (~1e-7 relative), where one float32 running sum over a
     49k vocabulary skews the draw by ~2e-4 in total variation (measured on SmolLM2) and one float64
-    running sum costs ~10x the whole two-level draw.
+    running sum costs 3-17x the whole two-level draw (``benchmarks/sampling.py``).
     """
     b, k = weights.shape
     whole = k // BLOCK * BLOCK
