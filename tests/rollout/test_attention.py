@@ -1,10 +1,13 @@
 """The decode-step attention against PyTorch's SDPA on grouped heads expanded to every query head."""
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from grouprl.models import tiny_causal_lm
+from grouprl.rollout import attention
 from grouprl.rollout.attention import NAME, decoding, grouped_attention, sdpa_configs
 
 
@@ -17,9 +20,7 @@ def expanded_sdpa(q, k, v, mask, scale):
     return out.transpose(1, 2)
 
 
-@pytest.mark.parametrize("queries", [1, 3])
-@pytest.mark.parametrize("mask_kind", ["bool", "float", "none"])
-def test_grouped_heads_attend_as_sdpa_on_expanded_heads(queries, mask_kind):
+def grouped_case(queries, mask_kind, dtype=torch.float32):
     torch.manual_seed(0)
     b, h, kv, length, d = 3, 6, 2, 11, 8
     cache_k, cache_v = torch.randn(b, kv, 16, d), torch.randn(b, kv, 16, d)
@@ -31,13 +32,47 @@ def test_grouped_heads_attend_as_sdpa_on_expanded_heads(queries, mask_kind):
         keep[1, :, :, :4] = False  # row 1 is left-padded by 4
         keep &= torch.ones(queries, length, dtype=torch.bool).tril(length - queries)  # causal among the new ones
         mask = keep if mask_kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
-    torch.testing.assert_close(grouped_attention(q, k, v, mask, d ** -0.5), expanded_sdpa(q, k, v, mask, d ** -0.5),
-                               rtol=1e-5, atol=1e-6)
+    return q.to(dtype), k.to(dtype), v.to(dtype), mask, d ** -0.5
 
 
-def test_a_query_with_nothing_to_attend_to_stays_finite():
-    q, k, v = torch.randn(1, 2, 1, 4), torch.randn(1, 1, 5, 4), torch.randn(1, 1, 5, 4)
-    assert torch.isfinite(grouped_attention(q, k, v, torch.zeros(1, 1, 1, 5, dtype=torch.bool), 0.5)).all()
+@pytest.mark.parametrize("kernel", ["_fused", "_products"])
+@pytest.mark.parametrize("queries", [1, 3])
+@pytest.mark.parametrize("mask_kind", ["bool", "float", "none"])
+def test_grouped_heads_attend_as_sdpa_on_expanded_heads(kernel, queries, mask_kind):
+    q, k, v, mask, scale = grouped_case(queries, mask_kind)
+    with mock.patch.object(attention, "_products", getattr(attention, kernel)):  # float32 on a CPU runs _products
+        out = grouped_attention(q, k, v, mask, scale)
+    torch.testing.assert_close(out, expanded_sdpa(q, k, v, mask, scale), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("queries", [1, 3])
+@pytest.mark.parametrize("mask_kind", ["bool", "float", "none"])
+def test_bf16_attends_as_float32_to_its_rounding(queries, mask_kind):
+    q, k, v, mask, scale = grouped_case(queries, mask_kind)
+    lowered = grouped_case(queries, mask_kind, torch.bfloat16)
+    out = grouped_attention(*lowered)
+    assert out.dtype == torch.bfloat16
+    expected = expanded_sdpa(*(t.to(torch.bfloat16).float() for t in (q, k, v)), mask, scale)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_each_format_runs_its_kernel():
+    q, k, v, mask, scale = grouped_case(1, "bool")
+    for dtype, kernel in ((torch.float32, "_products"), (torch.bfloat16, "_fused")):
+        with mock.patch.object(attention, kernel, wraps=getattr(attention, kernel)) as spy:
+            grouped_attention(q.to(dtype), k.to(dtype), v.to(dtype), mask, scale)
+        assert spy.call_count == 1, (dtype, kernel)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel", ["_fused", "_products"])
+@pytest.mark.parametrize("float_mask", [False, True])
+def test_a_query_with_nothing_to_attend_to_stays_finite(dtype, kernel, float_mask):
+    q, k, v = torch.randn(1, 2, 1, 4, dtype=dtype), torch.randn(1, 1, 5, 4, dtype=dtype), torch.randn(1, 1, 5, 4,
+                                                                                                        dtype=dtype)
+    nothing = torch.zeros(1, 1, 1, 5, dtype=torch.bool)
+    mask = torch.full((1, 1, 1, 5), float("-inf")) if float_mask else nothing
+    assert torch.isfinite(getattr(attention, kernel)(q, k, v, mask, 0.5)).all()
 
 
 def test_decoding_swaps_the_models_attention_and_restores_it():

@@ -2,19 +2,22 @@
 head group, with no copy of the cache.
 
 ``transformers``' SDPA path expands grouped keys and values to every query head (``repeat_kv``: a copy
-of the whole cache, per layer, per step) whenever a mask is passed, which decoding with padded rows
-always does; on a CPU that copy and SDPA's masked kernel cost several times the arithmetic. Measured
-on a 2-core AMD EPYC (Zen 4), one layer of SmolLM2 (9 query heads on 3 key/value heads, 64 wide),
-32 rows, 300 cached positions, one query: 3.95 ms fp32 / 7.18 ms bf16 through repeat + SDPA, 0.67 /
-1.50 ms here. A step of the multi-turn engine spends a quarter of its time in attention, so this is
-the rollout engines' attention (:func:`decoding`); prefills (more than :data:`MAX_QUERIES` new
-positions) and every training pass keep SDPA, whose kernels do not hold the ``[q, L]`` scores.
+of the whole cache, per layer, per step) whenever a mask is passed on a CPU, which decoding with padded
+rows always does; that copy costs several times the arithmetic. Measured on a 2-core AMD EPYC (Zen 4),
+one layer of SmolLM2 (9 query heads on 3 key/value heads, 64 wide), 32 rows, 300 cached positions, one
+query: 3.95 ms fp32 / 7.18 ms bf16 through repeat + SDPA, 0.67 / 1.50 ms here at the time. A step of the
+multi-turn engine spends a quarter of its time in attention, so this is the rollout engines' attention
+(:func:`decoding`); prefills (more than :data:`MAX_QUERIES` new positions) and every training pass keep
+``transformers``' SDPA.
 
-Nothing here copies the cache, but in bf16 on a CPU PyTorch's batched products copy the cache views
-themselves: their batch stride (the buffer's capacity) is not dense. Reading the whole preallocated buffers
-under a mask widened to their capacity avoids that copy, and was measured no faster over a whole rollout
-(0.95-0.99x, ``benchmarks/results/rollout/zen4-whole-buffers-9a6f1a9*.log``): the spare positions and the
-wider masks cost what the copy did.
+Two kernels, picked by format. In bf16 (and off the CPU) PyTorch's SDPA reads grouped heads itself
+(``enable_gqa``, no expansion) and its fused CPU kernel reads the cache views in place: per layer, 2-32
+rows, 90-300 positions, it takes 0.28-0.67x the time of two batched products around a float32 softmax,
+whose bf16 products copy the cache views first (their batch stride, the buffer's capacity, is not
+dense). In float32 on a CPU neither wins everywhere (fused: 0.52-0.92x at 90 positions, 0.83-0.85x at
+2 rows and 300 positions, 1.15-1.31x at 16-32 rows and 300 positions, on the AMX Xeon and with it
+capped to AVX2), and the long multi-turn caches are where attention costs most, so float32 keeps the
+products. ``python benchmarks/attention.py``; logs in ``benchmarks/results/attention/``.
 
 Shapes: B rows, H query heads in KV groups of g = H / KV, q new positions, L cached + new positions,
 D head width.
@@ -28,6 +31,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 NAME = "grouprl_decode"
 """The name this attention is registered under in ``transformers``' attention interfaces."""
@@ -48,20 +52,41 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
     Returns:
         ``[B, q, H, D]`` (the layout ``transformers`` attention functions return), in ``query``'s dtype.
-        The softmax runs in float32.
+        The softmax runs in float32. A query with nothing to attend to (a padding query) gets finite
+        values, never NaNs that the next layer would spread.
     """
+    q, length = query.shape[2], key.shape[2]
+    if mask is None and q > 1:
+        positions = torch.arange(length, device=query.device)
+        mask = (positions <= positions[length - q:, None]).view(1, 1, q, length)  # each query sees up to itself
+    attend = _products if query.dtype == torch.float32 and query.device.type == "cpu" else _fused
+    return attend(query, key, value, mask, scaling)
+
+
+def _fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+           scaling: float) -> torch.Tensor:
+    """:func:`grouped_attention` through PyTorch's SDPA on the grouped heads (a query attending nothing: zeros)."""
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(query.dtype).clamp(min=torch.finfo(query.dtype).min)  # -inf rows would give NaNs
+    # the fused kernel needs unit-stride heads (else SDPA falls back to its unfused path, which rounds differently);
+    # the forward's queries come as views of a transposed product (the cache views have unit-stride heads)
+    query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous()                                                 # [B, q, H, D]
+
+
+def _products(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+              scaling: float) -> torch.Tensor:
+    """:func:`grouped_attention` as two batched products around a float32 softmax (a query attending nothing:
+    the mean of the values, as in ``transformers``' eager attention)."""
     b, h, q, d = query.shape
     kv, length = key.shape[1], key.shape[2]
     g = h // kv
     scores = torch.matmul(query.reshape(b, kv, g * q, d), key.transpose(-1, -2)) * scaling  # [B, KV, g*q, L]
     scores = scores.float().view(b, kv, g, q, length)                                      # shape [B, KV, g, q, L]
-    if mask is None and q > 1:
-        positions = torch.arange(length, device=query.device)
-        mask = (positions <= positions[length - q:, None]).view(1, 1, q, length)  # each query sees up to itself
     if mask is not None:
         mask = mask.unsqueeze(1)                                                               # [B, 1, 1, q, L]
-        # the lowest float, not -inf: a row with nothing to attend to (a padding query) gets finite weights,
-        # as in transformers' eager attention, instead of NaNs that the next layer would spread
+        # the lowest float, not -inf: a query with nothing to attend to gets finite weights
         low = torch.finfo(torch.float32).min
         scores = scores.masked_fill(~mask, low) if mask.dtype == torch.bool else (scores + mask.float()).clamp(min=low)
     probs = torch.softmax(scores, dim=-1).to(value.dtype).view(b, kv, g * q, length)
