@@ -8,7 +8,7 @@ import torch
 
 from grouprl.algos import grpo_loss
 from grouprl.rollout.logprobs import token_logprobs
-from grouprl.rollout.runner import left_pad
+from grouprl.rollout.runner import Runner, left_pad
 from grouprl.rollout.turns import Reply, TurnLimits, decode_conversations
 from grouprl.types import SamplingParams
 from tests.helpers.rollout import encode, make_model
@@ -159,3 +159,47 @@ def test_a_trajectory_trains_its_turns_as_single_turn_samples_of_the_same_tokens
     a, b = grad_of(trajectory_loss), grad_of(turns_loss)
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_passengers_keep_the_compiled_rows_and_change_nothing(tok, monkeypatch):
+    """With 3 rows to keep (a compiled step needs 2; 3 shows the padding over more steps), ended trajectories
+    ride along beside the last ones: the same trajectories, and ``respond`` never sees a passenger."""
+    model = make_model(tok)
+    limits = TurnLimits(6, 5, 200)
+    ids, mask = left_pad(encode(tok, ["Hi", "Say something"]), tok.pad_token_id, torch.device("cpu"))
+    params = SamplingParams(max_new_tokens=limits.max_new_tokens, temperature=1.0)
+
+    def run():
+        shown, steps, seen = [], [], {}
+
+        def respond(rows, turns, stopped):  # row r's trajectory ends after r % 4 + 1 turns
+            shown.append(list(rows))
+            out = []
+            for row in rows:
+                k = seen[row] = seen.get(row, -1) + 1
+                out.append(Reply(None) if k >= row % 4 else Reply(encode(tok, [REPLIES[k % 2]])[0]))
+            return out
+
+        forward = Runner.forward
+
+        def spy(self, step_ids, step_mask, positions):
+            if step_ids.shape[1] == 1:
+                steps.append(step_ids.shape[0])
+            return forward(self, step_ids, step_mask, positions)
+
+        with monkeypatch.context() as m, torch.inference_mode():
+            m.setattr(Runner, "forward", spy)
+            out = decode_conversations(model, ids, mask, 4, params, limits, respond, list(range(8)),
+                                       torch.tensor([tok.eos_token_id]), tok.pad_token_id)
+        return out, shown, steps
+
+    plain, plain_shown, plain_steps = run()
+    assert plain.turns == [1, 2, 3, 4] * 2 and min(plain_steps) == 2  # the last turn runs rows 3 and 7 alone
+    monkeypatch.setattr(Runner, "fewest_rows", property(lambda self: 3))
+    padded, padded_shown, padded_steps = run()
+    assert min(padded_steps) == 3
+    assert padded_shown == plain_shown
+    assert padded.tokens == plain.tokens and padded.from_policy == plain.from_policy
+    assert padded.turns == plain.turns and padded.end_reason == plain.end_reason
+    for a, b in zip(padded.logprobs, plain.logprobs, strict=True):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)

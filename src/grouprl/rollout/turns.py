@@ -15,7 +15,9 @@ How a batch of conversations is decoded, and why:
 - between turns the caller's ``respond`` turns each row's sampled tokens into the environment's
   reply as token ids (or ends the trajectory); the replies are left-padded into one block and
   prefilled onto the same cache, together with each row's last sampled token, never re-prefilling
-  the conversation. Trajectories that end leave the batch (their cache rows are dropped);
+  the conversation. Trajectories that end leave the batch (their cache rows are dropped), down to the
+  rows a compiled step needs (two): a last trajectory keeps an ended one beside it as a passenger,
+  which feeds masked holes, samples nothing that is kept and is never shown to ``respond``;
 - the policy's tokens are never decoded and re-encoded: the tokens a trainer scores are the tokens
   that were sampled, and the sampling log-prob of each is kept.
 
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grouprl.rollout.compiled import CompiledStep
-from grouprl.rollout.decoding import row_uniforms
+from grouprl.rollout.decoding import row_uniforms, rows_to_keep
 from grouprl.rollout.picking import pick_tokens
 from grouprl.rollout.runner import Runner, positions_from_mask
 from grouprl.rollout.skinny import SkinnyProducts
@@ -100,22 +102,29 @@ class Conversations:
 
 
 class _Batch:
-    """The running rows' decoding state: which original row each is, its attention columns, its
+    """The running rows' decoding state: which original row each is, whether its trajectory goes on (else
+    a passenger, kept only so the batch has the rows a compiled step needs), its attention columns, its
     next position and how many tokens it has sampled and holds after the prompt."""
 
     def __init__(self, rows: torch.Tensor, attn: torch.Tensor, device: torch.device):
         self.rows = rows  # [b] original row of each running row
+        self.live = torch.ones_like(rows, dtype=torch.bool)  # [b] False on passengers
         self.attn = attn  # [b, columns] long: 1 on real tokens, 0 on padding and holes
         self.pos = attn.sum(-1)  # [b] position of the next real token
         self.sampled = torch.zeros_like(self.rows)  # [b] tokens sampled so far (the uniforms' index)
         self.used = torch.zeros_like(self.rows)  # [b] tokens after the prompt so far
         self.device = device
 
-    def keep(self, keep: torch.Tensor, runner: Runner) -> None:
-        """Keep running rows ``keep`` ([b'] long), dropping the others from the cache."""
-        runner.select_rows(keep)
+    def keep(self, going: torch.Tensor, runner: Runner) -> list[int]:
+        """Keep the rows whose trajectories go on (``going`` [b] bool), topped up with passengers to the runner's
+        fewest rows, dropping the others from the cache; returns the kept rows' former indices."""
+        keep = rows_to_keep(going, runner.fewest_rows)  # [b']
+        if len(keep) < len(self.rows):
+            runner.select_rows(keep)
+        self.live = going[keep]
         self.rows, self.attn, self.pos = self.rows[keep], self.attn[keep], self.pos[keep]
         self.sampled, self.used = self.sampled[keep], self.used[keep]
+        return keep.tolist()
 
     def feed(self, runner: Runner, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Append a block ``ids [b, k]`` (``mask`` 1 on real tokens, right-aligned) to every row;
@@ -151,22 +160,24 @@ def decode_conversations(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
     uniforms = (row_uniforms(row_seeds, limits.max_tokens, device) if params.temperature > 0 else None)  # [B, N]
     out = Conversations(tokens=[[] for _ in range(b_all)], from_policy=[[] for _ in range(b_all)],
                         logprobs=[[] for _ in range(b_all)], turns=[0] * b_all, end_reason=["env"] * b_all)
-    while len(batch.rows):
+    while bool(batch.live.any()):
         turn_tokens, stopped, logits = _decode_turn(runner, batch, logits, params, limits, uniforms, stop_ids,
                                                     pad_id, out)
-        rows = batch.rows.tolist()
-        replies = respond(rows, turn_tokens, stopped)
-        keep, blocks = [], []
-        for i, (row, reply) in enumerate(zip(rows, replies)):
+        live = batch.live.nonzero().flatten().tolist()
+        rows = batch.rows[live].tolist()
+        replies = respond(rows, [turn_tokens[i] for i in live], [stopped[i] for i in live])
+        blocks: dict[int, list[int]] = {}  # batch index -> what it is fed next
+        for i, row, reply in zip(live, rows, replies, strict=True):
             if out.add_reply(row, reply, int(batch.used[i]), limits):
-                keep.append(i)
-                blocks.append([turn_tokens[i][-1], *reply.tokens])  # the last sampled token is fed with the reply
-        if not keep:
+                blocks[i] = [turn_tokens[i][-1], *reply.tokens]  # the last sampled token is fed with the reply
+        if not blocks:
             break
-        keep_t = torch.tensor(keep, dtype=torch.long, device=device)
-        batch.keep(keep_t, runner)
-        batch.used += torch.tensor([len(blk) - 1 for blk in blocks], dtype=torch.long, device=device)
-        ids, mask = _left_padded(blocks, pad_id, device)
+        going = torch.zeros(len(batch.rows), dtype=torch.bool)
+        going[list(blocks)] = True
+        kept = batch.keep(going.to(device), runner)
+        fed = [blocks.get(i, []) for i in kept]  # a passenger is fed a masked hole
+        batch.used += torch.tensor([max(len(blk) - 1, 0) for blk in fed], dtype=torch.long, device=device)
+        ids, mask = _left_padded(fed, pad_id, device)
         logits = batch.feed(runner, ids, mask)
     return out
 
@@ -189,7 +200,7 @@ def _decode_turn(runner: Runner, batch: _Batch, logits: torch.Tensor, params: Sa
     token, the logits after the last fed column). The last sampled token of each row is not fed."""
     b = len(batch.rows)
     turn_tokens: list[list[int]] = [[] for _ in range(b)]
-    in_turn = torch.ones(b, dtype=torch.bool, device=batch.device)
+    in_turn = batch.live.clone()  # a passenger's draws are discarded
     stopped = torch.zeros(b, dtype=torch.bool, device=batch.device)
     for step in range(limits.max_new_tokens):
         u = None if uniforms is None else uniforms[batch.rows, batch.sampled.clamp(max=uniforms.shape[1] - 1)]
