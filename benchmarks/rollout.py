@@ -11,6 +11,10 @@ steps (:mod:`grouprl.rollout.compiled`).
 On a machine with a GPU (``--device auto`` picks it) every method runs there: the built-in engine and
 ``model.generate`` on the model moved to the GPU, vLLM with its GPU build.
 
+``model.generate`` in bf16 runs a bf16 copy of the model (what loading it with ``torch_dtype=torch.bfloat16``
+gives, its fastest bf16 here); its row ``generate, bf16 autocast`` runs the float32 model under bf16 autocast,
+which casts every weight at every step (bf16 only: its fp32 is the ``generate`` row's).
+
 Rows are arithmetic prompts x G=4 samples, temperature 1, no top-k/top-p, stopping on EOS only;
 tokens/s counts completion tokens up to and including EOS (what a trainer uses), so a method that
 keeps decoding finished rows pays for them. The built-in engine learns the layout of its decode products
@@ -18,7 +22,8 @@ on its first rollouts (:mod:`grouprl.rollout.skinny`) and pays for the trials th
 does on its first steps; ``--warmup N`` runs N whole rollouts per method and format before the timed
 ones, to measure it once it has settled. The methods take their rollouts in turn, so that load
 from other processes falls on all alike; each figure is the total tokens over the total seconds of
-``--repeats`` rollouts. A method's best format is its faster one here. The last line is
+``--repeats`` rollouts. A method's best format is its faster one here, and ``model.generate``'s best is the
+fastest of its rows. The last line is
 ``speedup=<what rollout_engine, rollout_compile and dtype auto pick, over model.generate at its best format>``
 at the first setting, and the table's other ratios are printed above it.
 
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import importlib.util
 import time
 from unittest import mock
@@ -122,6 +128,15 @@ def run_generate(model, tokenizer, ids: list[list[int]], n: int, fmt: str, seed:
     return int(lengths.sum()), seconds
 
 
+AUTOCAST = "generate, bf16 autocast"
+"""``model.generate`` on the float32 model under bf16 autocast: a bf16-only row."""
+
+
+def runs(method: str, fmt: str) -> bool:
+    """Whether ``method`` has a figure in ``fmt``."""
+    return method != AUTOCAST or fmt == "bf16"
+
+
 def built_in_methods(model, tokenizer, sampler: Sampler, device: torch.device) -> dict:
     """The built-in engine's rows and ``model.generate``'s: name -> run(ids, n, fmt, seed)."""
     methods = {"engine": lambda ids, n, fmt, seed: run_engine(sampler, ids, n, fmt, seed)}
@@ -135,8 +150,41 @@ def built_in_methods(model, tokenizer, sampler: Sampler, device: torch.device) -
         methods[COMPILED].samplers = compiled
     else:
         print("the engine's learnt decode layouts and layer loop serve CPUs only: one engine row here", flush=True)
-    methods["generate"] = lambda ids, n, fmt, seed: run_generate(model, tokenizer, ids, n, fmt, seed)
+    bf16_model = copy.deepcopy(model).to(torch.bfloat16)
+    methods["generate"] = lambda ids, n, fmt, seed: run_generate(bf16_model if fmt == "bf16" else model, tokenizer,
+                                                                 ids, n, "fp32", seed)
+    methods[AUTOCAST] = lambda ids, n, fmt, seed: run_generate(model, tokenizer, ids, n, "bf16", seed)
     return methods
+
+
+def timed(methods: dict, ids: list[list[int]], n: int, formats: tuple[str, ...], repeats: int) -> tuple[dict, dict]:
+    """(tokens/s per (method, format), each method's faster format): the methods take their rollouts in turn."""
+    totals = {(m, f): [0, 0.0] for m in methods for f in formats if runs(m, f)}
+    for seed in range(repeats):
+        for key in totals:
+            tokens, seconds = methods[key[0]](ids, n, key[1], seed)
+            totals[key][0] += tokens
+            totals[key][1] += seconds
+    rate = {k: t / s for k, (t, s) in totals.items()}
+    best = {m: max((f for f in formats if runs(m, f)), key=lambda f, m=m: rate[m, f], default=None) for m in methods}
+    return rate, best
+
+
+def report(methods: dict, formats: tuple[str, ...], rate: dict, best: dict) -> None:
+    """The table of one setting and the engine's ratios to its variants."""
+    for m in methods:
+        if best[m] is None:
+            continue
+        figures = "  ".join(f"{f} {rate[m, f]:7.1f}" if runs(m, f) else f"{f} {'-':>7s}" for f in formats)
+        print(f"  {m:28s} {figures}  best {best[m]}", flush=True)
+    for fmt in formats if VARIANTS[0] in methods else ():
+        gain = rate["engine", fmt] / rate[VARIANTS[0], fmt]
+        print(f"  decode layouts learnt, {fmt}: {gain:.2f}x the engine with x @ W.T only", flush=True)
+        gain = rate["engine", fmt] / rate[VARIANTS[1], fmt]
+        print(f"  layer loop, {fmt}: {gain:.2f}x the engine through the transformers forward", flush=True)
+        step = methods[COMPILED].samplers[fmt].compiled
+        print(f"  compiled steps, {fmt}: {rate[COMPILED, fmt] / rate['engine', fmt]:.2f}x the engine (compiled in "
+              f"{step.compile_seconds:.1f} s, {step.steps} steps compiled, {step.refused} refused)", flush=True)
 
 
 def main() -> None:
@@ -176,19 +224,12 @@ def main() -> None:
     first = None
     for rows, n in settings:
         ids = sampler.encode(prompts(rows))
-        for run in methods.values():  # warm-up: first-call allocations and lazy imports
-            for fmt in formats:
+        for name, run in methods.items():  # warm-up: first-call allocations and lazy imports
+            for fmt in (f for f in formats if runs(name, f)):
                 run(ids, 4, fmt, 0)
                 for seed in range(args.warmup):
                     run(ids, n, fmt, args.repeats + seed)
-        totals = {(m, f): [0, 0.0] for m in methods for f in formats}
-        for seed in range(args.repeats):
-            for key in totals:
-                tokens, seconds = methods[key[0]](ids, n, key[1], seed)
-                totals[key][0] += tokens
-                totals[key][1] += seconds
-        rate = {k: t / s for k, (t, s) in totals.items()}
-        best = {m: max(formats, key=lambda f, m=m: rate[m, f]) for m in methods}
+        rate, best = timed(methods, ids, n, formats, args.repeats)
         chosen = choose_precision("auto", "auto", model, rows, 512).rollout
         chosen = chosen if chosen in formats else best["engine"]
         # what rollout_engine auto and rollout_compile auto run in the chosen format
@@ -197,19 +238,9 @@ def main() -> None:
             resolve_engine("auto", model, "sample", compile_steps=compiles)[0]]
         auto_engine = auto_engine if auto_engine in methods else "engine"
         print(f"{rows} rows x {n} new tokens (tokens/s):", flush=True)
-        for m in methods:
-            figures = "  ".join(f"{f} {rate[m, f]:7.1f}" for f in formats)
-            print(f"  {m:28s} {figures}  best {best[m]}", flush=True)
-        for fmt in formats if VARIANTS[0] in methods else ():
-            gain = rate["engine", fmt] / rate[VARIANTS[0], fmt]
-            print(f"  decode layouts learnt, {fmt}: {gain:.2f}x the engine with x @ W.T only", flush=True)
-            gain = rate["engine", fmt] / rate[VARIANTS[1], fmt]
-            print(f"  layer loop, {fmt}: {gain:.2f}x the engine through the transformers forward", flush=True)
-            step = methods[COMPILED].samplers[fmt].compiled
-            print(f"  compiled steps, {fmt}: {rate[COMPILED, fmt] / rate['engine', fmt]:.2f}x the engine (compiled in "
-                  f"{step.compile_seconds:.1f} s, {step.steps} steps compiled, {step.refused} refused)", flush=True)
+        report(methods, formats, rate, best)
         auto = rate[auto_engine, chosen]
-        generate = rate["generate", best["generate"]]
+        generate = max(rate[m, best[m]] for m in ("generate", AUTOCAST) if best[m] is not None)
         print(f"  auto ({auto_engine}, {chosen}) over generate at its best: {auto / generate:.2f}x; over the built-in "
               f"engine at its best: {auto / rate['engine', best['engine']]:.2f}x", flush=True)
         first = first or auto / generate
