@@ -10,14 +10,14 @@ multi-turn engine spends a quarter of its time in attention, so this is the roll
 (:func:`decoding`); prefills (more than :data:`MAX_QUERIES` new positions) and every training pass keep
 ``transformers``' SDPA.
 
-Two kernels, picked by format. In bf16 (and off the CPU) PyTorch's SDPA reads grouped heads itself
-(``enable_gqa``, no expansion) and its fused CPU kernel reads the cache views in place: per layer, 2-32
-rows, 90-300 positions, it takes 0.28-0.67x the time of two batched products around a float32 softmax,
-whose bf16 products copy the cache views first (their batch stride, the buffer's capacity, is not
-dense). In float32 on a CPU neither wins everywhere (fused: 0.52-0.92x at 90 positions, 0.83-0.85x at
-2 rows and 300 positions, 1.15-1.31x at 16-32 rows and 300 positions, on the AMX Xeon and with it
-capped to AVX2), and the long multi-turn caches are where attention costs most, so float32 keeps the
-products. ``python benchmarks/attention.py``; logs in ``benchmarks/results/attention/``.
+Two kernels, picked by format on a CPU (a GPU keeps the products). In bf16 PyTorch's SDPA reads
+grouped heads itself (``enable_gqa``, no expansion) and its fused CPU kernel reads the cache views in
+place: per layer, 2-32 rows, 90-300 positions, it takes 0.28-0.67x the time of two batched products
+around a float32 softmax, whose bf16 products copy the cache views first (their batch stride, the
+buffer's capacity, is not dense). In float32 neither wins everywhere (fused: 0.52-0.92x at 90
+positions, 0.83-0.85x at 2 rows and 300 positions, 1.15-1.31x at 16-32 rows and 300 positions, on the
+AMX Xeon and with it capped to AVX2), and the long multi-turn caches are where attention costs most, so
+float32 keeps the products. ``python benchmarks/attention.py``; logs in ``benchmarks/results/attention/``.
 
 Shapes: B rows, H query heads in KV groups of g = H / KV, q new positions, L cached + new positions,
 D head width.
@@ -59,7 +59,8 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     if mask is None and q > 1:
         positions = torch.arange(length, device=query.device)
         mask = (positions <= positions[length - q:, None]).view(1, 1, q, length)  # each query sees up to itself
-    attend = _products if query.dtype == torch.float32 and query.device.type == "cpu" else _fused
+    # measured on CPUs only: a GPU keeps the products it was checked with
+    attend = _fused if query.device.type == "cpu" and query.dtype != torch.float32 else _products
     return attend(query, key, value, mask, scaling)
 
 
