@@ -18,7 +18,7 @@ from torch import nn
 from grouprl.rollout.attention import decoding, sdpa_configs
 from grouprl.rollout.cache import make_cache
 from grouprl.rollout.compiled import CompiledStep
-from grouprl.rollout.layer_loop import LayerLoop, stack_groups, stacked_copies
+from grouprl.rollout.layer_loop import LayerLoop, float_rows, stack_groups, stacked_copies
 from grouprl.rollout.skinny import PackedWeights, SkinnyProducts, model_linears
 
 
@@ -149,9 +149,7 @@ class Runner:
         if out.past_key_values is not None and out.past_key_values is not self.cache:
             # Models that build their own cache object hand it back; keep using theirs.
             self.cache = out.past_key_values
-        # row-major in the cast: a transposed head hands over column-major logits, which the sampler needs
-        # as rows; cast and copy as one kernel take 0.1-0.4x the cast then the copy (2-16 rows, bf16)
-        return out.logits[:, -1, :].to(torch.float32, memory_format=torch.contiguous_format)
+        return float_rows(out.logits[:, -1, :])
 
     @property
     def fewest_rows(self) -> int:
