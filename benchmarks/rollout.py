@@ -107,8 +107,9 @@ def run_vllm(engine, ids: list[list[int]], n: int, fmt: str, seed: int) -> tuple
     return int(batch.lengths.sum()), finished() - start
 
 
-def run_generate(model, tokenizer, ids: list[list[int]], n: int, fmt: str, seed: int) -> tuple[int, float]:
-    """(tokens, seconds) of one ``model.generate`` rollout of the same B = P*G rows."""
+def run_generate(model, tokenizer, ids: list[list[int]], n: int, autocast: bool, seed: int) -> tuple[int, float]:
+    """(tokens, seconds) of one ``model.generate`` rollout of the same B = P*G rows (under bf16 autocast where
+    ``autocast``)."""
     eos = tokenizer.eos_token_id
     width = max(map(len, ids))
     rows = [r for r in ids for _ in range(G)]
@@ -116,7 +117,7 @@ def run_generate(model, tokenizer, ids: list[list[int]], n: int, fmt: str, seed:
     inp = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows], device=device)
     attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
     torch.manual_seed(seed)
-    amp = torch.autocast(device.type, dtype=torch.bfloat16) if fmt == "bf16" else contextlib.nullcontext()
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     start = finished()
     with amp:
         out = model.generate(input_ids=inp, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
@@ -152,8 +153,8 @@ def built_in_methods(model, tokenizer, sampler: Sampler, device: torch.device) -
         print("the engine's learnt decode layouts and layer loop serve CPUs only: one engine row here", flush=True)
     bf16_model = copy.deepcopy(model).to(torch.bfloat16)
     methods["generate"] = lambda ids, n, fmt, seed: run_generate(bf16_model if fmt == "bf16" else model, tokenizer,
-                                                                 ids, n, "fp32", seed)
-    methods[AUTOCAST] = lambda ids, n, fmt, seed: run_generate(model, tokenizer, ids, n, "bf16", seed)
+                                                                 ids, n, False, seed)
+    methods[AUTOCAST] = lambda ids, n, fmt, seed: run_generate(model, tokenizer, ids, n, True, seed)
     return methods
 
 

@@ -39,7 +39,7 @@ from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from grouprl.rollout.attention import grouped_attention
-from grouprl.rollout.layer_loop import LayerLoop, StackedLinear
+from grouprl.rollout.layer_loop import LayerLoop, StackedLinear, float_rows
 from grouprl.rollout.skinny import PACKED, PLAIN, TRANSPOSED, SkinnyProducts
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -157,9 +157,7 @@ def decode_step(plan: Plan, ids: torch.Tensor, attention_mask: torch.Tensor, cos
         x = rms_norm(h, tensors[1], eps)
         gate, up = linear(gate_up, x).split(plan.gate_up_sizes, -1) if plan.stacked else (linear(4, x), linear(5, x))
         h = h + linear(down, act(gate) * up)
-    # row-major logits: written so by the graph's last kernel, where after a transposed head the sampler's copy
-    # to rows cost 0.25-0.95 ms a step at 2-16 rows
-    return product(rms_norm(h, final_norm, eps), head, head_bias, lay[-1])[:, -1].float().contiguous()
+    return float_rows(product(rms_norm(h, final_norm, eps), head, head_bias, lay[-1])[:, -1])  # in its last kernel
 
 
 class CompiledStep:
