@@ -47,7 +47,7 @@ def run_engine(sampler: AgentSampler, eps: list[Episode], group: int, params: Sa
 
 def run_generate(model, tokenizer, renderer: ChatRenderer, eps: list[Episode], params: SamplingParams,
                  max_turns: int) -> tuple[int, float]:
-    amp = torch.autocast("cpu", dtype=torch.bfloat16) if params.autocast_bf16 else contextlib.nullcontext()
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if params.format == "bf16" else contextlib.nullcontext()
     with amp:
         return _run_generate(model, tokenizer, renderer, eps, params, max_turns)
 
@@ -104,7 +104,7 @@ def main() -> None:
     rates: dict[tuple[str, str], list[float]] = {(m, f): [] for m in ("engine", "generate") for f in FORMATS}
     for r in range(args.repeats):
         for method, fmt in rates:
-            params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, autocast_bf16=fmt == "bf16")
+            params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, format=fmt)
             eps = episodes(factory, args.resets, args.group, 100 * r)
             torch.manual_seed(r)
             if method == "engine":

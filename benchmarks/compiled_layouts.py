@@ -53,7 +53,7 @@ def one_layout(args: argparse.Namespace) -> None:
     sampler = Sampler(model, tokenizer, compile_steps=True)
     ids = [tokenizer(f"What is {7 + i}+{(3 * i) % 10 + 1}? Answer with just the number.")["input_ids"]
            for i in range(args.rows // G)]
-    params = SamplingParams(max_new_tokens=args.tokens, temperature=1.0, autocast_bf16=True)
+    params = SamplingParams(max_new_tokens=args.tokens, temperature=1.0, format="bf16")
     for seed in range(2):
         sampler.generate(ids, G, params, seed=seed)
     step = sampler.compiled

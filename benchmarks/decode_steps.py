@@ -52,7 +52,7 @@ def timed(records: list[tuple[str, int, float]]):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--format", default="bf16", choices=("fp32", "bf16"))
+    parser.add_argument("--format", default="bf16", choices=("fp32", "bf16", "int8"))
     parser.add_argument("--compile", default="true", choices=("true", "false"), help="rollout_compile")
     parser.add_argument("--rows", type=int, default=16, help="rows (prompts x G=4)")
     parser.add_argument("--new_tokens", type=int, default=64)
@@ -65,7 +65,7 @@ def main() -> None:
     model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
     sampler = Sampler(model, tokenizer, compile_steps=args.compile == "true")
     ids = sampler.encode(prompts(args.rows))
-    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, autocast_bf16=args.format == "bf16")
+    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, format=args.format)
     for seed in range(args.warmup):
         sampler.generate(ids, G, params, seed=1000 + seed)
     records: list[tuple[str, int, float]] = []

@@ -44,7 +44,7 @@ def main() -> None:
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
            for p in prompts(args.rows)]
     ids = [i if isinstance(i, list) else i["input_ids"] for i in ids]
-    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, autocast_bf16=args.format == "bf16")
+    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, format=args.format)
     for seed in range(args.warmup):
         sampler.generate(ids, G, params, seed=seed)
     tokens, seconds = 0, 0.0

@@ -1,5 +1,6 @@
 """Rollout speed on the bundled SmolLM2-135M-Instruct: the built-in engine, vLLM (when installed) and
-``model.generate``, each in fp32 and bf16, at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
+``model.generate``, each in fp32 and bf16 (the built-in engine in int8 too,
+:mod:`grouprl.rollout.int8`), at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
 engine with every matrix product as ``x @ W.T`` (what its learnt decode layouts,
 :mod:`grouprl.rollout.skinny`, gain) and with its decode steps through the model's ``transformers`` forward
 (what its layer loop, :mod:`grouprl.rollout.layer_loop`, gains), and with ``rollout_compile``'s compiled decode
@@ -53,7 +54,7 @@ from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.types import SamplingParams
 
 G = 4
-FORMATS = ("fp32", "bf16")
+FORMATS = ("fp32", "bf16", "int8")
 
 
 class PlainProducts(SkinnyProducts):
@@ -93,7 +94,7 @@ def finished() -> float:
 
 def run_engine(sampler: Sampler, ids: list[list[int]], n: int, fmt: str, seed: int) -> tuple[int, float]:
     """(tokens, seconds) of one built-in engine rollout."""
-    params = SamplingParams(max_new_tokens=n, temperature=1.0, autocast_bf16=fmt == "bf16")
+    params = SamplingParams(max_new_tokens=n, temperature=1.0, format=fmt)
     start = finished()
     batch = sampler.generate(ids, G, params, seed=seed)
     return int(batch.lengths.sum()), finished() - start
@@ -134,7 +135,10 @@ AUTOCAST = "generate, bf16 autocast"
 
 
 def runs(method: str, fmt: str) -> bool:
-    """Whether ``method`` has a figure in ``fmt``."""
+    """Whether ``method`` has a figure in ``fmt``: int8 (:mod:`grouprl.rollout.int8`) is the built-in engine's
+    eager decode steps only, which bypass the learnt layouts and the compiled step."""
+    if fmt == "int8":
+        return method in ("engine", VARIANTS[1])
     return method != AUTOCAST or fmt == "bf16"
 
 
@@ -146,7 +150,7 @@ def built_in_methods(model, tokenizer, sampler: Sampler, device: torch.device) -
         plain.products = PlainProducts()
         methods[VARIANTS[0]] = lambda ids, n, fmt, seed: run_engine(plain, ids, n, fmt, seed)
         methods[VARIANTS[1]] = through_forward(lambda ids, n, fmt, seed: run_engine(forward, ids, n, fmt, seed))
-        compiled = {f: Sampler(model, tokenizer, compile_steps=True) for f in FORMATS}  # a graph per format
+        compiled = {f: Sampler(model, tokenizer, compile_steps=True) for f in FORMATS if runs(COMPILED, f)}
         methods[COMPILED] = lambda ids, n, fmt, seed: run_engine(compiled[fmt], ids, n, fmt, seed)
         methods[COMPILED].samplers = compiled
     else:
@@ -179,10 +183,12 @@ def report(methods: dict, formats: tuple[str, ...], rate: dict, best: dict) -> N
         figures = "  ".join(f"{f} {rate[m, f]:7.1f}" if runs(m, f) else f"{f} {'-':>7s}" for f in formats)
         print(f"  {m:28s} {figures}  best {best[m]}", flush=True)
     for fmt in formats if VARIANTS[0] in methods else ():
-        gain = rate["engine", fmt] / rate[VARIANTS[0], fmt]
-        print(f"  decode layouts learnt, {fmt}: {gain:.2f}x the engine with x @ W.T only", flush=True)
         gain = rate["engine", fmt] / rate[VARIANTS[1], fmt]
         print(f"  layer loop, {fmt}: {gain:.2f}x the engine through the transformers forward", flush=True)
+        if not runs(VARIANTS[0], fmt):
+            continue
+        gain = rate["engine", fmt] / rate[VARIANTS[0], fmt]
+        print(f"  decode layouts learnt, {fmt}: {gain:.2f}x the engine with x @ W.T only", flush=True)
         step = methods[COMPILED].samplers[fmt].compiled
         print(f"  compiled steps, {fmt}: {rate[COMPILED, fmt] / rate['engine', fmt]:.2f}x the engine (compiled in "
               f"{step.compile_seconds:.1f} s, {step.steps} steps compiled, {step.refused} refused)", flush=True)
@@ -234,9 +240,9 @@ def main() -> None:
         chosen = choose_precision("auto", "auto", model, rows, 512).rollout
         chosen = chosen if chosen in formats else best["engine"]
         # what rollout_engine auto and rollout_compile auto run in the chosen format
-        compiles = COMPILED in methods and resolve_compile(None, "auto", chosen == "bf16", model)[0]
+        compiles = COMPILED in methods and resolve_compile(None, "auto", chosen, model)[0]
         auto_engine = {"hf": COMPILED if compiles else "engine", "vllm": "vllm"}[
-            resolve_engine("auto", model, "sample", compile_steps=compiles)[0]]
+            resolve_engine("auto", model, "sample", compile_steps=compiles, rollout_format=chosen)[0]]
         auto_engine = auto_engine if auto_engine in methods else "engine"
         print(f"{rows} rows x {n} new tokens (tokens/s):", flush=True)
         report(methods, formats, rate, best)

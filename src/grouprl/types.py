@@ -61,8 +61,12 @@ class SamplingParams:
     """Strings that end a completion; the completion is cut right after the first one."""
     mode: str = "sample"
     """"sample" draws G independent samples per prompt; "beam" returns the G best beams."""
-    autocast_bf16: bool = False
-    """Run the decode forward passes under bf16 autocast (AMX on recent x86 CPUs)."""
+    format: str = "fp32"
+    """Number format of the decode steps (built-in engine; vLLM samples in its own dtype): fp32, the model's
+    weights as they are; bf16, a bfloat16 copy of the weights made for the rollout, under bf16 autocast
+    (fast where the CPU multiplies bf16 natively: AMX, AVX512-BF16); int8, one-token steps multiply int8
+    copies of the fp32 weights with bf16 activations (CPU only; fast where bf16 is not: AVX2,
+    grouprl.rollout.int8)."""
 
 
 @dataclass

@@ -16,7 +16,7 @@ def model():
     return tiny_causal_lm(seed=0)[0]
 
 
-def fake_speedups(monkeypatch, decode, train):
+def fake_speedups(monkeypatch, decode, train, int8=None):
     calls = []
 
     def speedup(m, k, n, device):
@@ -24,6 +24,7 @@ def fake_speedups(monkeypatch, decode, train):
         return decode if m <= 64 else train
 
     monkeypatch.setattr(precision, "bf16_speedup", speedup)
+    monkeypatch.setattr(precision, "int8_speedup", lambda m, k, n, device: int8)
     return calls
 
 
@@ -32,7 +33,37 @@ def test_forced_formats_are_not_measured(model, monkeypatch, tmp_path):
     assert choose_precision("fp32", "auto", model, 32, 800, tmp_path / "c.json") == Precision("fp32", "fp32", "fp32",
                                                                                               how="forced")
     assert choose_precision("bf16", "fp32", model, 32, 800, tmp_path / "c.json").reference == "fp32"
+    assert choose_precision("fp32", "auto", model, 32, 800, tmp_path / "c.json", rollout_dtype="int8") == \
+        Precision("int8", "fp32", "fp32", how="forced")
     assert calls == []
+
+
+def test_a_forced_rollout_format_leaves_the_other_phases_measured(model, monkeypatch, tmp_path):
+    calls = fake_speedups(monkeypatch, 0.01, 2.0, int8=3.0)
+    chosen = choose_precision("auto", "auto", model, 32, 800, tmp_path / "c.json", rollout_dtype="fp32")
+    assert (chosen.rollout, chosen.train, chosen.int8_speedup) == ("fp32", "bf16", 3.0) and len(calls) == 2
+
+
+def test_int8_rollouts_need_a_cpu(model):
+    import torch
+
+    from grouprl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="rollout_dtype=int8 runs on a CPU"):
+        choose_precision("auto", "auto", model, 32, 800, device=torch.device("cuda"), rollout_dtype="int8")
+
+
+@pytest.mark.parametrize("bf16, int8, want", [
+    (0.01, 2.0, "int8"),  # AVX2 only: bf16 emulated, int8 weights read a quarter of fp32's bytes
+    (2.7, 1.5, "bf16"),  # AMX: bf16 products beat int8's
+    (2.7, 2.9, "bf16"),  # int8 must beat bf16 by the margin too
+    (2.7, 3.0, "int8"),
+    (1.05, 1.12, "int8"),  # bf16 within the margin of fp32, int8 past it
+    (0.5, 1.05, "fp32"),
+    (1.0, None, "fp32"),  # int8 cannot run (a GPU, or an input width its kernel does not take)
+])
+def test_the_rollout_format_is_the_fastest_by_a_margin(bf16, int8, want):
+    assert precision.rollout_format(bf16, int8) == want
 
 
 @pytest.mark.parametrize("decode, train, want", [
@@ -53,8 +84,24 @@ def test_the_probe_runs_once_per_machine_and_shape(model, monkeypatch, tmp_path)
     first = choose_precision("auto", "auto", model, 32, 800, cache)
     second = choose_precision("auto", "auto", model, 32, 800, cache)
     assert len(calls) == 2 and (first.rollout, second.how) == ("bf16", "cached")
+    assert calls[0][0] == 16  # decode-sized: half the rollout's rows, as most steps run fewer than all
     choose_precision("auto", "auto", model, 16, 800, cache)  # another rollout size: measured again
     assert len(calls) == 4
+
+
+def test_a_cache_entry_without_the_int8_ratio_is_measured_again(model, monkeypatch, tmp_path):
+    import json
+
+    cache = tmp_path / "c.json"
+    fake_speedups(monkeypatch, 0.01, 0.01, int8=2.0)
+    choose_precision("auto", "auto", model, 32, 800, cache)
+    entries = json.loads(cache.read_text())
+    for entry in entries.values():  # as an earlier version wrote it
+        del entry["int8"]
+    cache.write_text(json.dumps(entries))
+    again = choose_precision("auto", "auto", model, 32, 800, cache)
+    assert (again.how, again.rollout) == ("measured", "int8")
+    assert "rollouts int8 (bf16 0.01x fp32, int8 2.00x)" in again.describe()
 
 
 def test_an_instruction_set_cap_is_another_machine(model, monkeypatch, tmp_path):
@@ -90,6 +137,14 @@ def test_the_real_probe_is_quick_and_gives_a_ratio(model, tmp_path):
     start = time.perf_counter()
     chosen = choose_precision("auto", "auto", model, 32, 512, tmp_path / "c.json")
     assert time.perf_counter() - start < 2.0 and chosen.decode_speedup > 0 and chosen.train_speedup > 0
+    assert chosen.int8_speedup > 0  # the tiny model's width (64) is one the int8 kernel takes
+
+
+def test_int8_is_not_timed_where_its_kernel_cannot_run():
+    import torch
+
+    assert precision.int8_speedup(8, 72, 128, torch.device("cpu")) is None  # 72 is not a multiple of 16
+    assert precision.int8_speedup(8, 64, 128, torch.device("cuda")) is None
 
 
 def test_the_rollout_correction_follows_the_formats():
@@ -109,4 +164,6 @@ def test_the_rollout_correction_follows_the_formats():
     assert config.rollout_is_level == "token"
     config.precision = Precision("fp32", "fp32", "bf16")  # a bf16 reference changes only the KL term
     assert config.rollout_is_level == "none"
+    config.precision = Precision("int8", "fp32", "fp32")  # int8 rollouts sample a quantized copy
+    assert config.rollout_is_level == "token" and config.rollout_format == "int8" and not config.rollout_bf16
     assert TrainerConfig(rollout_is="sequence").rollout_is_level == "sequence"

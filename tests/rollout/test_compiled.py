@@ -171,11 +171,21 @@ def test_rollout_compile_asks_for_the_built_in_engine_on_a_cpu():
     assert resolve_engine("auto", model, "sample", compile_steps=True) == (
         "hf", "the built-in engine's compiled decode steps (rollout_compile) outpace vLLM's CPU build")
     with pytest.raises(ConfigError, match="rollout_compile .* needs rollout_engine hf or auto"):
-        resolve_compile(True, "vllm", True, model, torch.device("cpu"))
-    assert resolve_compile(None, "vllm", True, model, torch.device("cpu"))[0] is False
-    assert resolve_compile(None, "auto", True, model, torch.device("cpu"))[0] is True
+        resolve_compile(True, "vllm", "bf16", model, torch.device("cpu"))
+    assert resolve_compile(None, "vllm", "bf16", model, torch.device("cpu"))[0] is False
+    assert resolve_compile(None, "auto", "bf16", model, torch.device("cpu"))[0] is True
     with pytest.raises(ConfigError, match="rollout_compile .* needs rollout_engine hf or auto, and no GPU"):
-        resolve_compile(True, "hf", True, model, torch.device("cuda"))
+        resolve_compile(True, "hf", "bf16", model, torch.device("cuda"))
+
+
+def test_int8_rollouts_run_eagerly_on_the_built_in_engine():
+    model = build("llama")
+    assert resolve_compile(None, "hf", "int8", model, torch.device("cpu")) == (
+        False, "int8 rollouts run their decode steps eagerly")
+    with pytest.raises(ConfigError, match="rollout_compile=true: int8 rollouts run their decode steps eagerly"):
+        resolve_compile(True, "auto", "int8", model, torch.device("cpu"))
+    assert resolve_engine("auto", model, "sample", rollout_format="int8") == (
+        "hf", "int8 rollouts are the built-in engine's (vLLM samples in fp32 or bf16)")
 
 
 def test_auto_compiles_bf16_rollouts_of_models_the_graph_covers(monkeypatch):
@@ -186,24 +196,24 @@ def test_auto_compiles_bf16_rollouts_of_models_the_graph_covers(monkeypatch):
     from tests.rollout.test_layer_loop import SIZES
 
     cpu, llama = torch.device("cpu"), build("llama")
-    assert resolve_compile(None, "hf", True, llama, cpu)[0] is True
-    assert resolve_compile(None, "hf", False, llama, cpu) == (False, "fp32 rollouts: the matrix products outweigh "
+    assert resolve_compile(None, "hf", "bf16", llama, cpu)[0] is True
+    assert resolve_compile(None, "hf", "fp32", llama, cpu) == (False, "fp32 rollouts: the matrix products outweigh "
                                                                      "what compiling fuses")
-    assert resolve_compile(True, "hf", False, llama, cpu) == (True, "rollout_compile=true")
-    assert resolve_compile(False, "hf", True, llama, cpu) == (False, "rollout_compile=false")
-    assert resolve_compile(None, "vllm", True, llama, cpu)[0] is False
+    assert resolve_compile(True, "hf", "fp32", llama, cpu) == (True, "rollout_compile=true")
+    assert resolve_compile(False, "hf", "bf16", llama, cpu) == (False, "rollout_compile=false")
+    assert resolve_compile(None, "vllm", "bf16", llama, cpu)[0] is False
     lora = get_peft_model(build("llama"), LoraConfig(r=4, target_modules=["q_proj"]))
     gemma = Gemma2ForCausalLM(Gemma2Config(**SIZES, head_dim=16))
     for model, why in ((lora, "LoRA"), (gemma, "outside the layer loop's families")):
-        on, reason = resolve_compile(None, "hf", True, model, cpu)
+        on, reason = resolve_compile(None, "hf", "bf16", model, cpu)
         assert not on and why in reason
         with pytest.raises(ConfigError, match=f"rollout_compile=true: the compiled decode step cannot serve .*{why}"):
-            resolve_compile(True, "hf", True, model, cpu)
+            resolve_compile(True, "hf", "bf16", model, cpu)
     monkeypatch.setattr(compiled_module, "compiler_found", lambda: False)
     why = "no C++ compiler found (inductor's CPU code needs g++ or clang++)"
-    assert resolve_compile(None, "hf", True, llama, cpu) == (False, why)
+    assert resolve_compile(None, "hf", "bf16", llama, cpu) == (False, why)
     with pytest.raises(ConfigError, match=re.escape(f"rollout_compile=true: {why}")):
-        resolve_compile(True, "hf", True, llama, cpu)
+        resolve_compile(True, "hf", "bf16", llama, cpu)
 
 
 @pytest.mark.slow

@@ -135,7 +135,7 @@ def test_sampled_completions_match_the_forward(bf16, monkeypatch):
     tok = make_tokenizer()
     model = make_model(tok, head_scale=3.0)
     # a third of the vocabulary stops a row: rows end at different steps and are dropped from the batch
-    params = SamplingParams(max_new_tokens=12, temperature=1.0, autocast_bf16=bf16,
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, format="bf16" if bf16 else "fp32",
                             stop_token_ids=list(range(2, len(tok), 3)))
     ids = encode(tok, PROMPTS)
     looped = Sampler(model, tok).generate(ids, 3, params, seed=4)

@@ -162,7 +162,7 @@ def test_batch_layout(model, tok, ids):
 
 def test_bf16_autocast_runs_and_leaves_the_model_alone(model, tok, ids):
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    params = SamplingParams(max_new_tokens=12, temperature=1.0, autocast_bf16=True)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, format="bf16")
     batch = Sampler(model, tok).generate(ids, 2, params, seed=0)
     after = model.state_dict()
     assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())

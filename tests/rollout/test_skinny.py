@@ -229,7 +229,7 @@ def test_bf16_decoding_goes_through_the_packed_layout(monkeypatch):
     tok = make_tokenizer()
     model = make_model(tok, seed=1)
     ids = encode(tok, PROMPTS[:2])
-    params = SamplingParams(max_new_tokens=12, temperature=1.0, autocast_bf16=True)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, format="bf16")
     outs = []
     for layout in (PLAIN, PACKED):
         sampler = Sampler(model, tok)

@@ -248,11 +248,11 @@ def test_a_pushed_lora_adapter_changes_vllm_as_it_changes_the_trainer(lora_engin
             if "lora_B" in name:
                 p.add_(torch.randn_like(p) * 0.5)
     lora_engine.update_weights(model)
-    bf16 = LORA_DTYPE == "bfloat16"
-    want = Sampler(model, tok).generate(ids, 1, replace(greedy, autocast_bf16=bf16), seed=0).completion_ids.tolist()
+    fmt = "bf16" if LORA_DTYPE == "bfloat16" else "fp32"
+    want = Sampler(model, tok).generate(ids, 1, replace(greedy, format=fmt), seed=0).completion_ids.tolist()
     got = lora_engine.generate(ids, 1, greedy, seed=0).completion_ids.tolist()
     assert got != before
-    if bf16:  # two bf16 implementations: the first greedy token of every row, not whole completions
+    if fmt == "bf16":  # two bf16 implementations: the first greedy token of every row, not whole completions
         assert [r[0] for r in got] == [r[0] for r in want]
     else:
         assert got == want

@@ -1,7 +1,7 @@
 import pytest
 
 from grouprl.trainer.config import GRPOConfig
-from grouprl.trainer.sampling import rollout_params
+from grouprl.trainer.sampling import eval_params, rollout_params
 
 
 @pytest.mark.parametrize(
@@ -18,6 +18,7 @@ from grouprl.trainer.sampling import rollout_params
         ({"advantage": "gae"}, "advantage='gae' is not one of: grpo, rank, reinforce, rloo"),
         ({"dual_clip": 0.5}, "dual_clip=0.5 must be > 1"),
         ({"lora_rank": 8, "ref_sync_steps": 2}, "not available with LoRA"),
+        ({"rollout_dtype": "fp8"}, "rollout_dtype='fp8' is not one of: auto, fp32, bf16, int8"),
     ],
 )
 def test_invalid_settings_say_what_to_change(kwargs, message):
@@ -36,8 +37,8 @@ def test_off_policy_detection():
 def test_sampling_params_mirror_the_config():
     p = GRPOConfig(temperature=0.7, top_p=0.9, max_new_tokens=12, stop_strings=("</answer>",), dtype="bf16")
     sp = rollout_params(p, (5,))
-    assert (sp.temperature, sp.top_p, sp.max_new_tokens, sp.stop_strings, sp.stop_token_ids, sp.autocast_bf16) == (
-        0.7, 0.9, 12, ("</answer>",), (5,), True)
+    assert (sp.temperature, sp.top_p, sp.max_new_tokens, sp.stop_strings, sp.stop_token_ids, sp.format) == (
+        0.7, 0.9, 12, ("</answer>",), (5,), "bf16")
 
 
 @pytest.mark.parametrize("key, value", [
@@ -58,3 +59,19 @@ def test_gradient_checkpointing_is_on_unless_set_off_or_the_update_differentiate
     assert GRPOConfig().checkpointing and TrainerConfig(algo="ppo").checkpointing
     assert not GRPOConfig(gradient_checkpointing=False).checkpointing
     assert not TrainerConfig(algo="trpo").checkpointing  # Fisher-vector products: a double backward
+
+
+def test_int8_rollouts_sample_in_int8_and_evaluate_the_trained_weights():
+    config = GRPOConfig(rollout_dtype="int8")
+    assert config.rollout_format == "int8" and rollout_params(config).format == "int8"
+    assert eval_params(config).format == "fp32"
+    assert eval_params(GRPOConfig(dtype="bf16")).format == "bf16"
+
+
+def test_int8_rollouts_are_the_built_in_engines(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    with pytest.raises(ValueError, match="rollout_dtype=int8 is the built-in engine's"):
+        GRPOConfig(rollout_dtype="int8", rollout_engine="vllm")

@@ -32,6 +32,7 @@ def _bf16_rollouts_fp32_training(monkeypatch, tmp_path):
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(precision, "bf16_speedup", lambda m, k, n, device: 3.0 if m <= 64 else 0.5)
+    monkeypatch.setattr(precision, "int8_speedup", lambda m, k, n, device: None)
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
@@ -95,3 +96,15 @@ def test_auto_samples_in_bf16_where_only_decoding_gains_and_corrects_for_it(tmp_
     metrics, _ = trainer.step()
     assert metrics["rollout/mismatch_kl"] > 0  # bf16 sampling against fp32 scoring really differs
     assert 0 < metrics["rollout/is_weight_mean"] <= 1.001 + 1e-6  # the cap, up to float32 rounding
+
+
+def test_int8_rollouts_train_under_the_correction(tmp_path):
+    trainer = make_trainer(tmp_path, beta=0.0, rollout_dtype="int8")
+    assert trainer.setup["dtype"].startswith("rollouts int8, training fp32")
+    assert trainer.setup["rollout_is"] == "token"
+    assert trainer.setup["rollout_engine"].startswith("hf")
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    metrics, _ = trainer.step()
+    # the quantized copy samples near the trained weights, not exactly as they score
+    assert 0 < metrics["rollout/mismatch_kl"] < 0.05 and 0 < metrics["rollout/is_weight_mean"] <= 2.0 + 1e-6
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))

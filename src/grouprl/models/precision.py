@@ -5,12 +5,17 @@ faster than fp32, on a Zen 3 (AVX2 only) 65-260x slower, and on an Intel Xeon wi
 about 0.6-0.8x. ``dtype: auto`` therefore times fp32 against bf16 matrix products at the model's own
 shapes, once per machine, and picks per phase:
 
-- rollouts: decode-sized products (the rollout's rows x hidden x intermediate);
+- rollouts: decode-sized products (half the rollout's rows, since rows end at different steps and most
+  steps run fewer than all, x hidden x intermediate); on a CPU also against weight-only int8 products
+  with bf16 activations (:mod:`grouprl.rollout.int8`), which read a quarter of fp32's weight bytes and
+  need no bf16 units: where bf16 is slow (AVX2) they can be the fastest way to decode;
 - training and the reference pass: training-sized products (a micro-batch's tokens x hidden x
   intermediate). Training runs under bf16 autocast with fp32 master weights and optimizer state;
   the frozen reference is stored in bf16 (half its memory) when bf16 is faster.
 
-A format is picked only when it is at least :data:`MARGIN` faster. The probe stays well under a
+A format is picked only when it is at least :data:`MARGIN` faster than fp32, and int8 over bf16 only when
+that much faster than bf16 too (bf16 weights are the closer copy). ``rollout_dtype`` forces the rollouts'
+format on its own. The probe stays well under a
 second: bf16 is timed on a small product first, and a machine where it is many times slower is not
 asked to run the large one. Results are cached per machine (CPU model and flags, threads, torch
 version, shapes) in the user cache folder.
@@ -22,11 +27,14 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from grouprl.errors import ConfigError
 
 MARGIN = 1.1
 """bf16 is chosen for a phase only when it is at least this many times faster than fp32 there."""
@@ -39,20 +47,26 @@ class Precision:
     """The number format of each phase, and the measured bf16 speedups (fp32 time / bf16 time)."""
 
     rollout: str
+    """fp32, bf16 or int8 (grouprl.rollout.int8)."""
     train: str
     reference: str
     decode_speedup: float | None = None
     train_speedup: float | None = None
+    int8_speedup: float | None = None
+    """fp32 time / int8-weight time of the decode-sized product (None: not measured, or int8 cannot run)."""
     how: str = "measured"
     """measured, cached (measured earlier on this machine), forced (dtype: fp32/bf16), or the GPU's name
     (bf16 where it has bf16 units)."""
 
     def describe(self) -> str:
         """One line for the start of a run and its summary."""
-        def ratio(x: float | None) -> str:
-            return "" if x is None else f" (bf16 {x:.2f}x fp32)"
+        def ratio(x: float | None, fmt: str = "bf16") -> str:
+            return "" if x is None else f" ({fmt} {x:.2f}x fp32)"
 
-        return (f"rollouts {self.rollout}{ratio(self.decode_speedup)}, training {self.train}"
+        decode = ratio(self.decode_speedup)
+        if self.int8_speedup is not None:
+            decode = f"{decode[:-1]}, int8 {self.int8_speedup:.2f}x)"
+        return (f"rollouts {self.rollout}{decode}, training {self.train}"
                 f"{ratio(self.train_speedup)}, reference {self.reference} [{self.how}]")
 
 
@@ -74,21 +88,34 @@ def _cpu_key() -> str:
     return f"{model}|{flags}|{used}"
 
 
-def _time(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, repeats: int = 3) -> float:
-    """Median seconds of ``[m, k] @ [k, n]`` in ``dtype`` (after one warm-up)."""
-    a = torch.randn(m, k, device=device).to(dtype)
-    w = torch.randn(k, n, device=device).to(dtype)
-    a @ w
+def _median_seconds(product: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median seconds of ``product()`` over ``repeats`` calls, after one warm-up."""
+    product()
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        a @ w
+        product()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
+
+
+def _time(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, repeats: int = 3) -> float:
+    """Median seconds of ``[m, k] @ [k, n]`` in ``dtype`` (after one warm-up)."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    w = torch.randn(k, n, device=device).to(dtype)
+    return _median_seconds(lambda: a @ w, device, repeats)
+
+
+def _time_int8(m: int, k: int, n: int, repeats: int = 3) -> float:
+    """Median seconds of a bf16 ``[m, k]`` times an int8 ``[n, k]`` weight's transpose, as int8 decoding runs it."""
+    a = torch.randn(m, k).bfloat16()
+    q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    scales = torch.rand(n).bfloat16()
+    return _median_seconds(lambda: torch.ops.aten._weight_int8pack_mm(a, q, scales), torch.device("cpu"), repeats)
 
 
 def bf16_speedup(m: int, k: int, n: int, device: torch.device) -> float:
@@ -98,6 +125,22 @@ def bf16_speedup(m: int, k: int, n: int, device: torch.device) -> float:
     if bf16 > HOPELESS * fp32 or m == small:
         return fp32 / bf16
     return _time(m, k, n, torch.float32, device) / _time(m, k, n, torch.bfloat16, device)
+
+
+def int8_speedup(m: int, k: int, n: int, device: torch.device) -> float | None:
+    """fp32 time over int8-weight time of an ``[m, k]`` by ``[k, n]`` product (> 1: int8 is faster); None
+    where int8 decoding cannot run (not a CPU, or an input width the kernel does not take)."""
+    from grouprl.rollout.int8 import WIDTH_MULTIPLE
+
+    if device.type != "cpu" or k % WIDTH_MULTIPLE:
+        return None
+    return _time(m, k, n, torch.float32, device) / _time_int8(m, k, n)
+
+
+def rollout_format(bf16: float, int8: float | None) -> str:
+    """The rollouts' format from the measured speedups over fp32 (see the module docstring)."""
+    fmt, speed = ("bf16", bf16) if bf16 >= MARGIN else ("fp32", 1.0)
+    return "int8" if int8 is not None and int8 >= MARGIN * speed else fmt
 
 
 def model_shape(model: torch.nn.Module) -> tuple[int, int]:
@@ -122,38 +165,48 @@ def _read_cache(path: Path) -> dict[str, Any]:
 
 
 def choose_precision(dtype: str, ref_dtype: str, model: torch.nn.Module, decode_rows: int, train_tokens: int,
-                     cache: Path | None = None, device: torch.device | None = None) -> Precision:
-    """The format of each phase for ``dtype`` (auto, fp32 or bf16) and ``ref_dtype`` (auto, fp32, bf16):
-    auto measures (or reads the cache), the others force. ``decode_rows`` and ``train_tokens`` size the
-    probe like the run's rollouts and micro-batches; ``device`` is where the run will compute (default:
-    where ``model`` is now). On a GPU, auto is bf16 wherever the card has bf16 units."""
+                     cache: Path | None = None, device: torch.device | None = None,
+                     rollout_dtype: str = "auto") -> Precision:
+    """The format of each phase for ``dtype`` (auto, fp32 or bf16), ``ref_dtype`` (auto, fp32, bf16) and
+    ``rollout_dtype`` (auto: as ``dtype``; fp32, bf16, int8): auto measures (or reads the cache), the others
+    force. ``decode_rows`` and ``train_tokens`` size the probe like the run's rollouts and micro-batches;
+    ``device`` is where the run will compute (default: where ``model`` is now). On a GPU, auto is bf16
+    wherever the card has bf16 units."""
     forced_ref = None if ref_dtype == "auto" else ref_dtype
-    if dtype != "auto":
-        return Precision(dtype, dtype, forced_ref or ("bf16" if dtype == "bf16" else "fp32"), how="forced")
+    forced_rollout = None if rollout_dtype == "auto" else rollout_dtype
     device = device or next((p.device for p in model.parameters()), torch.device("cpu"))
+    if forced_rollout == "int8" and device.type != "cpu":
+        raise ConfigError(f"rollout_dtype=int8 runs on a CPU (PyTorch's int8 CPU kernel); this run computes on "
+                          f"{device.type}: use fp32, bf16 or auto")
+    if dtype != "auto":
+        return Precision(forced_rollout or dtype, dtype, forced_ref or ("bf16" if dtype == "bf16" else "fp32"),
+                         how="forced")
     if device.type == "cuda":
         # A probe at these sizes would time kernel launches, not arithmetic; bf16 units run every
         # product of a training step at least as fast as fp32 (tf32 included) and halve the bytes moved.
         fmt = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-        return Precision(fmt, fmt, forced_ref or fmt, how=torch.cuda.get_device_name(device))
+        return Precision(forced_rollout or fmt, fmt, forced_ref or fmt, how=torch.cuda.get_device_name(device))
     hidden, width = model_shape(model)
-    decode_rows, train_tokens = max(1, min(decode_rows, 256)), max(16, min(train_tokens, 2048))
+    decode_rows, train_tokens = max(1, min((decode_rows + 1) // 2, 256)), max(16, min(train_tokens, 2048))
     key = hashlib.sha1(json.dumps([_cpu_key(), device.type, torch.get_num_threads(), torch.__version__, hidden,
                                    width, decode_rows, train_tokens]).encode()).hexdigest()
     path = cache or _cache_path()
     cached = _read_cache(path).get(key)
-    if isinstance(cached, dict) and {"decode", "train"} <= set(cached):
+    if isinstance(cached, dict) and {"decode", "train", "int8"} <= set(cached):
         decode, train, how = float(cached["decode"]), float(cached["train"]), "cached"
+        int8 = None if cached["int8"] is None else float(cached["int8"])
     else:
         decode = bf16_speedup(decode_rows, hidden, width, device)
         train = bf16_speedup(train_tokens, hidden, width, device)
+        int8 = int8_speedup(decode_rows, hidden, width, device)
         how = "measured"
-        _write_cache(path, key, {"decode": decode, "train": train})
+        _write_cache(path, key, {"decode": decode, "train": train, "int8": int8})
     pick = lambda speedup: "bf16" if speedup >= MARGIN else "fp32"  # noqa: E731
-    return Precision(pick(decode), pick(train), forced_ref or pick(train), decode, train, how)
+    return Precision(forced_rollout or rollout_format(decode, int8), pick(train), forced_ref or pick(train), decode,
+                     train, int8, how)
 
 
-def _write_cache(path: Path, key: str, value: dict[str, float]) -> None:
+def _write_cache(path: Path, key: str, value: dict[str, float | None]) -> None:
     """Add ``key`` to the cache file (best effort: a read-only home only costs a new probe next time)."""
     try:
         data = _read_cache(path)

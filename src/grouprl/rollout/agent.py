@@ -20,7 +20,7 @@ from torch import nn
 
 from grouprl.errors import PromptTooLongError
 from grouprl.rollout.compiled import CompiledStep
-from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights
+from grouprl.rollout.runner import FORMATS, check_format, eval_mode, left_pad, model_device
 from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits, decode_conversations
@@ -156,8 +156,9 @@ class AgentSampler:
         if self.engine is not None:  # token in, token out through vLLM's prefix cache
             out = self.engine.conversations(prompt_rows, group_size, params, self.limits, respond, seeds, stop)
             return self._assemble(episodes, starts, ids, mask, group_size, out)
+        check_format(params.format, device)
         with eval_mode(self.model), torch.inference_mode():
-            out = run_with_bf16_weights(self.model, decode) if params.autocast_bf16 else decode(self.model)
+            out = FORMATS[params.format](self.model, decode)
         return self._assemble(episodes, starts, ids, mask, group_size, out)
 
     def _check_context(self, prompt_rows: list[list[int]], episodes: Sequence[Any]) -> None:

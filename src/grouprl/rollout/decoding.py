@@ -131,7 +131,8 @@ def sample_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     g, n = req.group_size, params.max_new_tokens
     b_all = p * g
     device = req.prompt_ids.device
-    runner = Runner(req.model, capacity=lp + n, products=req.products, compiled=req.compiled)
+    runner = Runner(req.model, capacity=lp + n, products=req.products, compiled=req.compiled,
+                    int8=params.format == "int8")
     logits = prefill(runner, req)  # [B, V]
 
     rows = torch.arange(b_all, device=device)  # original row of each running row  [b]

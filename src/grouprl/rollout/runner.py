@@ -18,6 +18,7 @@ from torch import nn
 from grouprl.rollout.attention import decoding, sdpa_configs
 from grouprl.rollout.cache import make_cache
 from grouprl.rollout.compiled import CompiledStep
+from grouprl.rollout.int8 import Int8Weights, int8_products
 from grouprl.rollout.layer_loop import LayerLoop, float_rows, stack_groups, stacked_copies
 from grouprl.rollout.skinny import PackedWeights, SkinnyProducts, model_linears
 
@@ -79,6 +80,25 @@ def run_with_bf16_weights(model: nn.Module, fn: Callable[[nn.Module], Any]) -> A
         return torch.func.functional_call(wrapper, params, (fn,), tie_weights=True, strict=False)
 
 
+def run_as_is(model: nn.Module, fn: Callable[[nn.Module], Any]) -> Any:
+    return fn(model)
+
+
+FORMATS: dict[str, Callable[[nn.Module, Callable[[nn.Module], Any]], Any]] = {
+    "fp32": run_as_is, "bf16": run_with_bf16_weights, "int8": run_as_is}
+"""``SamplingParams.format`` -> how a decode loop runs ``fn(model)`` in it. int8 keeps the fp32 weights here:
+each :class:`Runner` built with ``int8`` reroutes its one-token steps' products to int8 copies."""
+
+
+def check_format(fmt: str, device: torch.device) -> None:
+    """Raise ``ValueError`` for a ``SamplingParams.format`` that is unknown or cannot run on ``device``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"SamplingParams.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt == "int8" and device.type != "cpu":
+        raise ValueError(f"SamplingParams.format int8 runs on a CPU (PyTorch's int8 CPU kernel); the model is on "
+                         f"{device.type}: use fp32 or bf16")
+
+
 def _contiguous_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
     return (args[0].contiguous(), *args[1:]) if args and torch.is_tensor(args[0]) else args
 
@@ -91,17 +111,20 @@ class Runner:
     repeated with :meth:`select_rows` / :meth:`repeat_rows`. ``products`` picks the layout of
     decode steps' matrix products (:mod:`grouprl.rollout.skinny`); pass one that outlives the runner to
     keep what it learnt across rollouts; ``compiled`` (:mod:`grouprl.rollout.compiled`), likewise kept, runs
-    the layer loop's steps as one compiled graph once the layouts are learnt. The weights must not change
-    while the runner lives: the reordered copies some layouts read are made once and kept until it goes.
+    the layer loop's steps as one compiled graph once the layouts are learnt. ``int8``: one-token steps multiply
+    int8 copies of the fp32 weights (:mod:`grouprl.rollout.int8`; eagerly, not compiled). The weights must not
+    change while the runner lives: the reordered or quantized copies the steps read are made once and kept
+    until it goes.
     On a CPU, one-token steps of the model families :mod:`grouprl.rollout.layer_loop` covers run through
     its layer loop rather than the model's forward (the same logits, without the forward's per-step glue).
     """
 
     def __init__(self, model: nn.Module, capacity: int, products: SkinnyProducts | None = None,
-                 compiled: CompiledStep | None = None):
+                 compiled: CompiledStep | None = None, int8: bool = False):
         self.model = model
         self.products = products if products is not None else SkinnyProducts()
-        self.compiled = compiled
+        self.int8 = Int8Weights() if int8 else None
+        self.compiled = compiled if self.int8 is None else None
         # decode steps on a CPU skip the transformers forward's per-step glue (measured there only)
         self._loop = LayerLoop.plan(unwrap_model(model)) if model_device(model).type == "cpu" else None
         # Products the learnt layouts serve: a stack's parts are left to x @ W.T (only a short prefill calls them),
@@ -123,7 +146,9 @@ class Runner:
 
         ``attention_mask`` is [b, n + q] over the cached and new positions; ``position_ids`` [b, q].
         """
-        products = self.products.step(self._linears, ids.numel(), self._packs)
+        one_token = ids.shape[1] == 1
+        products = int8_products(self._linears, self.int8) if self.int8 is not None and one_token else \
+            self.products.step(self._linears, ids.numel(), self._packs)
         if self._loop is not None and self._loop.covers(self.cache, ids):
             if self.compiled is not None:
                 logits = self.compiled.run(self._loop, self.products, ids, attention_mask, position_ids, self.cache)

@@ -27,7 +27,7 @@ from grouprl.rollout.beams import beam_groups, check_beam_request
 from grouprl.rollout.compiled import CompiledStep
 from grouprl.rollout.decoding import Decoded, DecodeRequest, row_uniforms, sample_groups
 from grouprl.rollout.prompts import Prompt, encode_prompts
-from grouprl.rollout.runner import eval_mode, left_pad, model_device, run_with_bf16_weights, unwrap_model
+from grouprl.rollout.runner import FORMATS, check_format, eval_mode, left_pad, model_device, unwrap_model
 from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.rollout.stops import StopStringMatcher, cut_at_stop
@@ -106,9 +106,9 @@ class Sampler:
       ``log_softmax(logits / T)``, renormalised over the tokens top-k / top-p / min-p keep, after
       the repetition penalty (greedy and beam rows: T = 1 for greedy, T for beams, no filters).
       Without filters or penalty they equal :func:`~grouprl.rollout.logprobs.token_logprobs`.
-    - ``autocast_bf16`` samples from a bfloat16 copy of the weights made for the rollout (the
+    - ``format`` bf16 samples from a bfloat16 copy of the weights made for the rollout (the
       module keeps its own); it pays off only where the CPU multiplies bf16 natively (AMX,
-      AVX512-BF16).
+      AVX512-BF16). int8 multiplies int8 copies in the decode steps (:mod:`grouprl.rollout.int8`).
     - Memory: the KV cache is preallocated for ``Lp + max_new_tokens`` positions of all B rows
       (SmolLM2-135M, B=16, 306 positions: 225 MB in fp32) and shrinks as rows finish.
     """
@@ -179,6 +179,7 @@ class Sampler:
         _check_inputs(prompt_ids, group_size, prompts, extras)
         vocab = unwrap_model(self.model).get_input_embeddings().num_embeddings
         device = model_device(self.model)
+        check_format(params.format, device)
         row_seeds = resolve_row_seeds(seed, len(prompt_ids) * group_size)
         pad_id = self.pad_token_id
         ids, mask = left_pad([list(map(int, r)) for r in prompt_ids], pad_id, device)
@@ -195,7 +196,7 @@ class Sampler:
         mode.check(params, group_size, vocab, req.stop_ids.numel())
         decode = partial(mode.decode, pad_id=pad_id)
         with eval_mode(self.model), torch.inference_mode():
-            out = run_with_bf16_weights(self.model, lambda _: decode(req)) if params.autocast_bf16 else decode(req)
+            out = FORMATS[params.format](self.model, lambda _: decode(req))
         return self._assemble(req, out, prompt_ids, prompts, extras)
 
     def _assemble(self, req: DecodeRequest, out: Decoded, prompt_ids: list[list[int]], prompts: list | None,

@@ -11,11 +11,14 @@ def rollout_params(c: TrainerConfig, stop_token_ids: tuple[int, ...] = ()) -> Sa
     return SamplingParams(
         max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, min_p=c.min_p,
         repetition_penalty=c.repetition_penalty, stop_token_ids=tuple(stop_token_ids),
-        stop_strings=tuple(c.stop_strings), mode=c.rollout_mode, autocast_bf16=c.rollout_bf16,
+        stop_strings=tuple(c.stop_strings), mode=c.rollout_mode, format=c.rollout_format,
     )
 
 
 def eval_params(c: TrainerConfig) -> SamplingParams:
-    """Sampling of held-out evaluation: the training settings' length and stops, ``eval_temperature``."""
+    """Sampling of held-out evaluation: the training settings' length and stops, ``eval_temperature``; in
+    the rollout format, except that int8 rollouts evaluate in fp32: an accuracy should be the trained
+    weights', not their quantized copy's."""
+    fmt = "fp32" if c.rollout_format == "int8" else c.rollout_format
     return SamplingParams(max_new_tokens=c.max_new_tokens, temperature=c.eval_temperature,
-                          stop_strings=tuple(c.stop_strings), autocast_bf16=c.rollout_bf16)
+                          stop_strings=tuple(c.stop_strings), format=fmt)

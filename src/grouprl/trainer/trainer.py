@@ -35,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -122,14 +123,16 @@ class Trainer:
         self.config = c = copy.copy(c)  # the caller's config is left as it was given
         c.precision = choose_precision(c.dtype, c.ref_dtype, policy, c.rollout_rows // self.processes.world_size,
                                        c.micro_batch_size * (c.max_prompt_len // 2 + c.max_new_tokens),
-                                       device=self.processes.device)
+                                       device=self.processes.device, rollout_dtype=c.rollout_dtype)
         if sampler is None:
-            compiles, compile_reason = resolve_compile(c.rollout_compile, c.rollout_engine, c.rollout_bf16, policy,
+            compiles, compile_reason = resolve_compile(c.rollout_compile, c.rollout_engine, c.rollout_format, policy,
                                                        self.processes.device)
             c.resolved_engine, engine_reason = resolve_engine(c.rollout_engine, policy, c.rollout_mode,
                                                               multi_turn=inputs.env is not None,
-                                                              compile_steps=compiles)
+                                                              compile_steps=compiles, rollout_format=c.rollout_format)
             c.compile_steps = compiles  # auto takes the built-in engine where its steps compile
+        if c.engine_choice == "vllm" and c.rollout_format == "int8":  # measured int8, but vLLM was asked for
+            c.precision = dataclasses.replace(c.precision, rollout="fp32")
         else:  # one with its own copy of the weights is compared with the trainer like vLLM
             c.resolved_engine = "hf" if getattr(sampler, "uses_live_model", True) else "vllm"
             engine_reason = f"a {type(sampler).__name__} was passed in"
