@@ -19,12 +19,12 @@ def model():
 def fake_speedups(monkeypatch, decode, train, int8=None):
     calls = []
 
-    def speedup(m, k, n, device):
+    def speedup(m, k, n, device, count=1):
         calls.append((m, k, n))
         return decode if m <= 64 else train
 
     monkeypatch.setattr(precision, "bf16_speedup", speedup)
-    monkeypatch.setattr(precision, "int8_speedup", lambda m, k, n, device: int8)
+    monkeypatch.setattr(precision, "int8_speedup", lambda m, k, n, device, count=1: int8)
     return calls
 
 
@@ -56,8 +56,7 @@ def test_int8_rollouts_need_a_cpu(model):
 @pytest.mark.parametrize("bf16, int8, want", [
     (0.01, 2.0, "int8"),  # AVX2 only: bf16 emulated, int8 weights read a quarter of fp32's bytes
     (2.7, 1.5, "bf16"),  # AMX: bf16 products beat int8's
-    (2.7, 2.9, "bf16"),  # int8 must beat bf16 by the margin too
-    (2.7, 3.0, "int8"),
+    (2.7, 3.0, "bf16"),  # where bf16 wins its rollouts compile too: int8 is not weighed against it
     (1.05, 1.12, "int8"),  # bf16 within the margin of fp32, int8 past it
     (0.5, 1.05, "fp32"),
     (1.0, None, "fp32"),  # int8 cannot run (a GPU, or an input width its kernel does not take)
@@ -120,7 +119,7 @@ def test_an_instruction_set_cap_is_another_machine(model, monkeypatch, tmp_path)
 def test_a_hopeless_bf16_is_not_timed_at_the_large_size(monkeypatch):
     sizes = []
 
-    def time_it(m, k, n, dtype, device, repeats=3):
+    def time_it(m, k, n, dtype, device, repeats=3, count=1):
         sizes.append(m)
         return 1.0 if dtype.is_floating_point and dtype.itemsize == 4 else 50.0  # bf16 50x slower
 

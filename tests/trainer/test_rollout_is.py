@@ -31,8 +31,8 @@ def _bf16_rollouts_fp32_training(monkeypatch, tmp_path):
     import grouprl.models.precision as precision
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(precision, "bf16_speedup", lambda m, k, n, device: 3.0 if m <= 64 else 0.5)
-    monkeypatch.setattr(precision, "int8_speedup", lambda m, k, n, device: None)
+    monkeypatch.setattr(precision, "bf16_speedup", lambda m, k, n, device, count=1: 3.0 if m <= 64 else 0.5)
+    monkeypatch.setattr(precision, "int8_speedup", lambda m, k, n, device, count=1: None)
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])

@@ -6,15 +6,20 @@ about 0.6-0.8x. ``dtype: auto`` therefore times fp32 against bf16 matrix product
 shapes, once per machine, and picks per phase:
 
 - rollouts: decode-sized products (half the rollout's rows, since rows end at different steps and most
-  steps run fewer than all, x hidden x intermediate); on a CPU also against weight-only int8 products
+  steps run fewer than all, x hidden x intermediate, over enough distinct weights to stream them from
+  memory as a decode step does: :data:`STREAM_BYTES`); on a CPU also against weight-only int8 products
   with bf16 activations (:mod:`grouprl.rollout.int8`), which read a quarter of fp32's weight bytes and
   need no bf16 units: where bf16 is slow (AVX2) they can be the fastest way to decode;
 - training and the reference pass: training-sized products (a micro-batch's tokens x hidden x
   intermediate). Training runs under bf16 autocast with fp32 master weights and optimizer state;
   the frozen reference is stored in bf16 (half its memory) when bf16 is faster.
 
-A format is picked only when it is at least :data:`MARGIN` faster than fp32, and int8 over bf16 only when
-that much faster than bf16 too (bf16 weights are the closer copy). ``rollout_dtype`` forces the rollouts'
+A format is picked only when it is at least :data:`MARGIN` faster than fp32, and int8 only where bf16 is
+not: where bf16 runs fast its rollouts also learn faster layouts than the probe's ``x @ W.T`` and compile
+(``rollout_compile``), so the probe would flatter int8 against them (on a 2-core Xeon with AMX, one thread,
+the probe gave int8 2.1x and bf16 1.9x fp32, while whole eager rollouts ran faster in bf16: ``python
+benchmarks/rollout.py --threads 1 --formats bf16,int8``, README "Speed and memory"), and bf16 weights are
+the closer copy. ``rollout_dtype`` forces the rollouts'
 format on its own. The probe stays well under a
 second: bf16 is timed on a small product first, and a machine where it is many times slower is not
 asked to run the large one. Results are cached per machine (CPU model and flags, threads, torch
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn import functional as F
 
 from grouprl.errors import ConfigError
 
@@ -103,44 +109,59 @@ def _median_seconds(product: Callable[[], object], device: torch.device, repeats
     return sorted(times)[len(times) // 2]
 
 
-def _time(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, repeats: int = 3) -> float:
-    """Median seconds of ``[m, k] @ [k, n]`` in ``dtype`` (after one warm-up)."""
-    a = torch.randn(m, k, device=device).to(dtype)
-    w = torch.randn(k, n, device=device).to(dtype)
-    return _median_seconds(lambda: a @ w, device, repeats)
+def _time(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, repeats: int = 3,
+          count: int = 1) -> float:
+    """Median seconds of ``[m, k]`` times ``count`` distinct ``[n, k]`` weights' transposes (as ``nn.Linear``
+    multiplies), in ``dtype``, after one warm-up."""
+    a = torch.rand(m, k, device=device).to(dtype)
+    weights = [torch.rand(n, k, device=device).to(dtype) for _ in range(count)]
+    return _median_seconds(lambda: [F.linear(a, w) for w in weights], device, repeats)
 
 
-def _time_int8(m: int, k: int, n: int, repeats: int = 3) -> float:
-    """Median seconds of a bf16 ``[m, k]`` times an int8 ``[n, k]`` weight's transpose, as int8 decoding runs it."""
-    a = torch.randn(m, k).bfloat16()
-    q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
-    scales = torch.rand(n).bfloat16()
-    return _median_seconds(lambda: torch.ops.aten._weight_int8pack_mm(a, q, scales), torch.device("cpu"), repeats)
+def _time_int8(m: int, k: int, n: int, repeats: int = 3, count: int = 1) -> float:
+    """As :func:`_time` for int8 decoding's product: bf16 ``[m, k]`` times int8 ``[n, k]`` weights' transposes."""
+    a = torch.rand(m, k).bfloat16()
+    weights = [(torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n).bfloat16()) for _ in range(count)]
+    return _median_seconds(lambda: [torch.ops.aten._weight_int8pack_mm(a, q, s) for q, s in weights],
+                           torch.device("cpu"), repeats)
 
 
-def bf16_speedup(m: int, k: int, n: int, device: torch.device) -> float:
-    """fp32 time over bf16 time of an ``[m, k] @ [k, n]`` product (> 1: bf16 is faster)."""
+STREAM_BYTES = 64 << 20
+"""Decode-sized products cycle through distinct weights of this many fp32 bytes in all. A decode step reads
+each weight from memory once, not from a cache that a single probe weight would sit in; the bytes a format
+does not read (int8 reads a quarter of fp32's) are much of what it gains there."""
+
+
+def streamed(k: int, n: int) -> int:
+    """How many distinct ``[n, k]`` weights a decode-sized probe cycles through."""
+    return max(1, -(-STREAM_BYTES // (4 * k * n)))
+
+
+def bf16_speedup(m: int, k: int, n: int, device: torch.device, count: int = 1) -> float:
+    """fp32 time over bf16 time of ``[m, k]`` times ``count`` ``[n, k]`` weights (> 1: bf16 is faster)."""
     small = min(m, 16)
-    fp32, bf16 = _time(small, k, n, torch.float32, device), _time(small, k, n, torch.bfloat16, device)
+    fp32 = _time(small, k, n, torch.float32, device, count=count)
+    bf16 = _time(small, k, n, torch.bfloat16, device, count=count)
     if bf16 > HOPELESS * fp32 or m == small:
         return fp32 / bf16
-    return _time(m, k, n, torch.float32, device) / _time(m, k, n, torch.bfloat16, device)
+    return _time(m, k, n, torch.float32, device, count=count) / _time(m, k, n, torch.bfloat16, device, count=count)
 
 
-def int8_speedup(m: int, k: int, n: int, device: torch.device) -> float | None:
-    """fp32 time over int8-weight time of an ``[m, k]`` by ``[k, n]`` product (> 1: int8 is faster); None
-    where int8 decoding cannot run (not a CPU, or an input width the kernel does not take)."""
+def int8_speedup(m: int, k: int, n: int, device: torch.device, count: int = 1) -> float | None:
+    """fp32 time over int8-weight time of ``[m, k]`` times ``count`` ``[n, k]`` weights (> 1: int8 is faster);
+    None where int8 decoding cannot run (not a CPU, or an input width the kernel does not take)."""
     from grouprl.rollout.int8 import WIDTH_MULTIPLE
 
     if device.type != "cpu" or k % WIDTH_MULTIPLE:
         return None
-    return _time(m, k, n, torch.float32, device) / _time_int8(m, k, n)
+    return _time(m, k, n, torch.float32, device, count=count) / _time_int8(m, k, n, count=count)
 
 
 def rollout_format(bf16: float, int8: float | None) -> str:
     """The rollouts' format from the measured speedups over fp32 (see the module docstring)."""
-    fmt, speed = ("bf16", bf16) if bf16 >= MARGIN else ("fp32", 1.0)
-    return "int8" if int8 is not None and int8 >= MARGIN * speed else fmt
+    if bf16 >= MARGIN:
+        return "bf16"
+    return "int8" if int8 is not None and int8 >= MARGIN else "fp32"
 
 
 def model_shape(model: torch.nn.Module) -> tuple[int, int]:
@@ -189,16 +210,17 @@ def choose_precision(dtype: str, ref_dtype: str, model: torch.nn.Module, decode_
     hidden, width = model_shape(model)
     decode_rows, train_tokens = max(1, min((decode_rows + 1) // 2, 256)), max(16, min(train_tokens, 2048))
     key = hashlib.sha1(json.dumps([_cpu_key(), device.type, torch.get_num_threads(), torch.__version__, hidden,
-                                   width, decode_rows, train_tokens]).encode()).hexdigest()
+                                   width, decode_rows, train_tokens, STREAM_BYTES]).encode()).hexdigest()
     path = cache or _cache_path()
     cached = _read_cache(path).get(key)
     if isinstance(cached, dict) and {"decode", "train", "int8"} <= set(cached):
         decode, train, how = float(cached["decode"]), float(cached["train"]), "cached"
         int8 = None if cached["int8"] is None else float(cached["int8"])
     else:
-        decode = bf16_speedup(decode_rows, hidden, width, device)
+        decode = bf16_speedup(decode_rows, hidden, width, device, count=streamed(hidden, width))
         train = bf16_speedup(train_tokens, hidden, width, device)
-        int8 = int8_speedup(decode_rows, hidden, width, device)
+        int8 = int8_speedup(decode_rows, hidden, width, device, count=streamed(hidden, width)) \
+            if decode < MARGIN else None
         how = "measured"
         _write_cache(path, key, {"decode": decode, "train": train, "int8": int8})
     pick = lambda speedup: "bf16" if speedup >= MARGIN else "fp32"  # noqa: E731
