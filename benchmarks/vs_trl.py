@@ -19,10 +19,12 @@ each is a warm-up and is excluded; the figure per framework is the median second
     python benchmarks/vs_trl.py --curves 20 --seeds 0,1   # reward curves of both over 20 steps
     python benchmarks/vs_trl.py --grouprl_checkpointing true,false  # a grouprl worker per setting, in turn
     python benchmarks/vs_trl.py --repeats 3           # fresh workers 3 times: median step times and peaks
+    python benchmarks/vs_trl.py --grouprl_rollout_dtype auto,fp32  # grouprl's rollouts as chosen, and in fp32
 
 The last line is ``speedup=<TRL s/step over grouprl s/step> memory_ratio=<grouprl peak RSS over
 TRL's>``, the weaker of the configurations run (lowest speedup, highest memory ratio).
 
+Each grouprl worker prints the formats ``dtype: auto`` chose and its rollout engine before the steps.
 TRL's phases are timed by wrapping its generation and log-prob methods: ``generate`` is the
 rollout, ``logprobs`` the no-grad passes (reference model), ``update`` the rest of the step.
 """
@@ -87,10 +89,11 @@ def grouprl_worker(args: argparse.Namespace) -> None:
                         beta=args.beta, mu=1, lr=LR, seed=args.seed, rollout_engine=args.grouprl_engine,
                         output_dir=tempfile.mkdtemp(prefix="vs_trl-"), progress=False, tensorboard=False,
                         log_completions_every=0, **forced("gradient_checkpointing", args.grouprl_checkpointing),
-                        **forced("rollout_compile", args.grouprl_compile))
+                        **forced("rollout_compile", args.grouprl_compile), rollout_dtype=args.grouprl_rollout_dtype)
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
                           train_data=rows, system_prompt=task.system_prompt)
-    emit({"ready": True, "allocator": describe_allocator()})
+    emit({"ready": True, "allocator": describe_allocator(),
+          "setup": f"{trainer.setup['dtype']}; engine {trainer.setup['rollout_engine']}"})
     while command() == "step":
         start = time.perf_counter()
         metrics, _ = trainer.step()
@@ -196,7 +199,7 @@ def trl_worker(args: argparse.Namespace) -> None:
 class Worker:
     def __init__(self, name: str, framework: str, beta: float, threads: int, seed: int, python: str, trl_ckpt: bool,
                  trl_dtype: str, grouprl_engine: str, allocator: str, checkpointing: str = "default",
-                 compile_steps: str = "default"):
+                 compile_steps: str = "default", rollout_dtype: str = "auto"):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
         env = preload_environ(allocator, env) or env  # as the grouprl command starts itself
@@ -205,9 +208,10 @@ class Worker:
             [python, __file__, "--worker", framework, "--beta", str(beta), "--threads", str(threads),
              "--seed", str(seed), "--trl_gradient_checkpointing", str(trl_ckpt), "--trl_dtype", trl_dtype,
              "--grouprl_engine", grouprl_engine, "--grouprl_checkpointing", checkpointing,
-             "--grouprl_compile", compile_steps],
+             "--grouprl_compile", compile_steps, "--grouprl_rollout_dtype", rollout_dtype],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        self.allocator = self.read()["allocator"]
+        ready = self.read()
+        self.allocator, self.setup = ready["allocator"], ready.get("setup")
 
     def read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -243,16 +247,22 @@ def trl_best_dtype(threads: int) -> str:
 
 def run_pair(args: argparse.Namespace, beta: float, steps: int, seed: int) -> dict:
     """Both frameworks, ``steps`` steps each in turn (the first a warm-up): their step records and peaks."""
-    # the first grouprl allocator and checkpointing value are the headline's ("grouprl"); any further one runs
-    # beside it with the other's first value, as grouprl[name]
+    # the first grouprl allocator, checkpointing and rollout dtype value are the headline's ("grouprl"); any further
+    # one runs beside it with the others' first values, as grouprl[name]
     allocators, ckpts = args.grouprl_allocator.split(","), args.grouprl_checkpointing.split(",")
-    specs = [("grouprl" if i == 0 else f"grouprl[{a}]", "grouprl", a, ckpts[0]) for i, a in enumerate(allocators)]
-    specs += [(f"grouprl[ckpt={c}]", "grouprl", allocators[0], c) for c in ckpts[1:]]
+    dtypes = args.grouprl_rollout_dtype.split(",")
+    specs = [("grouprl" if i == 0 else f"grouprl[{a}]", "grouprl", a, ckpts[0], dtypes[0])
+             for i, a in enumerate(allocators)]
+    specs += [(f"grouprl[ckpt={c}]", "grouprl", allocators[0], c, dtypes[0]) for c in ckpts[1:]]
+    specs += [(f"grouprl[{d}]", "grouprl", allocators[0], ckpts[0], d) for d in dtypes[1:]]
     workers = [Worker(name, framework, beta, args.threads, seed, args.python, args.trl_gradient_checkpointing,
-                      args.trl_dtype, args.grouprl_engine, allocator, ckpt, args.grouprl_compile)
-               for name, framework, allocator, ckpt in [*specs, ("trl", "trl", args.trl_allocator, "default")]]
+                      args.trl_dtype, args.grouprl_engine, allocator, ckpt, args.grouprl_compile, dtype)
+               for name, framework, allocator, ckpt, dtype in
+               [*specs, ("trl", "trl", args.trl_allocator, "default", "auto")]]
     for w in workers:
         print(f"  {w.name} worker's allocator: {w.allocator}", flush=True)
+        if w.setup:
+            print(f"  {w.name} worker's formats: {w.setup}", flush=True)
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
     for i in range(steps):
         for w in workers if i % 2 == 0 else workers[::-1]:
@@ -380,6 +390,9 @@ def main() -> None:
     parser.add_argument("--grouprl_compile", default="default",
                         help="grouprl's rollout_compile (default: its config's own; true/false force it); it compiles "
                              "in the warm-up step, whose time the step lines show")
+    parser.add_argument("--grouprl_rollout_dtype", default="auto",
+                        help="grouprl's rollout_dtype (auto: what dtype auto measures; fp32, bf16, int8 force it); "
+                             "comma-separated: one more grouprl worker per further value, as --grouprl_allocator")
     parser.add_argument("--trl_allocator", default="system", help="allocator of TRL's worker, the same choices")
     parser.add_argument("--trl_dtype", choices=["auto", "fp32", "bf16"], default="auto",
                         help="TRL's number format; auto: bf16 where this machine's training-sized bf16 products are "
