@@ -166,3 +166,11 @@ def test_the_rollout_correction_follows_the_formats():
     config.precision = Precision("int8", "fp32", "fp32")  # int8 rollouts sample a quantized copy
     assert config.rollout_is_level == "token" and config.rollout_format == "int8" and not config.rollout_bf16
     assert TrainerConfig(rollout_is="sequence").rollout_is_level == "sequence"
+
+
+def test_vllm_samples_in_fp32_where_int8_was_measured_fastest():
+    measured = Precision("int8", "fp32", "fp32", 0.5, 0.1, 1.6)
+    assert precision.for_engine(measured, "vllm") == Precision("fp32", "fp32", "fp32", 0.5, 0.1, 1.6)
+    assert precision.for_engine(measured, "hf") is measured
+    bf16 = Precision("bf16", "bf16", "bf16")
+    assert precision.for_engine(bf16, "vllm") is bf16
