@@ -102,7 +102,7 @@ def grouprl_worker(args: argparse.Namespace) -> None:
         emit({"seconds": seconds, "generate": metrics["time/rollout"], "logprobs": metrics["time/logprobs"],
               "update": seconds - metrics["time/rollout"] - metrics["time/logprobs"],
               "reward": metrics["reward/mean"], "len_mean": metrics["rollout/len_mean"],
-              "compile": metrics.get("time/compile", 0.0)})
+              "compile": metrics.get("time/compile", 0.0), "mismatch_kl": metrics.get("rollout/mismatch_kl")})
     emit({"peak_rss_mb": peak_rss_mb()})
 
 
@@ -271,7 +271,9 @@ def run_pair(args: argparse.Namespace, beta: float, steps: int, seed: int) -> di
             print(f"  beta={beta} step {i} {w.name:7s} {r['seconds']:6.1f} s (generate {r['generate']:5.1f}, "
                 f"logprobs {r['logprobs']:5.1f}, update {r['update']:5.1f}) reward {r['reward']:.3f} "
                 f"len {r['len_mean']:.1f}" + (f", compiling its decode step took {r['compile']:.1f} s of it"
-                                              if r.get("compile") else ""), flush=True)
+                                              if r.get("compile") else "")
+                + (f", rollout/mismatch_kl {r['mismatch_kl']:.2e}" if r.get("mismatch_kl") is not None else ""),
+                flush=True)
     peaks = {w.name: w.close() for w in workers}
     return {"records": records, "peak_rss_mb": peaks}
 
