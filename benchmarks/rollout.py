@@ -237,7 +237,9 @@ def main() -> None:
                 for seed in range(args.warmup):
                     run(ids, n, fmt, args.repeats + seed)
         rate, best = timed(methods, ids, n, formats, args.repeats)
-        chosen = choose_precision("auto", "auto", model, rows, 512).rollout
+        precision = choose_precision("auto", "auto", model, rows, 512)
+        print(f"dtype auto: {precision.describe()}", flush=True)
+        chosen = precision.rollout
         chosen = chosen if chosen in formats else best["engine"]
         # what rollout_engine auto and rollout_compile auto run in the chosen format
         compiles = COMPILED in methods and resolve_compile(None, "auto", chosen, model)[0]

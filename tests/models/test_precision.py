@@ -127,7 +127,7 @@ def test_a_hopeless_bf16_is_not_timed_at_the_large_size(monkeypatch):
     import torch
 
     assert precision.bf16_speedup(2048, 576, 1536, torch.device("cpu")) == pytest.approx(0.02)
-    assert sizes == [16, 16]
+    assert sizes == [64, 64]
 
 
 def test_the_real_probe_is_quick_and_gives_a_ratio(model, tmp_path):
