@@ -149,3 +149,38 @@ def test_formats_are_checked():
     with pytest.raises(ValueError, match="int8 runs on a CPU"):
         check_format("int8", torch.device("cuda"))
     check_format("int8", torch.device("cpu"))
+
+
+def test_multi_turn_rollouts_decode_in_int8_and_feed_replies_in_fp32(tok, model, monkeypatch):
+    from grouprl.rollout.runner import left_pad
+    from grouprl.rollout.turns import Reply, TurnLimits, decode_conversations
+
+    calls = count_int8_calls(monkeypatch)
+    kinds = []  # per Runner.forward: (new positions, int8 products it ran)
+    forward = Runner.forward
+
+    def spy(self, ids, mask, positions):
+        before = len(calls)
+        out = forward(self, ids, mask, positions)
+        kinds.append((ids.shape[1], len(calls) - before))
+        return out
+
+    monkeypatch.setattr(Runner, "forward", spy)
+    ids, mask = left_pad(encode(tok, ["Hi", "Say something"]), tok.pad_token_id, torch.device("cpu"))
+    limits = TurnLimits(4, 3, 120)
+    params = SamplingParams(max_new_tokens=limits.max_new_tokens, temperature=1.0, format="int8")
+
+    answered: set[int] = set()
+
+    def respond(rows, turns, stopped):  # every trajectory gets one reply, then ends
+        replies = [Reply(None) if r in answered else Reply(encode(tok, ["ok then"])[0]) for r in rows]
+        answered.update(rows)
+        return replies
+
+    with torch.inference_mode():
+        out = decode_conversations(model, ids, mask, 2, params, limits, respond, list(range(4)),
+                                   torch.tensor([tok.eos_token_id]), tok.pad_token_id)
+    assert out.turns == [2, 2, 2, 2]
+    assert sum(q > 1 for q, _ in kinds) >= 2  # the prompts' prefill and at least one feed of replies
+    assert all(n == 0 for q, n in kinds if q > 1)  # those run in fp32
+    assert all(n == 15 for q, n in kinds if q == 1)  # one-token steps: every product in int8
