@@ -4,7 +4,7 @@ activations rounded to bf16 at the product's input, PyTorch's ``_weight_int8pack
 A decode step of a few running rows reads every weight of the model once for a handful of dot products, so
 on a CPU without bf16 units (AVX2 only, where bf16 products are tens of times slower than fp32) the fp32
 weights' bytes and the BLAS's few-row kernels set its time. The int8 kernel reads a quarter of those bytes
-and converts bf16 activations with plain AVX2 shifts. SmolLM2-135M's decode shapes, one thread, with the
+and takes bf16 activations without bf16 units. SmolLM2-135M's decode shapes, one thread, with the
 kernels limited to AVX2 on a 2-core Intel Xeon (``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python
 benchmarks/products.py --threads 1``, log ``benchmarks/results/products/xeon-avx2-capped.log``): the 49k x
 576 LM head at 2 / 4 / 8 / 16 rows took 5.8 / 8.4 / 14.9 / 19.1 ms in int8 against 10.4 / 15.0 / 18.4 /
@@ -12,7 +12,11 @@ benchmarks/products.py --threads 1``, log ``benchmarks/results/products/xeon-avx
 projection 0.22 / 0.28 / 0.46 / 0.77 against 0.39 / 0.61 / 0.76 / 0.66 ms. Few-row steps, which most of a
 rollout's are (rows stop at different steps), gain most; on a CPU with AMX, bf16 is faster still (the same
 log for AMX: ``xeon-amx.log``), which is why ``dtype: auto`` measures before choosing
-(:mod:`grouprl.models.precision`).
+(:mod:`grouprl.models.precision`). Whole rollouts of 16 x 64 on the capped Xeon: 54.1 tokens/s in int8
+against 35.7 in fp32 (``python benchmarks/rollout.py --threads 1 --formats fp32,int8 --no_vllm --settings
+16x64 --repeats 3 --warmup 1``, log ``benchmarks/results/rollout/xeon-avx2-capped-fp32-int8.log``). The
+kernel's AVX2 code computes one dot product per row and output, so its time grows with the rows (the profile
+in ``benchmarks/results/decode_steps/xeon-avx2-capped-int8-eager.log``: 61% of a rollout's time).
 
 Only one-token decode steps run in int8; prefills (many rows, where the BLAS is efficient) and everything
 between the products (norms, rotary, attention, residuals) stay in the model's format. Rows are quantized
