@@ -101,6 +101,9 @@ def test_a_cache_entry_without_the_int8_ratio_is_measured_again(model, monkeypat
     again = choose_precision("auto", "auto", model, 32, 800, cache)
     assert (again.how, again.rollout) == ("measured", "int8")
     assert "rollouts int8 (bf16 0.01x fp32, int8 2.00x)" in again.describe()
+    assert Precision("int8", "fp32", "fp32", int8_speedup=1.5).describe().startswith("rollouts int8 (int8 1.50x fp32)")
+    assert Precision("fp32", "fp32", "fp32", how="forced").describe() == \
+        "rollouts fp32, training fp32, reference fp32 [forced]"
 
 
 def test_an_instruction_set_cap_is_another_machine(model, monkeypatch, tmp_path):

@@ -66,14 +66,13 @@ class Precision:
 
     def describe(self) -> str:
         """One line for the start of a run and its summary."""
-        def ratio(x: float | None, fmt: str = "bf16") -> str:
-            return "" if x is None else f" ({fmt} {x:.2f}x fp32)"
+        def ratios(**speedups: float | None) -> str:
+            parts = [f"{fmt} {x:.2f}x{' fp32' if i == 0 else ''}"
+                     for i, (fmt, x) in enumerate((f, x) for f, x in speedups.items() if x is not None)]
+            return f" ({', '.join(parts)})" if parts else ""
 
-        decode = ratio(self.decode_speedup)
-        if self.int8_speedup is not None:
-            decode = f"{decode[:-1]}, int8 {self.int8_speedup:.2f}x)"
-        return (f"rollouts {self.rollout}{decode}, training {self.train}"
-                f"{ratio(self.train_speedup)}, reference {self.reference} [{self.how}]")
+        return (f"rollouts {self.rollout}{ratios(bf16=self.decode_speedup, int8=self.int8_speedup)}, training "
+                f"{self.train}{ratios(bf16=self.train_speedup)}, reference {self.reference} [{self.how}]")
 
 
 def _cpu_key() -> str:
