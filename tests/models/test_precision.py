@@ -54,15 +54,15 @@ def test_int8_rollouts_need_a_cpu(model):
 
 
 @pytest.mark.parametrize("bf16, int8, want", [
-    (0.01, 2.0, "int8"),  # AVX2 only: bf16 emulated, int8 weights read a quarter of fp32's bytes
-    (2.7, 1.5, "bf16"),  # AMX: bf16 products beat int8's
-    (2.7, 3.0, "bf16"),  # where bf16 wins its rollouts compile too: int8 is not weighed against it
-    (1.05, 1.12, "int8"),  # bf16 within the margin of fp32, int8 past it
-    (0.5, 1.05, "fp32"),
-    (1.0, None, "fp32"),  # int8 cannot run (a GPU, or an input width its kernel does not take)
+    (0.01, 2.0, "fp32"),  # AVX2 only: int8 measured faster and reported, used only when asked
+    (2.7, None, "bf16"),  # AMX: bf16 wins, int8 not timed
+    (1.05, 1.12, "fp32"),  # bf16 within the margin of fp32
 ])
-def test_the_rollout_format_is_the_fastest_by_a_margin(bf16, int8, want):
-    assert precision.rollout_format(bf16, int8) == want
+def test_auto_rollouts_are_fp32_or_bf16_and_report_int8(model, monkeypatch, tmp_path, bf16, int8, want):
+    calls = fake_speedups(monkeypatch, bf16, 0.5, int8=int8)
+    chosen = choose_precision("auto", "auto", model, 32, 800, tmp_path / "c.json")
+    assert chosen.rollout == want and chosen.int8_speedup == (int8 if bf16 < precision.MARGIN else None)
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("decode, train, want", [
@@ -99,8 +99,8 @@ def test_a_cache_entry_without_the_int8_ratio_is_measured_again(model, monkeypat
         del entry["int8"]
     cache.write_text(json.dumps(entries))
     again = choose_precision("auto", "auto", model, 32, 800, cache)
-    assert (again.how, again.rollout) == ("measured", "int8")
-    assert "rollouts int8 (bf16 0.01x fp32, int8 2.00x)" in again.describe()
+    assert (again.how, again.int8_speedup) == ("measured", 2.0)
+    assert "rollouts fp32 (bf16 0.01x fp32, int8 2.00x)" in again.describe()
     assert Precision("int8", "fp32", "fp32", int8_speedup=1.5).describe().startswith("rollouts int8 (int8 1.50x fp32)")
     assert Precision("fp32", "fp32", "fp32", how="forced").describe() == \
         "rollouts fp32, training fp32, reference fp32 [forced]"
@@ -170,10 +170,3 @@ def test_the_rollout_correction_follows_the_formats():
     assert config.rollout_is_level == "token" and config.rollout_format == "int8" and not config.rollout_bf16
     assert TrainerConfig(rollout_is="sequence").rollout_is_level == "sequence"
 
-
-def test_vllm_samples_in_fp32_where_int8_was_measured_fastest():
-    measured = Precision("int8", "fp32", "fp32", 0.5, 0.1, 1.6)
-    assert precision.for_engine(measured, "vllm") == Precision("fp32", "fp32", "fp32", 0.5, 0.1, 1.6)
-    assert precision.for_engine(measured, "hf") is measured
-    bf16 = Precision("bf16", "bf16", "bf16")
-    assert precision.for_engine(bf16, "vllm") is bf16

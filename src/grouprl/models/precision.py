@@ -7,20 +7,22 @@ shapes, once per machine, and picks per phase:
 
 - rollouts: decode-sized products (half the rollout's rows, since rows end at different steps and most
   steps run fewer than all, x hidden x intermediate, over enough distinct weights to stream them from
-  memory as a decode step does: :data:`STREAM_BYTES`); on a CPU also against weight-only int8 products
-  with bf16 activations (:mod:`grouprl.rollout.int8`), which read a quarter of fp32's weight bytes and
-  need no bf16 units: where bf16 is slow (AVX2) they can be the fastest way to decode;
+  memory as a decode step does: :data:`STREAM_BYTES`); where bf16 is not picked, on a CPU, also weight-only
+  int8 products with bf16 activations (:mod:`grouprl.rollout.int8`), whose ratio is reported but which
+  rollouts use only when asked (``rollout_dtype: int8``): on the demo's task, held-out accuracy with int8
+  rollouts trailed fp32's (``benchmarks/results/int8-rollouts/``), so a faster rollout is not yet shown to be a
+  free one;
 - training and the reference pass: training-sized products (a micro-batch's tokens x hidden x
   intermediate). Training runs under bf16 autocast with fp32 master weights and optimizer state;
   the frozen reference is stored in bf16 (half its memory) when bf16 is faster.
 
-A format is picked only when it is at least :data:`MARGIN` faster than fp32, and int8 only where bf16 is
-not: where bf16 runs fast its rollouts also learn faster layouts than the probe's ``x @ W.T`` and compile
-(``rollout_compile``), so a probe of single products would flatter int8 against them (on a 2-core Xeon with
-AMX, one thread, 16 x 64: 88.5 tokens/s in bf16 against 75.5 in int8 eagerly, 144.1 compiled in bf16;
-``python benchmarks/rollout.py --threads 1 --formats bf16,int8 --no_vllm --settings 16x64 --repeats 3
---warmup 1``, log ``benchmarks/results/rollout/xeon-amx-bf16-int8-1thread.log``), and bf16 weights are the
-closer copy. ``rollout_dtype`` forces the rollouts' format on its own. The probe stays well under a
+bf16 is picked only when it is at least :data:`MARGIN` faster than fp32. int8 is not timed where bf16 wins:
+there bf16 rollouts also learn faster layouts than the probe's ``x @ W.T`` and compile (``rollout_compile``),
+so a probe of single products would flatter int8 against them (on a 2-core Xeon with AMX, one thread, 16 x
+64: 88.5 tokens/s in bf16 against 75.5 in int8 eagerly, 144.1 compiled in bf16; ``python
+benchmarks/rollout.py --threads 1 --formats bf16,int8 --no_vllm --settings 16x64 --repeats 3 --warmup 1``, log
+``benchmarks/results/rollout/xeon-amx-bf16-int8-1thread.log``). ``rollout_dtype`` forces the rollouts' format
+on its own. The probe stays well under a
 second: bf16 is timed on a small product first, and a machine where it is many times slower is not asked to
 run the large one. Results are cached per machine (CPU model and flags, threads, torch
 version, shapes) in the user cache folder.
@@ -33,7 +35,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -156,19 +158,6 @@ def int8_speedup(m: int, k: int, n: int, device: torch.device, count: int = 1) -
     return _time(m, k, n, torch.float32, device, count=count) / _time_int8(m, k, n, count=count)
 
 
-def rollout_format(bf16: float, int8: float | None) -> str:
-    """The rollouts' format from the measured speedups over fp32 (see the module docstring)."""
-    if bf16 >= MARGIN:
-        return "bf16"
-    return "int8" if int8 is not None and int8 >= MARGIN else "fp32"
-
-
-def for_engine(precision: Precision, engine: str) -> Precision:
-    """``precision`` as the rollout ``engine`` (hf or vllm) runs it: vLLM samples in fp32 where int8 was measured
-    fastest, as int8 decoding is the built-in engine's."""
-    return replace(precision, rollout="fp32") if engine == "vllm" and precision.rollout == "int8" else precision
-
-
 def model_shape(model: torch.nn.Module) -> tuple[int, int]:
     """(hidden size, MLP width) of a transformers model (the largest products of a forward)."""
     config = getattr(model, "config", None)
@@ -229,8 +218,8 @@ def choose_precision(dtype: str, ref_dtype: str, model: torch.nn.Module, decode_
         how = "measured"
         _write_cache(path, key, {"decode": decode, "train": train, "int8": int8})
     pick = lambda speedup: "bf16" if speedup >= MARGIN else "fp32"  # noqa: E731
-    return Precision(forced_rollout or rollout_format(decode, int8), pick(train), forced_ref or pick(train), decode,
-                     train, int8, how)
+    return Precision(forced_rollout or pick(decode), pick(train), forced_ref or pick(train), decode, train, int8,
+                     how)
 
 
 def _write_cache(path: Path, key: str, value: dict[str, float | None]) -> None:

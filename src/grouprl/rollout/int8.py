@@ -11,8 +11,9 @@ benchmarks/products.py --threads 1``, log ``benchmarks/results/products/xeon-avx
 18.6 for the fastest of the fp32 layouts the engine learns (:mod:`grouprl.rollout.skinny`), a gate or up
 projection 0.22 / 0.28 / 0.46 / 0.77 against 0.39 / 0.61 / 0.76 / 0.66 ms. Few-row steps, which most of a
 rollout's are (rows stop at different steps), gain most; on a CPU with AMX, bf16 is faster still (the same
-log for AMX: ``xeon-amx.log``), which is why ``dtype: auto`` measures before choosing
-(:mod:`grouprl.models.precision`). Whole rollouts of 16 x 64 on the capped Xeon: 54.1 tokens/s in int8
+log for AMX: ``xeon-amx.log``). ``dtype: auto`` measures int8 where bf16 loses and prints the ratio
+(:mod:`grouprl.models.precision`), but rollouts run in int8 only when asked (``rollout_dtype: int8``): on the
+demo's task held-out accuracy with int8 rollouts trailed fp32's (``benchmarks/results/int8-rollouts/``). Whole rollouts of 16 x 64 on the capped Xeon: 54.1 tokens/s in int8
 against 35.7 in fp32 (``python benchmarks/rollout.py --threads 1 --formats fp32,int8 --no_vllm --settings
 16x64 --repeats 3 --warmup 1``, log ``benchmarks/results/rollout/xeon-avx2-capped-fp32-int8.log``). The
 kernel's AVX2 code computes one dot product per row and output, so its time grows with the rows (the profile

@@ -221,11 +221,12 @@ class TrainerConfig(ResolvedSettings):
     """Storage dtype of the frozen reference copy: auto (bf16 where the training-sized bf16 products
     are faster: also half the memory), fp32 or bf16."""
     rollout_dtype: str = "auto"
-    """Number format of the rollouts' decode steps: auto (what dtype chose; with dtype auto, on a CPU, int8
-    too where weight-only int8 products with bf16 activations measure fastest: AVX2-only CPUs, where bf16
-    is slow; grouprl.rollout.int8), fp32, bf16 or int8 (CPU, built-in engine). int8 rollouts quantize each
-    weight row per rollout; rollout_is corrects for their distance from the trained weights
-    (rollout/mismatch_kl), and held-out evaluation samples in fp32."""
+    """Number format of the rollouts' decode steps: auto (what dtype chose), fp32, bf16 or int8 (CPU, built-in
+    engine: weight-only int8 products with bf16 activations, grouprl.rollout.int8; 1.52x fp32's tokens/s on a
+    Xeon capped to AVX2, where bf16 is slow, and dtype auto prints its measured ratio there, but it is used only
+    when asked: on the demo's task held-out accuracy trailed fp32's, benchmarks/results/int8-rollouts). int8
+    rollouts quantize each weight row per rollout; rollout_is corrects for their distance from the trained
+    weights (rollout/mismatch_kl), and held-out evaluation samples in fp32."""
     gradient_checkpointing: bool | None = None
     """Recompute each decoder layer's activations in backward: less memory, more compute (SmolLM2-135M in
     bf16 on a CPU, benchmarks/vs_trl.py: steps ~6% longer, the peak ~310 MiB lower). Empty = on (as TRL's and verl's

@@ -47,7 +47,7 @@ from grouprl.algos import kl_per_token
 from grouprl.algos.rollout_correction import rollout_mismatch, truncated_is_weights
 from grouprl.errors import NonFiniteError
 from grouprl.models import store_frozen_linears, unwrap_ddp
-from grouprl.models.precision import choose_precision, for_engine
+from grouprl.models.precision import choose_precision
 from grouprl.rewards.base import unique_names
 from grouprl.rollout.engines import resolve_compile, resolve_engine
 from grouprl.run import checkpoint as ckpt
@@ -134,7 +134,6 @@ class Trainer:
             c.resolved_engine = "hf" if getattr(sampler, "uses_live_model", True) else "vllm"
             engine_reason = f"a {type(sampler).__name__} was passed in"
             c.compile_steps, compile_reason = getattr(sampler, "compiled", None) is not None, engine_reason
-        c.precision = for_engine(c.precision, c.engine_choice)
         reference = reference if reference is not None else default_reference(policy, c)
         # The critic copies the policy's decoder before any sharding touches it.
         self.critic = Critic(c, policy, critic_backbone) if algo.critic else None
