@@ -16,8 +16,8 @@ log for AMX: ``xeon-amx.log``). ``dtype: auto`` measures int8 where bf16 loses a
 demo's task held-out accuracy with int8 rollouts trailed fp32's (``benchmarks/results/int8-rollouts/``).
 Whole rollouts of 16 x 64 on the capped Xeon: 54.1 tokens/s in int8 against 35.7 in fp32 (``python
 benchmarks/rollout.py --threads 1 --formats fp32,int8 --no_vllm --settings 16x64 --repeats 3 --warmup 1``,
-log ``benchmarks/results/rollout/xeon-avx2-capped-fp32-int8.log``). The kernel's AVX2 code computes one dot
-product per row and output, so its time grows with the rows (the profile in
+log ``benchmarks/results/rollout/xeon-avx2-capped-fp32-int8.log``). The kernel's AVX2 time grows with the
+rows, as if it converted the weights again for every row (the profile in
 ``benchmarks/results/decode_steps/xeon-avx2-capped-int8-eager.log``: 61% of a rollout's time).
 
 Only one-token decode steps run in int8; prefills (many rows, where the BLAS is efficient) and everything
