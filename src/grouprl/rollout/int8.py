@@ -33,10 +33,11 @@ kernel; 8 with AVX2's): such products, and any whose weight is not an fp32 ``nn.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 from torch import nn
+
+from grouprl.rollout.skinny import rerouted
 
 WIDTH_MULTIPLE = 16
 """Input widths the int8 kernel reads correctly on every CPU kernel (AVX-512 needs 16, AVX2 8)."""
@@ -100,15 +101,7 @@ def int8_linear(module: nn.Linear, x: torch.Tensor, weights: Int8Weights) -> tor
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-@contextlib.contextmanager
-def int8_products(linears: list[nn.Linear], weights: Int8Weights) -> Iterator[None]:
-    """Inside, the ``linears`` that :func:`supported` accepts run on ``weights``' int8 copies (an instance
-    attribute shadows the class's forward); the others run as they are."""
-    rerouted = [m for m in linears if supported(m)]
-    for m in rerouted:
-        m.forward = lambda x, m=m: int8_linear(m, x, weights)
-    try:
-        yield
-    finally:
-        for m in rerouted:
-            m.__dict__.pop("forward", None)
+def int8_products(linears: list[nn.Linear], weights: Int8Weights) -> contextlib.AbstractContextManager[None]:
+    """Inside, the ``linears`` that :func:`supported` accepts run on ``weights``' int8 copies; the others run as
+    they are."""
+    return rerouted([m for m in linears if supported(m)], lambda m, x: int8_linear(m, x, weights))

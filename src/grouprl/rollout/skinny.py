@@ -204,13 +204,21 @@ class SkinnyProducts:
         if rows > MAX_ROWS or weight is None or weight.device.type != "cpu" or not _rerouted(weight):
             yield
             return
-        for m in linears:  # an instance attribute shadows the class's forward
-            m.forward = lambda x, m=m: self.linear(m, x, packs)
-        try:
+        with rerouted(linears, lambda m, x: self.linear(m, x, packs)):
             yield
-        finally:
-            for m in linears:
-                m.__dict__.pop("forward", None)
+
+
+@contextlib.contextmanager
+def rerouted(linears: list[nn.Module], product: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """Inside, each of ``linears`` computes ``product(module, x)`` when called (an instance attribute shadows the
+    class's forward); their own forwards are back afterwards, whatever happened inside."""
+    for m in linears:
+        m.forward = lambda x, m=m: product(m, x)
+    try:
+        yield
+    finally:
+        for m in linears:
+            m.__dict__.pop("forward", None)
 
 
 def _rerouted(weight: torch.Tensor) -> bool:

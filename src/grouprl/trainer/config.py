@@ -223,7 +223,8 @@ class TrainerConfig(ResolvedSettings):
     rollout_dtype: str = "auto"
     """Number format of the rollouts' decode steps: auto (what dtype chose), fp32, bf16 or int8 (CPU, built-in
     engine: weight-only int8 products with bf16 activations, grouprl.rollout.int8; 1.52x fp32's tokens/s on a
-    Xeon capped to AVX2, where bf16 is slow, and dtype auto prints its measured ratio there, but it is used only
+    Xeon capped to AVX2, where bf16 is slow, benchmarks/rollout.py --formats fp32,int8 as the README's "Speed
+    and memory" gives it; dtype auto prints its measured ratio there, but it is used only
     when asked: on the demo's task held-out accuracy trailed fp32's, benchmarks/results/int8-rollouts). int8
     rollouts quantize each weight row per rollout; rollout_is corrects for their distance from the trained
     weights (rollout/mismatch_kl), and held-out evaluation samples in fp32."""
