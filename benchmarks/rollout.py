@@ -1,6 +1,6 @@
 """Rollout speed on the bundled SmolLM2-135M-Instruct: the built-in engine, vLLM (when installed) and
-``model.generate``, each in fp32 and bf16 (the built-in engine in int8 too,
-:mod:`grouprl.rollout.int8`), at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
+``model.generate``, each in fp32 and bf16 (the built-in engine in the weight-only formats bf16-weights and int8
+too, :mod:`grouprl.rollout.weight_only`), at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
 engine with every matrix product as ``x @ W.T`` (what its learnt decode layouts,
 :mod:`grouprl.rollout.skinny`, gain) and with its decode steps through the model's ``transformers`` forward
 (what its layer loop, :mod:`grouprl.rollout.layer_loop`, gains), and with ``rollout_compile``'s compiled decode
@@ -51,10 +51,11 @@ from grouprl.rollout.engines import resolve_compile, resolve_engine
 from grouprl.rollout.layer_loop import LayerLoop
 from grouprl.rollout.sampler import Sampler
 from grouprl.rollout.skinny import SkinnyProducts
+from grouprl.rollout.weight_only import WEIGHT_ONLY
 from grouprl.types import SamplingParams
 
 G = 4
-FORMATS = ("fp32", "bf16", "int8")
+FORMATS = ("fp32", "bf16", "bf16-weights", "int8")
 
 
 class PlainProducts(SkinnyProducts):
@@ -135,9 +136,9 @@ AUTOCAST = "generate, bf16 autocast"
 
 
 def runs(method: str, fmt: str) -> bool:
-    """Whether ``method`` has a figure in ``fmt``: int8 (:mod:`grouprl.rollout.int8`) is the built-in engine's
-    eager decode steps only, which bypass the learnt layouts and the compiled step."""
-    if fmt == "int8":
+    """Whether ``method`` has a figure in ``fmt``: the weight-only formats (:mod:`grouprl.rollout.weight_only`)
+    are the built-in engine's eager decode steps only, which bypass the learnt layouts and the compiled step."""
+    if fmt in WEIGHT_ONLY:
         return method in ("engine", VARIANTS[1])
     return method != AUTOCAST or fmt == "bf16"
 

@@ -16,7 +16,7 @@ def model():
     return tiny_causal_lm(seed=0)[0]
 
 
-def fake_speedups(monkeypatch, decode, train, int8=None):
+def fake_speedups(monkeypatch, decode, train, int8=None, weights=None):
     calls = []
 
     def speedup(m, k, n, device, count=1):
@@ -25,6 +25,7 @@ def fake_speedups(monkeypatch, decode, train, int8=None):
 
     monkeypatch.setattr(precision, "bf16_speedup", speedup)
     monkeypatch.setattr(precision, "int8_speedup", lambda m, k, n, device, count=1: int8)
+    monkeypatch.setattr(precision, "bf16_weights_speedup", lambda m, k, n, device, count=1: weights)
     return calls
 
 
@@ -36,6 +37,19 @@ def test_forced_formats_are_not_measured(model, monkeypatch, tmp_path):
     assert choose_precision("fp32", "auto", model, 32, 800, tmp_path / "c.json", rollout_dtype="int8") == \
         Precision("int8", "fp32", "fp32", how="forced")
     assert calls == []
+
+
+def test_forced_bf16_weights_need_a_cpu_that_runs_their_kernel(model, monkeypatch):
+    import torch
+
+    from grouprl.errors import ConfigError
+    from grouprl.rollout import bf16_weights
+
+    with pytest.raises(ConfigError, match="rollout_dtype=bf16-weights runs on a CPU"):
+        choose_precision("auto", "auto", model, 32, 800, device=torch.device("cuda"), rollout_dtype="bf16-weights")
+    monkeypatch.setattr(bf16_weights, "unavailable", lambda: "no C++ compiler found")
+    with pytest.raises(ConfigError, match="rollout_dtype=bf16-weights cannot run here: no C\\+\\+ compiler found"):
+        choose_precision("fp32", "auto", model, 32, 800, rollout_dtype="bf16-weights")
 
 
 def test_a_forced_rollout_format_leaves_the_other_phases_measured(model, monkeypatch, tmp_path):
@@ -53,16 +67,21 @@ def test_int8_rollouts_need_a_cpu(model):
         choose_precision("auto", "auto", model, 32, 800, device=torch.device("cuda"), rollout_dtype="int8")
 
 
-@pytest.mark.parametrize("bf16, int8, want", [
-    (0.01, 2.0, "fp32"),  # AVX2 only: int8 measured faster and reported, used only when asked
-    (2.7, None, "bf16"),  # AMX: bf16 wins, int8 not timed
-    (1.05, 1.12, "fp32"),  # bf16 within the margin of fp32
+@pytest.mark.parametrize("bf16, weights, int8, want", [
+    (0.01, 1.6, 2.0, "bf16-weights"),  # AVX2 only: bf16 copies of the weights win; int8 reported, not used
+    (0.01, None, 2.0, "fp32"),  # the same where the bf16-weights kernel cannot run (no compiler, not x86)
+    (0.66, 1.05, 1.3, "fp32"),  # bf16-weights within the margin of fp32
+    (2.7, None, None, "bf16"),  # AMX: bf16 wins, the weight-only formats not timed
+    (1.05, 1.05, 1.12, "fp32"),  # bf16 within the margin of fp32, and so is bf16-weights
+    (1.05, 1.3, None, "bf16-weights"),  # bf16 within the margin, bf16-weights past it
 ])
-def test_auto_rollouts_are_fp32_or_bf16_and_report_int8(model, monkeypatch, tmp_path, bf16, int8, want):
-    calls = fake_speedups(monkeypatch, bf16, 0.5, int8=int8)
+def test_auto_rollouts_pick_bf16_weights_where_bf16_loses_and_report_int8(model, monkeypatch, tmp_path, bf16,
+                                                                           weights, int8, want):
+    calls = fake_speedups(monkeypatch, bf16, 0.5, int8=int8, weights=weights)
     chosen = choose_precision("auto", "auto", model, 32, 800, tmp_path / "c.json")
-    assert chosen.rollout == want and chosen.int8_speedup == (int8 if bf16 < precision.MARGIN else None)
-    assert len(calls) == 2
+    timed = bf16 < precision.MARGIN
+    assert chosen.rollout == want and len(calls) == 2
+    assert (chosen.int8_speedup, chosen.bf16_weights_speedup) == ((int8, weights) if timed else (None, None))
 
 
 @pytest.mark.parametrize("decode, train, want", [
@@ -88,19 +107,22 @@ def test_the_probe_runs_once_per_machine_and_shape(model, monkeypatch, tmp_path)
     assert len(calls) == 4
 
 
-def test_a_cache_entry_without_the_int8_ratio_is_measured_again(model, monkeypatch, tmp_path):
+@pytest.mark.parametrize("missing", ["int8", "bf16_weights"])
+def test_a_cache_entry_without_a_weight_only_ratio_is_measured_again(model, monkeypatch, tmp_path, missing):
     import json
 
     cache = tmp_path / "c.json"
-    fake_speedups(monkeypatch, 0.01, 0.01, int8=2.0)
+    fake_speedups(monkeypatch, 0.01, 0.01, int8=2.0, weights=1.5)
     choose_precision("auto", "auto", model, 32, 800, cache)
     entries = json.loads(cache.read_text())
     for entry in entries.values():  # as an earlier version wrote it
-        del entry["int8"]
+        del entry[missing]
     cache.write_text(json.dumps(entries))
     again = choose_precision("auto", "auto", model, 32, 800, cache)
-    assert (again.how, again.int8_speedup) == ("measured", 2.0)
-    assert "rollouts fp32 (bf16 0.01x fp32, int8 2.00x)" in again.describe()
+    assert (again.how, again.int8_speedup, again.bf16_weights_speedup) == ("measured", 2.0, 1.5)
+    assert "rollouts bf16-weights (bf16 0.01x fp32, bf16-weights 1.50x, int8 2.00x)" in again.describe()
+    cached = choose_precision("auto", "auto", model, 32, 800, cache)
+    assert (cached.how, cached.rollout, cached.bf16_weights_speedup) == ("cached", "bf16-weights", 1.5)
     assert Precision("int8", "fp32", "fp32", int8_speedup=1.5).describe().startswith("rollouts int8 (int8 1.50x fp32)")
     assert Precision("fp32", "fp32", "fp32", how="forced").describe() == \
         "rollouts fp32, training fp32, reference fp32 [forced]"
@@ -140,6 +162,9 @@ def test_the_real_probe_is_quick_and_gives_a_ratio(model, tmp_path):
     chosen = choose_precision("auto", "auto", model, 32, 512, tmp_path / "c.json")
     assert time.perf_counter() - start < 2.0 and chosen.decode_speedup > 0 and chosen.train_speedup > 0
     assert chosen.int8_speedup > 0  # the tiny model's width (64) is one the int8 kernel takes
+    from grouprl.rollout.bf16_weights import unavailable
+
+    assert (chosen.bf16_weights_speedup is None) == (unavailable() is not None)
 
 
 def test_int8_is_not_timed_where_its_kernel_cannot_run():

@@ -10,10 +10,11 @@ from torch import nn
 
 from grouprl.rollout import int8 as int8_module
 from grouprl.rollout.compiled import CompiledStep
-from grouprl.rollout.int8 import Int8Weights, int8_linear, int8_products, quantize_rows, supported
+from grouprl.rollout.int8 import int8_linear, quantize_rows, supported
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.runner import Runner, check_format
 from grouprl.rollout.sampler import Sampler
+from grouprl.rollout.weight_only import Copies, weight_only_products
 from grouprl.types import SamplingParams
 from tests.helpers.rollout import PROMPTS, encode, make_model
 
@@ -58,8 +59,8 @@ def test_the_product_is_the_dequantized_weights_times_bf16_inputs():
     torch.manual_seed(0)
     layer = nn.Linear(64, 40, bias=True)
     x = torch.randn(2, 3, 64)  # [..., in] with two leading dimensions
-    y = int8_linear(layer, x, Int8Weights())
     q, s = quantize_rows(layer.weight)
+    y = int8_linear(layer, x, (q, s))
     want = x.bfloat16().float() @ (q.float() * s.float()[:, None]).t() + layer.bias
     assert y.shape == (2, 3, 40) and y.dtype == torch.float32
     # the kernel rounds its output to bf16 before the bias: a relative 2^-8 of each output
@@ -68,7 +69,7 @@ def test_the_product_is_the_dequantized_weights_times_bf16_inputs():
 
 
 def test_copies_are_made_once_per_weight():
-    layer, weights = nn.Linear(32, 8), Int8Weights()
+    layer, weights = nn.Linear(32, 8), Copies("int8")
     first = weights.of(layer)
     assert weights.of(layer)[0] is first[0] and weights.nbytes == 8 * 32 + 2 * 8
 
@@ -76,10 +77,10 @@ def test_copies_are_made_once_per_weight():
 def test_only_widths_the_kernel_reads_correctly_are_rerouted():
     wide, narrow, frozen_bf16 = nn.Linear(32, 8), nn.Linear(24, 8), nn.Linear(32, 8).bfloat16()
     assert supported(wide) and not supported(narrow) and not supported(frozen_bf16)
-    weights = Int8Weights()
+    weights = Copies("int8")
     x = torch.randn(3, 32)
-    with int8_products([wide, narrow, frozen_bf16], weights):
-        torch.testing.assert_close(wide(x), int8_linear(wide, x, weights))
+    with weight_only_products([wide, narrow, frozen_bf16], weights):
+        torch.testing.assert_close(wide(x), int8_linear(wide, x, weights.of(wide)))
         assert torch.equal(narrow(torch.ones(3, 24)), nn.functional.linear(torch.ones(3, 24), narrow.weight,
                                                                            narrow.bias))
     assert "forward" not in wide.__dict__ and torch.equal(wide(x), nn.functional.linear(x, wide.weight, wide.bias))
@@ -87,7 +88,7 @@ def test_only_widths_the_kernel_reads_correctly_are_rerouted():
 
 def test_forwards_come_back_after_an_error():
     layer = nn.Linear(32, 8)
-    with pytest.raises(RuntimeError, match="boom"), int8_products([layer], Int8Weights()):
+    with pytest.raises(RuntimeError, match="boom"), weight_only_products([layer], Copies("int8")):
         raise RuntimeError("boom")
     assert "forward" not in layer.__dict__
 
@@ -134,8 +135,8 @@ def test_int8_rollouts_score_like_the_weights_of_the_moment(model, tok, ids):
 
 def test_int8_runs_eagerly_and_leaves_the_model_alone(model, tok, ids):
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    runner = Runner(model, capacity=8, compiled=CompiledStep(), int8=True)
-    assert runner.compiled is None and runner.int8 is not None
+    runner = Runner(model, capacity=8, compiled=CompiledStep(), fmt="int8")
+    assert runner.compiled is None and runner.copies is not None
     Sampler(model, tok, compile_steps=True).generate(ids[:2], 2, SamplingParams(max_new_tokens=5, format="int8"),
                                                      seed=0)
     after = model.state_dict()
@@ -144,7 +145,7 @@ def test_int8_runs_eagerly_and_leaves_the_model_alone(model, tok, ids):
 
 
 def test_formats_are_checked():
-    with pytest.raises(ValueError, match="format must be one of fp32, bf16, int8, got 'fp8'"):
+    with pytest.raises(ValueError, match="format must be one of fp32, bf16, bf16-weights, int8, got 'fp8'"):
         check_format("fp8", torch.device("cpu"))
     with pytest.raises(ValueError, match="int8 runs on a CPU"):
         check_format("int8", torch.device("cuda"))

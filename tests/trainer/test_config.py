@@ -18,7 +18,7 @@ from grouprl.trainer.sampling import eval_params, rollout_params
         ({"advantage": "gae"}, "advantage='gae' is not one of: grpo, rank, reinforce, rloo"),
         ({"dual_clip": 0.5}, "dual_clip=0.5 must be > 1"),
         ({"lora_rank": 8, "ref_sync_steps": 2}, "not available with LoRA"),
-        ({"rollout_dtype": "fp8"}, "rollout_dtype='fp8' is not one of: auto, fp32, bf16, int8"),
+        ({"rollout_dtype": "fp8"}, "rollout_dtype='fp8' is not one of: auto, fp32, bf16, bf16-weights, int8"),
     ],
 )
 def test_invalid_settings_say_what_to_change(kwargs, message):
@@ -68,10 +68,17 @@ def test_int8_rollouts_sample_in_int8_and_evaluate_the_trained_weights():
     assert eval_params(GRPOConfig(dtype="bf16")).format == "bf16"
 
 
-def test_int8_rollouts_are_the_built_in_engines(monkeypatch):
+@pytest.mark.parametrize("fmt", ["int8", "bf16-weights"])
+def test_weight_only_rollouts_are_the_built_in_engines(monkeypatch, fmt):
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
-    with pytest.raises(ValueError, match="rollout_dtype=int8 is the built-in engine's"):
-        GRPOConfig(rollout_dtype="int8", rollout_engine="vllm")
+    with pytest.raises(ValueError, match=f"rollout_dtype={fmt} is the built-in engine's"):
+        GRPOConfig(rollout_dtype=fmt, rollout_engine="vllm")
+
+
+def test_bf16_weights_rollouts_sample_and_evaluate_in_bf16_weights():
+    config = GRPOConfig(rollout_dtype="bf16-weights")
+    assert config.rollout_format == "bf16-weights" and rollout_params(config).format == "bf16-weights"
+    assert eval_params(config).format == "bf16-weights" and config.rollout_is_level == "token"

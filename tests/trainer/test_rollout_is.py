@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from grouprl.algos.rollout_correction import truncated_is_weights
+from grouprl.rollout import bf16_weights
 from tests.helpers.trainer import make_trainer
 
 
@@ -96,6 +97,20 @@ def test_auto_samples_in_bf16_where_only_decoding_gains_and_corrects_for_it(tmp_
     metrics, _ = trainer.step()
     assert metrics["rollout/mismatch_kl"] > 0  # bf16 sampling against fp32 scoring really differs
     assert 0 < metrics["rollout/is_weight_mean"] <= 1.001 + 1e-6  # the cap, up to float32 rounding
+
+
+@pytest.mark.skipif(bf16_weights.unavailable() is not None, reason="the bf16-weights kernel cannot run here")
+def test_bf16_weights_rollouts_train_under_the_correction(tmp_path):
+    trainer = make_trainer(tmp_path, beta=0.0, rollout_dtype="bf16-weights")
+    assert trainer.setup["dtype"].startswith("rollouts bf16-weights, training fp32")
+    assert trainer.setup["rollout_is"] == "token"
+    assert trainer.setup["rollout_compile"] == "off (bf16-weights rollouts run their decode steps eagerly)"
+    assert trainer.setup["rollout_engine"].startswith("hf (")
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    metrics, _ = trainer.step()
+    # the rounded copy samples near the trained weights, nearer than int8's (below), not exactly as they score
+    assert 0 < metrics["rollout/mismatch_kl"] < 0.01 and 0 < metrics["rollout/is_weight_mean"] <= 2.0 + 1e-6
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
 
 
 def test_int8_rollouts_train_under_the_correction(tmp_path):

@@ -7,11 +7,12 @@ shapes, once per machine, and picks per phase:
 
 - rollouts: decode-sized products (half the rollout's rows, since rows end at different steps and most
   steps run fewer than all, x hidden x intermediate, over enough distinct weights to stream them from
-  memory as a decode step does: :data:`STREAM_BYTES`); where bf16 is not picked, on a CPU, also weight-only
-  int8 products with bf16 activations (:mod:`grouprl.rollout.int8`), whose ratio is reported but which
-  rollouts use only when asked (``rollout_dtype: int8``): on the demo's task, held-out accuracy with int8
-  rollouts trailed fp32's (``benchmarks/results/int8-rollouts/``), so a faster rollout is not yet shown to be a
-  free one;
+  memory as a decode step does: :data:`STREAM_BYTES`). Where bf16 is not picked, on a CPU, also the
+  weight-only formats: bf16 copies of the weights with fp32 activations (``bf16-weights``,
+  :mod:`grouprl.rollout.bf16_weights`), picked where :data:`MARGIN` faster than fp32, and int8 products with
+  bf16 activations (:mod:`grouprl.rollout.int8`), whose ratio is reported but which rollouts use only when
+  asked (``rollout_dtype: int8``): on the demo's task, held-out accuracy with int8 rollouts trailed fp32's
+  (``benchmarks/results/int8-rollouts/``), so a faster rollout is not yet shown to be a free one;
 - training and the reference pass: training-sized products (a micro-batch's tokens x hidden x
   intermediate). Training runs under bf16 autocast with fp32 master weights and optimizer state;
   the frozen reference is stored in bf16 (half its memory) when bf16 is faster.
@@ -55,13 +56,15 @@ class Precision:
     """The number format of each phase, and the measured bf16 speedups (fp32 time / bf16 time)."""
 
     rollout: str
-    """fp32, bf16 or int8 (grouprl.rollout.int8)."""
+    """fp32, bf16, bf16-weights or int8 (grouprl.rollout.weight_only)."""
     train: str
     reference: str
     decode_speedup: float | None = None
     train_speedup: float | None = None
     int8_speedup: float | None = None
     """fp32 time / int8-weight time of the decode-sized product (None: not measured, or int8 cannot run)."""
+    bf16_weights_speedup: float | None = None
+    """fp32 time / bf16-weights time of the decode-sized product (None: not measured, or it cannot run)."""
     how: str = "measured"
     """measured, cached (measured earlier on this machine), forced (dtype: fp32/bf16), or the GPU's name
     (bf16 where it has bf16 units)."""
@@ -73,7 +76,9 @@ class Precision:
                      for i, (fmt, x) in enumerate((f, x) for f, x in speedups.items() if x is not None)]
             return f" ({', '.join(parts)})" if parts else ""
 
-        return (f"rollouts {self.rollout}{ratios(bf16=self.decode_speedup, int8=self.int8_speedup)}, training "
+        decode = ratios(**{"bf16": self.decode_speedup, "bf16-weights": self.bf16_weights_speedup,
+                           "int8": self.int8_speedup})
+        return (f"rollouts {self.rollout}{decode}, training "
                 f"{self.train}{ratios(bf16=self.train_speedup)}, reference {self.reference} [{self.how}]")
 
 
@@ -127,6 +132,15 @@ def _time_int8(m: int, k: int, n: int, repeats: int = 3, count: int = 1) -> floa
                            torch.device("cpu"), repeats)
 
 
+def _time_bf16_weights(m: int, k: int, n: int, repeats: int = 3, count: int = 1) -> float:
+    """As :func:`_time` for the bf16-weights product: fp32 ``[m, k]`` times bf16 ``[n, k]`` weights' transposes."""
+    from grouprl.rollout.bf16_weights import pack, product
+
+    a = torch.rand(m, k)
+    panels = [pack(torch.rand(n, k))[0] for _ in range(count)]
+    return _median_seconds(lambda: [product(a, p) for p in panels], torch.device("cpu"), repeats)
+
+
 STREAM_BYTES = 64 << 20
 """Decode-sized products cycle through distinct weights of this many fp32 bytes in all. A decode step reads
 each weight from memory once, not from a cache that a single probe weight would sit in; the bytes a format
@@ -158,6 +172,16 @@ def int8_speedup(m: int, k: int, n: int, device: torch.device, count: int = 1) -
     return _time(m, k, n, torch.float32, device, count=count) / _time_int8(m, k, n, count=count)
 
 
+def bf16_weights_speedup(m: int, k: int, n: int, device: torch.device, count: int = 1) -> float | None:
+    """fp32 time over bf16-weights time of ``[m, k]`` times ``count`` ``[n, k]`` weights (> 1: bf16-weights is
+    faster); None where it cannot run (not a CPU, the kernels unavailable here, or a shape they do not take)."""
+    from grouprl.rollout.bf16_weights import PANEL, unavailable
+
+    if device.type != "cpu" or n % PANEL or k % 2 or unavailable():
+        return None
+    return _time(m, k, n, torch.float32, device, count=count) / _time_bf16_weights(m, k, n, count=count)
+
+
 def model_shape(model: torch.nn.Module) -> tuple[int, int]:
     """(hidden size, MLP width) of a transformers model (the largest products of a forward)."""
     config = getattr(model, "config", None)
@@ -183,16 +207,22 @@ def choose_precision(dtype: str, ref_dtype: str, model: torch.nn.Module, decode_
                      cache: Path | None = None, device: torch.device | None = None,
                      rollout_dtype: str = "auto") -> Precision:
     """The format of each phase for ``dtype`` (auto, fp32 or bf16), ``ref_dtype`` (auto, fp32, bf16) and
-    ``rollout_dtype`` (auto: as ``dtype``; fp32, bf16, int8): auto measures (or reads the cache), the others
-    force. ``decode_rows`` and ``train_tokens`` size the probe like the run's rollouts and micro-batches;
+    ``rollout_dtype`` (auto: as ``dtype``; fp32, bf16, bf16-weights, int8): auto measures (or reads the cache),
+    the others force. ``decode_rows`` and ``train_tokens`` size the probe like the run's rollouts and micro-batches;
     ``device`` is where the run will compute (default: where ``model`` is now). On a GPU, auto is bf16
     wherever the card has bf16 units."""
     forced_ref = None if ref_dtype == "auto" else ref_dtype
     forced_rollout = None if rollout_dtype == "auto" else rollout_dtype
     device = device or next((p.device for p in model.parameters()), torch.device("cpu"))
-    if forced_rollout == "int8" and device.type != "cpu":
-        raise ConfigError(f"rollout_dtype=int8 runs on a CPU (PyTorch's int8 CPU kernel); this run computes on "
-                          f"{device.type}: use fp32, bf16 or auto")
+    if forced_rollout in ("int8", "bf16-weights") and device.type != "cpu":
+        raise ConfigError(f"rollout_dtype={forced_rollout} runs on a CPU (its kernels are CPU kernels); this run "
+                          f"computes on {device.type}: use fp32, bf16 or auto")
+    if forced_rollout == "bf16-weights":
+        from grouprl.rollout.bf16_weights import unavailable
+
+        problem = unavailable()
+        if problem:
+            raise ConfigError(f"rollout_dtype=bf16-weights cannot run here: {problem}; use fp32, bf16 or auto")
     if dtype != "auto":
         return Precision(forced_rollout or dtype, dtype, forced_ref or ("bf16" if dtype == "bf16" else "fp32"),
                          how="forced")
@@ -207,19 +237,23 @@ def choose_precision(dtype: str, ref_dtype: str, model: torch.nn.Module, decode_
                                    width, decode_rows, train_tokens, STREAM_BYTES]).encode()).hexdigest()
     path = cache or _cache_path()
     cached = _read_cache(path).get(key)
-    if isinstance(cached, dict) and {"decode", "train", "int8"} <= set(cached):
+    optional = lambda x: None if x is None else float(x)  # noqa: E731
+    if isinstance(cached, dict) and {"decode", "train", "int8", "bf16_weights"} <= set(cached):
         decode, train, how = float(cached["decode"]), float(cached["train"]), "cached"
-        int8 = None if cached["int8"] is None else float(cached["int8"])
+        int8, weights = optional(cached["int8"]), optional(cached["bf16_weights"])
     else:
         decode = bf16_speedup(decode_rows, hidden, width, device, count=streamed(hidden, width))
         train = bf16_speedup(train_tokens, hidden, width, device)
-        int8 = int8_speedup(decode_rows, hidden, width, device, count=streamed(hidden, width)) \
-            if decode < MARGIN else None
+        int8 = weights = None
+        if decode < MARGIN:
+            int8 = int8_speedup(decode_rows, hidden, width, device, count=streamed(hidden, width))
+            weights = bf16_weights_speedup(decode_rows, hidden, width, device, count=streamed(hidden, width))
         how = "measured"
-        _write_cache(path, key, {"decode": decode, "train": train, "int8": int8})
+        _write_cache(path, key, {"decode": decode, "train": train, "int8": int8, "bf16_weights": weights})
     pick = lambda speedup: "bf16" if speedup >= MARGIN else "fp32"  # noqa: E731
-    return Precision(forced_rollout or pick(decode), pick(train), forced_ref or pick(train), decode, train, int8,
-                     how)
+    rollout = pick(decode) if decode >= MARGIN or (weights or 0) < MARGIN else "bf16-weights"
+    return Precision(forced_rollout or rollout, pick(train), forced_ref or pick(train), decode, train, int8,
+                     weights, how)
 
 
 def _write_cache(path: Path, key: str, value: dict[str, float | None]) -> None:

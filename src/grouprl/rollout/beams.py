@@ -90,7 +90,7 @@ def beam_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     temp = params.temperature or 1.0
     device = req.prompt_ids.device
     runner = Runner(req.model, capacity=lp + n, products=req.products, compiled=req.compiled,
-                    int8=params.format == "int8")
+                    fmt=params.format)
     logits = runner.forward(req.prompt_ids, req.prompt_mask, positions_from_mask(req.prompt_mask))  # [P, V]
     vocab = logits.shape[-1]
     runner.repeat_rows(w)

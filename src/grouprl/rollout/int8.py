@@ -32,12 +32,8 @@ kernel; 8 with AVX2's): such products, and any whose weight is not an fp32 ``nn.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
-
-from grouprl.rollout.skinny import rerouted
 
 WIDTH_MULTIPLE = 16
 """Input widths the int8 kernel reads correctly on every CPU kernel (AVX-512 needs 16, AVX2 8)."""
@@ -72,36 +68,11 @@ def supported(module: nn.Linear) -> bool:
         module.in_features % WIDTH_MULTIPLE == 0
 
 
-class Int8Weights:
-    """The int8 copies of the weights one decode loop reads (weights do not change within it), made on
-    first use and kept until the loop ends."""
-
-    def __init__(self) -> None:
-        # id(weight) -> (weight, q, scales): holding the weight keeps its id from being reused meanwhile
-        self.copies: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-    def of(self, module: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
-        weight = module.weight
-        if id(weight) not in self.copies:
-            self.copies[id(weight)] = (weight, *quantize_rows(weight))
-        return self.copies[id(weight)][1:]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(q.numel() + 2 * s.numel() for _, q, s in self.copies.values())
-
-
-def int8_linear(module: nn.Linear, x: torch.Tensor, weights: Int8Weights) -> torch.Tensor:
-    """``module(x)`` on the int8 copy of its weight: x [..., in] -> [..., out], in x's format."""
-    q, scales = weights.of(module)
+def int8_linear(module: nn.Linear, x: torch.Tensor, copy: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``module(x)`` on ``copy``, its weight's :func:`quantize_rows`: x [..., in] -> [..., out], in x's format."""
+    q, scales = copy
     flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()  # [rows, in]
     y = torch.ops.aten._weight_int8pack_mm(flat, q, scales).to(x.dtype)  # [rows, out]
     if module.bias is not None:
         y = y + module.bias
     return y.reshape(*x.shape[:-1], y.shape[-1])
-
-
-def int8_products(linears: list[nn.Linear], weights: Int8Weights) -> contextlib.AbstractContextManager[None]:
-    """Inside, the ``linears`` that :func:`supported` accepts run on ``weights``' int8 copies; the others run as
-    they are."""
-    return rerouted([m for m in linears if supported(m)], lambda m, x: int8_linear(m, x, weights))

@@ -18,9 +18,9 @@ from torch import nn
 from grouprl.rollout.attention import decoding, sdpa_configs
 from grouprl.rollout.cache import make_cache
 from grouprl.rollout.compiled import CompiledStep
-from grouprl.rollout.int8 import Int8Weights, int8_products
 from grouprl.rollout.layer_loop import LayerLoop, float_rows, stack_groups, stacked_copies
 from grouprl.rollout.skinny import PackedWeights, SkinnyProducts, model_linears
+from grouprl.rollout.weight_only import WEIGHT_ONLY, Copies, weight_only_products
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -85,18 +85,22 @@ def run_as_is(model: nn.Module, fn: Callable[[nn.Module], Any]) -> Any:
 
 
 FORMATS: dict[str, Callable[[nn.Module, Callable[[nn.Module], Any]], Any]] = {
-    "fp32": run_as_is, "bf16": run_with_bf16_weights, "int8": run_as_is}
-"""``SamplingParams.format`` -> how a decode loop runs ``fn(model)`` in it. int8 keeps the fp32 weights here:
-each :class:`Runner` built with ``int8`` reroutes its one-token steps' products to int8 copies."""
+    "fp32": run_as_is, "bf16": run_with_bf16_weights, "bf16-weights": run_as_is, "int8": run_as_is}
+"""``SamplingParams.format`` -> how a decode loop runs ``fn(model)`` in it. The weight-only formats
+(:mod:`grouprl.rollout.weight_only`) keep the fp32 weights here: each :class:`Runner` built with one reroutes its
+one-token steps' products to copies in it."""
 
 
 def check_format(fmt: str, device: torch.device) -> None:
     """Raise ``ValueError`` for a ``SamplingParams.format`` that is unknown or cannot run on ``device``."""
     if fmt not in FORMATS:
         raise ValueError(f"SamplingParams.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    if fmt == "int8" and device.type != "cpu":
-        raise ValueError(f"SamplingParams.format int8 runs on a CPU (PyTorch's int8 CPU kernel); the model is on "
+    if fmt in WEIGHT_ONLY and device.type != "cpu":
+        raise ValueError(f"SamplingParams.format {fmt} runs on a CPU (its kernels are CPU kernels); the model is on "
                          f"{device.type}: use fp32 or bf16")
+    problem = WEIGHT_ONLY[fmt].unavailable() if fmt in WEIGHT_ONLY else None
+    if problem:
+        raise ValueError(f"SamplingParams.format {fmt} cannot run here: {problem}")
 
 
 def _contiguous_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -111,20 +115,20 @@ class Runner:
     repeated with :meth:`select_rows` / :meth:`repeat_rows`. ``products`` picks the layout of
     decode steps' matrix products (:mod:`grouprl.rollout.skinny`); pass one that outlives the runner to
     keep what it learnt across rollouts; ``compiled`` (:mod:`grouprl.rollout.compiled`), likewise kept, runs
-    the layer loop's steps as one compiled graph once the layouts are learnt. ``int8``: one-token steps multiply
-    int8 copies of the fp32 weights (:mod:`grouprl.rollout.int8`; eagerly, not compiled). The weights must not
-    change while the runner lives: the reordered or quantized copies the steps read are made once and kept
-    until it goes.
+    the layer loop's steps as one compiled graph once the layouts are learnt. ``fmt``: a weight-only format
+    (int8, bf16-weights: :mod:`grouprl.rollout.weight_only`) multiplies copies of the fp32 weights in one-token
+    steps, eagerly (not compiled); any other format runs the model as it is. The weights must not change while
+    the runner lives: the reordered or converted copies the steps read are made once and kept until it goes.
     On a CPU, one-token steps of the model families :mod:`grouprl.rollout.layer_loop` covers run through
     its layer loop rather than the model's forward (the same logits, without the forward's per-step glue).
     """
 
     def __init__(self, model: nn.Module, capacity: int, products: SkinnyProducts | None = None,
-                 compiled: CompiledStep | None = None, int8: bool = False):
+                 compiled: CompiledStep | None = None, fmt: str = "fp32"):
         self.model = model
         self.products = products if products is not None else SkinnyProducts()
-        self.int8 = Int8Weights() if int8 else None
-        self.compiled = compiled if self.int8 is None else None
+        self.copies = Copies(fmt) if fmt in WEIGHT_ONLY else None
+        self.compiled = compiled if self.copies is None else None
         # decode steps on a CPU skip the transformers forward's per-step glue (measured there only)
         self._loop = LayerLoop.plan(unwrap_model(model)) if model_device(model).type == "cpu" else None
         # Products the learnt layouts serve: a stack's parts are left to x @ W.T (only a short prefill calls them),
@@ -147,7 +151,7 @@ class Runner:
         ``attention_mask`` is [b, n + q] over the cached and new positions; ``position_ids`` [b, q].
         """
         one_token = ids.shape[1] == 1
-        products = int8_products(self._linears, self.int8) if self.int8 is not None and one_token else \
+        products = weight_only_products(self._linears, self.copies) if self.copies is not None and one_token else \
             self.products.step(self._linears, ids.numel(), self._packs)
         if self._loop is not None and self._loop.covers(self.cache, ids):
             if self.compiled is not None:

@@ -152,7 +152,7 @@ def decode_conversations(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
     device = prompt_ids.device
     b_all = prompt_ids.shape[0] * group_size
     runner = Runner(model, capacity=prompt_ids.shape[1] + limits.max_tokens + limits.max_turns, products=products,
-                    compiled=compiled, int8=params.format == "int8")
+                    compiled=compiled, fmt=params.format)
     logits = runner.forward(prompt_ids, prompt_mask, positions_from_mask(prompt_mask))  # [P, V]
     runner.repeat_rows(group_size)
     logits = logits.repeat_interleave(group_size, 0)  # [B, V]

@@ -19,7 +19,7 @@ class ResolvedSettings:
 
     @property
     def rollout_format(self) -> str:
-        """fp32, bf16 or int8: the rollouts' format once dtype and rollout_dtype are resolved."""
+        """fp32, bf16, bf16-weights or int8: the rollouts' format once dtype and rollout_dtype are resolved."""
         if self.precision:
             return self.precision.rollout
         return self.rollout_dtype if self.rollout_dtype != "auto" else "bf16" if self.dtype == "bf16" else "fp32"
@@ -57,7 +57,7 @@ class ResolvedSettings:
         if self.rollout_is != "auto":
             return self.rollout_is
         # Only fp32 on both sides with the built-in engine computes the same numbers: a bf16 rollout runs on
-        # bf16 weights with a bf16 residual stream, an int8 one on quantized weights, a bf16 training pass
+        # bf16 weights with a bf16 residual stream, a weight-only one on bf16 or int8 copies, a bf16 training pass
         # under autocast on fp32 ones.
         exact = self.engine_choice == "hf" and self.rollout_format == "fp32" and not self.train_bf16
         return "none" if exact else "token"

@@ -1,0 +1,100 @@
+"""Decode steps on bf16 copies of the weights with fp32 activations: the ``bf16-weights`` rollout format,
+for CPUs without bf16 units.
+
+On an AVX2 CPU (AMD Zen 3, Intel without AMX exposed, or any CPU with its kernels capped to AVX2), bf16 matrix
+products run tens of times slower than fp32 at a training step's sizes and still slower at a decode step's,
+while a decode step of a few rows is held up by reading every fp32 weight once: a step of 3 rows moves
+540 MB for SmolLM2-135M and spends most of its time waiting for them. Half the bytes, read in bf16 and widened
+to fp32 in the registers (a shift), halve that wait without bf16 arithmetic: the products here run on
+panels of bf16 weights with fp32 inputs and fp32 sums (:file:`few_rows.cpp`, built on first use by
+:mod:`grouprl.rollout.native`). The only rounding is the weights' to bf16; activations, norms, attention, the
+KV cache and the sampling stay fp32, so the rollout's log-probs sit closer to the fp32 trainer's than bf16
+autocast's (every product's inputs rounded to bf16) do.
+
+On a 2-core Intel Xeon with its kernels capped to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2``),
+one thread, SmolLM2-135M's weights streamed from memory (``python benchmarks/products.py --threads 1 --rows
+1,2,4,8,16``, log ``benchmarks/results/products/xeon-avx2-capped-bf16-weights.log``): the 49k x 576 LM head at
+1 / 2 / 4 / 8 / 16 rows took 2.8 / 3.0 / 4.0 / 7.2 / 11.5 ms against 6.7 / 9.1 / 13.3 / 16.0 / 15.4 for the
+fastest fp32 layout the engine learns (:mod:`grouprl.rollout.skinny`), a 16-row step's products 56.3 ms against
+69.8. Whole rollouts of 16 x 64 (``python benchmarks/rollout.py --threads 1 --formats fp32,bf16-weights,int8
+--no_vllm --settings 16x64 --repeats 3 --warmup 1``, log
+``benchmarks/results/rollout/xeon-avx2-capped-bf16-weights.log``): 117.8 tokens/s against 65.5 in fp32 and 79.8
+in int8, 3.26x ``model.generate`` (36.2, fp32).
+
+Only one-token decode steps are rerouted; prefills (many rows, where the BLAS is efficient) stay fp32. The
+bf16 copies are made per decode loop on first use (the weights change between rollouts): 270 MB for
+SmolLM2-135M. Products whose output width is not a multiple of 16 or input width is odd stay fp32.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from grouprl.rollout.native import KernelUnavailable, load
+
+PANEL = 16
+"""Output columns of one panel of the packed weight."""
+
+
+def _library() -> ctypes.CDLL:
+    lib = load("few_rows")
+    if not getattr(lib, "_grouprl_typed", False):
+        p, i = ctypes.c_void_p, ctypes.c_int64
+        lib.grouprl_bf16_product.argtypes = [p, i, i, p, i, p, ctypes.c_int]
+        lib.grouprl_bf16_product.restype = None
+        lib._grouprl_typed = True
+    return lib
+
+
+def unavailable() -> str | None:
+    """Why the bf16-weights kernels cannot run here (the CPU, the compiler), or None where they can."""
+    try:
+        _library()
+    except KernelUnavailable as e:
+        return str(e)
+    return None
+
+
+def supported(module: nn.Module) -> bool:
+    """Whether ``module``'s products can run on a bf16 copy of its weight."""
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 and weight.device.type == "cpu" and \
+        weight.dim() == 2 and weight.shape[0] % PANEL == 0 and weight.shape[1] % 2 == 0
+
+
+def pack(weight: torch.Tensor) -> tuple[torch.Tensor]:
+    """``weight`` [out, in] fp32 rounded to bf16 (to nearest even, as ``weight.bfloat16()``) in panels:
+    ``(panels,)``, [out / 16, in, 16] int16 holding the bf16 bits, panel p's row k the 16 weights of outputs
+    16p .. 16p + 15 at input k."""
+    n, k = weight.shape
+    if weight.dtype != torch.float32 or n % PANEL or k % 2:
+        raise ValueError(f"pack takes an fp32 [out, in] weight with out a multiple of {PANEL} and in even, got "
+                         f"{weight.dtype} {tuple(weight.shape)}")
+    panels = torch.empty(n // PANEL, k, PANEL, dtype=torch.bfloat16)
+    panels.copy_(weight.detach().reshape(n // PANEL, PANEL, k).transpose(1, 2))  # rounds and transposes in one pass
+    return (panels.view(torch.int16),)
+
+
+def product(x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
+    """``x`` [rows, in] fp32 times the packed weight's transpose: [rows, out] fp32."""
+    n, k = panels.shape[0] * PANEL, panels.shape[1]
+    if x.dim() != 2 or x.shape[1] != k or panels.dtype != torch.int16 or not panels.is_contiguous():
+        raise ValueError(f"product takes x [rows, {k}] and contiguous int16 panels, got x {tuple(x.shape)}, "
+                         f"panels {panels.dtype} {tuple(panels.shape)}")
+    x = x.float().contiguous()
+    y = torch.empty(x.shape[0], n, dtype=torch.float32)
+    if x.shape[0]:
+        _library().grouprl_bf16_product(x.data_ptr(), x.shape[0], k, panels.data_ptr(), n, y.data_ptr(),
+                                        torch.get_num_threads())
+    return y
+
+
+def bf16_weights_linear(module: nn.Module, x: torch.Tensor, copy: tuple[torch.Tensor]) -> torch.Tensor:
+    """``module(x)`` on the packed bf16 copy of its weight: x [..., in] -> [..., out] fp32."""
+    y = product(x.reshape(-1, x.shape[-1]), copy[0])
+    if getattr(module, "bias", None) is not None:
+        y = y + module.bias
+    return y.reshape(*x.shape[:-1], y.shape[-1])

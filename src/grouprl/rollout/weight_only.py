@@ -1,0 +1,67 @@
+"""Rollout formats whose one-token decode steps multiply other copies of the fp32 weights, everything else
+staying fp32: ``int8`` (each weight row quantized to int8, activations rounded to bf16 at the product:
+:mod:`grouprl.rollout.int8`) and ``bf16-weights`` (weights rounded to bf16, fp32 activations and sums:
+:mod:`grouprl.rollout.bf16_weights`). A decode loop makes each weight's copy on first use and keeps it to the
+loop's end (the weights change between rollouts); prefills, environment replies and everything between the
+products run on the fp32 model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from grouprl.rollout import bf16_weights, int8
+from grouprl.rollout.skinny import rerouted
+
+Copy = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class WeightOnly:
+    """How one weight-only format multiplies: which modules it takes, the copy it makes of a weight, and the
+    product on that copy (x [..., in] -> [..., out] fp32)."""
+
+    supported: Callable[[nn.Module], bool]
+    copy: Callable[[torch.Tensor], Copy]
+    linear: Callable[[nn.Module, torch.Tensor, Copy], torch.Tensor]
+    unavailable: Callable[[], str | None]
+    """Why the format cannot run on this machine, or None."""
+
+
+WEIGHT_ONLY: dict[str, WeightOnly] = {
+    "int8": WeightOnly(int8.supported, int8.quantize_rows, int8.int8_linear, lambda: None),
+    "bf16-weights": WeightOnly(bf16_weights.supported, bf16_weights.pack, bf16_weights.bf16_weights_linear,
+                               lambda: bf16_weights.unavailable()),
+}
+"""``SamplingParams.format`` -> its weight-only products, for the formats that have them."""
+
+
+class Copies:
+    """The copies one decode loop reads in format ``fmt`` (weights do not change within it), made on first use
+    and kept until the loop ends."""
+
+    def __init__(self, fmt: str) -> None:
+        self.format = WEIGHT_ONLY[fmt]
+        # id(weight) -> (weight, its copy): holding the weight keeps its id from being reused meanwhile
+        self.copies: dict[int, tuple[torch.Tensor, Copy]] = {}
+
+    def of(self, module: nn.Module) -> Copy:
+        weight = module.weight
+        if id(weight) not in self.copies:
+            self.copies[id(weight)] = (weight, self.format.copy(weight))
+        return self.copies[id(weight)][1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for _, copy in self.copies.values() for t in copy)
+
+
+def weight_only_products(linears: list[nn.Module], copies: Copies) -> contextlib.AbstractContextManager[None]:
+    """Inside, the ``linears`` that ``copies``' format supports run on their copies; the others run as they are."""
+    fmt = copies.format
+    return rerouted([m for m in linears if fmt.supported(m)], lambda m, x: fmt.linear(m, x, copies.of(m)))
