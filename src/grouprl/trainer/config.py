@@ -221,13 +221,15 @@ class TrainerConfig(ResolvedSettings):
     """Storage dtype of the frozen reference copy: auto (bf16 where the training-sized bf16 products
     are faster: also half the memory), fp32 or bf16."""
     rollout_dtype: str = "auto"
-    """Number format of the rollouts' decode steps: auto (what dtype chose), fp32, bf16 or int8 (CPU, built-in
-    engine: weight-only int8 products with bf16 activations, grouprl.rollout.int8; 1.52x fp32's tokens/s on a
-    Xeon capped to AVX2, where bf16 is slow, benchmarks/rollout.py --formats fp32,int8 as the README's "Speed
-    and memory" gives it; dtype auto prints its measured ratio there, but it is used only
-    when asked: on the demo's task held-out accuracy trailed fp32's, benchmarks/results/int8-rollouts). int8
-    rollouts quantize each weight row per rollout; rollout_is corrects for their distance from the trained
-    weights (rollout/mismatch_kl), and held-out evaluation samples in fp32."""
+    """Number format of the rollouts' decode steps: auto (what dtype chose: bf16 where bf16 products are faster,
+    else bf16-weights where it is, else fp32), fp32, bf16, bf16-weights or int8. The last two are the built-in
+    engine's, on a CPU, and run one-token steps on copies of the fp32 weights made per rollout
+    (grouprl.rollout.weight_only): bf16-weights multiplies bf16-rounded weights by fp32 activations with fp32
+    sums in a few-row AVX2 kernel built on first use (1.80x fp32's tokens/s on a Xeon capped to AVX2, where
+    bf16 arithmetic is slow: benchmarks/rollout.py --formats fp32,bf16-weights,int8 as the README's "Speed and
+    memory" gives it); int8 quantizes each weight row and rounds activations to bf16 (1.22x there), used only
+    when asked: on the demo's task held-out accuracy trailed fp32's (benchmarks/results/int8-rollouts), and
+    held-out evaluation then samples in fp32. Any format but fp32 turns rollout_is on (rollout/mismatch_kl)."""
     gradient_checkpointing: bool | None = None
     """Recompute each decoder layer's activations in backward: less memory, more compute (SmolLM2-135M in
     bf16 on a CPU, benchmarks/vs_trl.py: steps ~6% longer, the peak ~310 MiB lower). Empty = on (as TRL's and verl's
