@@ -1,6 +1,7 @@
 """bf16-weights decode steps: the packed copy is torch's bf16 rounding laid out in panels, the native product
 equals fp32 sums over the rounded weights (every row count and panel grouping, one thread or several, row by
-row or all at once), only one-token steps use it, and rollouts score like the rounded policy of the moment."""
+row or all at once), only one-token steps use it, and the kernel's build (what the weight-only formats share:
+test_weight_only.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from torch import nn
 
 from grouprl.rollout import bf16_weights, native
 from grouprl.rollout.bf16_weights import PANEL, bf16_weights_linear, pack, product, supported
-from grouprl.rollout.logprobs import token_logprobs
-from grouprl.rollout.runner import Runner, check_format
+from grouprl.rollout.runner import check_format
 from grouprl.rollout.sampler import Sampler
 from grouprl.rollout.weight_only import Copies, weight_only_products
 from grouprl.types import SamplingParams
@@ -133,37 +133,6 @@ def test_only_one_token_steps_use_the_kernel(model, tok, ids, monkeypatch):
     steps = batch.lengths.max().item() - 1  # no prefill
     assert steps > 0 and len(calls) % steps == 0 and len(calls) // steps <= linears
     assert max(calls) <= 4  # the running rows, never the prompts' positions
-
-
-@needs_kernel
-def test_rollouts_score_like_the_rounded_weights_of_the_moment(model, tok, ids):
-    """The sampling log-probs are the bf16-rounded policy's: nearer the fp32 model's than int8's, not equal to
-    them, and made from the weights as they are at each rollout."""
-    sampler = Sampler(model, tok)
-    params = SamplingParams(max_new_tokens=16, temperature=1.0, format="bf16-weights")
-    for change in range(2):
-        if change:
-            with torch.no_grad():
-                model.lm_head.weight.mul_(-1.0)  # far from the first weights: stale copies would score badly
-        batch = sampler.generate(ids, 2, params, seed=3)
-        logp, _ = token_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                 batch.completion_mask)
-        gap = (batch.sampling_logprobs - logp).abs()[batch.completion_mask.bool()]
-        assert gap.mean() < 0.01 and gap.max() < 0.1 and gap.max() > 1e-5
-
-
-@needs_kernel
-def test_bf16_weights_run_eagerly_and_leave_the_model_alone(model, tok, ids):
-    from grouprl.rollout.compiled import CompiledStep
-
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    runner = Runner(model, capacity=8, compiled=CompiledStep(), fmt="bf16-weights")
-    assert runner.compiled is None and runner.copies is not None
-    Sampler(model, tok, compile_steps=True).generate(ids[:2], 2, SamplingParams(max_new_tokens=5,
-                                                                                format="bf16-weights"), seed=0)
-    after = model.state_dict()
-    assert all(torch.equal(after[k], v) for k, v in before.items())
-    assert not any("forward" in m.__dict__ for m in model.modules())
 
 
 def test_the_format_is_checked_where_the_kernel_cannot_run(monkeypatch):

@@ -1,6 +1,5 @@
 """int8 decode steps: the quantization worked by hand, the product against its dequantized definition, which
-products are rerouted and when, and rollouts whose log-probs are the int8 policy's, made from the weights of
-the moment."""
+products are rerouted and when (what the weight-only formats share: test_weight_only.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +8,7 @@ import torch
 from torch import nn
 
 from grouprl.rollout import int8 as int8_module
-from grouprl.rollout.compiled import CompiledStep
 from grouprl.rollout.int8 import int8_linear, quantize_rows, supported
-from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.runner import Runner, check_format
 from grouprl.rollout.sampler import Sampler
 from grouprl.rollout.weight_only import Copies, weight_only_products
@@ -114,34 +111,6 @@ def test_only_one_token_steps_multiply_int8_weights(model, tok, ids, monkeypatch
     linears = 2 * 7 + 1  # per step: two layers' seven projections and the LM head
     assert len(calls) % linears == 0 and len(calls) // linears == batch.lengths.max().item() - 1  # no prefill
     assert max(calls) <= 4  # the running rows, never the prompts' positions
-
-
-def test_int8_rollouts_score_like_the_weights_of_the_moment(model, tok, ids):
-    """The sampling log-probs are the quantized policy's: near the fp32 model's, not equal to them, and made
-    from the weights as they are at each rollout (a changed model is quantized again)."""
-    sampler = Sampler(model, tok)
-    params = SamplingParams(max_new_tokens=16, temperature=1.0, format="int8")
-    for change in range(2):
-        if change:
-            with torch.no_grad():
-                model.lm_head.weight.mul_(-1.0)  # far from the first weights: stale copies would score badly
-        batch = sampler.generate(ids, 2, params, seed=3)
-        logp, _ = token_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                 batch.completion_mask)
-        gap = (batch.sampling_logprobs - logp).abs()[batch.completion_mask.bool()]
-        # the prefill's first tokens are fp32's; int8's steps move a token's log-prob by hundredths of a nat
-        assert gap.mean() < 0.05 and gap.max() < 0.5 and gap.max() > 1e-3
-
-
-def test_int8_runs_eagerly_and_leaves_the_model_alone(model, tok, ids):
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    runner = Runner(model, capacity=8, compiled=CompiledStep(), fmt="int8")
-    assert runner.compiled is None and runner.copies is not None
-    Sampler(model, tok, compile_steps=True).generate(ids[:2], 2, SamplingParams(max_new_tokens=5, format="int8"),
-                                                     seed=0)
-    after = model.state_dict()
-    assert all(torch.equal(after[k], v) for k, v in before.items())
-    assert not any("forward" in m.__dict__ for m in model.modules())
 
 
 def test_formats_are_checked():

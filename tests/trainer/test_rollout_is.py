@@ -99,28 +99,20 @@ def test_auto_samples_in_bf16_where_only_decoding_gains_and_corrects_for_it(tmp_
     assert 0 < metrics["rollout/is_weight_mean"] <= 1.001 + 1e-6  # the cap, up to float32 rounding
 
 
-@pytest.mark.skipif(bf16_weights.unavailable() is not None, reason="the bf16-weights kernel cannot run here")
-def test_bf16_weights_rollouts_train_under_the_correction(tmp_path):
-    trainer = make_trainer(tmp_path, beta=0.0, rollout_dtype="bf16-weights")
-    assert trainer.setup["dtype"].startswith("rollouts bf16-weights, training fp32")
+@pytest.mark.parametrize("fmt, mismatch_below", [
+    ("int8", 0.05),
+    # the rounded copy samples nearer the trained weights than int8's quantized one
+    pytest.param("bf16-weights", 0.01, marks=pytest.mark.skipif(bf16_weights.unavailable() is not None,
+                                                                 reason="the bf16-weights kernel cannot run here")),
+])
+def test_weight_only_rollouts_train_under_the_correction(tmp_path, fmt, mismatch_below):
+    trainer = make_trainer(tmp_path, beta=0.0, rollout_dtype=fmt)
+    assert trainer.setup["dtype"].startswith(f"rollouts {fmt}, training fp32")
     assert trainer.setup["rollout_is"] == "token"
-    assert trainer.setup["rollout_compile"] == "off (bf16-weights rollouts run their decode steps eagerly)"
+    assert trainer.setup["rollout_compile"] == f"off ({fmt} rollouts run their decode steps eagerly)"
     assert trainer.setup["rollout_engine"].startswith("hf (")
     before = [p.detach().clone() for p in trainer.policy.parameters()]
     metrics, _ = trainer.step()
-    # the rounded copy samples near the trained weights, nearer than int8's (below), not exactly as they score
-    assert 0 < metrics["rollout/mismatch_kl"] < 0.01 and 0 < metrics["rollout/is_weight_mean"] <= 2.0 + 1e-6
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
-
-
-def test_int8_rollouts_train_under_the_correction(tmp_path):
-    trainer = make_trainer(tmp_path, beta=0.0, rollout_dtype="int8")
-    assert trainer.setup["dtype"].startswith("rollouts int8, training fp32")
-    assert trainer.setup["rollout_is"] == "token"
-    assert trainer.setup["rollout_compile"] == "off (int8 rollouts run their decode steps eagerly)"
-    assert trainer.setup["rollout_engine"].startswith("hf (")
-    before = [p.detach().clone() for p in trainer.policy.parameters()]
-    metrics, _ = trainer.step()
-    # the quantized copy samples near the trained weights, not exactly as they score
-    assert 0 < metrics["rollout/mismatch_kl"] < 0.05 and 0 < metrics["rollout/is_weight_mean"] <= 2.0 + 1e-6
+    # the copy samples near the trained weights, not exactly as they score
+    assert 0 < metrics["rollout/mismatch_kl"] < mismatch_below and 0 < metrics["rollout/is_weight_mean"] <= 2.0 + 1e-6
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))

@@ -44,6 +44,7 @@ import torch
 from torch.nn import functional as F
 
 from grouprl.errors import ConfigError
+from grouprl.rollout.weight_only import WEIGHT_ONLY
 
 MARGIN = 1.1
 """bf16 is chosen for a phase only when it is at least this many times faster than fp32 there."""
@@ -214,15 +215,13 @@ def choose_precision(dtype: str, ref_dtype: str, model: torch.nn.Module, decode_
     forced_ref = None if ref_dtype == "auto" else ref_dtype
     forced_rollout = None if rollout_dtype == "auto" else rollout_dtype
     device = device or next((p.device for p in model.parameters()), torch.device("cpu"))
-    if forced_rollout in ("int8", "bf16-weights") and device.type != "cpu":
-        raise ConfigError(f"rollout_dtype={forced_rollout} runs on a CPU (its kernels are CPU kernels); this run "
-                          f"computes on {device.type}: use fp32, bf16 or auto")
-    if forced_rollout == "bf16-weights":
-        from grouprl.rollout.bf16_weights import unavailable
-
-        problem = unavailable()
+    if forced_rollout in WEIGHT_ONLY:
+        if device.type != "cpu":
+            raise ConfigError(f"rollout_dtype={forced_rollout} runs on a CPU (its kernels are CPU kernels); this run "
+                              f"computes on {device.type}: use fp32, bf16 or auto")
+        problem = WEIGHT_ONLY[forced_rollout].unavailable()
         if problem:
-            raise ConfigError(f"rollout_dtype=bf16-weights cannot run here: {problem}; use fp32, bf16 or auto")
+            raise ConfigError(f"rollout_dtype={forced_rollout} cannot run here: {problem}; use fp32, bf16 or auto")
     if dtype != "auto":
         return Precision(forced_rollout or dtype, dtype, forced_ref or ("bf16" if dtype == "bf16" else "fp32"),
                          how="forced")
@@ -251,7 +250,9 @@ def choose_precision(dtype: str, ref_dtype: str, model: torch.nn.Module, decode_
         how = "measured"
         _write_cache(path, key, {"decode": decode, "train": train, "int8": int8, "bf16_weights": weights})
     pick = lambda speedup: "bf16" if speedup >= MARGIN else "fp32"  # noqa: E731
-    rollout = pick(decode) if decode >= MARGIN or (weights or 0) < MARGIN else "bf16-weights"
+    rollout = pick(decode)
+    if rollout == "fp32" and weights is not None and weights >= MARGIN:
+        rollout = "bf16-weights"
     return Precision(forced_rollout or rollout, pick(train), forced_ref or pick(train), decode, train, int8,
                      weights, how)
 

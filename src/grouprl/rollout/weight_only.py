@@ -34,9 +34,9 @@ class WeightOnly:
 
 
 WEIGHT_ONLY: dict[str, WeightOnly] = {
-    "int8": WeightOnly(int8.supported, int8.quantize_rows, int8.int8_linear, lambda: None),
     "bf16-weights": WeightOnly(bf16_weights.supported, bf16_weights.pack, bf16_weights.bf16_weights_linear,
                                lambda: bf16_weights.unavailable()),
+    "int8": WeightOnly(int8.supported, int8.quantize_rows, int8.int8_linear, lambda: None),
 }
 """``SamplingParams.format`` -> its weight-only products, for the formats that have them."""
 
