@@ -102,6 +102,8 @@ def test_shapes_the_kernel_does_not_take_stay_fp32():
     if bf16_weights.unavailable() is None:
         with pytest.raises(ValueError, match="product takes x"):
             product(torch.randn(2, 65), pack(torch.randn(16, 64))[0])
+        with pytest.raises(ValueError, match="in even"):  # the kernel steps two inputs at a time
+            product(torch.randn(2, 3), torch.zeros(1, 3, PANEL, dtype=torch.int16))
 
 
 @needs_kernel

@@ -81,9 +81,10 @@ def pack(weight: torch.Tensor) -> tuple[torch.Tensor]:
 def product(x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
     """``x`` [rows, in] fp32 times the packed weight's transpose: [rows, out] fp32."""
     n, k = panels.shape[0] * PANEL, panels.shape[1]
-    if x.dim() != 2 or x.shape[1] != k or panels.dtype != torch.int16 or not panels.is_contiguous():
-        raise ValueError(f"product takes x [rows, {k}] and contiguous int16 panels, got x {tuple(x.shape)}, "
-                         f"panels {panels.dtype} {tuple(panels.shape)}")
+    if x.dim() != 2 or x.shape[1] != k or k % 2 or panels.dtype != torch.int16 or not panels.is_contiguous() or \
+            panels.dim() != 3 or panels.shape[2] != PANEL:
+        raise ValueError(f"product takes x [rows, in] and contiguous int16 panels [out / {PANEL}, in, {PANEL}] "
+                         f"(in even), got x {tuple(x.shape)}, panels {panels.dtype} {tuple(panels.shape)}")
     x = x.float().contiguous()
     y = torch.empty(x.shape[0], n, dtype=torch.float32)
     if x.shape[0]:
