@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
-from tests.helpers.rollout import PROMPTS, encode, make_model
+from tests.helpers.rollout import PROMPTS, make_model
 
 G = 4
-
-
-@pytest.fixture(scope="module")
-def ids(tok):
-    return encode(tok, PROMPTS)
 
 
 def rows_of(batch):

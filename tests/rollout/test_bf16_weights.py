@@ -15,7 +15,7 @@ from grouprl.rollout.runner import check_format
 from grouprl.rollout.sampler import Sampler
 from grouprl.rollout.weight_only import Copies, weight_only_products
 from grouprl.types import SamplingParams
-from tests.helpers.rollout import PROMPTS, encode, make_model
+from tests.helpers.rollout import make_model
 
 needs_kernel = pytest.mark.skipif(bf16_weights.unavailable() is not None,
                                   reason=f"bf16-weights kernel: {bf16_weights.unavailable()}")
@@ -24,11 +24,6 @@ needs_kernel = pytest.mark.skipif(bf16_weights.unavailable() is not None,
 @pytest.fixture()
 def model(tok):
     return make_model(tok, seed=1, head_scale=4.0)
-
-
-@pytest.fixture(scope="module")
-def ids(tok):
-    return encode(tok, PROMPTS)
 
 
 def rounded(w: torch.Tensor) -> torch.Tensor:

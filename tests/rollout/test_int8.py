@@ -13,17 +13,12 @@ from grouprl.rollout.runner import Runner, check_format
 from grouprl.rollout.sampler import Sampler
 from grouprl.rollout.weight_only import Copies, weight_only_products
 from grouprl.types import SamplingParams
-from tests.helpers.rollout import PROMPTS, encode, make_model
+from tests.helpers.rollout import encode, make_model
 
 
 @pytest.fixture()
 def model(tok):
     return make_model(tok, seed=1, head_scale=4.0)
-
-
-@pytest.fixture(scope="module")
-def ids(tok):
-    return encode(tok, PROMPTS)
 
 
 def test_rows_quantize_to_their_own_scale():

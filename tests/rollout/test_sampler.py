@@ -11,17 +11,12 @@ from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.runner import Runner
 from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
-from tests.helpers.rollout import PROMPTS, encode, make_model
+from tests.helpers.rollout import PROMPTS, make_model
 
 
 @pytest.fixture(scope="module")
 def model(tok):
     return make_model(tok, seed=1)
-
-
-@pytest.fixture(scope="module")
-def ids(tok):
-    return encode(tok, PROMPTS)  # prompts of 2 to 25 tokens
 
 
 def hf_greedy(model, tok, ids, max_new, eos_ids, **kw):

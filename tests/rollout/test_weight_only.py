@@ -13,7 +13,7 @@ from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.runner import Runner
 from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
-from tests.helpers.rollout import PROMPTS, encode, make_model
+from tests.helpers.rollout import make_model
 
 FORMATS = ["int8", pytest.param("bf16-weights", marks=pytest.mark.skipif(
     bf16_weights.unavailable() is not None, reason=f"bf16-weights kernel: {bf16_weights.unavailable()}"))]
@@ -25,11 +25,6 @@ max above). int8's steps move a token's log-prob by hundredths of a nat, bf16 ro
 @pytest.fixture()
 def model(tok):
     return make_model(tok, seed=1, head_scale=4.0)
-
-
-@pytest.fixture(scope="module")
-def ids(tok):
-    return encode(tok, PROMPTS)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
