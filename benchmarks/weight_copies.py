@@ -8,7 +8,9 @@ pays for fresh memory, so min and max are printed. Then 16 completions of arithm
 same tokens throughout) by the fp32 model and by a twin whose products' weights are rounded to bf16 (the
 embedding left in fp32, as bf16-weights rollouts leave it), before and after one Adam step at ``--lr`` on those
 completions' log-likelihood: SmolLM2 ships in bf16, so its weights start on bf16's grid, and an update smaller
-than half a bf16 step rounds back to the old value in the copy.
+than half a bf16 step rounds back to the old value in the copy. Beside it, a twin rounded stochastically (up or
+down with the probabilities that make the copy's expectation the fp32 weight, a seeded draw), which the copies do
+not use: what it would change is printed, for the next step on bf16 rollouts' lag.
 
     python benchmarks/weight_copies.py --threads 1
 
@@ -34,13 +36,21 @@ from grouprl.rollout.weight_only import WEIGHT_ONLY, Copies
 from grouprl.types import SamplingParams
 
 
-def rounded_twin(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose ``nn.Linear`` weights are rounded to bf16 (an untied LM head: the embedding stays)."""
-    twin = copy.deepcopy(model)
+def stochastic_bf16(w: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """``w`` (fp32) rounded to a bf16 value stochastically: a uniform 16-bit draw added below the bits bf16 keeps,
+    then those bits cut, so ``w`` rounds up with probability its distance from the value below over the step."""
+    noise = torch.randint(0, 1 << 16, w.shape, dtype=torch.int32, generator=generator)
+    return ((w.view(torch.int32) + noise) & ~0xFFFF).view(torch.float32)
+
+
+def rounded_twin(model: nn.Module, stochastic: bool = False) -> nn.Module:
+    """A copy of ``model`` whose ``nn.Linear`` weights are rounded to bf16, to nearest even or stochastically (an
+    untied LM head: the embedding stays)."""
+    twin, generator = copy.deepcopy(model), torch.Generator().manual_seed(0)
     with torch.no_grad():
         twin.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
         for m in model_linears(twin):
-            m.weight.copy_(m.weight.bfloat16().float())
+            m.weight.copy_(stochastic_bf16(m.weight, generator) if stochastic else m.weight.bfloat16().float())
     return twin
 
 
@@ -73,12 +83,12 @@ def main() -> None:
     mask = batch.completion_mask.bool()
 
     @torch.no_grad()
-    def gap() -> float:
+    def gap(stochastic: bool = False) -> float:
         scores = [token_logprobs(m, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                 batch.completion_mask)[0] for m in (model, rounded_twin(model))]
+                                 batch.completion_mask)[0] for m in (model, rounded_twin(model, stochastic))]
         return float((scores[0] - scores[1])[mask].abs().mean())
 
-    before = gap()
+    before, stochastic_before = gap(), gap(True)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     model.train()
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], 1)
@@ -90,7 +100,8 @@ def main() -> None:
     model.eval()
     after = gap()
     print(f"rounding the products' weights to bf16 moves a completion token's log-prob by {before:.2e} on "
-          f"average before one Adam step at lr {args.lr:g}, {after:.2e} after it", flush=True)
+          f"average before one Adam step at lr {args.lr:g}, {after:.2e} after it; rounding stochastically "
+          f"{stochastic_before:.2e} and {gap(True):.2e}", flush=True)
     print(f"bf16_gap_before={before:.3e} bf16_gap_after={after:.3e}")
 
 
