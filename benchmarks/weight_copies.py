@@ -90,14 +90,10 @@ def main() -> None:
 
     before, stochastic_before = gap(), gap(True)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    model.train()
-    ids = torch.cat([batch.prompt_ids, batch.completion_ids], 1)
-    attention = torch.cat([batch.prompt_mask, batch.completion_mask], 1)
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, batch.prompt_ids.shape[1] - 1:-1].float()
-    picked = logits.log_softmax(-1).gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
-    (-(picked * batch.completion_mask).sum() / batch.completion_mask.sum()).backward()
+    logp, _ = token_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                             batch.completion_mask)  # differentiable: grad is on here
+    (-(logp * batch.completion_mask).sum() / batch.completion_mask.sum()).backward()
     optimizer.step()
-    model.eval()
     after = gap()
     print(f"rounding the products' weights to bf16 moves a completion token's log-prob by {before:.2e} on "
           f"average before one Adam step at lr {args.lr:g}, {after:.2e} after it; rounding stochastically "
