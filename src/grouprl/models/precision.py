@@ -44,7 +44,7 @@ import torch
 from torch.nn import functional as F
 
 from grouprl.errors import ConfigError
-from grouprl.rollout.weight_only import WEIGHT_ONLY
+from grouprl.rollout.weight_only import WEIGHT_ONLY, weight_only_problem
 
 MARGIN = 1.1
 """bf16 is chosen for a phase only when it is at least this many times faster than fp32 there."""
@@ -176,9 +176,9 @@ def int8_speedup(m: int, k: int, n: int, device: torch.device, count: int = 1) -
 def bf16_weights_speedup(m: int, k: int, n: int, device: torch.device, count: int = 1) -> float | None:
     """fp32 time over bf16-weights time of ``[m, k]`` times ``count`` ``[n, k]`` weights (> 1: bf16-weights is
     faster); None where it cannot run (not a CPU, the kernels unavailable here, or a shape they do not take)."""
-    from grouprl.rollout.bf16_weights import PANEL, unavailable
+    from grouprl.rollout.bf16_weights import takes
 
-    if device.type != "cpu" or n % PANEL or k % 2 or unavailable():
+    if device.type != "cpu" or not takes(n, k) or WEIGHT_ONLY["bf16-weights"].unavailable():
         return None
     return _time(m, k, n, torch.float32, device, count=count) / _time_bf16_weights(m, k, n, count=count)
 
@@ -215,13 +215,9 @@ def choose_precision(dtype: str, ref_dtype: str, model: torch.nn.Module, decode_
     forced_ref = None if ref_dtype == "auto" else ref_dtype
     forced_rollout = None if rollout_dtype == "auto" else rollout_dtype
     device = device or next((p.device for p in model.parameters()), torch.device("cpu"))
-    if forced_rollout in WEIGHT_ONLY:
-        if device.type != "cpu":
-            raise ConfigError(f"rollout_dtype={forced_rollout} runs on a CPU (its kernels are CPU kernels); this run "
-                              f"computes on {device.type}: use fp32, bf16 or auto")
-        problem = WEIGHT_ONLY[forced_rollout].unavailable()
-        if problem:
-            raise ConfigError(f"rollout_dtype={forced_rollout} cannot run here: {problem}; use fp32, bf16 or auto")
+    problem = weight_only_problem(forced_rollout or "", device)
+    if problem:
+        raise ConfigError(f"rollout_dtype={problem}: use fp32, bf16 or auto")
     if dtype != "auto":
         return Precision(forced_rollout or dtype, dtype, forced_ref or ("bf16" if dtype == "bf16" else "fp32"),
                          how="forced")

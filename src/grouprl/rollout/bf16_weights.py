@@ -58,11 +58,17 @@ def unavailable() -> str | None:
     return None
 
 
+def takes(out_features: int, in_features: int) -> bool:
+    """Whether the kernel takes a weight of this shape: whole panels of outputs, and an even input width (it steps
+    two inputs, one cache line of a panel, at a time)."""
+    return out_features % PANEL == 0 and in_features % 2 == 0
+
+
 def supported(module: nn.Module) -> bool:
     """Whether ``module``'s products can run on a bf16 copy of its weight."""
     weight = getattr(module, "weight", None)
     return isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 and weight.device.type == "cpu" and \
-        weight.dim() == 2 and weight.shape[0] % PANEL == 0 and weight.shape[1] % 2 == 0
+        weight.dim() == 2 and takes(*weight.shape)
 
 
 def pack(weight: torch.Tensor) -> tuple[torch.Tensor]:
@@ -70,7 +76,7 @@ def pack(weight: torch.Tensor) -> tuple[torch.Tensor]:
     ``(panels,)``, [out / 16, in, 16] int16 holding the bf16 bits, panel p's row k the 16 weights of outputs
     16p .. 16p + 15 at input k."""
     n, k = weight.shape
-    if weight.dtype != torch.float32 or n % PANEL or k % 2:
+    if weight.dtype != torch.float32 or not takes(n, k):
         raise ValueError(f"pack takes an fp32 [out, in] weight with out a multiple of {PANEL} and in even, got "
                          f"{weight.dtype} {tuple(weight.shape)}")
     panels = torch.empty(n // PANEL, k, PANEL, dtype=torch.bfloat16)

@@ -20,7 +20,7 @@ from grouprl.rollout.cache import make_cache
 from grouprl.rollout.compiled import CompiledStep
 from grouprl.rollout.layer_loop import LayerLoop, float_rows, stack_groups, stacked_copies
 from grouprl.rollout.skinny import PackedWeights, SkinnyProducts, model_linears
-from grouprl.rollout.weight_only import WEIGHT_ONLY, Copies, weight_only_products
+from grouprl.rollout.weight_only import WEIGHT_ONLY, Copies, weight_only_problem, weight_only_products
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -95,12 +95,9 @@ def check_format(fmt: str, device: torch.device) -> None:
     """Raise ``ValueError`` for a ``SamplingParams.format`` that is unknown or cannot run on ``device``."""
     if fmt not in FORMATS:
         raise ValueError(f"SamplingParams.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    if fmt in WEIGHT_ONLY and device.type != "cpu":
-        raise ValueError(f"SamplingParams.format {fmt} runs on a CPU (its kernels are CPU kernels); the model is on "
-                         f"{device.type}: use fp32 or bf16")
-    problem = WEIGHT_ONLY[fmt].unavailable() if fmt in WEIGHT_ONLY else None
+    problem = weight_only_problem(fmt, device)
     if problem:
-        raise ValueError(f"SamplingParams.format {fmt} cannot run here: {problem}")
+        raise ValueError(f"SamplingParams.format {problem}: use fp32 or bf16")
 
 
 def _contiguous_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:

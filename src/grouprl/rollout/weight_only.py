@@ -41,6 +41,17 @@ WEIGHT_ONLY: dict[str, WeightOnly] = {
 """``SamplingParams.format`` -> its weight-only products, for the formats that have them."""
 
 
+def weight_only_problem(fmt: str, device: torch.device) -> str | None:
+    """Why the weight-only format ``fmt`` cannot run on ``device`` here (None where it can, or where ``fmt`` is not
+    weight-only)."""
+    if fmt not in WEIGHT_ONLY:
+        return None
+    if device.type != "cpu":
+        return f"{fmt} runs on a CPU (its kernels are CPU kernels); this run computes on {device.type}"
+    problem = WEIGHT_ONLY[fmt].unavailable()
+    return None if problem is None else f"{fmt} cannot run here: {problem}"
+
+
 class Copies:
     """The copies one decode loop reads in format ``fmt`` (weights do not change within it), made on first use
     and kept until the loop ends."""
