@@ -21,11 +21,14 @@ from grouprl.algos.groups import ByIds, Contiguous, make_groups
 from grouprl.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_per_token
 from grouprl.algos.losses import (
     IMPORTANCE_LEVELS,
+    POLICY_LOSSES,
     clipped_surrogate_loss,
     entropy_from_logits,
     grpo_loss,
     value_loss,
 )
+from grouprl.algos.policy_losses import cispo_loss, gmpo_loss, sapo_loss
+from grouprl.algos.token_selection import entropy_threshold, top_entropy_weights
 from grouprl.algos.trust_region import (
     backtracking_line_search,
     conjugate_gradient,
@@ -38,10 +41,12 @@ from grouprl.algos.trust_region import (
 )
 
 __all__ = [
-    "ADVANTAGES", "AGGREGATIONS", "ByIds", "Contiguous", "IMPORTANCE_LEVELS", "KL_ESTIMATORS", "SCALES",
+    "ADVANTAGES", "AGGREGATIONS", "ByIds", "Contiguous", "IMPORTANCE_LEVELS", "KL_ESTIMATORS", "POLICY_LOSSES",
+    "SCALES",
     "AdaptiveKLController", "FixedKLController",
-    "aggregate", "backtracking_line_search", "clipped_surrogate_loss", "compute_advantages",
+    "aggregate", "backtracking_line_search", "cispo_loss", "clipped_surrogate_loss", "compute_advantages",
     "conjugate_gradient", "constant_groups", "constant_rows", "discounted_returns", "entropy_from_logits",
+    "entropy_threshold", "gmpo_loss", "sapo_loss", "top_entropy_weights",
     "fisher_vector_product", "flat_grad",
     "gae", "get_flat_params", "group_advantages", "make_groups", "grpo_loss", "kl_per_token", "masked_mean",
     "natural_step_size", "nstep_returns", "rank_advantages", "reinforce_advantages", "rloo_advantages",

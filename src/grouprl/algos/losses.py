@@ -1,5 +1,6 @@
-"""Policy and value losses: the clipped surrogate (PPO/GRPO/GSPO), GRPO's full objective, PPO's
-value loss, and the entropy of the policy.
+"""Policy and value losses: the clipped surrogate (PPO/GRPO/GSPO), GRPO's full objective over any
+registered policy-gradient term (:data:`POLICY_LOSSES`; CISPO, SAPO and GMPO in
+:mod:`grouprl.algos.policy_losses`), PPO's value loss, and the entropy of the policy.
 
 Per-token losses are ``[B,T]`` and are reduced by :func:`grouprl.algos.aggregate.aggregate`.
 Metrics are 0-dim detached tensors so that computing them never forces a device sync.
@@ -18,6 +19,10 @@ IMPORTANCE_LEVELS: Registry = Registry("importance-ratio level")
 
 _MAX_LOG_RATIO = 20.0
 """Bounds exp() of the log-ratio; a ratio of e^20 is clipped by the surrogate anyway."""
+
+POLICY_LOSSES: Registry = Registry("policy loss")
+"""name -> ``fn(logp [B,T], old_logp [B,T], advantages [B] or [B,T], mask [B,T], **knobs) -> (loss [B,T],
+metrics)``; see :mod:`grouprl.algos.policy_losses`."""
 
 
 @IMPORTANCE_LEVELS.register("token")
@@ -81,16 +86,18 @@ def clipped_surrogate_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantage
     return -surrogate, metrics
 
 
+POLICY_LOSSES.register("clip", clipped_surrogate_loss)
+
+
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
-              advantages: torch.Tensor, mask: torch.Tensor, *, eps_low: float = 0.2,
-              eps_high: float | None = None, beta: float = 0.0, kl_estimator: str = "k3",
-              aggregation: str = "seq-mean-token-mean", level: str = "token",
-              dual_clip: float | None = None, entropy: torch.Tensor | None = None,
+              advantages: torch.Tensor, mask: torch.Tensor, *, beta: float = 0.0, kl_estimator: str = "k3",
+              aggregation: str = "seq-mean-token-mean", entropy: torch.Tensor | None = None,
               entropy_coef: float = 0.0, max_tokens: int | None = None, group_size: int | None = None,
-              num_rows: float | None = None,
-              num_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              num_rows: float | None = None, num_tokens: float | None = None, policy_loss: str = "clip",
+              **policy_options: float | str | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO's objective (negated, to minimise):
-    ``agg[ -min(rho*A, clip(rho)*A) + beta * KL_k(pi || pi_ref) - c_H * H ]``.
+    ``agg[ L_pg(rho, A) + beta * KL_k(pi || pi_ref) - c_H * H ]``, with the paper's
+    ``L_pg = -min(rho*A, clip(rho)*A)`` by default (``policy_loss="clip"``).
 
     Args:
         logp: ``[B,T]`` policy log-probs of the sampled tokens (with grad).
@@ -100,21 +107,25 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor | None, ref_logp: torch
         advantages: ``[B]`` or ``[B,T]``.
         mask: ``[B,T]`` 0/1.
         entropy: ``[B,T]`` per-token policy entropy (with grad) when ``entropy_coef != 0``.
-        The rest as in :func:`clipped_surrogate_loss` and :func:`~grouprl.algos.aggregate.aggregate`.
+        policy_loss: the policy-gradient term, a name in :data:`POLICY_LOSSES` (clip, cispo, sapo, gmpo).
+        policy_options: that term's own knobs, by its keyword names: clip's ``eps_low``, ``eps_high``,
+            ``dual_clip``, ``level`` (:func:`clipped_surrogate_loss`); cispo's ``eps_low``, ``eps_high``;
+            sapo's ``tau_pos``, ``tau_neg``; gmpo's ``eps_low``, ``eps_high``. A knob the term does not
+            take is a TypeError naming it.
+        The rest as in :func:`~grouprl.algos.aggregate.aggregate`.
 
     Returns:
         ``(loss scalar, metrics)`` with ``loss/policy``, ``loss/kl`` (the beta-weighted term),
-        ``policy/kl`` (token mean of the KL estimate), ``policy/clip_low|high``,
-        ``policy/ratio_mean``, ``policy/approx_kl_old`` and ``policy/entropy`` when given.
+        ``policy/kl`` (token mean of the KL estimate), the term's metrics under ``policy/`` (for clip:
+        ``clip_low|high``), ``policy/ratio_mean``, ``policy/approx_kl_old`` and ``policy/entropy`` when given.
     """
     if old_logp is None:
         old_logp = logp.detach()
     agg = dict(mode=aggregation, max_tokens=max_tokens, group_size=group_size, num_rows=num_rows,
                num_tokens=num_tokens)
-    pg_tokens, clip_metrics = clipped_surrogate_loss(logp, old_logp, advantages, mask, eps_low, eps_high,
-                                                     dual_clip, level)
+    pg_tokens, pg_metrics = POLICY_LOSSES.get(policy_loss)(logp, old_logp, advantages, mask, **policy_options)
     per_token = pg_tokens
-    metrics = {f"policy/{k}": v for k, v in clip_metrics.items()}
+    metrics = {f"policy/{k}": v for k, v in pg_metrics.items()}
     metrics["policy/approx_kl_old"] = metrics.pop("policy/approx_kl")
     metrics["loss/policy"] = aggregate(pg_tokens.detach(), mask, **agg)
     if beta != 0.0:

@@ -1,4 +1,5 @@
-"""Truncated importance sampling (TIS) for the rollout-engine / trainer mismatch.
+"""Importance correction of the rollout-engine / trainer mismatch: truncated (TIS) or masked (IcePop,
+sequence masking).
 
 A fast rollout engine (vLLM: bf16 kernels, fused sampling) does not compute exactly the
 probabilities the trainer computes for the same weights, so the tokens it samples come from
@@ -7,12 +8,29 @@ token's policy-gradient term by ``pi_old / pi_rollout`` removes that bias; cappi
 bounds its variance (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy
 RL training"; verl's ``rollout_is`` and TRL's ``vllm_importance_sampling_cap`` do the same):
 
-    token      w_it = min( pi_old(o_it) / pi_rollout(o_it), C )
-    sequence   w_i  = min( prod_t pi_old(o_it) / pi_rollout(o_it), C )      (same w_i on every token)
+    token          w_it = min( r_it, C )                   r_it = pi_old(o_it) / pi_rollout(o_it)
+    sequence       w_i  = min( prod_t r_it, C )            (same w_i on every token)
 
-The weight multiplies only the policy-gradient term, never the KL penalty. Because w >= 0 it
-can be folded into the advantage (``A_it = w_it * A_i``): ``-w * min(rho*A, clip(rho)*A)`` equals
-``-min(rho*(w*A), clip(rho)*(w*A))``, dual clip included.
+Masking drops what is too far off instead of capping it (a capped weight still trains on a token the
+trainer would almost never have sampled):
+
+    icepop         w_it = r_it * 1[ low <= r_it <= high ]                          (IcePop, default [0.5, 5])
+    sequence-mask  w_i  = 1[ low <= (prod_t r_it)^(1/|o_i|) <= high ]              (default [0.999, 1.001])
+
+IcePop (Ling team, inclusionAI 2025, "Small Leak Can Sink a Great Ship", the Ring-1T report) keeps the
+ratio as the weight inside its band, ``M(k) = k`` for k in [low, high] else 0, as TRL's ``token_mask``
+(upper side only) does: with an infinite band it is untruncated token IS, and it equals no correction only
+where the engines agree (r = 1). sequence-mask is verl's geometric rejection sampling (``rollout_rs:
+geometric``, its ``geo_rs`` preset's band 0.999-1.001): a sequence whose geometric-mean ratio leaves the
+band is dropped, the others keep weight 1 (no IS weight), so with an infinite band it is no correction.
+
+The weight multiplies only the policy-gradient term, never the KL penalty, and a masked token still
+counts in the aggregation's denominators: IcePop's and TRL's formulas (the mask sits inside the per-token
+sum, the 1/|o_i| outside). verl instead takes rejected tokens out of its response mask, denominators and KL
+term included; we keep one form for every mode so that a mask is a weight like any other. Because w >= 0
+it can be folded into the advantage (``A_it = w_it * A_i``): ``-w * min(rho*A, clip(rho)*A)`` equals
+``-min(rho*(w*A), clip(rho)*(w*A))``, dual clip included (the other policy losses likewise,
+:mod:`grouprl.algos.policy_losses`).
 
 The mismatch itself is logged as KL(pi_rollout || pi_old), estimated on the sampled tokens with
 k1 (``log pi_rollout - log pi_old``, unbiased, noisy) and k3 (``r - 1 - log r`` with
@@ -29,19 +47,58 @@ from grouprl.algos.aggregate import masked_mean
 from grouprl.registry import Registry
 
 ROLLOUT_IS_LEVELS: Registry = Registry("rollout importance-sampling level")
-"""name -> ``fn(log_ratio [B,T], mask [B,T]) -> log_weight [B,T]`` (before the cap)."""
+"""name -> ``fn(log_ratio [B,T] (0 off the mask), mask [B,T], **knobs) -> (weights [B,T] float32, metrics)``,
+weights 0 off the mask; the knobs are ``cap`` (token, sequence) or ``low`` / ``high`` (icepop,
+sequence-mask)."""
+
+
+def _log(x: float) -> float:
+    """log x, with log 0 = -inf and log inf = inf (an open band)."""
+    return math.log(x) if x > 0 else -math.inf
+
+
+def _truncate(log_weight: torch.Tensor, mask: torch.Tensor, cap: float) -> tuple[torch.Tensor, dict]:
+    if cap <= 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    # min(exp(x), C) == exp(min(x, log C)): the cap is applied before exp, so no overflow to inf.
+    weights = torch.exp(log_weight.clamp(max=_log(cap))) * mask
+    return weights, {"rollout/is_capped_frac": masked_mean((log_weight >= _log(cap)).float(), mask)}
+
+
+def _band(low: float, high: float) -> tuple[float, float]:
+    if not 0 <= low <= high:
+        raise ValueError(f"the band needs 0 <= low <= high, got low={low}, high={high}")
+    return _log(low), _log(high)
 
 
 @ROLLOUT_IS_LEVELS.register("token")
-def _token_log_weight(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Each token its own ratio."""
-    return log_ratio
+def _token_truncated(log_ratio: torch.Tensor, mask: torch.Tensor, *, cap: float = 2.0):
+    """Each token its own ratio, capped at ``cap``."""
+    return _truncate(log_ratio, mask, cap)
 
 
 @ROLLOUT_IS_LEVELS.register("sequence")
-def _sequence_log_weight(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The product of the row's token ratios (a sum of logs), broadcast to every token of the row."""
-    return (log_ratio * mask).sum(-1, keepdim=True).expand_as(log_ratio)  # [B,1] -> [B,T]
+def _sequence_truncated(log_ratio: torch.Tensor, mask: torch.Tensor, *, cap: float = 2.0):
+    """The product of the row's token ratios (a sum of logs) on every token of the row, capped at ``cap``."""
+    return _truncate((log_ratio * mask).sum(-1, keepdim=True).expand_as(log_ratio), mask, cap)  # [B,1] -> [B,T]
+
+
+@ROLLOUT_IS_LEVELS.register("icepop")
+def _icepop(log_ratio: torch.Tensor, mask: torch.Tensor, *, low: float = 0.5, high: float = 5.0):
+    """Each token its own ratio inside [low, high], 0 outside."""
+    lo, hi = _band(low, high)
+    inside = (log_ratio >= lo) & (log_ratio <= hi)
+    weights = torch.exp(log_ratio.clamp(max=hi)) * inside * mask  # the clamp only keeps exp() finite
+    return weights, {"rollout/is_masked_frac": masked_mean((~inside).float(), mask)}
+
+
+@ROLLOUT_IS_LEVELS.register("sequence-mask")
+def _sequence_mask(log_ratio: torch.Tensor, mask: torch.Tensor, *, low: float = 0.999, high: float = 1.001):
+    """1 on every token of a row whose geometric-mean ratio is inside [low, high], 0 on the other rows."""
+    lo, hi = _band(low, high)
+    mean_log = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B,1]
+    inside = ((mean_log >= lo) & (mean_log <= hi)).expand_as(log_ratio)  # [B,1] -> [B,T]
+    return inside.float() * mask, {"rollout/is_masked_frac": masked_mean((~inside).float(), mask)}
 
 
 def rollout_mismatch(train_logp: torch.Tensor, rollout_logp: torch.Tensor,
@@ -63,38 +120,45 @@ def rollout_mismatch(train_logp: torch.Tensor, rollout_logp: torch.Tensor,
             "rollout/mismatch_k1": masked_mean(-log_ratio, mask).detach()}
 
 
-def truncated_is_weights(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, *,
-                         level: str = "token", cap: float = 2.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Capped importance weights ``min(pi_train / pi_rollout, cap)`` at ``level`` (token or sequence).
+def rollout_is_weights(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, *,
+                       level: str = "token", **knobs: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The correction weights of ``level`` (a name in :data:`ROLLOUT_IS_LEVELS`) with its ``knobs``.
 
     Args:
         train_logp: ``[B,T]`` trainer log-probs of the sampled tokens (pi_old; no grad needed).
         rollout_logp: ``[B,T]`` the rollout engine's log-probs of the same tokens.
         mask: ``[B,T]`` 0/1; weights are 0 where it is 0.
-        level: a name in :data:`ROLLOUT_IS_LEVELS`.
-        cap: C > 0, the largest weight.
+        level: token, sequence (truncated: knob ``cap``), icepop, sequence-mask (masked: ``low``, ``high``).
 
     Returns:
-        ``(weights [B,T] float32, metrics)``: ``rollout/is_weight_mean`` (token mean of the capped
-        weights), ``rollout/is_capped_frac`` (share of tokens whose weight hit the cap) and the
+        ``(weights [B,T] float32, metrics)``: ``rollout/is_weight_mean`` (token mean of the weights),
+        ``rollout/is_capped_frac`` (truncation: share of tokens whose weight hit the cap) or
+        ``rollout/is_masked_frac`` (masking: share of tokens given weight 0), and the
         :func:`rollout_mismatch` estimates.
+
+    >>> w, m = rollout_is_weights(torch.tensor([[0.0, -1.0, -3.0]]), torch.tensor([[-1.0, -1.0, -1.0]]),
+    ...                           torch.ones(1, 3), level="icepop", low=0.5, high=5.0)
+    >>> [round(x, 4) for x in w[0].tolist()]  # ratios e, 1, e^-2 = 0.135 (below 0.5: masked)
+    [2.7183, 1.0, 0.0]
+    """
+    if train_logp.shape != rollout_logp.shape or train_logp.shape != mask.shape:
+        raise ValueError(f"train_logp {tuple(train_logp.shape)}, rollout_logp {tuple(rollout_logp.shape)} and "
+                         f"mask {tuple(mask.shape)} must have one shape [B,T]")
+    mask = mask.to(torch.float32)
+    log_ratio = (train_logp.detach() - rollout_logp.detach()).float() * mask  # [B,T]
+    weights, metrics = ROLLOUT_IS_LEVELS.get(level)(log_ratio, mask, **knobs)
+    return weights, {"rollout/is_weight_mean": masked_mean(weights, mask), **metrics,
+                     **rollout_mismatch(train_logp, rollout_logp, mask)}
+
+
+def truncated_is_weights(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, *,
+                         level: str = "token", cap: float = 2.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Capped importance weights ``min(pi_train / pi_rollout, cap)`` at ``level`` (token or sequence):
+    :func:`rollout_is_weights` with its one knob.
 
     >>> w, m = truncated_is_weights(torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, -1.0]]),
     ...                             torch.ones(1, 2), cap=2.0)
     >>> [round(x, 4) for x in w[0].tolist()], round(float(m["rollout/is_capped_frac"]), 2)
     ([2.0, 1.0], 0.5)
     """
-    if cap <= 0:
-        raise ValueError(f"cap must be > 0, got {cap}")
-    if train_logp.shape != rollout_logp.shape or train_logp.shape != mask.shape:
-        raise ValueError(f"train_logp {tuple(train_logp.shape)}, rollout_logp {tuple(rollout_logp.shape)} and "
-                         f"mask {tuple(mask.shape)} must have one shape [B,T]")
-    mask = mask.to(torch.float32)
-    log_ratio = (train_logp.detach() - rollout_logp.detach()).float() * mask  # [B,T]
-    log_weight = ROLLOUT_IS_LEVELS.get(level)(log_ratio, mask)
-    # min(exp(x), C) == exp(min(x, log C)): the cap is applied before exp, so no overflow to inf.
-    weights = torch.exp(log_weight.clamp(max=math.log(cap))) * mask
-    metrics = {"rollout/is_weight_mean": masked_mean(weights, mask),
-               "rollout/is_capped_frac": masked_mean((log_weight >= math.log(cap)).float(), mask),
-               **rollout_mismatch(train_logp, rollout_logp, mask)}
-    return weights, metrics
+    return rollout_is_weights(train_logp, rollout_logp, mask, level=level, cap=cap)

@@ -1,0 +1,186 @@
+"""Policy-gradient terms beside the clipped surrogate, by name (:data:`POLICY_LOSSES`): CISPO, SAPO, GMPO.
+
+Every entry is ``fn(logp [B,T], old_logp [B,T], advantages [B] or [B,T], mask [B,T], **knobs) ->
+(loss [B,T], metrics)``: the negated per-token objective, reduced later by the run's aggregation
+(:func:`grouprl.algos.aggregate.aggregate`), and 0-dim detached metrics, among them ``ratio_mean`` and
+``approx_kl`` (mean of (log rho)^2 / 2 to the sampling policy) for every variant. ``rho = pi_theta /
+pi_old`` throughout; ``old_logp`` is detached here. ``clip`` is PPO/GRPO's clipped surrogate
+(:func:`grouprl.algos.losses.clipped_surrogate_loss`, with GSPO as its sequence level and dual clip), registered
+where it is defined; the registry is :data:`grouprl.algos.losses.POLICY_LOSSES`, which the package's import
+fills with the variants below.
+
+Each term is linear in the advantage once its sign is fixed, so a non-negative per-token weight ``w``
+(the rollout importance correction, the top-entropy selection) folded into the advantage (``A_it = w_it *
+A_i``) multiplies the token's term by ``w``; a token with ``w = 0`` carries no policy gradient. GMPO, whose
+term is one per sequence, is the exception spelled out in :func:`gmpo_loss`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grouprl.algos.aggregate import masked_mean
+from grouprl.algos.losses import _MAX_LOG_RATIO, IMPORTANCE_LEVELS, POLICY_LOSSES
+
+
+def _ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log rho [B,T], rho [B,T])`` per token, rho bounded by e^20 before exp (no overflow to inf)."""
+    log_ratio = IMPORTANCE_LEVELS.get("token")(logp, old_logp.detach(), mask).clamp(max=_MAX_LOG_RATIO)
+    return log_ratio, torch.exp(log_ratio)
+
+
+def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``[B]`` or ``[B,T]`` advantages as ``[B,T]`` in ``like``'s dtype."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)  # [B] -> [B,1]
+    return advantages.to(like.dtype).expand_as(like)
+
+
+def _drift(log_ratio: torch.Tensor, ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"ratio_mean": masked_mean(ratio.detach(), mask),
+            "approx_kl": masked_mean(log_ratio.detach().square() / 2, mask)}
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+               eps_low: float | None = None, eps_high: float = 4.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (MiniMax-M1, Chen et al. 2025, arXiv 2506.13585): clip the importance weight, not the update.
+
+        loss_t = - sg( clip(rho_t, 1 - eps_low, 1 + eps_high) ) * A_t * log pi_theta(o_t)
+
+    ``sg`` stops the gradient, so every token keeps the REINFORCE gradient ``-A_t * grad log pi``, scaled by
+    its (clipped) weight: a clipped token is damped, never silenced as the clipped surrogate silences it.
+    Where no weight is clipped the gradient is the importance-weighted REINFORCE gradient, and on-policy
+    (rho = 1) exactly REINFORCE's.
+
+    Bounds: MiniMax-M1 sets no lower bound (``eps_low=None``: the weight may fall to 0) and tunes only the
+    upper one. TRL's ``loss_type="cispo"`` caps the weight at ``epsilon_high`` itself (``min(rho, 5.0)`` in its
+    ScaleRL recipe: ``eps_high=4.0`` here, the default); verl's ``cispo`` reuses its PPO clip ratios (0.2 /
+    0.28 by default), a far tighter band. We follow the paper's ``1 + eps`` form, so one knob means one
+    thing across variants, with TRL's recommended cap as the default.
+
+    Args:
+        logp: ``[B,T]`` policy log-probs of the sampled tokens (with grad).
+        old_logp: ``[B,T]`` the sampling policy's log-probs (no grad).
+        advantages: ``[B]`` or ``[B,T]``.
+        mask: ``[B,T]`` 0/1, for the metrics.
+        eps_low: lower bound ``1 - eps_low`` of the weight; None = no lower bound.
+        eps_high: upper bound ``1 + eps_high`` of the weight (>= 0).
+
+    Returns:
+        ``(loss [B,T], metrics)``: ``clip_low`` / ``clip_high`` (share of valid tokens whose weight sits at
+        the lower / upper bound), ``ratio_mean``, ``approx_kl``.
+    """
+    if eps_high < 0 or (eps_low is not None and not 0 <= eps_low <= 1):
+        raise ValueError(f"cispo needs eps_high >= 0 and eps_low in [0, 1] or None, got {eps_low}, {eps_high}")
+    log_ratio, ratio = _ratio(logp, old_logp, mask)
+    low = None if eps_low is None else 1.0 - eps_low
+    weight = ratio.detach().clamp(min=low, max=1.0 + eps_high)
+    loss = -weight * _per_token(advantages, logp) * logp
+    with torch.no_grad():
+        clip_low = torch.zeros_like(ratio) if low is None else (ratio < low).float()
+        metrics = {"clip_low": masked_mean(clip_low, mask),
+                   "clip_high": masked_mean((ratio > 1.0 + eps_high).float(), mask), **_drift(log_ratio, ratio, mask)}
+    return loss, metrics
+
+
+def sapo_gate(ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
+    """SAPO's soft gate ``f(rho) = sigmoid(tau * (rho - 1)) * 4 / tau`` (elementwise, ``tau > 0``).
+
+    ``f'(rho) = 4 s (1 - s) = sech^2(tau (rho - 1) / 2)`` with ``s = sigmoid(tau (rho - 1))``: 1 at rho = 1
+    (the on-policy gradient, whatever tau), falling smoothly on both sides, faster for larger tau."""
+    return torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+              tau_pos: float = 1.0, tau_neg: float = 1.05) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAPO (Soft Adaptive Policy Optimization, Gao et al. 2025, Qwen, arXiv 2511.20347): a smooth gate on
+    the ratio instead of a hard clip.
+
+        loss_t = - f(rho_t; tau_t) * A_t,   f(rho; tau) = sigmoid(tau (rho - 1)) * 4 / tau,
+        tau_t = tau_pos if A_t > 0 else tau_neg
+
+    Its gradient is ``-sech^2(tau (rho - 1) / 2) * rho * A * grad log pi``: the importance-weighted policy
+    gradient times a weight that is 1 on-policy and decays smoothly as rho leaves 1 on either side, so an
+    off-policy token is damped rather than cut. The limits: tau -> 0 gives weight 1 everywhere (the unclipped
+    surrogate ``rho * A``); tau -> infinity gives weight 0 wherever rho != 1 (no off-policy update at all).
+    The hard clip is not a limit of it: the clip stops a token only on the side where rho has already moved
+    in the advantage's direction, the gate damps both sides. The paper sets tau_neg > tau_pos because
+    negative updates spread probability over the whole vocabulary and destabilise sooner.
+
+    Same formula and defaults (1.0, 1.05) as the paper, TRL's ``loss_type="sapo"``
+    (``sapo_temperature_pos`` / ``_neg``) and verl's ``sapo`` (``tau_pos`` / ``tau_neg``); A = 0 takes
+    tau_neg in all three (its loss is 0 anyway).
+
+    Args:
+        logp, old_logp, advantages, mask: as in :func:`cispo_loss`.
+        tau_pos, tau_neg: gate temperatures (> 0) for positive and for other advantages.
+
+    Returns:
+        ``(loss [B,T], metrics)``: ``gate`` (mean of the gradient weight sech^2, 1 = on-policy),
+        ``ratio_mean``, ``approx_kl``.
+    """
+    if not (tau_pos > 0 and tau_neg > 0 and math.isfinite(tau_pos) and math.isfinite(tau_neg)):
+        raise ValueError(f"sapo needs finite tau_pos > 0 and tau_neg > 0, got {tau_pos}, {tau_neg}")
+    log_ratio, ratio = _ratio(logp, old_logp, mask)
+    adv = _per_token(advantages, logp)
+    tau = torch.where(adv > 0, tau_pos, tau_neg).to(ratio.dtype)  # [B,T]
+    loss = -sapo_gate(ratio, tau) * adv
+    with torch.no_grad():
+        s = torch.sigmoid(tau * (ratio - 1.0))
+        metrics = {"gate": masked_mean(4 * s * (1 - s), mask), **_drift(log_ratio, ratio, mask)}
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("gmpo")
+def gmpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+              eps_low: float = 0.4, eps_high: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GMPO (Geometric-Mean Policy Optimization, Zhao et al. 2025, arXiv 2507.20673): one ratio per
+    sequence, the geometric mean of its token ratios, each clipped in log space on PPO's pessimistic side.
+
+        c_t = sgn(A_t) * min( sgn(A_t) log rho_t, sgn(A_t) clip(log rho_t, -eps_low, eps_high) )
+        R_i = exp( (1/|o_i|) sum_t c_t ),     loss_t = - A_i * R_i   on every token of row i
+
+    which is the paper's ``sgn(A) * (prod_t |min(rho_t A, clip(rho_t, e^-eps_low, e^eps_high) A)|)^(1/|o|)``
+    (its code and verl's ``geo_mean`` compute it so, in log space). A geometric mean is far less moved by one
+    extreme token than GRPO's arithmetic mean of token terms, which is what lets the paper widen the clip
+    to (e^-0.4, e^0.4) (the default here, and verl's recipe).
+
+    ``A_i`` is the row's mean advantage over its valid tokens, the sign per token: for a ``[B]`` advantage
+    that is the paper exactly; for ``[B,T]`` advantages (per-turn ones, or a per-token weight folded in)
+    it is verl's reading: a token whose advantage is 0 (a weight of 0) drops out of the geometric mean
+    and gets no gradient. The value sits on every token, so the run's aggregation applies: under the
+    default seq-mean-token-mean the loss is ``-(1/G) sum_i A_i R_i``, the paper's; verl averages over
+    sequences whatever its ``loss_agg_mode``; token-mean weighs each sequence by its length.
+
+    Args:
+        logp, old_logp, advantages, mask: as in :func:`cispo_loss`.
+        eps_low, eps_high: the log-space clip range ``[-eps_low, eps_high]`` (>= 0); eps_high None =
+            eps_low.
+
+    Returns:
+        ``(loss [B,T], metrics)``: ``clip_low`` / ``clip_high`` (share of valid tokens whose clipped log-ratio
+        is the one kept: A < 0 below -eps_low, A > 0 above eps_high), ``geo_ratio_mean`` (mean of R_i over
+        rows with tokens), ``ratio_mean``, ``approx_kl``.
+    """
+    eps_high = eps_low if eps_high is None else eps_high
+    if not (eps_low >= 0 and eps_high >= 0):
+        raise ValueError(f"gmpo needs eps_low >= 0 and eps_high >= 0, got {eps_low}, {eps_high}")
+    log_ratio = (logp - old_logp.detach()) * mask  # [B,T]; padding contributes 0 to the sums below
+    adv = _per_token(advantages, logp) * mask
+    sign = torch.sign(adv)
+    kept = sign * torch.minimum(sign * log_ratio, sign * log_ratio.clamp(-eps_low, eps_high))  # [B,T]
+    length = mask.sum(-1, keepdim=True).clamp(min=1)  # [B,1]
+    geo = torch.exp(((kept * mask).sum(-1, keepdim=True) / length).clamp(max=_MAX_LOG_RATIO))  # [B,1]
+    row_adv = adv.sum(-1, keepdim=True) / length  # [B,1]
+    loss = (-row_adv * geo).expand_as(logp)  # [B,1] -> [B,T]
+    with torch.no_grad():
+        rows = (mask.sum(-1) > 0).to(geo.dtype)
+        metrics = {"clip_low": masked_mean(((log_ratio < -eps_low) & (adv < 0)).float(), mask),
+                   "clip_high": masked_mean(((log_ratio > eps_high) & (adv > 0)).float(), mask),
+                   "geo_ratio_mean": masked_mean(geo.squeeze(-1).detach(), rows),
+                   **_drift(log_ratio, torch.exp(log_ratio.clamp(max=_MAX_LOG_RATIO)), mask)}
+    return loss, metrics
