@@ -1,5 +1,6 @@
-"""The README's promises: the config reference matches the code, the two commands come first,
-every command line it shows parses, and its Python example runs (on a tiny model)."""
+"""The README's and the docs' promises: the docs' config reference matches the code, the two commands come
+first, every command line the README shows parses, its Python example runs (on a tiny model), and neither
+cites a commit or a file that is not there."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ from pathlib import Path
 
 from grouprl.cli import main
 from grouprl.cli.demo import DEMO
-from grouprl.config import TrainConfig, check_readme, from_dict, save_yaml
+from grouprl.config import TrainConfig, from_dict, save_yaml
+from grouprl.config.reference import check_page
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+# 7 to 40 hex digits with at least one letter and one digit: an abbreviated or full commit hash
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+# a repository path in backquotes; `grouprl/...` is short for src/grouprl/...
+CITED_PATH = re.compile(r"`((?:benchmarks|examples|src|tests|docs|grouprl)/[^`\s<>*]*)`")
 
 
 def code_blocks(text: str, language: str) -> list[str]:
@@ -27,7 +34,35 @@ def section(text: str, heading: str) -> str:
 
 
 def test_config_reference_is_in_sync_with_the_code():
-    assert check_readme(README, TrainConfig) == ""
+    assert check_page(ROOT) == ""
+
+
+def test_readme_is_an_overview_not_a_manual():
+    lines = README.read_text().count("\n")
+    assert lines <= 250, f"README.md has {lines} lines; move detail into docs/ (the limit is 250)"
+
+
+def test_no_commit_hashes_in_the_readme_or_the_docs():
+    found = [f"{path.relative_to(ROOT)}:{number}: {match}" for path in [README, *DOCS]
+             for number, line in enumerate(path.read_text().splitlines(), 1) for match in COMMIT.findall(line)]
+    assert not found, "cite a results folder instead of a commit:\n" + "\n".join(found)
+
+
+def test_every_file_the_readme_and_docs_cite_exists():
+    """What the docs cite survives pruning of benchmarks/results (and a rename is caught)."""
+    missing = []
+    for path in [README, *DOCS]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for cited in CITED_PATH.findall(line):
+                target = ROOT / ("src/" + cited if cited.startswith("grouprl/") else cited)
+                if not target.exists():
+                    missing.append(f"{path.relative_to(ROOT)}:{number}: {cited}")
+    assert len(DOCS) >= 10 and not missing, "\n".join(missing) or f"only {len(DOCS)} pages in docs/"
+
+
+def test_the_docs_show_the_readme_test_command():
+    readme_command = code_blocks(README.read_text(), "bash")[1]
+    assert readme_command in code_blocks((ROOT / "docs" / "index.md").read_text(), "bash")
 
 
 def test_install_and_demo_come_first_then_the_test_command():
