@@ -1,4 +1,4 @@
-"""The repository's promises about itself: CI runs exactly the README's test command."""
+"""The repository's promises about itself: CI runs exactly the README's test command, and builds the docs."""
 
 import pathlib
 import re
@@ -21,3 +21,12 @@ def test_ci_runs_exactly_the_readme_test_command():
 def test_ci_also_runs_the_slow_suite():
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert ".venv/bin/pytest -m slow" in ci_lines
+
+
+def test_ci_builds_the_docs_strictly_after_the_tests():
+    """A broken link or a missing page fails CI (mkdocs --strict), after the test command and the slow suite."""
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    docs = [i for i, line in enumerate(ci_lines) if "mkdocs build --strict" in line]
+    assert len(docs) == 1 and '.venv/bin/pip install -e ".[docs]"' in ci_lines[docs[0]]
+    assert docs[0] > ci_lines.index(".venv/bin/pytest -m slow")
+    assert "docs = [" in (ROOT / "pyproject.toml").read_text() and (ROOT / "mkdocs.yml").exists()
