@@ -105,8 +105,12 @@ def test_rloo_skips_nan_rows():
 def test_registry_lookup_and_unknown_name():
     r = torch.tensor([0.9, 0.1, 0.1, 0.1])
     torch.testing.assert_close(compute_advantages("grpo", r, 4, "group"), group_advantages(r, 4))
-    with pytest.raises(UnknownNameError, match="valid names: grpo, rank, reinforce, rloo"):
+    with pytest.raises(UnknownNameError, match="valid names: gigpo, grpo, rank, reinforce, rloo"):
         compute_advantages("ppo", r, 4, "group")
+    # a per-step estimator is in the registry, but its advantages need the turns, not rewards [B]
+    with pytest.raises(ValueError, match="'gigpo' gives one advantage per step.*rewards \\[B\\]: grpo, rank, "
+                                         "reinforce, rloo"):
+        compute_advantages("gigpo", r, 4)
     with pytest.raises(UnknownNameError, match="valid names: batch, group, group-sample, none"):
         compute_advantages("grpo", r, 4, "global")
 

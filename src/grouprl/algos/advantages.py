@@ -15,14 +15,37 @@ float32.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from grouprl.algos.groups import Groups, make_groups
 from grouprl.registry import Registry
 
-ADVANTAGES: Registry = Registry("advantage estimator")
-"""name -> ``fn(rewards [B], groups, scale, eps, reduce) -> advantages [B]``."""
+COMPLETION, STEP = "completion", "step"
+"""The levels an estimator gives advantages at: one per completion (or whole trajectory), ``[B]``, or one
+per policy turn (step) of a trajectory, ``[B, K]``."""
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """One advantage estimator, as :data:`ADVANTAGES` holds it."""
+
+    level: str
+    """:data:`COMPLETION` or :data:`STEP`: what the estimator needs (rewards per row, or each turn's reward
+    and state) and what its advantages are indexed by; the trainer picks its baseline by it."""
+    fn: Callable[..., torch.Tensor] | None = None
+    """Completion level: ``fn(rewards [B], groups, scale, eps, reduce) -> advantages [B]``. None at the
+    step level, whose inputs are the turns' (:func:`grouprl.algos.gigpo.gigpo_advantages`)."""
+    scale: str = "group"
+    """The scale (:data:`SCALES`) when none is given: dividing reinforce or rloo by the group std would
+    turn them back into GRPO up to a constant."""
+    scales: tuple[str, ...] | None = None
+    """The scales it accepts; None = every one of :data:`SCALES`."""
+
+
+ADVANTAGES: Registry[Estimator] = Registry("advantage estimator")
+"""name -> :class:`Estimator`: its level, function and default scale."""
 
 SCALES: Registry = Registry("advantage scale")
 """name -> ``fn(centred [B], valid [B], groups, reduce) -> divisor`` broadcastable to ``[B]``.
@@ -31,9 +54,6 @@ SCALES: Registry = Registry("advantage scale")
 all-reduce when the batch is split over several (a batch std is then the whole batch's)."""
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
-DEFAULT_SCALES = {"grpo": "group", "rank": "group", "reinforce": "none", "rloo": "none"}
-"""Each estimator's own scale (``scale=None``): dividing reinforce or rloo by the group std would
-turn them back into GRPO up to a constant."""
 
 
 def _local(x: torch.Tensor) -> torch.Tensor:
@@ -101,17 +121,12 @@ def _finish(centred: torch.Tensor, valid: torch.Tensor, constant: torch.Tensor, 
     return torch.where(divisor > 0, centred / safe, torch.zeros_like(centred))
 
 
-@ADVANTAGES.register("grpo")
 def _grpo(rewards: torch.Tensor, groups: Groups, scale: str, eps: float, reduce: Reduce) -> torch.Tensor:
     r, valid = _valid(rewards)
     mean = groups.total(r) / groups.total(valid.float()).clamp(min=1)
     return _finish(r - mean, valid, _constant(r, valid, groups), groups, scale, eps, reduce)
 
 
-ADVANTAGES.register("reinforce", _grpo)  # the group-mean baseline, without the std division by default
-
-
-@ADVANTAGES.register("rloo")
 def _rloo(rewards: torch.Tensor, groups: Groups, scale: str, eps: float, reduce: Reduce) -> torch.Tensor:
     r, valid = _valid(rewards)
     n = groups.total(valid.float())
@@ -119,12 +134,26 @@ def _rloo(rewards: torch.Tensor, groups: Groups, scale: str, eps: float, reduce:
     return _finish(r - baseline, valid, _constant(r, valid, groups), groups, scale, eps, reduce)
 
 
-@ADVANTAGES.register("rank")
 def _rank(rewards: torch.Tensor, groups: Groups, scale: str, eps: float, reduce: Reduce) -> torch.Tensor:
     r, valid = _valid(rewards)
     # The centred average rank (ties share their mean rank) is (#smaller - #larger) / 2.
     centred = groups.below_minus_above(r, valid.float()) / 2
     return _finish(centred, valid, _constant(r, valid, groups), groups, scale, eps, reduce)
+
+
+ADVANTAGES.register("grpo", Estimator(COMPLETION, _grpo))
+ADVANTAGES.register("reinforce", Estimator(COMPLETION, _grpo, scale="none"))  # the group-mean baseline, undivided
+ADVANTAGES.register("rloo", Estimator(COMPLETION, _rloo, scale="none"))
+ADVANTAGES.register("rank", Estimator(COMPLETION, _rank))
+# GiGPO (arXiv 2505.10978): each turn gets A_episode + w * A_step, A_step comparing the discounted returns of
+# the turns of a group's trajectories that start in the same state; every group is normalised by its own std
+# or only centred (grouprl.algos.gigpo).
+ADVANTAGES.register("gigpo", Estimator(STEP, scales=("group", "none")))
+
+
+def completion_estimators() -> list[str]:
+    """Names of the estimators :func:`compute_advantages` computes (one advantage per row)."""
+    return [name for name in ADVANTAGES if ADVANTAGES.get(name).level == COMPLETION]
 
 
 def compute_advantages(name: str, rewards: torch.Tensor, group_size: int | None = None, scale: str | None = None,
@@ -137,7 +166,7 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_size: int | None 
         group_size: G, for equal contiguous groups (prompt-major); or
         group_ids: ``[B]`` ids, for any grouping (groups of different sizes, formed by a key).
         scale: ``"group"`` (population std of the group), ``"group-sample"`` (its sample std),
-            ``"batch"`` (std of the whole batch) or ``"none"``; None = the estimator's own (:data:`DEFAULT_SCALES`).
+            ``"batch"`` (std of the whole batch) or ``"none"``; None = the estimator's own (:attr:`Estimator.scale`).
         eps: added to the divisor. 0 by default: all-equal groups are handled exactly, so eps is
             only for users who want to damp near-constant groups (TRL uses 1e-4).
         reduce: sums over the processes that share a batch scale (see :data:`SCALES`).
@@ -145,9 +174,13 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_size: int | None 
     Returns:
         ``[B]`` float32. A group whose valid rewards are all equal gets exactly 0; NaN rows get 0.
     """
-    fn = ADVANTAGES.get(name)
+    estimator = ADVANTAGES.get(name)
+    if estimator.fn is None:
+        raise ValueError(f"advantage estimator {name!r} gives one advantage per {estimator.level}, from each turn's "
+                         f"reward and state (grouprl.algos.gigpo), not from rewards [B]; estimators of rewards [B]: "
+                         f"{', '.join(completion_estimators())}")
     groups = make_groups(rewards, group_size, group_ids)
-    return fn(rewards, groups, DEFAULT_SCALES.get(name, "group") if scale is None else scale, eps, reduce)
+    return estimator.fn(rewards, groups, estimator.scale if scale is None else scale, eps, reduce)
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int | None = None, scale: str = "group", eps: float = 0.0,

@@ -7,6 +7,7 @@ import dataclasses
 import math
 from typing import Any
 
+from grouprl.algos.advantages import ADVANTAGES, STEP
 from grouprl.trainer.config import TrainerConfig
 
 # --------------------------------------------------------------------------- the run-level configs
@@ -190,7 +191,8 @@ def _source_problems(c: TrainConfig) -> list[str]:
 def _agent_problems(c: TrainConfig) -> list[str]:
     """Keys that need an environment, and what an environment rules out."""
     if not c.env:
-        needs = {"env_options": c.env_options, "tools": c.tools, "advantage=gigpo": c.advantage == "gigpo"}
+        per_step = c.advantage in ADVANTAGES and ADVANTAGES.get(c.advantage).level == STEP
+        needs = {"env_options": c.env_options, "tools": c.tools, f"advantage={c.advantage}": per_step}
         stray = [k for k, v in needs.items() if v]
         return [f"{', '.join(stray)} apply to an environment's trajectories, but env is not set"] if stray else []
     problem = _env_problem(c.env)

@@ -241,7 +241,7 @@ class ControlConfig:
 def _name_problems(c: ControlConfig) -> list[str]:
     checks: list[tuple[str, str, Registry | tuple[str, ...]]] = [
         ("algo", c.algo, ALGORITHMS), ("activation", c.activation, ACTIVATIONS),
-        ("grpo.advantage", c.grpo.advantage, (*ADVANTAGES.names(), "gigpo")),
+        ("grpo.advantage", c.grpo.advantage, ADVANTAGES),
         ("grpo.advantage_scale", c.grpo.advantage_scale, SCALES),
         ("grpo.aggregation", c.grpo.aggregation, AGGREGATIONS), ("vpg.advantage", c.vpg.advantage, CRITIC_ADVANTAGES),
     ]
@@ -262,11 +262,11 @@ def _problems(c: ControlConfig) -> list[str]:
         out.append(f"hidden_sizes={c.hidden_sizes}: give at least one positive width")
     if not 0 < c.gamma <= 1:
         out.append(f"gamma={c.gamma} must be in (0, 1]")
-    if c.grpo.advantage == "gigpo" and c.grpo.advantage_scale not in ("group", "none"):
-        out.append(f"grpo.advantage_scale={c.grpo.advantage_scale!r}: advantage=gigpo normalises each group by its "
-                   "own std (group) or not at all (none)")
-    if c.grpo.advantage == "gigpo" and not (0 <= c.grpo.gigpo_gamma <= 1 and c.grpo.gigpo_step_weight >= 0
-                                            and 0 <= c.grpo.state_key_decimals <= 8):
+    scales = ADVANTAGES.get(c.grpo.advantage).scales if c.grpo.advantage in ADVANTAGES else None
+    if scales is not None and c.grpo.advantage_scale not in scales:
+        out.append(f"grpo.advantage_scale={c.grpo.advantage_scale!r}: advantage={c.grpo.advantage} takes "
+                   f"{' or '.join(scales)}")
+    if not (0 <= c.grpo.gigpo_gamma <= 1 and c.grpo.gigpo_step_weight >= 0 and 0 <= c.grpo.state_key_decimals <= 8):
         out.append(f"grpo.gigpo_gamma={c.grpo.gigpo_gamma} must be in [0, 1], grpo.gigpo_step_weight="
                    f"{c.grpo.gigpo_step_weight} >= 0 and grpo.state_key_decimals={c.grpo.state_key_decimals} in 0..8")
     if c.grpo.group_size < 2:

@@ -21,6 +21,7 @@ import copy
 import torch
 
 from grouprl.algos import compute_advantages, constant_groups, grpo_loss
+from grouprl.algos.advantages import ADVANTAGES, STEP
 from grouprl.algos.gigpo import gigpo_advantages, rounded_state_keys
 from grouprl.control.base import Averager, ControlAlgorithm
 from grouprl.control.batch import EnvBatch
@@ -52,7 +53,7 @@ class ControlGRPO(ControlAlgorithm):
         c, g, policy = self.cfg, self.cfg.group_size, self.agent.policy
         returns = batch.row_returns()  # [B]
         step_metrics: dict[str, float] = {}
-        if c.advantage == "gigpo":  # [B, T]: each step its own advantage
+        if ADVANTAGES.get(c.advantage).level == STEP:  # [B, T]: each step its own advantage (GiGPO)
             keys = rounded_state_keys(batch.obs, batch.mask, c.state_key_decimals)
             adv, step_metrics = gigpo_advantages(returns, torch.arange(batch.num_rows) // g, batch.rewards, keys,
                                                  batch.mask, gamma=c.gigpo_gamma, step_weight=c.gigpo_step_weight,

@@ -13,7 +13,10 @@ from typing import Any
 import torch
 
 from grouprl.algos import compute_advantages, constant_rows, kl_per_token
+from grouprl.algos.advantages import ADVANTAGES, COMPLETION, STEP
+from grouprl.registry import Registry
 from grouprl.trainer.collect import Collected
+from grouprl.trainer.steps import StepGroupBaseline
 from grouprl.trainer.update import UpdateBatch
 
 
@@ -57,12 +60,13 @@ class GroupBaseline:
         return data, {}, constant
 
 
+BASELINES: Registry = Registry("advantage level")
+"""The level an estimator declares (:attr:`grouprl.algos.advantages.Estimator.level`) -> the baseline class
+that computes it: per completion (or trajectory) here, per policy turn in :mod:`grouprl.trainer.steps`."""
+BASELINES.register(COMPLETION, GroupBaseline)
+BASELINES.register(STEP, StepGroupBaseline)
+
+
 def make_baseline(config: Any, reduce: Any) -> Any:
-    """The group baseline of ``config.advantage_estimator``: per step (gigpo) or per trajectory."""
-    from grouprl.trainer.steps import StepGroupBaseline
-
-    return (StepGroupBaseline if config.advantage_estimator in STEP_ESTIMATORS else GroupBaseline)(config, reduce)
-
-
-STEP_ESTIMATORS = ("gigpo",)
-"""Estimators that give each policy turn its own advantage (:mod:`grouprl.trainer.steps`)."""
+    """The group baseline of ``config.advantage_estimator``, by the level its registry entry declares."""
+    return BASELINES.get(ADVANTAGES.get(config.advantage_estimator).level)(config, reduce)

@@ -15,7 +15,6 @@ from grouprl.algos.rollout_correction import ROLLOUT_IS_LEVELS
 from grouprl.registry import Registry
 from grouprl.rollout.weight_only import WEIGHT_ONLY
 from grouprl.run.optim import LR_SCHEDULES
-from grouprl.trainer.advantages import STEP_ESTIMATORS
 from grouprl.trainer.algorithms import ALGORITHMS, KEY_GROUPS, KL_CONTROLLERS, Algorithm, owners
 
 ZERO_STD_POLICIES = ("keep", "drop")
@@ -28,7 +27,7 @@ def problems(c: Any) -> list[str]:
     algo = ALGORITHMS.get(c.algo)
     return (_algorithm_problems(c, algo) + _registry_problems(c) + _range_problems(c) + _batch_problems(c)
             + _objective_problems(c) + _sampling_problems(c) + _scale_out_problems(c) + _critic_problems(c)
-            + _trust_region_problems(c) + _gigpo_problems(c))
+            + _trust_region_problems(c) + _gigpo_problems(c) + _estimator_problems(c))
 
 
 def _algorithm_problems(c: Any, algo: Algorithm) -> list[str]:
@@ -209,7 +208,15 @@ def _gigpo_problems(c: Any) -> list[str]:
         out.append(f"gigpo_gamma={c.gigpo_gamma} must be in [0, 1]")
     if c.gigpo_similarity is not None and not 0 < c.gigpo_similarity <= 1:
         out.append(f"gigpo_similarity={c.gigpo_similarity} must be in (0, 1] (or empty: equal keys only)")
-    if c.advantage_estimator in STEP_ESTIMATORS and (c.advantage_scale or "group") not in ("group", "none"):
-        out.append(f"advantage_scale={c.advantage_scale!r}: advantage=gigpo normalises each group by its own std "
-                   "(group) or only centres it (none)")
     return out
+
+
+def _estimator_problems(c: Any) -> list[str]:
+    """A scale the estimator does not take (its registry entry lists the ones it does)."""
+    if c.advantage_estimator not in ADVANTAGES:
+        return []  # named by _registry_problems
+    estimator = ADVANTAGES.get(c.advantage_estimator)
+    if estimator.scales is None or (c.advantage_scale or estimator.scale) in estimator.scales:
+        return []
+    return [f"advantage_scale={c.advantage_scale!r}: advantage={c.advantage_estimator} takes "
+            f"{' or '.join(estimator.scales)}"]

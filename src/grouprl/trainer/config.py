@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grouprl.models.precision import Precision
+from grouprl.trainer.checks import problems
 from grouprl.trainer.resolved import ResolvedSettings
 
 
@@ -359,8 +360,6 @@ class TrainerConfig(ResolvedSettings):
     def validate(self) -> None:
         """Reject impossible or contradictory settings, and keys the algorithm does not read, with a
         message saying what to change."""
-        from grouprl.trainer.checks import problems  # the checks read the registries of every layer below
-
         for msg in problems(self):
             raise ValueError(msg)
 
