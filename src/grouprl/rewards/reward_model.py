@@ -29,32 +29,43 @@ import torch.nn.functional as F
 
 from grouprl.data import load_records
 from grouprl.data.loading import normalise_prompt
+from grouprl.data.templates import Rendered, render, text_ids
 from grouprl.errors import ConfigError, DataError
 from grouprl.types import to_messages
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
 
 
-def render_conversation(tokenizer: Any, prompt: Any, completion: str, system_prompt: str | None = None) -> str:
-    """The text a reward model reads: prompt (+ system prompt) and the completion as the
-    assistant's reply, through the chat template; plain concatenation for a text prompt when the
-    tokenizer has no template."""
+def _conversation(tokenizer: Any, prompt: Any, completion: str, system_prompt: str | None) -> Rendered | str:
     if getattr(tokenizer, "chat_template", None) is None:
         if not isinstance(prompt, str):
             raise ValueError("the prompt is chat messages but the reward model's tokenizer has no chat template")
         return (f"{system_prompt}\n\n" if system_prompt else "") + prompt + completion
     messages = [*to_messages(prompt, system_prompt), {"role": "assistant", "content": completion}]
-    return tokenizer.apply_chat_template(messages, tokenize=False)
+    return render(tokenizer, messages, add_generation_prompt=False)
 
 
-def _left_padded(tokenizer: Any, texts: list[str], max_length: int | None) -> dict[str, torch.Tensor]:
-    """Token ids [N, L] left-padded with the pad id, attention mask [N, L] and position ids [N, L]
-    counting from 0 at each text's first token (so a row scores the same alone or padded in a
-    batch, whatever the position encoding); a text longer than ``max_length`` keeps its last
+def render_conversation(tokenizer: Any, prompt: Any, completion: str, system_prompt: str | None = None) -> str:
+    """The text a reward model reads: prompt (+ system prompt) and the completion as the
+    assistant's reply, through the chat template; plain concatenation for a text prompt when the
+    tokenizer has no template."""
+    rendered = _conversation(tokenizer, prompt, completion, system_prompt)
+    return rendered if isinstance(rendered, str) else rendered.text
+
+
+def conversation_ids(tokenizer: Any, prompt: Any, completion: str, system_prompt: str | None = None) -> list[int]:
+    """Token ids of :func:`render_conversation`'s text: the prompt's and the completion's text as text (a
+    special-token string a completion writes is not a turn marker), only the template's markers special."""
+    rendered = _conversation(tokenizer, prompt, completion, system_prompt)
+    return text_ids(tokenizer, rendered) if isinstance(rendered, str) else rendered.ids(tokenizer)
+
+
+def _left_padded(tokenizer: Any, rows: list[list[int]], max_length: int | None) -> dict[str, torch.Tensor]:
+    """Token ids [N, L] of ``rows`` left-padded with the pad id, attention mask [N, L] and position ids
+    [N, L] counting from 0 at each row's first token (so a row scores the same alone or padded in a
+    batch, whatever the position encoding); a row longer than ``max_length`` keeps its last
     tokens (the score is read at the end)."""
-    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    if max_length is not None:
-        ids = [x[-max_length:] for x in ids]
+    ids = rows if max_length is None else [x[-max_length:] for x in rows]
     width = max(len(x) for x in ids)
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], dtype=torch.long)
@@ -109,17 +120,21 @@ class RewardModel:
         self.batch_size, self.system_prompt, self.max_length, self.name = batch_size, system_prompt, max_length, name
 
     def score_texts(self, texts: list[str]) -> list[float]:
-        """Scores of already rendered conversations."""
+        """Scores of already rendered conversations (their special-token strings read as the tokens)."""
+        return self.score_ids([self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts])
+
+    def score_ids(self, rows: list[list[int]]) -> list[float]:
+        """Scores of conversations given as token ids."""
         scores: list[float] = []
-        for start in range(0, len(texts), self.batch_size):
-            batch = _left_padded(self.tokenizer, texts[start:start + self.batch_size], self.max_length)
+        for start in range(0, len(rows), self.batch_size):
+            batch = _left_padded(self.tokenizer, rows[start:start + self.batch_size], self.max_length)
             with torch.no_grad():
                 scores += _forward_scores(self.model, batch).tolist()
         return scores
 
     def __call__(self, prompts: list[Any], completions: list[str], **_: Any) -> list[float]:
-        texts = [render_conversation(self.tokenizer, p, c, self.system_prompt) for p, c in zip(prompts, completions)]
-        return self.score_texts(texts)
+        return self.score_ids([conversation_ids(self.tokenizer, p, c, self.system_prompt)
+                               for p, c in zip(prompts, completions)])
 
 
 @dataclass
@@ -171,9 +186,9 @@ def load_pairs(source: str | Path | Sequence[dict[str, Any]]) -> list[dict[str, 
 def _pair_scores(model: torch.nn.Module, tokenizer: Any, pairs: list[dict[str, Any]], system_prompt: str | None,
                  max_length: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores [N] of chosen and of rejected completions, in one forward pass of 2N rows."""
-    texts = [render_conversation(tokenizer, p["prompt"], p[key], system_prompt)
-             for key in ("chosen", "rejected") for p in pairs]
-    scores = _forward_scores(model, _left_padded(tokenizer, texts, max_length))  # [2N]
+    rows = [conversation_ids(tokenizer, p["prompt"], p[key], system_prompt)
+            for key in ("chosen", "rejected") for p in pairs]
+    scores = _forward_scores(model, _left_padded(tokenizer, rows, max_length))  # [2N]
     return scores[:len(pairs)], scores[len(pairs):]
 
 

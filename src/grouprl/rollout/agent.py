@@ -8,6 +8,10 @@ with ``<|im_end|>`` and a newline the model never generates), so the text that j
 last token to the next turn is found by rendering the conversation twice, with the new messages and
 without, and taking the difference; a template that rewrites earlier turns (the second render does
 not extend the first) ends the trajectory with reason ``template`` rather than realigning tokens.
+
+What the environment, the tools and the data add is text: a special-token string in an observation or
+a tool result is tokenized as its characters, so it cannot close the turn or open one for the policy
+(:mod:`grouprl.data.templates`); only the template's own markers are special.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from grouprl.data.templates import Rendered, render
 from grouprl.errors import PromptTooLongError
 from grouprl.rollout.compiled import CompiledStep
 from grouprl.rollout.runner import FORMATS, check_format, eval_mode, left_pad, model_device
@@ -46,8 +51,10 @@ class ChatRenderer:
         self.system = "\n\n".join(parts) or None
 
     def _render(self, messages: list[dict], tools: list | None, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+        return self._rendered(messages, tools, generation_prompt).text
+
+    def _rendered(self, messages: list[dict], tools: list | None, generation_prompt: bool) -> Rendered:
+        return render(self.tokenizer, messages, tools=tools, add_generation_prompt=generation_prompt)
 
     def with_system(self, messages: list[dict]) -> list[dict]:
         if self.system is None or any(m.get("role") == "system" for m in messages):
@@ -56,8 +63,7 @@ class ChatRenderer:
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """Token ids of the conversation so far, ending in the assistant's generation prompt."""
-        text = self._render(self.with_system(messages), self.tools, True)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self._rendered(self.with_system(messages), self.tools, True).ids(self.tokenizer)
 
     def reply_ids(self, history: list[dict], new: list[dict], stop_text: str | None) -> list[int] | None:
         """Token ids that follow the policy's last turn (the last message of ``history``) and show the
@@ -67,13 +73,13 @@ class ChatRenderer:
         history = self.with_system(history)
         history[-1] = {**history[-1], "content": PLACEHOLDER}
         base = self._render(history, self.tools, False)
-        full = self._render(history + list(new), self.tools, True)
-        if not full.startswith(base) or PLACEHOLDER not in base:
+        full = self._rendered(history + list(new), self.tools, True)
+        if not full.text.startswith(base) or PLACEHOLDER not in base:
             return None
-        tail = base[base.rindex(PLACEHOLDER) + len(PLACEHOLDER):] + full[len(base):]
-        if stop_text and tail.startswith(stop_text):
-            tail = tail[len(stop_text):]
-        return self.tokenizer(tail, add_special_tokens=False)["input_ids"]
+        start = base.rindex(PLACEHOLDER) + len(PLACEHOLDER)
+        if stop_text and full.text.startswith(stop_text, start):
+            start += len(stop_text)
+        return full.ids(self.tokenizer, start)
 
 
 class AgentSampler:

@@ -4,6 +4,10 @@ A prompt is either a string or a list of ``{"role": ..., "content": ...}`` messa
 messages always go through the tokenizer's chat template; a plain string is wrapped as one user
 message when ``use_chat_template`` is on (the right thing for instruct models) and used verbatim
 otherwise. An optional system prompt is prepended as a system message.
+
+The prompt's text reaches the model as text: a special-token string in it (``<|im_end|>``) is
+tokenized as the characters it is, never as the token; only the template's own markers are special
+(:mod:`grouprl.data.templates`).
 """
 
 from __future__ import annotations
@@ -11,35 +15,46 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from grouprl.data.templates import render, text_ids
 from grouprl.errors import PromptTooLongError
 from grouprl.types import Prompt, to_messages
 
-__all__ = ["Prompt", "encode_checked", "encode_prompts", "render_prompt", "to_messages"]
+__all__ = ["Prompt", "encode_checked", "encode_prompt", "encode_prompts", "render_prompt", "to_messages"]
 
 
-def render_prompt(tokenizer: Any, prompt: Prompt, *, system_prompt: str | None = None,
-                  use_chat_template: bool = True) -> str:
-    """The exact text the model is conditioned on, generation prompt included."""
-    is_chat = not isinstance(prompt, str)
-    if not (is_chat or use_chat_template):
-        return prompt if not system_prompt else f"{system_prompt}\n\n{prompt}"
+def _check_template(tokenizer: Any) -> None:
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(
             "the prompts are chat messages (or use_chat_template is on) but the tokenizer has no chat "
             "template; give plain-text prompts with use_chat_template=False, or a tokenizer with a template"
         )
-    return tokenizer.apply_chat_template(
-        to_messages(prompt, system_prompt), tokenize=False, add_generation_prompt=True
-    )
+
+
+def render_prompt(tokenizer: Any, prompt: Prompt, *, system_prompt: str | None = None,
+                  use_chat_template: bool = True) -> str:
+    """The exact text the model is conditioned on, generation prompt included."""
+    if isinstance(prompt, str) and not use_chat_template:
+        return prompt if not system_prompt else f"{system_prompt}\n\n{prompt}"
+    _check_template(tokenizer)
+    return render(tokenizer, to_messages(prompt, system_prompt), add_generation_prompt=True).text
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt, *, system_prompt: str | None = None,
+                  use_chat_template: bool = True) -> list[int]:
+    """Token ids of the rendered ``prompt``: the template's markers special, the prompt's own text as text.
+    The template writes any BOS it wants; nothing is added to it."""
+    if isinstance(prompt, str) and not use_chat_template:
+        return text_ids(tokenizer, render_prompt(tokenizer, prompt, system_prompt=system_prompt,
+                                                 use_chat_template=False))
+    _check_template(tokenizer)
+    return render(tokenizer, to_messages(prompt, system_prompt), add_generation_prompt=True).ids(tokenizer)
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], *, system_prompt: str | None = None,
                    use_chat_template: bool = True) -> list[list[int]]:
     """Token ids of each rendered prompt (no padding); P prompts -> P lists."""
-    texts = [render_prompt(tokenizer, p, system_prompt=system_prompt, use_chat_template=use_chat_template)
-             for p in prompts]
-    # The template already wrote any BOS it wants; adding special tokens again would double it.
-    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return [encode_prompt(tokenizer, p, system_prompt=system_prompt, use_chat_template=use_chat_template)
+            for p in prompts]
 
 
 def encode_checked(tokenizer: Any, rows: Sequence[dict[str, Any]], what: str, max_len: int, *,
