@@ -1,0 +1,76 @@
+"""The ``grouprl serve`` command: a rollout server (:mod:`grouprl.serve`) on the model ``train`` would load.
+
+    grouprl serve --model smollm2-135m [--port 8000] [--host 127.0.0.1] [--dtype fp32] [--lora_rank 8]
+    grouprl serve --config run.yaml --port 8001        the model, precision and LoRA of a run's config
+
+:func:`register` adds it to the ``grouprl`` parser; the handler follows its protocol
+``(args, leftover options) -> exit status``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from grouprl.config import TrainConfig, add_dataclass_arguments, load_config
+
+EXIT_OK = 0
+SERVE_KEYS = ("model", "dtype", "rollout_dtype", "lora_rank", "seed", "vllm_kv_cache_gib", "vllm_compile",
+              "vllm_gpu_memory_utilization")
+"""The train keys a server reads (the others are accepted and ignored, so a run's config.yaml works)."""
+USAGE = "grouprl serve --model NAME [--port P] [--host ADDR] [--dtype fp32|bf16] [--config YAML] [--key value ...]"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``serve`` to ``grouprl``'s subparsers."""
+    serve = subparsers.add_parser(
+        "serve", help="serve rollouts: vLLM behind HTTP, with weight pushes from a trainer",
+        description="Start a rollout server: vLLM (its CPU build on a CPU, its GPU build on a GPU) serving the model "
+        "as grouprl loads it, behind vLLM's HTTP server: prompt token ids in, completion token ids and log-probs "
+        "out (POST /inference/v1/generate), new weights from a trainer (POST /grouprl/weights) and the policy "
+        "version it holds (GET /grouprl/info). Point a run at it with --rollout_servers HOST:PORT "
+        "(docs/servers.md).", usage=USAGE, allow_abbrev=False)
+    serve.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    serve.add_argument("--config", metavar="YAML", help="YAML file of train keys: the model, precision and LoRA "
+                       "keys are read (the command line wins over it)")
+    own = serve.add_argument_group("server options")
+    own.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine "
+                     "only; 0.0.0.0 for every interface: the server has no authentication)")
+    own.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    own.add_argument("--max_model_len", type=int, default=None, metavar="N", help="longest prompt + completion in "
+                     "tokens (default: the model's context, at most 4096)")
+    own.add_argument("--max_rows", type=int, default=64, metavar="N", help="sequences decoded at once; the KV "
+                     "cache is sized to hold them all at max_model_len unless vllm_kv_cache_gib says (default: 64)")
+    add_dataclass_arguments(serve, TrainConfig, keys=SERVE_KEYS, title="model and precision (train's keys)")
+    serve.set_defaults(handler=_serve)
+
+
+def server_format(config: TrainConfig, model: Any, rows: int) -> str:
+    """fp32 or bf16: rollout_dtype, else dtype where they name one, else what dtype auto picks for rollouts
+    here (bf16 where this machine's bf16 products are faster; vLLM samples in fp32 or bf16 only)."""
+    for key in ("rollout_dtype", "dtype"):
+        value = getattr(config, key)
+        if value in ("fp32", "bf16"):
+            return value
+        if key == "rollout_dtype" and value != "auto":
+            raise ValueError(f"rollout_dtype={value}: a rollout server samples in fp32 or bf16")
+    from grouprl.models.precision import resolve_formats
+
+    picked = resolve_formats("auto", "auto", "auto").rollout
+    return picked if picked in ("fp32", "bf16") else "fp32"
+
+
+def _serve(args: argparse.Namespace, rest: list[str]) -> int:
+    config = load_config(TrainConfig, args.config, [*args.overrides, *rest])
+    from grouprl.cli.build import load_model
+    from grouprl.serve.server import ServeOptions, prepare, run
+
+    model, tokenizer = load_model(config.model, config.seed)
+    options = ServeOptions(host=args.host, port=args.port, dtype=server_format(config, model, args.max_rows),
+                           max_model_len=args.max_model_len, max_rows=args.max_rows,
+                           kv_cache_gib=config.vllm_kv_cache_gib, lora_rank=config.lora_rank or None, seed=config.seed,
+                           compiled=config.vllm_compile, gpu_memory_utilization=config.vllm_gpu_memory_utilization)
+    prepared = prepare(model, tokenizer, options, model_name=config.model)
+    del model  # vLLM loads the folder prepare wrote
+    run(prepared)
+    return EXIT_OK

@@ -1,0 +1,311 @@
+"""The trainer's side of rollout servers: :class:`ServerSampler`, a rollout engine with the interface of
+:class:`grouprl.rollout.vllm.VLLMSampler` (``generate``, ``conversations``, ``update_weights``,
+``phase``, ``metrics``, ``close``) whose completions come from ``grouprl serve`` processes.
+
+- Spread: the G rows of a group go to one server (its prompt is then prefilled once, through that
+  server's prefix cache), groups round-robin over the servers left; each row carries its own seed, so a
+  completion depends on (seed, step, prompt, sample index) and not on which server drew it.
+- Weights: after every optimizer step the trainer hands over its model (``update_weights``); before the
+  next request the new weights are written once (:mod:`grouprl.serve.transport`) and every server loads
+  them (``POST /grouprl/weights``) under the next policy version. With LoRA, the base weights go once and
+  then only the adapter. The time is logged as ``time/weight_sync``.
+- Versions: ``version`` counts the hand-overs (0: the weights the sampler was made with). Every
+  completion carries the version of the weights that drew it, as the server's vLLM reported it
+  (``batch.info["policy_version"]``); ``rollout/policy_lag`` is the most any row of the last rollout
+  lagged behind. Requests run on the pool's own event loop (:meth:`ServerSampler.submit` returns a
+  future), so a later asynchronous trainer can keep them in flight while it updates.
+- Agents: the environment loop stays here; each turn sends every running trajectory's tokens (token in,
+  token out) to the server of its group, as the in-process engine's ``conversations`` does.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from grouprl.rollout.sampler import check_params
+from grouprl.rollout.seeds import mix_seed, resolve_row_seeds
+from grouprl.rollout.turns import Conversations, Reply, TurnLimits
+from grouprl.rollout.vllm_convert import outputs_to_batch, vllm_sampling_kwargs
+from grouprl.rollout.vllm_weights import base_weight_name, full_tensors
+from grouprl.serve.pool import RolloutServerError, Server, ServerPool
+from grouprl.serve.transport import WeightFolders
+from grouprl.types import RolloutBatch, SamplingParams
+
+GENERATE = "/inference/v1/generate"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One sampled token's log-prob, shaped as vLLM's ``Logprob`` for :func:`outputs_to_batch`."""
+
+    logprob: float
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One row's completion as a server returned it (the fields :func:`outputs_to_batch` reads)."""
+
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]]
+    finish_reason: str
+    version: int | None
+    """The oldest policy version among the weights that drew its tokens (None: the server's own weights,
+    before any push)."""
+
+
+def parse_completion(answer: dict[str, Any], address: str) -> Completion:
+    """A :class:`Completion` from vLLM's ``/inference/v1/generate`` answer (``n`` = 1)."""
+    try:
+        choice = answer["choices"][0]
+        ids = [int(t) for t in choice["token_ids"]]
+        lps = [float(e["logprob"]) for e in (choice.get("logprobs") or {}).get("content") or []]
+        spans = choice.get("weight_versions") or []
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise RolloutServerError(f"rollout server {address} answered {GENERATE} in an unknown shape "
+                                 f"({type(e).__name__}: {e}): {str(answer)[:300]}") from e
+    if len(lps) != len(ids):
+        raise RolloutServerError(f"rollout server {address} returned {len(ids)} tokens with {len(lps)} log-probs")
+    versions = [int(s["version"]) for s in spans if str(s.get("version", "")).lstrip("-").isdigit()]
+    return Completion(ids, [{t: Logprob(lp)} for t, lp in zip(ids, lps)], choice.get("finish_reason") or "stop",
+                      min(versions) if versions else None)
+
+
+@dataclass
+class PendingBatch:
+    """A rollout in flight: its completions arrive on the pool's loop; the batch is assembled (texts
+    decoded) in the thread that asks for it, the tokenizer's own."""
+
+    completions: concurrent.futures.Future
+    assemble: Callable[[list[Completion]], RolloutBatch]
+
+    def done(self) -> bool:
+        return self.completions.done()
+
+    def result(self) -> RolloutBatch:
+        return self.assemble(self.completions.result())
+
+
+class ServerSampler:
+    """Rollouts from ``grouprl serve`` servers; see the module docstring.
+
+    Args:
+        model: the policy being trained (plain or peft LoRA), in this process.
+        tokenizer: its tokenizer.
+        servers: host:port of each server.
+        timeout: seconds a request (a completion, a weight load) may take before its server is dropped.
+        weights_dir: where pushes are written (a folder every server can read); None: /dev/shm, else the
+            system's temporary folder (servers on this machine).
+        local: servers this sampler started (:class:`grouprl.serve.local.LocalServers`): stopped by ``close``.
+    """
+
+    uses_live_model = False
+    """The trainer need not gather its weights for a rollout: the servers hold copies."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, servers: Sequence[str], *, timeout: float = 300.0,
+                 weights_dir: str | None = None, local: Any = None):
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            raise ValueError("rollout servers take one trainer process for now; run the trainer in one process")
+        self.model, self.tokenizer, self.local = model, tokenizer, local
+        self.lora = hasattr(model, "peft_config")
+        self.pool = ServerPool(servers, timeout)
+        if local is not None:
+            for server, describe in zip(self.pool.servers, local.describers()):
+                server.describe_exit = describe
+        self.folders: WeightFolders | None = None
+        try:
+            self.pool.run(self.pool.wait_ready())
+            self._check_servers()
+            self.folders = WeightFolders(weights_dir)
+        except BaseException:
+            self.close()
+            raise
+        self.version, self.pushed, self.base_pushed = 0, None, False
+        self.sync_seconds, self.lag = 0.0, 0
+
+    def _check_servers(self) -> None:
+        """Each server serves a model of the policy's shape, in one number format, with LoRA where the
+        policy has it; a mismatch is an error naming the server, before any rollout."""
+        inner = self.model.get_base_model() if self.lora else self.model
+        config = inner.config.get_text_config() if hasattr(inner.config, "get_text_config") else inner.config
+        mine = {"vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+                "num_hidden_layers": config.num_hidden_layers}
+        for s in self.pool.alive:
+            facts = s.info.get("facts", {})
+            wrong = {k: (facts.get(k), v) for k, v in mine.items() if facts.get(k) != v}
+            if wrong:
+                said = ", ".join(f"{k} {a} there, {b} here" for k, (a, b) in wrong.items())
+                raise RolloutServerError(f"rollout server {s.address} serves {s.info.get('model')}, not the policy's "
+                                         f"shape: {said}")
+            if self.lora and not s.info.get("lora_rank"):
+                raise RolloutServerError(f"rollout server {s.address} was started without --lora_rank and the "
+                                         "policy has LoRA adapters: start it with the run's lora_rank")
+        formats = {s.info.get("dtype") for s in self.pool.alive}
+        if len(formats) > 1:
+            said = ", ".join(map(str, formats))
+            raise RolloutServerError(f"the rollout servers sample in different formats ({said}): start them all "
+                                     "with one --dtype")
+        self.dtype = DTYPES.get(formats.pop(), torch.float32)
+        self.max_model_len = min(int(s.info.get("max_model_len", 0)) for s in self.pool.alive)
+
+    # -- weights ------------------------------------------------------------------------------------
+    def update_weights(self, model: nn.Module) -> None:
+        """Follow ``model`` from now on: it is the next policy version, sent before the next request."""
+        self.model = model
+        self.version += 1
+
+    def sync_weights(self) -> None:
+        """Send the weights to every server if they changed since the last push."""
+        if self.pushed == self.version:
+            return
+        start = time.perf_counter()
+        if not self.lora or not self.base_pushed:
+            named = full_tensors(self.model, torch.device("cpu"))
+            if self.lora:  # the base under the plain model's names; the adapters follow as a LoRA request
+                named = ((base_weight_name(n), t) for n, t in named if base_weight_name(n) is not None)
+            self._push(self.folders.write_full(named, self.version, self.dtype), adapter=False)
+            self.base_pushed = True
+        if self.lora:
+            state = dict(full_tensors(self.model, torch.device("cpu"), lambda name: ".lora_" in name))
+            self._push(self.folders.write_adapter(self.model, state, self.version), adapter=True)
+        self.folders.keep_only(self.version)
+        self.pushed = self.version
+        self.sync_seconds += time.perf_counter() - start
+
+    def _push(self, path: Any, adapter: bool) -> None:
+        body = {"path": str(path), "version": self.version, "adapter": adapter}
+
+        async def load(server: Server) -> None:
+            answer = await self.pool.request(server, "POST", "/grouprl/weights", body)
+            server.version, server.adapter = answer.get("version"), answer.get("adapter")
+
+        self.pool.run(self.pool.everywhere(load))
+
+    @contextlib.contextmanager
+    def phase(self) -> Iterator[None]:
+        """Around a rollout or an evaluation: the weights sent once at its start."""
+        self.sync_weights()
+        yield
+
+    def metrics(self) -> dict[str, float]:
+        """``time/weight_sync`` since the last call, the last rollout's ``rollout/policy_lag`` (versions)
+        and how many servers are serving."""
+        out = {"time/weight_sync": self.sync_seconds, "rollout/policy_lag": float(self.lag),
+               "rollout/servers": float(len(self.pool.alive))}
+        self.sync_seconds = 0.0
+        return out
+
+    def close(self) -> None:
+        """Close the connections, remove the pushed weights, stop the servers started here."""
+        self.pool.close()
+        if self.folders is not None:
+            self.folders.remove()
+        if self.local is not None:
+            self.local.stop()
+
+    # -- generation ---------------------------------------------------------------------------------
+    def stop_token_ids(self, params: SamplingParams) -> list[int]:
+        ids = set(params.stop_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return sorted(ids)
+
+    def _check_lengths(self, sequences: Sequence[Sequence[int]], budget: Sequence[int]) -> None:
+        for i, (ids, n) in enumerate(zip(sequences, budget)):
+            if not ids:
+                raise ValueError(f"prompt {i} has no tokens")
+            if len(ids) + n > self.max_model_len:
+                raise ValueError(f"prompt {i} has {len(ids)} tokens; with {n} new ones that is over the rollout "
+                                 f"servers' max_model_len of {self.max_model_len}")
+
+    async def _complete(self, sequences: list[list[int]], kwargs: list[dict[str, Any]],
+                        groups: list[int]) -> list[Completion]:
+        async def one(server: Server, i: int) -> Completion:
+            body = {"token_ids": sequences[i], "sampling_params": kwargs[i], "output_mode": "tokens"}
+            if self.lora and server.adapter is not None:  # a plain policy samples from the base weights
+                body["model"] = server.adapter
+            return parse_completion(await self.pool.request(server, "POST", GENERATE, body), server.address)
+
+        return await self.pool.spread(one, len(sequences), groups)
+
+    def complete(self, sequences: list[list[int]], kwargs: list[dict[str, Any]],
+                 groups: list[int]) -> concurrent.futures.Future:
+        """One completion per sequence (its own sampling settings, row ``i`` on the server of group
+        ``groups[i]``), after a weight push if one is due; a future of the completions, in order."""
+        self._check_lengths(sequences, [k["max_tokens"] for k in kwargs])
+        self.sync_weights()
+        return self.pool.submit(self._complete(sequences, kwargs, groups))
+
+    def _record_lag(self, completions: Sequence[Completion]) -> list[int | None]:
+        versions = [c.version for c in completions]
+        known = [v for v in versions if v is not None]
+        self.lag = max((self.version - v for v in known), default=0)
+        return versions
+
+    def submit(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
+               seed: int | Sequence[int] | None = None, prompts: list | None = None,
+               extras: dict[str, list] | None = None) -> PendingBatch:
+        """:meth:`generate` with the requests sent and not waited for: its batch is ``.result()``."""
+        check_params(params)
+        seeds = resolve_row_seeds(seed, len(prompt_ids) * group_size)
+        stop = self.stop_token_ids(params)
+        rows = [list(map(int, ids)) for ids in prompt_ids for _ in range(group_size)]
+        kwargs = [vllm_sampling_kwargs(params, stop, s) for s in seeds]
+        done = self.complete(rows, kwargs, [r // group_size for r in range(len(rows))])
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+
+        def assemble(completions: list[Completion]) -> RolloutBatch:
+            batch = outputs_to_batch(completions, prompt_ids, group_size, self.tokenizer, int(pad or 0),
+                                     tuple(params.stop_strings), prompts, extras)
+            batch.info["policy_version"] = self._record_lag(completions)
+            return batch
+
+        return PendingBatch(done, assemble)
+
+    def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
+                 seed: int | Sequence[int] | None = None, prompts: list | None = None,
+                 extras: dict[str, list] | None = None) -> RolloutBatch:
+        """G completions for each of P prompts, prompt-major, as :meth:`grouprl.rollout.sampler.Sampler.generate`;
+        ``batch.info["policy_version"]``: the policy version that drew each row."""
+        return self.submit(prompt_ids, group_size, params, seed=seed, prompts=prompts, extras=extras).result()
+
+    def conversations(self, prompt_rows: list[list[int]], group_size: int, params: SamplingParams,
+                      limits: TurnLimits, respond: Callable[[list[int], list[list[int]], list[bool]], list[Reply]],
+                      seeds: list[int], stop_ids: list[int]) -> Conversations:
+        """Multi-turn trajectories, G per initial prompt (rows group-major), as
+        :func:`grouprl.rollout.turns.decode_conversations` returns them; the environment answers here."""
+        b = len(prompt_rows) * group_size
+        seqs = [list(prompt_rows[i // group_size]) for i in range(b)]
+        out = Conversations(tokens=[[] for _ in range(b)], from_policy=[[] for _ in range(b)],
+                            logprobs=[[] for _ in range(b)], turns=[0] * b, end_reason=["env"] * b)
+        running, versions = list(range(b)), []
+        while running:
+            budget = {r: min(limits.max_new_tokens, limits.max_tokens - len(out.tokens[r])) for r in running}
+            kwargs = [vllm_sampling_kwargs(params, stop_ids, mix_seed(seeds[r], out.turns[r]), budget[r])
+                      for r in running]
+            completions = self.complete([seqs[r] for r in running], kwargs, [r // group_size for r in running]).result()
+            versions += completions
+            turns = [list(c.token_ids) for c in completions]
+            for r, c, ids in zip(running, completions, turns):
+                out.tokens[r] += ids
+                out.from_policy[r] += [True] * len(ids)
+                out.logprobs[r] += [entry[t].logprob for entry, t in zip(c.logprobs, ids)]
+                seqs[r] += ids
+            stopped = [bool(ids) and ids[-1] in stop_ids for ids in turns]
+            replies = respond(running, turns, stopped)
+            still = []
+            for r, reply in zip(running, replies):
+                if out.add_reply(r, reply, len(out.tokens[r]), limits):
+                    seqs[r] += reply.tokens
+                    still.append(r)
+            running = still
+        self._record_lag(versions)
+        return out

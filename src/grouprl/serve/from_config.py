@@ -1,0 +1,75 @@
+"""A run's rollout servers from its config: the given addresses, or N servers started here on the policy
+as the run starts (:class:`~grouprl.serve.local.LocalServers`), each told the run's rollout format, LoRA
+rank, seed, longest sequence and rows so it samples what the trainer expects."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from grouprl.serve.client import ServerSampler
+from grouprl.serve.local import LocalServers
+from grouprl.serve.transport import default_weights_root, write_model_folder
+
+
+def server_problems(servers: Any, timeout: float) -> list[str]:
+    """What is wrong with ``rollout_servers`` and ``rollout_server_timeout`` (empty when usable), without
+    starting or asking anything."""
+    from grouprl.serve.pool import parse_address
+
+    out = []
+    if timeout <= 0:
+        out.append(f"rollout_server_timeout must be > 0 seconds, got {timeout}")
+    if isinstance(servers, int) and not isinstance(servers, bool):
+        if servers < 1:
+            out.append(f"rollout_servers={servers}: start at least 1 local server, or leave it empty")
+    elif servers is not None:
+        for address in servers:
+            try:
+                parse_address(address)
+            except ValueError as e:
+                out.append(str(e))
+    return out
+
+
+def serve_options(config: Any, max_model_len: int) -> list[str]:
+    """``grouprl serve`` arguments that make a local server sample as the run's rollouts do."""
+    c = config
+    options = ["--rollout_dtype", "bf16" if c.rollout_bf16 else "fp32", "--seed", str(c.seed),
+               "--max_model_len", str(max_model_len), "--max_rows", str(c.rollout_rows)]
+    if c.lora_rank:
+        options += ["--lora_rank", str(c.lora_rank)]
+    if c.vllm_kv_cache_gib:
+        options += ["--vllm_kv_cache_gib", str(c.vllm_kv_cache_gib)]
+    if c.vllm_compile:
+        options += ["--vllm_compile", "true"]
+    return options
+
+
+def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: int) -> ServerSampler:
+    """The run's :class:`ServerSampler` (``config.rollout_servers`` set): local servers are started on the
+    policy first (written once to a folder they load, removed once they are up); their logs go to
+    ``output_dir/servers``."""
+    c, local = config, None
+    servers = c.rollout_servers
+    if isinstance(servers, int):
+        root = Path(c.rollout_weights_dir) if c.rollout_weights_dir else default_weights_root()
+        root.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="grouprl-policy-", dir=root))
+        try:
+            write_model_folder(policy, tokenizer, folder, None)
+            local = LocalServers(servers, folder, serve_options(c, max_model_len), Path(c.output_dir) / "servers")
+            return ServerSampler(policy, tokenizer, local.addresses, timeout=c.rollout_server_timeout,
+                                 weights_dir=c.rollout_weights_dir, local=local)
+        except BaseException:
+            if local is not None:
+                local.stop()
+            raise
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return ServerSampler(policy, tokenizer, list(servers), timeout=c.rollout_server_timeout,
+                         weights_dir=c.rollout_weights_dir)

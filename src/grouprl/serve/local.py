@@ -1,0 +1,128 @@
+"""Rollout servers started on this machine for one run (``rollout_servers: N``): N ``grouprl serve``
+processes on the policy as the run starts, each pinned to its own share of this process's cores
+(``os.sched_setaffinity`` before it starts, inherited by vLLM's engine process; vLLM's own OpenMP threads
+bound to the same cores through ``VLLM_CPU_OMP_THREADS_BIND``), listening on 127.0.0.1 only.
+
+They never outlive the run: :meth:`LocalServers.stop` (the sampler's ``close``, and an ``atexit`` hook)
+ends each server's whole process group (the server and vLLM's engine process), SIGTERM then SIGKILL;
+and the kernel sends each server SIGTERM when the process that started it dies in any way, a SIGKILL
+included (``PR_SET_PDEATHSIG``, Linux). Each server's output goes to ``server-<i>.log`` in ``log_dir``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+STOP_GRACE_S = 10.0
+LOG_TAIL_CHARS = 600
+
+
+def core_shares(cores: Sequence[int], count: int) -> list[list[int]]:
+    """``cores`` cut into ``count`` contiguous shares as equal as can be; with fewer cores than servers,
+    servers share cores round-robin.
+
+    >>> core_shares([0, 1, 2, 3, 4], 2), core_shares([0, 1], 3)
+    ([[0, 1, 2], [3, 4]], [[0], [1], [0]])
+    """
+    cores = list(cores)
+    if count <= len(cores):
+        size, extra = divmod(len(cores), count)
+        out, start = [], 0
+        for i in range(count):
+            stop = start + size + (1 if i < extra else 0)
+            out.append(cores[start:stop])
+            start = stop
+        return out
+    return [[cores[i % len(cores)]] for i in range(count)]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port no one listens on now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _child_setup(cores: list[int]) -> Callable[[], None]:
+    def setup() -> None:  # runs in the child between fork and exec
+        os.sched_setaffinity(0, cores)
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return setup
+
+
+class LocalServers:
+    """``count`` ``grouprl serve`` processes on ``model`` (a model folder); see the module docstring.
+
+    ``options``: further ``grouprl serve`` arguments (``--rollout_dtype bf16``, ``--lora_rank 8``, ...)."""
+
+    def __init__(self, count: int, model: str | Path, options: Sequence[str], log_dir: str | Path,
+                 cores: Sequence[int] | None = None, host: str = "127.0.0.1"):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"rollout_servers: a number of local servers must be >= 1, got {count!r}")
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        shares = core_shares(sorted(cores if cores is not None else os.sched_getaffinity(0)), count)
+        self.cores = shares
+        self.processes: list[subprocess.Popen] = []
+        self.addresses: list[str] = []
+        atexit.register(self.stop)
+        try:
+            for i, share in enumerate(shares):
+                port = free_port(host)
+                env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, share)),
+                       "OMP_NUM_THREADS": str(len(share)), "PYTHONUNBUFFERED": "1"}
+                log = open(self.log_path(i), "wb")  # noqa: SIM115 - the child holds it; closed below
+                cmd = [sys.executable, "-m", "grouprl", "serve", "--model", str(model), "--host", host,
+                       "--port", str(port), *options]
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                        preexec_fn=_child_setup(share))
+                log.close()
+                self.processes.append(proc)
+                self.addresses.append(f"{host}:{port}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def log_path(self, i: int) -> Path:
+        return self.log_dir / f"server-{i}.log"
+
+    def describe(self, i: int) -> str:
+        """Server ``i``'s process: running, or its exit status and the end of its log."""
+        code = self.processes[i].poll()
+        if code is None:
+            return f"process {self.processes[i].pid} running, log {self.log_path(i)}"
+        tail = self.log_path(i).read_bytes()[-LOG_TAIL_CHARS:].decode(errors="replace").strip()
+        return f"process {self.processes[i].pid} exited with status {code}; end of {self.log_path(i)}: {tail}"
+
+    def describers(self) -> list[Callable[[], str]]:
+        return [lambda i=i: self.describe(i) for i in range(len(self.processes))]
+
+    def stop(self) -> None:
+        """End every server's process group: SIGTERM, then SIGKILL after a grace period."""
+        live = [p for p in self.processes if p.poll() is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in live:
+            try:
+                p.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for p in self.processes:  # what the group's leader left behind (vLLM's engine process)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+        atexit.unregister(self.stop)

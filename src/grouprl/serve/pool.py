@@ -1,0 +1,213 @@
+"""The trainer's connections to its rollout servers: one ``httpx.AsyncClient`` on an event loop of its own
+(a daemon thread), so requests stay in flight while the caller's thread does other work
+(:meth:`ServerPool.submit` returns a future), every request bounded by a timeout.
+
+Faults: a server that refuses a connection, drops one, answers with a server error (5xx) or does not
+answer within the timeout is dropped with a message naming it (host:port), what failed and the timeout
+value; the rows it had not returned go to the servers left, and the run goes on, saying so. With no
+server left the call raises :class:`RolloutServerError`. A 4xx answer is the request's fault, not the
+server's: it raises at once with the server's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+import warnings
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+READY_POLL_S = 1.0
+"""How often :meth:`ServerPool.wait_ready` asks a server that does not answer yet."""
+
+
+class RolloutServerError(ConnectionError):
+    """No rollout server can serve the run (each one's address and what failed is in the message), or a
+    server refused a request."""
+
+
+class ServerFailure(Exception):
+    """One server failed one request (internal: the pool drops the server and retries elsewhere)."""
+
+    def __init__(self, server: Server, what: str):
+        super().__init__(f"{server.address}: {what}")
+        self.server, self.what = server, what
+
+
+@dataclass(eq=False)
+class Server:
+    """One rollout server as the trainer sees it."""
+
+    address: str
+    """host:port."""
+    alive: bool = True
+    why: str = ""
+    """What failed, once dropped."""
+    adapter: str | None = None
+    """The LoRA adapter's name on this server (a request's ``model``); None: the base weights."""
+    version: int | None = None
+    """The policy version it holds."""
+    info: dict[str, Any] | None = None
+    describe_exit: Callable[[], str] | None = None
+    """For a server started here: its process's state (exit status, last log lines), added to messages."""
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+
+def parse_address(text: str, field: str = "rollout_servers") -> str:
+    """``host:port`` checked (a port in 1..65535), or a ValueError naming ``field``."""
+    host, sep, port = str(text).strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{field}: {text!r} is not host:port (e.g. 127.0.0.1:8000)")
+    return f"{host}:{int(port)}"
+
+
+class ServerPool:
+    """Requests to several rollout servers; see the module docstring.
+
+    Args:
+        addresses: host:port of each server.
+        timeout: seconds one request may take (a completion, or a weight load) before its server is
+            dropped; also how long :meth:`wait_ready` waits for a server to come up.
+        setting: the config field that sets ``timeout``, named in messages.
+    """
+
+    def __init__(self, addresses: Sequence[str], timeout: float, setting: str = "rollout_server_timeout"):
+        if not addresses:
+            raise ValueError("rollout_servers: give at least one host:port")
+        if timeout <= 0:
+            raise ValueError(f"{setting} must be > 0 seconds, got {timeout}")
+        self.servers = [Server(parse_address(a)) for a in addresses]
+        if len({s.address for s in self.servers}) != len(self.servers):
+            raise ValueError(f"rollout_servers names a server twice: {', '.join(addresses)}")
+        self.timeout, self.setting = float(timeout), setting
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="grouprl-rollout-servers", daemon=True)
+        self.thread.start()
+        self.client = self.run(self._make_client())
+
+    async def _make_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0)),
+                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+
+    # -- running coroutines on the pool's loop ------------------------------------------------------
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
+        """Run ``coro`` on the pool's loop; its future, at once."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the pool's loop and wait for it."""
+        return self.submit(coro).result()
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.run(self.client.aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+    # -- servers ------------------------------------------------------------------------------------
+    @property
+    def alive(self) -> list[Server]:
+        return [s for s in self.servers if s.alive]
+
+    def living(self) -> list[Server]:
+        """The servers still serving, or :class:`RolloutServerError` saying what became of each."""
+        alive = self.alive
+        if not alive:
+            whys = "; ".join(f"{s.address}: {s.why}" for s in self.servers)
+            raise RolloutServerError(f"no rollout server is left ({whys})")
+        return alive
+
+    def drop(self, failure: ServerFailure) -> None:
+        server = failure.server
+        if not server.alive:
+            return
+        server.alive = False
+        server.why = failure.what + (f" ({server.describe_exit()})" if server.describe_exit else "")
+        left = self.alive
+        if left:
+            warnings.warn(f"rollout server {server.address} dropped: {server.why}; going on with {len(left)} of "
+                          f"{len(self.servers)} servers ({', '.join(s.address for s in left)})", stacklevel=2)
+
+    async def request(self, server: Server, method: str, path: str, body: dict[str, Any] | None = None,
+                      timeout: float | None = None) -> dict[str, Any]:
+        """One JSON request; :class:`ServerFailure` when the server fails, :class:`RolloutServerError`
+        when it refuses the request (4xx)."""
+        limit = self.timeout if timeout is None else timeout
+        try:
+            response = await self.client.request(method, server.url + path, json=body, timeout=limit)
+        except httpx.TimeoutException as e:
+            raise ServerFailure(server, f"{method} {path} got no answer within {limit:g} s ({self.setting}; "
+                                f"{type(e).__name__})") from e
+        except httpx.TransportError as e:
+            raise ServerFailure(server, f"{method} {path} failed: {type(e).__name__}: {e}") from e
+        if response.status_code >= 500:
+            raise ServerFailure(server, f"{method} {path} answered {response.status_code}: {response.text[:300]}")
+        if response.status_code >= 400:
+            raise RolloutServerError(f"rollout server {server.address} refused {method} {path} "
+                                     f"({response.status_code}): {response.text[:500]}")
+        return response.json()
+
+    async def wait_ready(self) -> None:
+        """Ask every server for its info until it answers (or ``timeout`` passes: it is dropped)."""
+        await asyncio.gather(*(self._ready(s) for s in self.servers))
+        self.living()
+
+    async def _ready(self, server: Server) -> None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                server.info = await self.request(server, "GET", "/grouprl/info", timeout=min(self.timeout, 10.0))
+                server.version, server.adapter = server.info.get("version"), server.info.get("adapter")
+                return
+            except ServerFailure as failure:
+                if time.monotonic() > deadline or (server.describe_exit and "exited" in server.describe_exit()):
+                    self.drop(ServerFailure(server, f"not ready within {self.timeout:g} s ({self.setting}); last: "
+                                            f"{failure.what}"))
+                    return
+            await asyncio.sleep(READY_POLL_S)
+
+    # -- the work -----------------------------------------------------------------------------------
+    async def spread(self, work: Callable[[Server, int], Coroutine[Any, Any, Any]], items: int,
+                     groups: Sequence[int]) -> list[Any]:
+        """``work(server, i)`` for every item ``i``; item ``i`` runs on the server of its group
+        ``groups[i]`` (group g on the g-th server left, modulo their number), and again on another one
+        when its server fails. Results in item order."""
+        results: list[Any] = [None] * items
+        done = [False] * items
+        while not all(done):
+            servers = self.living()
+            pending = [i for i in range(items) if not done[i]]
+            chosen = [servers[groups[i] % len(servers)] for i in pending]
+
+            async def one(i: int, server: Server) -> None:
+                results[i] = await work(server, i)
+                done[i] = True
+
+            outcomes = await asyncio.gather(*(one(i, s) for i, s in zip(pending, chosen)), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, ServerFailure):
+                    self.drop(outcome)
+                elif isinstance(outcome, BaseException):
+                    raise outcome
+        return results
+
+    async def everywhere(self, work: Callable[[Server], Coroutine[Any, Any, Any]]) -> None:
+        """``work(server)`` on every living server at once; a server that fails is dropped."""
+        servers = self.living()
+        outcomes = await asyncio.gather(*(work(s) for s in servers), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, ServerFailure):
+                self.drop(outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        self.living()

@@ -1,0 +1,182 @@
+"""A rollout server: vLLM's own OpenAI-compatible HTTP server (its FastAPI app, engine client and uvicorn
+launcher, from ``vllm.entrypoints.launchers``) with grouprl's two routes added to the same app
+(:mod:`grouprl.serve.routes`), started on the model grouprl resolves as ``train`` does.
+
+What a trainer uses of it:
+
+- ``POST /inference/v1/generate`` (vLLM's token-in, token-out route, on with ``--enable-scale-out``): prompt
+  token ids and a full ``vllm.SamplingParams`` (per-request seed, temperature, top_p, max_tokens,
+  stop_token_ids, n, logprobs) in; completion token ids, the log-prob of each sampled token, why it
+  stopped and the weight versions that sampled it out. Log-probs are the *processed* ones
+  (``--logprobs-mode processed_logprobs``): under the distribution actually sampled from, as the
+  in-process engine's.
+- ``POST /grouprl/weights`` and ``GET /grouprl/info``: new weights from a folder (in place, or a LoRA
+  adapter) labelled with a policy version, and what the server holds.
+
+The model is loaded by grouprl (bundled names, folders, GGUF files, run folders, ``tiny``), written once
+as safetensors with its tokenizer into a private folder in the serving format, and vLLM loads that. CPU
+settings follow :class:`grouprl.rollout.vllm.VLLMSampler`'s: eager mode unless compiled, no chunked
+prefill (a prompt prefilled in chunks makes vLLM rewind a seeded CPU generator, which it cannot), a KV
+cache sized to ``max_rows`` rows at ``max_model_len`` tokens unless given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from grouprl.rollout.engines import model_problem, plain_class_name, require_vllm
+from grouprl.rollout.vllm import kv_cache_bytes
+from grouprl.serve.routes import ServerState, router
+from grouprl.serve.transport import write_model_folder
+
+FORMATS = {"fp32": "float32", "bf16": "bfloat16"}
+"""The number formats a server samples in (grouprl's name -> vLLM's)."""
+SERVED_NAME = "policy"
+"""The base model's name on the server (the ``model`` of a request without a LoRA adapter)."""
+DEFAULT_MAX_MODEL_LEN = 4096
+"""Longest prompt + completion when neither the command nor a shorter model context says."""
+
+
+@dataclass
+class ServeOptions:
+    """How a server runs, besides the model: where it listens and how vLLM is sized."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dtype: str = "fp32"
+    """fp32 or bf16: the format the server samples in (the trainer writes pushed weights in it)."""
+    max_model_len: int | None = None
+    """Longest prompt + completion; None: the model's context, at most :data:`DEFAULT_MAX_MODEL_LEN`."""
+    max_rows: int = 64
+    """Sequences decoded at once; the KV cache sized by default holds them all at their longest."""
+    kv_cache_gib: float | None = None
+    lora_rank: int | None = None
+    """Serve LoRA adapters of up to this rank (pushed by the trainer); None: full weights only."""
+    seed: int = 0
+    compiled: bool = False
+    """CPU: let vLLM compile the model (slower start, faster decoding)."""
+    gpu_memory_utilization: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.dtype not in FORMATS:
+            raise ValueError(f"a rollout server samples in {' or '.join(FORMATS)}, not dtype={self.dtype!r}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {self.max_rows}")
+
+
+def context_of(model: nn.Module, requested: int | None) -> int:
+    """``requested``, or the model's context capped at :data:`DEFAULT_MAX_MODEL_LEN`; a request beyond
+    the model's context is an error."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    if requested is None:
+        return min(int(context or DEFAULT_MAX_MODEL_LEN), DEFAULT_MAX_MODEL_LEN)
+    if context is not None and requested > context:
+        raise ValueError(f"max_model_len={requested} is longer than the model's context of {context} tokens")
+    return requested
+
+
+def engine_argv(folder: Path, options: ServeOptions, max_model_len: int, kv_bytes: int, on_gpu: bool) -> list[str]:
+    """vLLM's server arguments for a model folder written by :func:`~grouprl.serve.transport.write_model_folder`."""
+    o = options
+    argv = ["--model", str(folder), "--tokenizer", str(folder), "--served-model-name", SERVED_NAME,
+            "--load-format", "safetensors", "--dtype", FORMATS[o.dtype], "--seed", str(o.seed),
+            "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs",
+            "--enable-prefix-caching", "--enable-scale-out", "--max-num-seqs", str(max(o.max_rows, 1)),
+            "--host", o.host, "--port", str(o.port), "--disable-uvicorn-access-log"]
+    if on_gpu:
+        argv += ["--gpu-memory-utilization", str(o.gpu_memory_utilization)]
+    else:
+        argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_model_len, 8192)),
+                 "--kv-cache-memory-bytes", str(kv_bytes)]
+        if not o.compiled:
+            argv.append("--enforce-eager")
+    if o.lora_rank:  # vLLM takes a few fixed maximum ranks: the next power of two, at least 8
+        rank = max(8, 1 << (o.lora_rank - 1).bit_length())
+        argv += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(rank)]
+    return argv
+
+
+async def _serve(argv: list[str], state: ServerState) -> None:
+    """vLLM's ``run_server``, with grouprl's routes added to its app before it starts serving."""
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.launchers.launcher import serve_http, setup_server
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    validate_parsed_serve_args(args)
+    listen_address, sock = setup_server(args, reuse_port=False)
+    async with build_async_engine_client(args) as engine:
+        tasks = await engine.get_supported_tasks()
+        app = build_app(args, tasks, engine.model_config)
+        app.include_router(router)
+        app.state.grouprl = state
+        await init_app_state(engine, app.state, args, tasks)
+        state.address = listen_address
+        print(f"grouprl serve: {state.describe()} on {listen_address}", flush=True)
+        shutdown = await serve_http(app, sock=sock, host=args.host, port=args.port, log_level="warning",
+                                    access_log=False, timeout_keep_alive=5)
+    try:
+        await shutdown
+    finally:
+        sock.close()
+
+
+@dataclass
+class Prepared:
+    """A server ready to start: its engine folder (removed by :func:`run`) and vLLM's arguments."""
+
+    folder: Path
+    argv: list[str]
+    state: ServerState
+
+
+def model_facts(model: nn.Module) -> dict[str, Any]:
+    """What a trainer checks its policy against before it sends weights: the architecture and shapes."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return {"architecture": plain_class_name(model), "vocab_size": int(config.vocab_size),
+            "hidden_size": int(config.hidden_size), "num_hidden_layers": int(config.num_hidden_layers)}
+
+
+def prepare(model: nn.Module, tokenizer: Any, options: ServeOptions, model_name: str = "") -> Prepared:
+    """Check that vLLM can serve ``model`` here and write its engine folder; the model itself is no longer
+    needed afterwards (vLLM reads the folder)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    require_vllm()
+    problem = model_problem(model)
+    if problem:
+        raise ValueError(f"grouprl serve: {problem}")
+    length = context_of(model, options.max_model_len)
+    dtype = getattr(torch, FORMATS[options.dtype])
+    kv = int(options.kv_cache_gib * 2**30) if options.kv_cache_gib else kv_cache_bytes(model, options.max_rows,
+                                                                                      length, dtype)
+    folder = Path(tempfile.mkdtemp(prefix="grouprl-serve-"))
+    try:
+        write_model_folder(model, tokenizer, folder, getattr(torch, FORMATS[options.dtype]))
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    state = ServerState(model=model_name or str(folder), dtype=options.dtype, max_model_len=length,
+                        lora_rank=options.lora_rank, facts=model_facts(model))
+    return Prepared(folder, engine_argv(folder, options, length, kv, torch.cuda.is_available()), state)
+
+
+def run(prepared: Prepared) -> None:
+    """Serve until SIGINT or SIGTERM (blocks); the engine folder goes when it stops."""
+    try:
+        asyncio.run(_serve(prepared.argv, prepared.state))
+    finally:
+        shutil.rmtree(prepared.folder, ignore_errors=True)
