@@ -29,9 +29,18 @@ from grouprl.config import (
     load_config,
     to_dict,
 )
+from grouprl.config.sections import DISTRIBUTION, RUN_FOLDER, SECTION_NOTES, SECTIONS
 from grouprl.errors import DistributedError, ModelLoadError, NonFiniteError, RewardFunctionError
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+VALUES = ("Values: a list is one argument, a,b,c or YAML's '[a, b]' (quoted), never space-separated; a mapping is "
+          "YAML, '{digits: 2}'; a flag is --key, --no-key or --key false; none (or '') empties an optional key. "
+          "Options are grouped by section below, the ones to set first at the top of each.")
+"""How values are written on the command line, said once in the help of each command that takes config keys."""
+EXAMPLE = ("example (a random tiny model, one step; --dataset prompts.jsonl instead of --task for your own "
+           "prompts): grouprl train --model tiny --task countdown --reward_functions exact_match,format "
+           "--total_steps 1 --output_dir runs/try")
+"""The epilog of ``grouprl train --help``: one runnable line with the keys a newcomer sets first."""
 EVAL_OPTIONS = ("model", "task", "task_options", "dataset", "eval_dataset", "env", "env_options", "tools",
                 "eval_size", "eval_samples", "eval_temperature", "max_new_tokens", "reward_functions", "seed")
 """The keys ``grouprl eval --help`` lists; every other train key is accepted too."""
@@ -74,34 +83,35 @@ def build_parser() -> argparse.ArgumentParser:
     _common(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def add(name: str, help_text: str, description: str, usage: str) -> argparse.ArgumentParser:
+    def add(name: str, help_text: str, description: str, usage: str, epilog: str | None = None
+            ) -> argparse.ArgumentParser:
         # allow_abbrev=False: --group must not silently mean --group_size. The usage line is given:
         # argparse would list all 70 options in it.
         return sub.add_parser(name, help=help_text, description=description, formatter_class=_Formatter,
-                              allow_abbrev=False, usage=f"grouprl {name} {usage}")
+                              allow_abbrev=False, usage=f"grouprl {name} {usage}", epilog=epilog)
 
     train = add("train", "train a policy with GRPO", "Train a policy with GRPO: a run folder with the resolved "
-                "config, metrics, completions, checkpoints and report/report.html.",
-                "[--config YAML] [--key value ...]")
+                "config, metrics, completions, checkpoints and report/report.html. " + VALUES,
+                "[--config YAML] [--key value ...]", epilog=EXAMPLE)
     _with_config(train, "train")
-    train.add_argument("--overwrite", action="store_true",
-                       help="replace an earlier run in output_dir (logs, checkpoints, report) instead of refusing")
-    train.add_argument("--nproc", type=int, default=1, metavar="N",
-                       help="train in N processes on this machine (runs torchrun for you; engine picks FSDP2 or DDP)")
-    add_dataclass_arguments(train, TrainConfig)
+    groups = add_dataclass_arguments(train, TrainConfig, sections=SECTIONS, notes=SECTION_NOTES)
+    groups[RUN_FOLDER].add_argument("--overwrite", action="store_true", help="replace an earlier run in output_dir "
+                                    "(logs, checkpoints, report) instead of refusing")
+    groups[DISTRIBUTION].add_argument("--nproc", type=int, default=1, metavar="N", help="train in N processes on "
+                                      "this machine (runs torchrun for you; engine picks FSDP2 or DDP)")
     train.set_defaults(handler=_train)
 
     demo = add("demo", "the default model learns arithmetic (2-8 minutes on 2 CPU cores)",
                "SmolLM2-135M-Instruct learns one-digit arithmetic with GRPO; held-out accuracy is measured "
                "before and after, and the last line reads 'accuracy before=... after=...'. Any train option "
-               "overrides the demo's settings.", "[--quick] [--key value ...]")
+               "overrides the demo's settings. " + VALUES, "[--quick] [--key value ...]")
     _with_config(demo, "train")
     kind = demo.add_mutually_exclusive_group()
     kind.add_argument("--quick", action="store_true", help="a tiny random model on a trivial task, in under a minute")
     kind.add_argument("--agent", action="store_true",
                       help="the default model learns a multi-turn guessing game; the last line reads "
                            "'success before=... after=...'")
-    add_dataclass_arguments(demo, TrainConfig, title="train options (override the demo's settings)")
+    add_dataclass_arguments(demo, TrainConfig, sections=SECTIONS, notes=SECTION_NOTES)
     demo.set_defaults(handler=_demo)
 
     evaluate = add("eval", "held-out accuracy, pass@k and mean reward of a model",
@@ -109,11 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "policy) on the held-out prompts of a task or dataset. A run folder (or one of its "
                    "checkpoints) given alone brings its run's config.yaml: its held-out prompts, rewards and "
                    "sampling, so the final checkpoint scores as the run reported (as --config "
-                   "runs/X/config.yaml does). Every train key is accepted; the ones that matter are listed.",
+                   "runs/X/config.yaml does). Every train key is accepted; the ones that matter are listed. "
+                   + VALUES,
                    "--model PATH [--task NAME | --dataset FILE] [--samples K] [--key value ...]")
     _with_config(evaluate, "train")
     add_dataclass_arguments(evaluate, TrainConfig, keys=EVAL_OPTIONS, aliases={"samples": "eval_samples"},
-                            title="options (any train key works too)")
+                            sections=SECTIONS)
     evaluate.set_defaults(handler=_eval)
 
     report = add("report", "(re)write a run's plots and report.html", "Write RUN_DIR/report/: PNG plots and "
@@ -131,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     from grouprl.cli.rl import register as register_rl  # rl (classic control) and compare
 
     register_rl(sub)
+    from grouprl.cli.serve import register as register_serve  # rollout servers
+
+    register_serve(sub)
     return parser
 
 

