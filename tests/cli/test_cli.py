@@ -22,6 +22,7 @@ from grouprl.registry import import_object
 from grouprl.rewards import reward_name
 
 ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_PROMPTS = ROOT / "examples" / "dataset" / "prompts.jsonl"
 LAST_LINE = re.compile(r"^accuracy before=(\d\.\d{3}) after=(\d\.\d{3})$")
 
 
@@ -83,7 +84,7 @@ def test_yaml_round_trip_of_the_run_config(tmp_path):
 
 
 def test_a_dataset_replaces_the_task():
-    config = TrainConfig(dataset="prompts.jsonl", reward_functions=("exact_match",))
+    config = TrainConfig(dataset=str(EXAMPLE_PROMPTS), reward_functions=("exact_match",))
     assert config.task == ""  # written empty in the resolved config: the prompts come from the file
     assert replace(config) == config  # and the resolved config builds again
 
@@ -96,8 +97,12 @@ def test_a_dataset_replaces_the_task():
     (dict(reward_functions=("mymodule:",)), "import path"),
     (dict(reward_options={"format": {}}), "reward_functions does not list"),
     (dict(reward_weights=(1.0, 2.0)), "2 values for 1 reward functions"),
-    (dict(dataset="p.jsonl"), "a dataset needs reward_functions"),
-    (dict(dataset="p.jsonl", reward_functions=("exact_match",), task_options={"digits": 2}), "task_options"),
+    (dict(dataset=str(EXAMPLE_PROMPTS)), "a dataset needs reward_functions"),
+    (dict(dataset=str(EXAMPLE_PROMPTS), reward_functions=("exact_match",), task_options={"digits": 2}), "task_options"),
+    # the file is checked first: what else is wrong may follow from it (no reward functions named here)
+    (dict(dataset="nope.jsonl"), "dataset: prompt file 'nope.jsonl' does not exist"),
+    (dict(dataset=str(EXAMPLE_PROMPTS), eval_dataset="held/out.jsonl", reward_functions=("exact_match",)),
+     "eval_dataset: prompt file 'held/out.jsonl' does not exist"),
     (dict(prompt_column="question"), "apply to a dataset"),
     (dict(task=""), "nothing to train on"),
     (dict(eval_fraction=1.0), "eval_fraction"),

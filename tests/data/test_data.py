@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -167,3 +168,47 @@ def test_a_prompt_too_long_for_the_model_is_named_by_its_file_line(tmp_path, cap
                  "--no-tensorboard", "--output_dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2 and "train row 4 (p.jsonl line 6)" in err and "context of 512" in err
+
+
+def test_a_missing_column_is_reported_with_the_columns_the_data_has():
+    from grouprl.errors import RewardFunctionError
+    from grouprl.rewards import exact_match
+    from grouprl.trainer.inputs import RunInputs
+
+    rows = [{"prompt": "2+2?", "solution": "4"}]
+    with pytest.raises(RewardFunctionError) as caught:
+        RunInputs(train_rows=rows, reward_fns=[exact_match])
+    message = str(caught.value)
+    assert "needs column(s) 'answer'" in message and "(columns: solution)" in message, message
+    assert "trajectory" not in message  # only an agent's rows carry the conversation
+
+    def needs_trajectory(prompts, completions, trajectory, **_):
+        return [0.0] * len(completions)
+
+    RunInputs(train_rows=[{"seed": 0}], reward_fns=[needs_trajectory], env=lambda: None)  # an agent's: provided
+
+
+def test_missing_file_tells_a_path_from_a_dataset_id(tmp_path):
+    from grouprl.data import missing_file
+
+    (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
+    assert missing_file(tmp_path / "p.jsonl") is None and missing_file(str(tmp_path)) is None
+    assert missing_file("nope.jsonl") == "prompt file 'nope.jsonl' does not exist"
+    assert missing_file("./data") == "prompt file './data' does not exist"
+    assert missing_file("openai/gsm8k") is None  # a Hugging Face id: looked up when the data loads
+
+
+def test_a_prompt_longer_than_the_context_is_said_so_not_given_a_negative_bound():
+    from grouprl.data import context_overflow
+
+    # the case that used to read "lower max_trajectory_tokens to at most -166": 2214 tokens in a context of 2048
+    alone = context_overflow("train row 3 (p.jsonl line 4)", 2214, 2048, "max_trajectory_tokens", 1024, longest=2214)
+    assert alone.startswith("train row 3 (p.jsonl line 4): the prompt alone is 2214 tokens")
+    assert "the model's context is 2048 tokens" in alone and "longer context" in alone
+    assert "at most" not in alone and not re.search(r"-\d", alone)
+    # a prompt that fits: the bound is the room the longest prompt leaves (2048 - 2010 = 38) when that one fits
+    fits = context_overflow("train row 0", 2000, 2048, "max_new_tokens", 64, longest=2010)
+    assert fits.endswith("lower max_new_tokens to at most 38 (the room the longest prompt here leaves).")
+    # ... and its own room (2048 - 2000 = 48) when the longest does not fit at all
+    own = context_overflow("train row 0", 2000, 2048, "max_new_tokens", 64, longest=3000)
+    assert own.endswith("lower max_new_tokens to at most 48 (the room this prompt leaves).")

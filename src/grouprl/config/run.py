@@ -175,7 +175,10 @@ def _source_problems(c: TrainConfig) -> list[str]:
     if c.dataset:
         if c.task_options:
             return ["task_options apply to a built-in task, but dataset is set: remove task_options"]
-        return []
+        from grouprl.data import missing_file
+
+        missing = [f"{key}: {m}" for key in ("dataset", "eval_dataset") if (m := missing_file(getattr(c, key) or ""))]
+        return missing[:1]  # the file comes first: what else is wrong may depend on its columns
     dataset_only = {"dataset_split": c.dataset_split, "eval_dataset": c.eval_dataset,
                     "prompt_column": None if c.prompt_column == "prompt" else c.prompt_column}
     stray = [k for k, v in dataset_only.items() if v is not None]

@@ -6,14 +6,16 @@ from grouprl.data.loading import (
     Row,
     check_prompt_lengths,
     check_rows,
+    context_overflow,
     load_prompts,
     load_records,
+    missing_file,
     normalise_prompt,
     row_places,
     train_eval_split,
 )
 from grouprl.errors import DataError, PromptTooLongError
 
-__all__ = ["READERS", "DataError", "PromptTooLongError", "Row", "check_prompt_lengths", "check_rows", "load_prompts",
-           "load_records", "normalise_prompt", "row_places",
+__all__ = ["READERS", "DataError", "PromptTooLongError", "Row", "check_prompt_lengths", "check_rows",
+           "context_overflow", "load_prompts", "load_records", "missing_file", "normalise_prompt", "row_places",
            "train_eval_split"]

@@ -111,9 +111,20 @@ def load_records(source: str | Path | Any, split: str | None = None) -> list[Row
         if path.suffix.lower() in TEXT_FORMATS:
             _check_utf8(path)
         return reader(path)
-    if str(source).startswith(("/", ".", "~")) or path.suffix:
-        raise DataError(f"prompt file {str(source)!r} does not exist")
+    missing = missing_file(source)
+    if missing:
+        raise DataError(missing)
     return _load_hub(str(source), split)
+
+
+def missing_file(source: str | Path) -> str | None:
+    """What is wrong with ``source`` when it names a file (a path, or a name with a suffix) that does not
+    exist; None when it exists or reads as a Hugging Face dataset id. Cheap: the config checks call it
+    before anything is built."""
+    path = Path(source).expanduser()
+    if path.exists() or not (str(source).startswith(("/", ".", "~")) or path.suffix):
+        return None
+    return f"prompt file {str(source)!r} does not exist"
 
 
 def row_places(source: str | Path | Any, count: int) -> list[str]:
@@ -243,6 +254,25 @@ def check_prompt_lengths(token_lists: Sequence[Sequence[int]], max_len: int, row
         f"{len(too_long)} prompt(s) longer than {max_len} tokens; first: row {i} with {len(token_lists[i])} "
         f"tokens{preview}. Shorten or drop them, or lower the completion length."
     )
+
+
+def context_overflow(row: str, prompt_len: int, context: int, budget_key: str, budget: int,
+                     longest: int | None = None, shorten: str = "shorten the prompt or drop the row") -> str:
+    """The message for a prompt of ``prompt_len`` tokens (``row`` says which) that leaves less than ``budget``
+    tokens (the value of ``budget_key``: max_new_tokens, max_trajectory_tokens) of the model's ``context``.
+    Lowering the budget helps only when the prompt itself fits; the bound named is the room the longest
+    prompt of the batch (``longest``) leaves when that one fits too, else the room this one leaves."""
+    fix = shorten[:1].upper() + shorten[1:]
+    if prompt_len >= context:
+        return (f"{row}: the prompt alone is {prompt_len} tokens after the chat template and the model's context is "
+                f"{context} tokens, so no {budget_key} leaves room for a completion. {fix}, or use a model with a "
+                "longer context.")
+    if longest is not None and prompt_len <= longest < context:
+        bound, whose = context - longest, "the room the longest prompt here leaves"
+    else:
+        bound, whose = context - prompt_len, "the room this prompt leaves"
+    return (f"{row}: the prompt is {prompt_len} tokens after the chat template; with {budget_key}={budget} that is "
+            f"over the model's context of {context} tokens. {fix}, or lower {budget_key} to at most {bound} ({whose}).")
 
 
 def check_rows(rows: Sequence[Row], what: str, needs_prompt: bool = True) -> None:

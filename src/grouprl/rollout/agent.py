@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from grouprl.data.loading import context_overflow
 from grouprl.data.templates import Rendered, render
 from grouprl.errors import PromptTooLongError
 from grouprl.rollout.compiled import CompiledStep
@@ -172,11 +173,10 @@ class AgentSampler:
         context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         for ids, episode in zip(prompt_rows, episodes):
             if context is not None and len(ids) + self.limits.max_tokens > context:
-                raise PromptTooLongError(
-                    f"the environment's first prompt for seed {episode.seed} is {len(ids)} tokens; with "
-                    f"max_trajectory_tokens={self.limits.max_tokens} that is over the model's context of {context} "
-                    f"tokens: lower max_trajectory_tokens to at most {context - max(map(len, prompt_rows))} (the "
-                    "room the longest first prompt of this rollout leaves)")
+                raise PromptTooLongError(context_overflow(
+                    f"the environment's first prompt for seed {episode.seed}", len(ids), context,
+                    "max_trajectory_tokens", self.limits.max_tokens, max(map(len, prompt_rows)),
+                    shorten="shorten the environment's first observation or the system prompt"))
 
     def _respond(self, episode: Any, tokens: list[int], stop_text: str | None, stop: set[int]) -> Reply:
         """The environment's answer to one turn, as tokens to append."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from grouprl.data.loading import context_overflow
 from grouprl.data.templates import render, text_ids
 from grouprl.errors import PromptTooLongError
 from grouprl.types import Prompt, to_messages
@@ -77,11 +78,8 @@ def encode_checked(tokenizer: Any, rows: Sequence[dict[str, Any]], what: str, ma
                 f"{row}: the prompt is {len(row_ids)} tokens after the chat template, over "
                 f"max_prompt_len={max_len}; shorten it or raise max_prompt_len. {quoted}")
         if context is not None and len(row_ids) + max_new_tokens > context:
-            raise PromptTooLongError(
-                f"{row}: the prompt is {len(row_ids)} tokens after the chat template; with max_new_tokens="
-                f"{max_new_tokens} that is over the model's context of {context} tokens. Shorten it or lower "
-                f"max_new_tokens to at most {context - max(map(len, ids))} (the room the longest prompt here "
-                f"leaves). {quoted}")
+            message = context_overflow(row, len(row_ids), context, "max_new_tokens", max_new_tokens, max(map(len, ids)))
+            raise PromptTooLongError(f"{message} {quoted}")
         if not row_ids:
             raise PromptTooLongError(f"{row}: the prompt is empty")
     return ids

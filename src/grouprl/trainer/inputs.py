@@ -62,4 +62,5 @@ class RunInputs:
         check_rows(self.train_rows, "train", needs_prompt=self.env is None)
         if self.eval_rows:
             check_rows(self.eval_rows, "eval", needs_prompt=self.env is None)
-        check_reward_columns(self.reward_fns, [k for k in self.train_rows[0] if k != "prompt"] + list(AGENT_COLUMNS))
+        agent_columns = list(AGENT_COLUMNS) if self.env is not None else []  # only an agent's rows carry them
+        check_reward_columns(self.reward_fns, [k for k in self.train_rows[0] if k != "prompt"] + agent_columns)
