@@ -26,7 +26,7 @@ from machine import cpu_line
 
 from grouprl.envs import Episode, make_env_factory
 from grouprl.models import load_policy
-from grouprl.models.precision import choose_precision
+from grouprl.models.precision import resolve_formats
 from grouprl.rollout.agent import AgentSampler, ChatRenderer
 from grouprl.rollout.turns import TurnLimits
 from grouprl.types import SamplingParams
@@ -114,7 +114,7 @@ def main() -> None:
             rates[method, fmt].append(n / s)
             print(f"repeat {r}: {method} {fmt} {n} tokens in {s:.1f} s ({n / s:.1f}/s)", flush=True)
     median = {k: statistics.median(v) for k, v in rates.items()}
-    chosen = choose_precision("auto", "auto", model, args.resets * args.group, 512).rollout
+    chosen = resolve_formats("auto", "auto", "auto").rollout
     best_generate = max(FORMATS, key=lambda f: median["generate", f])
     print(f"{args.env} {args.options}: {args.resets} resets x {args.group}, <= {args.max_turns} turns of <= "
           f"{args.max_new_tokens} tokens, {args.threads} threads; median tokens/s: "

@@ -46,7 +46,7 @@ import torch
 from machine import start_under_allocator  # benchmarks/machine.py: every figure names its CPU
 
 from grouprl.models import load_policy
-from grouprl.models.precision import choose_precision
+from grouprl.models.precision import resolve_formats
 from grouprl.rollout.engines import resolve_compile, resolve_engine
 from grouprl.rollout.layer_loop import LayerLoop
 from grouprl.rollout.sampler import Sampler
@@ -238,9 +238,9 @@ def main() -> None:
                 for seed in range(args.warmup):
                     run(ids, n, fmt, args.repeats + seed)
         rate, best = timed(methods, ids, n, formats, args.repeats)
-        precision = choose_precision("auto", "auto", model, rows, 512)
-        print(f"dtype auto: {precision.describe()}", flush=True)
-        chosen = precision.rollout
+        formats = resolve_formats("auto", "auto", "auto", device=device)
+        print(f"dtype auto: {formats.describe()}", flush=True)
+        chosen = formats.rollout
         chosen = chosen if chosen in formats else best["engine"]
         # what rollout_engine auto and rollout_compile auto run in the chosen format
         compiles = COMPILED in methods and resolve_compile(None, "auto", chosen, model)[0]

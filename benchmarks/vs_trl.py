@@ -232,16 +232,12 @@ class Worker:
 
 
 def trl_best_dtype(threads: int) -> str:
-    """bf16 where SmolLM2's training-sized bf16 products beat fp32 on this machine, else fp32 (printed)."""
-    import torch
+    """The training format grouprl's ``dtype: auto`` takes on this machine (its rule table), for TRL too (printed)."""
+    from grouprl.models.precision import resolve_formats
 
-    from grouprl.models.precision import MARGIN, bf16_speedup
-
-    torch.set_num_threads(threads)
-    speedup = bf16_speedup(PROMPTS * G * (MAX_NEW + 40), 576, 1536, torch.device("cpu"))
-    choice = "bf16" if speedup >= MARGIN else "fp32"
-    print(f"TRL in {choice}: bf16 products of the training shape run {speedup:.2f}x fp32 here", flush=True)
-    return choice
+    formats = resolve_formats("auto", "auto", "auto")
+    print(f"TRL in {formats.train}: grouprl's dtype auto here is {formats.describe()}", flush=True)
+    return formats.train
 
 
 def run_pair(args: argparse.Namespace, beta: float, steps: int, seed: int) -> dict:

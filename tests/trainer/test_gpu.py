@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from grouprl.models import load_policy, tiny_causal_lm
-from grouprl.models.precision import choose_precision
+from grouprl.models.precision import resolve_formats
 from tests.helpers.trainer import tiny_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,11 +42,10 @@ def trained_weights_moved(tmp_path: Path, start: torch.nn.Module) -> float:
 
 @needs_gpu
 def test_auto_precision_on_a_gpu_is_bf16_where_the_card_has_it():
-    model, _ = tiny_causal_lm()
-    got = choose_precision("auto", "auto", model, 8, 256, device=torch.device("cuda"))
+    got = resolve_formats("auto", "auto", "auto", device=torch.device("cuda"))
     want = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
     assert (got.rollout, got.train, got.reference) == (want, want, want)
-    assert got.how == torch.cuda.get_device_name()
+    assert got.rule == ("gpu-bf16" if want == "bf16" else "gpu") and torch.cuda.get_device_name() in got.reason
 
 
 @needs_gpu

@@ -28,12 +28,7 @@ def _old_policy_pass(monkeypatch):
     monkeypatch.setattr(TrainerConfig, "rollout_is_in_update", property(lambda self: False))
 
 
-def _bf16_rollouts_fp32_training(monkeypatch, tmp_path):
-    import grouprl.models.precision as precision
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(precision, "bf16_speedup", lambda m, k, n, device, count=1: 3.0 if m <= 64 else 0.5)
-    monkeypatch.setattr(precision, "int8_speedup", lambda m, k, n, device, count=1: None)
+BF16_ROLLOUTS_FP32_TRAINING = {"dtype": "fp32", "rollout_dtype": "bf16"}
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
@@ -53,23 +48,65 @@ def test_the_update_gets_advantages_weighted_by_the_capped_ratio(tmp_path, monke
     assert 0 <= metrics["rollout/is_capped_frac"] <= 1
 
 
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def _gradients_of_each_step(trainer) -> list[dict[str, torch.Tensor]]:
+    """The policy's gradients as each optimizer step takes them (after clipping), appended as the steps run."""
+    taken = []
+    trainer.rule.optimizer.register_step_pre_hook(lambda *_: taken.append(
+        {k: p.grad.clone() for k, p in trainer.policy.named_parameters()}))
+    return taken
+
+
+def _assert_same_first_adam_step(name, before, a, b, grad_a, grad_b, lr, eps, accumulated):
+    """Two first AdamW steps (zero moments, no weight decay) from ``before`` on gradients that should differ only
+    by float32 rounding of sums of ``accumulated`` terms in another grouping.
+
+    The gradients: |g_a - g_b| <= accumulated * eps32 * max|g| (the classic bound on a float sum, with the
+    largest gradient as the size of its terms). The step is u = lr * g / (|g| + eps_adam): its slope in g is
+    lr * eps_adam / (|g| + eps_adam)**2, lr / eps_adam = 1e5 at g = 0, so a weight whose gradient is near 0 moves
+    by up to 1e5 times its gradient's rounding (a few 1e-10 make 1e-5, what the AVX2 kernels' grouping gives);
+    beyond that, the steps round u and theta + u: a few eps32 of |theta| + lr."""
+    grad_tol = accumulated * EPS32 * float(grad_a.abs().max())
+    grad_diff = float((grad_a - grad_b).abs().max())
+    assert grad_diff <= grad_tol, f"{name}: gradients differ by {grad_diff:.3g} (> {grad_tol:.3g})"
+    same_sign = grad_a.sign() == grad_b.sign()
+    low = torch.where(same_sign, torch.minimum(grad_a.abs(), grad_b.abs()), torch.zeros_like(grad_a))
+    bound = lr * eps / (low + eps) ** 2 * (grad_a - grad_b).abs() + 8 * EPS32 * (before.abs() + lr)
+    excess = (a - b).abs() - bound
+    worst = int(excess.argmax())
+    assert float(excess.max()) <= 0, (
+        f"{name}: parameters differ by {float((a - b).abs().flatten()[worst]):.3g} where one Adam step on gradients "
+        f"{float(grad_a.flatten()[worst]):.3g} and {float(grad_b.flatten()[worst]):.3g} explains "
+        f"{float(bound.flatten()[worst]):.3g}; largest difference {float((a - b).abs().max()):.3g}")
+
+
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_on_policy_the_update_weighs_by_its_own_pass_exactly_as_an_old_policy_pass_would(tmp_path, monkeypatch,
                                                                                            level):
     """On-policy, pi_old is the policy the update's own forward runs: the weights taken from that pass
-    (no separate pass) move the parameters as weights from a separate old-policy pass do."""
-    _bf16_rollouts_fp32_training(monkeypatch, tmp_path)
-    settings = dict(beta=0.04, dtype="auto", rollout_is=level, rollout_is_cap=1.02, micro_batch_size=3)
+    (no separate pass) give the gradients that weights from a separate old-policy pass give, up to float32
+    rounding, and so move the parameters alike."""
+    settings = dict(beta=0.04, rollout_is=level, rollout_is_cap=1.02, micro_batch_size=3, **BF16_ROLLOUTS_FP32_TRAINING)
     own = make_trainer(tmp_path / "own", **settings)
+    before = {k: p.detach().clone() for k, p in own.policy.named_parameters()}
     seen = _capture_update(own, monkeypatch)
+    own_grads = _gradients_of_each_step(own)
     own_metrics, _ = own.step()
     assert seen["old_logp"] is None and seen["advantages"].dim() == 1  # no extra pass, weights formed inside
     with monkeypatch.context() as m:
         _old_policy_pass(m)
         separate = make_trainer(tmp_path / "separate", **settings)
+        separate_grads = _gradients_of_each_step(separate)
         separate_metrics, _ = separate.step()
+    assert len(own_grads) == len(separate_grads) == 1  # one minibatch: one optimizer step each
+    batch = seen["batch"]
+    accumulated = batch.batch_size * (batch.prompt_ids.shape[1] + batch.completion_ids.shape[1])
+    eps = own.rule.optimizer.param_groups[0]["eps"]
     for (name, a), b in zip(own.policy.named_parameters(), separate.policy.parameters()):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-5, msg=name)  # 1% of one Adam step at lr 1e-3
+        _assert_same_first_adam_step(name, before[name], a.detach(), b.detach(), own_grads[0][name],
+                                     separate_grads[0][name], own.config.lr, eps, accumulated)
     assert own_metrics["rollout/mismatch_kl"] > 0
     # on-policy the unweighted loss is 0 (advantages centred per group): loss/policy is all weights
     for key in ("rollout/mismatch_kl", "rollout/is_weight_mean", "rollout/is_capped_frac", "loss/policy",
@@ -89,10 +126,9 @@ def test_off_the_correction_logs_the_mismatch_only_when_old_log_probs_exist(tmp_
     assert metrics["rollout/mismatch_kl"] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_auto_samples_in_bf16_where_only_decoding_gains_and_corrects_for_it(tmp_path, monkeypatch):
-    _bf16_rollouts_fp32_training(monkeypatch, tmp_path)
-    trainer = make_trainer(tmp_path, beta=0.0, dtype="auto")
-    assert trainer.setup["dtype"].startswith("rollouts bf16 (bf16 3.00x fp32), training fp32")
+def test_bf16_rollouts_beside_fp32_training_are_corrected_for(tmp_path, monkeypatch):
+    trainer = make_trainer(tmp_path, beta=0.0, **BF16_ROLLOUTS_FP32_TRAINING)
+    assert trainer.setup["formats"].startswith("rollouts bf16, training fp32")
     assert trainer.setup["rollout_is"] == "token"
     metrics, _ = trainer.step()
     assert metrics["rollout/mismatch_kl"] > 0  # bf16 sampling against fp32 scoring really differs
@@ -107,7 +143,7 @@ def test_auto_samples_in_bf16_where_only_decoding_gains_and_corrects_for_it(tmp_
 ])
 def test_weight_only_rollouts_train_under_the_correction(tmp_path, fmt, mismatch_below):
     trainer = make_trainer(tmp_path, beta=0.0, rollout_dtype=fmt)
-    assert trainer.setup["dtype"].startswith(f"rollouts {fmt}, training fp32")
+    assert trainer.setup["formats"].startswith(f"rollouts {fmt}, training fp32")
     assert trainer.setup["rollout_is"] == "token"
     assert trainer.setup["rollout_compile"] == f"off ({fmt} rollouts run their decode steps eagerly)"
     assert trainer.setup["rollout_engine"].startswith("hf (")

@@ -1,270 +1,241 @@
-"""Which number format is fast on this machine, measured, not assumed.
+"""The number format of each phase of a run (rollouts, training, the frozen reference), decided from what the
+machine is, never from a timing.
 
-The machines grouprl runs on differ: on an AMD Zen 4 (AVX-512 BF16) bf16 matrix products run 2.3x
-faster than fp32, on a Zen 3 (AVX2 only) 65-260x slower, and on an Intel Xeon without AMX exposed
-about 0.6-0.8x. ``dtype: auto`` therefore times fp32 against bf16 matrix products at the model's own
-shapes, once per machine, and picks per phase:
+``dtype: auto`` looks the machine up in :data:`RULES`, an ordered registry whose first matching row wins. A
+row names the CPU (or GPU) features it needs, the format of each phase and the committed measurement behind it
+(files under ``benchmarks/results/``). A CPU's features are the ones its kernels may actually use: the flags of
+``/proc/cpuinfo`` capped by ``ATEN_CPU_CAPABILITY`` (read back from ``torch.backends.cpu.get_cpu_capability()``)
+and ``ONEDNN_MAX_CPU_ISA``; an AMX CPU whose kernels are capped to AVX2 multiplies bf16 as slowly as an AVX2 CPU
+(``benchmarks/results/products/xeon-avx2-capped.log``). The rows:
 
-- rollouts: decode-sized products (half the rollout's rows, since rows end at different steps and most
-  steps run fewer than all, x hidden x intermediate, over enough distinct weights to stream them from
-  memory as a decode step does: :data:`STREAM_BYTES`). Where bf16 is not picked, on a CPU, also the
-  weight-only formats: bf16 copies of the weights with fp32 activations (``bf16-weights``,
-  :mod:`grouprl.rollout.bf16_weights`), picked where :data:`MARGIN` faster than fp32, and int8 products with
-  bf16 activations (:mod:`grouprl.rollout.int8`), whose ratio is reported but which rollouts use only when
-  asked (``rollout_dtype: int8``): on the demo's task, held-out accuracy with int8 rollouts trailed fp32's
-  (``benchmarks/results/int8-rollouts/``), so a faster rollout is not yet shown to be a free one;
-- training and the reference pass: training-sized products (a micro-batch's tokens x hidden x
-  intermediate). Training runs under bf16 autocast with fp32 master weights and optimizer state;
-  the frozen reference is stored in bf16 (half its memory) when bf16 is faster.
+- ``gpu-bf16`` / ``gpu``: a CUDA GPU with bf16 units runs every phase in bf16, one without in fp32. At a
+  training step's sizes bf16 units run every product at least as fast as fp32 (tf32 included) with half the
+  bytes moved (the H100 / H200 runs in ``benchmarks/results/gpu-h100``, ``gpu-h200``).
+- ``amx``: AMX bf16 tiles (Intel Sapphire Rapids and later) -> bf16 everywhere. A 16-row decode step's products
+  took 25.6 ms in bf16 against 52.6 in fp32 (``x @ W.T``; ``products/xeon-amx.log``), and GRPO steps in bf16 ran
+  3.75-4.65x TRL's (``vs_trl/xeon-amx-hf-repeats3.log``, ``xeon-amx-fc64bd1.log``).
+- ``avx512-bf16-amd``: AVX-512 BF16 on an AMD CPU (Zen 4 and later) -> bf16 everywhere. A 16-row decode step's
+  products 54.5 ms in bf16 against 96.2 in fp32 (``products/zen4.log``); on the demo's task bf16 learnt within
+  the seeds' spread of fp32, 1.39x faster per second (``dtype-auto/README.md``).
+- ``avx512-bf16-no-amx``: AVX-512 BF16 without usable AMX on any other CPU -> fp32 everywhere. On an Intel Xeon
+  that exposes avx512_bf16 but no AMX, training-sized bf16 products ran at 0.55x fp32's speed (0.41-0.81x over 9
+  rounds) and decode-sized ones at 1.00x (0.92-1.33x) (``python benchmarks/formats.py --rounds 9``, log
+  ``formats/xeon-avx512-bf16-no-amx.log``; a 16-row decode step's products 232.6 ms in bf16 against 238.5 in
+  fp32 in ``products/xeon-avx512-bf16-no-amx.log``), where a Zen 4 with the same flag gained 1.8-2.1x: the flag
+  alone does not make bf16 fast. Training gains nothing, and bf16 rollouts beside fp32 training are the mixed
+  setting whose rollouts trail (as ``bf16-weights-rollouts/README.md`` found), for no measured gain.
+- ``avx2``: an x86 CPU whose kernels may use AVX2 but no bf16 units (AMD Zen 3, or any CPU capped to AVX2) ->
+  fp32 everywhere. bf16 products there run 2.5x slower than fp32 at a 16-row decode step
+  (``products/xeon-avx2-capped.log``, ``products/zen4-avx2-capped.log``) and 65-260x slower at training sizes
+  on a Zen 3. bf16-weights rollouts would be 1.8x faster there (``rollout/xeon-avx2-capped-bf16-weights.log``)
+  but trail fp32 rollouts in held-out accuracy at step 4 on all 4 seeds (by 0.06-0.20,
+  ``bf16-weights-rollouts/README.md``), so they are left to ``rollout_dtype: bf16-weights``.
+- ``other``: anything else (no AVX2, another architecture): fp32, the format every kernel has; not measured.
 
-bf16 is picked only when it is at least :data:`MARGIN` faster than fp32. int8 is not timed where bf16 wins:
-there bf16 rollouts also learn faster layouts than the probe's ``x @ W.T`` and compile (``rollout_compile``),
-so a probe of single products would flatter int8 against them (on a 2-core Xeon with AMX, one thread, 16 x
-64: 88.5 tokens/s in bf16 against 75.5 in int8 eagerly, 144.1 compiled in bf16; ``python
-benchmarks/rollout.py --threads 1 --formats bf16,int8 --no_vllm --settings 16x64 --repeats 3 --warmup 1``, log
-``benchmarks/results/rollout/xeon-amx-bf16-int8-1thread.log``). ``rollout_dtype`` forces the rollouts' format
-on its own. The probe stays well under a
-second: bf16 is timed on a small product first, and a machine where it is many times slower is not asked to
-run the large one. Results are cached per machine (CPU model and flags, threads, torch
-version, shapes) in the user cache folder.
+The decision is made once per run, by the first process, and every process takes it from there (see
+:func:`grouprl.trainer.trainer.Trainer`); the run records it in ``summary.json``, in its checkpoints, and in
+its ``config.yaml`` as explicit ``dtype`` / ``ref_dtype`` / ``rollout_dtype``, so a rerun of that file or a
+resume repeats it on any machine. ``dtype: fp32`` or ``bf16``, ``ref_dtype`` and ``rollout_dtype`` force a
+format; ``python benchmarks/products.py`` measures the products behind a row on purpose (a run never does).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import time
+import platform
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 from grouprl.errors import ConfigError
-from grouprl.rollout.weight_only import WEIGHT_ONLY, weight_only_problem
+from grouprl.rollout.weight_only import weight_only_problem
 
-MARGIN = 1.1
-"""bf16 is chosen for a phase only when it is at least this many times faster than fp32 there."""
-HOPELESS = 4.0
-"""A bf16 product this many times slower than fp32 at the small size ends the probe: bf16 loses."""
+ONEDNN_ISAS = {name: rank for rank, names in enumerate((
+    ("SSE41",), ("AVX",), ("AVX2",), ("AVX2_VNNI",), ("AVX2_VNNI_2",), ("AVX512_CORE",), ("AVX512_CORE_VNNI",),
+    ("AVX512_CORE_BF16",), ("AVX10_1_512", "AVX512_CORE_FP16"), ("AVX10_1_512_AMX", "AVX512_CORE_AMX"),
+    ("AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16"), ("AVX10_2_512",), ("AVX10_2_512_AMX_2",))) for name in names}
+"""``ONEDNN_MAX_CPU_ISA`` values, lowest first (two names of one rank are oneDNN's aliases); ``ALL``, ``DEFAULT``
+or an unknown value caps nothing, as in oneDNN."""
 
 
 @dataclass(frozen=True)
-class Precision:
-    """The number format of each phase, and the measured bf16 speedups (fp32 time / bf16 time)."""
+class Machine:
+    """What the rules read: where the run computes and, on a CPU, the features its kernels may use."""
 
+    device: str = "cpu"
+    """cpu or cuda."""
+    gpu_bf16: bool = False
+    """A CUDA GPU with bf16 units."""
+    gpu_name: str = ""
+    vendor: str = ""
+    """``/proc/cpuinfo``'s vendor_id: GenuineIntel, AuthenticAMD, ... (empty where unknown)."""
+    flags: frozenset[str] = frozenset()
+    """``/proc/cpuinfo``'s flags."""
+    capability: str = "DEFAULT"
+    """The vector code ATen's kernels run: ``torch.backends.cpu.get_cpu_capability()`` (AVX512, AVX2, ...), after
+    ``ATEN_CPU_CAPABILITY``'s cap."""
+    onednn_cap: str = ""
+    """``ONEDNN_MAX_CPU_ISA`` (upper case; empty: no cap)."""
+    arch: str = "x86_64"
+
+    def onednn_allows(self, isa: str) -> bool:
+        cap = ONEDNN_ISAS.get(self.onednn_cap)
+        return cap is None or cap >= ONEDNN_ISAS[isa]
+
+    @property
+    def avx512(self) -> bool:
+        return self.capability.startswith("AVX512") and self.onednn_allows("AVX512_CORE")
+
+    @property
+    def bf16_units(self) -> bool:
+        """AVX-512 BF16 dot products that both ATen and oneDNN may use."""
+        return self.avx512 and "avx512_bf16" in self.flags and self.onednn_allows("AVX512_CORE_BF16")
+
+    @property
+    def amx(self) -> bool:
+        """AMX bf16 tiles that oneDNN may use."""
+        return self.avx512 and {"amx_bf16", "amx_tile"} <= self.flags and self.onednn_allows("AVX512_CORE_AMX")
+
+    @property
+    def avx2(self) -> bool:
+        return self.arch in ("x86_64", "amd64") and {"avx2", "fma"} <= self.flags and \
+            self.capability.startswith(("AVX2", "AVX512")) and self.onednn_allows("AVX2")
+
+    def describe(self) -> str:
+        if self.device == "cuda":
+            return self.gpu_name or "a CUDA GPU"
+        units = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in self.flags]
+        caps = f"; kernels {self.capability}" + (f", ONEDNN_MAX_CPU_ISA={self.onednn_cap}" if self.onednn_cap else "")
+        return f"{self.vendor or self.arch} ({' '.join(units) or 'no vector flags'}{caps})"
+
+
+def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
+    vendor, flags = "", frozenset()
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id" and not vendor:
+                    vendor = value.strip()
+                elif key.strip() == "flags":
+                    flags = frozenset(value.split())
+                    break
+    except OSError:
+        pass
+    return vendor, flags
+
+
+def this_machine(device: torch.device | None = None) -> Machine:
+    """The :class:`Machine` this process computes on (``device``: where the run computes; None: the CPU)."""
+    if device is not None and device.type == "cuda":
+        return Machine("cuda", torch.cuda.is_bf16_supported(), torch.cuda.get_device_name(device))
+    vendor, flags = _cpuinfo()
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    return Machine("cpu", vendor=vendor, flags=flags, capability=torch.backends.cpu.get_cpu_capability(),
+                   onednn_cap=cap, arch=platform.machine().lower())
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of :data:`RULES`: the machines it covers, the format of each phase there, and why."""
+
+    name: str
+    applies: Callable[[Machine], bool]
     rollout: str
-    """fp32, bf16, bf16-weights or int8 (grouprl.rollout.weight_only)."""
     train: str
     reference: str
-    decode_speedup: float | None = None
-    train_speedup: float | None = None
-    int8_speedup: float | None = None
-    """fp32 time / int8-weight time of the decode-sized product (None: not measured, or int8 cannot run)."""
-    bf16_weights_speedup: float | None = None
-    """fp32 time / bf16-weights time of the decode-sized product (None: not measured, or it cannot run)."""
-    how: str = "measured"
-    """measured, cached (measured earlier on this machine), forced (dtype: fp32/bf16), or the GPU's name
-    (bf16 where it has bf16 units)."""
+    why: str
+    """The reason printed at start."""
+    measured: str
+    """The committed measurement behind the row (under ``benchmarks/results/``)."""
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("gpu-bf16", lambda m: m.device == "cuda" and m.gpu_bf16, "bf16", "bf16", "bf16",
+         "a GPU with bf16 units", "gpu-h100/, gpu-h200/"),
+    Rule("gpu", lambda m: m.device == "cuda", "fp32", "fp32", "fp32", "a GPU without bf16 units", "none"),
+    Rule("amx", lambda m: m.amx, "bf16", "bf16", "bf16", "AMX bf16 units",
+         "products/xeon-amx.log: 16-row decode step 25.6 ms bf16 vs 52.6 fp32"),
+    Rule("avx512-bf16-amd", lambda m: m.bf16_units and m.vendor == "AuthenticAMD", "bf16", "bf16", "bf16",
+         "AVX-512 BF16 on an AMD CPU", "products/zen4.log: 54.5 ms bf16 vs 96.2 fp32; dtype-auto/README.md"),
+    Rule("avx512-bf16-no-amx", lambda m: m.bf16_units, "fp32", "fp32", "fp32",
+         "AVX-512 BF16 without AMX (bf16 no faster than fp32 here)",
+         "formats/xeon-avx512-bf16-no-amx.log: bf16 0.55x fp32 training, 1.00x decode"),
+    Rule("avx2", lambda m: m.avx2, "fp32", "fp32", "fp32", "AVX2 without bf16 units",
+         "products/xeon-avx2-capped.log, zen4-avx2-capped.log: bf16 2.5x slower; bf16-weights-rollouts/README.md"),
+    Rule("other", lambda m: True, "fp32", "fp32", "fp32", "no measured faster format on this CPU", "none"),
+)
+"""The machines ``dtype: auto`` knows, in order: the first row that applies decides."""
+
+
+def rule_for(machine: Machine) -> Rule:
+    """The first of :data:`RULES` that applies to ``machine``."""
+    return next(rule for rule in RULES if rule.applies(machine))
+
+
+@dataclass(frozen=True)
+class Formats:
+    """The number format of each phase of a run, and why: fp32 or bf16 for training (bf16: autocast over fp32
+    master weights and optimizer state) and the frozen reference's storage; fp32, bf16 or a weight-only format
+    (:data:`grouprl.rollout.weight_only.WEIGHT_ONLY`) for the rollouts."""
+
+    rollout: str
+    train: str
+    reference: str
+    rule: str
+    """The :data:`RULES` row that decided (for a resumed run: the row that decided when it started), or ``forced``
+    (the config's dtype set the formats)."""
+    reason: str
 
     def describe(self) -> str:
         """One line for the start of a run and its summary."""
-        def ratios(**speedups: float | None) -> str:
-            parts = [f"{fmt} {x:.2f}x{' fp32' if i == 0 else ''}"
-                     for i, (fmt, x) in enumerate((f, x) for f, x in speedups.items() if x is not None)]
-            return f" ({', '.join(parts)})" if parts else ""
+        return (f"rollouts {self.rollout}, training {self.train}, reference {self.reference} — {self.reason} "
+                f"(rule {self.rule})")
 
-        decode = ratios(**{"bf16": self.decode_speedup, "bf16-weights": self.bf16_weights_speedup,
-                           "int8": self.int8_speedup})
-        return (f"rollouts {self.rollout}{decode}, training "
-                f"{self.train}{ratios(bf16=self.train_speedup)}, reference {self.reference} [{self.how}]")
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
 
-
-def _cpu_key() -> str:
-    model, flags = "", ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and not model:
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = " ".join(sorted(f for f in value.split() if "avx" in f or "amx" in f or "fma" in f))
-    except OSError:
-        pass
-    # What the kernels may use, not only what the CPU has: ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA cap
-    # it (an AVX2 cap makes bf16 products tens of times slower on a CPU whose flags say avx512_bf16).
-    used = f"{torch.backends.cpu.get_cpu_capability()}|{os.environ.get('ONEDNN_MAX_CPU_ISA', '')}"
-    return f"{model}|{flags}|{used}"
+    @classmethod
+    def from_dict(cls, data: Any) -> Formats | None:
+        """The formats a checkpoint recorded (None where it recorded none, or something else)."""
+        try:
+            return cls(**{k: str(data[k]) for k in ("rollout", "train", "reference", "rule", "reason")})
+        except (KeyError, TypeError):
+            return None
 
 
-def _median_seconds(product: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """Median seconds of ``product()`` over ``repeats`` calls, after one warm-up."""
-    product()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        product()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
-
-
-def _time(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, repeats: int = 3,
-          count: int = 1) -> float:
-    """Median seconds of ``[m, k]`` times ``count`` distinct ``[n, k]`` weights' transposes (as ``nn.Linear``
-    multiplies), in ``dtype``, after one warm-up."""
-    a = torch.rand(m, k, device=device).to(dtype)
-    weights = [torch.rand(n, k, device=device).to(dtype) for _ in range(count)]
-    return _median_seconds(lambda: [F.linear(a, w) for w in weights], device, repeats)
-
-
-def _time_int8(m: int, k: int, n: int, repeats: int = 3, count: int = 1) -> float:
-    """As :func:`_time` for int8 decoding's product: bf16 ``[m, k]`` times int8 ``[n, k]`` weights' transposes."""
-    a = torch.rand(m, k).bfloat16()
-    weights = [(torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n).bfloat16()) for _ in range(count)]
-    return _median_seconds(lambda: [torch.ops.aten._weight_int8pack_mm(a, q, s) for q, s in weights],
-                           torch.device("cpu"), repeats)
-
-
-def _time_bf16_weights(m: int, k: int, n: int, repeats: int = 3, count: int = 1) -> float:
-    """As :func:`_time` for the bf16-weights product: fp32 ``[m, k]`` times bf16 ``[n, k]`` weights' transposes."""
-    from grouprl.rollout.bf16_weights import pack, product
-
-    a = torch.rand(m, k)
-    panels = [pack(torch.rand(n, k))[0] for _ in range(count)]
-    return _median_seconds(lambda: [product(a, p) for p in panels], torch.device("cpu"), repeats)
-
-
-STREAM_BYTES = 64 << 20
-"""Decode-sized products cycle through distinct weights of this many fp32 bytes in all. A decode step reads
-each weight from memory once, not from a cache that a single probe weight would sit in; the bytes a format
-does not read (int8 reads a quarter of fp32's) are much of what it gains there."""
-
-
-def streamed(k: int, n: int) -> int:
-    """How many distinct ``[n, k]`` weights a decode-sized probe cycles through."""
-    return max(1, -(-STREAM_BYTES // (4 * k * n)))
-
-
-def bf16_speedup(m: int, k: int, n: int, device: torch.device, count: int = 1) -> float:
-    """fp32 time over bf16 time of ``[m, k]`` times ``count`` ``[n, k]`` weights (> 1: bf16 is faster)."""
-    small = min(m, 64)  # few-row bf16 products can be near fp32 on a CPU where training-sized ones are hopeless
-    fp32 = _time(small, k, n, torch.float32, device, count=count)
-    bf16 = _time(small, k, n, torch.bfloat16, device, count=count)
-    if bf16 > HOPELESS * fp32 or m == small:
-        return fp32 / bf16
-    return _time(m, k, n, torch.float32, device, count=count) / _time(m, k, n, torch.bfloat16, device, count=count)
-
-
-def int8_speedup(m: int, k: int, n: int, device: torch.device, count: int = 1) -> float | None:
-    """fp32 time over int8-weight time of ``[m, k]`` times ``count`` ``[n, k]`` weights (> 1: int8 is faster);
-    None where int8 decoding cannot run (not a CPU, or an input width the kernel does not take)."""
-    from grouprl.rollout.int8 import WIDTH_MULTIPLE
-
-    if device.type != "cpu" or k % WIDTH_MULTIPLE:
-        return None
-    return _time(m, k, n, torch.float32, device, count=count) / _time_int8(m, k, n, count=count)
-
-
-def bf16_weights_speedup(m: int, k: int, n: int, device: torch.device, count: int = 1) -> float | None:
-    """fp32 time over bf16-weights time of ``[m, k]`` times ``count`` ``[n, k]`` weights (> 1: bf16-weights is
-    faster); None where it cannot run (not a CPU, the kernels unavailable here, or a shape they do not take)."""
-    from grouprl.rollout.bf16_weights import takes
-
-    if device.type != "cpu" or not takes(n, k) or WEIGHT_ONLY["bf16-weights"].unavailable():
-        return None
-    return _time(m, k, n, torch.float32, device, count=count) / _time_bf16_weights(m, k, n, count=count)
-
-
-def model_shape(model: torch.nn.Module) -> tuple[int, int]:
-    """(hidden size, MLP width) of a transformers model (the largest products of a forward)."""
-    config = getattr(model, "config", None)
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    hidden = int(getattr(config, "hidden_size", 0) or 0) or 512
-    return hidden, int(getattr(config, "intermediate_size", 0) or 0) or 4 * hidden
-
-
-def _cache_path() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "grouprl" / "precision.json"
-
-
-def _read_cache(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def choose_precision(dtype: str, ref_dtype: str, model: torch.nn.Module, decode_rows: int, train_tokens: int,
-                     cache: Path | None = None, device: torch.device | None = None,
-                     rollout_dtype: str = "auto") -> Precision:
-    """The format of each phase for ``dtype`` (auto, fp32 or bf16), ``ref_dtype`` (auto, fp32, bf16) and
-    ``rollout_dtype`` (auto: as ``dtype``; fp32, bf16, bf16-weights, int8): auto measures (or reads the cache),
-    the others force. ``decode_rows`` and ``train_tokens`` size the probe like the run's rollouts and micro-batches;
-    ``device`` is where the run will compute (default: where ``model`` is now). On a GPU, auto is bf16
-    wherever the card has bf16 units."""
-    forced_ref = None if ref_dtype == "auto" else ref_dtype
-    forced_rollout = None if rollout_dtype == "auto" else rollout_dtype
-    device = device or next((p.device for p in model.parameters()), torch.device("cpu"))
-    problem = weight_only_problem(forced_rollout or "", device)
+def resolve_formats(dtype: str, ref_dtype: str, rollout_dtype: str, device: torch.device | None = None,
+                    machine: Machine | None = None, recorded: Formats | None = None) -> Formats:
+    """The formats for ``dtype`` (auto, fp32, bf16), ``ref_dtype`` (auto, fp32, bf16) and ``rollout_dtype`` (auto:
+    as ``dtype``; fp32, bf16 or a weight-only format). What ``auto`` leaves open comes from ``recorded`` (a resumed
+    run's formats) where given, else from the first of :data:`RULES` for ``machine`` (default: this one, computing
+    on ``device``). A forced weight-only format that cannot run here is a ConfigError."""
+    device = device or torch.device("cpu")
+    problem = weight_only_problem(rollout_dtype, device)
     if problem:
         raise ConfigError(f"rollout_dtype={problem}: use fp32, bf16 or auto")
+    forced = {k: v for k, v in (("dtype", dtype), ("ref_dtype", ref_dtype), ("rollout_dtype", rollout_dtype))
+              if v != "auto"}
     if dtype != "auto":
-        return Precision(forced_rollout or dtype, dtype, forced_ref or ("bf16" if dtype == "bf16" else "fp32"),
-                         how="forced")
-    if device.type == "cuda":
-        # A probe at these sizes would time kernel launches, not arithmetic; bf16 units run every
-        # product of a training step at least as fast as fp32 (tf32 included) and halve the bytes moved.
-        fmt = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-        return Precision(forced_rollout or fmt, fmt, forced_ref or fmt, how=torch.cuda.get_device_name(device))
-    hidden, width = model_shape(model)
-    decode_rows, train_tokens = max(1, min((decode_rows + 1) // 2, 256)), max(16, min(train_tokens, 2048))
-    key = hashlib.sha1(json.dumps([_cpu_key(), device.type, torch.get_num_threads(), torch.__version__, hidden,
-                                   width, decode_rows, train_tokens, STREAM_BYTES]).encode()).hexdigest()
-    path = cache or _cache_path()
-    cached = _read_cache(path).get(key)
-    optional = lambda x: None if x is None else float(x)  # noqa: E731
-    if isinstance(cached, dict) and {"decode", "train", "int8", "bf16_weights"} <= set(cached):
-        decode, train, how = float(cached["decode"]), float(cached["train"]), "cached"
-        int8, weights = optional(cached["int8"]), optional(cached["bf16_weights"])
+        why = ", ".join(f"{k}={v}" for k, v in forced.items())
+        return Formats(forced.get("rollout_dtype", dtype), dtype, forced.get("ref_dtype", "bf16" if dtype == "bf16"
+                                                                            else "fp32"), "forced", f"set: {why}")
+    if recorded is not None:
+        base = Rule(recorded.rule, lambda m: True, recorded.rollout, recorded.train, recorded.reference,
+                    f"as the checkpoint recorded ({recorded.reason})", "")
     else:
-        decode = bf16_speedup(decode_rows, hidden, width, device, count=streamed(hidden, width))
-        train = bf16_speedup(train_tokens, hidden, width, device)
-        int8 = weights = None
-        if decode < MARGIN:
-            int8 = int8_speedup(decode_rows, hidden, width, device, count=streamed(hidden, width))
-            weights = bf16_weights_speedup(decode_rows, hidden, width, device, count=streamed(hidden, width))
-        how = "measured"
-        _write_cache(path, key, {"decode": decode, "train": train, "int8": int8, "bf16_weights": weights})
-    pick = lambda speedup: "bf16" if speedup >= MARGIN else "fp32"  # noqa: E731
-    rollout = pick(decode)
-    if rollout == "fp32" and weights is not None and weights >= MARGIN:
-        rollout = "bf16-weights"
-    return Precision(forced_rollout or rollout, pick(train), forced_ref or pick(train), decode, train, int8,
-                     weights, how)
+        machine = machine or this_machine(device)
+        base = rule_for(machine)
+        base = Rule(base.name, base.applies, base.rollout, base.train, base.reference,
+                    f"{base.why}: {machine.describe()}", base.measured)
+    overridden = {k: v for k, v in forced.items() if k != "dtype"}
+    why = base.why + (f"; set: {', '.join(f'{k}={v}' for k, v in overridden.items())}" if overridden else "")
+    return Formats(forced.get("rollout_dtype", base.rollout), base.train, forced.get("ref_dtype", base.reference),
+                   base.name, why)
 
 
-def _write_cache(path: Path, key: str, value: dict[str, float | None]) -> None:
-    """Add ``key`` to the cache file (best effort: a read-only home only costs a new probe next time)."""
-    try:
-        data = _read_cache(path)
-        data[key] = value
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass
-
-
-def as_dict(precision: Precision) -> dict[str, Any]:
-    return asdict(precision)
+def pinned(formats: Formats) -> dict[str, str]:
+    """The config values that repeat ``formats`` exactly (what a run's config.yaml records)."""
+    return {"dtype": formats.train, "ref_dtype": formats.reference, "rollout_dtype": formats.rollout}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grouprl.models.precision import Precision
 from grouprl.trainer.checks import problems
 from grouprl.trainer.resolved import ResolvedSettings
 
@@ -213,24 +212,24 @@ class TrainerConfig(ResolvedSettings):
     GiGPO's similarity mode) instead of only equal ones. Empty = equal keys only."""
     # --- numerics and memory ------------------------------------------------------------------
     dtype: str = "auto"
-    """Number format of the passes: auto (measure fp32 against bf16 matrix products at the model's
-    shapes once per machine, and use bf16 for rollouts and for the training forward/backward, under
-    autocast with fp32 master weights, where it is faster: grouprl.models.precision), fp32, or bf16
-    (force both). bf16 is 2.3x faster than fp32 on an AVX-512 BF16 CPU and 65-260x slower on an
-    AVX2-only one, so auto is the safe default; TRL and verl take whatever the user sets."""
+    """Number format of the passes: auto (decided from what the machine is, by the rule table of
+    grouprl.models.precision: bf16 on a GPU with bf16 units, on a CPU with AMX, or on an AMD CPU with AVX-512 BF16;
+    fp32 elsewhere, as on AVX2-only CPUs, where bf16 products run 65-260x slower), fp32, or bf16 (force both: bf16
+    training runs under autocast with fp32 master weights and optimizer state). auto is decided once per run, by
+    its first process for all, never by timing; it is printed at start with its reason and recorded in
+    summary.json, in checkpoints (a resume keeps it) and in config.yaml as explicit dtype, ref_dtype and
+    rollout_dtype. TRL and verl take whatever the user sets."""
     ref_dtype: str = "auto"
-    """Storage dtype of the frozen reference copy: auto (bf16 where the training-sized bf16 products
-    are faster: also half the memory), fp32 or bf16."""
+    """Storage dtype of the frozen reference copy: auto (the rule's: bf16 where bf16 training is, also half the
+    memory), fp32 or bf16."""
     rollout_dtype: str = "auto"
-    """Number format of the rollouts' decode steps: auto (what dtype chose: bf16 where bf16 products are faster,
-    else bf16-weights where it is, else fp32), fp32, bf16, bf16-weights or int8. The last two are the built-in
-    engine's, on a CPU, and run one-token steps on copies of the fp32 weights made per rollout
-    (grouprl.rollout.weight_only): bf16-weights multiplies bf16-rounded weights by fp32 activations with fp32
-    sums in a few-row AVX2 kernel built on first use (1.80x fp32's tokens/s on a Xeon capped to AVX2, where
-    bf16 arithmetic is slow: benchmarks/rollout.py --formats fp32,bf16-weights,int8 as the README's "Speed and
-    memory" gives it); int8 quantizes each weight row and rounds activations to bf16 (1.22x there), used only
-    when asked: on the demo's task held-out accuracy trailed fp32's (benchmarks/results/int8-rollouts), and
-    held-out evaluation then samples in fp32. Any format but fp32 turns rollout_is on (rollout/mismatch_kl)."""
+    """Number format of the rollouts' decode steps: auto (the rule's, as dtype), fp32, bf16 or bf16-weights.
+    bf16-weights is the built-in engine's, on an x86 CPU with AVX2 (grouprl.rollout.weight_only): one-token decode
+    steps multiply bf16-rounded copies of the fp32 weights, made per rollout, by fp32 activations with fp32 sums
+    (1.80x fp32's tokens/s on a Xeon capped to AVX2: benchmarks/results/rollout/xeon-avx2-capped-bf16-weights.log),
+    but held-out accuracy trailed fp32 rollouts' by 0.06-0.20 after 4 steps on all 4 seeds
+    (benchmarks/results/bf16-weights-rollouts), so auto never takes it. Any format but fp32 turns rollout_is on
+    (rollout/mismatch_kl)."""
     gradient_checkpointing: bool | None = None
     """Recompute each decoder layer's activations in backward: less memory, more compute (SmolLM2-135M in
     bf16 on a CPU, benchmarks/vs_trl.py: steps ~6% longer, the peak ~310 MiB lower). Empty = on (as TRL's and verl's
@@ -349,9 +348,6 @@ class TrainerConfig(ResolvedSettings):
 
     def __post_init__(self) -> None:
         self.validate()
-        # The formats dtype=auto chose (grouprl.models.precision), set by the trainer once it has
-        # measured; not a field, so config.yaml keeps what the user wrote.
-        self.precision: Precision | None = None
         self.resolved_engine: str | None = None
         """rollout_engine with auto resolved (hf or vllm), set by the trainer."""
         self.compile_steps = False

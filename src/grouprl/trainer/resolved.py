@@ -1,12 +1,10 @@
-"""What the trainer's settings resolve to: the number format of each phase once ``dtype: auto`` has
-measured, the rollout engine and importance correction once ``auto`` has chosen, the batch's shape,
-which passes a step needs, and what an empty algorithm-dependent key stands for. Kept apart from
-:class:`~grouprl.trainer.config.TrainerConfig`, whose fields are the user's knobs and their
-documentation; the config class takes these as its methods."""
+"""What the trainer's settings resolve to: the number format of each phase (the trainer replaces ``auto`` by
+the formats it decided, :mod:`grouprl.models.precision`), the rollout engine and importance correction once
+``auto`` has chosen, the batch's shape, which passes a step needs, and what an empty algorithm-dependent key
+stands for. Kept apart from :class:`~grouprl.trainer.config.TrainerConfig`, whose fields are the user's knobs
+and their documentation; the config class takes these as its methods."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from grouprl.trainer.algorithms import ALGORITHMS
 
@@ -14,14 +12,12 @@ from grouprl.trainer.algorithms import ALGORITHMS
 class ResolvedSettings:
     """Derived values of a :class:`~grouprl.trainer.config.TrainerConfig` (read its fields)."""
 
-    precision: Any
     resolved_engine: str | None
 
     @property
     def rollout_format(self) -> str:
-        """fp32, bf16, bf16-weights or int8: the rollouts' format once dtype and rollout_dtype are resolved."""
-        if self.precision:
-            return self.precision.rollout
+        """The rollouts' format: ``rollout_dtype``, or ``dtype``'s where it is auto (fp32 where both are: a
+        trainer's config has them decided)."""
         return self.rollout_dtype if self.rollout_dtype != "auto" else "bf16" if self.dtype == "bf16" else "fp32"
 
     @property
@@ -32,12 +28,12 @@ class ResolvedSettings:
     @property
     def train_bf16(self) -> bool:
         """The training and log-prob passes run under bf16 autocast."""
-        return self.precision.train == "bf16" if self.precision else self.dtype == "bf16"
+        return self.dtype == "bf16"
 
     @property
     def reference_bf16(self) -> bool:
         """The frozen reference copy is stored in bf16."""
-        return self.precision.reference == "bf16" if self.precision else self.ref_dtype == "bf16"
+        return self.ref_dtype == "bf16" or (self.ref_dtype == "auto" and self.dtype == "bf16")
 
     @property
     def checkpointing(self) -> bool:

@@ -35,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import json
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -47,7 +48,7 @@ from grouprl.algos import kl_per_token
 from grouprl.algos.rollout_correction import rollout_mismatch, truncated_is_weights
 from grouprl.errors import NonFiniteError
 from grouprl.models import store_frozen_linears, unwrap_ddp
-from grouprl.models.precision import choose_precision
+from grouprl.models.precision import Formats, pinned, resolve_formats
 from grouprl.rewards.base import unique_names
 from grouprl.rollout.engines import resolve_compile, resolve_engine
 from grouprl.run import checkpoint as ckpt
@@ -119,10 +120,9 @@ class Trainer:
         self.is_main = self.processes.is_main
         self.health = HealthWatch()  # entropy collapse, KL spikes, groups with nothing to teach
         policy = prepare_policy(policy, c)
-        self.config = c = copy.copy(c)  # the caller's config is left as it was given
-        c.precision = choose_precision(c.dtype, c.ref_dtype, policy, c.rollout_rows // self.processes.world_size,
-                                       c.micro_batch_size * (c.max_prompt_len // 2 + c.max_new_tokens),
-                                       device=self.processes.device, rollout_dtype=c.rollout_dtype)
+        self.formats = run_formats(c, self.processes)
+        # the caller's config is left as it was given; the trainer's says which formats were decided
+        self.config = c = with_values(c, pinned(self.formats))
         if sampler is None:
             compiles, compile_reason = resolve_compile(c.rollout_compile, c.rollout_engine, c.rollout_format, policy,
                                                        self.processes.device)
@@ -149,11 +149,11 @@ class Trainer:
         self.step_count, self.time_budget_s = 0, None
         self.out = Path(c.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.run_config = run_config if run_config is not None else c
+        self.run_config = with_values(run_config, pinned(self.formats)) if run_config is not None else c
         self.metrics_log = JsonlLog(self.out / "metrics.jsonl") if self.is_main else NullLog()
         self.completions_log = JsonlLog(self.out / "completions.jsonl") if self.is_main else NullLog()
         self.eval_history: list[dict[str, Any]] = []
-        self.setup = {"dtype": c.precision.describe(), "rollout_engine": f"{c.engine_choice} ({engine_reason})",
+        self.setup = {"formats": self.formats.describe(), "rollout_engine": f"{c.engine_choice} ({engine_reason})",
                       "rollout_compile": f"{'on' if c.compile_steps else 'off'} ({compile_reason})",
                       "rollout_is": c.rollout_is_level, "allocator": describe_allocator(),
                       **run_setup(self.reward_fns)}
@@ -328,7 +328,7 @@ class Trainer:
         if self.processes.any(not all(bool(torch.isfinite(t).all()) for t in local)):
             raise NonFiniteError("the policy's weights are no longer finite: this state is not saved")
         state = {"position": self.collector.stream.position, "kl_controller": self.kl.state_dict(),
-                 "config": as_plain(self.config)}
+                 "config": as_plain(self.config), "formats": self.formats.as_dict()}
         return self.processes.save(self.out / "checkpoints", self.step_count, state=state, tokenizer=self.tokenizer,
                                    keep=self.config.keep_checkpoints, **self.checkpoint_parts())
 
@@ -343,6 +343,35 @@ class Trainer:
         self.completions_log.truncate_after(self.step_count)
         self.health = HealthWatch()
         replay(self.metrics_log.records(), self.health)  # the early-warning signs carry on from the logged steps
+
+
+def run_formats(config: Any, processes: Any) -> Formats:
+    """The run's number formats (:mod:`grouprl.models.precision`), decided once: by the first process, from the
+    config, the checkpoint a resumed run starts from (its formats are kept) and the machine; every other process
+    receives them, so all compute alike whatever their own machine or load."""
+    formats, error = None, None
+    if processes.is_main:
+        try:
+            recorded = None
+            if config.resume_from and config.dtype == "auto":
+                folder = ckpt.resolve_checkpoint(config.resume_from, Path(config.output_dir) / "checkpoints")
+                recorded = Formats.from_dict(json.loads((folder / "state.json").read_text()).get("formats"))
+            formats = resolve_formats(config.dtype, config.ref_dtype, config.rollout_dtype, processes.device,
+                                      recorded=recorded)
+        except Exception as e:  # noqa: BLE001 - re-raised below, in every process
+            error = e
+    processes.check(error)
+    return processes.gather(formats)[0]
+
+
+def with_values(config: Any, values: dict[str, Any]) -> Any:
+    """A shallow copy of ``config`` (a dataclass, or a dict as config.yaml records) with ``values`` set."""
+    if isinstance(config, dict):
+        return {**config, **values}
+    config = copy.copy(config)
+    for key, value in values.items():
+        setattr(config, key, value)
+    return config
 
 
 def run_setup(reward_fns: Sequence[Callable]) -> dict[str, str]:
