@@ -22,6 +22,7 @@ from grouprl.control.algorithms import ALGORITHMS
 from grouprl.control.critic import CRITIC_ADVANTAGES
 from grouprl.control.policies import ACTIVATIONS
 from grouprl.registry import Registry
+from grouprl.run.loggers import logger_problems
 
 
 def _rows_per_minibatch(batch_keys: tuple[str, ...]) -> Any:
@@ -214,9 +215,13 @@ class ControlConfig:
     resume_from: str | None = None
     """Resume from a checkpoint folder or 'latest' (weights, optimizer and budget; episodes restart)."""
     progress: bool = True
-    """Show a live progress bar."""
+    """Show each iteration on the console: a live bar on a terminal, one plain line per iteration when
+    the output is not a terminal (a file, a pipe)."""
     tensorboard: bool = True
-    """Also write TensorBoard event files when tensorboard is installed."""
+    """Also write TensorBoard event files when tensorboard is installed (loggers: [tensorboard] insists)."""
+    loggers: tuple[str, ...] = ()
+    """Where metrics go besides metrics.jsonl: tensorboard, trackio, wandb, as grouprl train's loggers
+    (docs/logging.md); checked before anything is built."""
     num_threads: int = 1
     """torch intra-op threads. 1: these networks are tiny and extra threads only add overhead."""
     grpo: GRPOControlConfig = field(default_factory=GRPOControlConfig)
@@ -255,7 +260,7 @@ def _name_problems(c: ControlConfig) -> list[str]:
 
 
 def _problems(c: ControlConfig) -> list[str]:
-    out = _name_problems(c)
+    out = _name_problems(c) + logger_problems(c.loggers, c.tensorboard)
     if c.total_env_steps < 1 or c.eval_episodes < 1:
         out.append("total_env_steps and eval_episodes must be >= 1")
     if not c.hidden_sizes or min(c.hidden_sizes) < 1:

@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from grouprl.errors import ConfigError
+from grouprl.run.loggers import run_folders
 
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "summary.json", "config.yaml")
-RUN_DIRS = ("checkpoints", "report", "tensorboard")
+RUN_DIRS = ("checkpoints", "report", *run_folders())
+"""Folders a run writes: its checkpoints, its report, and what its metrics sinks write (tensorboard/, wandb/)."""
 LOCK = ".grouprl.lock"
 OWN_TEMP = re.compile(r"^\.(metrics\.jsonl|completions\.jsonl|summary\.json|config\.yaml)\..*\.tmp$")
 """Temporary files of the atomic writer (:mod:`grouprl.run.files`), left behind by a kill."""
@@ -73,7 +75,7 @@ def foreign_entries(folder: str | Path) -> list[str]:
         return []
     found = ["config.yaml"] if _users_config(out) else []
     for p in sorted(out.iterdir()):
-        if p.name in RUN_FILES + (LOCK, "tensorboard") or OWN_TEMP.match(p.name):
+        if p.name in RUN_FILES + (LOCK, *run_folders()) or OWN_TEMP.match(p.name):
             continue
         if p.name in ("checkpoints", "report") and p.is_dir():
             pattern = CHECKPOINT_NAME if p.name == "checkpoints" else REPORT_NAME

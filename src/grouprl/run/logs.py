@@ -1,10 +1,12 @@
-"""Where metrics go: a JSONL file in the run folder (always), TensorBoard (when installed), and a
-live terminal progress bar; plus the sample-completions log and small timing/memory helpers."""
+"""What a run writes as it goes: the JSON-lines logs of the run folder (metrics.jsonl, completions.jsonl),
+each step on the console (a live bar on a terminal, one plain line per step otherwise), and small
+timing and memory helpers. Where else metrics go (TensorBoard, trackio, wandb) is :mod:`grouprl.run.loggers`."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import time
 from contextlib import contextmanager
@@ -22,42 +24,158 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class JsonlLog:
-    """An append-only JSON-lines log that is rewritten atomically on every append.
+RECORD_TEXT_CAP = 16_000
+"""Characters of text one completions.jsonl record keeps at most (one completion with its prompt, or an
+agent's whole trajectory): an environment's observation of megabytes must not make every step write
+megabytes. Over the cap, the record's strings share it by a water level (the shortest kept whole, the
+rest cut to one length); a cut string keeps its first and last halves around :data:`CUT_MARK`. Strings
+of up to :data:`KEPT_WHOLE` characters are never cut, so a record holds at most the cap, plus that much
+per string, plus a marker per cut string."""
+KEPT_WHOLE = 64
+CUT_MARK = "[... {} characters cut ...]"
+"""Stands, in a logged text, for the middle that :data:`RECORD_TEXT_CAP` cut (with how many characters)."""
 
-    Runs log a few thousand lines at most, so rewriting the file keeps it whole across a kill at
-    negligible cost. Opening an existing log (on resume) keeps its lines; ``truncate_after(step)``
-    drops lines logged after the checkpoint being resumed, so the resumed run does not repeat them.
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _level(lengths: list[int], budget: int) -> int:
+    """The largest L with sum(min(n, L) for n in lengths) <= budget (lengths sum to more than budget)."""
+    left, count = budget, len(lengths)
+    for n in sorted(lengths):
+        if n * count > left:
+            return left // count
+        left, count = left - n, count - 1
+    return budget  # not reached: the lengths sum to more than the budget
+
+
+def _cut(text: str, keep: int) -> str:
+    if len(text) <= keep:
+        return text
+    head = keep - keep // 2
+    return text[:head] + CUT_MARK.format(len(text) - keep) + (text[len(text) - keep // 2:] if keep // 2 else "")
+
+
+def _cap_strings(value: Any, keep: int) -> Any:
+    if isinstance(value, str):
+        return _cut(value, keep)
+    if isinstance(value, dict):
+        return {k: _cap_strings(v, keep) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_cap_strings(v, keep) for v in value]
+    return value
+
+
+def cap_text(record: dict[str, Any], cap: int = RECORD_TEXT_CAP) -> dict[str, Any]:
+    """``record`` with its strings (values at any depth, not keys) cut to share ``cap`` characters; see
+    :data:`RECORD_TEXT_CAP`. Unchanged when they fit.
+
+    >>> out = cap_text({"prompt": "What is 2+2?", "completion": "ab" * 40 + " The answer is 4."}, cap=60)
+    >>> out["prompt"]  # 12 characters: under the level, kept whole
+    'What is 2+2?'
+    >>> out["completion"]  # 97 characters; the level 60 - 12 = 48 is under KEPT_WHOLE: 32 first + 32 last
+    'abababababababababababababababab[... 33 characters cut ...]bababababababab The answer is 4.'
+    """
+    lengths = [len(s) for s in _strings(record)]
+    if sum(lengths) <= cap:
+        return record
+    return _cap_strings(record, max(_level(lengths, cap), KEPT_WHOLE))
+
+
+def _whole(line: bytes) -> bool:
+    """Whether ``line`` (one line of a log, its newline included) is a JSON object written to its end."""
+    if not line.endswith(b"\n"):
+        return False
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
+        return False
+
+
+class JsonlLog:
+    """An append-only JSON-lines file that keeps nothing in memory.
+
+    Each :meth:`append` opens the file in append mode, writes its lines at once, flushes and fsyncs: a
+    step costs the bytes it logs, whatever the file already holds. A kill can tear only the lines of
+    the last append: opening the log (on resume) cuts off whatever at its end is not whole JSON lines,
+    so the next append starts on a line of its own; :meth:`records` and the report skip a torn last
+    line too. ``truncate_after(step)`` (a resume from an earlier checkpoint) drops the lines logged
+    after ``step``, rewriting the file through a temporary one. ``text_cap``: characters of text each
+    record keeps at most (:func:`cap_text`; None = all).
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, text_cap: int | None = None):
         self.path = Path(path)
-        self.lines: list[str] = []
+        self.text_cap = text_cap
         for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):  # a rewrite a kill interrupted
             stale.unlink(missing_ok=True)
         if self.path.exists():
-            # split at "\n" only: str.splitlines also splits at U+2028, U+0085 and the like, which a sampled
-            # completion may hold and json.dumps(ensure_ascii=False) leaves as they are
-            for line in self.path.read_text(encoding="utf-8").split("\n"):
-                if not line:
-                    continue
-                try:
-                    json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line torn by a crash of an older writer
-                self.lines.append(line)
+            self._drop_torn_end()
+
+    def _drop_torn_end(self) -> None:
+        data = self.path.read_bytes()
+        end = len(data)
+        while end:  # walk back over the lines at the end that are not whole
+            start = data.rfind(b"\n", 0, end - 1) + 1
+            line = data[start:end]
+            if _whole(line) or not line.strip():
+                break
+            if _whole(line + b"\n"):  # a whole record whose newline the kill kept from the disk
+                with open(self.path, "ab") as f:
+                    f.write(b"\n")
+                return
+            end = start
+        if end < len(data):
+            os.truncate(self.path, end)
 
     def append(self, records: list[dict[str, Any]] | dict[str, Any]) -> None:
         records = [records] if isinstance(records, dict) else records
-        self.lines.extend(json.dumps({k: _plain(v) for k, v in r.items()}, ensure_ascii=False) for r in records)
-        write_text_atomic(self.path, "".join(line + "\n" for line in self.lines))
+        if not records:
+            return
+        plain = [{k: _plain(v) for k, v in r.items()} for r in records]
+        if self.text_cap is not None:
+            plain = [cap_text(r, self.text_cap) for r in plain]
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in plain)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _lines(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        # split at "\n" only: str.splitlines also splits at U+2028, U+0085 and the like, which a sampled
+        # completion may hold and json.dumps(ensure_ascii=False) leaves as they are
+        return [line for line in self.path.read_text(encoding="utf-8", errors="replace").split("\n") if line]
 
     def truncate_after(self, step: int) -> None:
-        self.lines = [line for line in self.lines if json.loads(line).get("step", 0) <= step]
-        write_text_atomic(self.path, "".join(line + "\n" for line in self.lines))
+        kept = []
+        for line in self._lines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line + "\n")
+            except (ValueError, AttributeError):
+                continue  # a line torn by a crash
+        write_text_atomic(self.path, "".join(kept))
 
     def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.lines]
+        """Every whole record of the file, in order (a torn line is skipped)."""
+        out = []
+        for line in self._lines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out
 
 
 class NullLog:
@@ -73,50 +191,32 @@ class NullLog:
         return []
 
 
-class TensorBoardSink:
-    """Scalars to TensorBoard event files; a no-op object when tensorboard is not installed."""
-
-    def __init__(self, log_dir: Path, enabled: bool):
-        self.writer = None
-        if not enabled:
-            return
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:  # tensorboard is an optional extra
-            return
-        self.writer = SummaryWriter(str(log_dir))
-
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        if self.writer is None:
-            return
-        for k, v in metrics.items():
-            v = _plain(v)
-            if isinstance(v, int | float) and not isinstance(v, bool):
-                self.writer.add_scalar(k, v, step)
-        self.writer.flush()
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
 SHOWN_WHEN_PRESENT = (("env/success", "success", "{:.2f}"), ("env/turns_mean", "turns", "{:.1f}"))
 """Metrics the bar shows only for runs that have them (an agent's success rate and turns)."""
 
 
 class Progress:
-    """A rich progress bar: step, reward, KL, a rate (tokens/s by default), and an agent's success
-    rate and turns when the run has them. Silent when disabled.
+    """Each step on the console: step, reward, KL, a rate (tokens/s by default), and an agent's success
+    rate and turns when the run has them. On a terminal a live rich bar; otherwise (output piped to a
+    file or a pager, a job scheduler's log) one plain line per step, printed as the step ends, since a
+    bar there shows nothing until the run ends and then only one line cut at the console's width.
+    Silent when disabled.
 
-    ``label`` names the run on the bar; ``rate`` is (metric key, unit) of the rate shown, so a
-    classic-control run shows environment steps per second instead of tokens."""
+    ``label`` names the run; ``rate`` is (metric key, unit) of the rate shown, so a classic-control run
+    shows environment steps per second instead of tokens. ``console``: the rich console to draw on
+    (default: standard output's); whether it is a terminal picks the bar or the lines."""
 
     def __init__(self, total: int, start: int, enabled: bool, label: str = "grpo",
-                 rate: tuple[str, str] = ("throughput/tokens_per_s", "tok/s")):
-        self.bar = None
-        self.rate_key = rate[0]
+                 rate: tuple[str, str] = ("throughput/tokens_per_s", "tok/s"), console: Any = None):
+        self.bar = self.console = None
+        self.total, self.label, self.rate_key, self.rate_unit = total, label, rate[0], rate[1]
         if not enabled:
             return
+        from rich.console import Console
+
+        self.console = console if console is not None else Console()
+        if not (self.console.is_terminal or self.console.is_jupyter):
+            return  # plain lines
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
         from rich.progress import Progress as RichProgress
 
@@ -124,27 +224,45 @@ class Progress:
             TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
             TextColumn(f"reward {{task.fields[reward]}}  kl {{task.fields[kl]}}  {{task.fields[tps]}} {rate[1]}"
                        "{task.fields[extra]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=self.console,
         )
         self.task = self.bar.add_task("train", total=total, completed=start, reward="-", kl="-", tps="-", extra="")
         self.bar.start()
 
     def update(self, step: int, metrics: dict[str, Any], alert: str | None = None) -> None:
         """Show ``step``'s metrics, and ``alert`` (a short warning from :mod:`grouprl.run.health`) if any."""
-        if self.bar is None:
+        if self.console is None:
             return
         kl = metrics.get("policy/kl")
+        reward = f"{_plain(metrics.get('reward/mean', 0.0)):.3f}"
+        kl = "-" if kl is None else f"{_plain(kl):.4f}"
+        rate = f"{_plain(metrics.get(self.rate_key, 0.0)):.0f}"
         extra = "".join(f"  {label} {fmt.format(_plain(metrics[key]))}" for key, label, fmt in SHOWN_WHEN_PRESENT
                         if metrics.get(key) is not None)
+        if self.bar is None:
+            seconds = metrics.get("time/step")
+            per_step = "" if seconds is None else f"  {_plain(seconds):.2f} s/step"
+            print(f"{self.label} step {step}/{self.total}  reward {reward}  kl {kl}{per_step}  {rate} {self.rate_unit}"
+                  f"{extra}{f'  ! {alert}' if alert else ''}", file=self.console.file, flush=True)
+            return
         if alert:
             extra += f"  [yellow]! {alert}[/yellow]"
-        self.bar.update(self.task, completed=step, reward=f"{_plain(metrics.get('reward/mean', 0.0)):.3f}",
-                        kl="-" if kl is None else f"{_plain(kl):.4f}",
-                        tps=f"{_plain(metrics.get(self.rate_key, 0.0)):.0f}", extra=extra)
+        self.bar.update(self.task, completed=step, reward=reward, kl=kl, tps=rate, extra=extra)
 
     def print(self, *args: Any) -> None:
-        if self.bar is not None:
-            self.bar.console.print(*args)
+        """Print rich markup above the bar, or as plain text without one (nothing when disabled)."""
+        if self.console is not None:
+            self.console.print(*args, soft_wrap=True)
+
+    def sample(self, step: int, reward: float | None, text: str) -> None:
+        """Show a sampled completion: its first 200 characters, quoted, never read as markup (model-written
+        text may hold rich's brackets, and a stray closing tag would stop the run)."""
+        if self.console is not None:
+            from rich.markup import escape
+
+            score = "-" if reward is None else f"{reward:.3f}"
+            self.console.print(f"[dim]step {step} reward {score}[/dim] {escape(repr(text[:200]))}", soft_wrap=True,
+                               highlight=False)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -20,14 +20,15 @@ from grouprl.errors import NonFiniteError
 from grouprl.run.files import as_plain, write_text_atomic
 from grouprl.run.folder import RUN_CONFIG_HEADER
 from grouprl.run.health import HealthWatch
-from grouprl.run.logs import JsonlLog, Progress, TensorBoardSink, peak_rss_mb
+from grouprl.run.loggers import RunInfo, open_loggers
+from grouprl.run.logs import JsonlLog, Progress, peak_rss_mb
 
 
 class Run(Protocol):
     """What :func:`run_loop` needs of a trainer."""
 
     config: Any
-    """With ``resume_from``, ``tensorboard``, ``save_every``."""
+    """With ``resume_from``, ``loggers``, ``tensorboard``, ``save_every``."""
     out: Path
     """The run folder."""
     run_config: Any
@@ -42,7 +43,7 @@ class Run(Protocol):
     written to summary.json, where the report shows it."""
     is_main: bool
     """False in every process of a multi-process run but the first: only the first writes the run
-    folder's config.yaml, TensorBoard events and summary.json."""
+    folder's config.yaml, summary.json and the metrics of every sink but metrics.jsonl."""
     health: HealthWatch | None
     """Early-warning rules for this kind of run (:mod:`grouprl.run.health`); None: none apply."""
 
@@ -104,10 +105,10 @@ def run_loop(run: Run) -> dict[str, Any]:
     c = run.config
     if c.resume_from:
         run.resume(c.resume_from)
+    plain_config = as_plain(run.run_config)
     if run.is_main:
-        write_text_atomic(run.out / "config.yaml",
-                          RUN_CONFIG_HEADER + yaml.safe_dump(as_plain(run.run_config), sort_keys=False))
-    tb = TensorBoardSink(run.out / "tensorboard", c.tensorboard and run.is_main)
+        write_text_atomic(run.out / "config.yaml", RUN_CONFIG_HEADER + yaml.safe_dump(plain_config, sort_keys=False))
+    sinks = open_loggers(c, RunInfo(run.out, plain_config, bool(c.resume_from), run.metrics_log), run.is_main)
     start = time.perf_counter()
 
     def out_of_time() -> bool:
@@ -118,10 +119,8 @@ def run_loop(run: Run) -> dict[str, Any]:
         result = run.evaluate()
         if result:
             wall = time.perf_counter() - start if wall_time is None else wall_time
-            record = {"step": run.step_count, "wall_time": wall, **result}
-            run.metrics_log.append(record)
-            run.eval_history.append(record)
-            tb.log(result, run.step_count)
+            sinks.log(run.step_count, result, wall)
+            run.eval_history.append({"step": run.step_count, "wall_time": wall, **result})
         return result
 
     if run.step_count == 0:
@@ -141,8 +140,7 @@ def run_loop(run: Run) -> dict[str, Any]:
             run.step_count += 1
             metrics["memory/peak_rss_mb"] = peak_rss_mb()
             alert = watch_health(run, metrics, progress)
-            run.metrics_log.append({"step": run.step_count, "wall_time": time.perf_counter() - start, **metrics})
-            tb.log(metrics, run.step_count)
+            sinks.log(run.step_count, metrics, time.perf_counter() - start)
             progress.update(run.step_count, metrics, alert=alert)
             run.log_completions(samples, progress)
             if run.eval_due() and not run.finished() and not out_of_time():
@@ -154,7 +152,7 @@ def run_loop(run: Run) -> dict[str, Any]:
     # A run resumed from its last step (killed after its final evaluation) already logged that evaluation.
     after = last_eval(run) if c.resume_from else {}
     after = after or log_eval()
-    tb.close()
+    sinks.close()
     final = run.save()
     summary = {"steps": run.step_count, "eval_before": before, "eval_after": after, "checkpoint": str(final),
                "wall_time": time.perf_counter() - start, **({"setup": run.setup} if run.setup else {})}

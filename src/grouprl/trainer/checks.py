@@ -14,6 +14,7 @@ from grouprl.algos import ADVANTAGES, AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMA
 from grouprl.algos.rollout_correction import ROLLOUT_IS_LEVELS
 from grouprl.registry import Registry
 from grouprl.rollout.weight_only import WEIGHT_ONLY
+from grouprl.run.loggers import logger_problems
 from grouprl.run.optim import LR_SCHEDULES
 from grouprl.trainer.algorithms import ALGORITHMS, KEY_GROUPS, KL_CONTROLLERS, Algorithm, owners
 
@@ -25,7 +26,8 @@ def problems(c: Any) -> list[str]:
     if c.algo not in ALGORITHMS:
         ALGORITHMS.get(c.algo)  # raises with the closest valid names
     algo = ALGORITHMS.get(c.algo)
-    return (_algorithm_problems(c, algo) + _registry_problems(c) + _range_problems(c) + _batch_problems(c)
+    out = logger_problems(c.loggers, c.tensorboard)
+    return out + (_algorithm_problems(c, algo) + _registry_problems(c) + _range_problems(c) + _batch_problems(c)
             + _objective_problems(c) + _sampling_problems(c) + _scale_out_problems(c) + _critic_problems(c)
             + _trust_region_problems(c) + _gigpo_problems(c) + _estimator_problems(c))
 

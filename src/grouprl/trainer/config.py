@@ -339,10 +339,18 @@ class TrainerConfig(ResolvedSettings):
     """Keep only the newest this many checkpoints."""
     resume_from: str | None = None
     """Resume from a checkpoint folder, or 'latest' (the newest in output_dir/checkpoints)."""
+    loggers: tuple[str, ...] = ()
+    """Where metrics go besides the run folder's metrics.jsonl (always written): tensorboard (event
+    files in the run folder's tensorboard/), trackio (Hugging Face's local-first tracker, into its local
+    store; trackio show), wandb (Weights & Biases, into the run folder's wandb/; WANDB_MODE=offline
+    needs no network). E.g. --loggers trackio,wandb. Each is an extra, pip install 'grouprl[wandb]';
+    an unknown name or a missing package is refused before the model loads. See docs/logging.md."""
     tensorboard: bool = True
-    """Also write TensorBoard event files when the tensorboard package is installed."""
+    """Also write TensorBoard event files when the tensorboard package is installed (skipped without
+    a word when it is not; loggers: [tensorboard] refuses to start without it). false: never."""
     progress: bool = True
-    """Show a live progress bar with reward, KL and tokens/s."""
+    """Show each step on the console: a live bar with reward, KL and tokens/s on a terminal, one plain
+    line per step (with seconds per step) when the output is not a terminal (a file, a pipe)."""
     num_threads: int = 0
     """torch intra-op threads (0 = leave PyTorch's choice)."""
 

@@ -55,7 +55,7 @@ from grouprl.run import checkpoint as ckpt
 from grouprl.run.allocator import describe as describe_allocator
 from grouprl.run.files import as_plain
 from grouprl.run.health import HealthWatch, replay
-from grouprl.run.logs import JsonlLog, NullLog, PhaseTimer, Progress
+from grouprl.run.logs import RECORD_TEXT_CAP, JsonlLog, NullLog, PhaseTimer, Progress
 from grouprl.run.loop import run_loop
 from grouprl.trainer.advantages import make_baseline
 from grouprl.trainer.algorithms import ALGORITHMS, KL_CONTROLLERS
@@ -151,7 +151,8 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         self.run_config = with_values(run_config, pinned(self.formats)) if run_config is not None else c
         self.metrics_log = JsonlLog(self.out / "metrics.jsonl") if self.is_main else NullLog()
-        self.completions_log = JsonlLog(self.out / "completions.jsonl") if self.is_main else NullLog()
+        self.completions_log = (JsonlLog(self.out / "completions.jsonl", text_cap=RECORD_TEXT_CAP) if self.is_main
+                                else NullLog())
         self.eval_history: list[dict[str, Any]] = []
         self.setup = {"formats": self.formats.describe(), "rollout_engine": f"{c.engine_choice} ({engine_reason})",
                       "rollout_compile": f"{'on' if c.compile_steps else 'off'} ({compile_reason})",
@@ -310,7 +311,7 @@ class Trainer:
             return
         self.completions_log.append([{"step": self.step_count, **r} for r in records])
         for r in records[: c.print_completions]:
-            progress.print(f"[dim]step {self.step_count} reward {r['reward']:.3f}[/dim] {r['completion'][:200]!r}")
+            progress.sample(self.step_count, r["reward"], r["completion"])
 
     # -- checkpoints --------------------------------------------------------------------------------
     def checkpoint_parts(self) -> dict[str, Any]:
