@@ -52,7 +52,7 @@ def timed(records: list[tuple[str, int, float]]):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--format", default="bf16", choices=("fp32", "bf16", "bf16-weights", "int8"))
+    parser.add_argument("--format", default="bf16", choices=("fp32", "bf16", "bf16-weights"))
     parser.add_argument("--compile", default="true", choices=("true", "false"), help="rollout_compile")
     parser.add_argument("--rows", type=int, default=16, help="rows (prompts x G=4)")
     parser.add_argument("--new_tokens", type=int, default=64)

@@ -2,12 +2,11 @@
 ``nn.Linear`` does), ``(W @ x.T).T`` and oneDNN's linear on a reordered copy of the weight (the other
 layouts the built-in engine may learn to use, ``grouprl/rollout/skinny.py``), two it does not use
 (``x @ Wt`` on a transposed copy of the weight, and MKL's packed GEMM, ``torch.ops.mkl._mkl_linear``, on
-a copy packed for the row count), the first three in bf16, and PyTorch's weight-only int8 kernel
-(``torch.ops.aten._weight_int8pack_mm``, bf16 activations), which reads a quarter of fp32's weight
-bytes, and the bf16-weights kernel (``grouprl/rollout/few_rows.cpp``: panels of bf16 weights, fp32 inputs and
-sums), which reads half. A way this CPU cannot run (oneDNN reorders bf16 weights only with AVX-512 BW or AVX-NE-CONVERT)
-prints ``-``. The table ends with a 16-row decode step's total of the products per way (each shape's
-time times the count of such weights a step reads), with the weights one by one and stacked as a bf16
+a copy packed for the row count), the first three in bf16, and the bf16-weights kernel
+(``grouprl/rollout/few_rows.cpp``: panels of bf16 weights, fp32 inputs and sums), which reads half. A way this CPU
+cannot run (oneDNN reorders bf16 weights only with AVX-512 BW or AVX-NE-CONVERT) prints ``-``. The table ends
+with a 16-row decode step's total of the products per way (each shape's time times the count of such weights a
+step reads), with the weights one by one and stacked as a bf16
 rollout's layer loop reads them.
 
 Each shape cycles through as many distinct weights as the model has of it (30 per layer shape, one LM
@@ -65,7 +64,6 @@ def main() -> None:
         "bf16 x @ W.T": ("bf16", lambda w, x: linear(x.bfloat16(), w)),
         "bf16 (W@x.T).T": ("bf16", lambda w, x: mm(w, x.bfloat16().t()).t()),
         "bf16 packed": ("bf16 packed", lambda w, x: packed(w, x.bfloat16())),
-        "int8 weights": ("int8", lambda w, x: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), *w)),
         "bf16 weights": ("bf16 panels", lambda w, x: bf16_weights.product(x, w)),
     }
     kernel = bf16_weights.unavailable() is None
@@ -73,16 +71,13 @@ def main() -> None:
     step = dict.fromkeys(ways, 0.0)  # a 16-row decode step's products, all shapes
     stacked_step = dict.fromkeys(ways, 0.0)  # the same with a layer's q, k, v and gate, up stacked
     for name, (out, inp, count, stacked) in SHAPES.items():
-        weights = {key: [] for key in ("fp32", "fp32 packed", "fp32 transposed", "bf16", "bf16 packed", "int8",
+        weights = {key: [] for key in ("fp32", "fp32 packed", "fp32 transposed", "bf16", "bf16 packed",
                                        "bf16 panels")}
         for _ in range(max(count, stacked)):
             w = torch.randn(out, inp)
-            scales = w.abs().amax(1) / 127
             for key, value in (("fp32", w), ("fp32 packed", reordered(w)), ("fp32 transposed", w.t().contiguous()),
                                ("bf16", w.bfloat16()),
                                ("bf16 packed", reordered(w.bfloat16())),
-                               ("int8", ((w / scales[:, None]).round().clamp(-128, 127).to(torch.int8),
-                                         scales.bfloat16())),
                                ("bf16 panels", bf16_weights.pack(w)[0] if kernel else None)):
                 weights[key].append(value)
         repeats = 3 if count == 1 else 5

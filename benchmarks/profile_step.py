@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 KINDS = {
     "matrix products": ("aten::mm", "aten::addmm", "aten::addmm_", "mkldnn::_linear_pointwise",
-                        "aten::_weight_int8pack_mm", "aten::baddbmm", "_C::onednn_mm"),
+                        "aten::baddbmm", "_C::onednn_mm"),
     "attention": ("aten::bmm", "aten::_softmax", "aten::_scaled_dot_product_flash_attention_for_cpu",
                   "aten::_scaled_dot_product_flash_attention_for_cpu_backward", "_C::cpu_attention_with_kv_cache",
                   "vllm::unified_attention_with_output"),

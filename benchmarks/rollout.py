@@ -1,5 +1,5 @@
 """Rollout speed on the bundled SmolLM2-135M-Instruct: the built-in engine, vLLM (when installed) and
-``model.generate``, each in fp32 and bf16 (the built-in engine in the weight-only formats bf16-weights and int8
+``model.generate``, each in fp32 and bf16 (the built-in engine in the weight-only format bf16-weights
 too, :mod:`grouprl.rollout.weight_only`), at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
 engine with every matrix product as ``x @ W.T`` (what its learnt decode layouts,
 :mod:`grouprl.rollout.skinny`, gain) and with its decode steps through the model's ``transformers`` forward
@@ -55,7 +55,7 @@ from grouprl.rollout.weight_only import WEIGHT_ONLY
 from grouprl.types import SamplingParams
 
 G = 4
-FORMATS = ("fp32", "bf16", "bf16-weights", "int8")
+FORMATS = ("fp32", "bf16", "bf16-weights")
 
 
 class PlainProducts(SkinnyProducts):

@@ -333,7 +333,7 @@ def main() -> None:
                         help="grouprl's rollout_compile (default: its config's own; true/false force it); it compiles "
                              "in the warm-up step, whose time the step lines show")
     parser.add_argument("--grouprl_rollout_dtype", default="auto",
-                        help="grouprl's rollout_dtype (auto: what dtype auto measures; fp32, bf16, bf16-weights, int8 "
+                        help="grouprl's rollout_dtype (auto: dtype auto's rule; fp32, bf16, bf16-weights "
                              "force it); "
                              "comma-separated: one more grouprl worker per further value, as --grouprl_allocator")
     parser.add_argument("--trl_allocator", default="system", help="allocator of TRL's worker, the same choices")

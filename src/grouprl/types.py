@@ -64,10 +64,9 @@ class SamplingParams:
     format: str = "fp32"
     """Number format of the decode steps (built-in engine; vLLM samples in its own dtype): fp32, the model's
     weights as they are; bf16, a bfloat16 copy of the weights made for the rollout, under bf16 autocast
-    (fast where the CPU multiplies bf16 natively: AMX, AVX512-BF16); int8, one-token steps multiply int8
-    copies of the fp32 weights with bf16 activations (CPU only; fast where bf16 is not: AVX2,
-    grouprl.rollout.int8); bf16-weights, one-token steps multiply bf16 copies of the fp32 weights with fp32
-    activations and sums (x86 CPUs with AVX2: fast where bf16 arithmetic is not, grouprl.rollout.bf16_weights)."""
+    (fast where the CPU multiplies bf16 natively: AMX, AVX512-BF16); bf16-weights, one-token steps multiply
+    bf16 copies of the fp32 weights with fp32 activations and sums (x86 CPUs with AVX2: fast where bf16
+    arithmetic is not, grouprl.rollout.bf16_weights)."""
 
 
 @dataclass

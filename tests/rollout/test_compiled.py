@@ -178,14 +178,14 @@ def test_rollout_compile_asks_for_the_built_in_engine_on_a_cpu():
         resolve_compile(True, "hf", "bf16", model, torch.device("cuda"))
 
 
-def test_int8_rollouts_run_eagerly_on_the_built_in_engine():
+def test_bf16_weights_rollouts_run_eagerly_on_the_built_in_engine():
     model = build("llama")
-    assert resolve_compile(None, "hf", "int8", model, torch.device("cpu")) == (
-        False, "int8 rollouts run their decode steps eagerly")
-    with pytest.raises(ConfigError, match="rollout_compile=true: int8 rollouts run their decode steps eagerly"):
-        resolve_compile(True, "auto", "int8", model, torch.device("cpu"))
-    assert resolve_engine("auto", model, "sample", rollout_format="int8") == (
-        "hf", "int8 rollouts are the built-in engine's (vLLM samples in fp32 or bf16)")
+    assert resolve_compile(None, "hf", "bf16-weights", model, torch.device("cpu")) == (
+        False, "bf16-weights rollouts run their decode steps eagerly")
+    with pytest.raises(ConfigError, match="rollout_compile=true: bf16-weights rollouts run their decode steps eager"):
+        resolve_compile(True, "auto", "bf16-weights", model, torch.device("cpu"))
+    assert resolve_engine("auto", model, "sample", rollout_format="bf16-weights") == (
+        "hf", "bf16-weights rollouts are the built-in engine's (vLLM samples in fp32 or bf16)")
 
 
 def test_auto_compiles_bf16_rollouts_of_models_the_graph_covers(monkeypatch):

@@ -18,7 +18,7 @@ from grouprl.trainer.sampling import eval_params, rollout_params
         ({"advantage": "gae"}, "advantage='gae' is not one of: grpo, rank, reinforce, rloo"),
         ({"dual_clip": 0.5}, "dual_clip=0.5 must be > 1"),
         ({"lora_rank": 8, "ref_sync_steps": 2}, "not available with LoRA"),
-        ({"rollout_dtype": "fp8"}, "rollout_dtype='fp8' is not one of: auto, fp32, bf16, bf16-weights, int8"),
+        ({"rollout_dtype": "fp8"}, "rollout_dtype='fp8' is not one of: auto, fp32, bf16, bf16-weights"),
     ],
 )
 def test_invalid_settings_say_what_to_change(kwargs, message):
@@ -61,14 +61,12 @@ def test_gradient_checkpointing_is_on_unless_set_off_or_the_update_differentiate
     assert not TrainerConfig(algo="trpo").checkpointing  # Fisher-vector products: a double backward
 
 
-def test_int8_rollouts_sample_in_int8_and_evaluate_the_trained_weights():
-    config = GRPOConfig(rollout_dtype="int8")
-    assert config.rollout_format == "int8" and rollout_params(config).format == "int8"
-    assert eval_params(config).format == "fp32"
+def test_evaluation_samples_in_the_rollout_format():
     assert eval_params(GRPOConfig(dtype="bf16")).format == "bf16"
+    assert eval_params(GRPOConfig(dtype="bf16", rollout_dtype="fp32")).format == "fp32"
 
 
-@pytest.mark.parametrize("fmt", ["int8", "bf16-weights"])
+@pytest.mark.parametrize("fmt", ["bf16-weights"])
 def test_weight_only_rollouts_are_the_built_in_engines(monkeypatch, fmt):
     import importlib.util
 

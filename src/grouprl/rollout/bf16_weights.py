@@ -16,10 +16,10 @@ one thread, SmolLM2-135M's weights streamed from memory (``python benchmarks/pro
 1,2,4,8,16``, log ``benchmarks/results/products/xeon-avx2-capped-bf16-weights.log``): the 49k x 576 LM head at
 1 / 2 / 4 / 8 / 16 rows took 2.8 / 3.0 / 4.0 / 7.2 / 11.5 ms against 6.7 / 9.1 / 13.3 / 16.0 / 15.4 for the
 fastest fp32 layout the engine learns (:mod:`grouprl.rollout.skinny`), a 16-row step's products 56.3 ms against
-69.8. Whole rollouts of 16 x 64 (``python benchmarks/rollout.py --threads 1 --formats fp32,bf16-weights,int8
+69.8. Whole rollouts of 16 x 64 (``python benchmarks/rollout.py --threads 1 --formats fp32,bf16-weights
 --no_vllm --settings 16x64 --repeats 3 --warmup 1``, log
-``benchmarks/results/rollout/xeon-avx2-capped-bf16-weights.log``): 117.8 tokens/s against 65.5 in fp32 and 79.8
-in int8, 3.26x ``model.generate`` (36.2, fp32).
+``benchmarks/results/rollout/xeon-avx2-capped-bf16-weights.log``, taken with int8 beside them): 117.8 tokens/s
+against 65.5 in fp32, 3.26x ``model.generate`` (36.2, fp32).
 
 Only one-token decode steps are rerouted; prefills (many rows, where the BLAS is efficient) stay fp32. The
 bf16 copies are made per decode loop on first use (the weights change between rollouts): 270 MB for

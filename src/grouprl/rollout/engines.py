@@ -89,8 +89,8 @@ def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_tu
                    compile_steps: bool = False, rollout_format: str = "fp32") -> tuple[str, str]:
     """(hf or vllm, why) for ``rollout_engine`` ``requested`` (auto, hf or vllm); ``multi_turn``: the
     rollouts are trajectories in environments; ``compile_steps``: the built-in engine would compile its
-    decode steps (:func:`resolve_compile`); ``rollout_format``: fp32, bf16, bf16-weights or int8 (the last two
-    are the built-in engine's: :mod:`grouprl.rollout.weight_only`)."""
+    decode steps (:func:`resolve_compile`); ``rollout_format``: fp32, bf16 or bf16-weights (the last is the
+    built-in engine's: :mod:`grouprl.rollout.weight_only`)."""
     if requested == "hf":
         return "hf", "rollout_engine=hf"
     if requested == "vllm":
@@ -122,7 +122,7 @@ def resolve_compile(requested: bool | None, engine: str, fmt: str, model: nn.Mod
                     device: torch.device | None = None) -> tuple[bool, str]:
     """(whether the built-in engine compiles its decode steps, why) for ``rollout_compile`` ``requested``
     (None: auto), the ``rollout_engine`` asked for (auto counts as the built-in engine, which it then picks)
-    and the rollout format ``fmt`` (fp32, bf16, bf16-weights, int8); ``device``: where the run computes (None: where
+    and the rollout format ``fmt`` (fp32, bf16, bf16-weights); ``device``: where the run computes (None: where
     ``model`` is). An explicit request the run cannot honour is an error, before any work."""
     from grouprl.rollout.compiled import compiler_found, problem
     from grouprl.rollout.layer_loop import LayerLoop

@@ -85,7 +85,7 @@ def run_as_is(model: nn.Module, fn: Callable[[nn.Module], Any]) -> Any:
 
 
 FORMATS: dict[str, Callable[[nn.Module, Callable[[nn.Module], Any]], Any]] = {
-    "fp32": run_as_is, "bf16": run_with_bf16_weights, "bf16-weights": run_as_is, "int8": run_as_is}
+    "fp32": run_as_is, "bf16": run_with_bf16_weights, "bf16-weights": run_as_is}
 """``SamplingParams.format`` -> how a decode loop runs ``fn(model)`` in it. The weight-only formats
 (:mod:`grouprl.rollout.weight_only`) keep the fp32 weights here: each :class:`Runner` built with one reroutes its
 one-token steps' products to copies in it."""
@@ -113,7 +113,7 @@ class Runner:
     decode steps' matrix products (:mod:`grouprl.rollout.skinny`); pass one that outlives the runner to
     keep what it learnt across rollouts; ``compiled`` (:mod:`grouprl.rollout.compiled`), likewise kept, runs
     the layer loop's steps as one compiled graph once the layouts are learnt. ``fmt``: a weight-only format
-    (int8, bf16-weights: :mod:`grouprl.rollout.weight_only`) multiplies copies of the fp32 weights in one-token
+    (bf16-weights: :mod:`grouprl.rollout.weight_only`) multiplies copies of the fp32 weights in one-token
     steps, eagerly (not compiled); any other format runs the model as it is. The weights must not change while
     the runner lives: the reordered or converted copies the steps read are made once and kept until it goes.
     On a CPU, one-token steps of the model families :mod:`grouprl.rollout.layer_loop` covers run through

@@ -108,7 +108,7 @@ class Sampler:
       Without filters or penalty they equal :func:`~grouprl.rollout.logprobs.token_logprobs`.
     - ``format`` bf16 samples from a bfloat16 copy of the weights made for the rollout (the
       module keeps its own); it pays off only where the CPU multiplies bf16 natively (AMX,
-      AVX512-BF16). int8 and bf16-weights multiply int8 or bf16 copies in the decode steps, fp32 elsewhere
+      AVX512-BF16). bf16-weights multiplies bf16 copies in the decode steps, fp32 elsewhere
       (:mod:`grouprl.rollout.weight_only`).
     - Memory: the KV cache is preallocated for ``Lp + max_new_tokens`` positions of all B rows
       (SmolLM2-135M, B=16, 306 positions: 225 MB in fp32) and shrinks as rows finish.

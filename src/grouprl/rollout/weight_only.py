@@ -1,9 +1,10 @@
 """Rollout formats whose one-token decode steps multiply other copies of the fp32 weights, everything else
-staying fp32: ``int8`` (each weight row quantized to int8, activations rounded to bf16 at the product:
-:mod:`grouprl.rollout.int8`) and ``bf16-weights`` (weights rounded to bf16, fp32 activations and sums:
-:mod:`grouprl.rollout.bf16_weights`). A decode loop makes each weight's copy on first use and keeps it to the
-loop's end (the weights change between rollouts); prefills, environment replies and everything between the
-products run on the fp32 model.
+staying fp32: ``bf16-weights`` (weights rounded to bf16, fp32 activations and sums:
+:mod:`grouprl.rollout.bf16_weights`). int8 copies were removed: opt-in, 0.96-1.02x a GRPO step
+(``benchmarks/results/vs_trl/xeon-avx2-capped-int8-fp32-repeats2.log``), and held-out accuracy behind fp32
+rollouts' at every saved step (``benchmarks/results/int8-rollouts/``). A decode loop makes each weight's copy on
+first use and keeps it to the loop's end (the weights change between rollouts); prefills, environment replies and
+everything between the products run on the fp32 model.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from grouprl.rollout import bf16_weights, int8
+from grouprl.rollout import bf16_weights
 from grouprl.rollout.skinny import rerouted
 
 Copy = tuple[torch.Tensor, ...]
@@ -36,7 +37,6 @@ class WeightOnly:
 WEIGHT_ONLY: dict[str, WeightOnly] = {
     "bf16-weights": WeightOnly(bf16_weights.supported, bf16_weights.pack, bf16_weights.bf16_weights_linear,
                                lambda: bf16_weights.unavailable()),
-    "int8": WeightOnly(int8.supported, int8.quantize_rows, int8.int8_linear, lambda: None),
 }
 """``SamplingParams.format`` -> its weight-only products, for the formats that have them."""
 

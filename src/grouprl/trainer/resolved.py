@@ -53,7 +53,7 @@ class ResolvedSettings:
         if self.rollout_is != "auto":
             return self.rollout_is
         # Only fp32 on both sides with the built-in engine computes the same numbers: a bf16 rollout runs on
-        # bf16 weights with a bf16 residual stream, a weight-only one on bf16 or int8 copies, a bf16 training pass
+        # bf16 weights with a bf16 residual stream, a bf16-weights one on bf16 copies, a bf16 training pass
         # under autocast on fp32 ones.
         exact = self.engine_choice == "hf" and self.rollout_format == "fp32" and not self.train_bf16
         return "none" if exact else "token"

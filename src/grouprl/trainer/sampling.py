@@ -16,9 +16,7 @@ def rollout_params(c: TrainerConfig, stop_token_ids: tuple[int, ...] = ()) -> Sa
 
 
 def eval_params(c: TrainerConfig) -> SamplingParams:
-    """Sampling of held-out evaluation: the training settings' length and stops, ``eval_temperature``; in
-    the rollout format, except that int8 rollouts evaluate in fp32: an accuracy should be the trained
-    weights', not their quantized copy's."""
-    fmt = "fp32" if c.rollout_format == "int8" else c.rollout_format
+    """Sampling of held-out evaluation: the training settings' length and stops, ``eval_temperature``, in
+    the rollout format."""
     return SamplingParams(max_new_tokens=c.max_new_tokens, temperature=c.eval_temperature,
-                          stop_strings=tuple(c.stop_strings), format=fmt)
+                          stop_strings=tuple(c.stop_strings), format=c.rollout_format)
