@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from grouprl.run.logs import peak_rss_mb
@@ -161,3 +162,22 @@ def test_the_cap_is_shared_by_a_level_and_spares_short_strings():
     assert cap_text(record, cap=1612) is record  # 1612 characters in all: nothing to cut
     tiny = cap_text({"x": "x" * 100, "y": "y" * 100}, cap=10)  # the level (5) is under the floor
     assert tiny["x"] == "x" * (KEPT_WHOLE // 2) + "[... 36 characters cut ...]" + "x" * (KEPT_WHOLE // 2)
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_line_resumes_with_whole_logs(tmp_path):
+    from tests.helpers.trainer import make_trainer
+
+    make_trainer(tmp_path, total_steps=1, save_every=1).train()
+    run = tmp_path / "run"
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        with open(run / name, "a", encoding="utf-8") as f:
+            f.write('{"step": 2, "reward/me')  # killed while writing step 2
+    make_trainer(tmp_path, total_steps=2, resume_from="latest").train()
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        text = (run / name).read_text(encoding="utf-8")
+        # every line whole JSON: the torn fragment, left in place, would have been glued to step 2's first line
+        records = [json.loads(line) for line in text.split("\n") if line]
+        assert sorted({r["step"] for r in records if r["step"]}) == [1, 2], name
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().split("\n") if line]
+    assert [r["step"] for r in metrics if "reward/mean" in r] == [1, 2]
