@@ -7,7 +7,10 @@ the turns of the same game that started from the same state: the environment's `
 interval still open and the guesses used), the other with ``advantage: grpo``. Held-out success is
 ``eval/success`` over 4 plays of each of 32 held-out games, every ``--eval_every`` steps.
 
-    python benchmarks/gigpo_agent.py [--seeds 0,1,2] [--steps 30] [--eval_every 10]
+    python benchmarks/gigpo_agent.py [--seeds 0,1,2] [--steps 30] [--eval_every 10] [--set KEY=VALUE ...]
+
+``--set`` changes one ``grouprl train`` setting for both variants (repeatable), e.g. the policy loss of an
+ablation (docs/policy-losses.md): ``--set policy_loss=cispo --set mu=2 --out benchmarks/results/gigpo-agent-cispo``.
 
 Runs alternate between the variants, seed by seed, so that load from elsewhere falls on both alike.
 Writes ``results.jsonl`` (every evaluation of every run) and ``results.md`` to ``--out``; the last
@@ -36,7 +39,7 @@ VARIANTS = ("grpo", "gigpo")
 def run(variant: str, seed: int, args: argparse.Namespace, root: Path) -> list[dict]:
     out = root / f"{variant}-seed{seed}"
     settings = {**AGENT_DEMO, "total_steps": args.steps, "eval_every": args.eval_every, "seed": seed,
-                "advantage": variant, "output_dir": str(out), "log_completions_every": args.steps}
+                "advantage": variant, "output_dir": str(out), "log_completions_every": args.steps, **dict(args.set)}
     argv = [sys.executable, "-m", "grouprl", "train", "--no-progress", "--no-tensorboard"]
     for key, value in settings.items():
         argv += [f"--{key}", str(value)]
@@ -59,6 +62,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--eval_every", type=int, default=10)
     parser.add_argument("--out", default="benchmarks/results/gigpo-agent")
+    parser.add_argument("--set", action="append", default=[], type=lambda t: tuple(t.split("=", 1)),
+                        metavar="KEY=VALUE", help="a grouprl train setting for both variants (repeatable)")
     args = parser.parse_args()
     print(cpu_line(), flush=True)
     out = Path(args.out)
@@ -77,7 +82,7 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     steps = sorted({r["step"] for r in done})
     lines = [cpu_line(), "", f"`python benchmarks/gigpo_agent.py --seeds {args.seeds} --steps {args.steps} "
-             f"--eval_every {args.eval_every}`", "",
+             f"--eval_every {args.eval_every}" + "".join(f" --set {k}={v}" for k, v in args.set) + "`", "",
              "Held-out success, mean over seeds (min-max); seconds of training to reach the step, mean.", "",
              "| step | " + " | ".join(f"{v} success | {v} s" for v in VARIANTS) + " |",
              "|---|" + "---|---|" * len(VARIANTS)]

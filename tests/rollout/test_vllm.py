@@ -126,7 +126,8 @@ def test_an_older_vllm_takes_lora_base_weights_under_the_names_of_its_wrappers()
 def test_config_refuses_vllm_beam_groups_and_unknown_correction_levels():
     with pytest.raises(ValueError, match="rollout_mode=beam needs rollout_engine=hf"):
         GRPOConfig(rollout_engine="vllm", rollout_mode="beam")
-    with pytest.raises(ValueError, match="rollout_is='tok' is not one of: auto, none, sequence, token"):
+    with pytest.raises(ValueError,
+                       match="rollout_is='tok' is not one of: auto, none, icepop, sequence, sequence-mask, token"):
         GRPOConfig(rollout_is="tok")
     with pytest.raises(ValueError, match="vllm_gpu_memory_utilization"):
         GRPOConfig(vllm_gpu_memory_utilization=1.5)

@@ -17,6 +17,7 @@ from grouprl.rollout.weight_only import WEIGHT_ONLY
 from grouprl.run.loggers import logger_problems
 from grouprl.run.optim import LR_SCHEDULES
 from grouprl.trainer.algorithms import ALGORITHMS, KEY_GROUPS, KL_CONTROLLERS, Algorithm, owners
+from grouprl.trainer.loss_variants import variant_problems
 
 ZERO_STD_POLICIES = ("keep", "drop")
 
@@ -29,7 +30,8 @@ def problems(c: Any) -> list[str]:
     out = logger_problems(c.loggers, c.tensorboard)
     return out + (_algorithm_problems(c, algo) + _registry_problems(c) + _range_problems(c) + _batch_problems(c)
             + _objective_problems(c) + _sampling_problems(c) + _scale_out_problems(c) + _critic_problems(c)
-            + _trust_region_problems(c) + _gigpo_problems(c) + _estimator_problems(c))
+            + _trust_region_problems(c) + _gigpo_problems(c) + _estimator_problems(c)
+            + variant_problems(c))
 
 
 def _algorithm_problems(c: Any, algo: Algorithm) -> list[str]:

@@ -75,15 +75,50 @@ class TrainerConfig(ResolvedSettings):
     """Target per-sequence KL (sum over tokens) of the adaptive controller (Ziegler et al. 6.0)."""
     kl_horizon: int = 10000
     """Horizon of the adaptive controller, in rows: beta changes by at most 20% per horizon."""
+    policy_loss: str = "clip"
+    """The policy-gradient term (docs/policy-losses.md; grouprl.algos.policy_losses). clip: PPO/GRPO's clipped
+    surrogate -min(rho*A, clip(rho)*A), the paper's and TRL's and verl's default. cispo (MiniMax-M1): the
+    REINFORCE gradient weighted by the clipped, stop-gradient ratio, so clipped tokens still learn (TRL
+    loss_type cispo, verl cispo). sapo (Qwen's SAPO): a smooth sigmoid gate on the ratio instead of a hard clip
+    (TRL sapo, verl sapo). gmpo (GMPO): the geometric mean of the clipped token ratios, one per completion
+    (verl geo_mean). Each reads only its own keys below; another's key is refused. On-policy (mu 1, one
+    minibatch) rho = 1 and all four take the same step, REINFORCE's under the run's aggregation; they differ
+    once the update is off-policy (mu > 1 or several minibatches)."""
     eps_low: float = 0.2
-    """Lower clip range of the ratio: rho >= 1 - eps_low (PPO/GRPO 0.2)."""
+    """clip: lower clip range of the ratio: rho >= 1 - eps_low (PPO/GRPO 0.2)."""
     eps_high: float | None = None
-    """Upper clip range: rho <= 1 + eps_high. Empty = eps_low. DAPO's clip-higher uses 0.28."""
+    """clip: upper clip range: rho <= 1 + eps_high. Empty = eps_low. DAPO's clip-higher uses 0.28."""
     dual_clip: float | None = None
-    """Dual-clip constant c > 1: bounds the loss of negative-advantage tokens at c*|A| (e.g. 3)."""
+    """clip: dual-clip constant c > 1: bounds the loss of negative-advantage tokens at c*|A| (e.g. 3)."""
     importance_level: str = "token"
-    """Importance ratio per token (GRPO/PPO) or per sequence (sequence = GSPO's length-normalised
+    """clip: importance ratio per token (GRPO/PPO) or per sequence (sequence = GSPO's length-normalised
     sequence ratio, more stable for long completions and MoE models)."""
+    cispo_eps_low: float | None = None
+    """cispo: the importance weight is at least 1 - cispo_eps_low. Empty = no lower bound (MiniMax-M1's
+    choice; TRL's cispo has none either; verl's reuses its clip ratio, 0.2)."""
+    cispo_eps_high: float = 4.0
+    """cispo: the importance weight is at most 1 + cispo_eps_high. 4 caps it at 5, TRL's recommended
+    epsilon_high=5.0 for cispo (its ScaleRL recipe, where epsilon_high is the cap itself); verl reuses its clip
+    ratio (0.28 with clip-higher), a much tighter band. MiniMax-M1 tuned only this bound."""
+    sapo_tau_pos: float = 1.0
+    """sapo: gate temperature for positive advantages, f(rho) = sigmoid(tau (rho - 1)) * 4 / tau; larger =
+    off-policy tokens damped sooner (SAPO paper, TRL and verl: 1.0)."""
+    sapo_tau_neg: float = 1.05
+    """sapo: gate temperature for zero and negative advantages (paper, TRL, verl: 1.05, above sapo_tau_pos:
+    negative updates spread mass over the vocabulary and destabilise sooner)."""
+    gmpo_eps_low: float = 0.4
+    """gmpo: each token's log-ratio is clipped at -gmpo_eps_low on the pessimistic side (GMPO paper: 0.4, a
+    ratio range of e^-0.4..e^0.4, wider than GRPO's because a geometric mean is less moved by one token;
+    verl's geo_mean reads its clip ratios, set to 0.4 in its GMPO recipe)."""
+    gmpo_eps_high: float | None = None
+    """gmpo: the upper log-space clip, log rho <= gmpo_eps_high. Empty = gmpo_eps_low."""
+    top_entropy_quantile: float = 1.0
+    """Only the tokens in the top q share of the policy's entropy, over the minibatch's policy tokens, carry
+    the policy-gradient term (Wang et al. 2025, "Beyond the 80/20 rule": q = 0.2 matched or beat full
+    updates on Qwen3); KL, entropy bonus and denominators still count every token. 1 = every token (TRL's
+    top_entropy_quantile default; verl has no such key). Below 1 it costs one more forward pass (no
+    gradient) per minibatch: the quantile is over the whole minibatch, as the paper's batch, where TRL takes
+    it per micro-batch."""
     advantage: str | None = None
     """Advantage estimator within each group (every algorithm but ppo, whose baseline is its critic):
     grpo (group mean baseline, scaled by advantage_scale), rloo (leave-one-out baseline), reinforce
@@ -309,9 +344,12 @@ class TrainerConfig(ResolvedSettings):
     MiB here, where vLLM's CPU setting is usually a fixed few GiB). A smaller cache still works:
     vLLM then decodes fewer rows at a time."""
     rollout_is: str = "auto"
-    """Truncated importance sampling for the rollout engine's mismatch (Yao et al. 2025): weight
-    each token's policy-gradient term by min(pi_old / pi_rollout, rollout_is_cap), per token
-    (token) or one product per completion (sequence); none = off. auto = token unless rollouts and
+    """Correction of the rollout engine's mismatch, r = pi_old / pi_rollout per token. Truncated importance
+    sampling (Yao et al. 2025): weight each token's policy-gradient term by min(r, rollout_is_cap), per token
+    (token) or one product per completion (sequence). Masking (grouprl.algos.rollout_correction): icepop
+    (IcePop, Ring-1T) weights a token by r inside [icepop_low, icepop_high] and drops it outside;
+    sequence-mask (verl's geometric rejection sampling) drops a completion whose geometric-mean r leaves
+    [sequence_mask_low, sequence_mask_high]. none = off. auto = token unless rollouts and
     training compute the same numbers (both fp32, built-in engine): a bf16 rollout runs on bf16 weights,
     a bf16 training pass under autocast on fp32 ones (2e-3 nats of KL per token apart on SmolLM2), and
     vLLM has kernels of its own (TRL turns it on with vLLM). No extra pass where the
@@ -319,7 +357,18 @@ class TrainerConfig(ResolvedSettings):
     forward runs, and the weights come from that pass; otherwise from the old-policy pass (one extra
     forward only for an on-policy trpo). rollout/mismatch_kl is logged whenever it runs."""
     rollout_is_cap: float = 2.0
-    """Cap C of the importance weight (TRL and verl: 2). Lower = less variance, more bias."""
+    """rollout_is token or sequence: cap C of the importance weight (TRL and verl: 2). Lower = less
+    variance, more bias."""
+    icepop_low: float = 0.5
+    """rollout_is icepop: tokens with r below this carry no policy gradient (IcePop: 0.5; TRL's token_mask
+    masks only above its cap; verl's token rejection defaults to the reciprocal of its upper bound)."""
+    icepop_high: float = 5.0
+    """rollout_is icepop: tokens with r above this carry no policy gradient (IcePop: 5)."""
+    sequence_mask_low: float = 0.999
+    """rollout_is sequence-mask: a completion whose geometric-mean r is below this is dropped from the
+    policy gradient (verl's geo_rs preset: 0.999; a geometric mean sits near 1, so the band is tight)."""
+    sequence_mask_high: float = 1.001
+    """rollout_is sequence-mask: ... or above this (verl's geo_rs preset: 1.001)."""
     # --- run folder, logging, checkpoints, evaluation -----------------------------------------
     output_dir: str = "runs/grpo"
     """Run folder: config.yaml, metrics.jsonl, completions.jsonl, checkpoints/, report/."""

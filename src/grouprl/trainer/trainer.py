@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from grouprl.algos import kl_per_token
-from grouprl.algos.rollout_correction import rollout_mismatch, truncated_is_weights
+from grouprl.algos.rollout_correction import rollout_mismatch
 from grouprl.errors import NonFiniteError
 from grouprl.models import store_frozen_linears, unwrap_ddp
 from grouprl.models.precision import Formats, pinned, resolve_formats
@@ -62,12 +62,13 @@ from grouprl.trainer.algorithms import ALGORITHMS, KL_CONTROLLERS
 from grouprl.trainer.collect import Collected, combine_metrics
 from grouprl.trainer.critic import Critic
 from grouprl.trainer.inputs import RunInputs
+from grouprl.trainer.loss_variants import rollout_correction
 from grouprl.trainer.metrics import reward_metrics, rollout_metrics, row_advantages, sample_records
 from grouprl.trainer.policy import PolicyPasses, bf16_base_fits, default_reference, prepare_policy
 from grouprl.trainer.processes import OneProcess
 from grouprl.trainer.rules import UPDATE_RULES
 from grouprl.trainer.sources import make_source
-from grouprl.trainer.update import UpdateBatch
+from grouprl.trainer.update import UpdateBatch, weighted
 from grouprl.types import RolloutBatch
 
 
@@ -216,7 +217,7 @@ class Trainer:
         return result if device is None else result.to(device)
 
     def correct_rollout(self, data: UpdateBatch) -> dict[str, float]:
-        """With ``rollout_is`` on, weight each token's policy-gradient term by the capped ratio
+        """With ``rollout_is`` on, weight each token's policy-gradient term by the capped or masked ratio
         pi_old / pi_rollout (:mod:`grouprl.algos.rollout_correction`), making ``data.advantages``
         ``[B, T]``; logs the rollout engine's mismatch KL whenever pi_old was computed. On-policy, the
         update forms the weights from its own pass instead (``data.rollout_logp``)."""
@@ -229,10 +230,8 @@ class Trainer:
         rollout_logp = data.rollout.sampling_logprobs.to(data.old_logp.device)
         if c.rollout_is_level == "none":
             return {k: float(v) for k, v in rollout_mismatch(data.old_logp, rollout_logp, data.mask).items()}
-        weights, m = truncated_is_weights(data.old_logp, rollout_logp, data.mask, level=c.rollout_is_level,
-                                          cap=c.rollout_is_cap)
-        adv = data.advantages if data.advantages.dim() == 2 else data.advantages.unsqueeze(-1)
-        data.advantages = adv * weights
+        weights, m = rollout_correction(c, data.old_logp, rollout_logp, data.mask)
+        data.advantages = weighted(data.advantages, weights)
         return {k: float(v) for k, v in m.items()}
 
     def finish_metrics(self, got: Collected, data: UpdateBatch, constant: torch.Tensor | None,

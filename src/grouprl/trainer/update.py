@@ -5,6 +5,11 @@ minibatch is one optimizer step, accumulated over micro-batches whose losses sha
 denominators, so the micro-batch size changes memory and speed, never the update. With a critic
 (PPO) the value loss joins each micro-batch's loss and the critic's optimizer steps beside the
 policy's, under one gradient-norm clip over both.
+
+The policy-gradient term is ``policy_loss``'s (clip, cispo, sapo, gmpo: :mod:`grouprl.algos.policy_losses`).
+Per-token weights on that term are folded into the advantages: the rollout correction's (formed here from
+the update's own pass when it is on-policy) and, with ``top_entropy_quantile`` < 1, the high-entropy
+selection, whose quantile is taken over the whole minibatch by one no-gradient pass before its micro-batches.
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ from typing import Any
 
 import torch
 
-from grouprl.algos import grpo_loss
-from grouprl.algos.rollout_correction import truncated_is_weights
+from grouprl.algos import entropy_threshold, grpo_loss, top_entropy_weights
 from grouprl.run.optim import build_optimizer, clip_and_step
 from grouprl.run.seeds import SHUFFLE_STREAM, generator
+from grouprl.trainer.loss_variants import policy_options, rollout_correction
 from grouprl.trainer.metrics import MetricAverager
 from grouprl.trainer.policy import PolicyPasses, micro_batches
 from grouprl.types import RolloutBatch
@@ -100,8 +105,10 @@ class ClippedSurrogateUpdate:
                 # Rows with nothing in the loss (dropped all-equal groups) would add exact zeros: no pass for them
                 # (a critic still learns from them).
                 live = None if self.critic is not None else data.mask.sum(-1) > 0
-                for micro in micro_batches(rows, live, c.micro_batch_size, self.processes.world_size > 1):
-                    loss, m = self.micro_loss(data, micro, step, beta, n_rows, n_tokens)
+                passes = micro_batches(rows, live, c.micro_batch_size, self.processes.world_size > 1)
+                selected = self.high_entropy_tokens(data, passes, avg) if c.top_entropy_quantile < 1 else None
+                for micro in passes:
+                    loss, m = self.micro_loss(data, micro, step, beta, n_rows, n_tokens, selected)
                     loss.backward()
                     avg.add(m, float(data.mask[micro].sum()))
                 avg.add({"optim/grad_norm": self.optimizer_step(step)}, 1.0)
@@ -113,10 +120,29 @@ class ClippedSurrogateUpdate:
         out["optim/lr"] = self.scheduler.get_last_lr()[0]
         return out
 
+    def high_entropy_tokens(self, data: UpdateBatch, passes: list[torch.Tensor], avg: MetricAverager) -> torch.Tensor:
+        """``[B, T]`` float 0/1 over the rows of ``passes`` (a minibatch's micro-batches; 0 elsewhere): the loss
+        tokens in the top ``top_entropy_quantile`` of the policy's entropy over the minibatch's loss tokens in
+        every process (:mod:`grouprl.algos.token_selection`), from one pass without gradient."""
+        entropy = torch.zeros_like(data.mask)
+        with torch.no_grad():
+            for micro in passes:
+                entropy[micro] = self.passes.logprobs(self.passes.policy, data.rollout, micro,
+                                                      with_entropy=True)[1].to(entropy.dtype)
+        rows = torch.cat(passes)
+        mine = entropy[rows][data.mask[rows] > 0].cpu()
+        threshold = entropy_threshold(torch.cat(self.processes.gather(mine)), self.config.top_entropy_quantile)
+        selected = top_entropy_weights(entropy, data.mask, threshold.to(entropy.device))
+        kept = float(selected[rows].sum()) / max(float(data.mask[rows].sum()), 1.0)
+        avg.add({"policy/entropy_threshold": float(threshold), "policy/entropy_selected_frac": kept}, 1.0)
+        return selected
+
     def micro_loss(self, data: UpdateBatch, micro: torch.Tensor, step: int, beta: float, n_rows: float,
-                   n_tokens: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                   n_tokens: float, selected: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of rows ``micro`` of a minibatch of ``n_rows`` rows and ``n_tokens`` tokens (the
-        shared denominators), scaled to this process's share of the batch gradient."""
+        shared denominators), scaled to this process's share of the batch gradient; ``selected`` (``[B, T]``
+        0/1, or None for every token) weighs each token's policy-gradient term."""
         c = self.config
         part = data.rows(micro)
         total, metrics = torch.zeros(()), {}
@@ -126,14 +152,15 @@ class ClippedSurrogateUpdate:
             logp, entropy = self.passes.logprobs(self.passes.policy, data.rollout, micro, with_entropy=True)
             advantages, is_metrics = part["advantages"], {}
             if part["rollout_logp"] is not None:  # on-policy: this pass, detached, is pi_old
-                weights, is_metrics = truncated_is_weights(logp.detach(), part["rollout_logp"], part["mask"],
-                                                           level=c.rollout_is_level, cap=c.rollout_is_cap)
-                advantages = (advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)) * weights
+                weights, is_metrics = rollout_correction(c, logp.detach(), part["rollout_logp"], part["mask"])
+                advantages = weighted(advantages, weights)
+            if selected is not None:
+                advantages = weighted(advantages, selected[micro])
             loss, policy_metrics = grpo_loss(
-                logp, part["old_logp"], part["ref_logp"], advantages, part["mask"], eps_low=c.eps_low,
-                eps_high=c.eps_high, beta=beta, kl_estimator=c.kl_estimator, aggregation=c.aggregation,
-                level=c.importance_level, dual_clip=c.dual_clip, entropy=entropy, entropy_coef=c.entropy_coef,
-                max_tokens=c.max_new_tokens, group_size=c.group_size, num_rows=n_rows, num_tokens=n_tokens)
+                logp, part["old_logp"], part["ref_logp"], advantages, part["mask"], beta=beta,
+                kl_estimator=c.kl_estimator, aggregation=c.aggregation, entropy=entropy, entropy_coef=c.entropy_coef,
+                max_tokens=c.max_new_tokens, group_size=c.group_size, num_rows=n_rows, num_tokens=n_tokens,
+                policy_loss=c.policy_loss, **policy_options(c))
             total = total + loss
             metrics = {**policy_metrics, **is_metrics, **metrics, "loss/total": total.detach()}
         return total * self.processes.loss_scale(), metrics
@@ -153,3 +180,10 @@ class ClippedSurrogateUpdate:
             self.critic.optimizer.step()
         self.critic.optimizer.zero_grad(set_to_none=True)
         return norm
+
+
+def weighted(advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``[B]`` or ``[B, T]`` advantages times per-token ``weights [B, T]`` (>= 0): ``[B, T]``. Every policy loss
+    is linear in a non-negative factor on the advantage (grouprl.algos.policy_losses), so this weighs each
+    token's policy-gradient term and nothing else."""
+    return (advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)) * weights
