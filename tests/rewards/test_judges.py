@@ -17,6 +17,7 @@ from grouprl.rewards.judges import (
     judge_prompt,
     load_judge,
     mean_win_probability,
+    member_labels,
     parse_scores,
     run_judge,
 )
@@ -44,7 +45,9 @@ def test_the_lm_judge_states_the_task_and_the_shared_prefix_once():
     group = JudgeGroup(prompt="What is 2+3?", completions=[shared + "The answer is 5.", shared + "It is 6."])
     text = judge_prompt(group)
     assert text.count("What is 2+3?") == 1 and text.count(shared.strip()) == 1
-    assert "Response 1 (continued):\nThe answer is 5." in text and text.endswith("1: <score>\n2: <score>")
+    first, second = member_labels(group)
+    assert f'Response {first} (continued):\n"The answer is 5."' in text
+    assert text.endswith(f"{first}: <score>\n{second}: <score>")
     assert common_prefix(["abc def", "abc xyz"]) == ""  # too short to be worth stating apart
 
 
@@ -55,7 +58,11 @@ def test_the_lm_judge_drops_what_does_not_parse_and_scores_what_does(monkeypatch
 
     def answer(questions, max_new_tokens):
         asked.append((len(questions), max_new_tokens))
-        return ["1: 2\n2: 8" if "2+3" in q else "both are fine" for q in questions]
+        def one(q):  # 2 and 8 under the members' labels, read from the prompt's "Response <label>:" lines
+            a, b = [line.split()[1].rstrip(":") for line in q.splitlines() if line.startswith("Response ")]
+            return f"{a}: 2\n{b}: 8" if "2+3" in q else "both are fine"
+
+        return [one(q) for q in questions]
 
     judge.answer = answer
     groups = [JudgeGroup("What is 2+3?", ["5", "6"]), JudgeGroup("Name a colour", ["red", "blue"]),
