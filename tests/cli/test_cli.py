@@ -117,6 +117,11 @@ def test_run_config_validation_names_the_problem(kwargs, message):
 
 
 def one_paragraph(err: str) -> bool:
+    """The error is one paragraph, after any phase lines the command printed as it went (cli.phases)."""
+    lines = err.splitlines()
+    while lines and lines[0].startswith("grouprl: ") and not lines[0].startswith("grouprl: error: "):
+        lines = lines[1:]
+    err = "\n".join(lines)
     return err.startswith("grouprl: error: ") and "Traceback" not in err and "\n\n" not in err.strip()
 
 

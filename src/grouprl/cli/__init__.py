@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from grouprl.cli.phases import announce, resolved_line
 from grouprl.config import (
     ConfigError,
     RewardModelConfig,
@@ -164,10 +165,12 @@ def _resolve(args: argparse.Namespace, rest: list[str], cls: type, base: dict[st
 
 
 def _restart_with_allocator(args: argparse.Namespace, config: TrainConfig) -> None:
-    """The command again under ``config.allocator``'s pick (:func:`grouprl.run.allocator.restart_command`)."""
+    """The command again under ``config.allocator``'s pick (:func:`grouprl.run.allocator.restart_command`);
+    the process that goes on says that the config is resolved (the first of the phase lines)."""
     from grouprl.run.allocator import restart_command
 
     restart_command(config.allocator, args.is_program)
+    announce(resolved_line(config))
 
 
 def _print_config(config: Any) -> int:

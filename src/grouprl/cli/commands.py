@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from grouprl.cli.build import RunInputs, build_inputs, load_model
+from grouprl.cli.phases import announce, data_source
 from grouprl.config import TINY_MODEL, RewardModelConfig, TrainConfig
 from grouprl.errors import ConfigError
 from grouprl.run.folder import claimed
@@ -37,16 +38,19 @@ def before_after(before: dict[str, Any] | None, after: dict[str, Any] | None) ->
 
 # --------------------------------------------------------------------------- train and demo
 
-def train(config: TrainConfig, echo: Echo = print, overwrite: bool = False) -> tuple[dict[str, Any], Path]:
+def train(config: TrainConfig, echo: Echo = print, overwrite: bool = False,
+          phase: Echo = announce) -> tuple[dict[str, Any], Path]:
     """Claim the run folder, build everything ``config`` names, train, write the report. Returns
-    (summary, report path)."""
+    (summary, report path). ``phase`` says as each slow phase starts (on stderr: :mod:`grouprl.cli.phases`)."""
     from grouprl.trainer.dist.group import torchrun_rank
 
-    with claimed(config, overwrite=overwrite, echo=echo, claim=torchrun_rank() == 0) as config:
-        return _train_claimed(config, echo)
+    first = torchrun_rank() == 0
+    with claimed(config, overwrite=overwrite, echo=echo, claim=first) as config:
+        return _train_claimed(config, echo, phase if first else lambda text: None)
 
 
-def _train_claimed(config: TrainConfig, echo: Echo) -> tuple[dict[str, Any], Path]:
+def _train_claimed(config: TrainConfig, echo: Echo, phase: Echo) -> tuple[dict[str, Any], Path]:
+    phase(f"loading the prompts and reward functions ({data_source(config)})")
     inputs = build_inputs(config)  # data, reward functions, checker: every cheap check before the model loads
     from grouprl.cli.build import build_trainer
     from grouprl.cli.launch import join_run, leave_run
@@ -55,11 +59,15 @@ def _train_claimed(config: TrainConfig, echo: Echo) -> tuple[dict[str, Any], Pat
     env = join_run(config)  # under torchrun with several processes: this process's place in the run
     trainer = None
     try:
+        phase(f"loading the model {config.model}")
         policy, tokenizer = load_model(config.model, config.seed)
+        phase("building the trainer (reference, rollout engine, number formats)")
         trainer = build_trainer(config, inputs, policy, tokenizer, env)
         if trainer.is_main:  # what was chosen or found at start (also in summary.json and the report)
             for key, value in trainer.setup.items():
                 echo(f"{key}: {value}")
+        evaluation = "a held-out evaluation first, then " if inputs.eval_rows and not config.resume_from else ""
+        phase(f"training: {evaluation}{config.total_steps} step{'' if config.total_steps == 1 else 's'}")
         summary = trainer.train()
     finally:
         if trainer is not None:
