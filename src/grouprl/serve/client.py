@@ -118,8 +118,8 @@ class ServerSampler:
         self.lora = hasattr(model, "peft_config")
         self.pool = ServerPool(servers, timeout)
         if local is not None:
-            for server, describe in zip(self.pool.servers, local.describers()):
-                server.describe_exit = describe
+            for i, server in enumerate(self.pool.servers):
+                server.describe_exit, server.stop = (lambda i=i: local.describe(i)), (lambda i=i: local.kill(i))
         self.folders: WeightFolders | None = None
         try:
             self.pool.run(self.pool.wait_ready())

@@ -106,8 +106,12 @@ class LocalServers:
         tail = self.log_path(i).read_bytes()[-LOG_TAIL_CHARS:].decode(errors="replace").strip()
         return f"process {self.processes[i].pid} exited with status {code}; end of {self.log_path(i)}: {tail}"
 
-    def describers(self) -> list[Callable[[], str]]:
-        return [lambda i=i: self.describe(i) for i in range(len(self.processes))]
+    def kill(self, i: int) -> None:
+        """End server ``i``'s whole process group at once (a server the run dropped: hung, or dead with its
+        engine process left behind)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.processes[i].pid, signal.SIGKILL)
+        self.processes[i].wait()
 
     def stop(self) -> None:
         """End every server's process group: SIGTERM, then SIGKILL after a grace period."""

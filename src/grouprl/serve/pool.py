@@ -55,6 +55,8 @@ class Server:
     info: dict[str, Any] | None = None
     describe_exit: Callable[[], str] | None = None
     """For a server started here: its process's state (exit status, last log lines), added to messages."""
+    stop: Callable[[], None] | None = None
+    """For a server started here: ends what is left of its processes once it is dropped."""
 
     @property
     def url(self) -> str:
@@ -133,6 +135,8 @@ class ServerPool:
             return
         server.alive = False
         server.why = failure.what + (f" ({server.describe_exit()})" if server.describe_exit else "")
+        if server.stop is not None:  # a hung server, or the engine process of a dead one, is not left running
+            server.stop()
         left = self.alive
         if left:
             warnings.warn(f"rollout server {server.address} dropped: {server.why}; going on with {len(left)} of "

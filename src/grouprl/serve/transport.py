@@ -86,31 +86,34 @@ class WeightFolders:
         base.mkdir(parents=True, exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix="grouprl-weights-", dir=base))
 
-    def path(self, version: int) -> Path:
-        return self.root / f"v{version}"
+    def path(self, version: int, adapter: bool = False) -> Path:
+        """``v<version>`` (full weights) or ``v<version>-lora`` (an adapter) under :attr:`root`."""
+        return self.root / (f"v{version}-lora" if adapter else f"v{version}")
 
     def write_full(self, named: Iterable[tuple[str, torch.Tensor]], version: int, dtype: torch.dtype | None) -> Path:
         """The whole model as version ``version``; returns its folder."""
-        return self._publish(version, lambda tmp: write_safetensors(named, tmp, dtype))
+        return self._publish(self.path(version), lambda tmp: write_safetensors(named, tmp, dtype))
 
     def write_adapter(self, model: Any, state: dict[str, torch.Tensor], version: int) -> Path:
         """A peft model's adapter weights ``state`` (its ``.lora_`` entries) as version ``version``."""
-        return self._publish(version, lambda tmp: model.save_pretrained(str(tmp), state_dict=state))
+        return self._publish(self.path(version, adapter=True), lambda tmp: model.save_pretrained(str(tmp),
+                                                                                                   state_dict=state))
 
-    def _publish(self, version: int, write: Any) -> Path:
-        tmp = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.root))
+    def _publish(self, path: Path, write: Any) -> Path:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=self.root))
         try:
             write(tmp)
-            os.replace(tmp, self.path(version))  # a server sees the folder whole or not at all
+            os.replace(tmp, path)  # a server sees the folder whole or not at all
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return self.path(version)
+        return path
 
     def keep_only(self, version: int) -> None:
         """Remove every version but ``version`` (each server has loaded it)."""
+        keep = {self.path(version).name, self.path(version, adapter=True).name}
         for entry in self.root.iterdir():
-            if entry.name != f"v{version}":
+            if entry.name not in keep:
                 shutil.rmtree(entry, ignore_errors=True)
 
     def remove(self) -> None:

@@ -1,0 +1,171 @@
+"""The trainer's connections to rollout servers (grouprl.serve.pool) against small HTTP servers on
+127.0.0.1 that answer, fail (500), refuse a request (400), hang past the timeout or are not there at
+all; and what a server's answer becomes (grouprl.serve.client.parse_completion), hostile answers
+included. The real servers (vLLM) are in test_servers.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from grouprl.serve.client import parse_completion
+from grouprl.serve.local import free_port
+from grouprl.serve.pool import RolloutServerError, ServerPool, parse_address
+
+
+class Stub:
+    """An HTTP server on 127.0.0.1 whose every answer is ``mode``: ok (200 with the path it was asked),
+    error (500), refuse (400) or hang (no answer for 5 s)."""
+
+    def __init__(self, mode: str):
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_):
+                pass
+
+            def answer(self) -> None:
+                stub.asked += 1
+                if stub.mode == "hang":
+                    time.sleep(5)
+                    return
+                code = {"ok": 200, "error": 500, "refuse": 400}[stub.mode]
+                body = json.dumps({"path": self.path, "version": None, "adapter": None}).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = answer
+
+        self.mode, self.asked = mode, 0
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.address = f"127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.fixture
+def stubs():
+    made = []
+
+    def make(mode):
+        made.append(Stub(mode))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def spread(pool, items=6):
+    async def work(server, i):
+        return (server.address, (await pool.request(server, "POST", f"/row/{i}", {}))["path"])
+
+    return pool.run(pool.spread(work, items, [i // 2 for i in range(items)]))
+
+
+def test_groups_go_round_robin_and_a_failing_server_hands_its_rows_to_the_others(stubs):
+    good, bad = stubs("ok"), stubs("error")
+    pool = ServerPool([good.address, bad.address], timeout=5)
+    try:
+        with pytest.warns(UserWarning, match=rf"rollout server {bad.address} dropped: POST /row/\d answered 500.*"
+                                             rf"going on with 1 of 2 servers \({good.address}\)"):
+            out = spread(pool)
+        assert out == [(good.address, f"/row/{i}") for i in range(6)]  # in item order, all from the one left
+        assert bad.asked == 2  # group 1 (rows 2 and 3) went to it first
+        assert [s.address for s in pool.alive] == [good.address]
+    finally:
+        pool.close()
+
+
+def test_a_server_that_does_not_answer_within_the_timeout_is_named_with_the_timeout(stubs):
+    slow = stubs("hang")
+    pool = ServerPool([slow.address], timeout=0.5)
+    try:
+        start = time.perf_counter()
+        with pytest.raises(RolloutServerError) as caught:
+            spread(pool, items=2)
+        assert time.perf_counter() - start < 4.5  # the 0.5 s timeout, not the server's 5 s
+        said = str(caught.value)
+        assert f"no rollout server is left ({slow.address}: POST /row/0 got no answer within 0.5 s " in said
+        assert "rollout_server_timeout" in said
+    finally:
+        pool.close()
+
+
+def test_a_server_that_is_not_there_is_dropped_after_the_timeout_and_named(stubs):
+    good = stubs("ok")
+    gone = f"127.0.0.1:{free_port()}"
+    pool = ServerPool([gone, good.address], timeout=1.0)
+    try:
+        said = rf"rollout server {gone} dropped: not ready within 1 s \(rollout_server_timeout\); last: GET " \
+            r"/grouprl/info failed: ConnectError"
+        with pytest.warns(UserWarning, match=said):
+            pool.run(pool.wait_ready())
+        assert [s.address for s in pool.alive] == [good.address]
+    finally:
+        pool.close()
+    alone = ServerPool([gone], timeout=0.5)
+    try:
+        with pytest.raises(RolloutServerError, match=rf"no rollout server is left \({gone}: not ready within 0.5 s"):
+            alone.run(alone.wait_ready())
+    finally:
+        alone.close()
+
+
+def test_a_refused_request_is_the_requests_fault_not_the_servers(stubs):
+    strict = stubs("refuse")
+    pool = ServerPool([strict.address], timeout=5)
+    try:
+        with pytest.raises(RolloutServerError, match=rf"rollout server {strict.address} refused POST /row/\d \(400\)"):
+            spread(pool, items=2)
+        assert pool.alive  # still serving
+    finally:
+        pool.close()
+
+
+def test_pool_settings_are_checked_before_anything_starts():
+    with pytest.raises(ValueError, match="names a server twice"):
+        ServerPool(["127.0.0.1:8000", "127.0.0.1:8000"], timeout=5)
+    with pytest.raises(ValueError, match="rollout_server_timeout must be > 0"):
+        ServerPool(["127.0.0.1:8000"], timeout=0)
+    with pytest.raises(ValueError, match="give at least one"):
+        ServerPool([], timeout=5)
+    assert parse_address(" 10.1.2.3:0080 ") == "10.1.2.3:80"
+
+
+def answer(token_ids, logprobs, spans=(("3", 0, 2),), finish="stop"):
+    content = [{"token_id": t, "logprob": lp} for t, lp in zip(token_ids, logprobs)]
+    return {"choices": [{"token_ids": token_ids, "logprobs": {"content": content}, "finish_reason": finish,
+                         "weight_versions": [{"version": v, "start": a, "end": b} for v, a, b in spans]}]}
+
+
+def test_a_servers_answer_becomes_a_completion_with_its_policy_version():
+    c = parse_completion(answer([5, 9], [-0.5, -1.25]), "h:1")
+    assert c.token_ids == [5, 9] and [e[t].logprob for e, t in zip(c.logprobs, c.token_ids)] == [-0.5, -1.25]
+    assert c.version == 3 and c.finish_reason == "stop"
+    # drawn across a weight load: the oldest version counts (the staleness of the whole completion)
+    assert parse_completion(answer([5, 9], [-0.5, -1.0], spans=(("4", 0, 1), ("5", 1, 2))), "h:1").version == 4
+    assert parse_completion(answer([5], [-0.5], spans=(("default", 0, 1),)), "h:1").version is None  # before a push
+
+
+@pytest.mark.parametrize("bad", [
+    {},
+    {"choices": []},
+    {"choices": [{"token_ids": ["x"], "logprobs": {"content": [{"logprob": 0.0}]}}]},
+    {"choices": [{"token_ids": [1], "logprobs": {"content": [{"logprob": "nan?"}]}}]},
+    {"choices": [{"token_ids": [1, 2], "logprobs": {"content": [{"logprob": -1.0}]}}]},
+    "not a dict",
+])
+def test_an_answer_of_another_shape_is_an_error_naming_the_server(bad):
+    with pytest.raises(RolloutServerError, match="rollout server h:1"):
+        parse_completion(bad, "h:1")
