@@ -143,7 +143,9 @@ def test_grouprl_train_piped_to_a_file_prints_a_line_per_step_and_feeds_every_si
             "print(json.dumps(S.get_logs('grouprl', 'run')))")
     stored = json.loads(subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, env=env,
                                        check=True).stdout.splitlines()[-1])
-    assert [row.get("reward/mean") for row in stored if row["step"] == 2] == [logged[2]["reward/mean"]]
+    # step 2 is two rows in trackio, as in metrics.jsonl: the training step's, then the final evaluation's
+    assert [row.get("reward/mean") for row in stored if row["step"] == 2] == [logged[2]["reward/mean"], None]
+    assert [row.get("eval/accuracy") for row in stored if row["step"] == 2] == [None, logged[2]["eval/accuracy"]]
 
 
 TRACKIO_RUN = """
