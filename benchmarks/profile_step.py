@@ -92,7 +92,8 @@ def main() -> None:
         metrics, _ = trainer.step()
         trainer.step_count += 1
     c = trainer.config
-    print(f"engine {c.engine_choice}; formats: rollout {'bf16' if c.rollout_bf16 else 'fp32'}, "
+    plan = trainer.rollout_plan
+    print(f"engine {plan.engine}; formats: rollout {plan.rollout_format}, "
           f"training {'bf16' if c.train_bf16 else 'fp32'}; "
           f"profiled step: rollout {metrics['time/rollout']:.1f} s, update {metrics['time/update']:.1f} s "
           "(with the profiler's cost)", flush=True)

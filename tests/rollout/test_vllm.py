@@ -205,7 +205,7 @@ def test_a_compiled_engine_follows_pushes_too():
 
 def test_vllm_compile_reaches_the_engine(monkeypatch):
     from grouprl.rollout import vllm as vllm_module
-    from grouprl.trainer.sources import vllm_engine
+    from grouprl.trainer.rollout_plan import vllm_engine
 
     built = []
     monkeypatch.setattr(vllm_module, "VLLMSampler", lambda *a, **kw: built.append(kw))

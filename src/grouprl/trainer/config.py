@@ -405,10 +405,6 @@ class TrainerConfig(ResolvedSettings):
 
     def __post_init__(self) -> None:
         self.validate()
-        self.resolved_engine: str | None = None
-        """rollout_engine with auto resolved (hf or vllm), set by the trainer."""
-        self.compile_steps = False
-        """rollout_compile with auto resolved, set by the trainer."""
 
     def validate(self) -> None:
         """Reject impossible or contradictory settings, and keys the algorithm does not read, with a

@@ -43,12 +43,13 @@ def default_reference(policy: nn.Module, config: Any) -> nn.Module | None:
     return make_reference(policy, torch.bfloat16 if config.reference_bf16 else None)
 
 
-def bf16_base_fits(policy: nn.Module, config: Any, processes: Any) -> bool:
+def bf16_base_fits(policy: nn.Module, config: Any, processes: Any, own_weights: bool) -> bool:
     """Whether a LoRA policy's frozen linear weights can be stored in bf16
     (:func:`grouprl.models.store_frozen_linears`): every pass that reads them runs in bf16 (training and
-    log-prob passes under autocast; rollouts from bf16 weights, or in a vLLM engine, which takes its own
-    cast), and one process on the CPU holds the model whole (FSDP keeps a layer's parameters in one format)."""
-    return (is_peft(policy) and config.train_bf16 and (config.rollout_bf16 or config.engine_choice == "vllm")
+    log-prob passes under autocast; rollouts from bf16 weights, or in an engine with its own copy of the
+    weights, ``own_weights``, which takes its own cast), and one process on the CPU holds the model whole
+    (FSDP keeps a layer's parameters in one format)."""
+    return (is_peft(policy) and config.train_bf16 and (config.rollout_bf16 or own_weights)
             and processes.world_size == 1 and processes.device is None)
 
 

@@ -1,8 +1,8 @@
 """What the trainer's settings resolve to: the number format of each phase (the trainer replaces ``auto`` by
-the formats it decided, :mod:`grouprl.models.precision`), the rollout engine and importance correction once
-``auto`` has chosen, the batch's shape, which passes a step needs, and what an empty algorithm-dependent key
-stands for. Kept apart from :class:`~grouprl.trainer.config.TrainerConfig`, whose fields are the user's knobs
-and their documentation; the config class takes these as its methods."""
+the formats it decided, :mod:`grouprl.models.precision`), the importance correction, the batch's shape, which
+passes a step needs, and what an empty algorithm-dependent key stands for. Kept apart from
+:class:`~grouprl.trainer.config.TrainerConfig`, whose fields are the user's knobs and their documentation; the
+config class takes these as its methods."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from grouprl.trainer.algorithms import ALGORITHMS
 
 class ResolvedSettings:
     """Derived values of a :class:`~grouprl.trainer.config.TrainerConfig` (read its fields)."""
-
-    resolved_engine: str | None
 
     @property
     def rollout_format(self) -> str:
@@ -43,19 +41,16 @@ class ResolvedSettings:
         return ALGORITHMS.get(self.algo).update != "trust-region"
 
     @property
-    def engine_choice(self) -> str:
-        """The rollout engine in use: ``rollout_engine`` with auto resolved by the trainer (hf until then)."""
-        return self.resolved_engine or (self.rollout_engine if self.rollout_engine != "auto" else "hf")
-
-    @property
     def rollout_is_level(self) -> str:
-        """``rollout_is`` with auto resolved (see the field)."""
+        """``rollout_is`` with auto resolved (see the field) as for the engine ``rollout_engine`` names, auto
+        counting as the built-in one. A trainer's config has it resolved for the engine its rollout plan chose
+        (:func:`grouprl.trainer.rollout_plan.plan_rollout`)."""
         if self.rollout_is != "auto":
             return self.rollout_is
         # Only fp32 on both sides with the built-in engine computes the same numbers: a bf16 rollout runs on
         # bf16 weights with a bf16 residual stream, a bf16-weights one on bf16 copies, a bf16 training pass
         # under autocast on fp32 ones.
-        exact = self.engine_choice == "hf" and self.rollout_format == "fp32" and not self.train_bf16
+        exact = self.rollout_engine != "vllm" and self.rollout_format == "fp32" and not self.train_bf16
         return "none" if exact else "token"
 
     @property

@@ -50,7 +50,6 @@ from grouprl.errors import NonFiniteError
 from grouprl.models import store_frozen_linears, unwrap_ddp
 from grouprl.models.precision import Formats, pinned, resolve_formats
 from grouprl.rewards.base import unique_names
-from grouprl.rollout.engines import resolve_compile, resolve_engine
 from grouprl.run import checkpoint as ckpt
 from grouprl.run.allocator import describe as describe_allocator
 from grouprl.run.files import as_plain
@@ -66,6 +65,7 @@ from grouprl.trainer.loss_variants import rollout_correction
 from grouprl.trainer.metrics import reward_metrics, rollout_metrics, row_advantages, sample_records
 from grouprl.trainer.policy import PolicyPasses, bf16_base_fits, default_reference, prepare_policy
 from grouprl.trainer.processes import OneProcess
+from grouprl.trainer.rollout_plan import plan_rollout
 from grouprl.trainer.rules import UPDATE_RULES
 from grouprl.trainer.sources import make_source
 from grouprl.trainer.update import UpdateBatch, weighted
@@ -122,30 +122,21 @@ class Trainer:
         self.health = HealthWatch()  # entropy collapse, KL spikes, groups with nothing to teach
         policy = prepare_policy(policy, c)
         self.formats = run_formats(c, self.processes)
-        # the caller's config is left as it was given; the trainer's says which formats were decided
-        self.config = c = with_values(c, pinned(self.formats))
-        if sampler is None:
-            compiles, compile_reason = resolve_compile(c.rollout_compile, c.rollout_engine, c.rollout_format, policy,
-                                                       self.processes.device)
-            c.resolved_engine, engine_reason = resolve_engine(c.rollout_engine, policy, c.rollout_mode,
-                                                              multi_turn=inputs.env is not None,
-                                                              compile_steps=compiles, rollout_format=c.rollout_format)
-            c.compile_steps = compiles  # auto takes the built-in engine where its steps compile
-        else:  # one with its own copy of the weights is compared with the trainer like vLLM
-            c.resolved_engine = "hf" if getattr(sampler, "uses_live_model", True) else "vllm"
-            engine_reason = f"a {type(sampler).__name__} was passed in"
-            c.compile_steps, compile_reason = getattr(sampler, "compiled", None) is not None, engine_reason
+        self.rollout_plan = plan_rollout(with_values(c, pinned(self.formats)), self.formats, policy,
+                                         self.processes.device, multi_turn=inputs.env is not None, sampler=sampler)
+        # the caller's config is left as it was given; the trainer's says which formats and correction were decided
+        self.config = c = with_values(c, {**pinned(self.formats), "rollout_is": self.rollout_plan.rollout_is})
         reference = reference if reference is not None else default_reference(policy, c)
         # The critic copies the policy's decoder before any sharding touches it.
         self.critic = Critic(c, policy, critic_backbone) if algo.critic else None
-        if bf16_base_fits(policy, c, self.processes):
+        if bf16_base_fits(policy, c, self.processes, self.rollout_plan.own_weights):
             store_frozen_linears(policy, torch.bfloat16)
         policy, reference = self.processes.place(policy, reference)
         self.passes = PolicyPasses(policy, reference, c, self.processes.forward_model, self.processes.world_size > 1)
         self.baseline = self.critic or make_baseline(c, self.processes.sum)
         self.rule = UPDATE_RULES.get(algo.update)(c, self.passes, self.processes, self.critic)
         self.kl = KL_CONTROLLERS.get(c.kl_controller_name)(c)
-        self.source = make_source(c, inputs, policy, tokenizer, sampler, self.processes.share)
+        self.source = make_source(c, inputs, policy, tokenizer, self.rollout_plan, sampler, self.processes.share)
         self.sampler, self.collector, self.tokenizer = self.source.sampler, self.source.collector, tokenizer
         self.step_count, self.time_budget_s = 0, None
         self.out = Path(c.output_dir)
@@ -155,10 +146,7 @@ class Trainer:
         self.completions_log = (JsonlLog(self.out / "completions.jsonl", text_cap=RECORD_TEXT_CAP) if self.is_main
                                 else NullLog())
         self.eval_history: list[dict[str, Any]] = []
-        self.setup = {"formats": self.formats.describe(), "rollout_engine": f"{c.engine_choice} ({engine_reason})",
-                      "rollout_compile": f"{'on' if c.compile_steps else 'off'} ({compile_reason})",
-                      "rollout_is": c.rollout_is_level, "allocator": describe_allocator(),
-                      **run_setup(self.reward_fns)}
+        self.setup = {**self.rollout_plan.setup(), "allocator": describe_allocator(), **run_setup(self.reward_fns)}
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -328,7 +316,8 @@ class Trainer:
         if self.processes.any(not all(bool(torch.isfinite(t).all()) for t in local)):
             raise NonFiniteError("the policy's weights are no longer finite: this state is not saved")
         state = {"position": self.collector.stream.position, "kl_controller": self.kl.state_dict(),
-                 "config": as_plain(self.config), "formats": self.formats.as_dict()}
+                 "config": as_plain(self.config), "formats": self.formats.as_dict(),
+                 "rollout": self.rollout_plan.as_dict()}
         return self.processes.save(self.out / "checkpoints", self.step_count, state=state, tokenizer=self.tokenizer,
                                    keep=self.config.keep_checkpoints, **self.checkpoint_parts())
 

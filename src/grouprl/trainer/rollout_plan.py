@@ -1,0 +1,164 @@
+"""What serves a run's rollouts, and why: the number format the run decided, the engine and whether the
+built-in engine compiles its decode steps, and the rollout correction that follows from them, each with its
+reason, decided once at start (:func:`plan_rollout`) and recorded as a :class:`RolloutPlan` (printed at start,
+in summary.json's ``setup`` and in every checkpoint); then :func:`build_rollout` builds that engine.
+
+The two steps are apart because the trainer needs the plan before it places the policy (a LoRA policy's
+frozen base is stored in bf16 only where no pass reads it in fp32, which depends on the engine), and the engine
+is built after the prompts are encoded (a vLLM engine is sized for the longest prompt).
+
+The engines, by name (:data:`ENGINES`):
+
+- ``hf``: the built-in KV-cache engine on the live policy (:mod:`grouprl.rollout.sampler`, and for
+  environments :class:`~grouprl.rollout.agent.AgentSampler` decoding itself);
+- ``vllm``: a vLLM engine colocated in this process, weights pushed after every update
+  (:mod:`grouprl.rollout.vllm`);
+- ``servers``: separate ``grouprl serve`` processes (``rollout_servers``; :mod:`grouprl.serve`), which the
+  config's servers setting picks whatever ``rollout_engine`` says;
+- a sampler passed to the trainer, named by its class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from grouprl.models import unwrap_ddp
+from grouprl.registry import Registry
+from grouprl.rollout.engines import resolve_compile, resolve_engine
+from grouprl.trainer.evaluate import EVAL_BATCH
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What a run's rollouts resolved to at start, each choice with its reason."""
+
+    formats: str
+    """The run's number formats and the rule that decided them (:meth:`grouprl.models.precision.Formats.describe`)."""
+    rollout_format: str
+    """fp32, bf16 or bf16-weights."""
+    engine: str
+    """An :data:`ENGINES` name, or the class of a sampler passed in."""
+    engine_reason: str
+    compile: bool
+    """The built-in engine runs its decode steps as one compiled graph (:mod:`grouprl.rollout.compiled`)."""
+    compile_reason: str
+    rollout_is: str
+    """``rollout_is`` with auto resolved: none where the engine computes the trainer's own numbers (the built-in
+    engine, fp32 rollouts and training), token otherwise."""
+    own_weights: bool
+    """The engine samples from its own copy of the weights, pushed after each update (not the live module)."""
+
+    def setup(self) -> dict[str, str]:
+        """The plan as the run's ``setup`` lines (printed at start, summary.json)."""
+        return {"formats": self.formats, "rollout_engine": f"{self.engine} ({self.engine_reason})",
+                "rollout_compile": f"{'on' if self.compile else 'off'} ({self.compile_reason})",
+                "rollout_is": self.rollout_is}
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One way to serve rollouts."""
+
+    build: Callable[[Any, RolloutPlan, nn.Module, Any, int, bool], Any]
+    """(config, plan, policy, tokenizer, longest sequence, multi-turn) -> the sampler, or None where the
+    multi-turn sampler decodes on the live policy itself."""
+    own_weights: bool
+    """It samples from its own copy of the weights (a push after each update; its numbers differ from the
+    trainer's, so ``rollout_is`` auto corrects for it)."""
+
+
+def _built_in(config: Any, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, longest: int,
+              multi_turn: bool) -> Any:
+    from grouprl.rollout.sampler import Sampler
+
+    return None if multi_turn else Sampler(unwrap_ddp(policy), tokenizer, compile_steps=plan.compile)
+
+
+def _vllm(config: Any, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, longest: int, multi_turn: bool) -> Any:
+    return vllm_engine(config, policy, tokenizer, longest)
+
+
+def _servers(config: Any, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, longest: int,
+             multi_turn: bool) -> Any:
+    from grouprl.serve import server_sampler
+
+    return server_sampler(config, unwrap_ddp(policy), tokenizer, longest)
+
+
+ENGINES: Registry[Engine] = Registry("rollout engine")
+ENGINES.register("hf", Engine(_built_in, own_weights=False))
+ENGINES.register("vllm", Engine(_vllm, own_weights=True))
+ENGINES.register("servers", Engine(_servers, own_weights=True))
+
+
+def vllm_engine(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: int) -> Any:
+    """A colocated vLLM engine following ``policy``, in the rollout format ``dtype`` chose."""
+    from grouprl.rollout.vllm import VLLMSampler
+
+    c = config
+    rows = max(c.rollout_rows, EVAL_BATCH * c.eval_samples)  # a rollout's rows, or an evaluation batch's
+    return VLLMSampler(unwrap_ddp(policy), tokenizer, max_model_len=max_model_len,
+                       dtype="bfloat16" if c.rollout_bf16 else "float32", seed=c.seed,
+                       lora_rank=c.lora_rank or None, gpu_memory_utilization=c.vllm_gpu_memory_utilization,
+                       sleep=c.vllm_sleep, kv_cache_gib=c.vllm_kv_cache_gib, max_rows=rows,
+                       compiled=c.vllm_compile)
+
+
+def _rollout_is(config: Any, own_weights: bool) -> str:
+    """``rollout_is`` with auto resolved for an engine: only fp32 on both sides through the live module computes
+    the same numbers (a bf16 rollout runs on bf16 weights with a bf16 residual stream, a bf16-weights one on
+    bf16 copies, a bf16 training pass under autocast on fp32 ones)."""
+    if config.rollout_is != "auto":
+        return config.rollout_is
+    exact = not own_weights and config.rollout_format == "fp32" and not config.train_bf16
+    return "none" if exact else "token"
+
+
+def plan_rollout(config: Any, formats: Any, policy: nn.Module, device: torch.device | None, *, multi_turn: bool,
+                 sampler: Any = None) -> RolloutPlan:
+    """The run's :class:`RolloutPlan`. ``config`` has its formats decided (``rollout_dtype`` explicit); ``formats``
+    is what decided them; ``device``: where the run computes (None: where ``policy`` is); ``multi_turn``: the
+    rollouts are trajectories in environments; ``sampler``: one passed in, which serves as it is. An explicit
+    request the run cannot honour (rollout_engine=vllm on an unsupported model, rollout_compile=true where it
+    cannot compile) is a ConfigError, before any engine starts."""
+    c = config
+    if sampler is not None:  # one with its own copy of the weights is compared with the trainer like vLLM
+        own = not getattr(sampler, "uses_live_model", True)
+        why = f"a {type(sampler).__name__} was passed in"
+        return RolloutPlan(formats.describe(), c.rollout_format, type(sampler).__name__, why,
+                           getattr(sampler, "compiled", None) is not None, why, _rollout_is(c, own), own)
+    servers = getattr(c, "rollout_servers", None)
+    if servers:
+        engine, why = "servers", f"rollout_servers={servers if isinstance(servers, int) else ','.join(servers)}"
+        compiles, compile_why = False, "the rollout servers run vLLM"
+    else:
+        compiles, compile_why = resolve_compile(c.rollout_compile, c.rollout_engine, c.rollout_format, policy, device)
+        # auto takes the built-in engine where its steps compile
+        engine, why = resolve_engine(c.rollout_engine, policy, c.rollout_mode, multi_turn=multi_turn,
+                                     compile_steps=compiles, rollout_format=c.rollout_format)
+    own = ENGINES.get(engine).own_weights
+    return RolloutPlan(formats.describe(), c.rollout_format, engine, why, compiles, compile_why, _rollout_is(c, own),
+                       own)
+
+
+def build_rollout(config: Any, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, *, longest: int,
+                  multi_turn: bool = False, sampler: Any = None) -> Any:
+    """The rollout engine ``plan`` names, on ``policy`` (as the trainer placed it): a sampler, or for
+    environments the engine playing the turns (None: the multi-turn sampler decodes on the live policy).
+    ``longest``: the longest sequence (prompt and completion) it must hold. A ``sampler`` passed in is
+    returned as it is; a built-in one follows the placed policy."""
+    from grouprl.rollout.sampler import Sampler
+
+    if isinstance(sampler, Sampler):
+        sampler.update_weights(unwrap_ddp(policy))  # decode through the root (FSDP) or the module inside DDP
+    if sampler is not None:
+        return sampler
+    return ENGINES.get(plan.engine).build(config, plan, policy, tokenizer, longest, multi_turn)

@@ -1,0 +1,93 @@
+"""The rollout plan: what serves the rollouts and why, decided once at start, recorded where a run keeps its
+setup (summary.json, checkpoints), and the one place the engine is built from."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from grouprl.models import tiny_causal_lm
+from grouprl.models.precision import pinned, resolve_formats
+from grouprl.rollout.sampler import Sampler
+from grouprl.trainer import rollout_plan
+from grouprl.trainer.rollout_plan import ENGINES, build_rollout, plan_rollout
+from grouprl.trainer.trainer import with_values
+from tests.helpers.trainer import base_config, make_trainer
+
+
+def _plan(config, policy, sampler=None, multi_turn=False):
+    formats = resolve_formats(config.dtype, config.ref_dtype, config.rollout_dtype)
+    return plan_rollout(with_values(config, pinned(formats)), formats, policy, torch.device("cpu"),
+                        multi_turn=multi_turn, sampler=sampler)
+
+
+def test_fp32_rollouts_on_the_built_in_engine_need_no_correction(tmp_path):
+    model, _ = tiny_causal_lm()
+    plan = _plan(base_config(tmp_path, rollout_engine="hf"), model)
+    assert (plan.engine, plan.engine_reason) == ("hf", "rollout_engine=hf")
+    assert plan.rollout_format == "fp32" and not plan.own_weights and plan.rollout_is == "none"
+    assert plan.compile is False and plan.compile_reason.startswith("fp32 rollouts")
+    assert plan.formats.startswith("rollouts fp32, training fp32, reference fp32")
+    # every other pairing is corrected for: bf16 rollouts beside fp32 training, bf16 training
+    assert _plan(base_config(tmp_path, rollout_engine="hf", rollout_dtype="bf16"), model).rollout_is == "token"
+    assert _plan(base_config(tmp_path, rollout_engine="hf", dtype="bf16"), model).rollout_is == "token"
+    assert _plan(base_config(tmp_path, rollout_engine="hf", rollout_is="sequence"), model).rollout_is == "sequence"
+
+
+def test_a_passed_sampler_is_named_and_kept(tmp_path):
+    model, tok = tiny_causal_lm()
+    given = Sampler(model, tok)
+    plan = _plan(base_config(tmp_path), model, sampler=given)
+    assert plan.engine == "Sampler" and plan.engine_reason == "a Sampler was passed in"
+    assert not plan.own_weights and plan.rollout_is == "none" and plan.compile is False
+
+    class OwnCopy:
+        uses_live_model = False
+
+    own = _plan(base_config(tmp_path), model, sampler=OwnCopy())
+    assert own.own_weights and own.rollout_is == "token"  # its numbers are not the trainer's
+    assert build_rollout(base_config(tmp_path), plan, model, tok, longest=64, sampler=given) is given
+
+
+def test_rollout_servers_pick_the_server_engine(tmp_path, monkeypatch):
+    model, tok = tiny_causal_lm()
+    config = with_values(base_config(tmp_path, rollout_engine="hf"), {"rollout_servers": ("a:1", "b:2")})
+    plan = _plan(config, model)
+    assert (plan.engine, plan.engine_reason) == ("servers", "rollout_servers=a:1,b:2")
+    assert plan.own_weights and plan.rollout_is == "token" and not plan.compile
+    import grouprl.serve
+
+    calls = []
+    monkeypatch.setattr(grouprl.serve, "server_sampler", lambda *args: calls.append(args) or "client")
+    assert build_rollout(config, plan, model, tok, longest=99) == "client"
+    assert calls[0][2] is tok and calls[0][3] == 99  # sized for the longest sequence
+
+
+def test_each_engine_builds_what_it_names(tmp_path, monkeypatch):
+    model, tok = tiny_causal_lm()
+    config = base_config(tmp_path, rollout_engine="hf")
+    plan = _plan(config, model)
+    built = build_rollout(config, plan, model, tok, longest=64)
+    assert isinstance(built, Sampler) and built.model is model and built.compiled is None
+    assert build_rollout(config, plan, model, tok, longest=64, multi_turn=True) is None  # the agent decodes itself
+    seen = []
+    monkeypatch.setattr(rollout_plan, "vllm_engine", lambda c, p, t, n: seen.append(n) or "vllm")
+    assert build_rollout(config, replace(plan, engine="vllm"), model, tok, longest=77) == "vllm" and seen == [77]
+    with pytest.raises(ValueError, match="rollout engine.*hf"):
+        ENGINES.get("hff")
+
+
+def test_the_trainer_records_its_plan(tmp_path):
+    trainer = make_trainer(tmp_path, rollout_engine="hf", save_every=1, total_steps=1, eval_every=0)
+    plan = trainer.rollout_plan
+    assert trainer.setup["rollout_engine"] == "hf (rollout_engine=hf)"
+    assert trainer.setup["rollout_compile"] == f"off ({plan.compile_reason})"
+    assert trainer.setup["rollout_is"] == "none" == trainer.config.rollout_is
+    assert not hasattr(trainer.config, "resolved_engine") and not hasattr(trainer.config, "compile_steps")
+    trainer.train()
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["setup"]["rollout_engine"] == trainer.setup["rollout_engine"]
+    state = json.loads(next((run / "checkpoints").glob("*/state.json")).read_text())
+    assert state["rollout"] == plan.as_dict()
