@@ -26,7 +26,7 @@ import torch
 from machine import start_under_allocator  # benchmarks/machine.py: every figure names its CPU
 
 from grouprl.models import load_policy
-from grouprl.rollout import compiled
+from grouprl.rollout.cpu import compiled
 from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
 

@@ -26,7 +26,7 @@ import time
 import torch
 from machine import cpu_line
 
-from grouprl.rollout import bf16_weights
+from grouprl.rollout.cpu import bf16_weights
 
 SHAPES = {"q, o (576 x 576)": (576, 576, 60, 30), "k, v (192 x 576)": (192, 576, 60, 0),
           "gate, up (1536 x 576)": (1536, 576, 60, 0), "down (576 x 1536)": (576, 1536, 30, 30),

@@ -1,10 +1,10 @@
 """Rollout speed on the bundled SmolLM2-135M-Instruct: the built-in engine, vLLM (when installed) and
 ``model.generate``, each in fp32 and bf16 (the built-in engine in the weight-only format bf16-weights
-too, :mod:`grouprl.rollout.weight_only`), at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
+too, :mod:`grouprl.rollout.cpu.weight_only`), at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
 engine with every matrix product as ``x @ W.T`` (what its learnt decode layouts,
-:mod:`grouprl.rollout.skinny`, gain) and with its decode steps through the model's ``transformers`` forward
-(what its layer loop, :mod:`grouprl.rollout.layer_loop`, gains), and with ``rollout_compile``'s compiled decode
-steps (:mod:`grouprl.rollout.compiled`).
+:mod:`grouprl.rollout.cpu.skinny`, gain) and with its decode steps through the model's ``transformers`` forward
+(what its layer loop, :mod:`grouprl.rollout.cpu.layer_loop`, gains), and with ``rollout_compile``'s compiled decode
+steps (:mod:`grouprl.rollout.cpu.compiled`).
 
     python benchmarks/rollout.py [--repeats 2] [--warmup 0] [--threads 2] [--settings 16x64,64x128]
                                  [--allocator auto] [--device auto]
@@ -19,7 +19,7 @@ which casts every weight at every step (bf16 only: its fp32 is the ``generate`` 
 Rows are arithmetic prompts x G=4 samples, temperature 1, no top-k/top-p, stopping on EOS only;
 tokens/s counts completion tokens up to and including EOS (what a trainer uses), so a method that
 keeps decoding finished rows pays for them. The built-in engine learns the layout of its decode products
-on its first rollouts (:mod:`grouprl.rollout.skinny`) and pays for the trials there, as a training run
+on its first rollouts (:mod:`grouprl.rollout.cpu.skinny`) and pays for the trials there, as a training run
 does on its first steps; ``--warmup N`` runs N whole rollouts per method and format before the timed
 ones, to measure it once it has settled. The methods take their rollouts in turn, so that load
 from other processes falls on all alike; each figure is the total tokens over the total seconds of
@@ -47,11 +47,11 @@ from machine import start_under_allocator  # benchmarks/machine.py: every figure
 
 from grouprl.models import load_policy
 from grouprl.models.precision import resolve_formats
+from grouprl.rollout.cpu.layer_loop import LayerLoop
+from grouprl.rollout.cpu.skinny import SkinnyProducts
 from grouprl.rollout.engines import resolve_compile, resolve_engine
-from grouprl.rollout.layer_loop import LayerLoop
+from grouprl.rollout.formats import FORMATS as FORMATS_BY_NAME
 from grouprl.rollout.sampler import Sampler
-from grouprl.rollout.skinny import SkinnyProducts
-from grouprl.rollout.weight_only import WEIGHT_ONLY
 from grouprl.types import SamplingParams
 
 G = 4
@@ -136,9 +136,9 @@ AUTOCAST = "generate, bf16 autocast"
 
 
 def runs(method: str, fmt: str) -> bool:
-    """Whether ``method`` has a figure in ``fmt``: the weight-only formats (:mod:`grouprl.rollout.weight_only`)
+    """Whether ``method`` has a figure in ``fmt``: the weight-only formats (:mod:`grouprl.rollout.cpu.weight_only`)
     are the built-in engine's eager decode steps only, which bypass the learnt layouts and the compiled step."""
-    if fmt in WEIGHT_ONLY:
+    if FORMATS_BY_NAME.get(fmt).weight_only is not None:
         return method in ("engine", VARIANTS[1])
     return method != AUTOCAST or fmt == "bf16"
 

@@ -29,10 +29,11 @@ from rollout import G, prompts
 from torch import nn
 
 from grouprl.models import load_policy
+from grouprl.rollout.cpu.skinny import model_linears
+from grouprl.rollout.cpu.weight_only import Copies
+from grouprl.rollout.formats import FORMATS
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler
-from grouprl.rollout.skinny import model_linears
-from grouprl.rollout.weight_only import WEIGHT_ONLY, Copies
 from grouprl.types import SamplingParams
 
 
@@ -63,7 +64,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(cpu_line(), f"threads {args.threads}", flush=True)
     model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
-    for fmt, spec in WEIGHT_ONLY.items():
+    for fmt in FORMATS:
+        spec = FORMATS.get(fmt).weight_only
+        if spec is None:
+            continue
         problem = spec.unavailable()
         if problem:
             print(f"{fmt}: cannot run here ({problem})", flush=True)
@@ -71,7 +75,7 @@ def main() -> None:
         linears = [m for m in model_linears(model) if spec.supported(m)]
         seconds = []
         for _ in range(args.repeats):
-            copies, start = Copies(fmt), time.perf_counter()
+            copies, start = Copies(spec), time.perf_counter()
             for m in linears:
                 copies.of(m)
             seconds.append(time.perf_counter() - start)

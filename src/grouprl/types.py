@@ -66,7 +66,7 @@ class SamplingParams:
     weights as they are; bf16, a bfloat16 copy of the weights made for the rollout, under bf16 autocast
     (fast where the CPU multiplies bf16 natively: AMX, AVX512-BF16); bf16-weights, one-token steps multiply
     bf16 copies of the fp32 weights with fp32 activations and sums (x86 CPUs with AVX2: fast where bf16
-    arithmetic is not, grouprl.rollout.bf16_weights)."""
+    arithmetic is not, grouprl.rollout.cpu.bf16_weights)."""
 
 
 @dataclass

@@ -99,7 +99,7 @@ def test_recorded_formats_win_over_the_machine_but_not_over_a_forced_format():
 
 
 def test_forced_bf16_weights_need_a_cpu_that_runs_their_kernel(monkeypatch):
-    from grouprl.rollout import bf16_weights
+    from grouprl.rollout.cpu import bf16_weights
 
     with pytest.raises(ConfigError, match="rollout_dtype=bf16-weights runs on a CPU"):
         resolve_formats("auto", "auto", "bf16-weights", device=torch.device("cuda"))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from grouprl.algos.rollout_correction import truncated_is_weights
-from grouprl.rollout import bf16_weights
+from grouprl.rollout.cpu import bf16_weights
 from tests.helpers.trainer import make_trainer
 
 

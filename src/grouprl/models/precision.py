@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from grouprl.errors import ConfigError
-from grouprl.rollout.weight_only import weight_only_problem
+from grouprl.rollout.formats import format_problem
 
 ONEDNN_ISAS = {name: rank for rank, names in enumerate((
     ("SSE41",), ("AVX",), ("AVX2",), ("AVX2_VNNI",), ("AVX2_VNNI_2",), ("AVX512_CORE",), ("AVX512_CORE_VNNI",),
@@ -179,7 +179,7 @@ def rule_for(machine: Machine) -> Rule:
 class Formats:
     """The number format of each phase of a run, and why: fp32 or bf16 for training (bf16: autocast over fp32
     master weights and optimizer state) and the frozen reference's storage; fp32, bf16 or a weight-only format
-    (:data:`grouprl.rollout.weight_only.WEIGHT_ONLY`) for the rollouts."""
+    (:data:`grouprl.rollout.formats.FORMATS`) for the rollouts."""
 
     rollout: str
     train: str
@@ -213,7 +213,7 @@ def resolve_formats(dtype: str, ref_dtype: str, rollout_dtype: str, device: torc
     run's formats) where given, else from the first of :data:`RULES` for ``machine`` (default: this one, computing
     on ``device``). A forced weight-only format that cannot run here is a ConfigError."""
     device = device or torch.device("cpu")
-    problem = weight_only_problem(rollout_dtype, device)
+    problem = format_problem(rollout_dtype, device) if rollout_dtype != "auto" else None
     if problem:
         raise ConfigError(f"rollout_dtype={problem}: use fp32, bf16 or auto")
     forced = {k: v for k, v in (("dtype", dtype), ("ref_dtype", ref_dtype), ("rollout_dtype", rollout_dtype))

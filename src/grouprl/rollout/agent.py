@@ -25,10 +25,10 @@ from torch import nn
 from grouprl.data.loading import context_overflow
 from grouprl.data.templates import Rendered, render
 from grouprl.errors import PromptTooLongError
-from grouprl.rollout.compiled import CompiledStep
-from grouprl.rollout.runner import FORMATS, check_format, eval_mode, left_pad, model_device
+from grouprl.rollout.cpu.compiled import CompiledStep
+from grouprl.rollout.cpu.skinny import SkinnyProducts
+from grouprl.rollout.runner import check_format, eval_mode, left_pad, model_device, run_in_format
 from grouprl.rollout.seeds import resolve_row_seeds
-from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits, decode_conversations
 from grouprl.types import RolloutBatch, SamplingParams
 
@@ -94,7 +94,7 @@ class AgentSampler:
         self.model, self.tokenizer, self.renderer, self.limits = model, tokenizer, renderer, limits
         self.products = SkinnyProducts()  # what decode steps' products have shown, kept across rollouts
         self.compiled = CompiledStep() if compile_steps else None
-        """The built-in engine's compiled decode step (``compile_steps``: :mod:`grouprl.rollout.compiled`)."""
+        """The built-in engine's compiled decode step (``compile_steps``: :mod:`grouprl.rollout.cpu.compiled`)."""
         self.engine = engine
         """A vLLM engine (:class:`grouprl.rollout.vllm.VLLMSampler`) playing the turns, or None: the
         built-in KV-cache engine on the live model."""
@@ -165,7 +165,7 @@ class AgentSampler:
             return self._assemble(episodes, starts, ids, mask, group_size, out)
         check_format(params.format, device)
         with eval_mode(self.model), torch.inference_mode():
-            out = FORMATS[params.format](self.model, decode)
+            out = run_in_format(params.format, self.model, decode)
         return self._assemble(episodes, starts, ids, mask, group_size, out)
 
     def _check_context(self, prompt_rows: list[list[int]], episodes: Sequence[Any]) -> None:

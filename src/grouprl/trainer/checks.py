@@ -13,7 +13,7 @@ from typing import Any
 from grouprl.algos import ADVANTAGES, AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMATORS, SCALES
 from grouprl.algos.rollout_correction import ROLLOUT_IS_LEVELS
 from grouprl.registry import Registry
-from grouprl.rollout.weight_only import WEIGHT_ONLY
+from grouprl.rollout.formats import FORMATS
 from grouprl.run.loggers import logger_problems
 from grouprl.run.optim import LR_SCHEDULES
 from grouprl.trainer.algorithms import ALGORITHMS, KEY_GROUPS, KL_CONTROLLERS, Algorithm, owners
@@ -58,7 +58,7 @@ def _registry_problems(c: Any) -> list[str]:
         ("zero_std_groups", c.zero_std_groups, ZERO_STD_POLICIES),
         ("kl_controller", c.kl_controller_name, KL_CONTROLLERS), ("lr_schedule", c.lr_schedule, LR_SCHEDULES),
         ("dtype", c.dtype, ("auto", "fp32", "bf16")), ("ref_dtype", c.ref_dtype, ("auto", "fp32", "bf16")),
-        ("rollout_dtype", c.rollout_dtype, ("auto", "fp32", "bf16", *WEIGHT_ONLY)),
+        ("rollout_dtype", c.rollout_dtype, ("auto", *FORMATS.names())),
         ("rollout_mode", c.rollout_mode, ("sample", "beam")), ("engine", c.engine, ("fsdp", "ddp")),
         ("mixed_precision", c.mixed_precision, ("none", "bf16")),
         ("rollout_engine", c.rollout_engine, ("auto", "hf", "vllm")),
@@ -164,7 +164,7 @@ def _scale_out_problems(c: Any) -> list[str]:
         out.append(f"vllm_gpu_memory_utilization={c.vllm_gpu_memory_utilization} must be in (0, 1)")
     if c.rollout_is_cap <= 0:
         out.append(f"rollout_is_cap={c.rollout_is_cap} must be > 0")
-    if c.rollout_engine == "vllm" and c.rollout_dtype in WEIGHT_ONLY:
+    if c.rollout_engine == "vllm" and c.rollout_dtype in FORMATS and FORMATS.get(c.rollout_dtype).vllm_dtype is None:
         out.append(f"rollout_dtype={c.rollout_dtype} is the built-in engine's (vLLM samples in fp32 or bf16): use "
                    "rollout_engine hf or auto")
     if c.rollout_engine == "vllm" and c.rollout_mode == "beam":

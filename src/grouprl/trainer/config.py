@@ -259,7 +259,7 @@ class TrainerConfig(ResolvedSettings):
     memory), fp32 or bf16."""
     rollout_dtype: str = "auto"
     """Number format of the rollouts' decode steps: auto (the rule's, as dtype), fp32, bf16 or bf16-weights.
-    bf16-weights is the built-in engine's, on an x86 CPU with AVX2 (grouprl.rollout.weight_only): one-token decode
+    bf16-weights is the built-in engine's, on an x86 CPU with AVX2 (grouprl.rollout.formats): one-token decode
     steps multiply bf16-rounded copies of the fp32 weights, made per rollout, by fp32 activations with fp32 sums
     (1.80x fp32's tokens/s on a Xeon capped to AVX2: benchmarks/results/rollout/xeon-avx2-capped-bf16-weights.log),
     but held-out accuracy trailed fp32 rollouts' by 0.06-0.20 after 4 steps on all 4 seeds

@@ -6,6 +6,9 @@ config class takes these as its methods."""
 
 from __future__ import annotations
 
+import torch
+
+from grouprl.rollout.formats import FORMATS
 from grouprl.trainer.algorithms import ALGORITHMS
 
 
@@ -21,7 +24,7 @@ class ResolvedSettings:
     @property
     def rollout_bf16(self) -> bool:
         """Rollouts sample from bf16 weights."""
-        return self.rollout_format == "bf16"
+        return FORMATS.get(self.rollout_format).copy_dtype is torch.bfloat16
 
     @property
     def train_bf16(self) -> bool:
@@ -50,7 +53,7 @@ class ResolvedSettings:
         # Only fp32 on both sides with the built-in engine computes the same numbers: a bf16 rollout runs on
         # bf16 weights with a bf16 residual stream, a bf16-weights one on bf16 copies, a bf16 training pass
         # under autocast on fp32 ones.
-        exact = self.rollout_engine != "vllm" and self.rollout_format == "fp32" and not self.train_bf16
+        exact = self.rollout_engine != "vllm" and FORMATS.get(self.rollout_format).exact and not self.train_bf16
         return "none" if exact else "token"
 
     @property

@@ -30,6 +30,7 @@ from torch import nn
 from grouprl.models import unwrap_ddp
 from grouprl.registry import Registry
 from grouprl.rollout.engines import resolve_compile, resolve_engine
+from grouprl.rollout.formats import FORMATS
 from grouprl.trainer.evaluate import EVAL_BATCH
 
 
@@ -45,7 +46,7 @@ class RolloutPlan:
     """An :data:`ENGINES` name, or the class of a sampler passed in."""
     engine_reason: str
     compile: bool
-    """The built-in engine runs its decode steps as one compiled graph (:mod:`grouprl.rollout.compiled`)."""
+    """The built-in engine runs its decode steps as one compiled graph (:mod:`grouprl.rollout.cpu.compiled`)."""
     compile_reason: str
     rollout_is: str
     """``rollout_is`` with auto resolved: none where the engine computes the trainer's own numbers (the built-in
@@ -106,7 +107,7 @@ def vllm_engine(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: i
     c = config
     rows = max(c.rollout_rows, EVAL_BATCH * c.eval_samples)  # a rollout's rows, or an evaluation batch's
     return VLLMSampler(unwrap_ddp(policy), tokenizer, max_model_len=max_model_len,
-                       dtype="bfloat16" if c.rollout_bf16 else "float32", seed=c.seed,
+                       dtype=FORMATS.get(c.rollout_format).vllm_dtype, seed=c.seed,
                        lora_rank=c.lora_rank or None, gpu_memory_utilization=c.vllm_gpu_memory_utilization,
                        sleep=c.vllm_sleep, kv_cache_gib=c.vllm_kv_cache_gib, max_rows=rows,
                        compiled=c.vllm_compile)
@@ -118,7 +119,7 @@ def _rollout_is(config: Any, own_weights: bool) -> str:
     bf16 copies, a bf16 training pass under autocast on fp32 ones)."""
     if config.rollout_is != "auto":
         return config.rollout_is
-    exact = not own_weights and config.rollout_format == "fp32" and not config.train_bf16
+    exact = not own_weights and FORMATS.get(config.rollout_format).exact and not config.train_bf16
     return "none" if exact else "token"
 
 

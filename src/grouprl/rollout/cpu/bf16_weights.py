@@ -7,7 +7,7 @@ while a decode step of a few rows is held up by reading every fp32 weight once: 
 540 MB for SmolLM2-135M and spends most of its time waiting for them. Half the bytes, read in bf16 and widened
 to fp32 in the registers (a shift), halve that wait without bf16 arithmetic: the products here run on
 panels of bf16 weights with fp32 inputs and fp32 sums (:file:`few_rows.cpp`, built on first use by
-:mod:`grouprl.rollout.native`). The only rounding is the weights' to bf16; activations, norms, attention, the
+:mod:`grouprl.rollout.cpu.native`). The only rounding is the weights' to bf16; activations, norms, attention, the
 KV cache and the sampling stay fp32, so the rollout's log-probs sit closer to the fp32 trainer's than bf16
 autocast's (every product's inputs rounded to bf16) do.
 
@@ -15,7 +15,7 @@ On a 2-core Intel Xeon with its kernels capped to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX
 one thread, SmolLM2-135M's weights streamed from memory (``python benchmarks/products.py --threads 1 --rows
 1,2,4,8,16``, log ``benchmarks/results/products/xeon-avx2-capped-bf16-weights.log``): the 49k x 576 LM head at
 1 / 2 / 4 / 8 / 16 rows took 2.8 / 3.0 / 4.0 / 7.2 / 11.5 ms against 6.7 / 9.1 / 13.3 / 16.0 / 15.4 for the
-fastest fp32 layout the engine learns (:mod:`grouprl.rollout.skinny`), a 16-row step's products 56.3 ms against
+fastest fp32 layout the engine learns (:mod:`grouprl.rollout.cpu.skinny`), a 16-row step's products 56.3 ms against
 69.8. Whole rollouts of 16 x 64 (``python benchmarks/rollout.py --threads 1 --formats fp32,bf16-weights
 --no_vllm --settings 16x64 --repeats 3 --warmup 1``, log
 ``benchmarks/results/rollout/xeon-avx2-capped-bf16-weights.log``, taken with int8 beside them): 117.8 tokens/s
@@ -33,7 +33,7 @@ import ctypes
 import torch
 from torch import nn
 
-from grouprl.rollout.native import KernelUnavailable, load
+from grouprl.rollout.cpu.native import KernelUnavailable, load
 
 PANEL = 16
 """Output columns of one panel of the packed weight."""

@@ -21,10 +21,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from grouprl.rollout.layer_loop import LayerLoop
+from grouprl.rollout.cpu.layer_loop import LayerLoop
+from grouprl.rollout.cpu.skinny import SkinnyProducts
 from grouprl.rollout.runner import Runner, left_pad, positions_from_mask, run_with_bf16_weights
 from grouprl.rollout.sampler import Sampler
-from grouprl.rollout.skinny import SkinnyProducts
 from grouprl.types import SamplingParams
 from tests.helpers.rollout import PROMPTS, encode, make_model, make_tokenizer
 
@@ -151,7 +151,7 @@ def test_sampled_completions_match_the_forward(bf16, monkeypatch):
 def test_bf16_copies_are_stacked_and_each_stack_is_one_product(family, extra, monkeypatch):
     """A bf16 rollout's copies of q, k, v (and gate, up) are row blocks of one tensor each, the loop runs
     each stack as one product, and its logits are still the forward's bit for bit."""
-    from grouprl.rollout import layer_loop
+    from grouprl.rollout.cpu import layer_loop
 
     model = build(family, **extra)
     calls = []
@@ -201,7 +201,7 @@ def test_fp32_weights_and_lora_projections_are_not_stacked():
 
 
 def test_only_blocks_in_order_that_fill_one_tensor_are_a_stack():
-    from grouprl.rollout.layer_loop import _stack_of
+    from grouprl.rollout.cpu.layer_loop import _stack_of
 
     whole = torch.arange(12.0).view(6, 2)
     a, b, c = whole.split([1, 2, 3])

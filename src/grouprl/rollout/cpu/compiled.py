@@ -9,7 +9,7 @@ small operators it replaces. So the whole step is one graph, and its inputs are 
 weights of this rollout, the cache buffers), not modules: a later rollout's fresh bf16 copies and a
 cache rebuilt for fewer rows reuse the compiled graph instead of retracing it.
 
-What the graph cannot learn for itself is the layout of each product (:mod:`grouprl.rollout.skinny`):
+What the graph cannot learn for itself is the layout of each product (:mod:`grouprl.rollout.cpu.skinny`):
 its timing runs outside a graph. The step is compiled once the eager steps' learner has decided every
 product of the step at the row count then running, with the layouts it chose (oneDNN's packed layout,
 whose copies inductor takes for constants, is replaced by the faster of the other two as measured), and
@@ -39,8 +39,8 @@ from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from grouprl.rollout.attention import grouped_attention
-from grouprl.rollout.layer_loop import LayerLoop, StackedLinear, float_rows
-from grouprl.rollout.skinny import PACKED, PLAIN, TRANSPOSED, SkinnyProducts
+from grouprl.rollout.cpu.layer_loop import LayerLoop, StackedLinear, float_rows
+from grouprl.rollout.cpu.skinny import PACKED, PLAIN, TRANSPOSED, SkinnyProducts
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,

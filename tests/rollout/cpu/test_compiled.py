@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from grouprl.errors import ConfigError
-from grouprl.rollout.compiled import CompiledStep, _decided_layout
+from grouprl.rollout.cpu.compiled import CompiledStep, _decided_layout
+from grouprl.rollout.cpu.layer_loop import LayerLoop
+from grouprl.rollout.cpu.skinny import PACKED, PLAIN, TRANSPOSED, SkinnyProducts, Timings
 from grouprl.rollout.engines import resolve_compile, resolve_engine
-from grouprl.rollout.layer_loop import LayerLoop
 from grouprl.rollout.runner import Runner, left_pad, positions_from_mask, run_with_bf16_weights
 from grouprl.rollout.sampler import Sampler
-from grouprl.rollout.skinny import PACKED, PLAIN, TRANSPOSED, SkinnyProducts, Timings
 from grouprl.types import SamplingParams
 from tests.helpers.rollout import PROMPTS, encode, make_model, make_tokenizer
-from tests.rollout.test_layer_loop import build
+from tests.rollout.cpu.test_layer_loop import build
 
 PROMPT_ROWS = [[5, 6, 7, 8, 9], [10, 11, 3], [12, 13, 14], [15, 16, 17, 18]]
 ROWS_KEPT = [None, None, [0, 2, 3], None, [1, 2], None, [1], None]
@@ -185,15 +185,15 @@ def test_bf16_weights_rollouts_run_eagerly_on_the_built_in_engine():
     with pytest.raises(ConfigError, match="rollout_compile=true: bf16-weights rollouts run their decode steps eager"):
         resolve_compile(True, "auto", "bf16-weights", model, torch.device("cpu"))
     assert resolve_engine("auto", model, "sample", rollout_format="bf16-weights") == (
-        "hf", "bf16-weights rollouts are the built-in engine's (vLLM samples in fp32 or bf16)")
+        "hf", "bf16-weights rollouts are the built-in engine's (vLLM samples in bf16 or fp32)")
 
 
 def test_auto_compiles_bf16_rollouts_of_models_the_graph_covers(monkeypatch):
     from peft import LoraConfig, get_peft_model
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    from grouprl.rollout import compiled as compiled_module
-    from tests.rollout.test_layer_loop import SIZES
+    from grouprl.rollout.cpu import compiled as compiled_module
+    from tests.rollout.cpu.test_layer_loop import SIZES
 
     cpu, llama = torch.device("cpu"), build("llama")
     assert resolve_compile(None, "hf", "bf16", llama, cpu)[0] is True

@@ -10,9 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-import grouprl.rollout.skinny as skinny
-from grouprl.rollout.sampler import Sampler
-from grouprl.rollout.skinny import (
+import grouprl.rollout.cpu.skinny as skinny
+from grouprl.rollout.cpu.skinny import (
     LAYOUTS,
     MAX_ROWS,
     PACKED,
@@ -24,6 +23,7 @@ from grouprl.rollout.skinny import (
     Timings,
     model_linears,
 )
+from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
 from tests.helpers.rollout import PROMPTS, encode, make_model, make_tokenizer
 

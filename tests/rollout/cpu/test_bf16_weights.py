@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from grouprl.rollout import bf16_weights, native
-from grouprl.rollout.bf16_weights import PANEL, bf16_weights_linear, pack, product, supported
+from grouprl.rollout.cpu import bf16_weights, native
+from grouprl.rollout.cpu.bf16_weights import PANEL, bf16_weights_linear, pack, product, supported
+from grouprl.rollout.cpu.weight_only import BF16_WEIGHTS, Copies, weight_only_products
 from grouprl.rollout.runner import check_format
 from grouprl.rollout.sampler import Sampler
-from grouprl.rollout.weight_only import Copies, weight_only_products
 from grouprl.types import SamplingParams
 from tests.helpers.rollout import make_model
 
@@ -104,7 +104,7 @@ def test_shapes_the_kernel_does_not_take_stay_fp32():
 @needs_kernel
 def test_only_supported_products_are_rerouted_and_forwards_come_back():
     wide, narrow = nn.Linear(32, 16), nn.Linear(32, 8)
-    copies = Copies("bf16-weights")
+    copies = Copies(BF16_WEIGHTS)
     x = torch.randn(3, 32)
     with weight_only_products([wide, narrow], copies):
         torch.testing.assert_close(wide(x), x @ rounded(wide.weight).t() + wide.bias, atol=1e-5, rtol=1e-5)

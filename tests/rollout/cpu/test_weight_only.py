@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grouprl.rollout import bf16_weights
-from grouprl.rollout.compiled import CompiledStep
+from grouprl.rollout.cpu import bf16_weights
+from grouprl.rollout.cpu.compiled import CompiledStep
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.runner import Runner
 from grouprl.rollout.sampler import Sampler

@@ -1,6 +1,6 @@
 """Rollout formats whose one-token decode steps multiply other copies of the fp32 weights, everything else
 staying fp32: ``bf16-weights`` (weights rounded to bf16, fp32 activations and sums:
-:mod:`grouprl.rollout.bf16_weights`). int8 copies were removed: opt-in, 0.96-1.02x a GRPO step
+:mod:`grouprl.rollout.cpu.bf16_weights`). int8 copies were removed: opt-in, 0.96-1.02x a GRPO step
 (``benchmarks/results/vs_trl/xeon-avx2-capped-int8-fp32-repeats2.log``), and held-out accuracy behind fp32
 rollouts' at every saved step (``benchmarks/results/int8-rollouts/``). A decode loop makes each weight's copy on
 first use and keeps it to the loop's end (the weights change between rollouts); prefills, environment replies and
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from grouprl.rollout import bf16_weights
-from grouprl.rollout.skinny import rerouted
+from grouprl.rollout.cpu import bf16_weights
+from grouprl.rollout.cpu.skinny import rerouted
 
 Copy = tuple[torch.Tensor, ...]
 
@@ -34,30 +34,17 @@ class WeightOnly:
     """Why the format cannot run on this machine, or None."""
 
 
-WEIGHT_ONLY: dict[str, WeightOnly] = {
-    "bf16-weights": WeightOnly(bf16_weights.supported, bf16_weights.pack, bf16_weights.bf16_weights_linear,
-                               lambda: bf16_weights.unavailable()),
-}
-"""``SamplingParams.format`` -> its weight-only products, for the formats that have them."""
-
-
-def weight_only_problem(fmt: str, device: torch.device) -> str | None:
-    """Why the weight-only format ``fmt`` cannot run on ``device`` here (None where it can, or where ``fmt`` is not
-    weight-only)."""
-    if fmt not in WEIGHT_ONLY:
-        return None
-    if device.type != "cpu":
-        return f"{fmt} runs on a CPU (its kernels are CPU kernels); this run computes on {device.type}"
-    problem = WEIGHT_ONLY[fmt].unavailable()
-    return None if problem is None else f"{fmt} cannot run here: {problem}"
+BF16_WEIGHTS = WeightOnly(bf16_weights.supported, bf16_weights.pack, bf16_weights.bf16_weights_linear,
+                          lambda: bf16_weights.unavailable())
+"""bf16-weights' products (the ``bf16-weights`` entry of :data:`grouprl.rollout.formats.FORMATS`)."""
 
 
 class Copies:
-    """The copies one decode loop reads in format ``fmt`` (weights do not change within it), made on first use
-    and kept until the loop ends."""
+    """The copies one decode loop reads for the weight-only products ``fmt`` (weights do not change within it),
+    made on first use and kept until the loop ends."""
 
-    def __init__(self, fmt: str) -> None:
-        self.format = WEIGHT_ONLY[fmt]
+    def __init__(self, fmt: WeightOnly) -> None:
+        self.format = fmt
         # id(weight) -> (weight, its copy): holding the weight keeps its id from being reused meanwhile
         self.copies: dict[int, tuple[torch.Tensor, Copy]] = {}
 
