@@ -30,8 +30,7 @@ def problems(c: Any) -> list[str]:
     out = logger_problems(c.loggers, c.tensorboard)
     return out + (_algorithm_problems(c, algo) + _registry_problems(c) + _range_problems(c) + _batch_problems(c)
             + _objective_problems(c) + _sampling_problems(c) + _scale_out_problems(c) + _critic_problems(c)
-            + _trust_region_problems(c) + _gigpo_problems(c) + _estimator_problems(c)
-            + variant_problems(c))
+            + _trust_region_problems(c) + _gigpo_problems(c) + _estimator_problems(c) + variant_problems(c))
 
 
 def _algorithm_problems(c: Any, algo: Algorithm) -> list[str]:
@@ -51,7 +50,7 @@ def _algorithm_problems(c: Any, algo: Algorithm) -> list[str]:
 
 def _registry_problems(c: Any) -> list[str]:
     checks: list[tuple[str, Any, Registry | tuple[str, ...]]] = [
-        ("advantage", c.advantage_estimator, (*ADVANTAGES.names(), *STEP_ESTIMATORS)),
+        ("advantage", c.advantage_estimator, ADVANTAGES),
         ("advantage_scale", c.advantage_scale or "group", SCALES),
         ("aggregation", c.aggregation, AGGREGATIONS), ("kl_estimator", c.kl_estimator, KL_ESTIMATORS),
         ("importance_level", c.importance_level, IMPORTANCE_LEVELS),
