@@ -49,3 +49,17 @@ class NonFiniteError(RuntimeError):
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used (a file damaged or missing); names the file and the checkpoint
     before it."""
+
+
+class EnvError(ValueError):
+    """A text environment failed every trajectory of a batch (at reset or at a step); names the
+    environment, a seed it failed on and its error."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGINT, SIGTERM) stopped the run; ``signum`` says which. User code (a tool, an
+    environment) never sees it swallowed: what catches user code's exceptions lets it through."""
+
+    def __init__(self, signum: int, message: str = ""):
+        super().__init__(message)
+        self.signum = signum

@@ -46,7 +46,8 @@ def test_an_environment_that_raises_ends_the_trajectory_as_an_error():
     ep.start()
     ep.respond("a")
     assert ep.respond("b") is None
-    assert ep.end_reason == "error" and ep.error == "RuntimeError: broken"
+    assert ep.end_reason == "error"
+    assert ep.error == "environment Counter (seed None) failed at a step: RuntimeError: broken"
 
 
 def test_tool_turns_are_answered_by_tools_and_the_environment_does_not_step():

@@ -16,6 +16,7 @@ path (``my_module:MyEnv``) or by a GEM id (``gem:game:GuessTheNumber-v0-easy``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -41,17 +42,28 @@ ENVIRONMENTS: Registry[Callable[..., TextEnv]] = Registry("environment")
 """name -> factory ``(**options) -> TextEnv`` of the built-in environments."""
 
 
+ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+"""What a message's role may be: a name (the template writes it between its markers, so it is structure)."""
+
+
 def as_messages(observation: Observation, role: str = "user") -> list[Message]:
-    """An observation as messages to append: text becomes one ``role`` message.
+    """An observation as messages to append: text becomes one ``role`` message. Anything else is a
+    TypeError saying what it was: a message needs a ``role`` that is a name and ``content`` that is text.
 
     >>> as_messages("Too low."), as_messages([{"role": "user", "content": "hi"}])
     ([{'role': 'user', 'content': 'Too low.'}], [{'role': 'user', 'content': 'hi'}])
     """
     if isinstance(observation, str):
         return [{"role": role, "content": observation}]
-    if isinstance(observation, list) and all(isinstance(m, dict) and "role" in m for m in observation):
+    if isinstance(observation, list) and observation and all(_is_message(m) for m in observation):
         return [dict(m) for m in observation]
-    raise TypeError(f"an observation is text or a list of chat messages with a 'role', got {observation!r:.200}")
+    raise TypeError("an observation is text or a non-empty list of chat messages, each with a 'role' (a name) and "
+                    f"'content' (text); got {type(observation).__name__} {observation!r:.200}")
+
+
+def _is_message(m: Any) -> bool:
+    return (isinstance(m, dict) and isinstance(m.get("role"), str) and ROLE.fullmatch(m["role"]) is not None
+            and isinstance(m.get("content"), str) and isinstance(m.get("name", ""), str))
 
 
 def transcript(messages: Sequence[Message]) -> str:

@@ -9,8 +9,17 @@ messages that answer it, or None when the trajectory is over:
   text goes to the environment as a plain answer;
 - any other turn is the environment's action: ``step(action)``; its reward is added to the
   return, and its observation is the next user turn unless the episode terminated or was truncated;
-- an environment that raises ends the trajectory with reason ``error`` (the trainer drops it and
-  its group is one smaller); the error is kept in ``error``.
+- an environment that misbehaves ends the trajectory with reason ``error`` (the trainer drops it and
+  its group is one smaller; ``env/ended_error`` counts it); the error, naming the environment and the
+  seed, is kept in ``error``. Misbehaving is anything: ``reset`` or ``step`` raising (``SystemExit``
+  and ``KeyboardInterrupt`` included: only a signal to the run, :class:`grouprl.errors.Interrupted`,
+  stops it), returning something that is not the protocol's tuple, an observation that is neither
+  text nor chat messages, a reward that is not a finite number. Nothing an environment does stops
+  the run; :class:`grouprl.rollout.agent.AgentSampler` stops it (an :class:`grouprl.errors.EnvError`)
+  only when no trajectory of a batch could be played;
+- tool calls never raise (:mod:`grouprl.envs.tools`), nor does a parser: one that raises answers the
+  turn with an error message. :func:`respond_all` answers a batch of turns: every trajectory's tool
+  calls run at once, the environments step one after another.
 
 Per policy turn it records the reward the turn earned and the key of the state the turn started
 from (``info["state_key"]`` when the environment gives one, else the observation text as the
@@ -19,16 +28,23 @@ environment returned it; None after a tool reply), for step-level grouping.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from grouprl.envs.base import Message, as_messages
-from grouprl.envs.tools import Tool, ToolParser, ToolRunner, resolve_tool_parser
+from grouprl.envs.tools import PendingCalls, Tool, ToolCall, ToolParser, ToolRunner, resolve_tool_parser
+from grouprl.errors import Interrupted
+
+ERROR_CHARS = 500
+"""Of an environment's exception message, this much is kept."""
 
 
 def _state_key(observation: Any, info: dict[str, Any]) -> Any:
+    """The state's key: ``info["state_key"]`` (it must be hashable: steps are grouped by it), else the observation."""
     key = info.get("state_key") if isinstance(info, dict) else None
     if key is not None:
+        hash(key)
         return key
     return observation if isinstance(observation, str) else repr(observation)
 
@@ -67,16 +83,28 @@ class Episode:
         self.error: str | None = None
         self._next_key: Any = None
 
-    def start(self) -> list[Message]:
-        """Reset the environment; the opening messages (a copy)."""
+    @property
+    def name(self) -> str:
+        return f"environment {type(self.env).__name__} (seed {self.seed})"
+
+    def _fail(self, when: str, error: BaseException | str) -> None:
+        """End the trajectory as an error: ``when`` it happened and what."""
+        if isinstance(error, Interrupted):
+            raise error
+        what = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self.error, self.end_reason = f"{self.name} {when}: {what}"[:ERROR_CHARS], "error"
+
+    def start(self) -> list[Message] | None:
+        """Reset the environment; the opening messages (a copy), or None when the reset failed (``error``)."""
         try:
             observation, info = self.env.reset(seed=self.seed, options=self.options)
-        except Exception as e:
-            raise RuntimeError(f"environment {type(self.env).__name__} failed to reset (seed {self.seed}): "
-                               f"{type(e).__name__}: {e}") from e
-        self.messages = as_messages(observation)
+            self.messages = as_messages(observation)
+            self._next_key = _state_key(observation, info if isinstance(info, dict) else {})
+        except BaseException as e:  # noqa: BLE001 - the trajectory is dropped; the run goes on
+            self._fail("failed to reset", e)
+            self.messages = []
+            return None
         self.opening = len(self.messages)
-        self._next_key = _state_key(observation, info or {})
         return list(self.messages)
 
     @property
@@ -87,37 +115,88 @@ class Episode:
     def respond(self, action: str) -> list[Message] | None:
         """The messages that answer the assistant turn ``action`` (appended to :attr:`messages` with it),
         or None when the trajectory is over (``end_reason`` says why)."""
+        return self.finish(self.begin(action))
+
+    def begin(self, action: str) -> PendingCalls | None:
+        """The first half of :meth:`respond`: record the turn and start its tool calls (None: the
+        environment answers it, in :meth:`finish`)."""
         self.messages.append({"role": "assistant", "content": action})
         self.state_keys.append(self._next_key)
-        calls = self.parse(action) if self.runner is not None else []
-        if calls and self.tool_calls < self.max_tool_calls:
-            return self._tool_replies(calls[: self.max_tool_calls - self.tool_calls])
+        if self.end_reason is not None or self.runner is None or self.tool_calls >= self.max_tool_calls:
+            return None
+        try:
+            calls = list(self.parse(action))
+        except BaseException as e:  # noqa: BLE001 - a parser that fails answers the turn with its error
+            if isinstance(e, Interrupted):
+                raise
+            calls = [ToolCall(None, {}, f"the tool call could not be read: {type(e).__name__}")]
+        if not calls:
+            return None
+        return self.runner.start(calls[: self.max_tool_calls - self.tool_calls])
+
+    def finish(self, pending: PendingCalls | None) -> list[Message] | None:
+        """The second half of :meth:`respond`: the tools' answers, or the environment's step."""
+        if self.end_reason is not None:  # its reset failed: nothing answers
+            self.step_rewards.append(0.0)
+            return None
+        if pending is not None:
+            return self._tool_replies(pending.results())
+        return self._step(self.messages[-1]["content"])
+
+    def _step(self, action: str) -> list[Message] | None:
         try:
             observation, reward, terminated, truncated, info = self.env.step(action)
-        except Exception as e:  # noqa: BLE001 - the trajectory is dropped; the run goes on
+            reward = _reward(reward)
+            info = dict(info or {})
+            success = bool(info["success"]) if "success" in info else self.success
+            done = bool(terminated or truncated)
+            new = None if done else as_messages(observation)
+            key = None if done else _state_key(observation, info)
+        except BaseException as e:  # noqa: BLE001 - the trajectory is dropped; the run goes on
             self.step_rewards.append(0.0)
-            self.error, self.end_reason = f"{type(e).__name__}: {e}", "error"
+            self._fail("failed at a step", e)
             return None
-        info = info or {}
-        self.step_rewards.append(float(reward))
-        self.return_ += float(reward)
-        if "success" in info:
-            self.success = bool(info["success"])
-        if terminated or truncated:
+        self.step_rewards.append(reward)
+        self.return_ += reward
+        self.success = success
+        if new is None:
             self.end_reason = "env"
             return None
-        new = as_messages(observation)
-        self._next_key = _state_key(observation, info)
+        self._next_key = key
         self.messages.extend(new)
         return new
 
-    def _tool_replies(self, calls: list) -> list[Message]:
+    def _tool_replies(self, results: list[tuple[str, str, bool]]) -> list[Message]:
         self.step_rewards.append(0.0)
         self._next_key = None
         new = []
-        for name, text, failed in self.runner.run(calls):
+        for name, text, failed in results:
             self.tool_calls += 1
             self.tool_errors += failed
             new.append({"role": "tool", "name": name, "content": text})
         self.messages.extend(new)
         return new
+
+
+def _reward(value: Any) -> float:
+    """A step's reward as a float; a TypeError or ValueError saying what it was instead of a finite number."""
+    if value is None or isinstance(value, str | bytes):
+        raise TypeError(f"the reward must be a number, got {type(value).__name__} {value!r:.80}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"the reward must be a finite number, got {number}")
+    return number
+
+
+def respond_all(episodes: Sequence[Episode], actions: Sequence[str]) -> list[list[Message] | None]:
+    """:meth:`Episode.respond` for each episode and its action: every trajectory's tool calls started
+    before any is waited for, so they run at once; the environments step in order."""
+    pending: list[PendingCalls | None] = []
+    try:
+        for episode, action in zip(episodes, actions, strict=True):
+            pending.append(episode.begin(action))
+        return [episode.finish(calls) for episode, calls in zip(episodes, pending)]
+    finally:  # interrupted: no tool process is left running
+        for calls in pending:
+            if calls is not None:
+                calls.cancel()

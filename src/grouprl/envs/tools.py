@@ -11,20 +11,31 @@ Calls are read from an assistant turn by a parser of :data:`TOOL_PARSERS` (defau
 
 Every call is answered with one ``tool`` message, never an exception: a result (turned to text), or
 an error the model can read (malformed JSON, an unknown tool, bad arguments, a tool that raised, a
-call that ran past ``timeout_s``). Calls of one turn run concurrently: async tools on one event loop,
-the others on threads. A thread cannot be killed, so a synchronous tool that never returns keeps its
-thread after the timeout answered for it: run untrusted work in the ``python`` tool, whose sandbox
-kills its process.
+call that ran past ``timeout_s``). Whatever a tool does, the run goes on: a ``SystemExit`` or
+``KeyboardInterrupt`` it raises, an ``os._exit``, a crash or a hang become that call's error message.
+
+Each call runs in a process of its own, forked from the trainer (so a tool needs no pickling and sees
+the state of the moment) and leading its own process group: at the call's deadline the group is
+killed, so a tool that never returns holds up neither the other calls nor the run's exit, and no
+process a tool started outlives its call. Calls run concurrently, those of one turn and, through
+:meth:`ToolRunner.start`, those of every trajectory of a batch: a batch's tool calls take about as
+long as its slowest call, not the sum. What a tool changes in its process (a global, a cache) is gone
+with it; a tool that must keep state keeps it outside the process (a file, a server). A forked process
+must not use the accelerator or torch's thread pools: tools are for text work; untrusted code goes to
+the ``python`` tool, whose sandbox isolates it further.
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
-import concurrent.futures
 import inspect
 import json
+import os
 import re
+import select
+import signal
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +45,8 @@ from grouprl.registry import Registry, import_object
 
 RESULT_CHARS = 2000
 """A tool result longer than this is cut (the model's context is small; say so in the message)."""
+NAME_CHARS = 100
+"""Of a tool name the policy wrote that names no tool, this much is repeated back."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +113,7 @@ def parse_hermes(text: str) -> list[ToolCall]:
         if isinstance(args, str):  # some models write the arguments as a JSON string
             try:
                 args = json.loads(args)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 args = None
         if not isinstance(args, dict):
             calls.append(ToolCall(data["name"], {}, "the tool call's arguments must be a JSON object"))
@@ -118,7 +131,7 @@ def _json_or_literal(text: str) -> Any:
     """
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, too deep, or an integer past Python's digit limit
         pass
     if len(text) > 10_000:  # literal_eval's parser is recursive: a deeply nested input could exhaust the stack
         return None
@@ -178,8 +191,119 @@ def _text(value: Any) -> str:
     return text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + f" ... [{len(text) - RESULT_CHARS} more chars]"
 
 
+def _answer(fn: Callable[..., Any], call: ToolCall) -> tuple[str, bool]:
+    """``(message text, failed)`` of one call, in the tool's process: every exception becomes the message."""
+    try:
+        value = fn(**call.arguments)
+        if inspect.iscoroutine(value):
+            value = asyncio.run(value)
+        return _text(value), False
+    except BaseException as e:  # noqa: BLE001 - SystemExit and KeyboardInterrupt from a tool are its errors too
+        try:
+            return _text(f"error: {call.name} raised {type(e).__name__}: {e}"), True
+        except BaseException:  # noqa: BLE001 - an exception whose text cannot be made
+            return f"error: {call.name} raised {type(e).__name__}", True
+
+
+@dataclass
+class _Process:
+    """One call's process: its pid (also its process group), the read end of its answer pipe, and its exit
+    status once reaped."""
+
+    name: str
+    pid: int
+    fd: int
+    status: int | None = None
+
+    def end(self) -> int:
+        """Kill what is left of the call's process group, reap its process and close the pipe; the exit status."""
+        if self.status is None:
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(self.pid, signal.SIGKILL)
+                    break
+                except (ProcessLookupError, PermissionError):
+                    continue  # not yet its own group leader (killed as a process), or gone
+            self.status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            os.close(self.fd)
+        return self.status
+
+
+def _fork_call(fn: Callable[..., Any], call: ToolCall) -> _Process:
+    """Start ``call`` in a forked process that writes ``{"text", "failed"}`` as JSON to a pipe and exits."""
+    read, write = os.pipe()
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.close(read)
+        os.close(write)
+        raise
+    if pid == 0:  # the tool's process: never returns into the trainer's code
+        status = 0
+        try:
+            os.close(read)
+            os.setsid()  # its own process group, killed whole at the deadline
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            text, failed = _answer(fn, call)
+            payload = json.dumps({"text": text, "failed": failed}).encode()
+            while payload:
+                payload = payload[os.write(write, payload):]
+        except BaseException:  # noqa: BLE001 - the parent reports a process that ended without an answer
+            status = 70
+        finally:
+            os._exit(status)
+    os.close(write)
+    return _Process(call.name, pid, read)
+
+
+def _collect(process: _Process, deadline: float, timeout_s: float) -> tuple[str, str, bool]:
+    """The call's ``(tool name, message text, failed)``, waiting for its process until ``deadline``."""
+    chunks: list[bytes] = []
+    while True:
+        left = max(deadline - time.monotonic(), 0.0)  # past the deadline: only an answer already written counts
+        if not select.select([process.fd], [], [], left)[0]:
+            process.end()
+            return process.name, f"error: {process.name} took longer than {timeout_s:g} s", True
+        chunk = os.read(process.fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    code = process.end()
+    try:
+        answer = json.loads(b"".join(chunks))
+        return process.name, str(answer["text"]), bool(answer["failed"])
+    except (ValueError, KeyError, TypeError):
+        return process.name, f"error: {process.name} ended without an answer (exit status {code})", True
+
+
+class PendingCalls:
+    """Tool calls started by :meth:`ToolRunner.start`; :meth:`results` waits for them."""
+
+    def __init__(self, out: list[tuple[str, str, bool] | None], running: dict[int, _Process], deadline: float,
+                 timeout_s: float):
+        self.out, self.running, self.deadline, self.timeout_s = out, running, deadline, timeout_s
+
+    def results(self) -> list[tuple[str, str, bool]]:
+        """``(tool name, message text, failed)`` for each call, in order; each waits at most until the
+        deadline the calls were started with."""
+        try:
+            for i in list(self.running):
+                self.out[i] = _collect(self.running[i], self.deadline, self.timeout_s)
+                del self.running[i]
+        finally:  # an interrupted wait leaves no process behind
+            self.cancel()
+        return self.out  # type: ignore[return-value]
+
+    def cancel(self) -> None:
+        """Kill every call not yet collected (their results are never read)."""
+        for process in self.running.values():
+            process.end()
+        self.running = {}
+
+
 class ToolRunner:
-    """Executes a turn's tool calls against ``tools`` with a per-call timeout (see the module docstring)."""
+    """Executes tool calls against ``tools`` with a per-call timeout (see the module docstring)."""
 
     def __init__(self, tools: Sequence[Tool], timeout_s: float):
         self.tools = {t.name: t for t in tools}
@@ -187,55 +311,36 @@ class ToolRunner:
 
     def run(self, calls: Sequence[ToolCall]) -> list[tuple[str, str, bool]]:
         """``(tool name, message text, failed)`` for each call, in order."""
+        return self.start(calls).results()
+
+    def start(self, calls: Sequence[ToolCall]) -> PendingCalls:
+        """Start every call that can run, each in its own process, all against one deadline."""
         out: list[tuple[str, str, bool] | None] = [None] * len(calls)
-        pending_sync, pending_async = [], []
-        for i, call in enumerate(calls):
-            problem = self._problem(call)
-            if problem is not None:
-                out[i] = (call.name or "error", problem, True)
-            elif inspect.iscoroutinefunction(self.tools[call.name].fn):
-                pending_async.append(i)
-            else:
-                pending_sync.append(i)
-        if pending_async:
-            for i, result in zip(pending_async, asyncio.run(self._run_async([calls[i] for i in pending_async]))):
-                out[i] = result
-        if pending_sync:
-            pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(pending_sync))
-            futures = {i: pool.submit(self._call, calls[i]) for i in pending_sync}
-            for i, future in futures.items():
+        running: dict[int, _Process] = {}
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            for i, call in enumerate(calls):
+                problem = self._problem(call)
+                if problem is not None:
+                    out[i] = ((call.name or "error")[:NAME_CHARS], problem, True)
+                    continue
                 try:
-                    out[i] = future.result(timeout=self.timeout_s)
-                except concurrent.futures.TimeoutError:
-                    out[i] = (calls[i].name, f"error: {calls[i].name} took longer than {self.timeout_s:g} s", True)
-            pool.shutdown(wait=False, cancel_futures=True)
-        return out  # type: ignore[return-value]
+                    running[i] = _fork_call(self.tools[call.name].fn, call)
+                except OSError as e:  # no process could be made (out of memory or processes): the call fails
+                    out[i] = (call.name, f"error: {call.name} could not be started: {e}", True)
+        except BaseException:
+            PendingCalls([], running, deadline, self.timeout_s).results()
+            raise
+        return PendingCalls(out, running, deadline, self.timeout_s)
 
     def _problem(self, call: ToolCall) -> str | None:
         if call.error is not None:
             return f"error: {call.error}"
         if call.name not in self.tools:
-            return f"error: there is no tool {call.name!r}; the tools are: {', '.join(self.tools) or 'none'}"
+            known = ", ".join(self.tools) or "none"
+            return f"error: there is no tool {call.name!r:.{NAME_CHARS}}; the tools are: {known}"
         try:
             inspect.signature(self.tools[call.name].fn).bind(**call.arguments)
         except TypeError as e:
             return f"error: bad arguments for {call.name}: {e}"
         return None
-
-    def _call(self, call: ToolCall) -> tuple[str, str, bool]:
-        try:
-            return call.name, _text(self.tools[call.name].fn(**call.arguments)), False
-        except Exception as e:  # noqa: BLE001 - the model reads the error and goes on
-            return call.name, f"error: {call.name} raised {type(e).__name__}: {e}", True
-
-    async def _run_async(self, calls: Sequence[ToolCall]) -> list[tuple[str, str, bool]]:
-        async def one(call: ToolCall) -> tuple[str, str, bool]:
-            try:
-                value = await asyncio.wait_for(self.tools[call.name].fn(**call.arguments), self.timeout_s)
-                return call.name, _text(value), False
-            except TimeoutError:
-                return call.name, f"error: {call.name} took longer than {self.timeout_s:g} s", True
-            except Exception as e:  # noqa: BLE001 - the model reads the error and goes on
-                return call.name, f"error: {call.name} raised {type(e).__name__}: {e}", True
-
-        return list(await asyncio.gather(*(one(c) for c in calls)))

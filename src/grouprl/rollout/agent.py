@@ -24,9 +24,9 @@ from torch import nn
 
 from grouprl.data.loading import context_overflow
 from grouprl.data.templates import Rendered, render
-from grouprl.errors import PromptTooLongError
+from grouprl.envs.episode import respond_all
+from grouprl.errors import EnvError, PromptTooLongError
 from grouprl.rollout.cpu.compiled import CompiledStep
-from grouprl.rollout.cpu.skinny import SkinnyProducts
 from grouprl.rollout.runner import check_format, eval_mode, left_pad, model_device, run_in_format
 from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits, decode_conversations
@@ -92,7 +92,6 @@ class AgentSampler:
     def __init__(self, model: nn.Module, tokenizer: Any, renderer: ChatRenderer, limits: TurnLimits,
                  engine: Any = None, compile_steps: bool = False):
         self.model, self.tokenizer, self.renderer, self.limits = model, tokenizer, renderer, limits
-        self.products = SkinnyProducts()  # what decode steps' products have shown, kept across rollouts
         self.compiled = CompiledStep() if compile_steps else None
         """The built-in engine's compiled decode step (``compile_steps``: :mod:`grouprl.rollout.cpu.compiled`)."""
         self.engine = engine
@@ -140,10 +139,23 @@ class AgentSampler:
 
     def generate(self, episodes: Sequence[Any], group_size: int, params: SamplingParams, *,
                  seed: int | Sequence[int] | None = None) -> RolloutBatch:
-        """Play ``episodes`` (B = P * G, each group's G from the same reset, group-major) to their ends."""
+        """Play ``episodes`` (B = P * G, each group's G from the same reset, group-major) to their ends.
+
+        A trajectory whose environment fails (at its reset or later) ends with reason ``error``; a group
+        none of whose resets worked is not decoded at all. Only a batch in which every trajectory failed
+        is an :class:`~grouprl.errors.EnvError`, naming the environment, the seed and the error."""
         starts = [ep.start() for ep in episodes]
-        prompt_rows = [self.renderer.prompt_ids(starts[p * group_size]) for p in range(len(episodes) // group_size)]
-        self._check_context(prompt_rows, [episodes[p * group_size] for p in range(len(prompt_rows))])
+        groups = len(episodes) // group_size
+        # a group's opening: its first reset that worked (they share the seed and the row)
+        openings = [next((s for s in starts[p * group_size:(p + 1) * group_size] if s is not None), None)
+                    for p in range(groups)]
+        live = [p for p in range(groups) if openings[p] is not None]
+        if not live:
+            raise _all_failed(episodes)
+        rows = [p * group_size + j for p in live for j in range(group_size)]
+        playing = [episodes[i] for i in rows]
+        prompt_rows = [self.renderer.prompt_ids(openings[p]) for p in live]
+        self._check_context(prompt_rows, [episodes[p * group_size] for p in live])
         device = model_device(self.model)
         ids, mask = left_pad(prompt_rows, self.pad_token_id, device)
         stop = self.stop_ids(params)
@@ -151,22 +163,29 @@ class AgentSampler:
         stop_t = torch.tensor(stop, dtype=torch.long, device=device)
 
         def respond(rows: list[int], turns: list[list[int]], stopped: list[bool]) -> list[Reply]:
-            return [self._respond(episodes[r], tokens, stop_text.get(tokens[-1]) if ended else None, set(stop))
-                    for r, tokens, ended in zip(rows, turns, stopped)]
+            return self._respond([playing[r] for r in rows], turns,
+                                 [stop_text.get(t[-1]) if ended else None for t, ended in zip(turns, stopped)],
+                                 set(stop))
 
-        seeds = resolve_row_seeds(seed, len(episodes))
+        all_seeds = resolve_row_seeds(seed, len(episodes))
+        seeds = [all_seeds[i] for i in rows]  # a row draws from its own seed, whichever groups are played
 
         def decode(model: nn.Module) -> Conversations:
             return decode_conversations(model, ids, mask, group_size, params, self.limits, respond, seeds, stop_t,
-                                        self.pad_token_id, self.products, self.compiled)
+                                        self.pad_token_id, self.compiled)
 
         if self.engine is not None:  # token in, token out through vLLM's prefix cache
             out = self.engine.conversations(prompt_rows, group_size, params, self.limits, respond, seeds, stop)
-            return self._assemble(episodes, starts, ids, mask, group_size, out)
-        check_format(params.format, device)
-        with eval_mode(self.model), torch.inference_mode():
-            out = run_in_format(params.format, self.model, decode)
-        return self._assemble(episodes, starts, ids, mask, group_size, out)
+        else:
+            check_format(params.format, device)
+            with eval_mode(self.model), torch.inference_mode():
+                out = run_in_format(params.format, self.model, decode)
+        out = _with_failed_groups(out, rows, len(episodes))
+        if all(reason == "error" for reason in out.end_reason):
+            raise _all_failed(episodes)
+        all_prompts = [prompt_rows[live.index(p)] if p in live else [] for p in range(groups)]
+        ids, mask = left_pad(all_prompts, self.pad_token_id, device)
+        return self._assemble(episodes, [s or [] for s in starts], ids, mask, group_size, out)
 
     def _check_context(self, prompt_rows: list[list[int]], episodes: Sequence[Any]) -> None:
         """A first prompt plus the trajectory budget must fit in the model's context: name the reset that does not."""
@@ -178,14 +197,23 @@ class AgentSampler:
                     "max_trajectory_tokens", self.limits.max_tokens, max(map(len, prompt_rows)),
                     shorten="shorten the environment's first observation or the system prompt"))
 
-    def _respond(self, episode: Any, tokens: list[int], stop_text: str | None, stop: set[int]) -> Reply:
-        """The environment's answer to one turn, as tokens to append."""
-        text_ids = tokens[:-1] if tokens and tokens[-1] in stop else tokens
-        action = self.tokenizer.decode(text_ids, skip_special_tokens=False)
-        new = episode.respond(action)
+    def _respond(self, episodes: list[Any], turns: list[list[int]], stop_texts: list[str | None],
+                 stop: set[int]) -> list[Reply]:
+        """The environments' answers to one turn of each of ``episodes``, as tokens to append; their tool
+        calls run at once (:func:`grouprl.envs.episode.respond_all`)."""
+        actions = [self.tokenizer.decode(t[:-1] if t and t[-1] in stop else t, skip_special_tokens=False)
+                   for t in turns]
+        return [self._reply(episode, new, stop_text)
+                for episode, new, stop_text in zip(episodes, respond_all(episodes, actions), stop_texts)]
+
+    def _reply(self, episode: Any, new: list[dict] | None, stop_text: str | None) -> Reply:
         if new is None:
             return Reply(None, episode.end_reason or "env")
-        ids = self.renderer.reply_ids(episode.messages[: len(episode.messages) - len(new)], new, stop_text)
+        try:
+            ids = self.renderer.reply_ids(episode.messages[: len(episode.messages) - len(new)], new, stop_text)
+        except Exception as e:  # noqa: BLE001 - messages the template cannot render end this trajectory only
+            episode.error, episode.end_reason = f"{episode.name}: its reply could not be rendered: {e}", "error"
+            return Reply(None, "error")
         return Reply(None, "template") if ids is None else Reply(ids)
 
     def _assemble(self, episodes: Sequence[Any], starts: list[list[dict]], prompt_ids: torch.Tensor,
@@ -213,6 +241,26 @@ class AgentSampler:
             completions=[ep.final_answer or "" for ep in episodes], prompts=asked, group_size=group_size,
             pad_token_id=self.pad_token_id, extras={"trajectory": [list(ep.messages) for ep in episodes]},
             sequence_mask=seq, info=info)
+
+
+def _all_failed(episodes: Sequence[Any]) -> EnvError:
+    """The error of a batch no trajectory of which could be played: the first failure, with its seed."""
+    first = next((ep.error for ep in episodes if ep.error), "no trajectory could be played")
+    return EnvError(f"every one of the {len(episodes)} trajectories of this batch failed, so no batch could be "
+                    f"collected; the first: {first}")
+
+
+def _with_failed_groups(out: Conversations, rows: list[int], total: int) -> Conversations:
+    """``out`` (the played ``rows``) widened to all ``total`` rows: a row not played is an empty trajectory that
+    ended with reason ``error`` (its group's every reset failed)."""
+    if len(rows) == total:
+        return out
+    full = Conversations(tokens=[[] for _ in range(total)], from_policy=[[] for _ in range(total)],
+                         logprobs=[[] for _ in range(total)], turns=[0] * total, end_reason=["error"] * total)
+    for k, i in enumerate(rows):
+        full.tokens[i], full.from_policy[i], full.logprobs[i] = out.tokens[k], out.from_policy[k], out.logprobs[k]
+        full.turns[i], full.end_reason[i] = out.turns[k], out.end_reason[k]
+    return full
 
 
 EPISODE_FACTS = ("return_", "tool_calls", "tool_errors", "success", "state_keys", "step_rewards", "opening")
