@@ -204,10 +204,16 @@ def test_a_run_goes_on_when_a_server_dies_and_stops_clearly_when_none_is_left(se
         client.close()
 
 
+def distinct_share(prompts, completions, **_):
+    """Share of a completion's characters that are distinct: it varies within a group of random text, where
+    digits (digit_share) may never appear."""
+    return [len(set(c)) / max(len(c), 1) for c in completions]
+
+
 def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
     from grouprl.serve.from_config import server_sampler
     from grouprl.trainer.trainer import Trainer
-    from tests.helpers.trainer import PROMPTS, base_config, digit_share
+    from tests.helpers.trainer import PROMPTS, base_config
 
     model, tok = model_and_tok(seed=9)
     config = base_config(tmp_path, total_steps=2, lora_rank=4, lora_target_modules=("q_proj", "v_proj"),
@@ -216,7 +222,7 @@ def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
     policy = apply_lora(model, LoraSettings(rank=4, target_modules=("q_proj", "v_proj")))
     client = server_sampler(config, policy, tok, 256)  # starts the server, pinned, logs under the run folder
     assert client.local is not None and (tmp_path / "run" / "servers" / "server-0.log").is_file()
-    trainer = Trainer(config, policy=policy, tokenizer=tok, reward_fns=[digit_share], train_data=PROMPTS,
+    trainer = Trainer(config, policy=policy, tokenizer=tok, reward_fns=[distinct_share], train_data=PROMPTS,
                       sampler=client)
     client.update_weights(trainer.policy)
     pushed = []
@@ -229,10 +235,19 @@ def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
         trainer.train()
         assert pushed == ["full", "adapter", "adapter"]  # the base once, then each step's adapter alone
         assert any(not torch.equal(v, trainer.policy.state_dict()[k]) for k, v in adapters.items())
-        ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
+        # the server samples from the trained adapter: its log-probs are the LoRA policy's, not the base's
         client.update_weights(trainer.policy)
-        want = Sampler(trainer.policy, tok).generate(ids, 1, greedy, seed=0).completion_ids.tolist()
-        assert client.generate(ids, 1, greedy, seed=0).completion_ids.tolist() == want
+        batch = client.generate(prompts(tok), 4, SamplingParams(max_new_tokens=12), seed=list(range(16)))
+        args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+        with torch.no_grad():
+            lora_logp, _ = token_logprobs(trainer.policy, *args)
+            with trainer.policy.disable_adapter():
+                base_logp, _ = token_logprobs(trainer.policy, *args)
+        mask = batch.completion_mask > 0
+        gap = float((lora_logp - batch.sampling_logprobs)[mask].abs().max())
+        base_gap = float((base_logp - batch.sampling_logprobs)[mask].abs().max())
+        assert gap < 1e-4 and base_gap > 1e-2, (gap, base_gap)  # fp32 rounding against the adapter's effect
+        ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
         sent = {p.name for p in client.folders.path(client.version, adapter=True).iterdir()}
         assert [p.name for p in client.folders.root.iterdir()] == [f"v{client.version}-lora"]
         assert {"adapter_config.json", "adapter_model.safetensors"} <= sent and "model.safetensors" not in sent
