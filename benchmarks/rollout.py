@@ -1,10 +1,9 @@
 """Rollout speed on the bundled SmolLM2-135M-Instruct: the built-in engine, vLLM (when installed) and
 ``model.generate``, each in fp32 and bf16 (the built-in engine in the weight-only format bf16-weights
 too, :mod:`grouprl.rollout.cpu.weight_only`), at 16 rows x 64 new tokens and 64 rows x 128; and the built-in
-engine with every matrix product as ``x @ W.T`` (what its learnt decode layouts,
-:mod:`grouprl.rollout.cpu.skinny`, gain) and with its decode steps through the model's ``transformers`` forward
-(what its layer loop, :mod:`grouprl.rollout.cpu.layer_loop`, gains), and with ``rollout_compile``'s compiled decode
-steps (:mod:`grouprl.rollout.cpu.compiled`).
+engine with its decode steps through the model's ``transformers`` forward (what its layer loop,
+:mod:`grouprl.rollout.cpu.layer_loop`, gains), and with ``rollout_compile``'s compiled decode steps
+(:mod:`grouprl.rollout.cpu.compiled`).
 
     python benchmarks/rollout.py [--repeats 2] [--warmup 0] [--threads 2] [--settings 16x64,64x128]
                                  [--allocator auto] [--device auto]
@@ -18,10 +17,9 @@ which casts every weight at every step (bf16 only: its fp32 is the ``generate`` 
 
 Rows are arithmetic prompts x G=4 samples, temperature 1, no top-k/top-p, stopping on EOS only;
 tokens/s counts completion tokens up to and including EOS (what a trainer uses), so a method that
-keeps decoding finished rows pays for them. The built-in engine learns the layout of its decode products
-on its first rollouts (:mod:`grouprl.rollout.cpu.skinny`) and pays for the trials there, as a training run
-does on its first steps; ``--warmup N`` runs N whole rollouts per method and format before the timed
-ones, to measure it once it has settled. The methods take their rollouts in turn, so that load
+keeps decoding finished rows pays for them. The compiled steps are compiled in their first rollout, as a
+training run does on its first step; ``--warmup N`` runs N whole rollouts per method and format before the
+timed ones, to measure them once they have settled. The methods take their rollouts in turn, so that load
 from other processes falls on all alike; each figure is the total tokens over the total seconds of
 ``--repeats`` rollouts. A method's best format is its faster one here, and ``model.generate``'s best is the
 fastest of its rows. The last line is
@@ -48,7 +46,6 @@ from machine import start_under_allocator  # benchmarks/machine.py: every figure
 from grouprl.models import load_policy
 from grouprl.models.precision import resolve_formats
 from grouprl.rollout.cpu.layer_loop import LayerLoop
-from grouprl.rollout.cpu.skinny import SkinnyProducts
 from grouprl.rollout.engines import resolve_compile, resolve_engine
 from grouprl.rollout.formats import FORMATS as FORMATS_BY_NAME
 from grouprl.rollout.sampler import Sampler
@@ -58,19 +55,11 @@ G = 4
 FORMATS = ("fp32", "bf16", "bf16-weights")
 
 
-class PlainProducts(SkinnyProducts):
-    """Every product as ``x @ W.T``: the built-in engine without its learnt decode layouts."""
-
-    @contextlib.contextmanager
-    def step(self, linears, rows, packs):
-        yield
-
-
-VARIANTS = ("engine, x @ W.T only", "engine, transformers forward")
-"""The engine without its learnt decode layouts, and without its layer loop (CPU rows)."""
+FORWARD = "engine, transformers forward"
+"""The engine without its layer loop (CPU rows)."""
 COMPILED = "engine, compiled steps"
-"""The engine with ``rollout_compile`` (CPU rows): compiled in its first rollout of a format once the layouts are
-learnt, so its figures are the compiled step's only with ``--warmup 1`` or more."""
+"""The engine with ``rollout_compile`` (CPU rows): compiled in its first rollout of a format, so its figures are
+the compiled step's only with ``--warmup 1`` or more."""
 
 
 def through_forward(run):
@@ -137,25 +126,23 @@ AUTOCAST = "generate, bf16 autocast"
 
 def runs(method: str, fmt: str) -> bool:
     """Whether ``method`` has a figure in ``fmt``: the weight-only formats (:mod:`grouprl.rollout.cpu.weight_only`)
-    are the built-in engine's eager decode steps only, which bypass the learnt layouts and the compiled step."""
+    are the built-in engine's eager decode steps only, which bypass the compiled step."""
     if FORMATS_BY_NAME.get(fmt).weight_only is not None:
-        return method in ("engine", VARIANTS[1])
+        return method in ("engine", FORWARD)
     return method != AUTOCAST or fmt == "bf16"
 
 
 def built_in_methods(model, tokenizer, sampler: Sampler, device: torch.device) -> dict:
     """The built-in engine's rows and ``model.generate``'s: name -> run(ids, n, fmt, seed)."""
     methods = {"engine": lambda ids, n, fmt, seed: run_engine(sampler, ids, n, fmt, seed)}
-    if device.type == "cpu":  # learnt layouts and the layer loop serve CPUs only: elsewhere these rows run one code
-        plain, forward = Sampler(model, tokenizer), Sampler(model, tokenizer)
-        plain.products = PlainProducts()
-        methods[VARIANTS[0]] = lambda ids, n, fmt, seed: run_engine(plain, ids, n, fmt, seed)
-        methods[VARIANTS[1]] = through_forward(lambda ids, n, fmt, seed: run_engine(forward, ids, n, fmt, seed))
+    if device.type == "cpu":  # the layer loop and compiled steps serve CPUs only: elsewhere these rows run one code
+        forward = Sampler(model, tokenizer)
+        methods[FORWARD] = through_forward(lambda ids, n, fmt, seed: run_engine(forward, ids, n, fmt, seed))
         compiled = {f: Sampler(model, tokenizer, compile_steps=True) for f in FORMATS if runs(COMPILED, f)}
         methods[COMPILED] = lambda ids, n, fmt, seed: run_engine(compiled[fmt], ids, n, fmt, seed)
         methods[COMPILED].samplers = compiled
     else:
-        print("the engine's learnt decode layouts and layer loop serve CPUs only: one engine row here", flush=True)
+        print("the engine's layer loop and compiled steps serve CPUs only: one engine row here", flush=True)
     bf16_model = copy.deepcopy(model).to(torch.bfloat16)
     methods["generate"] = lambda ids, n, fmt, seed: run_generate(bf16_model if fmt == "bf16" else model, tokenizer,
                                                                  ids, n, False, seed)
@@ -183,13 +170,11 @@ def report(methods: dict, formats: tuple[str, ...], rate: dict, best: dict) -> N
             continue
         figures = "  ".join(f"{f} {rate[m, f]:7.1f}" if runs(m, f) else f"{f} {'-':>7s}" for f in formats)
         print(f"  {m:28s} {figures}  best {best[m]}", flush=True)
-    for fmt in formats if VARIANTS[0] in methods else ():
-        gain = rate["engine", fmt] / rate[VARIANTS[1], fmt]
+    for fmt in formats if FORWARD in methods else ():
+        gain = rate["engine", fmt] / rate[FORWARD, fmt]
         print(f"  layer loop, {fmt}: {gain:.2f}x the engine through the transformers forward", flush=True)
-        if not runs(VARIANTS[0], fmt):
+        if not runs(COMPILED, fmt):
             continue
-        gain = rate["engine", fmt] / rate[VARIANTS[0], fmt]
-        print(f"  decode layouts learnt, {fmt}: {gain:.2f}x the engine with x @ W.T only", flush=True)
         step = methods[COMPILED].samplers[fmt].compiled
         print(f"  compiled steps, {fmt}: {rate[COMPILED, fmt] / rate['engine', fmt]:.2f}x the engine (compiled in "
               f"{step.compile_seconds:.1f} s, {step.steps} steps compiled, {step.refused} refused)", flush=True)
@@ -238,9 +223,9 @@ def main() -> None:
                 for seed in range(args.warmup):
                     run(ids, n, fmt, args.repeats + seed)
         rate, best = timed(methods, ids, n, formats, args.repeats)
-        formats = resolve_formats("auto", "auto", "auto", device=device)
-        print(f"dtype auto: {formats.describe()}", flush=True)
-        chosen = formats.rollout
+        decided = resolve_formats("auto", "auto", "auto", device=device)
+        print(f"dtype auto: {decided.describe()}", flush=True)
+        chosen = decided.rollout
         chosen = chosen if chosen in formats else best["engine"]
         # what rollout_engine auto and rollout_compile auto run in the chosen format
         compiles = COMPILED in methods and resolve_compile(None, "auto", chosen, model)[0]

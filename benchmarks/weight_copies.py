@@ -29,8 +29,7 @@ from rollout import G, prompts
 from torch import nn
 
 from grouprl.models import load_policy
-from grouprl.rollout.cpu.skinny import model_linears
-from grouprl.rollout.cpu.weight_only import Copies
+from grouprl.rollout.cpu.weight_only import Copies, model_linears
 from grouprl.rollout.formats import FORMATS
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler

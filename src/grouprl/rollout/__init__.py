@@ -6,6 +6,9 @@
 - :mod:`grouprl.rollout.logprobs` -- :func:`~grouprl.rollout.logprobs.token_logprobs`, chunked
   over positions, shared with the trainer.
 - :mod:`grouprl.rollout.prompts` -- chat-template rendering of user prompts.
+- :mod:`grouprl.rollout.formats` -- the rollout formats (fp32, bf16, bf16-weights) and what each needs.
+- :mod:`grouprl.rollout.cpu` -- the decode paths that run on a CPU only (layer loop, compiled step,
+  bf16-weights products).
 
 This package knows nothing of advantages or losses.
 """

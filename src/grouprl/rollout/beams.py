@@ -89,7 +89,7 @@ def beam_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     n = params.max_new_tokens
     temp = params.temperature or 1.0
     device = req.prompt_ids.device
-    runner = Runner(req.model, capacity=lp + n, products=req.products, compiled=req.compiled,
+    runner = Runner(req.model, capacity=lp + n, compiled=req.compiled,
                     fmt=params.format)
     logits = runner.forward(req.prompt_ids, req.prompt_mask, positions_from_mask(req.prompt_mask))  # [P, V]
     vocab = logits.shape[-1]

@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from grouprl.rollout.cpu.compiled import CompiledStep
-from grouprl.rollout.cpu.skinny import SkinnyProducts
 from grouprl.rollout.picking import pick_tokens
 from grouprl.rollout.runner import Runner, positions_from_mask
 from grouprl.rollout.stops import StopStringMatcher
@@ -53,8 +52,6 @@ class DecodeRequest:
     """Prefill each prompt once and repeat its cache G times (False: prefill all B rows)."""
     compact: bool = True
     """Drop finished rows from the batch (False: keep decoding them and discard their tokens)."""
-    products: SkinnyProducts | None = None
-    """The layout of decode steps' matrix products, learnt across rollouts (None: learnt afresh)."""
     compiled: CompiledStep | None = None
     """The compiled decode step, kept across rollouts (None: decode eagerly)."""
 
@@ -131,7 +128,7 @@ def sample_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     g, n = req.group_size, params.max_new_tokens
     b_all = p * g
     device = req.prompt_ids.device
-    runner = Runner(req.model, capacity=lp + n, products=req.products, compiled=req.compiled,
+    runner = Runner(req.model, capacity=lp + n, compiled=req.compiled,
                     fmt=params.format)
     logits = prefill(runner, req)  # [B, V]
 

@@ -18,9 +18,8 @@ from torch import nn
 from grouprl.rollout.attention import decoding, sdpa_configs
 from grouprl.rollout.cache import make_cache
 from grouprl.rollout.cpu.compiled import CompiledStep
-from grouprl.rollout.cpu.layer_loop import LayerLoop, float_rows, stack_groups, stacked_copies
-from grouprl.rollout.cpu.skinny import PackedWeights, SkinnyProducts, model_linears
-from grouprl.rollout.cpu.weight_only import Copies, weight_only_products
+from grouprl.rollout.cpu.layer_loop import LayerLoop, float_rows
+from grouprl.rollout.cpu.weight_only import Copies, model_linears, weight_only_products
 from grouprl.rollout.formats import FORMATS, format_problem
 
 
@@ -70,13 +69,10 @@ def run_with_bf16_weights(model: nn.Module, fn: Callable[[nn.Module], Any]) -> A
     Autocast alone re-casts each weight at every call under ``torch.inference_mode`` (its weight
     cache only serves leaves that require grad outside inference mode), which made a bf16 decode
     step several times slower than fp32. Casting once per rollout and substituting the copies with
-    ``functional_call`` keeps the live module untouched (the trainer still owns fp32 weights). On a CPU
-    the copies of each layer's q, k, v and of its gate, up projections are stacked
-    (:func:`~grouprl.rollout.cpu.layer_loop.stacked_copies`), so that its layer loop runs each stack as one product.
+    ``functional_call`` keeps the live module untouched (the trainer still owns fp32 weights).
     """
     wrapper = _WholeCall(model)
-    groups = stack_groups(wrapper) if model_device(model).type == "cpu" else []
-    params = stacked_copies(wrapper, torch.bfloat16, groups)
+    params = {name: p.to(torch.bfloat16) if p.dtype == torch.float32 else p for name, p in wrapper.named_parameters()}
     with torch.autocast(model_device(model).type, dtype=torch.bfloat16):
         return torch.func.functional_call(wrapper, params, (fn,), tie_weights=True, strict=False)
 
@@ -106,32 +102,23 @@ class Runner:
 
     The cache is a ``transformers`` ``DynamicCache`` whose full-attention layers are
     :class:`~grouprl.rollout.cache.BufferLayer` s of ``capacity`` positions; rows are dropped or
-    repeated with :meth:`select_rows` / :meth:`repeat_rows`. ``products`` picks the layout of
-    decode steps' matrix products (:mod:`grouprl.rollout.cpu.skinny`); pass one that outlives the runner to
-    keep what it learnt across rollouts; ``compiled`` (:mod:`grouprl.rollout.cpu.compiled`), likewise kept, runs
-    the layer loop's steps as one compiled graph once the layouts are learnt. ``fmt``: a weight-only format
-    (bf16-weights: :mod:`grouprl.rollout.cpu.weight_only`) multiplies copies of the fp32 weights in one-token
-    steps, eagerly (not compiled); any other format runs the model as it is. The weights must not change while
-    the runner lives: the reordered or converted copies the steps read are made once and kept until it goes.
+    repeated with :meth:`select_rows` / :meth:`repeat_rows`. ``compiled`` (:mod:`grouprl.rollout.cpu.compiled`),
+    kept across rollouts by its sampler, runs the layer loop's steps as one compiled graph. ``fmt``: a format with
+    weight-only products (bf16-weights: :mod:`grouprl.rollout.cpu.weight_only`) multiplies copies of the fp32
+    weights in one-token steps, eagerly (not compiled); any other format runs the model as it is. The weights must
+    not change while the runner lives: the converted copies the steps read are made once and kept until it goes.
     On a CPU, one-token steps of the model families :mod:`grouprl.rollout.cpu.layer_loop` covers run through
     its layer loop rather than the model's forward (the same logits, without the forward's per-step glue).
     """
 
-    def __init__(self, model: nn.Module, capacity: int, products: SkinnyProducts | None = None,
-                 compiled: CompiledStep | None = None, fmt: str = "fp32"):
+    def __init__(self, model: nn.Module, capacity: int, compiled: CompiledStep | None = None, fmt: str = "fp32"):
         self.model = model
-        self.products = products if products is not None else SkinnyProducts()
         weight_only = FORMATS.get(fmt).weight_only
         self.copies = Copies(weight_only) if weight_only is not None else None
         self.compiled = compiled if self.copies is None else None
         # decode steps on a CPU skip the transformers forward's per-step glue (measured there only)
         self._loop = LayerLoop.plan(unwrap_model(model)) if model_device(model).type == "cpu" else None
-        # Products the learnt layouts serve: a stack's parts are left to x @ W.T (only a short prefill calls them),
-        # so that their weights are not reordered a second time beside the stack's.
-        stacks = self._loop.stacked_linears() if self._loop else []
-        stacked = {id(m) for stack in stacks for m in stack.parts}
-        self._linears = [m for m in model_linears(unwrap_model(model)) if id(m) not in stacked] + stacks
-        self._packs = PackedWeights()
+        self._linears = model_linears(unwrap_model(model)) if self.copies is not None else []
         self.cache = make_cache(unwrap_model(model), capacity)
         forward = inspect.signature(type(unwrap_model(model)).forward).parameters
         self._extra = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
@@ -147,10 +134,10 @@ class Runner:
         """
         one_token = ids.shape[1] == 1
         products = weight_only_products(self._linears, self.copies) if self.copies is not None and one_token else \
-            self.products.step(self._linears, ids.numel(), self._packs)
+            contextlib.nullcontext()
         if self._loop is not None and self._loop.covers(self.cache, ids):
             if self.compiled is not None:
-                logits = self.compiled.run(self._loop, self.products, ids, attention_mask, position_ids, self.cache)
+                logits = self.compiled.run(self._loop, ids, attention_mask, position_ids, self.cache)
                 if logits is not None:
                     return logits
             with products:

@@ -25,7 +25,6 @@ from torch import nn
 from grouprl.registry import Registry
 from grouprl.rollout.beams import beam_groups, check_beam_request
 from grouprl.rollout.cpu.compiled import CompiledStep
-from grouprl.rollout.cpu.skinny import SkinnyProducts
 from grouprl.rollout.decoding import Decoded, DecodeRequest, row_uniforms, sample_groups
 from grouprl.rollout.prompts import Prompt, encode_prompts
 from grouprl.rollout.runner import check_format, eval_mode, left_pad, model_device, run_in_format, unwrap_model
@@ -120,7 +119,6 @@ class Sampler:
         self.tokenizer = tokenizer
         self.share_prefill = share_prefill
         self.compact = compact
-        self.products = SkinnyProducts()  # what decode steps' products have shown, kept across rollouts
         self.compiled = CompiledStep() if compile_steps else None
         """The compiled decode step (``compile_steps``: :mod:`grouprl.rollout.cpu.compiled`), kept across rollouts."""
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
@@ -190,8 +188,7 @@ class Sampler:
             stop_ids=torch.tensor(self.stop_token_ids(params), dtype=torch.long, device=device),
             matcher=self._matcher(tuple(params.stop_strings), vocab),
             uniforms=row_uniforms(row_seeds, params.max_new_tokens, device) if params.temperature > 0 else None,
-            share_prefill=self.share_prefill, compact=self.compact, products=self.products,
-            compiled=self.compiled,
+            share_prefill=self.share_prefill, compact=self.compact, compiled=self.compiled,
         )
         mode = MODES.get(params.mode)
         mode.check(params, group_size, vocab, req.stop_ids.numel())

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 import torch
 
 from grouprl.rollout.cpu.compiled import CompiledStep
-from grouprl.rollout.cpu.skinny import SkinnyProducts
 from grouprl.rollout.decoding import row_uniforms, rows_to_keep
 from grouprl.rollout.picking import pick_tokens
 from grouprl.rollout.runner import Runner, positions_from_mask
@@ -138,12 +137,11 @@ class _Batch:
 def decode_conversations(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                          group_size: int, params: SamplingParams, limits: TurnLimits, respond: Respond,
                          row_seeds: list[int], stop_ids: torch.Tensor, pad_id: int,
-                         products: SkinnyProducts | None = None,
                          compiled: CompiledStep | None = None) -> Conversations:
     """Decode G conversations for each of P left-padded prompts ``[P, Lp]``; see the module docstring.
 
     ``respond`` is called once per turn with the rows whose turn just ended; ``row_seeds`` are B
-    seeds; ``stop_ids`` [n_stop] end a turn; ``products`` and ``compiled`` as for
+    seeds; ``stop_ids`` [n_stop] end a turn; ``compiled`` as for
     :class:`~grouprl.rollout.runner.Runner`.
     """
     if params.repetition_penalty != 1.0:
@@ -151,8 +149,8 @@ def decode_conversations(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
                          "would count as repetitions)")
     device = prompt_ids.device
     b_all = prompt_ids.shape[0] * group_size
-    runner = Runner(model, capacity=prompt_ids.shape[1] + limits.max_tokens + limits.max_turns, products=products,
-                    compiled=compiled, fmt=params.format)
+    runner = Runner(model, capacity=prompt_ids.shape[1] + limits.max_tokens + limits.max_turns, compiled=compiled,
+                    fmt=params.format)
     logits = runner.forward(prompt_ids, prompt_mask, positions_from_mask(prompt_mask))  # [P, V]
     runner.repeat_rows(group_size)
     logits = logits.repeat_interleave(group_size, 0)  # [B, V]

@@ -318,8 +318,8 @@ class TrainerConfig(ResolvedSettings):
     engine's decode steps compile (rollout_compile: on a CPU, 1.12-1.31x vLLM's tokens/s in bf16 on a
     Xeon with AMX); the choice and why are printed at start. vllm samples in the rollout format dtype chose."""
     rollout_compile: bool | None = None
-    """CPU, built-in engine: run its decode steps as one torch.compile graph (rollout/compiled.py; needs a C++
-    compiler), compiled during the first rollout once the products' layouts are learnt, and kept for the run;
+    """CPU, built-in engine: run its decode steps as one torch.compile graph (rollout/cpu/compiled.py; needs a C++
+    compiler), compiled during the first rollout and kept for the run;
     time/compile logs what compiling took, in the step that paid it. Empty = on where rollouts run in bf16
     (what dtype chose) on a model the graph covers (Llama, Qwen2, Qwen3, Mistral; no LoRA), where the small
     operators around the products are half a step: SmolLM2-135M, 16 x 64, a 2-core Xeon with AMX, 1.43x the

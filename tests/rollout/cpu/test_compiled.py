@@ -1,6 +1,6 @@
 """The compiled decode step: the eager layer loop's logits to the format's rounding, over steps whose rows and
-cache length change, one graph for all of them (the weights of a later rollout included), in the layouts
-the learner chose; eager where it does not apply."""
+cache length change, one graph for all of them (the weights of a later rollout included); eager where it does
+not apply."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pytest
 import torch
 
 from grouprl.errors import ConfigError
-from grouprl.rollout.cpu.compiled import CompiledStep, _decided_layout
-from grouprl.rollout.cpu.layer_loop import LayerLoop
-from grouprl.rollout.cpu.skinny import PACKED, PLAIN, TRANSPOSED, SkinnyProducts, Timings
+from grouprl.rollout.cpu.compiled import CompiledStep
 from grouprl.rollout.engines import resolve_compile, resolve_engine
 from grouprl.rollout.runner import Runner, left_pad, positions_from_mask, run_with_bf16_weights
 from grouprl.rollout.sampler import Sampler
@@ -25,33 +23,10 @@ ROWS_KEPT = [None, None, [0, 2, 3], None, [1, 2], None, [1], None]
 """Before each decode step, the rows kept (None: all): 4 rows, then 3, 2 and 1."""
 
 
-def decided(layout: int, calls: int = 4) -> Timings:
-    """Timings after which the learner has chosen ``layout`` (the others measured slower)."""
-    t = Timings(calls=[calls] * 3, seconds=[3.0] * 3)
-    t.seconds[layout] = 1.0
-    return t
-
-
-def learnt(model: torch.nn.Module, layout: int) -> SkinnyProducts:
-    """Products that have decided ``layout`` for every product shape of the decode steps here, both formats."""
-    products = SkinnyProducts()
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    shapes = {(m.out_features, m.in_features) for m in linears}
-    shapes |= {(sum(m.out_features for m in parts), parts[0].in_features)
-               for layer in model.model.layers for parts in ((layer.self_attn.q_proj, layer.self_attn.k_proj,
-                                                              layer.self_attn.v_proj),
-                                                             (layer.mlp.gate_proj, layer.mlp.up_proj))}
-    for out, inp in shapes:
-        for rows in (1, 2, 4, 8):
-            for dtype in (torch.float32, torch.bfloat16):
-                products.table[(out, inp, rows, dtype)] = decided(layout)
-    return products
-
-
-def steps(model: torch.nn.Module, products: SkinnyProducts, compiled: CompiledStep | None) -> list[torch.Tensor]:
+def steps(model: torch.nn.Module, compiled: CompiledStep | None) -> list[torch.Tensor]:
     """Logits of a prefill of four left-padded rows and a decode step after each of :data:`ROWS_KEPT`."""
     ids, mask = left_pad(PROMPT_ROWS, 0, torch.device("cpu"))
-    runner = Runner(model, ids.shape[1] + len(ROWS_KEPT) + 1, products, compiled)
+    runner = Runner(model, ids.shape[1] + len(ROWS_KEPT) + 1, compiled)
     out = [runner.forward(ids, mask, positions_from_mask(mask))]
     tokens = torch.tensor([[20], [40], [60], [80]])
     for s, kept in enumerate(ROWS_KEPT):
@@ -65,25 +40,23 @@ def steps(model: torch.nn.Module, products: SkinnyProducts, compiled: CompiledSt
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,extra,bf16,layout", [
-    ("llama", {"tie_word_embeddings": True}, False, TRANSPOSED),
-    ("qwen2", {}, True, PLAIN),
-    ("qwen3", {"mlp_bias": False}, True, TRANSPOSED),
-], ids=["llama-fp32-transposed", "qwen2-bf16-stacked-biases", "qwen3-bf16-head-norms"])
-def test_compiled_steps_are_the_eager_loop_to_rounding(family, extra, bf16, layout):
+@pytest.mark.parametrize("family,extra,bf16", [
+    ("llama", {"tie_word_embeddings": True}, False),
+    ("qwen2", {}, True),
+    ("qwen3", {"mlp_bias": False}, True),
+], ids=["llama-fp32-tied-head", "qwen2-bf16-biases", "qwen3-bf16-head-norms"])
+def test_compiled_steps_are_the_eager_loop_to_rounding(family, extra, bf16):
     model = build(family, **extra)
-    products = learnt(model, layout)
     compiled = CompiledStep()
 
     def both(m):
-        want = steps(m, products, None)
-        got = steps(m, products, compiled)
+        want = steps(m, None)
+        got = steps(m, compiled)
         return got, want
 
     with torch.inference_mode():
         runs = [run_with_bf16_weights(model, both) if bf16 else both(model) for _ in range(2)]  # two rollouts
-    assert compiled.plan is not None and compiled.plan.stacked == bf16 and compiled.plan.layouts[0] == layout
-    assert compiled.plan.head_norms == (family == "qwen3")
+    assert compiled.plan is not None and compiled.plan.head_norms == (family == "qwen3")
     # every step of 2 or more rows, in both rollouts, through the one graph: 6 a rollout (the 1-row ones eager)
     assert compiled.steps == 12 and compiled.refused == 0 and compiled.compile_seconds > 0
     assert compiled.metrics() == {"time/compile": compiled.compile_seconds}  # once, in the step that compiled
@@ -98,7 +71,7 @@ def test_compiled_steps_are_the_eager_loop_to_rounding(family, extra, bf16, layo
 
 @pytest.mark.slow
 def test_a_compiled_sampler_draws_what_the_eager_one_draws():
-    """Whole rollouts in fp32 (rows dropped as they stop, layouts learnt on the way, then compiled): the same
+    """Whole rollouts in fp32 (rows dropped as they stop, compiled at the first step it can take): the same
     tokens, and log-probs to rounding."""
     tok = make_tokenizer()
     model = make_model(tok, head_scale=3.0)
@@ -106,26 +79,21 @@ def test_a_compiled_sampler_draws_what_the_eager_one_draws():
     ids = encode(tok, PROMPTS)
     compiled = Sampler(model, tok, compile_steps=True)
     eager = Sampler(model, tok)
-    for seed in range(6):  # the first rollouts learn the layouts, later ones run compiled
+    for seed in range(3):
         got, want = compiled.generate(ids, 3, params, seed=seed), eager.generate(ids, 3, params, seed=seed)
         assert torch.equal(got.completion_ids, want.completion_ids)
         torch.testing.assert_close(got.sampling_logprobs, want.sampling_logprobs, rtol=0, atol=1e-4)
     assert compiled.compiled.steps > 0 and compiled.compiled.refused == 0
 
 
-def test_until_the_layouts_are_learnt_and_for_lora_steps_run_eagerly():
+def test_a_step_compiles_at_its_first_chance_and_lora_steps_run_eagerly():
     from peft import LoraConfig, get_peft_model
 
-    model = build("llama")
     compiled = CompiledStep()
-    with torch.inference_mode():
-        steps(model, SkinnyProducts(), compiled)  # a fresh learner has decided nothing at first
-    assert compiled.plan is None and compiled.unsupported is None and compiled.steps == 0
-    assert compiled.fewest_rows == 2  # decode loops keep 2 rows for the graph to come
+    assert compiled.plan is None and compiled.fewest_rows == 2  # decode loops keep 2 rows for the graph to come
     lora = get_peft_model(build("llama"), LoraConfig(r=4, target_modules=["q_proj"]))
-    compiled = CompiledStep()
     with torch.inference_mode(), pytest.warns(UserWarning, match="does not cover projections that are not plain"):
-        steps(lora, learnt(lora.get_base_model(), PLAIN), compiled)
+        steps(lora, compiled)
     assert compiled.plan is None and "LoRA" in compiled.unsupported and compiled.steps == 0
     assert compiled.fewest_rows == 1  # no graph will serve these steps: nothing to pad for
     assert compiled.metrics() == {"time/compile": 0.0}
@@ -138,32 +106,15 @@ def test_a_step_that_fails_to_compile_leaves_the_run_decoding_eagerly(monkeypatc
         return call
 
     model = build("llama")
-    products = learnt(model, PLAIN)
     compiled = CompiledStep()
     monkeypatch.setattr(torch, "compile", failing)
     with torch.inference_mode(), pytest.warns(UserWarning, match="failed to compile .*no C\\+\\+ toolchain"):
-        got = steps(model, products, compiled)
+        got = steps(model, compiled)
     with torch.inference_mode():
-        want = steps(model, products, None)
+        want = steps(model, None)
     assert compiled.steps == 0 and "failed to compile" in compiled.unsupported
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
-
-
-def test_a_packed_choice_becomes_the_faster_of_the_other_two():
-    model = build("llama")
-    loop = LayerLoop.plan(model)
-    products = SkinnyProducts()
-    head = loop.head
-    key = (head.out_features, head.in_features, 4, torch.float32)
-    assert _decided_layout(products, head, 3, torch.float32) is None
-    products.table[key] = Timings(calls=[4, 4, 2], seconds=[3.0, 1.5, 0.1])
-    assert _decided_layout(products, head, 3, torch.float32) is None  # packed has one timing: undecided
-    products.table[key] = Timings(calls=[4, 4, 4], seconds=[3.0, 1.5, 0.3])
-    assert products.table[key].layout() == PACKED
-    assert _decided_layout(products, head, 3, torch.float32) == TRANSPOSED
-    products.table[key] = Timings(calls=[4, 4, 4], seconds=[1.2, 1.5, 0.3])
-    assert _decided_layout(products, head, 3, torch.float32) == PLAIN
 
 
 def test_rollout_compile_asks_for_the_built_in_engine_on_a_cpu():

@@ -4,8 +4,6 @@ kept for what it does not cover."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from transformers import (
@@ -22,7 +20,6 @@ from transformers import (
 )
 
 from grouprl.rollout.cpu.layer_loop import LayerLoop
-from grouprl.rollout.cpu.skinny import SkinnyProducts
 from grouprl.rollout.runner import Runner, left_pad, positions_from_mask, run_with_bf16_weights
 from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
@@ -30,14 +27,6 @@ from tests.helpers.rollout import PROMPTS, encode, make_model, make_tokenizer
 
 SIZES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=120, max_position_embeddings=256, tie_word_embeddings=False)
-
-
-class PlainProducts(SkinnyProducts):
-    """Every product as ``x @ W.T``: the same layout in both paths, so their results can be compared bitwise."""
-
-    @contextlib.contextmanager
-    def step(self, linears, rows, packs):
-        yield
 
 
 def build(family: str, **extra) -> torch.nn.Module:
@@ -59,7 +48,7 @@ def build(family: str, **extra) -> torch.nn.Module:
 def decode(model: torch.nn.Module, loop: bool, steps: int = 5) -> list[torch.Tensor]:
     """Logits of a prefill of three left-padded rows and ``steps`` decode steps (fixed tokens)."""
     ids, mask = left_pad([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], 0, torch.device("cpu"))
-    runner = Runner(model, ids.shape[1] + steps + 1, PlainProducts())
+    runner = Runner(model, ids.shape[1] + steps + 1)
     if not loop:
         runner._loop = None
     assert (runner._loop is not None) == loop
@@ -147,65 +136,19 @@ def test_sampled_completions_match_the_forward(bf16, monkeypatch):
     torch.testing.assert_close(looped.sampling_logprobs, plain.sampling_logprobs, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("family,extra", [("llama", {}), ("qwen2", {}), ("llama", {"mlp_bias": True})])
-def test_bf16_copies_are_stacked_and_each_stack_is_one_product(family, extra, monkeypatch):
-    """A bf16 rollout's copies of q, k, v (and gate, up) are row blocks of one tensor each, the loop runs
-    each stack as one product, and its logits are still the forward's bit for bit."""
-    from grouprl.rollout.cpu import layer_loop
-
-    model = build(family, **extra)
-    calls = []
-    def forward(self, x):
-        calls.append(self.sizes)
-        return torch.nn.functional.linear(x, self.weight, self.bias)
-
-    monkeypatch.setattr(layer_loop.StackedLinear, "forward", forward)
+def test_a_bf16_rollout_reads_copies_and_leaves_the_fp32_weights():
+    model = build("qwen2")
+    before = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
 
     def check(m):
-        attn, mlp = m.model.layers[0].self_attn, m.model.layers[0].mlp
-        storage = attn.q_proj.weight.untyped_storage()
-        assert attn.q_proj.weight.dtype == torch.bfloat16 and storage.nbytes() == (64 + 32 + 32) * 64 * 2
-        pointers = [w.untyped_storage().data_ptr() for w in (attn.k_proj.weight, attn.v_proj.weight)]
-        assert pointers == [storage.data_ptr()] * 2
-        assert attn.v_proj.weight.storage_offset() == 96 * 64
-        assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp.gate_proj.weight.untyped_storage().data_ptr()
-        if family == "qwen2":  # q, k, v biases are stacked alike
-            assert attn.k_proj.bias.untyped_storage().data_ptr() == attn.q_proj.bias.untyped_storage().data_ptr()
-        loop = LayerLoop.plan(m)
-        stack = loop.stacks[0].qkv.weight
-        assert stack.shape == (128, 64) and torch.equal(stack[96:], attn.v_proj.weight)
-        assert len(loop.stacked_linears()) == 2 * SIZES["num_hidden_layers"]
+        q = m.model.layers[0].self_attn.q_proj.weight
+        assert q.dtype == torch.bfloat16 and torch.equal(q, before.to(torch.bfloat16))
         return decode(m, loop=True)
 
     with torch.inference_mode():
         got = run_with_bf16_weights(model, check)
         want = run_with_bf16_weights(model, lambda m: decode(m, loop=False))
-    # 5 decode steps x 2 layers x (q, k, v as one; gate, up as one)
-    assert calls.count([64, 32, 32]) == 10 and calls.count([96, 96]) == 10 and len(calls) == 20
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
-    # the stacked copies hold the casts of the fp32 weights, which stay as they were
-    attn = model.model.layers[0].self_attn
-    assert attn.q_proj.weight.dtype == torch.float32 and attn.q_proj.weight.untyped_storage().nbytes() == 64 * 64 * 4
-
-
-def test_fp32_weights_and_lora_projections_are_not_stacked():
-    from peft import LoraConfig, get_peft_model
-
-    assert LayerLoop.plan(build("llama")).stacked_linears() == []  # fp32: no copies to stack
-    model = get_peft_model(build("llama"), LoraConfig(r=4, target_modules=["q_proj"]))
-    with torch.inference_mode():
-        loops = run_with_bf16_weights(model, lambda m: LayerLoop.plan(m.get_base_model()))
-    stacks = loops.stacks
-    assert all(s.qkv is None and s.gate_up is not None for s in stacks)  # q is LoRA-wrapped: its group is not stacked
-
-
-def test_only_blocks_in_order_that_fill_one_tensor_are_a_stack():
-    from grouprl.rollout.cpu.layer_loop import _stack_of
-
-    whole = torch.arange(12.0).view(6, 2)
-    a, b, c = whole.split([1, 2, 3])
-    assert torch.equal(_stack_of([a, b, c]), whole)
-    assert _stack_of([b, a, c]) is None  # out of order
-    assert _stack_of([a, b]) is None  # the tensor has more rows
-    assert _stack_of([a, b.clone(), c]) is None  # not one tensor
+    q = model.model.layers[0].self_attn.q_proj.weight
+    assert q.dtype == torch.float32 and torch.equal(q, before)

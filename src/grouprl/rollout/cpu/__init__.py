@@ -4,6 +4,5 @@ registry (:data:`grouprl.rollout.formats.FORMATS`) rather than by a format's nam
 - :mod:`.layer_loop`: one-token decode steps of Llama-family models as a plain loop over their layers;
 - :mod:`.compiled`: that step as one ``torch.compile`` graph (``rollout_compile``);
 - :mod:`.weight_only` and :mod:`.bf16_weights`: the ``bf16-weights`` format's products on bf16 copies of the
-  weights, with its C++ kernel (:file:`few_rows.cpp`, built by :mod:`.native`);
-- :mod:`.skinny`: the decode steps' matrix products.
+  weights, with its C++ kernel (:file:`few_rows.cpp`, built by :mod:`.native`).
 """

@@ -15,8 +15,8 @@ On a 2-core Intel Xeon with its kernels capped to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX
 one thread, SmolLM2-135M's weights streamed from memory (``python benchmarks/products.py --threads 1 --rows
 1,2,4,8,16``, log ``benchmarks/results/products/xeon-avx2-capped-bf16-weights.log``): the 49k x 576 LM head at
 1 / 2 / 4 / 8 / 16 rows took 2.8 / 3.0 / 4.0 / 7.2 / 11.5 ms against 6.7 / 9.1 / 13.3 / 16.0 / 15.4 for the
-fastest fp32 layout the engine learns (:mod:`grouprl.rollout.cpu.skinny`), a 16-row step's products 56.3 ms against
-69.8. Whole rollouts of 16 x 64 (``python benchmarks/rollout.py --threads 1 --formats fp32,bf16-weights
+fastest of the fp32 layouts the engine then learnt to choose, a 16-row step's products 56.3 ms against 69.8.
+Whole rollouts of 16 x 64 (``python benchmarks/rollout.py --threads 1 --formats fp32,bf16-weights
 --no_vllm --settings 16x64 --repeats 3 --warmup 1``, log
 ``benchmarks/results/rollout/xeon-avx2-capped-bf16-weights.log``, taken with int8 beside them): 117.8 tokens/s
 against 65.5 in fp32, 3.26x ``model.generate`` (36.2, fp32).
@@ -28,7 +28,7 @@ SmolLM2-135M. Products whose output width is not a multiple of 16 or input width
 
 from __future__ import annotations
 
-import ctypes
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -39,14 +39,8 @@ PANEL = 16
 """Output columns of one panel of the packed weight."""
 
 
-def _library() -> ctypes.CDLL:
-    lib = load("few_rows")
-    if not getattr(lib, "_grouprl_typed", False):
-        p, i = ctypes.c_void_p, ctypes.c_int64
-        lib.grouprl_bf16_product.argtypes = [p, i, i, p, i, p, ctypes.c_int]
-        lib.grouprl_bf16_product.restype = None
-        lib._grouprl_typed = True
-    return lib
+def _library() -> ModuleType:
+    return load("few_rows")
 
 
 def unavailable() -> str | None:
@@ -86,17 +80,12 @@ def pack(weight: torch.Tensor) -> tuple[torch.Tensor]:
 
 def product(x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
     """``x`` [rows, in] fp32 times the packed weight's transpose: [rows, out] fp32."""
-    n, k = panels.shape[0] * PANEL, panels.shape[1]
+    k = panels.shape[1]
     if x.dim() != 2 or x.shape[1] != k or k % 2 or panels.dtype != torch.int16 or not panels.is_contiguous() or \
             panels.dim() != 3 or panels.shape[2] != PANEL:
         raise ValueError(f"product takes x [rows, in] and contiguous int16 panels [out / {PANEL}, in, {PANEL}] "
                          f"(in even), got x {tuple(x.shape)}, panels {panels.dtype} {tuple(panels.shape)}")
-    x = x.float().contiguous()
-    y = torch.empty(x.shape[0], n, dtype=torch.float32)
-    if x.shape[0]:
-        _library().grouprl_bf16_product(x.data_ptr(), x.shape[0], k, panels.data_ptr(), n, y.data_ptr(),
-                                        torch.get_num_threads())
-    return y
+    return _library().bf16_product(x.float().contiguous(), panels)
 
 
 def bf16_weights_linear(module: nn.Module, x: torch.Tensor, copy: tuple[torch.Tensor]) -> torch.Tensor:

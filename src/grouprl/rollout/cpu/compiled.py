@@ -9,12 +9,9 @@ small operators it replaces. So the whole step is one graph, and its inputs are 
 weights of this rollout, the cache buffers), not modules: a later rollout's fresh bf16 copies and a
 cache rebuilt for fewer rows reuse the compiled graph instead of retracing it.
 
-What the graph cannot learn for itself is the layout of each product (:mod:`grouprl.rollout.cpu.skinny`):
-its timing runs outside a graph. The step is compiled once the eager steps' learner has decided every
-product of the step at the row count then running, with the layouts it chose (oneDNN's packed layout,
-whose copies inductor takes for constants, is replaced by the faster of the other two as measured), and
-kept for the sampler's life. Rows and cache length are dynamic: one graph serves every later step of 2
-or more rows (a step of one row, which would be compiled anew, runs eagerly). Compiling takes tens of
+The step is compiled at the first step it can take (2 or more rows, a few cached positions) and kept for
+the sampler's life. Rows and cache length are dynamic: one graph serves every later step of 2 or more rows
+(a step of one row, which would be compiled anew, runs eagerly). Compiling takes tens of
 seconds on the first rollout (inductor's on-disk cache shortens later runs'), reported as
 :attr:`CompiledStep.compile_seconds`.
 
@@ -39,8 +36,7 @@ from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from grouprl.rollout.attention import grouped_attention
-from grouprl.rollout.cpu.layer_loop import LayerLoop, StackedLinear, float_rows
-from grouprl.rollout.cpu.skinny import PACKED, PLAIN, TRANSPOSED, SkinnyProducts
+from grouprl.rollout.cpu.layer_loop import LayerLoop, float_rows
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -51,7 +47,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 """``config.hidden_act`` values the compiled step computes (others decode eagerly)."""
 PROJECTIONS = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
                ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))
-"""A layer's projections (block, name), in the order an unstacked :class:`Plan` runs them."""
+"""A layer's projections (block, name), in the order the step runs them."""
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -60,25 +56,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layout: int) -> torch.Tensor:
-    """x [..., in] times ``weight`` [out, in] (plus ``bias``) in ``layout`` (skinny's PLAIN or TRANSPOSED)."""
-    if layout == TRANSPOSED:
-        y = torch.mm(weight, x.reshape(-1, x.shape[-1]).t()).t().reshape(*x.shape[:-1], weight.shape[0])
-        return y if bias is None else y + bias
-    # After a transposed product the graph's pointwise ops write column-major rows; x @ W.T on those made
-    # the step 2.6x slower (benchmarks/compiled_layouts.py). Asked for contiguous rows, the pointwise
-    # kernel before writes them so at no cost.
-    return F.linear(x.contiguous(), weight, bias)
-
-
 @dataclass(frozen=True)
 class Plan:
     """What the compiled step computes, fixed at compile time (a change means a new graph)."""
 
-    stacked: bool
-    """q, k, v and gate, up run as stacked products (else one by one)."""
-    qkv_sizes: tuple[int, int, int]
-    gate_up_sizes: tuple[int, int]
     head_dim: int
     scaling: float
     eps: float
@@ -86,27 +67,17 @@ class Plan:
     head_norms: bool
     """Qwen3's per-head query and key norms."""
     activation: str
-    layouts: tuple[int, ...]
-    """Per product of a layer, in the order of :func:`layer_products`, then the LM head's."""
 
 
-def layer_products(loop: LayerLoop, i: int, stacked: bool) -> list[nn.Module]:
-    """Layer ``i``'s products in the order the step runs them: the stacks and o, down where ``stacked``, else
-    the seven projections of :data:`PROJECTIONS`."""
-    layer, stacks = loop.base.layers[i], loop.stacks[i]
-    if stacked:
-        return [stacks.qkv, layer.self_attn.o_proj, stacks.gate_up, layer.mlp.down_proj]
-    return [getattr(getattr(layer, block), p) for block, p in PROJECTIONS]
-
-
-def layer_tensors(loop: LayerLoop, stacked: bool) -> list[list[torch.Tensor | None]]:
-    """Per layer: its norms' weights, then (weight, bias) of each of :func:`layer_products`, then the head
+def layer_tensors(loop: LayerLoop) -> list[list[torch.Tensor | None]]:
+    """Per layer: its norms' weights, then (weight, bias) of each of :data:`PROJECTIONS`, then the head
     norms' weights where the model has them."""
     out = []
-    for i, layer in enumerate(loop.base.layers):
+    for layer in loop.base.layers:
         attn = layer.self_attn
         tensors: list[torch.Tensor | None] = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-        for m in layer_products(loop, i, stacked):
+        for block, name in PROJECTIONS:
+            m = getattr(getattr(layer, block), name)
             tensors += [m.weight, m.bias]
         if hasattr(attn, "q_norm"):
             tensors += [attn.q_norm.weight, attn.k_norm.weight]
@@ -131,20 +102,16 @@ def decode_step(plan: Plan, ids: torch.Tensor, attention_mask: torch.Tensor, cos
         ``[b, V]`` float32.
     """
     b, n = ids.shape[0], attention_mask.shape[1] - 1
-    d, eps, lay = plan.head_dim, plan.eps, plan.layouts
+    d, eps = plan.head_dim, plan.eps
     act = ACTIVATIONS[plan.activation]
     attend = attention_mask.bool()[:, None, None, :]                        # [b, 1, 1, L]
     h = F.embedding(ids, embed)                                             # [b, 1, E]
-    o, gate_up, down = (1, 2, 3) if plan.stacked else (3, 4, 6)  # indices of the layer's products, Plan order
     for tensors, kbuf, vbuf in zip(layers, keys, values, strict=True):
-        def linear(i: int, x: torch.Tensor, tensors=tensors) -> torch.Tensor:
-            return product(x, tensors[2 + 2 * i], tensors[3 + 2 * i], lay[i])
+        def linear(i: int, x: torch.Tensor, tensors=tensors) -> torch.Tensor:  # PROJECTIONS[i]
+            return F.linear(x, tensors[2 + 2 * i], tensors[3 + 2 * i])
 
         x = rms_norm(h, tensors[0], eps)
-        if plan.stacked:
-            q, k, v = linear(0, x).split(plan.qkv_sizes, -1)
-        else:
-            q, k, v = linear(0, x), linear(1, x), linear(2, x)
+        q, k, v = linear(0, x), linear(1, x), linear(2, x)
         q = q.view(b, 1, -1, d)                                             # [b, 1, H, D]
         k = k.view(b, 1, -1, d)                                             # [b, 1, KV, D]
         if plan.head_norms:
@@ -153,18 +120,17 @@ def decode_step(plan: Plan, ids: torch.Tensor, attention_mask: torch.Tensor, cos
         kbuf[:, :, n:n + 1] = k
         vbuf[:, :, n:n + 1] = v.view(b, 1, -1, d).transpose(1, 2)
         out = grouped_attention(q, kbuf[:, :, :n + 1], vbuf[:, :, :n + 1], attend, plan.scaling)  # [b, 1, H, D]
-        h = h + linear(o, out.reshape(b, 1, -1))
+        h = h + linear(3, out.reshape(b, 1, -1))
         x = rms_norm(h, tensors[1], eps)
-        gate, up = linear(gate_up, x).split(plan.gate_up_sizes, -1) if plan.stacked else (linear(4, x), linear(5, x))
-        h = h + linear(down, act(gate) * up)
-    return float_rows(product(rms_norm(h, final_norm, eps), head, head_bias, lay[-1])[:, -1])  # in its last kernel
+        h = h + linear(6, act(linear(4, x)) * linear(5, x))
+    return float_rows(F.linear(rms_norm(h, final_norm, eps), head, head_bias)[:, -1])  # in its last kernel
 
 
 class CompiledStep:
     """The compiled decode step of one sampler's model, kept across its rollouts.
 
-    :meth:`run` returns None where a step is to run eagerly: before the learner has decided the step's
-    layouts, for one row, for a model the graph does not cover, and where the cache must grow."""
+    :meth:`run` returns None where a step is to run eagerly: for one row, before a few positions are cached,
+    for a model the graph does not cover, and where the cache must grow."""
 
     FEWEST_ROWS = 2
     """Rows a compiled step needs: dynamo specialises a dimension of size 1, so a 1-row step would need a
@@ -194,8 +160,8 @@ class CompiledStep:
         out, self._logged = {"time/compile": self.compile_seconds - self._logged}, self.compile_seconds
         return out
 
-    def run(self, loop: LayerLoop, products: SkinnyProducts, ids: torch.Tensor, attention_mask: torch.Tensor,
-            position_ids: torch.Tensor, cache: object) -> torch.Tensor | None:
+    def run(self, loop: LayerLoop, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+            cache: object) -> torch.Tensor | None:
         """The step's ``[b, V]`` float32 logits with the cache advanced, or None (run it eagerly)."""
         b, n = ids.shape[0], attention_mask.shape[1] - 1
         layers = cache.layers
@@ -203,7 +169,7 @@ class CompiledStep:
                 any(kv.length != n or n + 1 > kv.capacity or kv.buffers[0].shape[0] != b for kv in layers):
             return None
         if self.plan is None:
-            self.plan, self.unsupported = self._plan(loop, products, b, layers[0].buffers[0].dtype)
+            self.plan, self.unsupported = self._plan(loop)
             if self.unsupported is not None:
                 warnings.warn(f"rollout_compile: decode steps run eagerly, the compiled step does not cover "
                               f"{self.unsupported}", stacklevel=2)
@@ -213,7 +179,7 @@ class CompiledStep:
         embed = base.embed_tokens.weight
         cos, sin = base.rotary_emb(embed, position_ids)  # [b, 1, D] each (the first argument gives the format)
         keys, values = zip(*(kv.buffers for kv in layers), strict=True)
-        args = (ids, attention_mask, cos, sin, embed, layer_tensors(loop, self.plan.stacked), base.norm.weight,
+        args = (ids, attention_mask, cos, sin, embed, layer_tensors(loop), base.norm.weight,
                 head.weight, head.bias, list(keys), list(values))
         logits = self._call(args) if self._fn is not None else self._compile(args)
         if logits is None:
@@ -255,28 +221,14 @@ class CompiledStep:
             return None
 
     @staticmethod
-    def _plan(loop: LayerLoop, products: SkinnyProducts, rows: int, dtype: torch.dtype) -> tuple[Plan | None,
-                                                                                                 str | None]:
-        """(the plan, None) once every product of a ``rows``-row step is decided; (None, None) until then;
-        (None, why) for a model the graph does not cover."""
+    def _plan(loop: LayerLoop) -> tuple[Plan | None, str | None]:
+        """(the plan, None), or (None, why) for a model the graph does not cover."""
         why = problem(loop)
         if why is not None:
             return None, why
-        first, attn = loop.base.layers[0], loop.base.layers[0].self_attn
-        stacked = all(s.qkv is not None and s.gate_up is not None for s in loop.stacks)
-        layouts = []
-        for m in [*layer_products(loop, 0, stacked), loop.head]:
-            layout = _decided_layout(products, m, rows, dtype)
-            if layout is None:
-                return None, None
-            layouts.append(layout)
-        mlp = first.mlp
-        return Plan(stacked=stacked,
-                    qkv_sizes=(attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features),
-                    gate_up_sizes=(mlp.gate_proj.out_features, mlp.up_proj.out_features), head_dim=attn.head_dim,
-                    scaling=float(attn.scaling), eps=float(loop.base.norm.variance_epsilon),
-                    head_norms=hasattr(attn, "q_norm"), activation=loop.model.config.hidden_act,
-                    layouts=tuple(layouts)), None
+        attn = loop.base.layers[0].self_attn
+        return Plan(head_dim=attn.head_dim, scaling=float(attn.scaling), eps=float(loop.base.norm.variance_epsilon),
+                    head_norms=hasattr(attn, "q_norm"), activation=loop.model.config.hidden_act), None
 
 
 def problem(loop: LayerLoop | None) -> str | None:
@@ -310,16 +262,3 @@ def compiler_found() -> bool:
     except Exception:  # inductor raises its own InvalidCxxCompiler, or the import fails on a build without it
         return False
     return True
-
-
-def _decided_layout(products: SkinnyProducts, module: nn.Module | StackedLinear, rows: int,
-                    dtype: torch.dtype) -> int | None:
-    """The layout the learner chose for ``module``'s products of ``rows`` rows (the faster of the plain and
-    transposed ones where it chose oneDNN's packed copy), or None while it has not decided."""
-    timings = products.table.get((module.out_features, module.in_features, 1 << (rows - 1).bit_length(), dtype))
-    if timings is None or not timings.decided:
-        return None
-    layout = timings.layout()
-    if layout == PACKED:
-        layout = min((PLAIN, TRANSPOSED), key=lambda i: timings.seconds[i] / max(timings.calls[i] - 1, 1))
-    return layout

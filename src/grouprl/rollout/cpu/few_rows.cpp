@@ -1,5 +1,5 @@
 // Few-row matrix products on bf16 copies of fp32 weights, fp32 activations and sums, for x86 CPUs with
-// AVX2 and FMA (grouprl.rollout.bf16_weights says when and why).
+// AVX2 and FMA (grouprl.rollout.cpu.bf16_weights says when and why), built by torch.utils.cpp_extension.
 //
 // y[M, N] = x[M, K] @ W[N, K]^T, with W in panels: W[N/16][K][16] bf16, panel p holding output columns
 // 16p .. 16p + 15, so that a product reads each panel front to back, once, converting 16 weights of one
@@ -10,6 +10,7 @@
 // latency. A panel (16 x K x 2 bytes) stays in the L1 or L2 cache while up to 6 rows at a time pass over it.
 #include <immintrin.h>
 #include <stdint.h>
+#include <torch/extension.h>
 
 namespace {
 
@@ -95,15 +96,29 @@ void product(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
 
 }  // namespace
 
-extern "C" {
-
-// y[M, N] = x[M, K] @ W^T for W in panels (above); N a multiple of 16, K even
-void grouprl_bf16_product(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y,
-                          int threads) {
-    if (M == 1) product<4>(x, M, K, w, N, y, threads);
-    else if (M == 2) product<3>(x, M, K, w, N, y, threads);
-    else if (M == 3) product<2>(x, M, K, w, N, y, threads);
-    else product<1>(x, M, K, w, N, y, threads);
+// y[M, N] fp32 = x[M, K] fp32 @ W^T, W packed in panels (above) as int16 [N / 16, K, 16] holding the bf16 bits;
+// N a multiple of 16, K even. The GIL is released for the call (see the binding below).
+torch::Tensor bf16_product(const torch::Tensor &x, const torch::Tensor &panels) {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.device().is_cpu(),
+                "bf16_product takes x as a contiguous fp32 CPU [rows, in] tensor");
+    TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == torch::kInt16 && panels.is_contiguous() &&
+                    panels.size(2) == 16 && panels.size(1) == x.size(1) && x.size(1) % 2 == 0,
+                "bf16_product takes contiguous int16 panels [out / 16, in, 16] with in even and equal to x's");
+    const int64_t M = x.size(0), K = x.size(1), N = panels.size(0) * 16;
+    torch::Tensor y = torch::empty({M, N}, x.options());
+    const float *xp = x.data_ptr<float>();
+    const uint16_t *w = reinterpret_cast<const uint16_t *>(panels.data_ptr<int16_t>());
+    float *yp = y.data_ptr<float>();
+    const int threads = at::get_num_threads();
+    if (M == 0) return y;
+    if (M == 1) product<4>(xp, M, K, w, N, yp, threads);
+    else if (M == 2) product<3>(xp, M, K, w, N, yp, threads);
+    else if (M == 3) product<2>(xp, M, K, w, N, yp, threads);
+    else product<1>(xp, M, K, w, N, yp, threads);
+    return y;
 }
 
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("bf16_product", &bf16_product, "x [rows, in] fp32 times the packed bf16 weight's transpose",
+          pybind11::call_guard<pybind11::gil_scoped_release>());
 }

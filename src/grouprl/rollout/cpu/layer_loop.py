@@ -18,26 +18,14 @@ the forward's bit for bit (tested). Models of other families, sliding-window lay
 built itself, and prefills (more than one new position per row) go through the ``transformers``
 forward. LoRA layers that peft injected are modules like any other and are called as such.
 
-Where the weights are stacked copies (a bf16 rollout's, :func:`stacked_copies`), a layer's q, k and v
-projections run as one product of the stacked ``[q + k + v, E]`` weight and its gate and up projections
-as one of ``[2 I, E]``: four products a layer instead of seven, each over more output columns, which the
-few-row kernels run faster than the parts (SmolLM2-135M in bf16 on a 2-core Intel Xeon with AMX, a 16-row
-step's products at their fastest layout: 14.3 against 15.8 ms, ``python benchmarks/products.py --threads 2
---rows 4,16``, log ``benchmarks/results/products/xeon-amx.log``). The copies are views of the
-stacked tensors, so the ``transformers`` forward (prefills) reads the same memory, and a step costs no
-more memory than before. Each output column is the same dot product either way.
-
 Shapes: b rows, L cached + new positions, E hidden size, H query heads, KV key/value heads, D head
 width, I MLP width, V vocabulary.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
-from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from grouprl.rollout.attention import grouped_attention
@@ -47,107 +35,6 @@ FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 """``config.model_type`` values whose decoder layer is the block :meth:`LayerLoop.step` computes (Qwen3's
 per-head query and key norms included; the four apply rotary embeddings alike); each model's layers are
 checked as well."""
-
-
-STACKS = {"self_attn": ("q_proj", "k_proj", "v_proj"), "mlp": ("gate_proj", "up_proj")}
-"""Per block, the projections of one input that a decode step runs as one product when their weights
-are stacked."""
-
-
-def stack_groups(model: nn.Module) -> list[list[str]]:
-    """Names (as ``model.named_modules`` gives them) of each group of plain ``nn.Linear`` projections of
-    :data:`STACKS` that can be stacked: the same input size and format, biases on all or none. LoRA-wrapped
-    projections are not plain and are left alone."""
-    groups = []
-    for name, module in model.named_modules():
-        parts = STACKS.get(name.rsplit(".", 1)[-1])
-        linears = [getattr(module, p, None) for p in parts] if parts else []
-        if not linears or not all(type(m) is nn.Linear for m in linears):
-            continue
-        if len({(m.in_features, m.weight.dtype, m.weight.device, m.bias is None) for m in linears}) == 1:
-            groups.append([f"{name}.{p}" for p in parts])
-    return groups
-
-
-def stacked_copies(model: nn.Module, dtype: torch.dtype, groups: list[list[str]]) -> dict[str, torch.Tensor]:
-    """``dtype`` copies of ``model``'s float32 parameters by name (others as they are), each of ``groups``
-    (:func:`stack_groups`, or none) written into one stacked tensor whose row blocks the copies are: what
-    :class:`LayerLoop` runs as one product."""
-    params = dict(model.named_parameters())
-    copies: dict[str, torch.Tensor] = {}
-    for group in groups:
-        for kind in ("weight", "bias"):
-            parts = [params.get(f"{g}.{kind}") for g in group]
-            if any(p is None or p.dtype != torch.float32 for p in parts):
-                continue
-            stacked = parts[0].new_empty(sum(p.shape[0] for p in parts), *parts[0].shape[1:], dtype=dtype)
-            for g, p, rows in zip(group, parts, stacked.split([p.shape[0] for p in parts]), strict=True):
-                copies[f"{g}.{kind}"] = rows.copy_(p.detach())
-    for name, p in params.items():
-        if name not in copies:
-            copies[name] = p.to(dtype) if p.dtype == torch.float32 else p
-    return copies
-
-
-class StackedLinear(nn.Module):
-    """Projections whose weights are consecutive row blocks of one tensor, run as one product.
-
-    Shapes: x [..., in] -> ``split`` outputs [..., out_i]."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, sizes: list[int]):
-        super().__init__()
-        self.weight, self.bias, self.sizes = weight, bias, sizes  # plain tensors: the copies of one rollout
-        self.out_features, self.in_features = weight.shape
-        self.parts: tuple[nn.Linear, ...] = ()
-        """The projections it runs (a plain tuple, not submodules)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def split(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self(x).split(self.sizes, -1)
-
-    @classmethod
-    def of(cls, linears: list[nn.Linear]) -> StackedLinear | None:
-        """The stacked product of ``linears`` where their weights (and biases) are consecutive row blocks of
-        one tensor, in order; None otherwise."""
-        weight = _stack_of([m.weight for m in linears])
-        if weight is None or not all(type(m) is nn.Linear for m in linears):
-            return None
-        biases = [m.bias for m in linears]
-        if all(b is None for b in biases):
-            bias = None
-        elif (bias := _stack_of(biases)) is None:
-            return None
-        stack = cls(weight, bias, [m.out_features for m in linears])
-        stack.parts = tuple(linears)
-        return stack
-
-
-def _stack_of(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
-    """The tensor whose consecutive leading-dimension blocks ``parts`` are, in order, filling their one
-    storage; None otherwise. (Storage, not ``_base``: views made under ``torch.inference_mode``, where
-    rollouts run, keep no ``_base``.)"""
-    first = parts[0]
-    if first is None or not first.is_contiguous():
-        return None
-    storage, offset = first.untyped_storage(), 0
-    for p in parts:
-        if p is None or not p.is_contiguous() or p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or \
-                p.untyped_storage().data_ptr() != storage.data_ptr() or p.storage_offset() != offset:
-            return None
-        offset += p.numel()
-    if offset * first.element_size() != storage.nbytes():
-        return None
-    return first.as_strided((sum(p.shape[0] for p in parts), *first.shape[1:]), first.stride(), 0)
-
-
-@dataclass
-class _Stacks:
-    """A layer's stacked products (None where its projections run one by one)."""
-
-    qkv: StackedLinear | None
-    gate_up: StackedLinear | None
 
 
 def float_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -166,14 +53,6 @@ class LayerLoop:
         self.model = model
         self.base = model.model
         self.head = model.lm_head
-        self.stacks = [
-            _Stacks(StackedLinear.of([getattr(layer.self_attn, p) for p in STACKS["self_attn"]]),
-                    StackedLinear.of([getattr(layer.mlp, p) for p in STACKS["mlp"]]))
-            for layer in self.base.layers]
-
-    def stacked_linears(self) -> list[StackedLinear]:
-        """The stacked products the steps run (the weights' copies of one rollout)."""
-        return [s for st in self.stacks for s in (st.qkv, st.gate_up) if s is not None]
 
     @classmethod
     def plan(cls, model: nn.Module) -> LayerLoop | None:
@@ -224,13 +103,10 @@ class LayerLoop:
         h = self.base.embed_tokens(ids)                                   # [b, 1, E]
         cos, sin = self.base.rotary_emb(h, position_ids)                  # [b, 1, D] each
         attend = attention_mask.bool()[:, None, None, :]                  # [b, 1, 1, L]
-        for layer, kv, stacks in zip(self.base.layers, cache.layers, self.stacks, strict=True):
+        for layer, kv in zip(self.base.layers, cache.layers, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
             x = layer.input_layernorm(h)
-            if stacks.qkv is not None:
-                q, k, v = stacks.qkv.split(x)
-            else:
-                q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
             q = q.view(b, 1, -1, attn.head_dim)                           # [b, 1, H, D]
             k = k.view(b, 1, -1, attn.head_dim)                           # [b, 1, KV, D]
             v = v.view(b, 1, -1, attn.head_dim).transpose(1, 2)
@@ -241,6 +117,5 @@ class LayerLoop:
             out = grouped_attention(q, keys, values, attend, attn.scaling)  # [b, 1, H, D]
             h = h + attn.o_proj(out.reshape(b, 1, -1))
             x = layer.post_attention_layernorm(h)
-            gate, up = stacks.gate_up.split(x) if stacks.gate_up is not None else (mlp.gate_proj(x), mlp.up_proj(x))
-            h = h + mlp.down_proj(mlp.act_fn(gate) * up)
+            h = h + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
         return float_rows(self.head(self.base.norm(h))[:, -1])

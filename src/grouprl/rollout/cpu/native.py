@@ -1,36 +1,29 @@
-"""Native kernels of the rollout engine: C++ sources next to this file, compiled with the system's C++
-compiler on first use (about a second) and kept in the user cache folder, keyed by the source, the flags and
-the compiler, so that an edit or another compiler builds anew. The build is written under a temporary name
-and renamed into place: processes that start together each build, and the last rename wins with an
-identical file.
+"""Native kernels of the rollout engine: C++ sources beside this file, built, cached and loaded as Python
+extension modules by :func:`torch.utils.cpp_extension.load` on first use (it rebuilds where the source or
+flags changed, and lets processes that start together share one build).
 
 The kernels are x86 AVX2 + FMA code (every x86-64 CPU of the last decade: AMD Zen, Intel Haswell and
-later) and are loaded with ``ctypes``: a call releases the GIL, and OpenMP's runtime is the one PyTorch
-already loaded (the same ``libgomp.so.1``), so threads are shared, not doubled.
+later); a call releases the GIL, and OpenMP's runtime is the one PyTorch already loaded (``libgomp.so.1``),
+so threads are shared, not doubled. Where they cannot run (another architecture, a CPU without AVX2 and
+FMA, no C++ compiler, no ninja, a failed build) :func:`load` raises :class:`KernelUnavailable` saying why,
+and the format that needs them is refused before any work.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import os
 import platform
 import shutil
-import subprocess
 from pathlib import Path
+from types import ModuleType
 
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 CPU_FLAGS = ("avx2", "fma")
 """What the kernels' instructions need from the CPU (``/proc/cpuinfo``'s names)."""
 
 
 class KernelUnavailable(RuntimeError):
     """A native kernel cannot run here; the message says why (the CPU, the compiler, the build)."""
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "grouprl" / "kernels"
 
 
 def _cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
@@ -57,17 +50,25 @@ def cpu_problem(machine: str | None = None, flags: set[str] | None = None) -> st
     return None
 
 
-def compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+def build_problem() -> str | None:
+    """Why the kernels cannot be built here (no C++ compiler, no ninja), or None where they can."""
+    from torch.utils.cpp_extension import is_ninja_available
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler found ({compiler!r}; set CXX, or install g++ or clang++)"
+    if not is_ninja_available():
+        return "torch's extension builder needs ninja (pip install ninja)"
+    return None
 
 
-_LOADED: dict[str, ctypes.CDLL | KernelUnavailable] = {}
+_LOADED: dict[str, ModuleType | KernelUnavailable] = {}
 
 
-def load(name: str) -> ctypes.CDLL:
-    """The library built from ``<name>.cpp`` beside this file (built now if the cache has no build of this
-    source); raises :class:`KernelUnavailable` saying why where it cannot be built or run (once per process:
-    the answer is kept)."""
+def load(name: str) -> ModuleType:
+    """The extension built from ``<name>.cpp`` beside this file (built now where torch's extension cache has no
+    build of this source); raises :class:`KernelUnavailable` saying why where it cannot be built or run (once per
+    process: the answer is kept)."""
     if name not in _LOADED:
         try:
             _LOADED[name] = _build(name)
@@ -79,30 +80,15 @@ def load(name: str) -> ctypes.CDLL:
     return found
 
 
-def _build(name: str) -> ctypes.CDLL:
-    problem = cpu_problem()
+def _build(name: str) -> ModuleType:
+    problem = cpu_problem() or build_problem()
     if problem:
         raise KernelUnavailable(problem)
-    cxx = compiler()
-    if cxx is None:
-        raise KernelUnavailable("no C++ compiler found (set CXX, or install g++ or clang++)")
+    from torch.utils.cpp_extension import load as load_extension
+
     source = Path(__file__).with_name(f"{name}.cpp")
-    digest = hashlib.sha1(b"\0".join([source.read_bytes(), " ".join(FLAGS).encode(), cxx.encode()])).hexdigest()
-    target = cache_dir() / f"{name}-{digest[:16]}.so"
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            done = subprocess.run([cxx, *FLAGS, str(source), "-o", str(tmp)], capture_output=True, text=True,
-                                  timeout=300)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise KernelUnavailable(f"building {source.name} with {cxx} failed: {e}") from e
-        if done.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            detail = (done.stderr or done.stdout).strip().splitlines()[:5]
-            raise KernelUnavailable(f"building {source.name} with {cxx} failed:\n" + "\n".join(detail))
-        os.replace(tmp, target)
     try:
-        return ctypes.CDLL(str(target))
-    except OSError as e:
-        raise KernelUnavailable(f"loading {target} failed: {e}") from e
+        return load_extension(f"grouprl_{name}", [str(source)], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"])
+    except (RuntimeError, OSError, ImportError) as e:  # the compiler's or the loader's complaint, shortened
+        detail = "\n".join(str(e).strip().splitlines()[-5:])
+        raise KernelUnavailable(f"building {source.name} failed:\n{detail}") from e

@@ -10,14 +10,13 @@ everything between the products run on the fp32 model.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from grouprl.rollout.cpu import bf16_weights
-from grouprl.rollout.cpu.skinny import rerouted
 
 Copy = tuple[torch.Tensor, ...]
 
@@ -63,3 +62,21 @@ def weight_only_products(linears: list[nn.Module], copies: Copies) -> contextlib
     """Inside, the ``linears`` that ``copies``' format supports run on their copies; the others run as they are."""
     fmt = copies.format
     return rerouted([m for m in linears if fmt.supported(m)], lambda m, x: fmt.linear(m, x, copies.of(m)))
+
+
+@contextlib.contextmanager
+def rerouted(linears: list[nn.Module], product: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """Inside, each of ``linears`` computes ``product(module, x)`` when called (an instance attribute shadows the
+    class's forward); their own forwards are back afterwards, whatever happened inside."""
+    for m in linears:
+        m.forward = lambda x, m=m: product(m, x)
+    try:
+        yield
+    finally:
+        for m in linears:
+            m.__dict__.pop("forward", None)
+
+
+def model_linears(model: nn.Module) -> list[nn.Linear]:
+    """The ``nn.Linear`` modules of ``model`` (peft's LoRA layers wrap theirs: the wrapped ones count)."""
+    return [m for m in model.modules() if type(m) is nn.Linear]
