@@ -18,6 +18,10 @@ What a kill can and cannot do:
   step): the checkpoint that is there stays whole;
 - old checkpoints are renamed to ``.delete-*`` before they are removed, so a kill inside the
   removal never leaves a half-deleted ``step-*``;
+- a save that fails (a full disk, an interrupt) removes its ``.tmp-*`` folder before the error goes
+  on, and the checkpoints already there stay as they were; a full disk is said as such, with how much
+  the checkpoint needs and how much is free (:class:`~grouprl.errors.CheckpointError`), whether the
+  writer reported ``ENOSPC`` or only a short write (torch's zip writer says "unexpected pos");
 - ``latest`` picks the newest complete checkpoint (its manifest matches its files' sizes) and says so
   when it skips a newer incomplete one; loading checks every file against the manifest's digest and
   names a damaged file, and the checkpoint before it.
@@ -25,12 +29,15 @@ What a kill can and cannot do:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import random
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,16 +143,80 @@ def save_checkpoint(root: Path, step: int, *, policy: torch.nn.Module, state: di
     ``state_dict()``, ``modules`` (a critic) as ``<name>.safetensors``; all of it is part of the
     atomic write."""
     tmp, final = temporary_folder(root, step, str(os.getpid()))
-    save_policy(policy, tmp / "model", tokenizer)
-    if reference is not None:
-        save_model(reference, str(tmp / "reference.safetensors"))
-    for name, obj in (stateful or {}).items():
-        torch.save(obj.state_dict(), tmp / f"{name}.pt")
-    for name, module in (modules or {}).items():
-        save_model(module, str(tmp / f"{name}.safetensors"))
-    torch.save(rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2, default=str))
-    return publish(tmp, final, keep)
+    with writing(tmp, step, _state_bytes(policy, reference, stateful, modules)):
+        save_policy(policy, tmp / "model", tokenizer)
+        if reference is not None:
+            save_model(reference, str(tmp / "reference.safetensors"))
+        for name, obj in (stateful or {}).items():
+            torch.save(obj.state_dict(), tmp / f"{name}.pt")
+        for name, module in (modules or {}).items():
+            save_model(module, str(tmp / f"{name}.safetensors"))
+        torch.save(rng_state(), tmp / "rng.pt")
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2, default=str))
+        return publish(tmp, final, keep)
+
+
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of every tensor in a (nested) state dict."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def _state_bytes(policy: torch.nn.Module, reference: torch.nn.Module | None, stateful: dict[str, Any] | None,
+                 modules: dict[str, torch.nn.Module] | None) -> int:
+    """About what a checkpoint of these takes on disk: their tensors' bytes (the files add headers only)."""
+    parts = [policy.state_dict(), *(m.state_dict() for m in [reference, *(modules or {}).values()] if m is not None),
+             *(obj.state_dict() for obj in (stateful or {}).values())]
+    return sum(_tensor_bytes(p) for p in parts)
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (or what it was raised from) is the file system's "no space" or "quota" error."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+@contextlib.contextmanager
+def writing(tmp: Path, step: int, needed: int) -> Iterator[None]:
+    """Around writing checkpoint ``step`` into ``tmp``: a failure removes ``tmp`` (the checkpoints already
+    there are untouched) and a full disk becomes a :class:`CheckpointError` that says so. ``needed``:
+    about the checkpoint's bytes. A writer that reports a short write without ``ENOSPC`` (torch's zip
+    writer) counts as a full disk when less than ``needed`` is free once ``tmp`` is gone."""
+    try:
+        yield
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(tmp.parent).free
+        if not (_is_disk_full(e) or isinstance(e, OSError | RuntimeError) and free < needed):
+            raise
+        kept = [d.name for d in checkpoint_dirs(tmp.parent) if is_complete(d)]
+        raise CheckpointError(
+            f"the disk holding {tmp.parent} is full: checkpoint step {step} needs about {_size(needed)} and "
+            f"{_size(free)} is free ({type(e).__name__}: {str(e)[:200]}). The partial checkpoint was removed; "
+            + (f"the previous one, {tmp.parent / kept[-1]}, is kept. " if kept else "")
+            + "Free space (or lower keep_checkpoints), then resume with --resume_from latest") from e
+
+
+def _size(n: int) -> str:
+    """``n`` bytes for a person to read.
+
+    >>> _size(1000), _size(49_928), _size(3 * 2**30)
+    ('1000 B', '48.8 KiB', '3.0 GiB')
+    """
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def temporary_folder(root: Path, step: int, tag: str) -> tuple[Path, Path]:

@@ -106,8 +106,14 @@ class FolderLock:
                 echo(f"{self.path} was left by a process that is gone; taking the folder over")
                 self.path.unlink(missing_ok=True)
                 continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(me, f)
+            except OSError as e:  # a full disk: no lock left behind, and the reason said
+                self.path.unlink(missing_ok=True)
+                free = shutil.disk_usage(self.path.parent).free
+                raise ConfigError(f"could not claim {str(self.path.parent)!r}: writing {self.path.name} failed "
+                                  f"({e.strerror or e}; {free / 2**20:.1f} MiB free on its disk)") from e
             self.held = True
             return self
         raise ConfigError(f"could not claim {self.path.parent}: another run keeps claiming it")
