@@ -31,7 +31,7 @@ from grouprl.config import (
     to_dict,
 )
 from grouprl.config.sections import DISTRIBUTION, RUN_FOLDER, SECTION_NOTES, SECTIONS
-from grouprl.errors import DistributedError, ModelLoadError, NonFiniteError, RewardFunctionError
+from grouprl.errors import DistributedError, Interrupted, ModelLoadError, NonFiniteError, RewardFunctionError
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 VALUES = ("Values: a list is one argument, a,b,c or YAML's '[a, b]' (quoted), never space-separated; a mapping is "
@@ -282,9 +282,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args, rest)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("grouprl: interrupted; checkpoints and logs written so far are kept", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Interrupted (grouprl.run.signals): 128 + its number
+        why = f" ({e})" if isinstance(e, Interrupted) and str(e) else ""
+        print(f"grouprl: interrupted{why}; checkpoints and logs written so far are kept", file=sys.stderr)
+        return 128 + e.signum if isinstance(e, Interrupted) else EXIT_INTERRUPTED
     except Exception as e:
         if debug:
             raise

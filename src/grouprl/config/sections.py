@@ -71,6 +71,7 @@ SECTIONS: dict[str, str] = {
     "engine": DISTRIBUTION, "mixed_precision": DISTRIBUTION, "cpu_offload": DISTRIBUTION,
     "eval_every": EVALUATION, "eval_samples": EVALUATION, "eval_temperature": EVALUATION,
     "output_dir": RUN_FOLDER, "resume_from": RUN_FOLDER, "save_every": RUN_FOLDER, "keep_checkpoints": RUN_FOLDER,
+    "save_on_signal": RUN_FOLDER,
     "seed": RUN_FOLDER, "log_completions_every": RUN_FOLDER, "print_completions": RUN_FOLDER,
     "progress": RUN_FOLDER, "tensorboard": RUN_FOLDER, "loggers": RUN_FOLDER,
 }

@@ -212,6 +212,12 @@ class ControlConfig:
     """Checkpoint every this many iterations (0 = only at the end)."""
     keep_checkpoints: int = 2
     """Keep only the newest this many checkpoints."""
+    save_on_signal: bool = True
+    """On SIGTERM (how a scheduler preempts a job) or Ctrl-C, finish the iteration in progress and save a
+    checkpoint of it before exiting, if the iteration and the save end within 25 s of the signal (Slurm and
+    Kubernetes send SIGKILL 30 s after SIGTERM by default); a second signal, or the 25 s running out,
+    stops at once, keeping the checkpoints already written. Off: stop after the iteration without saving.
+    Either way the exit says "interrupted" with status 128 + the signal's number (143 for SIGTERM)."""
     resume_from: str | None = None
     """Resume from a checkpoint folder or 'latest' (weights, optimizer and budget; episodes restart)."""
     progress: bool = True

@@ -27,6 +27,7 @@ from typing import Any
 
 from grouprl.errors import ConfigError
 from grouprl.run.loggers import run_folders
+from grouprl.run.signals import interrupts
 
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "summary.json", "config.yaml")
 RUN_DIRS = ("checkpoints", "report", *run_folders())
@@ -214,19 +215,21 @@ def claimed(config: Any, *, overwrite: bool = False, echo: Callable[[str], None]
             claim: bool = True) -> Iterator[Any]:
     """``config`` (a run config with ``output_dir`` and ``resume_from``) with its folder claimed for the
     duration; a ``resume_from: latest`` of a folder with nothing to resume starts afresh. With
-    ``claim`` False (a process whose parent or first rank holds the folder) nothing is checked."""
+    ``claim`` False (a process whose parent or first rank holds the folder) nothing is checked. Inside,
+    SIGTERM and SIGINT raise :class:`~grouprl.errors.Interrupted` (:mod:`grouprl.run.signals`)."""
     folder = Path(config.output_dir)
-    if not claim or os.environ.get(CLAIMED_BY_PARENT) == str(folder.resolve()):
-        yield config
-        return
-    created = not folder.exists()
-    lock, resumable = claim_output_dir(folder, resume_from=config.resume_from, overwrite=overwrite, echo=echo)
-    try:
-        if config.resume_from == "latest" and not resumable:
-            echo(f"nothing to resume in {folder} (no training step was saved); starting afresh")
-            config = dataclasses.replace(config, resume_from=None)
-        yield config
-    finally:
-        lock.release()
-        if created and not any(folder.iterdir()):  # a start refused before writing leaves nothing behind
-            folder.rmdir()
+    with interrupts():  # SIGTERM, like SIGINT, unwinds through here: the lock is released on the way out
+        if not claim or os.environ.get(CLAIMED_BY_PARENT) == str(folder.resolve()):
+            yield config
+            return
+        created = not folder.exists()
+        lock, resumable = claim_output_dir(folder, resume_from=config.resume_from, overwrite=overwrite, echo=echo)
+        try:
+            if config.resume_from == "latest" and not resumable:
+                echo(f"nothing to resume in {folder} (no training step was saved); starting afresh")
+                config = dataclasses.replace(config, resume_from=None)
+            yield config
+        finally:
+            lock.release()
+            if created and not any(folder.iterdir()):  # a start refused before writing leaves nothing behind
+                folder.rmdir()

@@ -22,6 +22,7 @@ from grouprl.run.folder import RUN_CONFIG_HEADER
 from grouprl.run.health import HealthWatch
 from grouprl.run.loggers import RunInfo, open_loggers
 from grouprl.run.logs import JsonlLog, Progress, peak_rss_mb
+from grouprl.run.signals import StopOnSignal, to_stderr
 
 
 class Run(Protocol):
@@ -110,10 +111,11 @@ def run_loop(run: Run) -> dict[str, Any]:
         write_text_atomic(run.out / "config.yaml", RUN_CONFIG_HEADER + yaml.safe_dump(plain_config, sort_keys=False))
     sinks = open_loggers(c, RunInfo(run.out, plain_config, bool(c.resume_from), run.metrics_log), run.is_main)
     start = time.perf_counter()
+    stop = StopOnSignal(c.save_on_signal)  # SIGTERM / SIGINT while training: end after the step, saving it
 
     def out_of_time() -> bool:
         budget = run.time_budget_s
-        return run.agree(budget is not None and time.perf_counter() - start >= budget)
+        return run.agree(stop.requested or budget is not None and time.perf_counter() - start >= budget)
 
     def log_eval(wall_time: float | None = None) -> dict[str, float]:
         result = run.evaluate()
@@ -129,6 +131,7 @@ def run_loop(run: Run) -> dict[str, Any]:
         before = next((r for r in run.metrics_log.records() if r.get("step") == 0 and "eval/len_mean" in r), {})
         before = {k: v for k, v in before.items() if k.startswith("eval/")}
     progress = run.progress_bar()
+    stop.install()
     try:
         while not run.finished() and not out_of_time():
             try:
@@ -147,7 +150,9 @@ def run_loop(run: Run) -> dict[str, Any]:
                 log_eval()
             if c.save_every and run.step_count % c.save_every == 0:
                 run.save()
+        stop.finish(run.agree(stop.requested), run.save, run.step_count, to_stderr if run.is_main else None)
     finally:
+        stop.uninstall()
         progress.close()
     # A run resumed from its last step (killed after its final evaluation) already logged that evaluation.
     after = last_eval(run) if c.resume_from else {}

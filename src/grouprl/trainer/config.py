@@ -386,6 +386,12 @@ class TrainerConfig(ResolvedSettings):
     """Checkpoint every this many steps (0 = only at the end)."""
     keep_checkpoints: int = 2
     """Keep only the newest this many checkpoints."""
+    save_on_signal: bool = True
+    """On SIGTERM (how a scheduler preempts a job) or Ctrl-C, finish the step in progress and save a
+    checkpoint of it before exiting, if the step and the save end within 25 s of the signal (Slurm and
+    Kubernetes send SIGKILL 30 s after SIGTERM by default); a second signal, or the 25 s running out,
+    stops at once, keeping the checkpoints already written. Off: stop after the step without saving.
+    Either way the exit says "interrupted" with status 128 + the signal's number (143 for SIGTERM)."""
     resume_from: str | None = None
     """Resume from a checkpoint folder, or 'latest' (the newest in output_dir/checkpoints)."""
     loggers: tuple[str, ...] = ()
