@@ -162,6 +162,38 @@ def resolve_model_path(spec: str) -> str:
     return str(found / "model")
 
 
+EVAL_PICKS = 5
+"""How many times ``grouprl eval`` of a run folder picks the newest checkpoint again when the training run
+removed the one it picked while it was being read."""
+
+
+def load_newest_model(spec: str, seed: int, echo: Callable[[str], None] = print) -> tuple[Any, Any]:
+    """:func:`load_model` for ``grouprl eval``. A run folder that is still training (``keep_checkpoints``
+    small) may remove the checkpoint just picked before it is read: then the newest one is picked again,
+    and ``echo`` says so; after :data:`EVAL_PICKS` such removals a :class:`ModelLoadError` says what
+    happened. Any other failure is raised as it is."""
+    from grouprl.run.checkpoint import latest_complete, verify_checkpoint
+
+    run = Path(spec).expanduser()
+    if (run / "state.json").is_file() or not (run.is_dir() and (run / "checkpoints").is_dir()):
+        return load_model(spec, seed)  # a model, or one checkpoint named by its folder: nothing to pick
+    for _ in range(EVAL_PICKS):
+        picked = latest_complete(run / "checkpoints", warn=lambda message: warnings.warn(message, stacklevel=3))
+        if picked is None:
+            resolve_model_path(spec)  # says there is no complete checkpoint
+        try:
+            verify_checkpoint(picked)
+            return load_model(str(picked / "model"), seed)
+        except (OSError, ValueError, ModelLoadError) as e:  # CheckpointError is a ValueError
+            if picked.exists():
+                raise
+            echo(f"{picked.name} was removed by the training run while it was being read ({type(e).__name__}); "
+                 "picking the newest checkpoint again")
+    raise ModelLoadError(f"{spec!r}: the training run removed each of the last {EVAL_PICKS} checkpoints picked "
+                         "before it could be read (it keeps only keep_checkpoints); evaluate a copy of a checkpoint "
+                         "folder, or run eval once the training has saved its last")
+
+
 def run_config_of(spec: str) -> Path | None:
     """The ``config.yaml`` of the run that a run folder or one of its checkpoint folders belongs to."""
     path = Path(spec).expanduser()

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grouprl.cli.build import RunInputs, build_inputs, load_model
+from grouprl.cli.build import RunInputs, build_inputs, load_model, load_newest_model
 from grouprl.cli.phases import announce, data_source
 from grouprl.config import TINY_MODEL, RewardModelConfig, TrainConfig
 from grouprl.errors import ConfigError
@@ -115,8 +115,11 @@ def evaluate_command(config: TrainConfig, echo: Echo = print) -> dict[str, float
     inputs = build_inputs(config)
     if not inputs.eval_rows:
         raise ConfigError("no held-out prompts: set eval_size, eval_fraction or eval_dataset")
-    policy, tokenizer = load_model(config.model, config.seed)
-    result = evaluate_model(config, inputs, policy, tokenizer)
+    from grouprl.run.signals import interrupts
+
+    with interrupts():  # SIGTERM like Ctrl-C; an environment's own KeyboardInterrupt is not taken for either
+        policy, tokenizer = load_newest_model(config.model, config.seed, echo)
+        result = evaluate_model(config, inputs, policy, tokenizer)
     k = 1 if config.eval_temperature == 0 else config.eval_samples
     source = config.env or config.task or config.eval_dataset or config.dataset
     rows = [("model", config.model), ("prompts", f"{len(inputs.eval_rows)} held-out from {source}"),
