@@ -16,14 +16,14 @@ FILE_SYSTEM_CALLS = {"open", "save", "load"}
 LAYERS = {
     "algos": 0, "types": 0, "registry": 0, "errors": 0, "__version__": 0,
     "data": 1, "rewards": 1, "tasks": 1, "envs": 1,
-    "rollout": 2, "models": 2,
+    "rollout": 2, "models": 2, "serve": 2,
     "run": 3, "trainer": 3, "control": 3, "report": 3,
     "config": 4, "cli": 4, "__main__": 4,
 }
 """Each top-level module or package of grouprl and its floor (DESIGN.md's layer diagram)."""
 ALONG = {("algos", "registry"), ("registry", "errors"), ("types", "algos"), ("rewards", "data"), ("tasks", "rewards"),
-         ("envs", "rewards"), ("envs", "data"), ("models", "rollout"), ("trainer", "run"), ("control", "run"),
-         ("report", "run"), ("cli", "config"), ("__main__", "cli")}
+         ("envs", "rewards"), ("envs", "data"), ("models", "rollout"), ("serve", "rollout"), ("trainer", "run"),
+         ("control", "run"), ("report", "run"), ("cli", "config"), ("__main__", "cli")}
 """Imports between packages of one floor, each one way only (the reverse would close a loop)."""
 
 
