@@ -343,6 +343,20 @@ class TrainerConfig(ResolvedSettings):
     rollout (or of an evaluation batch) at its longest, all at once, plus a quarter (tens to hundreds of
     MiB here, where vLLM's CPU setting is usually a fixed few GiB). A smaller cache still works:
     vLLM then decodes fewer rows at a time."""
+    rollout_servers: int | tuple[str, ...] | None = None
+    """Sample on separate vLLM server processes instead of in this one: the host:port of each `grouprl serve`
+    (a,b,c), or a number N to start N servers on this machine, each pinned to its own share of the cores and
+    stopped with the run. A group's rows go to one server, groups round-robin; each row has its own seed, so
+    a completion does not depend on its server. After every optimizer step the weights go as safetensors
+    through rollout_weights_dir and each server reloads them in place (LoRA: the adapter only), logged as
+    time/weight_sync. A server that fails is dropped, named, and the run goes on with the others
+    (docs/servers.md). Empty = in this process (rollout_engine)."""
+    rollout_server_timeout: float = 600.0
+    """Seconds a rollout server may take to come up, and to answer one request (a completion, a weight
+    load), before it is dropped as failed."""
+    rollout_weights_dir: str | None = None
+    """Folder the weights pass through on their way to rollout servers, which must see it (shared storage
+    across machines). Empty = /dev/shm (memory) where it exists, else the system's temporary folder."""
     rollout_is: str = "auto"
     """Correction of the rollout engine's mismatch, r = pi_old / pi_rollout per token. Truncated importance
     sampling (Yao et al. 2025): weight each token's policy-gradient term by min(r, rollout_is_cap), per token
