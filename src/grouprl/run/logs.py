@@ -270,10 +270,12 @@ class Progress:
 
 
 class PhaseTimer:
-    """Accumulates wall time per named phase: ``with timer("rollout"): ...``."""
+    """Accumulates wall time per named phase: ``with timer("rollout"): ...``; ``spans`` keeps when each
+    phase first started and last ended (``time.perf_counter``), for timelines."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.spans: dict[str, tuple[float, float]] = {}
 
     @contextmanager
     def __call__(self, phase: str):
@@ -281,7 +283,9 @@ class PhaseTimer:
         try:
             yield
         finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+            end = time.perf_counter()
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + end - start
+            self.spans[phase] = (self.spans.get(phase, (start, end))[0], end)
 
     def metrics(self) -> dict[str, float]:
         return {f"time/{k}": v for k, v in self.seconds.items()}

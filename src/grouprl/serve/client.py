@@ -8,7 +8,9 @@
 - Weights: after every optimizer step the trainer hands over its model (``update_weights``); before the
   next request the new weights are written once (:mod:`grouprl.serve.transport`) and every server loads
   them (``POST /grouprl/weights``) under the next policy version. With LoRA, the base weights go once and
-  then only the adapter. The time is logged as ``time/weight_sync``.
+  then only the adapter. The time is logged as ``time/weight_sync``. The two halves are apart
+  (``write_weights``, ``push_weights``) for an asynchronous trainer (:mod:`grouprl.trainer.ahead`), which
+  writes in its training thread between updates and has the servers load them from its rollout thread.
 - Versions: ``version`` counts the hand-overs (0: the weights the sampler was made with). Every
   completion carries the version of the weights that drew it, as the server's vLLM reported it
   (``batch.info["policy_version"]``); ``rollout/policy_lag`` is the most any row of the last rollout
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -128,8 +131,10 @@ class ServerSampler:
         except BaseException:
             self.close()
             raise
-        self.version, self.pushed, self.base_pushed = 0, None, False
-        self.sync_seconds, self.lag = 0.0, 0
+        self.version, self.written, self.pushed, self.base_written = 0, None, None, False
+        self.staged: dict[bool, Any] = {}  # adapter? -> a folder written and not yet loaded by the servers
+        self.weights_lock = threading.Lock()  # one writer or pusher at a time (an asynchronous run has two threads)
+        self.sync_seconds, self.write_seconds, self.lag = 0.0, 0.0, 0
 
     def _check_servers(self) -> None:
         """Each server serves a model of the policy's shape, in one number format, with LoRA where the
@@ -164,30 +169,55 @@ class ServerSampler:
 
     def sync_weights(self) -> None:
         """Send the weights to every server if they changed since the last push."""
-        if self.pushed == self.version:
-            return
-        start = time.perf_counter()
-        if not self.lora or not self.base_pushed:
-            named = full_tensors(self.model, torch.device("cpu"))
-            if self.lora:  # the base under the plain model's names; the adapters follow as a LoRA request
-                named = ((base_weight_name(n), t) for n, t in named if base_weight_name(n) is not None)
-            self._push(self.folders.write_full(named, self.version, self.dtype), adapter=False)
-            self.base_pushed = True
-        if self.lora:
-            state = dict(full_tensors(self.model, torch.device("cpu"), lambda name: ".lora_" in name))
-            self._push(self.folders.write_adapter(self.model, state, self.version), adapter=True)
-        self.folders.keep_only(self.version)
-        self.pushed = self.version
-        self.sync_seconds += time.perf_counter() - start
+        self.write_weights()
+        self.push_weights()
 
-    def _push(self, path: Any, adapter: bool) -> None:
-        body = {"path": str(path), "version": self.version, "adapter": adapter}
+    def write_weights(self) -> None:
+        """Write the followed model's weights as its version, once. The write reads every parameter: call it
+        from the thread that updates them, between updates (an asynchronous run does, at the start of each step)."""
+        with self.weights_lock:
+            if self.written == self.version:
+                return
+            start = time.perf_counter()
+            if not self.lora or not self.base_written:
+                named = full_tensors(self.model, torch.device("cpu"))
+                if self.lora:  # the base under the plain model's names; the adapters follow as a LoRA request
+                    named = ((base_weight_name(n), t) for n, t in named if base_weight_name(n) is not None)
+                self.staged[False] = self.folders.write_full(named, self.version, self.dtype)
+                self.base_written = True
+            if self.lora:
+                state = dict(full_tensors(self.model, torch.device("cpu"), lambda name: ".lora_" in name))
+                self.staged[True] = self.folders.write_adapter(self.model, state, self.version)
+            self.written = self.version
+            seconds = time.perf_counter() - start
+            self.write_seconds += seconds
+            self.sync_seconds += seconds
+
+    def push_weights(self) -> None:
+        """Have every server load the newest written version (each waits for its requests in flight)."""
+        with self.weights_lock:
+            if self.pushed == self.written:
+                return
+            start = time.perf_counter()
+            for adapter, path in self.staged.items():  # the base before the adapter
+                self._push(path, adapter, self.written)
+            self.staged.clear()
+            self.folders.keep_only(self.written)
+            self.pushed = self.written
+            self.sync_seconds += time.perf_counter() - start
+
+    def _push(self, path: Any, adapter: bool, version: int) -> None:
+        body = {"path": str(path), "version": version, "adapter": adapter}
 
         async def load(server: Server) -> None:
             answer = await self.pool.request(server, "POST", "/grouprl/weights", body)
             server.version, server.adapter = answer.get("version"), answer.get("adapter")
 
         self.pool.run(self.pool.everywhere(load))
+
+    def cancel(self) -> None:
+        """Give up on the requests in flight (the run is stopping): whoever waits on one gets CancelledError."""
+        self.pool.cancel()
 
     @contextlib.contextmanager
     def phase(self) -> Iterator[None]:
@@ -196,11 +226,13 @@ class ServerSampler:
         yield
 
     def metrics(self) -> dict[str, float]:
-        """``time/weight_sync`` since the last call, the last rollout's ``rollout/policy_lag`` (versions)
-        and how many servers are serving."""
-        out = {"time/weight_sync": self.sync_seconds, "rollout/policy_lag": float(self.lag),
-               "rollout/servers": float(len(self.pool.alive))}
-        self.sync_seconds = 0.0
+        """Since the last call: ``time/weight_sync`` (writing and loading weights; ``time/weight_write`` the
+        writing alone) and each server's ``server/<i>/busy`` (its share of the time with a request of this
+        sampler in flight); the last rollout's ``rollout/policy_lag`` (versions); how many servers serve."""
+        out = {"time/weight_sync": self.sync_seconds, "time/weight_write": self.write_seconds,
+               "rollout/policy_lag": float(self.lag), "rollout/servers": float(len(self.pool.alive)),
+               **{f"server/{i}/busy": share for i, share in enumerate(self.pool.busy_shares())}}
+        self.sync_seconds = self.write_seconds = 0.0
         return out
 
     def close(self) -> None:

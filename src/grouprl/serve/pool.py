@@ -57,6 +57,12 @@ class Server:
     """For a server started here: its process's state (exit status, last log lines), added to messages."""
     stop: Callable[[], None] | None = None
     """For a server started here: ends what is left of its processes once it is dropped."""
+    in_flight: int = 0
+    """Requests of this pool it is answering now."""
+    busy_s: float = 0.0
+    """Seconds with a request in flight since the busy clock was last read (:meth:`ServerPool.busy_shares`)."""
+    busy_from: float = 0.0
+    """When the current stretch of requests in flight (or the clock) started."""
 
     @property
     def url(self) -> str:
@@ -90,6 +96,8 @@ class ServerPool:
         if len({s.address for s in self.servers}) != len(self.servers):
             raise ValueError(f"rollout_servers names a server twice: {', '.join(addresses)}")
         self.timeout, self.setting = float(timeout), setting
+        self.clock_from = time.monotonic()
+        self.clock_lock = threading.Lock()  # the busy clock: moved on the loop, read by the trainer
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="grouprl-rollout-servers", daemon=True)
         self.thread.start()
@@ -107,6 +115,17 @@ class ServerPool:
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on the pool's loop and wait for it."""
         return self.submit(coro).result()
+
+    def cancel(self) -> None:
+        """Cancel every coroutine running on the loop: the futures of :meth:`submit` raise CancelledError."""
+        if self.loop.is_closed():
+            return
+
+        def cancel_all() -> None:
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+
+        self.loop.call_soon_threadsafe(cancel_all)
 
     def close(self) -> None:
         if self.loop.is_closed():
@@ -147,6 +166,7 @@ class ServerPool:
         """One JSON request; :class:`ServerFailure` when the server fails, :class:`RolloutServerError`
         when it refuses the request (4xx)."""
         limit = self.timeout if timeout is None else timeout
+        self._clock(server, +1)
         try:
             response = await self.client.request(method, server.url + path, json=body, timeout=limit)
         except httpx.TimeoutException as e:
@@ -154,12 +174,38 @@ class ServerPool:
                                 f"{type(e).__name__})") from e
         except httpx.TransportError as e:
             raise ServerFailure(server, f"{method} {path} failed: {type(e).__name__}: {e}") from e
+        finally:
+            self._clock(server, -1)
         if response.status_code >= 500:
             raise ServerFailure(server, f"{method} {path} answered {response.status_code}: {response.text[:300]}")
         if response.status_code >= 400:
             raise RolloutServerError(f"rollout server {server.address} refused {method} {path} "
                                      f"({response.status_code}): {response.text[:500]}")
         return response.json()
+
+    def _clock(self, server: Server, change: int) -> None:
+        with self.clock_lock:
+            now = time.monotonic()
+            if server.in_flight:
+                server.busy_s += now - server.busy_from
+            server.busy_from = now
+            server.in_flight += change
+
+    def busy_shares(self) -> list[float]:
+        """Each server's share of the time since the last call (or the pool's start) with a request of this
+        pool in flight (generating, or loading weights); the clock restarts."""
+        with self.clock_lock:
+            now = time.monotonic()
+            window = max(now - self.clock_from, 1e-9)
+            shares = []
+            for server in self.servers:
+                if server.in_flight:
+                    server.busy_s += now - server.busy_from
+                server.busy_from = now
+                shares.append(min(server.busy_s / window, 1.0))
+                server.busy_s = 0.0
+            self.clock_from = now
+            return shares
 
     async def wait_ready(self) -> None:
         """Ask every server for its info until it answers (or ``timeout`` passes: it is dropped)."""

@@ -174,6 +174,25 @@ def _scale_out_problems(c: Any) -> list[str]:
         out.append(f"rollout_engine=vllm needs the vllm package, which is not installed: {INSTALL}")
     if c.vllm_kv_cache_gib is not None and not (math.isfinite(c.vllm_kv_cache_gib) and c.vllm_kv_cache_gib > 0):
         out.append(f"vllm_kv_cache_gib={c.vllm_kv_cache_gib} must be > 0 (or empty: sized to the run)")
+    return out + _async_problems(c)
+
+
+def _async_problems(c: Any) -> list[str]:
+    k = c.max_staleness
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        return [f"max_staleness={k!r} must be a whole number >= 0 (0 = synchronous)"]
+    if not k:
+        return []
+    out = []
+    if not getattr(c, "rollout_servers", None):
+        out.append(f"max_staleness={k} samples the next batches while the trainer updates, which needs rollout "
+                   "servers holding their own copy of the weights: set rollout_servers (a number of servers to "
+                   "start here, or host:port of each grouprl serve). The built-in engine samples from the live "
+                   "training weights and the in-process vLLM engine shares this process; max_staleness 0 trains "
+                   "synchronously with them")
+    if c.rollout_is == "none":
+        out.append(f"max_staleness={k} trains on batches sampled by older policies: rollout_is must correct them "
+                   "(token or sequence: truncated importance sampling against the sampling policy), not none")
     return out
 
 

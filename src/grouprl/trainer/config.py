@@ -383,6 +383,16 @@ class TrainerConfig(ResolvedSettings):
     policy gradient (verl's geo_rs preset: 0.999; a geometric mean sits near 1, so the band is tight)."""
     sequence_mask_high: float = 1.001
     """rollout_is sequence-mask: ... or above this (verl's geo_rs preset: 1.001)."""
+    max_staleness: int = 0
+    """Asynchronous training: the rollout servers sample the next batches while the trainer updates, and the
+    trainer takes each batch at most this many policy versions (updates) after the version that sampled it; a
+    batch staler than that is dropped (async/dropped). 0 = synchronous: sample, then update. 1 (verl's one-step
+    off-policy; TRL's async GRPO max_staleness and prime-rl's max_off_policy_steps bound the same thing) hides
+    the shorter of rollout and update behind the longer; more helps only where rollout times vary. Needs
+    rollout_servers (the built-in engine samples from the live training weights); rollout_is then corrects every
+    token against the log-probs of the policy that sampled it and cannot be none. Logged: async/staleness (mean,
+    _max), async/queue_depth, time/trainer_idle, server/<i>/busy; timeline.jsonl in the run folder
+    (docs/async.md)."""
     # --- run folder, logging, checkpoints, evaluation -----------------------------------------
     output_dir: str = "runs/grpo"
     """Run folder: config.yaml, metrics.jsonl, completions.jsonl, checkpoints/, report/."""

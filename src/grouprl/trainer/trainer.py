@@ -57,6 +57,7 @@ from grouprl.run.health import HealthWatch, replay
 from grouprl.run.logs import RECORD_TEXT_CAP, JsonlLog, NullLog, PhaseTimer, Progress
 from grouprl.run.loop import run_loop
 from grouprl.trainer.advantages import make_baseline
+from grouprl.trainer.ahead import collect_ahead
 from grouprl.trainer.algorithms import ALGORITHMS, KL_CONTROLLERS
 from grouprl.trainer.collect import Collected, combine_metrics
 from grouprl.trainer.critic import Critic
@@ -138,6 +139,7 @@ class Trainer:
         self.kl = KL_CONTROLLERS.get(c.kl_controller_name)(c)
         self.source = make_source(c, inputs, policy, tokenizer, self.rollout_plan, sampler, self.processes.share)
         self.sampler, self.collector, self.tokenizer = self.source.sampler, self.source.collector, tokenizer
+        self.collector = collect_ahead(self.collector, self.sampler, c)  # max_staleness > 0: sampled ahead
         self.step_count, self.time_budget_s = 0, None
         self.out = Path(c.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -250,10 +252,12 @@ class Trainer:
         return [r for part in parts for r in part] if self.is_main else []
 
     def close(self) -> None:
-        """Release what the rollout engine holds beyond this process's memory (vLLM's process groups)."""
-        close = getattr(self.sampler, "close", None)
-        if callable(close):
-            close()
+        """Stop what collects ahead of the trainer (its rollout thread), then release what the rollout engine
+        holds beyond this process's memory (vLLM's process groups, rollout servers)."""
+        for part in (self.collector, self.sampler):
+            close = getattr(part, "close", None)
+            if callable(close):
+                close()
 
     # -- the run loop's hooks -----------------------------------------------------------------------
     def finished(self) -> bool:
@@ -328,6 +332,7 @@ class Trainer:
         self.collector.stream.position = int(state["position"])
         if "kl_controller" in state:
             self.kl.load_state_dict(state["kl_controller"])
+        self.sampler.update_weights(unwrap_ddp(self.policy))  # an engine with its own copy gets them before sampling
         self.metrics_log.truncate_after(self.step_count)
         self.completions_log.truncate_after(self.step_count)
         self.health = HealthWatch()

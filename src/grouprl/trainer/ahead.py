@@ -1,0 +1,301 @@
+"""Collecting ahead of the trainer (``max_staleness: k``, k > 0): rollouts sampled by the servers while the
+trainer updates, each consumed at most k policy versions after the one that sampled it (docs/async.md).
+
+A background thread runs the step's collector (:class:`~grouprl.trainer.collect.GroupCollector` or the
+environments' one) for the next steps, one batch at a time, rewards included; the rollout servers are other
+processes, so the thread mostly waits on HTTP. The trainer takes the finished batches in order.
+
+- Versions: the policy version is the number of weight hand-overs the trainer made (one per update, one on
+  resume). Every row carries the version the server sampled it with, as the server reported it (``None``:
+  the weights a server started with, version 0); a batch's staleness is the trainer's version when it takes
+  the batch minus that version, per row (``async/staleness`` the mean, ``async/staleness_max`` the most).
+- The bound: a batch is started only when it will be consumed at most k versions after the version the
+  servers will sample it with (counting the batches ahead of it); a batch that still arrives staler than k
+  (a server that did not take a push) is dropped and counted (``async/dropped``), and another is sampled.
+- Pushes: the trainer writes its weights at the start of each step (between updates, in its own thread);
+  the rollout thread has the servers load them before it starts its next batch. Requests already in flight
+  finish on the version they started with (the server's weight route also waits for them), so every
+  completion comes from one version, the one it reports. A new version therefore reaches a rollout that is
+  already running only at its next batch: the wait PipelineRL avoids by swapping weights mid-sequence.
+- Resume: the checkpoint records the prompt stream's position after the last batch the trainer consumed;
+  batches sampled ahead and not consumed are sampled again.
+- Stopping: the thread exits once every batch of the run is consumed; :meth:`AheadCollector.close` (the
+  trainer's ``close``: normal end, error, interrupt) cancels the requests in flight and joins it, and it is a
+  daemon thread, so nothing keeps a process alive. An error in the thread is raised in the trainer.
+
+``timeline.jsonl`` in the run folder records, per step, when each consumed or dropped batch was sampled and
+when the trainer ran its own phases (log-probs, update), in seconds from the first batch: the overlap of
+rollouts and updates can be read off it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grouprl.errors import ConfigError
+from grouprl.run.logs import JsonlLog, PhaseTimer
+from grouprl.trainer.collect import Collected
+
+POLL_S = 0.05
+"""How often a waiting thread looks again (it is also woken at once by the other)."""
+STOP_WITHIN_S = 30.0
+"""How long :meth:`AheadCollector.close` waits for the rollout thread (a reward function may be mid-batch)."""
+
+
+@dataclass
+class Ahead:
+    """A batch sampled ahead of the trainer."""
+
+    got: Collected
+    step: int
+    """The step whose seeds sampled it."""
+    timer: PhaseTimer
+    """Its rollout's, rewards' (and judge's) times."""
+    start: float
+    end: float
+    position: int
+    """The prompt stream's position after it."""
+    versions: list[int]
+    """``[B]`` the policy version that sampled each row."""
+
+
+def row_versions(reported: list[int | None] | None, rows: int, fallback: int) -> list[int]:
+    """The policy version of each of ``rows`` rows as the engine ``reported`` them (None: a server's own
+    weights, version 0), or ``fallback`` for all where it reported none (multi-turn trajectories).
+
+    >>> row_versions([3, None, 4], 3, 9), row_versions(None, 2, 5)
+    ([3, 0, 4], [5, 5])
+    """
+    if reported is None or len(reported) != rows:
+        return [fallback] * rows
+    return [0 if v is None else int(v) for v in reported]
+
+
+def behind(trainer_version: int, versions: list[int]) -> tuple[float, int]:
+    """(mean, max) versions the rows of a batch are behind ``trainer_version``; a row ahead of the trainer is
+    an error (the servers hold another run's weights).
+
+    >>> behind(5, [4, 4, 3, 5])
+    (1.0, 2)
+    """
+    lags = [trainer_version - v for v in versions]
+    if min(lags) < 0:
+        raise RuntimeError(f"a rollout reports policy version {max(versions)} but the trainer has made only "
+                           f"{trainer_version}: the rollout servers hold weights this run did not send (restart them)")
+    return sum(lags) / len(lags), max(lags)
+
+
+class ConsumedStream:
+    """The prompt stream as the trainer consumed it: what a checkpoint records (``position``) and a resume sets
+    (before the first batch)."""
+
+    def __init__(self, owner: AheadCollector):
+        self.owner = owner
+
+    @property
+    def position(self) -> int:
+        o = self.owner
+        return o.inner.stream.position if o.thread is None else o.position
+
+    @position.setter
+    def position(self, value: int) -> None:
+        if self.owner.thread is not None:
+            raise RuntimeError("the prompt stream's position is set on resume, before the first batch is sampled")
+        self.owner.inner.stream.position = value
+
+
+class AheadCollector:
+    """``inner``'s batches sampled up to ``max_staleness`` versions ahead; see the module docstring.
+
+    Args:
+        inner: the step's collector (``collect(step, timer)``, ``stream``).
+        sampler: the rollout engine with its own weights: ``version``, ``pushed``, ``write_weights``,
+            ``sync_weights`` and ``cancel`` (:class:`~grouprl.serve.ServerSampler`).
+        max_staleness: k >= 1.
+        total_steps: the run's steps (nothing is sampled for a step beyond them).
+        timeline: where the timeline goes (None: nowhere).
+    """
+
+    def __init__(self, inner: Any, sampler: Any, max_staleness: int, total_steps: int, timeline: Path | None):
+        self.inner, self.sampler, self.k, self.total_steps = inner, sampler, max_staleness, total_steps
+        self.stream = ConsumedStream(self)
+        self.timeline = JsonlLog(timeline) if timeline is not None else None
+        self.cond = threading.Condition()
+        self.ready: deque[Ahead] = deque()
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.stopping = self.sampling = False
+        self.first_step = self.base_version = self.produced = self.consumed = 0
+        self.position, self.t0 = 0, 0.0
+        self.last_timer: tuple[int, PhaseTimer, set[str]] | None = None
+
+    # -- the rollout thread -------------------------------------------------------------------------
+    def _start(self, step: int) -> None:
+        self.first_step, self.base_version = step, self.sampler.version
+        self.position, self.t0 = self.inner.stream.position, time.perf_counter()
+        if self.timeline is not None:
+            self.timeline.truncate_after(step)  # a resumed run: what a killed one logged past its checkpoint
+        self.thread = threading.Thread(target=self._run, name="grouprl-rollout-ahead", daemon=True)
+        self.thread.start()
+
+    def _may_start(self) -> bool:
+        """The next batch, consumed after the ones ready, would be at most k versions behind the version the
+        servers sample it with now; and the run still needs it."""
+        queued = len(self.ready)
+        if self.consumed + queued >= self.total_steps - self.first_step:
+            return False
+        return self.base_version + self.consumed + queued - self.sampler.version <= self.k
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.stopping and not self._may_start():
+                    if self.consumed >= self.total_steps - self.first_step:
+                        return  # every batch of the run is consumed
+                    self.cond.wait(POLL_S)
+                if self.stopping:
+                    return
+                step = self.first_step + self.produced
+                self.produced, self.sampling = self.produced + 1, True
+            try:
+                self._sample(step)
+            except BaseException as e:  # noqa: BLE001 - handed to the trainer's thread, raised there
+                with self.cond:
+                    if not self.stopping:
+                        self.error = e
+                    self.sampling = False
+                    self.cond.notify_all()
+                return
+
+    def _sample(self, step: int) -> None:
+        self.sampler.sync_weights()  # the newest version the trainer wrote, loaded before any request
+        version, timer, start = self.sampler.pushed, PhaseTimer(), time.perf_counter()
+        got = self.inner.collect(step, timer)
+        rows = got.batch.batch_size
+        batch = Ahead(got, step, timer, start, time.perf_counter(), self.inner.stream.position,
+                      row_versions(got.batch.info.get("policy_version"), rows, version))
+        with self.cond:
+            self.ready.append(batch)
+            self.sampling = False
+            self.cond.notify_all()
+
+    def idle(self) -> bool:
+        """The rollout thread samples nothing and the bound lets it start nothing (until the trainer moves)."""
+        with self.cond:
+            return not self.sampling and (self.error is not None or self.stopping or not self._may_start())
+
+    # -- the trainer's side -------------------------------------------------------------------------
+    def collect(self, step: int, timer: PhaseTimer) -> Collected:
+        """The next batch at most k versions behind the trainer (waiting for it if none is ready); its
+        rollout's phase times go into ``timer`` with ``trainer_idle``, the wait."""
+        if self.thread is None:
+            self._start(step)
+        else:
+            self.sampler.write_weights()  # between updates: the rollout thread may load them at once
+        with self.cond:
+            self.cond.notify_all()  # the trainer's version moved: the rollout thread may start a batch
+        self._log_trainer()
+        waited, depth, dropped = time.perf_counter(), None, 0
+        while True:
+            batch, ready, version, mean, most = self._take()
+            depth = ready if depth is None else depth
+            self._log_rollout(step, batch, version, most, dropped=most > self.k)
+            if most <= self.k:
+                break
+            dropped += 1
+        end = time.perf_counter()
+        timer.seconds["trainer_idle"] = timer.seconds.get("trainer_idle", 0.0) + end - waited
+        timer.spans["trainer_idle"] = (waited, end)
+        for phase, seconds in batch.timer.seconds.items():  # the rollout that made the batch, off the trainer's path
+            timer.seconds[phase] = timer.seconds.get(phase, 0.0) + seconds
+            timer.spans[phase] = batch.timer.spans[phase]
+        self.last_timer = (step, timer, {*batch.timer.seconds, "trainer_idle"})
+        got = batch.got
+        got.metrics = {**got.metrics, "async/staleness": mean, "async/staleness_max": float(most),
+                       "async/queue_depth": float(depth), "async/dropped": float(dropped)}
+        return got
+
+    def _take(self) -> tuple[Ahead, int, int, float, int]:
+        """The oldest finished batch, taken and counted at once (the rollout thread reads the count): it, how
+        many were ready when asked, the trainer's version, and the batch's mean and most versions behind it.
+        The thread's error instead, if it failed."""
+        with self.cond:
+            ready = len(self.ready)
+            while not self.ready and self.error is None:
+                if not self.thread.is_alive():
+                    raise RuntimeError("the rollout thread stopped without a batch or an error")
+                self.cond.wait(POLL_S)
+            if not self.ready:
+                raise self.error
+            batch = self.ready.popleft()
+            version = self.sampler.version
+            mean, most = behind(version, batch.versions)
+            self.position = batch.position
+            if most <= self.k:
+                self.consumed += 1
+            self.cond.notify_all()
+            return batch, ready, version, mean, most
+
+    # -- timeline -----------------------------------------------------------------------------------
+    def _log_rollout(self, step: int, batch: Ahead, version: int, most: int, dropped: bool) -> None:
+        if self.timeline is not None:
+            self.timeline.append({"step": step + 1, "event": "rollout", "sampled_for": batch.step + 1,
+                                  "start": batch.start - self.t0, "end": batch.end - self.t0,
+                                  "versions": [min(batch.versions), max(batch.versions)], "trainer_version": version,
+                                  "staleness_max": most, "dropped": dropped})
+
+    def _log_trainer(self) -> None:
+        """The previous step's own phases (what ran in the trainer's thread after it took its batch)."""
+        if self.timeline is None or self.last_timer is None:
+            return
+        step, timer, borrowed = self.last_timer
+        phases = {k: [s - self.t0, e - self.t0] for k, (s, e) in timer.spans.items() if k not in borrowed}
+        if phases:
+            self.timeline.append({"step": step + 1, "event": "trainer", "phases": phases})
+        self.last_timer = None
+
+    # -- stopping -----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the rollout thread: no new batch, requests in flight cancelled; wait for it (at most
+        :data:`STOP_WITHIN_S`: a reward function it runs cannot be interrupted)."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        self._log_trainer()
+        if self.thread is None:
+            return
+        deadline = time.monotonic() + STOP_WITHIN_S
+        cancel = getattr(self.sampler, "cancel", None)
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            if callable(cancel):
+                cancel()  # again each round: a batch may send requests after the last cancel
+            self.thread.join(0.5)
+        if self.thread.is_alive():
+            warnings.warn(f"the rollout thread did not stop within {STOP_WITHIN_S:g} s of the run's end (a reward "
+                          "function still running?); it is a daemon thread and ends with the process", stacklevel=2)
+
+
+def engine_of(sampler: Any) -> Any:
+    """The engine that holds its own weights behind a sampler (an environment run's sampler wraps it)."""
+    inner = getattr(sampler, "engine", None)
+    return inner if inner is not None else sampler
+
+
+def collect_ahead(collector: Any, sampler: Any, config: Any) -> Any:
+    """``collector`` as it is (``max_staleness`` 0), or wrapped in an :class:`AheadCollector`; an engine that
+    samples from the live training weights cannot sample ahead: a ConfigError naming the field."""
+    k = getattr(config, "max_staleness", 0)
+    if not k:
+        return collector
+    engine = engine_of(sampler)
+    if getattr(engine, "uses_live_model", True) or not callable(getattr(engine, "write_weights", None)):
+        raise ConfigError(f"max_staleness={k} needs rollout servers (rollout_servers), whose weights are copies the "
+                          f"trainer pushes; this run's rollout engine, {type(engine).__name__}, samples in this "
+                          "process (set max_staleness 0)")
+    return AheadCollector(collector, engine, k, config.total_steps, Path(config.output_dir) / "timeline.jsonl")
