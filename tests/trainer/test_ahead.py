@@ -210,3 +210,13 @@ def test_the_config_refuses_sampling_ahead_without_servers_or_without_the_correc
     with pytest.raises(ValueError, match="max_staleness=-1 must be a whole number >= 0"):
         TrainerConfig(max_staleness=-1)
     TrainerConfig(max_staleness=1, rollout_servers=("127.0.0.1:8000",), rollout_is="token")  # accepted
+
+
+def test_a_batch_beyond_total_steps_is_an_error_not_a_wait(tmp_path):
+    ahead, servers, inner = make(tmp_path, 1, steps=2)
+    try:
+        train(ahead, servers, 2)
+        with pytest.raises(RuntimeError, match="beyond the run's total_steps=2"):
+            ahead.collect(2, PhaseTimer())
+    finally:
+        ahead.close()

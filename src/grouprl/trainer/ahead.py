@@ -229,7 +229,8 @@ class AheadCollector:
             ready = len(self.ready)
             while not self.ready and self.error is None:
                 if not self.thread.is_alive():
-                    raise RuntimeError("the rollout thread stopped without a batch or an error")
+                    raise RuntimeError(f"a batch was asked for beyond the run's total_steps={self.total_steps}, "
+                                       "past which the rollout thread samples none")
                 self.cond.wait(POLL_S)
             if not self.ready:
                 raise self.error
