@@ -87,11 +87,10 @@ def test_train_nproc_2_through_vllm_on_the_cpu(tmp_path):
 
 
 def test_the_readme_scaling_out_commands_resolve(tmp_path, monkeypatch, capsys):
-    """Every `grouprl train` and `torchrun ... -m grouprl train` line of "Scaling out" resolves its
-    config (nothing is loaded or started)."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## Scaling out\n")
-    section = text[start:text.index("\n## ", start + 1)]
+    """Every `grouprl train` and `torchrun ... -m grouprl train` line of the docs' scaling-out page, up to its
+    first section, resolves its config (nothing is loaded or started)."""
+    text = (ROOT / "docs" / "scaling-out.md").read_text()
+    section = text[:text.index("\n## ")]
     blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
     lines = [shlex.split(line) for block in blocks for line in block.replace("\\\n", " ").splitlines()
              if line and not line.startswith("pip ")]

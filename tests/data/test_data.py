@@ -167,7 +167,7 @@ def test_a_prompt_too_long_for_the_model_is_named_by_its_file_line(tmp_path, cap
                  "--eval_size", "0", "--total_steps", "1", "--max_prompt_len", "4096", "--no-progress",
                  "--no-tensorboard", "--output_dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
-    assert code == 2 and "train row 4 (p.jsonl line 6)" in err and "context of 512" in err
+    assert code == 2 and "train row 4 (p.jsonl line 6)" in err and "the model's context is 512 tokens" in err
 
 
 def test_a_missing_column_is_reported_with_the_columns_the_data_has():

@@ -15,10 +15,10 @@ from grouprl.trainer.sampling import eval_params, rollout_params
         ({"beta": 0.0, "kl_in_reward": True}, "kl_in_reward needs beta > 0"),
         ({"beta": 0.0, "ref_sync_steps": 5}, "ref_sync_steps > 0 needs beta > 0"),
         ({"aggregation": "mean"}, "aggregation='mean' is not one of"),
-        ({"advantage": "gae"}, "advantage='gae' is not one of: grpo, rank, reinforce, rloo"),
+        ({"advantage": "gae"}, "advantage='gae' is not one of: gigpo, grpo, rank, reinforce, rloo"),
         ({"dual_clip": 0.5}, "dual_clip=0.5 must be > 1"),
         ({"lora_rank": 8, "ref_sync_steps": 2}, "not available with LoRA"),
-        ({"rollout_dtype": "fp8"}, "rollout_dtype='fp8' is not one of: auto, fp32, bf16, bf16-weights"),
+        ({"rollout_dtype": "fp8"}, "rollout_dtype='fp8' is not one of: auto, bf16, bf16-weights, fp32"),
     ],
 )
 def test_invalid_settings_say_what_to_change(kwargs, message):
