@@ -93,11 +93,18 @@ def evaluate_model(config: TrainConfig, inputs: RunInputs, policy: Any, tokenize
     (same seeds, same settings)."""
     import torch
 
+    from grouprl.models.precision import pinned, resolve_formats
+    from grouprl.trainer.rollout_plan import plan_rollout
     from grouprl.trainer.sources import make_source
+    from grouprl.trainer.trainer import with_values
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    source = make_source(config, inputs, policy, tokenizer, None, lambda n: (0, n))
+    # a run's config.yaml pins the formats it trained in; auto decides them as a run on this machine would
+    formats = resolve_formats(config.dtype, config.ref_dtype, config.rollout_dtype)
+    config = with_values(config, pinned(formats))
+    plan = plan_rollout(config, formats, policy, None, multi_turn=inputs.env is not None)
+    source = make_source(config, inputs, policy, tokenizer, plan, None, lambda n: (0, n))
     policy.eval()
     with torch.inference_mode():
         return source.evaluate(0, len(inputs.eval_rows))
