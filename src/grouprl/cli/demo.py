@@ -28,7 +28,7 @@ DEMO: dict[str, Any] = {
     "log_completions_every": 2,
     "output_dir": "runs/demo",
 }
-"""SmolLM2-135M-Instruct on one-digit arithmetic, sized for a 2-core CPU (see the README)."""
+"""SmolLM2-135M-Instruct on one-digit arithmetic, sized for a 2-core CPU (README.md's results table)."""
 
 AGENT_DEMO: dict[str, Any] = {
     "model": "smollm2-135m",
@@ -53,7 +53,7 @@ AGENT_DEMO: dict[str, Any] = {
     "log_completions_every": 5,
     "output_dir": "runs/demo-agent",
 }
-"""SmolLM2-135M-Instruct learns the number-guessing game in a multi-turn conversation (see the README)."""
+"""SmolLM2-135M-Instruct learns the number-guessing game in a multi-turn conversation (README.md's results table)."""
 
 QUICK_DEMO: dict[str, Any] = {
     "model": "tiny",

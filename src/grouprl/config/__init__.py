@@ -1,5 +1,5 @@
 """Config machinery over plain dataclasses: YAML in and out, command-line overrides, ``--help``
-and the README's config reference, all driven by one docstring per field.
+and the docs' config reference (docs/configuration.md), all driven by one docstring per field.
 
 Each field is documented once, by a string literal right under it (the CleanRL/tyro style)::
 
@@ -18,7 +18,7 @@ paragraph naming the key at fault and, for an unknown key, the closest valid one
 
 Modules: :mod:`~grouprl.config.fields` (types, field docs, key suggestions),
 :mod:`~grouprl.config.convert` (values, dicts and YAML), :mod:`~grouprl.config.options` (command
-line, ``--help``, resolution), :mod:`~grouprl.config.reference` (the README table) and
+line, ``--help``, resolution), :mod:`~grouprl.config.reference` (the docs' reference page) and
 :mod:`~grouprl.config.run` (the run-level configs).
 """
 

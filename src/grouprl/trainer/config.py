@@ -2,7 +2,7 @@
 validated on construction (the checks are :mod:`grouprl.trainer.checks`).
 
 Defaults follow DeepSeekMath's GRPO where the paper fixes a value; where TRL or verl differ the
-field says so. Each docstring here is also the ``--help`` text and the README's config reference.
+field says so. Each docstring here is also the ``--help`` text and the docs' config reference (docs/configuration.md).
 ``algo`` picks the algorithm (:data:`grouprl.trainer.algorithms.ALGORITHMS`); a key that only
 another algorithm reads is refused when set, naming the algorithm that reads it.
 """
@@ -145,7 +145,7 @@ class TrainerConfig(ResolvedSettings):
     left out of the loss altogether (no KL pull, denominators over informative groups only); keep:
     their tokens still carry the KL term and count in the loss denominators (the paper, TRL). drop
     is the default because keep lets the KL to the reference take over the update as a task
-    saturates (README, Defaults)."""
+    saturates (docs/defaults.md)."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop all-equal groups and sample more prompts until P informative
     groups are collected (at most dynamic_sampling_max_rounds rounds; then train on what there is)."""
