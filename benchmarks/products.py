@@ -1,13 +1,13 @@
 """Few-row matrix products at SmolLM2-135M's decoding shapes, one way per column: ``x @ W.T`` (what
-``nn.Linear`` does), ``(W @ x.T).T`` and oneDNN's linear on a reordered copy of the weight (the other
-layouts the built-in engine may learn to use, ``grouprl/rollout/skinny.py``), two it does not use
-(``x @ Wt`` on a transposed copy of the weight, and MKL's packed GEMM, ``torch.ops.mkl._mkl_linear``, on
-a copy packed for the row count), the first three in bf16, and the bf16-weights kernel
-(``grouprl/rollout/few_rows.cpp``: panels of bf16 weights, fp32 inputs and sums), which reads half. A way this CPU
+``nn.Linear`` does, and what the built-in engine's decode steps run), ``(W @ x.T).T`` and oneDNN's linear on a
+reordered copy of the weight (layouts the engine once learnt to choose between; which wins flips with the CPU),
+``x @ Wt`` on a transposed copy of the weight, and MKL's packed GEMM, ``torch.ops.mkl._mkl_linear``, on
+a copy packed for the row count, the first three in bf16, and the bf16-weights kernel
+(``grouprl/rollout/cpu/few_rows.cpp``: panels of bf16 weights, fp32 inputs and sums), which reads half. A way this CPU
 cannot run (oneDNN reorders bf16 weights only with AVX-512 BW or AVX-NE-CONVERT) prints ``-``. The table ends
 with a 16-row decode step's total of the products per way (each shape's time times the count of such weights a
-step reads), with the weights one by one and stacked as a bf16
-rollout's layer loop reads them.
+step reads), with the weights one by one and stacked (a layer's q, k, v as one
+product, its gate, up as one: a way the engine tried and left out).
 
 Each shape cycles through as many distinct weights as the model has of it (30 per layer shape, one LM
 head), so the weights stream from memory as in a decode step, not from cache.
@@ -32,8 +32,8 @@ SHAPES = {"q, o (576 x 576)": (576, 576, 60, 30), "k, v (192 x 576)": (192, 576,
           "gate, up (1536 x 576)": (1536, 576, 60, 0), "down (576 x 1536)": (576, 1536, 30, 30),
           "LM head (49152 x 576)": (49152, 576, 1, 1), "q, k, v stacked (960 x 576)": (960, 576, 0, 30),
           "gate, up stacked (3072 x 576)": (3072, 576, 0, 30)}
-"""name -> (output size, input size, how many such weights a decode step reads, how many a step of a bf16
-rollout's stacked copies reads: a layer's q, k, v as one, its gate, up as one, ``grouprl/rollout/layer_loop.py``)."""
+"""name -> (output size, input size, how many such weights a decode step reads, how many a
+step reads with a layer's q, k, v as one and its gate, up as one)."""
 
 
 def per_call_ms(fn, weights, x, repeats: int) -> float:
