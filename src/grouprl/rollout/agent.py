@@ -114,8 +114,9 @@ class AgentSampler:
 
     def rest(self) -> None:
         """Between the rollout and the update: see :meth:`grouprl.rollout.vllm.VLLMSampler.rest`."""
-        if self.engine is not None:
-            self.engine.rest()
+        rest = getattr(self.engine, "rest", None)  # rollout servers hold nothing here to free
+        if rest is not None:
+            rest()
 
     def metrics(self) -> dict[str, float]:
         if self.engine is not None:
