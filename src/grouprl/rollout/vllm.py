@@ -60,9 +60,9 @@ from torch import nn
 
 from grouprl.rollout.engines import plain_class_name, require_vllm
 from grouprl.rollout.process_state import kept_process_state
-from grouprl.rollout.seeds import mix_seed, resolve_row_seeds
+from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
-from grouprl.rollout.vllm_convert import outputs_to_batch, vllm_sampling_kwargs
+from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
 from grouprl.rollout.vllm_weights import (
     base_weight_name,
     engine_parameters,
@@ -334,29 +334,6 @@ class VLLMSampler:
                       seeds: list[int], stop_ids: list[int]) -> Conversations:
         """Multi-turn trajectories, G per initial prompt (rows group-major), as
         :func:`grouprl.rollout.turns.decode_conversations` returns them."""
-        b = len(prompt_rows) * group_size
-        seqs = [list(prompt_rows[i // group_size]) for i in range(b)]
-        out = Conversations(tokens=[[] for _ in range(b)], from_policy=[[] for _ in range(b)],
-                            logprobs=[[] for _ in range(b)], turns=[0] * b, end_reason=["env"] * b)
-        running = list(range(b))
-        while running:
-            budget = {r: min(limits.max_new_tokens, limits.max_tokens - len(out.tokens[r])) for r in running}
-            kwargs = [vllm_sampling_kwargs(params, stop_ids, mix_seed(seeds[r], out.turns[r]), budget[r])
-                      for r in running]
-            completions = self._complete([seqs[r] for r in running], kwargs)
-            turns = [list(c.token_ids) for c in completions]
-            for r, c, ids in zip(running, completions, turns):
-                out.tokens[r] += ids
-                out.from_policy[r] += [True] * len(ids)
-                out.logprobs[r] += [float(entry[t].logprob) for entry, t in zip(c.logprobs, ids)]
-                seqs[r] += ids
-            stopped = [bool(ids) and ids[-1] in stop_ids for ids in turns]
-            replies = respond(running, turns, stopped)
-            still = []
-            for r, reply in zip(running, replies):
-                if out.add_reply(r, reply, len(out.tokens[r]), limits):
-                    seqs[r] += reply.tokens
-                    still.append(r)
-            running = still
-        return out
+        return play_conversations(prompt_rows, group_size, params, limits, respond, seeds, stop_ids,
+                                  lambda rows, sequences, kwargs: self._complete(sequences, kwargs))
 

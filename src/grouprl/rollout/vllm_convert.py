@@ -4,14 +4,15 @@ built-in sampler does). Pure functions of their arguments; nothing here imports 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from grouprl.rollout.runner import left_pad
-from grouprl.rollout.seeds import MODULUS
+from grouprl.rollout.seeds import MODULUS, mix_seed
 from grouprl.rollout.stops import cut_at_stop
+from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.types import RolloutBatch, SamplingParams
 
 
@@ -63,3 +64,39 @@ def outputs_to_batch(completions: Sequence[Any], prompt_ids: list[list[int]], gr
         prompts=[x for x in prompts for _ in range(g)], group_size=g, pad_token_id=pad_id,
         extras={k: [v for v in col for _ in range(g)] for k, col in (extras or {}).items()},
     )
+
+
+def play_conversations(prompt_rows: list[list[int]], group_size: int, params: SamplingParams, limits: TurnLimits,
+                       respond: Callable[[list[int], list[list[int]], list[bool]], list[Reply]], seeds: list[int],
+                       stop_ids: list[int], complete: Callable[[list[int], list[list[int]], list[dict]], list[Any]]
+                       ) -> Conversations:
+    """Multi-turn trajectories, G per initial prompt (rows group-major), token in, token out, as
+    :func:`grouprl.rollout.turns.decode_conversations` returns them, for an engine that samples whole turns:
+    ``complete(rows, sequences, kwargs)`` samples one turn for each running row (its whole token sequence so far,
+    its vLLM sampling kwargs) and returns vLLM-style completion outputs; the environment answers through
+    ``respond``. Each turn draws with the row's seed mixed with its turn number."""
+    b = len(prompt_rows) * group_size
+    seqs = [list(prompt_rows[i // group_size]) for i in range(b)]
+    out = Conversations(tokens=[[] for _ in range(b)], from_policy=[[] for _ in range(b)],
+                        logprobs=[[] for _ in range(b)], turns=[0] * b, end_reason=["env"] * b)
+    running = list(range(b))
+    while running:
+        budget = {r: min(limits.max_new_tokens, limits.max_tokens - len(out.tokens[r])) for r in running}
+        kwargs = [vllm_sampling_kwargs(params, stop_ids, mix_seed(seeds[r], out.turns[r]), budget[r])
+                  for r in running]
+        completions = complete(running, [seqs[r] for r in running], kwargs)
+        turns = [list(c.token_ids) for c in completions]
+        for r, c, ids in zip(running, completions, turns):
+            out.tokens[r] += ids
+            out.from_policy[r] += [True] * len(ids)
+            out.logprobs[r] += [float(entry[t].logprob) for entry, t in zip(c.logprobs, ids)]
+            seqs[r] += ids
+        stopped = [bool(ids) and ids[-1] in stop_ids for ids in turns]
+        replies = respond(running, turns, stopped)
+        still = []
+        for r, reply in zip(running, replies):
+            if out.add_reply(r, reply, len(out.tokens[r]), limits):
+                seqs[r] += reply.tokens
+                still.append(r)
+        running = still
+    return out

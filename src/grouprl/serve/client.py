@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from grouprl.rollout.sampler import check_params
-from grouprl.rollout.seeds import mix_seed, resolve_row_seeds
+from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
-from grouprl.rollout.vllm_convert import outputs_to_batch, vllm_sampling_kwargs
+from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
 from grouprl.rollout.vllm_weights import base_weight_name, full_tensors
 from grouprl.serve.pool import RolloutServerError, Server, ServerPool
 from grouprl.serve.transport import WeightFolders
@@ -314,30 +314,13 @@ class ServerSampler:
                       seeds: list[int], stop_ids: list[int]) -> Conversations:
         """Multi-turn trajectories, G per initial prompt (rows group-major), as
         :func:`grouprl.rollout.turns.decode_conversations` returns them; the environment answers here."""
-        b = len(prompt_rows) * group_size
-        seqs = [list(prompt_rows[i // group_size]) for i in range(b)]
-        out = Conversations(tokens=[[] for _ in range(b)], from_policy=[[] for _ in range(b)],
-                            logprobs=[[] for _ in range(b)], turns=[0] * b, end_reason=["env"] * b)
-        running, versions = list(range(b)), []
-        while running:
-            budget = {r: min(limits.max_new_tokens, limits.max_tokens - len(out.tokens[r])) for r in running}
-            kwargs = [vllm_sampling_kwargs(params, stop_ids, mix_seed(seeds[r], out.turns[r]), budget[r])
-                      for r in running]
-            completions = self.complete([seqs[r] for r in running], kwargs, [r // group_size for r in running]).result()
-            versions += completions
-            turns = [list(c.token_ids) for c in completions]
-            for r, c, ids in zip(running, completions, turns):
-                out.tokens[r] += ids
-                out.from_policy[r] += [True] * len(ids)
-                out.logprobs[r] += [entry[t].logprob for entry, t in zip(c.logprobs, ids)]
-                seqs[r] += ids
-            stopped = [bool(ids) and ids[-1] in stop_ids for ids in turns]
-            replies = respond(running, turns, stopped)
-            still = []
-            for r, reply in zip(running, replies):
-                if out.add_reply(r, reply, len(out.tokens[r]), limits):
-                    seqs[r] += reply.tokens
-                    still.append(r)
-            running = still
+        versions: list[Any] = []
+
+        def complete(rows: list[int], sequences: list[list[int]], kwargs: list[dict]) -> list[Any]:
+            got = self.complete(sequences, kwargs, [r // group_size for r in rows]).result()  # a group to a server
+            versions.extend(got)
+            return got
+
+        out = play_conversations(prompt_rows, group_size, params, limits, respond, seeds, stop_ids, complete)
         self._record_lag(versions)
         return out
