@@ -1,0 +1,85 @@
+"""The trainer's config is one flat dataclass assembled from groups of keys in files of their own
+(grouprl/trainer/config/): every key is defined and documented in exactly one group, the docstrings are
+read from whichever file defines them, the keys keep one order (config.yaml's), and the flat class still
+validates, copies with ``dataclasses.replace`` and round-trips through YAML."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from grouprl.config import field_docs, load_yaml, save_yaml, to_dict
+from grouprl.config.run import TrainConfig
+from grouprl.trainer.config import (
+    AlgorithmKeys,
+    EngineKeys,
+    GRPOConfig,
+    ObjectiveKeys,
+    RunKeys,
+    SamplingKeys,
+    TrainerConfig,
+)
+
+GROUPS = (AlgorithmKeys, ObjectiveKeys, SamplingKeys, EngineKeys, RunKeys)
+"""The groups in the order their keys run in TrainerConfig."""
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def test_the_trainer_config_is_its_groups_keys_in_order_and_defines_none_itself():
+    expected = [name for group in GROUPS for name in _names(group)]
+    assert _names(TrainerConfig) == expected
+    assert len(set(expected)) == len(expected), "a key is defined in two groups"
+    assert not TrainerConfig.__dict__.get("__annotations__"), "TrainerConfig defines keys of its own"
+    assert GRPOConfig is TrainerConfig
+    # spot checks that the keys landed where their group says
+    assert {"algo", "group_size", "lr"} <= set(_names(AlgorithmKeys))
+    assert {"beta", "policy_loss", "gamma", "max_kl"} <= set(_names(ObjectiveKeys))
+    assert {"temperature", "max_turns"} <= set(_names(SamplingKeys))
+    assert {"dtype", "lora_rank", "rollout_servers", "max_staleness"} <= set(_names(EngineKeys))
+    assert {"output_dir", "eval_every", "save_every"} <= set(_names(RunKeys))
+
+
+def test_every_key_is_documented_once_in_the_file_that_defines_it():
+    docs = field_docs(TrainConfig)
+    undocumented = [f.name for f in dataclasses.fields(TrainConfig) if not docs.get(f.name, "").strip()]
+    assert not undocumented, f"keys without a docstring: {undocumented}"
+    for name in _names(TrainConfig):
+        owners = [k.__qualname__ for k in TrainConfig.__mro__ if name in k.__dict__.get("__annotations__", {})]
+        assert len(owners) == 1, f"{name} is defined in {owners}"
+    # a group's docstrings are read from its own module's source
+    assert field_docs(EngineKeys)["max_staleness"] == docs["max_staleness"]
+    assert docs["max_staleness"].startswith("Asynchronous training:")
+    assert docs["output_dir"].startswith("Run folder:")
+
+
+def test_flat_access_replace_and_validation_span_the_groups():
+    config = TrainerConfig(group_size=4, max_staleness=1, rollout_servers=("h:1",), eval_every=3, beta=0.0)
+    assert (config.group_size, config.max_staleness, config.eval_every, config.beta) == (4, 1, 3, 0.0)
+    assert config.rollout_rows == 4 * 4  # a derived value (ResolvedSettings) reading AlgorithmKeys' fields
+    copy = dataclasses.replace(config, temperature=0.7)
+    assert type(copy) is TrainerConfig and copy.temperature == 0.7 and copy.max_staleness == 1
+    with pytest.raises(ValueError, match="max_staleness"):
+        dataclasses.replace(config, rollout_servers=None)  # staleness needs rollout servers: checks still run
+    with pytest.raises(ValueError, match="group_size"):
+        TrainerConfig(group_size=1)
+
+
+def test_yaml_round_trip_keeps_the_key_order_across_groups(tmp_path):
+    config = TrainConfig(model="tiny", lr=3e-5, temperature=0.9, lora_rank=4, save_every=2, stop_strings=("\n",))
+    path = save_yaml(config, tmp_path / "config.yaml")
+    assert load_yaml(path, TrainConfig) == config
+    assert list(to_dict(config)) == _names(TrainConfig)
+
+
+def test_a_committed_run_folders_config_still_loads():
+    path = ROOT / "benchmarks" / "results" / "smollm2-30-steps" / "config.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path} is not in this checkout")
+    config = load_yaml(path, TrainConfig)
+    assert isinstance(config, TrainerConfig) and config.total_steps == 30
