@@ -10,6 +10,14 @@
   loaded as a new LoRA request (the previous one removed), the prefix cache emptied (its keys and values
   came from the old weights), vLLM's weight version set to ``k`` (every output then carries it),
   generation resumed. A folder the server cannot see is a 400 that says so (the storage must be shared).
+- ``POST /grouprl/transfer/{init,start,update,finish,shutdown}``: the same load over vLLM's weight transfer
+  (a server started with one: ``nccl`` or ``gloo``), the four calls of vLLM's trainer engine
+  (:mod:`grouprl.serve.collective`) on vLLM's engine client as its own RL routes make them, with this
+  server's order around them: ``init`` joins the trainer's group (``{"init_info": ...}``); ``start``
+  (``{"version": k}``) pauses generation once the requests in flight finish and starts the update;
+  ``update`` (``{"update_info": ...}``) receives the broadcast; ``finish`` (``{"version": k}``) finishes it,
+  empties the prefix cache, sets the version and resumes. A failure between start and finish resumes
+  generation too. (vLLM's own routes come only with its development mode, which opens arbitrary RPCs.)
 """
 
 from __future__ import annotations
@@ -40,16 +48,22 @@ class ServerState:
     adapter: str | None = None
     """The LoRA request's name in vLLM's model registry (a request's ``model``), None: base weights."""
     adapter_id: int | None = None
+    weight_transfer: str | None = None
+    """vLLM's weight-transfer backend this server enabled (``--weight-transfer-config``); None: folders only."""
+    workers: int = 1
+    """vLLM workers (tensor x pipeline x data parallel): each is a rank of a trainer's weight-transfer group."""
     address: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def describe(self) -> str:
         lora = f", LoRA up to rank {self.lora_rank}" if self.lora_rank else ""
-        return f"{self.model} in {self.dtype}{lora}, up to {self.max_model_len} tokens a sequence"
+        transfer = f", weights from folders or over {self.weight_transfer}" if self.weight_transfer else ""
+        return f"{self.model} in {self.dtype}{lora}, up to {self.max_model_len} tokens a sequence{transfer}"
 
     def info(self) -> dict[str, Any]:
         return {"version": self.version, "adapter": self.adapter, "model": self.model, "dtype": self.dtype,
-                "max_model_len": self.max_model_len, "lora_rank": self.lora_rank, "facts": self.facts}
+                "max_model_len": self.max_model_len, "lora_rank": self.lora_rank, "facts": self.facts,
+                "weight_transfer": self.weight_transfer, "workers": self.workers}
 
 
 class LoadWeights(BaseModel):
@@ -105,3 +119,92 @@ async def _load_adapter(request: Request, state: ServerState, path: str, version
     if old is not None and old != name:
         await models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=old))
         await request.app.state.engine_client.remove_lora(old_id)
+
+
+class TransferInit(BaseModel):
+    init_info: dict[str, Any]
+    """vLLM's worker init info for the backend (rendezvous address and port, group size, rank offset)."""
+
+
+class TransferVersion(BaseModel):
+    version: int
+
+
+class TransferUpdate(BaseModel):
+    update_info: dict[str, Any] | list[dict[str, Any]]
+    """vLLM's update info: the names, dtypes and shapes of the tensors the broadcast carries."""
+
+
+def _transfer(request: Request) -> tuple[ServerState, Any]:
+    state: ServerState = request.app.state.grouprl
+    if state.weight_transfer is None:
+        raise HTTPException(HTTPStatus.BAD_REQUEST, f"this server ({state.address}) was started without a weight "
+                            "transfer: start it with --rollout_weights_transport nccl (GPU) or gloo")
+    return state, request.app.state.engine_client
+
+
+async def _release(state: ServerState, engine: Any) -> None:
+    try:
+        await engine.resume_generation()
+    finally:
+        if state.lock.locked():
+            state.lock.release()
+
+
+@router.post("/transfer/init")
+async def transfer_init(body: TransferInit, request: Request) -> dict[str, Any]:
+    from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+    state, engine = _transfer(request)
+    await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=body.init_info))
+    return state.info()
+
+
+@router.post("/transfer/shutdown")
+async def transfer_shutdown(request: Request) -> dict[str, Any]:
+    state, engine = _transfer(request)
+    await engine.shutdown_weight_transfer_engine()
+    return state.info()
+
+
+@router.post("/transfer/start")
+async def transfer_start(body: TransferVersion, request: Request) -> dict[str, Any]:
+    state, engine = _transfer(request)
+    await state.lock.acquire()  # released by finish, or below on a failure
+    try:
+        await engine.pause_generation(mode="wait")
+        await engine.start_weight_update()
+    except BaseException:
+        await _release(state, engine)
+        raise
+    return state.info()
+
+
+@router.post("/transfer/update")
+async def transfer_update(body: TransferUpdate, request: Request) -> dict[str, Any]:
+    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+    state, engine = _transfer(request)
+    if not state.lock.locked():
+        raise HTTPException(HTTPStatus.CONFLICT, "an update was sent without /grouprl/transfer/start")
+    try:
+        await engine.update_weights(request=WeightTransferUpdateRequest(update_info=body.update_info))
+    except BaseException:
+        await _release(state, engine)
+        raise
+    return state.info()
+
+
+@router.post("/transfer/finish")
+async def transfer_finish(body: TransferVersion, request: Request) -> dict[str, Any]:
+    state, engine = _transfer(request)
+    if not state.lock.locked():
+        raise HTTPException(HTTPStatus.CONFLICT, "a finish was sent without /grouprl/transfer/start")
+    try:
+        await engine.finish_weight_update()
+        await engine.reset_prefix_cache()
+        await engine.update_weight_version(str(body.version))
+        state.version, state.adapter = body.version, None  # whole weights: no adapter applies on top
+    finally:
+        await _release(state, engine)
+    return state.info()

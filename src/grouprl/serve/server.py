@@ -23,6 +23,7 @@ cache sized to ``max_rows`` rows at ``max_model_len`` tokens unless given.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import tempfile
@@ -36,7 +37,7 @@ from torch import nn
 from grouprl.rollout.engines import model_problem, plain_class_name, require_vllm
 from grouprl.rollout.vllm import kv_cache_bytes
 from grouprl.serve.routes import ServerState, router
-from grouprl.serve.transport import write_model_folder
+from grouprl.serve.transport import server_transport, write_model_folder
 
 FORMATS = {"fp32": "float32", "bf16": "bfloat16"}
 """The number formats a server samples in (grouprl's name -> vLLM's)."""
@@ -65,6 +66,10 @@ class ServeOptions:
     compiled: bool = False
     """CPU: let vLLM compile the model (slower start, faster decoding)."""
     gpu_memory_utilization: float = 0.9
+    weight_transfer: str = "auto"
+    """How trainers may send weights besides folders (``rollout_weights_transport``): auto enables vLLM's
+    NCCL weight transfer on a GPU and grouprl's gloo one on a CPU (:func:`~grouprl.serve.transport.server_backend`);
+    files enables neither."""
 
     def __post_init__(self) -> None:
         if self.dtype not in FORMATS:
@@ -73,6 +78,7 @@ class ServeOptions:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {self.max_rows}")
+        server_transport(self.weight_transfer, torch.cuda.is_available())  # a bad choice named before any work
 
 
 def context_of(model: nn.Module, requested: int | None) -> int:
@@ -89,6 +95,7 @@ def context_of(model: nn.Module, requested: int | None) -> int:
 def engine_argv(folder: Path, options: ServeOptions, max_model_len: int, kv_bytes: int, on_gpu: bool) -> list[str]:
     """vLLM's server arguments for a model folder written by :func:`~grouprl.serve.transport.write_model_folder`."""
     o = options
+    transport = server_transport(o.weight_transfer, on_gpu)
     argv = ["--model", str(folder), "--tokenizer", str(folder), "--served-model-name", SERVED_NAME,
             "--load-format", "safetensors", "--dtype", FORMATS[o.dtype], "--seed", str(o.seed),
             "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs",
@@ -104,6 +111,8 @@ def engine_argv(folder: Path, options: ServeOptions, max_model_len: int, kv_byte
     if o.lora_rank:  # vLLM takes a few fixed maximum ranks: the next power of two, at least 8
         rank = max(8, 1 << (o.lora_rank - 1).bit_length())
         argv += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(rank)]
+    if transport.backend is not None:
+        argv += ["--weight-transfer-config", json.dumps({"backend": transport.backend}), *transport.server_argv]
     return argv
 
 
@@ -126,6 +135,7 @@ async def _serve(argv: list[str], state: ServerState) -> None:
         app.state.grouprl = state
         await init_app_state(engine, app.state, args, tasks)
         state.address = listen_address
+        state.workers = int(engine.vllm_config.parallel_config.world_size_across_dp)
         print(f"grouprl serve: {state.describe()} on {listen_address}", flush=True)
         shutdown = await serve_http(app, sock=sock, host=args.host, port=args.port, log_level="warning",
                                     access_log=False, timeout_keep_alive=5)
@@ -169,9 +179,11 @@ def prepare(model: nn.Module, tokenizer: Any, options: ServeOptions, model_name:
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
+    cuda = torch.cuda.is_available()
     state = ServerState(model=model_name or str(folder), dtype=options.dtype, max_model_len=length,
-                        lora_rank=options.lora_rank, facts=model_facts(model))
-    return Prepared(folder, engine_argv(folder, options, length, kv, torch.cuda.is_available()), state)
+                        lora_rank=options.lora_rank, facts=model_facts(model),
+                        weight_transfer=server_transport(options.weight_transfer, cuda).backend)
+    return Prepared(folder, engine_argv(folder, options, length, kv, cuda), state)
 
 
 def run(prepared: Prepared) -> None:

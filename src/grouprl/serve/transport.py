@@ -10,14 +10,19 @@ request). The server reloads a full push in place (vLLM's ``reload_weights`` fro
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from grouprl.errors import ConfigError
+from grouprl.registry import Registry
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -118,3 +123,158 @@ class WeightFolders:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class FileWeights:
+    """The trainer's side of the ``files`` transport: each version written once as a folder
+    (:class:`WeightFolders` under ``weights_dir``), then loaded by every server (``POST /grouprl/weights``).
+    With LoRA the base goes once, then the adapter alone, as a LoRA request on the servers."""
+
+    def __init__(self, pool: Any, lora: bool, weights_dir: str | None):
+        for s in pool.alive:
+            if lora and not s.info.get("lora_rank"):
+                from grouprl.serve.pool import RolloutServerError
+
+                raise RolloutServerError(f"rollout server {s.address} was started without --lora_rank and the "
+                                         "policy has LoRA adapters: start it with the run's lora_rank")
+        self.pool, self.lora = pool, lora
+        self.folders = WeightFolders(weights_dir)
+        self.staged: dict[bool, Path] = {}  # adapter? -> a folder written and not yet loaded by the servers
+        self.base_written, self.version = False, 0
+
+    def write(self, model: Any, version: int, dtype: torch.dtype) -> None:
+        from grouprl.rollout.vllm_weights import base_weight_name, full_tensors
+
+        if not self.lora or not self.base_written:
+            named = full_tensors(model, torch.device("cpu"))
+            if self.lora:  # the base under the plain model's names; the adapters follow as a LoRA request
+                named = ((base_weight_name(n), t) for n, t in named if base_weight_name(n) is not None)
+            self.staged[False] = self.folders.write_full(named, version, dtype)
+            self.base_written = True
+        if self.lora:
+            state = dict(full_tensors(model, torch.device("cpu"), lambda name: ".lora_" in name))
+            self.staged[True] = self.folders.write_adapter(model, state, version)
+        self.version = version
+
+    def push(self) -> None:
+        for adapter, path in self.staged.items():  # the base before the adapter
+            body = {"path": str(path), "version": self.version, "adapter": adapter}
+
+            async def load(server: Any, body: dict = body) -> None:
+                answer = await self.pool.request(server, "POST", "/grouprl/weights", body)
+                server.version, server.adapter = answer.get("version"), answer.get("adapter")
+
+            self.pool.run(self.pool.everywhere(load))
+        self.staged.clear()
+        self.folders.keep_only(self.version)
+
+    def close(self) -> None:
+        self.folders.remove()
+
+
+def vllm_has(module: str) -> bool:
+    """Whether the installed vLLM has ``module`` (a path under its package, ``distributed/...py``), found
+    without importing vLLM (seconds of imports)."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and any((Path(p) / module).is_file() for p in spec.submodule_search_locations or [])
+
+
+def _any_device(device: torch.device | None) -> str | None:
+    return None
+
+
+def _needs_cuda(device: torch.device | None) -> str | None:
+    if device is None or device.type != "cuda":
+        return f"the policy is on {device or 'the CPU'}, not a CUDA device"
+    if not vllm_has("distributed/weight_transfer/nccl_engine.py"):
+        return "vLLM with its NCCL weight-transfer engine (vllm.distributed.weight_transfer) is not installed here"
+    return None
+
+
+def _needs_vllm(device: torch.device | None) -> str | None:
+    if not vllm_has("distributed/weight_transfer/nccl_engine.py"):
+        return "vLLM with its weight-transfer engines (vllm.distributed.weight_transfer) is not installed here"
+    return None
+
+
+def _files_sender(sampler: Any, timeout: float) -> FileWeights:
+    return FileWeights(sampler.pool, sampler.lora, sampler.weights_dir)
+
+
+def _nccl_info(host: str, port: int, world_size: int, timeout: float) -> Any:
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+    return NCCLTrainerInitInfo(master_address=host, master_port=port, world_size=world_size, rank=0)
+
+
+def _gloo_info(host: str, port: int, world_size: int, timeout: float) -> Any:
+    from grouprl.serve.gloo import GlooTrainerInitInfo  # its import registers the backend with vLLM
+
+    return GlooTrainerInitInfo(master_address=host, master_port=port, world_size=world_size, rank=0, timeout_s=timeout)
+
+
+def _collective_sender(backend: str, init_info: Callable[[str, int, int, float], Any]) -> Callable[[Any, float], Any]:
+    def make(sampler: Any, timeout: float) -> Any:
+        from grouprl.serve.collective import CollectiveWeights
+
+        return CollectiveWeights(sampler.pool, backend, init_info, timeout, sampler.pool.setting)
+
+    return make
+
+
+@dataclass(frozen=True)
+class Transport:
+    """One way weights travel from the trainer to its rollout servers."""
+
+    summary: str
+    backend: str | None
+    """vLLM's weight-transfer backend the servers start with (``--weight-transfer-config``); None: none."""
+    problem: Callable[[torch.device | None], str | None]
+    """Why a trainer whose policy is on this device cannot send this way (None: it can)."""
+    sender: Callable[[Any, float], Any]
+    """(the :class:`~grouprl.serve.client.ServerSampler`, rollout_server_timeout) -> its sender
+    (``write(model, version, dtype)``, ``push()``, ``close()``), once the servers answer."""
+    server_argv: tuple[str, ...] = ()
+    """Further vLLM arguments of a server that enables it."""
+
+
+TRANSPORTS: Registry[Transport] = Registry("rollout weights transport")
+TRANSPORTS.register("files", Transport("safetensors folders on storage trainer and servers share", None, _any_device,
+                                       _files_sender))
+TRANSPORTS.register("nccl", Transport("NCCL broadcast from the trainer's GPU to the servers' GPU workers", "nccl",
+                                      _needs_cuda, _collective_sender("nccl", _nccl_info)))
+TRANSPORTS.register("gloo", Transport("gloo (TCP) broadcast from the trainer to the servers' workers, no GPU needed",
+                                      "gloo", _needs_vllm, _collective_sender("gloo", _gloo_info),
+                                      # imported in each worker process, it registers the backend there
+                                      ("--worker-extension-cls", "grouprl.serve.gloo.GlooWorkerExtension")))
+SETTING = "rollout_weights_transport"
+
+
+def resolve_transport(requested: str, device: torch.device | None) -> tuple[str, str]:
+    """(transport name, why) for ``rollout_weights_transport`` = ``requested`` with the policy on ``device``:
+    auto is nccl where it can run (the policy on a CUDA device, vLLM's NCCL engine installed), files
+    otherwise. A transport named explicitly that cannot run here is a ConfigError saying why."""
+    if requested == "auto":
+        problem = TRANSPORTS.get("nccl").problem(device)
+        if problem is None:
+            return "nccl", f"auto: the policy is on {device} and vLLM's NCCL weight transfer is installed"
+        return "files", f"auto: {problem}"
+    if requested not in TRANSPORTS:
+        raise ConfigError(f"{SETTING}={requested!r}: choose auto, {', '.join(TRANSPORTS.names())}")
+    problem = TRANSPORTS.get(requested).problem(device)
+    if problem is not None:
+        raise ConfigError(f"{SETTING}={requested}: {problem}; use {SETTING}=files (or auto)")
+    return requested, f"{SETTING}={requested}"
+
+
+def server_transport(requested: str, cuda: bool) -> Transport:
+    """The transport a server started with ``rollout_weights_transport`` = ``requested`` enables besides
+    folders (which every server takes: files enables nothing more). auto enables the one this machine can
+    run, nccl on a GPU and gloo on a CPU: it costs nothing until a trainer joins."""
+    if requested == "auto":
+        requested = "nccl" if cuda else "gloo"
+    if requested not in TRANSPORTS:
+        raise ValueError(f"{SETTING}={requested!r}: choose auto, {', '.join(TRANSPORTS.names())}")
+    if requested == "nccl" and not cuda:
+        raise ValueError(f"{SETTING}=nccl: this server has no CUDA device; use gloo (or files) on a CPU")
+    return TRANSPORTS.get(requested)

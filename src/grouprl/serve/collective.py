@@ -1,0 +1,254 @@
+"""The trainer's side of the collective transports (``nccl``, ``gloo``): weights broadcast from the
+trainer (rank 0) to every worker of every rollout server in one group, through vLLM's own weight-transfer
+engines (``vllm.distributed.weight_transfer``: its trainer engine drives the round trip, its workers
+receive and reload layer by layer). Nothing touches storage.
+
+- Joining: at start the trainer opens a rendezvous (a TCP store on a free port of the address it reaches the
+  first server from) and asks each server to join it (``POST /grouprl/transfer/init``) at its own rank
+  offset: the group is rank 0 (the trainer) then server 0's workers, server 1's, ... A server that has not
+  joined within ``rollout_server_timeout`` is named with that timeout. The group is formed again, without
+  it, once a server has been dropped.
+- A push: the trainer's tensors are staged as the servers' format (:func:`tensors_to_send`, on the policy's
+  device: a copy, so the trainer may update while an asynchronous run pushes), then vLLM's engine sends
+  them: ``/grouprl/transfer/start`` (each server pauses once its requests in flight finish),
+  ``/grouprl/transfer/update`` alongside the broadcast, ``/grouprl/transfer/finish`` (prefix cache emptied,
+  the version set, generation resumed).
+- Names: the plain model's state dict, a tied output head under its own name too (as the files transport;
+  the servers' vLLM loads whichever its model keeps). LoRA: the adapters merged into the base weights
+  (W + scale * B A, :func:`merged_lora_tensors`), every push the whole model, sampled as the base model:
+  vLLM's weight transfer loads base weights only (its LoRA requests load adapters from files).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from grouprl.rollout.vllm_weights import base_weight_name, full_tensors
+from grouprl.serve.pool import RolloutServerError, Server, ServerFailure
+
+JOIN_POLL_S = 0.2
+
+
+def merged_lora_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """A peft LoRA model's weights with each active adapter merged in (``W + get_delta_weight``, as peft's
+    ``merge_and_unload`` computes it), under the plain model's names; the model is left as it is."""
+    from peft.tuners.lora import LoraLayer
+
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    key = f"{name}.base_layer.weight"
+                    delta = module.get_delta_weight(adapter).detach()
+                    deltas[key] = deltas[key] + delta if key in deltas else delta
+    for name, t in model.state_dict().items():
+        plain = base_weight_name(name)
+        if plain is not None:
+            yield plain, (t + deltas[name].to(t.dtype) if name in deltas else t)
+
+
+def tensors_to_send(model: nn.Module, dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
+    """``model``'s weights as the servers load them: plain names (LoRA merged in), floating tensors in
+    ``dtype``, each its own contiguous copy on the model's device (a tied head included twice, under each of
+    its names)."""
+    named = merged_lora_tensors(model) if hasattr(model, "peft_config") else full_tensors(model, torch.device("cpu"))
+    out = []
+    for name, t in named:
+        t = t.detach()
+        t = t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+        out.append((name, t.clone(memory_format=torch.contiguous_format)))
+    return out
+
+
+def reachable_address(address: str) -> str:
+    """This machine's address on the route to ``address`` (host:port): where a server can reach the trainer.
+    (A UDP socket's connect sends nothing; it only picks the interface.)"""
+    host, _, port = address.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, int(port)))
+        return str(s.getsockname()[0])
+
+
+def rank_offsets(workers: list[int]) -> list[int]:
+    """Each server's first rank in the group: rank 0 is the trainer, then each server's workers in turn.
+
+    >>> rank_offsets([1, 2, 1])
+    [1, 2, 4]
+    """
+    offsets, next_rank = [], 1
+    for n in workers:
+        if n < 1:
+            raise ValueError(f"a rollout server reported {n} workers")
+        offsets.append(next_rank)
+        next_rank += n
+    return offsets
+
+
+class ServersClient:
+    """vLLM's ``VLLMWeightSyncClient`` (the four calls its trainer engine makes) over grouprl's routes of
+    several servers at once, each told its rank offset at the handshake; ``version`` labels the next
+    update. A failing server is named (host:port) in a :class:`RolloutServerError`."""
+
+    def __init__(self, pool: Any, servers: list[Server]):
+        self.pool, self.servers = pool, servers
+        self.offsets = rank_offsets([int(s.info.get("workers") or 1) for s in servers])
+        self.world_size = 1 + sum(int(s.info.get("workers") or 1) for s in servers)
+        self.version = 0
+        self.joined: set[str] = set()
+        self.failed: dict[str, str] = {}
+
+    def _all(self, path: str, body: dict[str, Any]) -> None:
+        async def one(server: Server) -> None:
+            try:
+                await self.pool.request(server, "POST", path, body)
+            except ServerFailure as e:
+                raise RolloutServerError(f"rollout server {server.address}: {e.what}") from e
+
+        async def every() -> None:
+            outcomes = await asyncio.gather(*(one(s) for s in self.servers), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+
+        self.pool.run(every())
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        def joined(server: Server, i: int) -> dict[str, Any]:
+            return {"init_info": {**init_info, "rank_offset": self.offsets[i]}}
+
+        async def one(server: Server, i: int) -> None:
+            await self.pool.request(server, "POST", "/grouprl/transfer/init", joined(server, i))
+            self.joined.add(server.address)
+
+        async def every() -> None:
+            outcomes = await asyncio.gather(*(one(s, i) for i, s in enumerate(self.servers)), return_exceptions=True)
+            for server, outcome in zip(self.servers, outcomes):
+                if isinstance(outcome, ServerFailure):
+                    self.failed[server.address] = outcome.what
+                elif isinstance(outcome, BaseException):
+                    self.failed[server.address] = str(outcome)
+
+        self.pool.run(every())
+
+    def start_weight_update(self) -> None:
+        self._all("/grouprl/transfer/start", {"version": self.version})
+
+    def update_weights(self, update_info: Any) -> None:
+        self._all("/grouprl/transfer/update", {"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._all("/grouprl/transfer/finish", {"version": self.version})
+        for server in self.servers:
+            server.version, server.adapter = self.version, None
+
+    def shutdown(self) -> None:
+        """Ask every server to leave the group (failures ignored: the group is gone either way)."""
+        async def every() -> None:
+            await asyncio.gather(*(self.pool.request(s, "POST", "/grouprl/transfer/shutdown", {})
+                                   for s in self.servers if s.alive), return_exceptions=True)
+
+        self.pool.run(every())
+
+
+class CollectiveWeights:
+    """The trainer's sender for a collective transport; see the module docstring.
+
+    Args:
+        pool: the servers (:class:`~grouprl.serve.pool.ServerPool`).
+        backend: vLLM's weight-transfer backend the servers must have enabled (nccl, gloo).
+        init_info: (rendezvous host, port, group size, timeout) -> vLLM's trainer init info for ``backend``
+            (its class selects vLLM's trainer engine).
+        timeout: seconds the servers may take to join; ``setting``: the config field that sets it.
+    """
+
+    def __init__(self, pool: Any, backend: str, init_info: Callable[[str, int, int, float], Any], timeout: float,
+                 setting: str = "rollout_server_timeout"):
+        self.pool, self.backend, self.init_info = pool, backend, init_info
+        self.timeout, self.setting = float(timeout), setting
+        for s in pool.alive:
+            held = s.info.get("weight_transfer")
+            if held != backend:
+                raise RolloutServerError(f"rollout server {s.address} takes weights over {held or 'files only'}, "
+                                         f"not {backend}: start it with --rollout_weights_transport {backend}")
+        self.engine: Any = None
+        self.client: ServersClient | None = None
+        self.staged: list[tuple[str, torch.Tensor]] = []
+        self.version = 0
+        self._join()
+
+    def _join(self) -> None:
+        """Form the group with the living servers (vLLM's trainer engine; the servers join through their
+        routes), or a RolloutServerError naming each server that did not join in time."""
+        from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
+
+        from grouprl.serve.local import free_port
+
+        servers = self.pool.living()
+        client = ServersClient(self.pool, servers)
+        host = reachable_address(servers[0].address)
+        info = self.init_info(host, free_port(host), client.world_size, self.timeout)
+        source = StagedSource(self)
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def join() -> None:
+            try:
+                done.set_result(WeightTransferTrainerFactory.trainer_init(info, client=client, source=source))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                done.set_exception(e)
+
+        threading.Thread(target=join, name="grouprl-weights-join", daemon=True).start()
+        deadline = time.monotonic() + self.timeout
+        while not done.done() and not client.failed and time.monotonic() < deadline:
+            time.sleep(JOIN_POLL_S)
+        if client.failed or not done.done():
+            said = "; ".join(f"{a}: {why}" for a, why in client.failed.items())
+            late = [s.address for s in servers if s.address not in client.joined and s.address not in client.failed]
+            late_said = (f"{', '.join(late)} did not join within {self.timeout:g} s ({self.setting})") if late else ""
+            raise RolloutServerError(f"the {self.backend} weight-transfer group (trainer at {host}:{info.master_port}) "
+                                     f"did not form: {'; '.join(x for x in (said, late_said) if x)}")
+        self.engine, self.client, self.members = done.result(), client, list(servers)
+
+    def write(self, model: nn.Module, version: int, dtype: torch.dtype) -> None:
+        self.staged, self.version = tensors_to_send(model, dtype), version
+
+    def push(self) -> None:
+        if self.members != self.pool.living():  # a server was dropped: its workers would never receive
+            self.close()
+            self._join()
+        self.client.version = self.version
+        self.engine.send_weights()
+        self.staged = []
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.client.shutdown()
+            self.engine = None
+
+
+class StagedSource:
+    """vLLM's ``WeightSource`` over what :meth:`CollectiveWeights.write` staged last."""
+
+    def __init__(self, weights: CollectiveWeights):
+        self.weights = weights
+
+    def metadata(self) -> list[Any]:
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.weights.staged]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(list(self.weights.staged))
+
+    def held_names(self) -> None:
+        return None

