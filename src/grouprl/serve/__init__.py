@@ -7,7 +7,8 @@
 - :mod:`grouprl.serve.pool`: the HTTP connections, timeouts and fault handling;
 - :mod:`grouprl.serve.transport`: weights as safetensors folders, one per policy version;
 - :mod:`grouprl.serve.local`: N servers started on this machine for one run, pinned to cores;
-- :mod:`grouprl.serve.from_config`: a run's servers from its config (``rollout_servers``).
+- :mod:`grouprl.serve.from_config`: a run's servers from its config (``rollout_servers``);
+- :mod:`grouprl.serve.ranks`: servers shared by the processes of a torchrun trainer (process 0 pushes).
 
 Nothing here imports ``vllm`` except the server itself.
 """

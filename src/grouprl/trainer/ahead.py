@@ -17,6 +17,8 @@ processes, so the thread mostly waits on HTTP. The trainer takes the finished ba
   finish on the version they started with (the server's weight route also waits for them), so every
   completion comes from one version, the one it reports. A new version therefore reaches a rollout that is
   already running only at its next batch: the wait PipelineRL avoids by swapping weights mid-sequence.
+  An agent's trajectory is one request per turn, so a push may land between two of its turns (each turn
+  still from one version); its rows count as the version its batch started with, the oldest of its turns.
 - Resume: the checkpoint records the prompt stream's position after the last batch the trainer consumed;
   batches sampled ahead and not consumed are sampled again.
 - Stopping: the thread exits once every batch of the run is consumed; :meth:`AheadCollector.close` (the
@@ -299,4 +301,7 @@ def collect_ahead(collector: Any, sampler: Any, config: Any) -> Any:
         raise ConfigError(f"max_staleness={k} needs rollout servers (rollout_servers), whose weights are copies the "
                           f"trainer pushes; this run's rollout engine, {type(engine).__name__}, samples in this "
                           "process (set max_staleness 0)")
+    if getattr(engine, "ranks", None) is not None:
+        raise ConfigError(f"max_staleness={k} with several trainer processes is not available (each process's "
+                          "rollout thread would push and sample at its own pace); set max_staleness 0")
     return AheadCollector(collector, engine, k, config.total_steps, Path(config.output_dir) / "timeline.jsonl")

@@ -10,7 +10,8 @@ What each process does, and what is shared:
 - rollout: under FSDP the whole policy is gathered once per rollout
   (:func:`~grouprl.trainer.dist.sharding.gathered_weights`), so rows may stop at different lengths
   in different processes; a sampler with its own copy of the weights (vLLM) gets them pushed once
-  at the start of the rollout instead (its ``phase()``);
+  at the start of the rollout instead (its ``phase()``); rollout servers get them from process 0
+  alone, and every process waits for that push (:mod:`grouprl.serve.ranks`);
 - rewards: computed where the rows were generated; a reward function that raises in one process
   stops every process with that error (no process is left waiting);
 - advantages: per group, locally; with ``advantage_scale=batch`` the batch std's sums are
@@ -67,8 +68,25 @@ def world_size_problems(config: Any, world_size: int) -> list[str]:
     if config.dynamic_sampling:
         out.append("dynamic_sampling is not available with several processes (processes would hold different "
                    "numbers of groups); train in one process or set dynamic_sampling false")
+    out += server_process_problems(config)
     return out + [f"{why}; train it in one process (grpo, rloo and reinforce run on several)"
                   for why in placement_problems(config)]
+
+
+def server_process_problems(config: Any) -> list[str]:
+    """What several processes cannot do with rollout servers (:mod:`grouprl.serve.ranks`)."""
+    if not getattr(config, "rollout_servers", None):
+        return []
+    out = []
+    if config.engine != "ddp":
+        out.append(f"rollout_servers with several processes needs engine=ddp, not {config.engine}: process 0 alone "
+                   "writes each version for the servers, which needs the whole weights in process 0, and an FSDP "
+                   "shard gather is a collective of every process")
+    if getattr(config, "max_staleness", 0):
+        out.append(f"max_staleness={config.max_staleness} with several processes is not available: the rollout "
+                   "thread of each process would push and sample at its own pace; train in one process, or set "
+                   "max_staleness 0")
+    return out
 
 
 def placement_problems(config: Any) -> list[str]:

@@ -1,0 +1,102 @@
+"""Rollout servers shared by the processes of a torchrun trainer (``grouprl train --nproc N`` or torchrun, DDP).
+
+Every process holds the same weights after each update (DDP all-reduces the gradients before the optimizer
+step), so one copy reaching the servers is enough:
+
+- Sampling: each process samples its own share of the step's groups, on its own connections to every
+  server. Its group g goes to the server of key ``g * N + rank`` (``N`` processes), so the processes' groups
+  interleave over the servers instead of all starting at the first one.
+- Weights: process 0 alone writes and pushes each version; every process then receives from it the
+  version the servers hold and the servers it dropped on the way (:meth:`Ranks.after_push`, a broadcast), so
+  no process samples for step t + 1 before the push of version t completed, and a server process 0 found
+  dead is dropped, and named, on every process. A push that failed raises on every process.
+- Local servers (``rollout_servers: N``): process 0 starts them and sends their addresses to the others
+  (:meth:`Ranks.share`); it alone stops them at the end.
+- Collectives run on the trainer's process group, at points every process reaches together: the start of
+  a rollout or an evaluation (the trainer's ``phase()``) and building the sampler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from grouprl.serve.pool import RolloutServerError, ServerFailure
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the trainer's processes (``world`` > 1)."""
+
+    rank: int
+    world: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def current(cls) -> Ranks | None:
+        """The trainer's processes, or None in a run of one process."""
+        if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() <= 1:
+            return None
+        return cls(dist.get_rank(), dist.get_world_size())
+
+    def route(self, groups: list[int]) -> list[int]:
+        """Each local group's key for the pool's round-robin: the processes' groups interleaved.
+
+        >>> Ranks(1, 2).route([0, 0, 1])
+        [1, 1, 3]
+        """
+        return [g * self.world + self.rank for g in groups]
+
+    def share(self, make: Callable[[], Any]) -> Any:
+        """``make()`` run by process 0, its result (or its error, raised) in every process."""
+        box: list[Any] = [None]
+        if self.is_main:
+            try:
+                box[0] = ("ok", make())
+            except Exception as e:  # noqa: BLE001 - raised below, in every process
+                box[0] = ("error", e, f"{type(e).__name__}: {e}")
+        dist.broadcast_object_list(box, src=0)
+        if box[0][0] == "error":
+            if self.is_main:
+                raise box[0][1]
+            raise RolloutServerError(f"process 0 could not start the rollout servers: {box[0][2]}")
+        return box[0][1]
+
+    def check(self, error: BaseException | None) -> None:
+        """Every process at the same point with what it caught (or None): if any failed, every one raises."""
+        reports: list[Any] = [None] * self.world
+        dist.all_gather_object(reports, None if error is None else f"{type(error).__name__}: {error}")
+        if error is not None:
+            raise error
+        failed = [(r, msg) for r, msg in enumerate(reports) if msg is not None]
+        if failed:
+            rank, msg = failed[0]
+            raise RolloutServerError(f"process {rank} of {self.world} could not reach the rollout servers: {msg}")
+
+    def after_push(self, pool: Any, version: int | None, error: BaseException | None) -> int | None:
+        """Process 0's push outcome in every process: the version the servers hold (returned), the servers it
+        dropped (dropped here too, named), its error (raised everywhere)."""
+        news: list[Any] = [None]
+        if self.is_main:
+            news[0] = (version, [(s.address, s.why) for s in pool.servers if not s.alive],
+                       None if error is None else f"{type(error).__name__}: {error}")
+        dist.broadcast_object_list(news, src=0)
+        pushed, dropped, failed = news[0]
+        if self.is_main:
+            if error is not None:
+                raise error
+            return pushed
+        by_address = {s.address: s for s in pool.servers}
+        for address, why in dropped:
+            server = by_address.get(address)
+            if server is not None and server.alive:  # the pool's warning names it, with process 0's reason
+                pool.drop(ServerFailure(server, f"process 0 dropped it: {why}"))
+        if failed is not None:
+            raise RolloutServerError(f"process 0 could not push the weights to the rollout servers: {failed}")
+        return pushed

