@@ -12,8 +12,8 @@ cache rebuilt for fewer rows reuse the compiled graph instead of retracing it.
 The step is compiled at the first step it can take (2 or more rows, a few cached positions) and kept for
 the sampler's life. Rows and cache length are dynamic: one graph serves every later step of 2 or more rows
 (a step of one row, which would be compiled anew, runs eagerly). Compiling takes tens of
-seconds on the first rollout (inductor's on-disk cache shortens later runs'), reported as
-:attr:`CompiledStep.compile_seconds`.
+seconds on the first rollout (inductor's on-disk cache shortens later runs', one entry per vector width:
+:func:`inductor_options`), reported as :attr:`CompiledStep.compile_seconds`.
 
 The graph computes what the eager loop computes, in the same formats; inductor fuses and orders the sums
 its own way, so the logits agree to the format's rounding, not bit for bit (tested).
@@ -197,7 +197,7 @@ class CompiledStep:
                         *((t, (0, 2)) for t in (*keys, *values))):
             for dim in dims:
                 torch._dynamo.mark_dynamic(t, dim)
-        fn = torch.compile(partial(decode_step, self.plan), dynamic=False)
+        fn = torch.compile(partial(decode_step, self.plan), dynamic=False, options=inductor_options())
         start = time.perf_counter()
         try:
             logits = fn(*args)
@@ -251,6 +251,22 @@ def problem(loop: LayerLoop | None) -> str | None:
     if any(type(m) is not nn.Linear for m in [loop.head, *projections]):
         return "projections that are not plain linear layers (LoRA)"
     return None
+
+
+def inductor_options() -> dict[str, int]:
+    """``torch.compile`` options for inductor on a CPU: the vector width it writes its C++ for, stated.
+
+    Inductor picks that width from the CPU, capped by ``ATEN_CPU_CAPABILITY`` (512 bits on an AVX-512 CPU, 256
+    under ``ATEN_CPU_CAPABILITY=avx2``), but leaves it out of its on-disk FX graph cache key (torch 2.13; the thread
+    count, which the C++ also depends on, is in it), while the C++ is built for the width of the process that
+    loads it. So a graph compiled under the AVX2 cap and loaded by an AVX-512 run stored 32 floats per 16-float
+    step and wrote 64 bytes past its logits (glibc: "corrupted size vs. prev_size"); the other way round its
+    logits came out NaN. ``cpp.simdlen`` set to the width inductor would pick anyway changes no code, and as an
+    inductor option it is part of the key: each width gets its own entry. (tests/rollout/cpu/test_compiled_isa.py)
+    """
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return {"cpp.simdlen": pick_vec_isa().bit_width()}  # 0 where it vectorises nothing (then it picks none)
 
 
 def compiler_found() -> bool:
