@@ -18,6 +18,9 @@
   future), so a later asynchronous trainer can keep them in flight while it updates.
 - Agents: the environment loop stays here; each turn sends every running trajectory's tokens (token in,
   token out) to the server of its group, as the in-process engine's ``conversations`` does.
+- Several trainer processes (torchrun, DDP): each samples its own groups, interleaved over the servers;
+  process 0 alone writes and pushes, the others wait for its push at the start of each rollout
+  (:mod:`grouprl.serve.ranks`).
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ from grouprl.rollout.sampler import check_params
 from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
-from grouprl.rollout.vllm_weights import base_weight_name, full_tensors
 from grouprl.serve.pool import RolloutServerError, Server, ServerPool
-from grouprl.serve.transport import WeightFolders
+from grouprl.serve.ranks import Ranks
+from grouprl.serve.transport import TRANSPORTS
 from grouprl.types import RolloutBatch, SamplingParams
 
 GENERATE = "/inference/v1/generate"
@@ -114,27 +117,31 @@ class ServerSampler:
     """The trainer need not gather its weights for a rollout: the servers hold copies."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, servers: Sequence[str], *, timeout: float = 300.0,
-                 weights_dir: str | None = None, local: Any = None):
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            raise ValueError("rollout servers take one trainer process for now; run the trainer in one process")
-        self.model, self.tokenizer, self.local = model, tokenizer, local
+                 weights_dir: str | None = None, local: Any = None, transport: str = "files"):
+        self.ranks = Ranks.current()  # several trainer processes: process 0 alone pushes (serve/ranks.py)
+        self.model, self.tokenizer, self.local, self.weights_dir = model, tokenizer, local, weights_dir
         self.lora = hasattr(model, "peft_config")
         self.pool = ServerPool(servers, timeout)
         if local is not None:
             for i, server in enumerate(self.pool.servers):
                 server.describe_exit, server.stop = (lambda i=i: local.describe(i)), (lambda i=i: local.kill(i))
-        self.folders: WeightFolders | None = None
+        self.sender: Any = None
         try:
             self.pool.run(self.pool.wait_ready())
             self._check_servers()
-            self.folders = WeightFolders(weights_dir)
+            if self.ranks is None or self.ranks.is_main:  # how weights travel (transport.py)
+                self.sender = TRANSPORTS.get(transport).sender(self, timeout)
         except BaseException:
             self.close()
             raise
-        self.version, self.written, self.pushed, self.base_written = 0, None, None, False
-        self.staged: dict[bool, Any] = {}  # adapter? -> a folder written and not yet loaded by the servers
+        self.version, self.written, self.pushed = 0, None, None
         self.weights_lock = threading.Lock()  # one writer or pusher at a time (an asynchronous run has two threads)
         self.sync_seconds, self.write_seconds, self.lag = 0.0, 0.0, 0
+
+    @property
+    def folders(self) -> Any:
+        """The push folders of the files transport."""
+        return self.sender.folders
 
     def _check_servers(self) -> None:
         """Each server serves a model of the policy's shape, in one number format, with LoRA where the
@@ -150,9 +157,6 @@ class ServerSampler:
                 said = ", ".join(f"{k} {a} there, {b} here" for k, (a, b) in wrong.items())
                 raise RolloutServerError(f"rollout server {s.address} serves {s.info.get('model')}, not the policy's "
                                          f"shape: {said}")
-            if self.lora and not s.info.get("lora_rank"):
-                raise RolloutServerError(f"rollout server {s.address} was started without --lora_rank and the "
-                                         "policy has LoRA adapters: start it with the run's lora_rank")
         formats = {s.info.get("dtype") for s in self.pool.alive}
         if len(formats) > 1:
             said = ", ".join(map(str, formats))
@@ -168,9 +172,25 @@ class ServerSampler:
         self.version += 1
 
     def sync_weights(self) -> None:
-        """Send the weights to every server if they changed since the last push."""
-        self.write_weights()
-        self.push_weights()
+        """Send the weights to every server if they changed since the last push. With several trainer
+        processes a collective (every process calls it at the start of a rollout): process 0 pushes, the
+        others wait for its outcome (:meth:`grouprl.serve.ranks.Ranks.after_push`)."""
+        if self.ranks is None:
+            self.write_weights()
+            self.push_weights()
+            return
+        error = None
+        if self.ranks.is_main:
+            try:
+                self.write_weights()
+                self.push_weights()
+            except Exception as e:  # noqa: BLE001 - raised by after_push, in every process
+                error = e
+        pushed = self.ranks.after_push(self.pool, self.pushed, error)
+        if pushed != self.version:
+            raise RuntimeError(f"process {self.ranks.rank} is at policy version {self.version} but process 0 pushed "
+                               f"{pushed}: the processes updated their weights a different number of times")
+        self.written = self.pushed = pushed
 
     def write_weights(self) -> None:
         """Write the followed model's weights as its version, once. The write reads every parameter: call it
@@ -179,15 +199,7 @@ class ServerSampler:
             if self.written == self.version:
                 return
             start = time.perf_counter()
-            if not self.lora or not self.base_written:
-                named = full_tensors(self.model, torch.device("cpu"))
-                if self.lora:  # the base under the plain model's names; the adapters follow as a LoRA request
-                    named = ((base_weight_name(n), t) for n, t in named if base_weight_name(n) is not None)
-                self.staged[False] = self.folders.write_full(named, self.version, self.dtype)
-                self.base_written = True
-            if self.lora:
-                state = dict(full_tensors(self.model, torch.device("cpu"), lambda name: ".lora_" in name))
-                self.staged[True] = self.folders.write_adapter(self.model, state, self.version)
+            self.sender.write(self.model, self.version, self.dtype)
             self.written = self.version
             seconds = time.perf_counter() - start
             self.write_seconds += seconds
@@ -199,21 +211,9 @@ class ServerSampler:
             if self.pushed == self.written:
                 return
             start = time.perf_counter()
-            for adapter, path in self.staged.items():  # the base before the adapter
-                self._push(path, adapter, self.written)
-            self.staged.clear()
-            self.folders.keep_only(self.written)
+            self.sender.push()
             self.pushed = self.written
             self.sync_seconds += time.perf_counter() - start
-
-    def _push(self, path: Any, adapter: bool, version: int) -> None:
-        body = {"path": str(path), "version": version, "adapter": adapter}
-
-        async def load(server: Server) -> None:
-            answer = await self.pool.request(server, "POST", "/grouprl/weights", body)
-            server.version, server.adapter = answer.get("version"), answer.get("adapter")
-
-        self.pool.run(self.pool.everywhere(load))
 
     def cancel(self) -> None:
         """Give up on the requests in flight (the run is stopping): whoever waits on one gets CancelledError."""
@@ -237,9 +237,9 @@ class ServerSampler:
 
     def close(self) -> None:
         """Close the connections, remove the pushed weights, stop the servers started here."""
+        if self.sender is not None:
+            self.sender.close()
         self.pool.close()
-        if self.folders is not None:
-            self.folders.remove()
         if self.local is not None:
             self.local.stop()
 
@@ -273,7 +273,13 @@ class ServerSampler:
         """One completion per sequence (its own sampling settings, row ``i`` on the server of group
         ``groups[i]``), after a weight push if one is due; a future of the completions, in order."""
         self._check_lengths(sequences, [k["max_tokens"] for k in kwargs])
-        self.sync_weights()
+        if self.ranks is None:
+            self.sync_weights()
+        else:  # the push is a collective, made at the start of the rollout (phase)
+            if self.pushed != self.version:
+                raise RuntimeError(f"process {self.ranks.rank} samples with policy version {self.version} not pushed "
+                                   "yet: with several trainer processes, sample inside phase()")
+            groups = self.ranks.route(groups)
         return self.pool.submit(self._complete(sequences, kwargs, groups))
 
     def _record_lag(self, completions: Sequence[Completion]) -> list[int | None]:
