@@ -55,10 +55,8 @@ FORMATS.register("fp32", RolloutFormat(
     None, None, compiles=True, compile_auto=False, vllm_dtype="float32", exact=True, cpu_only=False,
     compile_reason="fp32 rollouts: the matrix products outweigh what compiling fuses"))
 FORMATS.register("bf16", RolloutFormat(
-    torch.bfloat16, None, compiles=True, compile_auto=False, vllm_dtype="bfloat16", exact=False, cpu_only=False,
-    # compiling fuses the small operators around bf16 products, but the step compiled at its first chance
-    # corrupted the heap of a tiny model's bf16 rollout (glibc: "corrupted size vs. prev_size"): opt-in until fixed
-    compile_reason="bf16 rollouts decode eagerly unless rollout_compile is true"))
+    torch.bfloat16, None, compiles=True, compile_auto=True, vllm_dtype="bfloat16", exact=False, cpu_only=False,
+    compile_reason="bf16 rollouts on a CPU: compiling fuses the small operators around the products"))
 FORMATS.register("bf16-weights", RolloutFormat(
     None, BF16_WEIGHTS, compiles=False, compile_auto=False, vllm_dtype=None, exact=False, cpu_only=True,
     compile_reason="bf16-weights rollouts run their decode steps eagerly", unavailable=BF16_WEIGHTS.unavailable))

@@ -124,7 +124,7 @@ def test_rollout_compile_asks_for_the_built_in_engine_on_a_cpu():
     with pytest.raises(ConfigError, match="rollout_compile .* needs rollout_engine hf or auto"):
         resolve_compile(True, "vllm", "bf16", model, torch.device("cpu"))
     assert resolve_compile(None, "vllm", "bf16", model, torch.device("cpu"))[0] is False
-    assert resolve_compile(None, "auto", "bf16", model, torch.device("cpu"))[0] is False  # opt-in (formats.py)
+    assert resolve_compile(None, "auto", "bf16", model, torch.device("cpu"))[0] is True
     assert resolve_compile(True, "auto", "bf16", model, torch.device("cpu"))[0] is True
     with pytest.raises(ConfigError, match="rollout_compile .* needs rollout_engine hf or auto, and no GPU"):
         resolve_compile(True, "hf", "bf16", model, torch.device("cuda"))
@@ -140,7 +140,7 @@ def test_bf16_weights_rollouts_run_eagerly_on_the_built_in_engine():
         "hf", "bf16-weights rollouts are the built-in engine's (vLLM samples in bf16 or fp32)")
 
 
-def test_bf16_rollouts_compile_on_request_for_models_the_graph_covers(monkeypatch):
+def test_auto_compiles_bf16_rollouts_of_models_the_graph_covers(monkeypatch):
     from peft import LoraConfig, get_peft_model
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
@@ -148,8 +148,8 @@ def test_bf16_rollouts_compile_on_request_for_models_the_graph_covers(monkeypatc
     from tests.rollout.cpu.test_layer_loop import SIZES
 
     cpu, llama = torch.device("cpu"), build("llama")
-    assert resolve_compile(None, "hf", "bf16", llama, cpu) == (False, "bf16 rollouts decode eagerly unless "
-                                                                     "rollout_compile is true")
+    assert resolve_compile(None, "hf", "bf16", llama, cpu) == (True, "bf16 rollouts on a CPU: compiling fuses "
+                                                                    "the small operators around the products")
     assert resolve_compile(True, "hf", "bf16", llama, cpu) == (True, "rollout_compile=true")
     assert resolve_compile(None, "hf", "fp32", llama, cpu) == (False, "fp32 rollouts: the matrix products outweigh "
                                                                      "what compiling fuses")
