@@ -1,14 +1,14 @@
 """What compiling a decode step gains, the step alone: the built-in engine's layer-loop step
-(``grouprl/rollout/layer_loop.py``) run eagerly and through ``torch.compile`` (inductor, static shapes),
+(``grouprl/rollout/cpu/layer_loop.py``) run eagerly and through ``torch.compile`` (inductor, static shapes),
 side by side in one process, on SmolLM2-135M-Instruct with the bf16 copies a bf16 rollout decodes with.
 
 A step of a 135M model at a few rows is a few hundred small operators around ~120 matrix products; on a
 CPU where the products are fast (bf16 on AMX or AVX-512 BF16) the operators around them cost as much
 as the products. Compiling fuses them into a few kernels. Both paths here run every product as
-``x @ W.T`` (the engine's learnt layouts are left out: their timing cannot run inside a compiled graph),
-so the difference is what compiling takes off the rest of the step. (The engine's own compiled steps,
-``grouprl/rollout/compiled.py``, keep the learnt layouts and dynamic shapes; ``benchmarks/rollout.py`` times
-them in whole rollouts.)
+``x @ W.T``, as the engine does, so the difference is what compiling takes off the rest of the step. (The
+engine's own compiled steps, ``grouprl/rollout/cpu/compiled.py``, compile with dynamic rows and cache length;
+``benchmarks/rollout.py`` times them in whole rollouts.) Both compile with the engine's inductor options (the
+vector width stated, so inductor's on-disk cache never hands this run C++ written for another width).
 
     python benchmarks/compiled_step.py [--threads 2] [--rows 16] [--cached 100] [--format bf16]
 
@@ -26,6 +26,7 @@ import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 
 from grouprl.models import load_policy
+from grouprl.rollout.cpu.compiled import inductor_options
 from grouprl.rollout.runner import Runner, positions_from_mask, run_with_bf16_weights
 
 
@@ -75,7 +76,7 @@ def main() -> None:
         runner.forward(ids, mask, positions_from_mask(mask))
         step, timed = step_timer(runner, args.rows, args.cached, args.repeats)
         eager = timed(runner._loop.step)
-        compiled_fn = torch.compile(runner._loop.step, dynamic=False)
+        compiled_fn = torch.compile(runner._loop.step, dynamic=False, options=inductor_options())
         start = time.perf_counter()
         step(compiled_fn)
         compile_s = time.perf_counter() - start
