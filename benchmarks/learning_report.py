@@ -108,17 +108,22 @@ def cell(xs: list[float]) -> str:
 
 
 def compared(args: argparse.Namespace, records: list[dict], own_settings: dict) -> list[dict]:
-    """The other frameworks' records of ``--compare_with``'s results, checked to share this run's steps and
-    evaluation (an ablation's TRL curve is the baseline's)."""
+    """The other frameworks' records of ``--compare_with``'s results, checked to share this run's saved steps and
+    evaluation (an ablation's TRL curve is the baseline's). A baseline that trained longer serves a shorter run:
+    its saved steps up to this run's last are the models a run of that length saves (at the demo's constant
+    learning rate)."""
     mine = {r["framework"] for r in records}
     theirs = [r for r in read_records(Path(args.compare_with) / "results.jsonl") if r["framework"] not in mine]
-    keys = ("steps", "save_every", "eval_problems", "eval_samples", "threads")
+    keys = ("save_every", "eval_problems", "eval_samples", "threads")
     own = records[0]["settings"] if records else own_settings  # --report_only: the settings the run had
     wanted = {k: own[k] for k in keys}
     wrong = sorted({json.dumps({k: r["settings"][k] for k in keys}) for r in theirs} - {json.dumps(wanted)})
-    if wrong:
-        raise SystemExit(f"{args.compare_with} was run with other settings ({', '.join(wrong)}), not {wanted}")
-    return theirs
+    shorter = sorted({r["settings"]["steps"] for r in theirs if r["settings"]["steps"] < own["steps"]})
+    if wrong or shorter:
+        raise SystemExit(f"{args.compare_with} was run with other settings "
+                         f"({', '.join(wrong + [f'steps {n}' for n in shorter])}), not {wanted} over "
+                         f"{own['steps']} steps or more")
+    return [{**r, "settings": {**r["settings"], "steps": own["steps"]}} for r in theirs if r["step"] <= own["steps"]]
 
 
 def report(args: argparse.Namespace, own_settings: dict) -> None:
@@ -190,7 +195,8 @@ def ablations(args: argparse.Namespace) -> None:
     """One line per ablation folder under ``--ablations`` (and the baseline, ``--compare_with``): grouprl's mean
     held-out accuracy per saved step over the seeds every row has finished (so rows compare like with like), its
     fall from the best saved step to the last, and step_ratio against the baseline's TRL; written to
-    ``ablations.md`` there."""
+    ``ablations.md`` there. Every row is cut at the shortest run's last step, so a 12-step ablation compares with
+    the baseline's first 12 steps."""
     base = by_run(read_records(Path(args.compare_with) / "results.jsonl"))
     folders = [("baseline (the demo's settings)", Path(args.compare_with))]
     folders += [(f.name, f) for f in sorted(Path(args.ablations).iterdir()) if (f / "results.jsonl").is_file()]
@@ -199,6 +205,9 @@ def ablations(args: argparse.Namespace) -> None:
     rows.append(("TRL (baseline)", {k: v for k, v in base.items() if k[0] == "trl"}))
     seeds = set.intersection(*[{s for (_, s) in runs} for _, runs in rows])
     trl = {k: v for k, v in base.items() if k[0] == "trl" and k[1] in seeds}
+    last = min(r["settings"]["steps"] for _, f in folders for r in read_records(f / "results.jsonl"))
+    trl = {k: [r for r in v if r["step"] <= last] for k, v in trl.items()}  # every row up to the shortest run's end
+    rows = [(name, {k: [r for r in v if r["step"] <= last] for k, v in runs.items()}) for name, runs in rows]
     steps = list(per_step(trl, "trl"))
     lines = [f"{cpu_line()}", "", "grouprl's held-out accuracy, mean over seeds "
              f"{', '.join(map(str, sorted(seeds)))} (those every row has finished), at each saved step; one setting "
