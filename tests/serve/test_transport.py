@@ -102,7 +102,7 @@ def test_a_run_tells_its_local_servers_how_to_sample():
     options = serve_options(c, 300)
     pairs = dict(zip(options[::2], options[1::2]))
     assert pairs == {"--rollout_dtype": "bf16", "--seed": "7", "--max_model_len": "300", "--max_rows": "12",
-                     "--lora_rank": "4", "--vllm_kv_cache_gib": "0.5"}
+                     "--lora_rank": "4", "--vllm_kv_cache_gib": "0.5", "--rollout_weights_transport": "files"}
     assert dict(zip(*[iter(serve_options(TrainerConfig(dtype="fp32"), 64))] * 2))["--rollout_dtype"] == "fp32"
 
 

@@ -59,9 +59,12 @@ def test_rollout_servers_pick_the_server_engine(tmp_path, monkeypatch):
     import grouprl.serve
 
     calls = []
-    monkeypatch.setattr(grouprl.serve, "server_sampler", lambda *args: calls.append(args) or "client")
+    monkeypatch.setattr(grouprl.serve, "server_sampler", lambda *args, **kw: calls.append((args, kw)) or "client")
     assert build_rollout(config, plan, model, tok, longest=99) == "client"
-    assert calls[0][2] is tok and calls[0][3] == 99  # sized for the longest sequence
+    args, kw = calls[0]
+    assert args[2] is tok and args[3] == 99  # sized for the longest sequence
+    assert kw == {"transport": "files"}  # the plan's: auto on a CPU policy
+    assert plan.setup()["rollout_weights_transport"] == "files (auto: the policy is on cpu, not a CUDA device)"
 
 
 def test_each_engine_builds_what_it_names(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from grouprl.config import TrainConfig, add_dataclass_arguments, load_config
 
 EXIT_OK = 0
 SERVE_KEYS = ("model", "dtype", "rollout_dtype", "lora_rank", "seed", "vllm_kv_cache_gib", "vllm_compile",
-              "vllm_gpu_memory_utilization")
+              "vllm_gpu_memory_utilization", "rollout_weights_transport")
 """The train keys a server reads (the others are accepted and ignored, so a run's config.yaml works)."""
 USAGE = "grouprl serve --model NAME [--port P] [--host ADDR] [--dtype fp32|bf16] [--config YAML] [--key value ...]"
 
@@ -69,7 +69,8 @@ def _serve(args: argparse.Namespace, rest: list[str]) -> int:
     options = ServeOptions(host=args.host, port=args.port, dtype=server_format(config, model, args.max_rows),
                            max_model_len=args.max_model_len, max_rows=args.max_rows,
                            kv_cache_gib=config.vllm_kv_cache_gib, lora_rank=config.lora_rank or None, seed=config.seed,
-                           compiled=config.vllm_compile, gpu_memory_utilization=config.vllm_gpu_memory_utilization)
+                           compiled=config.vllm_compile, gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+                           weight_transfer=config.rollout_weights_transport)
     prepared = prepare(model, tokenizer, options, model_name=config.model)
     del model  # vLLM loads the folder prepare wrote
     run(prepared)

@@ -211,6 +211,7 @@ class CollectiveWeights:
         while not done.done() and not client.failed and time.monotonic() < deadline:
             time.sleep(JOIN_POLL_S)
         if client.failed or not done.done():
+            self.pool.cancel()  # the join requests still waiting end, and with them vLLM's thread that made them
             said = "; ".join(f"{a}: {why}" for a, why in client.failed.items())
             late = [s.address for s in servers if s.address not in client.joined and s.address not in client.failed]
             late_said = (f"{', '.join(late)} did not join within {self.timeout:g} s ({self.setting})") if late else ""

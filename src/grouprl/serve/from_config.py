@@ -13,6 +13,7 @@ from torch import nn
 
 from grouprl.serve.client import ServerSampler
 from grouprl.serve.local import LocalServers
+from grouprl.serve.ranks import Ranks
 from grouprl.serve.transport import default_weights_root, write_model_folder
 
 
@@ -36,11 +37,13 @@ def server_problems(servers: Any, timeout: float) -> list[str]:
     return out
 
 
-def serve_options(config: Any, max_model_len: int) -> list[str]:
-    """``grouprl serve`` arguments that make a local server sample as the run's rollouts do."""
+def serve_options(config: Any, max_model_len: int, transport: str = "files") -> list[str]:
+    """``grouprl serve`` arguments that make a local server sample as the run's rollouts do (and take weights
+    over ``transport``)."""
     c = config
     options = ["--rollout_dtype", "bf16" if c.rollout_bf16 else "fp32", "--seed", str(c.seed),
-               "--max_model_len", str(max_model_len), "--max_rows", str(c.rollout_rows)]
+               "--max_model_len", str(max_model_len), "--max_rows", str(c.rollout_rows),
+               "--rollout_weights_transport", transport]
     if c.lora_rank:
         options += ["--lora_rank", str(c.lora_rank)]
     if c.vllm_kv_cache_gib:
@@ -50,26 +53,55 @@ def serve_options(config: Any, max_model_len: int) -> list[str]:
     return options
 
 
-def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: int) -> ServerSampler:
+def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: int,
+                   transport: str = "files") -> ServerSampler:
     """The run's :class:`ServerSampler` (``config.rollout_servers`` set): local servers are started on the
     policy first (written once to a folder they load, removed once they are up); their logs go to
-    ``output_dir/servers``."""
-    c, local = config, None
-    servers = c.rollout_servers
-    if isinstance(servers, int):
+    ``output_dir/servers``. With several trainer processes (:mod:`grouprl.serve.ranks`) process 0 alone starts
+    them and the others receive their addresses; a process that cannot reach the servers stops every one."""
+    c, ranks, local, folder = config, Ranks.current(), None, None
+    addresses = c.rollout_servers
+    if isinstance(addresses, int):
         root = Path(c.rollout_weights_dir) if c.rollout_weights_dir else default_weights_root()
-        root.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix="grouprl-policy-", dir=root))
-        try:
+
+        def start() -> list[str]:
+            nonlocal local, folder
+            root.mkdir(parents=True, exist_ok=True)
+            folder = Path(tempfile.mkdtemp(prefix="grouprl-policy-", dir=root))
             write_model_folder(policy, tokenizer, folder, None)
-            local = LocalServers(servers, folder, serve_options(c, max_model_len), Path(c.output_dir) / "servers")
-            return ServerSampler(policy, tokenizer, local.addresses, timeout=c.rollout_server_timeout,
-                                 weights_dir=c.rollout_weights_dir, local=local)
+            options = serve_options(c, max_model_len, transport)
+            local = LocalServers(addresses, folder, options, Path(c.output_dir) / "servers")
+            return local.addresses
+
+        try:
+            addresses = start() if ranks is None else ranks.share(start)
         except BaseException:
             if local is not None:
                 local.stop()
+            _remove(folder)
             raise
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-    return ServerSampler(policy, tokenizer, list(servers), timeout=c.rollout_server_timeout,
-                         weights_dir=c.rollout_weights_dir)
+    sampler, error = None, None
+    try:
+        sampler = ServerSampler(policy, tokenizer, list(addresses), timeout=c.rollout_server_timeout,
+                                weights_dir=c.rollout_weights_dir, local=local, transport=transport)
+    except Exception as e:  # noqa: BLE001 - raised below (in every process, with several)
+        error = e
+    finally:
+        _remove(folder)  # the servers are up (or gone): the folder they started from is not needed
+    try:
+        if ranks is not None:
+            ranks.check(error)
+        elif error is not None:
+            raise error
+    except BaseException:
+        if sampler is not None:
+            sampler.close()
+        elif local is not None:
+            local.stop()
+        raise
+    return sampler
+
+
+def _remove(folder: Path | None) -> None:
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -70,11 +70,14 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 def from_bytes(buffer: torch.Tensor, dtypes: Sequence[torch.dtype],
                shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    """Split a uint8 ``buffer`` back into tensors of ``dtypes`` and ``shapes`` (views of it)."""
+    """Split a uint8 ``buffer`` back into tensors of ``dtypes`` and ``shapes``: views of it, or copies where a
+    tensor starts at an offset its element size does not divide (an int64 after 6 bytes of bf16)."""
     sizes = [math.prod(s) * d.itemsize for d, s in zip(dtypes, shapes)]
     if sum(sizes) != buffer.numel():
         raise ValueError(f"a chunk of {buffer.numel()} bytes cannot hold tensors of {sum(sizes)} bytes")
-    return [part.view(d).view(tuple(s)) for part, d, s in zip(buffer.split(sizes), dtypes, shapes)]
+    parts = buffer.split(sizes)
+    return [(p if p.storage_offset() % d.itemsize == 0 else p.clone()).view(d).view(tuple(s))
+            for p, d, s in zip(parts, dtypes, shapes)]
 
 
 class GlooGroup:

@@ -250,18 +250,23 @@ TRANSPORTS.register("gloo", Transport("gloo (TCP) broadcast from the trainer to 
 SETTING = "rollout_weights_transport"
 
 
-def resolve_transport(requested: str, device: torch.device | None) -> tuple[str, str]:
+def resolve_transport(requested: str, device: torch.device | None, local_servers: bool = False) -> tuple[str, str]:
     """(transport name, why) for ``rollout_weights_transport`` = ``requested`` with the policy on ``device``:
-    auto is nccl where it can run (the policy on a CUDA device, vLLM's NCCL engine installed), files
+    auto is nccl where it can run (the policy on a CUDA device, vLLM's NCCL engine installed, the servers not
+    started here: ``local_servers`` share the trainer's GPU, and NCCL takes one rank per GPU), files
     otherwise. A transport named explicitly that cannot run here is a ConfigError saying why."""
+    shared = "the servers started here share the trainer's GPU, and NCCL takes one rank per GPU"
     if requested == "auto":
-        problem = TRANSPORTS.get("nccl").problem(device)
+        problem = TRANSPORTS.get("nccl").problem(device) or (shared if local_servers else None)
         if problem is None:
             return "nccl", f"auto: the policy is on {device} and vLLM's NCCL weight transfer is installed"
         return "files", f"auto: {problem}"
     if requested not in TRANSPORTS:
         raise ConfigError(f"{SETTING}={requested!r}: choose auto, {', '.join(TRANSPORTS.names())}")
     problem = TRANSPORTS.get(requested).problem(device)
+    if requested == "nccl" and local_servers:
+        problem = f"{shared}; start grouprl serve on other GPUs (CUDA_VISIBLE_DEVICES) and give rollout_servers " \
+                  "their addresses"
     if problem is not None:
         raise ConfigError(f"{SETTING}={requested}: {problem}; use {SETTING}=files (or auto)")
     return requested, f"{SETTING}={requested}"

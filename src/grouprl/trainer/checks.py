@@ -16,6 +16,7 @@ from grouprl.registry import Registry
 from grouprl.rollout.formats import FORMATS
 from grouprl.run.loggers import logger_problems
 from grouprl.run.optim import LR_SCHEDULES
+from grouprl.serve.transport import TRANSPORTS
 from grouprl.trainer.algorithms import ALGORITHMS, KEY_GROUPS, KL_CONTROLLERS, Algorithm, owners
 from grouprl.trainer.loss_variants import variant_problems
 
@@ -174,6 +175,9 @@ def _scale_out_problems(c: Any) -> list[str]:
         out.append(f"rollout_engine=vllm needs the vllm package, which is not installed: {INSTALL}")
     if c.vllm_kv_cache_gib is not None and not (math.isfinite(c.vllm_kv_cache_gib) and c.vllm_kv_cache_gib > 0):
         out.append(f"vllm_kv_cache_gib={c.vllm_kv_cache_gib} must be > 0 (or empty: sized to the run)")
+    if c.rollout_weights_transport != "auto" and c.rollout_weights_transport not in TRANSPORTS:
+        out.append(f"rollout_weights_transport={c.rollout_weights_transport!r}: choose auto, "
+                   f"{', '.join(TRANSPORTS.names())}")
     return out + _async_problems(c)
 
 

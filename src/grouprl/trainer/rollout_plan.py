@@ -53,12 +53,19 @@ class RolloutPlan:
     engine, fp32 rollouts and training), token otherwise."""
     own_weights: bool
     """The engine samples from its own copy of the weights, pushed after each update (not the live module)."""
+    weights_transport: str = ""
+    """How the weights reach rollout servers (a :data:`grouprl.serve.transport.TRANSPORTS` name); empty
+    without servers."""
+    weights_transport_reason: str = ""
 
     def setup(self) -> dict[str, str]:
         """The plan as the run's ``setup`` lines (printed at start, summary.json)."""
-        return {"formats": self.formats, "rollout_engine": f"{self.engine} ({self.engine_reason})",
-                "rollout_compile": f"{'on' if self.compile else 'off'} ({self.compile_reason})",
-                "rollout_is": self.rollout_is}
+        lines = {"formats": self.formats, "rollout_engine": f"{self.engine} ({self.engine_reason})",
+                 "rollout_compile": f"{'on' if self.compile else 'off'} ({self.compile_reason})",
+                 "rollout_is": self.rollout_is}
+        if self.weights_transport:
+            lines["rollout_weights_transport"] = f"{self.weights_transport} ({self.weights_transport_reason})"
+        return lines
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,7 +98,7 @@ def _servers(config: Any, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, 
              multi_turn: bool) -> Any:
     from grouprl.serve import server_sampler
 
-    return server_sampler(config, unwrap_ddp(policy), tokenizer, longest)
+    return server_sampler(config, unwrap_ddp(policy), tokenizer, longest, transport=plan.weights_transport)
 
 
 ENGINES: Registry[Engine] = Registry("rollout engine")
@@ -129,7 +136,8 @@ def plan_rollout(config: Any, formats: Any, policy: nn.Module, device: torch.dev
     is what decided them; ``device``: where the run computes (None: where ``policy`` is); ``multi_turn``: the
     rollouts are trajectories in environments; ``sampler``: one passed in, which serves as it is. An explicit
     request the run cannot honour (rollout_engine=vllm on an unsupported model, rollout_compile=true where it
-    cannot compile) is a ConfigError, before any engine starts."""
+    cannot compile, rollout_weights_transport=nccl with the policy off CUDA) is a ConfigError, before any engine
+    starts."""
     c = config
     if sampler is not None:  # one with its own copy of the weights is compared with the trainer like vLLM
         own = not getattr(sampler, "uses_live_model", True)
@@ -137,9 +145,14 @@ def plan_rollout(config: Any, formats: Any, policy: nn.Module, device: torch.dev
         return RolloutPlan(formats.describe(), c.rollout_format, type(sampler).__name__, why,
                            getattr(sampler, "compiled", None) is not None, why, _rollout_is(c, own), own)
     servers = getattr(c, "rollout_servers", None)
+    transport = ("", "")
     if servers:
+        from grouprl.serve.transport import resolve_transport
+
         engine, why = "servers", f"rollout_servers={servers if isinstance(servers, int) else ','.join(servers)}"
         compiles, compile_why = False, "the rollout servers run vLLM"
+        transport = resolve_transport(c.rollout_weights_transport, device or _device_of(policy),
+                                      local_servers=isinstance(servers, int))
     else:
         compiles, compile_why = resolve_compile(c.rollout_compile, c.rollout_engine, c.rollout_format, policy, device)
         # auto takes the built-in engine where its steps compile
@@ -147,7 +160,11 @@ def plan_rollout(config: Any, formats: Any, policy: nn.Module, device: torch.dev
                                      compile_steps=compiles, rollout_format=c.rollout_format)
     own = ENGINES.get(engine).own_weights
     return RolloutPlan(formats.describe(), c.rollout_format, engine, why, compiles, compile_why, _rollout_is(c, own),
-                       own)
+                       own, *transport)
+
+
+def _device_of(policy: nn.Module) -> torch.device | None:
+    return next((p.device for p in policy.parameters()), None)
 
 
 def build_rollout(config: Any, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, *, longest: int,

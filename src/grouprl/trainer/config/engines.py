@@ -114,8 +114,8 @@ class EngineKeys:
     """Sample on separate vLLM server processes instead of in this one: the host:port of each `grouprl serve`
     (a,b,c), or a number N to start N servers on this machine, each pinned to its own share of the cores and
     stopped with the run. A group's rows go to one server, groups round-robin; each row has its own seed, so
-    a completion does not depend on its server. After every optimizer step the weights go as safetensors
-    through rollout_weights_dir and each server reloads them in place (LoRA: the adapter only), logged as
+    a completion does not depend on its server. After every optimizer step the weights go to every server
+    (rollout_weights_transport: safetensors through rollout_weights_dir, or an NCCL broadcast), logged as
     time/weight_sync. A server that fails is dropped, named, and the run goes on with the others
     (docs/servers.md). Empty = in this process (rollout_engine)."""
     rollout_server_timeout: float = 600.0
@@ -124,6 +124,14 @@ class EngineKeys:
     rollout_weights_dir: str | None = None
     """Folder the weights pass through on their way to rollout servers, which must see it (shared storage
     across machines). Empty = /dev/shm (memory) where it exists, else the system's temporary folder."""
+    rollout_weights_transport: str = "auto"
+    """How the weights reach the rollout servers after each update. files: safetensors written to
+    rollout_weights_dir, each server reloads them in place (LoRA: the adapter only); any servers, storage both
+    sides see. nccl: vLLM's weight transfer, an NCCL broadcast from the trainer's GPU to every server's GPU
+    workers, nothing on storage (LoRA: merged into the weights, the whole model each push); the servers reach
+    the trainer over TCP, and no server may share the trainer's GPU. gloo: the same over TCP with no GPU
+    (CPU servers without shared storage). auto = nccl where the policy is on a CUDA device and vLLM's NCCL
+    engine is installed, else files (docs/servers.md). prime-rl and TRL both offer the files / NCCL pair."""
     rollout_is: str = "auto"
     """Correction of the rollout engine's mismatch, r = pi_old / pi_rollout per token. Truncated importance
     sampling (Yao et al. 2025): weight each token's policy-gradient term by min(r, rollout_is_cap), per token
