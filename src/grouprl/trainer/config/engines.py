@@ -86,13 +86,13 @@ class EngineKeys:
     Xeon with AMX); the choice and why are printed at start. vllm samples in the rollout format dtype chose."""
     rollout_compile: bool | None = None
     """CPU, built-in engine: run its decode steps as one torch.compile graph (rollout/cpu/compiled.py; needs a C++
-    compiler), compiled during the first rollout and kept for the run;
-    time/compile logs what compiling took, in the step that paid it. Empty = off. true compiles on a model the
-    graph covers (Llama, Qwen2, Qwen3, Mistral; no LoRA). In bf16 the small operators around the products are
-    half a step (SmolLM2-135M, 16 x 64, a 2-core Xeon with AMX: 1.43x the eager engine's tokens/s for ~80 s of
-    compiling on the first rollout; python benchmarks/rollout.py --warmup 1), but the step as now compiled was
-    seen to corrupt the heap of a tiny model's bf16 rollout, so it waits for a request; in fp32 the products
-    outweigh them (1.02x). The choice and why are printed at start."""
+    compiler), compiled during the first rollout and kept for the run; time/compile logs what compiling took, in
+    the step that paid it. Empty = on where rollouts run in bf16 (what dtype chose) on a model the graph covers
+    (Llama, Qwen2, Qwen3, Mistral; no LoRA), where the small operators around the products are half a step:
+    SmolLM2-135M, 16 x 64, a 2-core Xeon with AMX, 1.43x the eager engine's tokens/s for ~80 s of compiling on the
+    first rollout (python benchmarks/rollout.py --warmup 1); on a Xeon with AVX-512 BF16 and no AMX a step alone
+    was 0.99-1.30x (docs/performance.md); in fp32 the products outweigh them (1.02x), so it is off there. The
+    choice and why are printed at start."""
     vllm_gpu_memory_utilization: float = 0.3
     """GPU: share of each GPU's memory the colocated vLLM engine may take (weights + KV cache); the
     rest stays with training. TRL's colocate default is 0.3, vLLM's own 0.9."""
