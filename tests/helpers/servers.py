@@ -5,9 +5,14 @@ process and check that the servers die with it: ``python -m tests.helpers.server
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 TINY64 = dict(hidden_size=128, num_heads=2, num_kv_heads=2)
@@ -23,6 +28,28 @@ def write_tiny64(folder: Path, seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     write_model_folder(model, tok, folder, None)
     return folder
+
+
+@contextlib.contextmanager
+def started(root: Path, count: int, max_rows: int) -> Iterator[dict]:
+    """``count`` servers of the tiny head-64 model (seed 0) from a helper process, fp32, 256 positions:
+    ``{addresses, pids, helper, logs}``; afterwards the helper and the servers' whole process groups are killed
+    (whatever a failed test left)."""
+    folder = write_tiny64(root / "model", seed=0)
+    helper = subprocess.Popen([sys.executable, "-m", "tests.helpers.servers", str(folder), str(count),
+                               str(root / "logs"), "--rollout_dtype", "fp32", "--max_model_len", "256",
+                               "--max_rows", str(max_rows)],
+                              stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2])
+    info = json.loads(helper.stdout.readline())
+    info.update(helper=helper, logs=root / "logs")
+    try:
+        yield info
+    finally:
+        helper.kill()
+        helper.wait()
+        for pid in info["pids"]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def main(argv: list[str]) -> None:

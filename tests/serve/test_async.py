@@ -4,10 +4,7 @@ against it, read back from their metrics and timeline."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,7 +18,7 @@ from grouprl.models import tiny_causal_lm
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.run.logs import JsonlLog, PhaseTimer
 from grouprl.trainer.trainer import Trainer
-from tests.helpers.servers import TINY64, write_tiny64
+from tests.helpers.servers import TINY64, started
 from tests.helpers.trainer import PROMPTS, base_config
 
 pytestmark = [pytest.mark.slow,
@@ -35,18 +32,8 @@ STOPS_WITHIN_S = 120.0
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One server from a helper process (as test_servers.py starts them): its host:port."""
-    root = tmp_path_factory.mktemp("server")
-    folder = write_tiny64(root / "model", seed=0)
-    helper = subprocess.Popen([sys.executable, "-m", "tests.helpers.servers", str(folder), "1", str(root / "logs"),
-                               "--rollout_dtype", "fp32", "--max_model_len", "256", "--max_rows", "32"],
-                              stdout=subprocess.PIPE, cwd=ROOT)
-    info = json.loads(helper.stdout.readline())
-    yield info["addresses"][0]
-    helper.kill()
-    helper.wait()
-    for pid in info["pids"]:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+    with started(tmp_path_factory.mktemp("server"), 1, max_rows=32) as info:
+        yield info["addresses"][0]
 
 
 def distinct_share(prompts, completions, **_):

