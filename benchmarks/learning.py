@@ -57,6 +57,7 @@ The last line is ``step_ratio=<X> time_gain_ratio=<Y>``:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -349,8 +350,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each worker")
     parser.add_argument("--eval_threads", type=int, default=1,
                         help="torch threads of the evaluation (two can wait on each other on a busy CPU)")
-    parser.add_argument("--models_dir", default=os.path.join(tempfile.gettempdir(), "learning-models"),
-                        help="where the saved models go (deleted once a seed is evaluated, unless --keep_models)")
+    parser.add_argument("--models_dir", help="where the saved models go (deleted once a seed is evaluated, unless "
+                        "--keep_models); empty: a folder in the temporary directory named after --out, so runs into "
+                        "other --out folders at the same time never share (and delete) each other's models")
     parser.add_argument("--keep_models", action="store_true")
     parser.add_argument("--trl_gradient_checkpointing", type=lambda s: s.lower() in ("1", "true", "yes"),
                         default=False, help="TRL's own default is true; the demo's (grouprl's) setting is false")
@@ -371,6 +373,9 @@ def main() -> None:
     parser.add_argument("--base", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.set = dict(args.set)
+    if args.models_dir is None:
+        name = hashlib.sha1(str(Path(args.out).resolve()).encode()).hexdigest()[:10]
+        args.models_dir = os.path.join(tempfile.gettempdir(), f"learning-models-{name}")
     unknown = set(args.frameworks) - set(FRAMEWORKS)
     if unknown:
         parser.error(f"--frameworks: unknown {sorted(unknown)}; choose from {FRAMEWORKS}")
