@@ -12,7 +12,11 @@ receive and reload layer by layer). Nothing touches storage.
   device: a copy, so the trainer may update while an asynchronous run pushes), then vLLM's engine sends
   them: ``/grouprl/transfer/start`` (each server pauses once its requests in flight finish),
   ``/grouprl/transfer/update`` alongside the broadcast, ``/grouprl/transfer/finish`` (prefix cache emptied,
-  the version set, generation resumed).
+  the version set, generation resumed), the last two with the token each server's start answered.
+- The lease: each start asks for ``rollout_server_timeout`` as its lease (a server abandons a transfer whose
+  trainer sent no call for that long: :mod:`grouprl.serve.lease`; every call of a live trainer to any server
+  ends within it, so the next one comes in time) and waits as long for a lease another trainer holds: a
+  trainer restarted after a crash, with the same timeout, outwaits its dead predecessor's lease.
 - Names: the plain model's state dict, a tied output head under its own name too (as the files transport;
   the servers' vLLM loads whichever its model keeps). LoRA: the adapters merged into the base weights
   (W + scale * B A, :func:`merged_lora_tensors`), every push the whole model, sampled as the base model:
@@ -101,18 +105,23 @@ class ServersClient:
 
     def __init__(self, pool: Any, servers: list[Server]):
         self.pool, self.servers = pool, servers
+        self.tokens: dict[str, str] = {}
+        """Each server's token for the transfer under way (host:port -> what its start answered)."""
         self.offsets = rank_offsets([int(s.info.get("workers") or 1) for s in servers])
         self.world_size = 1 + sum(int(s.info.get("workers") or 1) for s in servers)
         self.version = 0
         self.joined: set[str] = set()
         self.failed: dict[str, str] = {}
 
-    def _all(self, path: str, body: dict[str, Any]) -> None:
+    def _all(self, path: str, body: Callable[[Server], dict[str, Any]], timeout: float | None = None) -> None:
+        """POST ``body(server)`` to every server at once; a start's answer gives the server's token."""
         async def one(server: Server) -> None:
             try:
-                await self.pool.request(server, "POST", path, body)
+                answer = await self.pool.request(server, "POST", path, body(server), timeout=timeout)
             except ServerFailure as e:
                 raise RolloutServerError(f"rollout server {server.address}: {e.what}") from e
+            if "token" in answer:
+                self.tokens[server.address] = str(answer["token"])
 
         async def every() -> None:
             outcomes = await asyncio.gather(*(one(s) for s in self.servers), return_exceptions=True)
@@ -141,13 +150,16 @@ class ServersClient:
         self.pool.run(every())
 
     def start_weight_update(self) -> None:
-        self._all("/grouprl/transfer/start", {"version": self.version})
+        lease = self.pool.timeout  # the wait for another lease, then the pause, each bounded by the timeout
+        self.tokens.clear()
+        self._all("/grouprl/transfer/start", lambda s: {"version": self.version, "lease_s": lease, "wait_s": lease},
+                  timeout=2 * lease)
 
     def update_weights(self, update_info: Any) -> None:
-        self._all("/grouprl/transfer/update", {"update_info": update_info})
+        self._all("/grouprl/transfer/update", lambda s: {"token": self.tokens[s.address], "update_info": update_info})
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._all("/grouprl/transfer/finish", {"version": self.version})
+        self._all("/grouprl/transfer/finish", lambda s: {"token": self.tokens[s.address]})
         for server in self.servers:
             server.version, server.adapter = self.version, None
 

@@ -1,6 +1,8 @@
 """grouprl's routes on a rollout server's vLLM app (:mod:`grouprl.serve.server`):
 
-- ``GET /grouprl/info``: the policy version the server holds (None before the first push), the LoRA
+- ``GET /grouprl/info``: the policy version the server holds (None before the first push; the last one
+  completed), whether its weights are that version's (``weights_complete``: false once a collective transfer
+  started, until one finishes or a full folder push loads), the LoRA
   adapter's name to put in a request's ``model`` (None: the base weights), the serving format and
   context, and the model's architecture and shapes (a trainer checks its policy against them).
 - ``POST /grouprl/weights`` ``{"path": folder, "version": k, "adapter": false}``: load the weights a
@@ -14,10 +16,13 @@
   (a server started with one: ``nccl`` or ``gloo``), the four calls of vLLM's trainer engine
   (:mod:`grouprl.serve.collective`) on vLLM's engine client as its own RL routes make them, with this
   server's order around them: ``init`` joins the trainer's group (``{"init_info": ...}``); ``start``
-  (``{"version": k}``) pauses generation once the requests in flight finish and starts the update;
-  ``update`` (``{"update_info": ...}``) receives the broadcast; ``finish`` (``{"version": k}``) finishes it,
-  empties the prefix cache, sets the version and resumes. A failure between start and finish resumes
-  generation too. (vLLM's own routes come only with its development mode, which opens arbitrary RPCs.)
+  (``{"version": k, "lease_s": s, "wait_s": w}``) takes the weights lock (waiting at most ``w`` s), pauses
+  generation once the requests in flight finish, starts the update and answers a ``token``; ``update``
+  (``{"token": t, "update_info": ...}``) receives the broadcast; ``finish`` (``{"token": t}``) finishes it,
+  empties the prefix cache, sets the version and resumes. The transfer is held under a lease of ``s`` seconds
+  between the trainer's calls; past it, or on a failed update, the server abandons it and resumes, and the late
+  calls get a 409 (:mod:`grouprl.serve.lease`). (vLLM's own routes come only with its development mode, which
+  opens arbitrary RPCs.)
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from grouprl.serve.lease import TransferRefused, Transfers
 
 router = APIRouter(prefix="/grouprl")
 
@@ -54,6 +61,11 @@ class ServerState:
     """vLLM workers (tensor x pipeline x data parallel): each is a rank of a trainer's weight-transfer group."""
     address: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    weights_complete: bool = True
+    """False from a collective transfer's start until a push completes: an abandoned transfer may leave the
+    weights half-loaded, those of no version."""
+    transfers: Transfers | None = None
+    """The collective transfers and their leases (made on the first call, with the engine client)."""
 
     def describe(self) -> str:
         lora = f", LoRA up to rank {self.lora_rank}" if self.lora_rank else ""
@@ -61,7 +73,8 @@ class ServerState:
         return f"{self.model} in {self.dtype}{lora}, up to {self.max_model_len} tokens a sequence{transfer}"
 
     def info(self) -> dict[str, Any]:
-        return {"version": self.version, "adapter": self.adapter, "model": self.model, "dtype": self.dtype,
+        return {"version": self.version, "weights_complete": self.weights_complete, "adapter": self.adapter,
+                "model": self.model, "dtype": self.dtype,
                 "max_model_len": self.max_model_len, "lora_rank": self.lora_rank, "facts": self.facts,
                 "weight_transfer": self.weight_transfer, "workers": self.workers}
 
@@ -97,10 +110,13 @@ async def load_weights(body: LoadWeights, request: Request) -> dict[str, Any]:
             if body.adapter:
                 await _load_adapter(request, state, str(folder), body.version)
             else:
+                state.weights_complete = False  # until the reload is whole
                 await engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
             await engine.reset_prefix_cache()
             await engine.update_weight_version(str(body.version))
             state.version = body.version
+            if not body.adapter:  # an adapter goes on top of whatever base weights the server holds
+                state.weights_complete = True
         finally:
             await engine.resume_generation()
     return {**state.info(), "seconds": time.perf_counter() - start}
@@ -126,11 +142,21 @@ class TransferInit(BaseModel):
     """vLLM's worker init info for the backend (rendezvous address and port, group size, rank offset)."""
 
 
-class TransferVersion(BaseModel):
+class TransferStart(BaseModel):
     version: int
+    lease_s: float = Field(gt=0, allow_inf_nan=False)
+    """Seconds the server waits for the trainer's next call (from the end of its last) before it abandons the
+    transfer: the trainer's rollout_server_timeout."""
+    wait_s: float = Field(ge=0, allow_inf_nan=False)
+    """Seconds this start may wait for the weights lock another transfer or load holds."""
 
 
-class TransferUpdate(BaseModel):
+class TransferToken(BaseModel):
+    token: str
+    """What this transfer's start answered."""
+
+
+class TransferUpdate(TransferToken):
     update_info: dict[str, Any] | list[dict[str, Any]]
     """vLLM's update info: the names, dtypes and shapes of the tensors the broadcast carries."""
 
@@ -143,12 +169,11 @@ def _transfer(request: Request) -> tuple[ServerState, Any]:
     return state, request.app.state.engine_client
 
 
-async def _release(state: ServerState, engine: Any) -> None:
-    try:
-        await engine.resume_generation()
-    finally:
-        if state.lock.locked():
-            state.lock.release()
+def _transfers(request: Request) -> Transfers:
+    state, engine = _transfer(request)
+    if state.transfers is None:
+        state.transfers = Transfers(state, engine)
+    return state.transfers
 
 
 @router.post("/transfer/init")
@@ -168,43 +193,33 @@ async def transfer_shutdown(request: Request) -> dict[str, Any]:
 
 
 @router.post("/transfer/start")
-async def transfer_start(body: TransferVersion, request: Request) -> dict[str, Any]:
-    state, engine = _transfer(request)
-    await state.lock.acquire()  # released by finish, or below on a failure
+async def transfer_start(body: TransferStart, request: Request) -> dict[str, Any]:
+    transfers = _transfers(request)
     try:
-        await engine.pause_generation(mode="wait")
-        await engine.start_weight_update()
-    except BaseException:
-        await _release(state, engine)
-        raise
-    return state.info()
+        holder = await transfers.start(body.version, body.lease_s, body.wait_s)
+    except TransferRefused as e:
+        raise HTTPException(HTTPStatus.CONFLICT, f"this server ({transfers.state.address}): {e}") from e
+    return {**transfers.state.info(), "token": holder.token, "lease_s": holder.lease_s}
 
 
 @router.post("/transfer/update")
 async def transfer_update(body: TransferUpdate, request: Request) -> dict[str, Any]:
     from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-    state, engine = _transfer(request)
-    if not state.lock.locked():
-        raise HTTPException(HTTPStatus.CONFLICT, "an update was sent without /grouprl/transfer/start")
+    transfers = _transfers(request)
+    update = WeightTransferUpdateRequest(update_info=body.update_info)
     try:
-        await engine.update_weights(request=WeightTransferUpdateRequest(update_info=body.update_info))
-    except BaseException:
-        await _release(state, engine)
-        raise
-    return state.info()
+        await transfers.update(body.token, lambda: transfers.engine.update_weights(request=update))
+    except TransferRefused as e:
+        raise HTTPException(HTTPStatus.CONFLICT, f"this server ({transfers.state.address}): {e}") from e
+    return transfers.state.info()
 
 
 @router.post("/transfer/finish")
-async def transfer_finish(body: TransferVersion, request: Request) -> dict[str, Any]:
-    state, engine = _transfer(request)
-    if not state.lock.locked():
-        raise HTTPException(HTTPStatus.CONFLICT, "a finish was sent without /grouprl/transfer/start")
+async def transfer_finish(body: TransferToken, request: Request) -> dict[str, Any]:
+    transfers = _transfers(request)
     try:
-        await engine.finish_weight_update()
-        await engine.reset_prefix_cache()
-        await engine.update_weight_version(str(body.version))
-        state.version, state.adapter = body.version, None  # whole weights: no adapter applies on top
-    finally:
-        await _release(state, engine)
-    return state.info()
+        await transfers.finish(body.token)
+    except TransferRefused as e:
+        raise HTTPException(HTTPStatus.CONFLICT, f"this server ({transfers.state.address}): {e}") from e
+    return transfers.state.info()
