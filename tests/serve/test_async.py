@@ -77,7 +77,10 @@ def test_max_staleness_1_samples_the_next_batch_during_the_update(server, tmp_pa
     assert all(s["async/dropped"] == 0 for s in steps)
     for key in ("time/trainer_idle", "time/weight_sync", "server/0/busy", "async/queue_depth"):
         assert key in steps[0], key
-    assert all(0 < s["server/0/busy"] <= 1 for s in steps)
+    # a share of each step's window; a window can hold no request at all (the rollout thread sampled the next
+    # batch, push included, before it opened; the last step has nothing left to sample), so > 0 only somewhere
+    busy = [s["server/0/busy"] for s in steps]
+    assert all(0 <= b <= 1 for b in busy) and max(busy) > 0, busy
     timeline = JsonlLog(tmp_path / "ahead" / "timeline.jsonl").records()
     rollouts = {r["sampled_for"]: (r["start"], r["end"]) for r in timeline if r["event"] == "rollout"}
     updates = {r["step"]: r["phases"]["update"] for r in timeline if r["event"] == "trainer"}
