@@ -1,4 +1,7 @@
-"""Shared fixtures."""
+"""Shared fixtures, and a watchdog on the test process's exit."""
+
+import faulthandler
+import sys
 
 import pytest
 import torch
@@ -31,3 +34,13 @@ def smollm2():
     from grouprl.models import load_policy
 
     return load_policy("smollm2-135m")
+
+
+EXIT_GRACE_S = 120
+
+
+def pytest_unconfigure(config):
+    """A thread left waiting by a test keeps the process from exiting after the summary, and CI from ever
+    finishing: if the process still runs ``EXIT_GRACE_S`` after the session, print every thread's stack
+    and exit with status 1."""
+    faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True, file=sys.__stderr__)

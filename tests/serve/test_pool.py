@@ -169,3 +169,42 @@ def test_a_servers_answer_becomes_a_completion_with_its_policy_version():
 def test_an_answer_of_another_shape_is_an_error_naming_the_server(bad):
     with pytest.raises(RolloutServerError, match="rollout server h:1"):
         parse_completion(bad, "h:1")
+
+
+def test_closing_the_pool_ends_every_wait_on_it_even_one_its_cancellation_misses():
+    """A thread waiting on the pool when it closes gets an error, not a wait without end: a non-daemon thread
+    left waiting on a stopped loop keeps its process from ever exiting (seen: a weight-transfer join whose
+    request started after the failed join cancelled the pool's requests)."""
+    import asyncio
+    import concurrent.futures
+
+    pool = ServerPool([f"127.0.0.1:{free_port('127.0.0.1')}"], timeout=60)
+    got: dict[str, BaseException] = {}
+
+    async def stubborn() -> None:  # a coroutine that outlives cancellation
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue
+
+    def wait(name: str, coro) -> None:
+        try:
+            pool.run(coro)
+        except BaseException as e:  # noqa: BLE001 - recorded for the assertion
+            got[name] = e
+
+    waiters = [threading.Thread(target=wait, args=("plain", asyncio.sleep(3600))),
+               threading.Thread(target=wait, args=("stubborn", stubborn()))]
+    for w in waiters:
+        w.start()
+    time.sleep(0.3)
+    pool.close()
+    for w in waiters:
+        w.join(timeout=30)
+    assert not any(w.is_alive() for w in waiters)
+    assert isinstance(got["plain"], concurrent.futures.CancelledError), got
+    assert isinstance(got["stubborn"], RolloutServerError) and "closed while this request waited" in str(
+        got["stubborn"]), got
+    with pytest.raises(RolloutServerError, match="closed"):
+        pool.run(asyncio.sleep(0))

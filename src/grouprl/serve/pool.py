@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 import warnings
@@ -98,6 +99,9 @@ class ServerPool:
         self.timeout, self.setting = float(timeout), setting
         self.clock_from = time.monotonic()
         self.clock_lock = threading.Lock()  # the busy clock: moved on the loop, read by the trainer
+        self.waiting: set[concurrent.futures.Future] = set()  # what submit handed out and the loop has not settled
+        self.closing = False
+        self.waiting_lock = threading.Lock()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="grouprl-rollout-servers", daemon=True)
         self.thread.start()
@@ -109,8 +113,21 @@ class ServerPool:
 
     # -- running coroutines on the pool's loop ------------------------------------------------------
     def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
-        """Run ``coro`` on the pool's loop; its future, at once."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        """Run ``coro`` on the pool's loop; its future, at once. A future the loop has not settled when the pool
+        closes raises :class:`RolloutServerError` (a thread waiting on it would otherwise wait forever, and a
+        process whose non-daemon thread waits never exits)."""
+        with self.waiting_lock:
+            if self.closing:
+                coro.close()
+                raise RolloutServerError("the rollout servers' client is closed")
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self.waiting.add(future)
+        future.add_done_callback(self._settled)
+        return future
+
+    def _settled(self, future: concurrent.futures.Future) -> None:
+        with self.waiting_lock:
+            self.waiting.discard(future)
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on the pool's loop and wait for it."""
@@ -128,12 +145,26 @@ class ServerPool:
         self.loop.call_soon_threadsafe(cancel_all)
 
     def close(self) -> None:
+        """Cancel what still runs on the loop, close the HTTP client, stop the loop, and fail every future
+        the loop left unsettled."""
         if self.loop.is_closed():
             return
-        self.run(self.client.aclose())
+        self.cancel()
+        closed = self.submit(self.client.aclose())  # after the cancellation: call_soon_threadsafe keeps order
+        with self.waiting_lock:
+            self.closing = True
+        with contextlib.suppress(Exception):  # a client that fails to close: its connections go with the loop
+            closed.result(timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         self.loop.close()
+        with self.waiting_lock:
+            left, self.waiting = list(self.waiting), set()
+        for future in left:
+            if not future.done():
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    future.set_exception(RolloutServerError("the rollout servers' client closed while this "
+                                                            "request waited"))
 
     # -- servers ------------------------------------------------------------------------------------
     @property
