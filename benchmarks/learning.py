@@ -255,8 +255,8 @@ def train_seed(args: argparse.Namespace, seed: int, names: list[str], base: str)
     return saved
 
 
-def evaluator(args: argparse.Namespace):
-    """``folder -> held-out metrics``: grouprl's evaluator (``grouprl eval``) at the demo's settings."""
+def evaluate_one(args: argparse.Namespace, folder: str) -> dict:
+    """Held-out metrics of the model in ``folder``: grouprl's evaluator (``grouprl eval``) at the demo's settings."""
     import torch
 
     from grouprl.cli.build import build_inputs, load_model
@@ -265,15 +265,23 @@ def evaluator(args: argparse.Namespace):
     torch.set_num_threads(args.eval_threads)
     config = demo_config(EVAL_SEED, args.eval_threads, tempfile.mkdtemp(prefix="learning-eval-"), **task(args),
                          eval_size=args.eval_problems, eval_samples=args.eval_samples, eval_temperature=1.0)
-    inputs = build_inputs(config)
+    policy, tokenizer = load_model(folder, EVAL_SEED)
+    result = evaluate_model(config, build_inputs(config), policy, tokenizer)
+    return {k.removeprefix("eval/"): v for k, v in result.items()}
+
+
+def evaluator(args: argparse.Namespace):
+    """``folder -> held-out metrics``, each model scored in a process of its own: an in-process vLLM engine keeps
+    its memory after it is dropped, so one process scoring model after model grows by gigabytes each."""
     cache: dict[str, dict] = {}
+    forwarded = [a for a in sys.argv[1:] if a != "--report_only"]
 
     def evaluate(folder: str) -> dict:
         if folder not in cache:
             start = time.perf_counter()
-            policy, tokenizer = load_model(folder, EVAL_SEED)
-            result = evaluate_model(config, inputs, policy, tokenizer)
-            cache[folder] = {k.removeprefix("eval/"): v for k, v in result.items()}
+            got = subprocess.run([args.python, __file__, *forwarded, "--evaluate", folder], stdout=subprocess.PIPE,
+                                 text=True, check=True)
+            cache[folder] = json.loads(got.stdout.splitlines()[-1])
             print(f"  eval {folder}: accuracy {cache[folder]['accuracy']:.3f} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
         return cache[folder]
@@ -371,6 +379,7 @@ def main() -> None:
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--base", help=argparse.SUPPRESS)
+    parser.add_argument("--evaluate", metavar="FOLDER", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.set = dict(args.set)
     if args.models_dir is None:
@@ -379,6 +388,12 @@ def main() -> None:
     unknown = set(args.frameworks) - set(FRAMEWORKS)
     if unknown:
         parser.error(f"--frameworks: unknown {sorted(unknown)}; choose from {FRAMEWORKS}")
+    if args.evaluate:  # one model, in a process of its own (see evaluator); its metrics are the last line
+        protocol = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+        protocol.write(json.dumps(evaluate_one(args, args.evaluate)) + "\n")
+        protocol.flush()
+        return
     if args.worker:
         global PROTOCOL
         PROTOCOL = os.fdopen(os.dup(1), "w")
