@@ -2,6 +2,7 @@
 
 import faulthandler
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,5 +43,9 @@ EXIT_GRACE_S = 120
 def pytest_unconfigure(config):
     """A thread left waiting by a test keeps the process from exiting after the summary, and CI from ever
     finishing: if the process still runs ``EXIT_GRACE_S`` after the session, print every thread's stack
-    and exit with status 1."""
-    faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True, file=sys.__stderr__)
+    and exit with status 1. Armed only in pytest's own process (``pytest``, ``python -m pytest``), never in a
+    program that runs pytest inside itself and goes on afterwards."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if Path(sys.argv[0]).name in ("pytest", "py.test") or (spec is not None and spec.name == "pytest.__main__"):
+        faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True, file=sys.__stderr__)
