@@ -30,11 +30,13 @@ def distinct_share(prompts, completions, **_):
     return [len(set(c)) / max(len(c), 1) for c in completions]
 
 
-def served_run(out: Path, servers: Any, processes: Any = None, kill_first: bool = False) -> dict[str, Any]:
+def served_run(out: Path, servers: Any, processes: Any = None, kill_first: bool = False, fail_at: int = 0,
+               **settings: Any) -> dict[str, Any]:
     """Train the tiny head-64 model (seed 5) through ``servers`` (addresses or a number); what it recorded.
-    ``kill_first``: the process that started local servers kills the first one once its first rollout is in."""
+    ``kill_first``: the process that started local servers kills the first one once its first rollout is in;
+    ``fail_at``: the reward function raises at its ``fail_at``-th call (0: never)."""
     model, tok = tiny_causal_lm(seed=5, **TINY64)
-    config = base_config(out, output_dir=str(out / "run"), rollout_servers=servers, **SETTINGS)
+    config = base_config(out, output_dir=str(out / "run"), rollout_servers=servers, **{**SETTINGS, **settings})
     scored = []
 
     def reward(prompts, completions, **kw):
@@ -42,6 +44,8 @@ def served_run(out: Path, servers: Any, processes: Any = None, kill_first: bool 
         local = trainer.sampler.local
         if kill_first and len(scored) == 1 and local is not None:
             os.kill(local.processes[0].pid, signal.SIGKILL)
+        if len(scored) == fail_at:
+            raise RuntimeError(f"reward failed on purpose at call {fail_at}")
         return distinct_share(prompts, completions, **kw)
 
     trainer = Trainer(config, policy=model, tokenizer=tok, reward_fns=[reward], train_data=PROMPTS,
@@ -86,14 +90,17 @@ def server_group(rank: int, world: int, store_file: str, out: str) -> None:
     plan = json.loads((out / "plan.json").read_text())
     servers = tuple(plan["servers"]) if isinstance(plan["servers"], list) else plan["servers"]
     try:
-        config = base_config(out, rollout_servers=servers, **SETTINGS)
-        result = served_run(out, servers, Processes(env, config), kill_first=plan["kill_first"])
+        config = base_config(out, rollout_servers=servers, **{**SETTINGS, **plan["settings"]})
+        fail_at = plan["fail_at"].get(str(rank), 0)
+        result = served_run(out, servers, Processes(env, config), kill_first=plan["kill_first"], fail_at=fail_at,
+                            **plan["settings"])
     except Exception as e:  # noqa: BLE001 - recorded for the test to read
         result = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
     torch.save(result, out / f"rank{rank}.pt")
 
 
-def start(out: Path, servers: Any, world: int = 2, kill_first: bool = False) -> list[dict[str, Any]]:
+def start(out: Path, servers: Any, world: int = 2, kill_first: bool = False, fail_at: dict[int, int] | None = None,
+          **settings: Any) -> list[dict[str, Any]]:
     """Run :func:`server_group` in ``world`` processes (forked from a fork server that imported this module and
     nothing else ran in, as :func:`tests.helpers.dist.start_group`); each process's record."""
     import multiprocessing
@@ -101,7 +108,8 @@ def start(out: Path, servers: Any, world: int = 2, kill_first: bool = False) -> 
     import torch.multiprocessing as mp
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "plan.json").write_text(json.dumps({"servers": servers, "kill_first": kill_first}))
+    (out / "plan.json").write_text(json.dumps({"servers": servers, "kill_first": kill_first, "settings": settings,
+                                                 "fail_at": {str(r): n for r, n in (fail_at or {}).items()}}))
     multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
     mp.start_processes(server_group, args=(world, str(out / "store"), str(out)), nprocs=world,
                        start_method="forkserver")

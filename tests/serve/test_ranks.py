@@ -5,6 +5,7 @@ servers, process 0 alone pushes each version and the other waits for it, and the
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import time
 
@@ -94,3 +95,35 @@ def test_two_processes_start_local_servers_once_name_a_dead_one_on_both_and_stop
     while any(map(group_alive, ranks[0]["local_pids"])) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not any(map(group_alive, ranks[0]["local_pids"]))  # stopped with the run
+
+
+def test_two_processes_sample_ahead_each_batch_at_most_one_version_behind_and_end_as_one_set_of_weights(server,
+                                                                                                       tmp_path):
+    steps = 4
+    ranks = [checked(r) for r in start(tmp_path / "ahead", [server], max_staleness=1, total_steps=steps)]
+    rows = SETTINGS["prompts_per_step"] * SETTINGS["group_size"] // 2
+    for r in ranks:
+        versions = r["versions"]
+        assert len(versions) == steps and all(len(v) == rows for v in versions), versions
+        # the first two batches were sampled before any update (the second while the first trained); every
+        # later one by the version before its step's, or by its own where the update ended first
+        assert versions[0] == [0] * rows and versions[1] == [0] * rows, versions
+        assert all(set(v) <= {s - 1, s} for s, v in enumerate(versions) if s >= 2), versions
+        logged = [m for m in r["metrics"] if "async/staleness_max" in m]
+        assert len(logged) == steps and all(m["async/staleness_max"] <= 1 and m["async/dropped"] == 0
+                                            for m in logged), logged
+    assert [r["pushes"] for r in ranks] == [True, False]  # process 0 alone writes and pushes, from its thread
+    assert ranks[0]["pushed"] >= steps - 1 and ranks[1]["pushed"] == ranks[0]["pushed"]
+    start_weights = tiny_causal_lm(seed=5, **TINY64)[0].state_dict()
+    moved = max(float((ranks[0]["weights"][k] - v).abs().max()) for k, v in start_weights.items())
+    assert moved > 100 * TOLERANCE, moved
+    for key, want in ranks[0]["weights"].items():
+        assert torch.equal(ranks[1]["weights"][key], want), key  # DDP: one set of weights
+    timeline = [json.loads(line) for line in (tmp_path / "ahead" / "run" / "timeline.jsonl").read_text().splitlines()]
+    assert {r["sampled_for"] for r in timeline if r["event"] == "rollout"} == set(range(1, steps + 1))
+
+
+def test_a_rollout_thread_that_fails_in_one_process_stops_both_with_its_error(server, tmp_path):
+    ranks = start(tmp_path / "failing", [server], max_staleness=1, total_steps=4, fail_at={1: 3})
+    assert "reward failed on purpose at call 3" in ranks[1].get("error", ""), ranks[1].get("error")
+    assert "the rollout thread of process 1 of 2 failed" in ranks[0].get("error", ""), ranks[0].get("error")

@@ -137,6 +137,18 @@ class ServerSampler:
         self.version, self.written, self.pushed = 0, None, None
         self.weights_lock = threading.Lock()  # one writer or pusher at a time (an asynchronous run has two threads)
         self.sync_seconds, self.write_seconds, self.lag = 0.0, 0.0, 0
+        self.ahead: tuple[int, Ranks] | None = None  # (thread, its Ranks): see sample_ahead_in
+
+    def sample_ahead_in(self, ranks: Ranks) -> None:
+        """From now on the calling thread samples ahead of the trainer (``max_staleness`` > 0) and pushes and
+        receives weights on ``ranks``' own process group; the trainer's thread keeps the trainer's group."""
+        self.ahead = (threading.get_ident(), ranks)
+
+    def _ranks(self) -> Ranks | None:
+        """The processes' Ranks for a collective made by the calling thread."""
+        if self.ahead is not None and self.ahead[0] == threading.get_ident():
+            return self.ahead[1]
+        return self.ranks
 
     @property
     def folders(self) -> Any:
@@ -173,28 +185,34 @@ class ServerSampler:
 
     def sync_weights(self) -> None:
         """Send the weights to every server if they changed since the last push. With several trainer
-        processes a collective (every process calls it at the start of a rollout): process 0 pushes, the
-        others wait for its outcome (:meth:`grouprl.serve.ranks.Ranks.after_push`)."""
-        if self.ranks is None:
+        processes a collective (every process calls it at the start of a rollout, or its rollout thread at the
+        start of each batch it samples ahead): process 0 pushes, the others wait for its outcome
+        (:meth:`grouprl.serve.ranks.Ranks.after_push`)."""
+        ranks = self._ranks()
+        if ranks is None:
             self.write_weights()
             self.push_weights()
             return
         error = None
-        if self.ranks.is_main:
+        if ranks.is_main:
             try:
                 self.write_weights()
                 self.push_weights()
             except Exception as e:  # noqa: BLE001 - raised by after_push, in every process
                 error = e
-        pushed = self.ranks.after_push(self.pool, self.pushed, error)
-        if pushed != self.version:
-            raise RuntimeError(f"process {self.ranks.rank} is at policy version {self.version} but process 0 pushed "
+        pushed = ranks.after_push(self.pool, self.pushed, error)
+        if self.ahead is None and pushed != self.version:
+            raise RuntimeError(f"process {ranks.rank} is at policy version {self.version} but process 0 pushed "
                                f"{pushed}: the processes updated their weights a different number of times")
+        # sampling ahead, process 0's trainer may have written a version this process's trainer has not reached
         self.written = self.pushed = pushed
 
     def write_weights(self) -> None:
-        """Write the followed model's weights as its version, once. The write reads every parameter: call it
-        from the thread that updates them, between updates (an asynchronous run does, at the start of each step)."""
+        """Write the followed model's weights as its version, once (process 0 alone, of several). The write reads
+        every parameter: call it from the thread that updates them, between updates (an asynchronous run does,
+        at the start of each step)."""
+        if self.sender is None:
+            return
         with self.weights_lock:
             if self.written == self.version:
                 return
@@ -275,8 +293,8 @@ class ServerSampler:
         self._check_lengths(sequences, [k["max_tokens"] for k in kwargs])
         if self.ranks is None:
             self.sync_weights()
-        else:  # the push is a collective, made at the start of the rollout (phase)
-            if self.pushed != self.version:
+        else:  # the push is a collective, made at the start of the rollout (phase) or of a batch sampled ahead
+            if self.ahead is None and self.pushed != self.version:
                 raise RuntimeError(f"process {self.ranks.rank} samples with policy version {self.version} not pushed "
                                    "yet: with several trainer processes, sample inside phase()")
             groups = self.ranks.route(groups)

@@ -13,13 +13,15 @@ step), so one copy reaching the servers is enough:
 - Local servers (``rollout_servers: N``): process 0 starts them and sends their addresses to the others
   (:meth:`Ranks.share`); it alone stops them at the end.
 - Collectives run on the trainer's process group, at points every process reaches together: the start of
-  a rollout or an evaluation (the trainer's ``phase()``) and building the sampler.
+  a rollout or an evaluation (the trainer's ``phase()``) and building the sampler. Sampling ahead
+  (``max_staleness`` > 0), each process's rollout thread pushes and receives on a process group of its own
+  (:class:`~grouprl.trainer.ahead.AheadCollector`), so its collectives never interleave with the trainer's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
@@ -33,6 +35,8 @@ class Ranks:
 
     rank: int
     world: int
+    group: Any = field(default=None, compare=False)
+    """The process group of its collectives (None: the trainer's, the default group)."""
 
     @property
     def is_main(self) -> bool:
@@ -61,7 +65,7 @@ class Ranks:
                 box[0] = ("ok", make())
             except Exception as e:  # noqa: BLE001 - raised below, in every process
                 box[0] = ("error", e, f"{type(e).__name__}: {e}")
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=self.group)
         if box[0][0] == "error":
             if self.is_main:
                 raise box[0][1]
@@ -71,7 +75,8 @@ class Ranks:
     def check(self, error: BaseException | None) -> None:
         """Every process at the same point with what it caught (or None): if any failed, every one raises."""
         reports: list[Any] = [None] * self.world
-        dist.all_gather_object(reports, None if error is None else f"{type(error).__name__}: {error}")
+        dist.all_gather_object(reports, None if error is None else f"{type(error).__name__}: {error}",
+                               group=self.group)
         if error is not None:
             raise error
         failed = [(r, msg) for r, msg in enumerate(reports) if msg is not None]
@@ -86,7 +91,7 @@ class Ranks:
         if self.is_main:
             news[0] = (version, [(s.address, s.why) for s in pool.servers if not s.alive],
                        None if error is None else f"{type(error).__name__}: {error}")
-        dist.broadcast_object_list(news, src=0)
+        dist.broadcast_object_list(news, src=0, group=self.group)
         pushed, dropped, failed = news[0]
         if self.is_main:
             if error is not None:

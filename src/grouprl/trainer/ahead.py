@@ -122,10 +122,14 @@ class AheadCollector:
         max_staleness: k >= 1.
         total_steps: the run's steps (nothing is sampled for a step beyond them).
         timeline: where the timeline goes (None: nowhere).
+        ranks: with several trainer processes, the rollout thread's :class:`~grouprl.serve.ranks.Ranks`, on a
+            process group of its own (None: one process).
     """
 
-    def __init__(self, inner: Any, sampler: Any, max_staleness: int, total_steps: int, timeline: Path | None):
+    def __init__(self, inner: Any, sampler: Any, max_staleness: int, total_steps: int, timeline: Path | None,
+                 ranks: Any = None):
         self.inner, self.sampler, self.k, self.total_steps = inner, sampler, max_staleness, total_steps
+        self.ranks = ranks
         self.stream = ConsumedStream(self)
         self.timeline = JsonlLog(timeline) if timeline is not None else None
         self.cond = threading.Condition()
@@ -155,6 +159,8 @@ class AheadCollector:
         return self.base_version + self.consumed + queued - self.sampler.version <= self.k
 
     def _run(self) -> None:
+        if self.ranks is not None:
+            self.sampler.sample_ahead_in(self.ranks)
         while True:
             with self.cond:
                 while not self.stopping and not self._may_start():
@@ -235,15 +241,34 @@ class AheadCollector:
                                        "past which the rollout thread samples none")
                 self.cond.wait(POLL_S)
             if not self.ready:
+                self._most_of_all(None)  # the other processes learn of it, and raise with this one
                 raise self.error
             batch = self.ready.popleft()
             version = self.sampler.version
-            mean, most = behind(version, batch.versions)
+        mean, most = behind(version, batch.versions)
+        most = self._most_of_all(most)
+        with self.cond:
             self.position = batch.position
             if most <= self.k:
                 self.consumed += 1
             self.cond.notify_all()
             return batch, ready, version, mean, most
+
+    def _most_of_all(self, most: int | None) -> int | None:
+        """The most versions behind of the batches every process takes now (None: this process's rollout
+        thread failed): one process's stale batch is dropped by all, so every rollout thread samples the same
+        number of batches and their pushes pair up; a failure in one is raised in every process."""
+        if self.ranks is None:
+            return most
+        import torch.distributed as dist
+
+        every: list[Any] = [None] * self.ranks.world
+        dist.all_gather_object(every, most)  # the trainer's group: every process takes its batch in step
+        failed = [r for r, m in enumerate(every) if m is None]
+        if most is not None and failed:
+            raise RuntimeError(f"the rollout thread of process {failed[0]} of {self.ranks.world} failed (its own "
+                               "error is raised there)")
+        return None if most is None else max(every)
 
     # -- timeline -----------------------------------------------------------------------------------
     def _log_rollout(self, step: int, batch: Ahead, version: int, most: int, dropped: bool) -> None:
@@ -301,7 +326,12 @@ def collect_ahead(collector: Any, sampler: Any, config: Any) -> Any:
         raise ConfigError(f"max_staleness={k} needs rollout servers (rollout_servers), whose weights are copies the "
                           f"trainer pushes; this run's rollout engine, {type(engine).__name__}, samples in this "
                           "process (set max_staleness 0)")
-    if getattr(engine, "ranks", None) is not None:
-        raise ConfigError(f"max_staleness={k} with several trainer processes is not available (each process's "
-                          "rollout thread would push and sample at its own pace); set max_staleness 0")
-    return AheadCollector(collector, engine, k, config.total_steps, Path(config.output_dir) / "timeline.jsonl")
+    ranks = getattr(engine, "ranks", None)
+    if ranks is not None:  # the rollout threads' own group, made here, where every process comes in step
+        import dataclasses
+
+        import torch.distributed as dist
+
+        ranks = dataclasses.replace(ranks, group=dist.new_group(backend="gloo"))
+    timeline = Path(config.output_dir) / "timeline.jsonl" if ranks is None or ranks.is_main else None  # process 0's
+    return AheadCollector(collector, engine, k, config.total_steps, timeline, ranks)

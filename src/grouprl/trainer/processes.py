@@ -62,7 +62,7 @@ class OneProcess:
         return 1.0
 
     @contextlib.contextmanager
-    def rollout(self, sampler: Any, policy: nn.Module) -> Iterator[None]:
+    def rollout(self, sampler: Any, policy: nn.Module, ahead: bool = False) -> Iterator[None]:
         """Around a rollout or an evaluation: nothing to gather in one process."""
         yield
 

@@ -197,7 +197,7 @@ class Trainer:
     def collect(self, timer: PhaseTimer) -> Collected:
         """The step's rollout and rewards; a failure in any process stops every process with it."""
         result, error = None, None
-        with self.processes.rollout(self.sampler, self.policy):
+        with self.processes.rollout(self.sampler, self.policy, ahead=self.collector is not self.source.collector):
             try:
                 result = self.collector.collect(self.step_count, timer)
             except Exception as e:  # noqa: BLE001 - re-raised below, in every process

@@ -82,10 +82,6 @@ def server_process_problems(config: Any) -> list[str]:
         out.append(f"rollout_servers with several processes needs engine=ddp, not {config.engine}: process 0 alone "
                    "writes each version for the servers, which needs the whole weights in process 0, and an FSDP "
                    "shard gather is a collective of every process")
-    if getattr(config, "max_staleness", 0):
-        out.append(f"max_staleness={config.max_staleness} with several processes is not available: the rollout "
-                   "thread of each process would push and sample at its own pace; train in one process, or set "
-                   "max_staleness 0")
     return out
 
 
@@ -154,12 +150,15 @@ class Processes:
         return float(self.world_size)
 
     @contextlib.contextmanager
-    def rollout(self, sampler: Any, policy: nn.Module) -> Iterator[None]:
+    def rollout(self, sampler: Any, policy: nn.Module, ahead: bool = False) -> Iterator[None]:
         """Around a rollout or an evaluation (every process enters together): the policy gathered for
-        a sampler that runs the live model, or the weights pushed into one that keeps its own copy."""
+        a sampler that runs the live model, or the weights pushed into one that keeps its own copy; nothing
+        for a step's batch sampled ahead (``ahead``: the rollout threads pushed before sampling it)."""
         if getattr(sampler, "uses_live_model", True):
             with gathered_weights(policy):
                 yield
+        elif ahead:
+            yield
         else:
             with sampler.phase():
                 yield
