@@ -33,6 +33,20 @@ def test_each_rule_by_hand():
     assert runs == [1, 2, 0, 1, 2, 3] and "zero_std" in watch.fired and watch.fired["zero_std"] == 6
 
 
+def test_a_masking_correction_that_drops_most_of_the_batch_is_named_with_the_mismatch():
+    watch = HealthWatch()
+    # 0.49 of the tokens dropped: under the 0.5 line; 0.93 (what sequence-mask's default band dropped of
+    # SmolLM2-135M's bf16 rollouts against fp32 training, mismatch KL 9.4e-4): fires, naming both numbers
+    assert watch.observe(1, {"rollout/is_masked_frac": 0.49, "rollout/mismatch_kl": 4e-4})[1] == []
+    _, active = watch.observe(2, {"rollout/is_masked_frac": 0.93, "rollout/mismatch_kl": 9.4e-4})
+    assert active == watch.new and len(active) == 1 and watch.fired == {"masked": 2}
+    assert active[0].startswith("the rollout correction dropped 93% of the policy tokens")
+    assert "(rollout/mismatch_kl 9.4e-04)" in active[0] and "sequence_mask_low/high" in active[0]
+    # still active the next step, so not printed again; a truncating correction logs no masked share
+    assert watch.observe(3, {"rollout/is_masked_frac": 1.0})[1] and watch.new == []
+    assert watch.observe(4, {"rollout/is_capped_frac": 1.0})[1] == []
+
+
 def test_replayed_on_the_committed_30_step_run():
     records = [json.loads(line) for line in RUN_30.read_text().splitlines()]
     found = replay(records)
