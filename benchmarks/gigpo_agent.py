@@ -8,14 +8,16 @@ interval still open and the guesses used), the other with ``advantage: grpo``. H
 ``eval/success`` over 4 plays of each of 32 held-out games, every ``--eval_every`` steps.
 
     python benchmarks/gigpo_agent.py [--seeds 0,1,2] [--steps 30] [--eval_every 10] [--set KEY=VALUE ...]
+                                     [--variants grpo,gigpo]
 
 ``--set`` changes one ``grouprl train`` setting for both variants (repeatable), e.g. the policy loss of an
 ablation (docs/policy-losses.md): ``--set policy_loss=cispo --set mu=2 --out benchmarks/results/gigpo-agent-cispo``.
+``--variants grpo`` runs one advantage only, for an ablation of something else (half the time).
 
 Runs alternate between the variants, seed by seed, so that load from elsewhere falls on both alike.
 Writes ``results.jsonl`` (every evaluation of every run) and ``results.md`` to ``--out``; the last
 line is ``success_gain_ratio=<GiGPO's mean gain in held-out success over the base / GRPO's>`` at
-the last step.
+the last step (when both variants ran).
 """
 
 from __future__ import annotations
@@ -62,9 +64,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--eval_every", type=int, default=10)
     parser.add_argument("--out", default="benchmarks/results/gigpo-agent")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="advantages to run, of grpo,gigpo")
     parser.add_argument("--set", action="append", default=[], type=lambda t: tuple(t.split("=", 1)),
                         metavar="KEY=VALUE", help="a grouprl train setting for both variants (repeatable)")
     args = parser.parse_args()
+    variants = tuple(v for v in args.variants.split(",") if v)
+    if not variants or set(variants) - set(VARIANTS):
+        parser.error(f"--variants takes some of {','.join(VARIANTS)}, got {args.variants!r}")
     print(cpu_line(), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -72,7 +78,7 @@ def main() -> None:
         if (out / "results.jsonl").exists() else []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in (int(s) for s in args.seeds.split(",")):
-            for variant in VARIANTS:
+            for variant in variants:
                 if any(r["variant"] == variant and r["seed"] == seed for r in done):
                     continue  # resumed: this run finished before
                 rows = run(variant, seed, args, Path(tmp))
@@ -82,13 +88,15 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     steps = sorted({r["step"] for r in done})
     lines = [cpu_line(), "", f"`python benchmarks/gigpo_agent.py --seeds {args.seeds} --steps {args.steps} "
-             f"--eval_every {args.eval_every}" + "".join(f" --set {k}={v}" for k, v in args.set) + "`", "",
+             f"--eval_every {args.eval_every}"
+             + (f" --variants {args.variants}" if variants != VARIANTS else "")
+             + "".join(f" --set {k}={v}" for k, v in args.set) + "`", "",
              "Held-out success, mean over seeds (min-max); seconds of training to reach the step, mean.", "",
-             "| step | " + " | ".join(f"{v} success | {v} s" for v in VARIANTS) + " |",
-             "|---|" + "---|---|" * len(VARIANTS)]
+             "| step | " + " | ".join(f"{v} success | {v} s" for v in variants) + " |",
+             "|---|" + "---|---|" * len(variants)]
     for step in steps:
         cells = []
-        for v in VARIANTS:
+        for v in variants:
             at = [r for r in done if r["variant"] == v and r["step"] == step]
             vals = [r["success"] for r in at]
             cells += [f"{statistics.mean(vals):.3f} ({min(vals):.3f}-{max(vals):.3f})",
@@ -97,6 +105,8 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     (out / "results.md").write_text(table + "\n")
+    if variants != VARIANTS:
+        return
     gains = {}
     for v in VARIANTS:
         by_seed = {}
