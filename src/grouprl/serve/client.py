@@ -204,8 +204,10 @@ class ServerSampler:
         if self.ahead is None and pushed != self.version:
             raise RuntimeError(f"process {ranks.rank} is at policy version {self.version} but process 0 pushed "
                                f"{pushed}: the processes updated their weights a different number of times")
-        # sampling ahead, process 0's trainer may have written a version this process's trainer has not reached
-        self.written = self.pushed = pushed
+        if not ranks.is_main:  # sampling ahead, process 0's trainer may be a version ahead of this one's
+            self.written = self.pushed = pushed
+        # process 0 keeps its own counts: its trainer thread may have written the next version during the
+        # broadcast, and setting ``written`` back would write that version a second time
 
     def write_weights(self) -> None:
         """Write the followed model's weights as its version, once (process 0 alone, of several). The write reads
