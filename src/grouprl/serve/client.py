@@ -124,7 +124,8 @@ class ServerSampler:
         self.pool = ServerPool(servers, timeout)
         if local is not None:
             for i, server in enumerate(self.pool.servers):
-                server.describe_exit, server.stop = (lambda i=i: local.describe(i)), (lambda i=i: local.kill(i))
+                server.describe_exit = lambda settle, i=i: local.describe(i, settle)
+                server.stop = lambda i=i: local.kill(i)
         self.sender: Any = None
         try:
             self.pool.run(self.pool.wait_ready())

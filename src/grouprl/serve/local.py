@@ -98,9 +98,13 @@ class LocalServers:
     def log_path(self, i: int) -> Path:
         return self.log_dir / f"server-{i}.log"
 
-    def describe(self, i: int) -> str:
-        """Server ``i``'s process: running, or its exit status and the end of its log."""
-        code = self.processes[i].poll()
+    def describe(self, i: int, settle: float = 0.0) -> str:
+        """Server ``i``'s process: running, or its exit status and the end of its log. ``settle``: seconds to wait
+        for it to exit (a killed server's connections close before its process is gone)."""
+        try:
+            code = self.processes[i].wait(timeout=settle) if settle > 0 else self.processes[i].poll()
+        except subprocess.TimeoutExpired:
+            code = None
         if code is None:
             return f"process {self.processes[i].pid} running, log {self.log_path(i)}"
         tail = self.log_path(i).read_bytes()[-LOG_TAIL_CHARS:].decode(errors="replace").strip()

@@ -24,6 +24,8 @@ from typing import Any
 import httpx
 
 READY_POLL_S = 1.0
+EXIT_SETTLE_S = 2.0
+"""How long a dropped local server's process is given to finish exiting, so the message names its exit status."""
 """How often :meth:`ServerPool.wait_ready` asks a server that does not answer yet."""
 
 
@@ -54,8 +56,9 @@ class Server:
     version: int | None = None
     """The policy version it holds."""
     info: dict[str, Any] | None = None
-    describe_exit: Callable[[], str] | None = None
-    """For a server started here: its process's state (exit status, last log lines), added to messages."""
+    describe_exit: Callable[[float], str] | None = None
+    """For a server started here: its process's state (exit status, last log lines), added to messages; its
+    argument is how long to wait for a process that is exiting."""
     stop: Callable[[], None] | None = None
     """For a server started here: ends what is left of its processes once it is dropped."""
     in_flight: int = 0
@@ -184,7 +187,7 @@ class ServerPool:
         if not server.alive:
             return
         server.alive = False
-        server.why = failure.what + (f" ({server.describe_exit()})" if server.describe_exit else "")
+        server.why = failure.what + (f" ({server.describe_exit(EXIT_SETTLE_S)})" if server.describe_exit else "")
         if server.stop is not None:  # a hung server, or the engine process of a dead one, is not left running
             server.stop()
         left = self.alive
@@ -251,7 +254,7 @@ class ServerPool:
                 server.version, server.adapter = server.info.get("version"), server.info.get("adapter")
                 return
             except ServerFailure as failure:
-                if time.monotonic() > deadline or (server.describe_exit and "exited" in server.describe_exit()):
+                if time.monotonic() > deadline or (server.describe_exit and "exited" in server.describe_exit(0.0)):
                     self.drop(ServerFailure(server, f"not ready within {self.timeout:g} s ({self.setting}); last: "
                                             f"{failure.what}"))
                     return
