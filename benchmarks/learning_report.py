@@ -195,8 +195,9 @@ def ablations(args: argparse.Namespace) -> None:
     """One line per ablation folder under ``--ablations`` (and the baseline, ``--compare_with``): grouprl's mean
     held-out accuracy per saved step over the seeds every row has finished (so rows compare like with like), its
     fall from the best saved step to the last, and step_ratio against the baseline's TRL; written to
-    ``ablations.md`` there. Every row is cut at the shortest run's last step, so a 12-step ablation compares with
-    the baseline's first 12 steps."""
+    ``ablations.md`` there. Each row runs as long as it trained (a shorter one's later cells read ``-``), and
+    its fall and step_ratio are taken at its own last step, against TRL at that step, so a 12-step ablation
+    beside 24-step ones neither cuts their table nor is read against steps it never ran."""
     base = by_run(read_records(Path(args.compare_with) / "results.jsonl"))
     folders = [("baseline (the demo's settings)", Path(args.compare_with))]
     folders += [(f.name, f) for f in sorted(Path(args.ablations).iterdir()) if (f / "results.jsonl").is_file()]
@@ -205,24 +206,32 @@ def ablations(args: argparse.Namespace) -> None:
     rows.append(("TRL (baseline)", {k: v for k, v in base.items() if k[0] == "trl"}))
     seeds = set.intersection(*[{s for (_, s) in runs} for _, runs in rows])
     trl = {k: v for k, v in base.items() if k[0] == "trl" and k[1] in seeds}
-    last = min(r["settings"]["steps"] for _, f in folders for r in read_records(f / "results.jsonl"))
-    trl = {k: [r for r in v if r["step"] <= last] for k, v in trl.items()}  # every row up to the shortest run's end
-    rows = [(name, {k: [r for r in v if r["step"] <= last] for k, v in runs.items()}) for name, runs in rows]
-    steps = list(per_step(trl, "trl"))
+    rows = [(name, {k: v for k, v in runs.items() if k[1] in seeds}) for name, runs in rows]
+    steps = sorted({r["step"] for _, runs in rows for v in runs.values() for r in v})
+    apart = False
     lines = [f"{cpu_line()}", "", "grouprl's held-out accuracy, mean over seeds "
              f"{', '.join(map(str, sorted(seeds)))} (those every row has finished), at each saved step; one setting "
-             "changed from the demo's per row (same seeds, same evaluation); `fall`: the best saved step's mean minus "
-             "the last one's; `step_ratio`: as in learning.md, against the baseline's TRL.", "",
+             "changed from the demo's per row (same seeds, same evaluation); `-`: past the row's last step; "
+             "`fall`: the best saved step's mean minus the last one's; `step_ratio`: as in learning.md, against "
+             "the baseline's TRL at the row's last step.", "",
              "| run | " + " | ".join(f"step {k}" for k in steps) + " | fall | step_ratio |",
              "|---|" + "---:|" * (len(steps) + 2)]
+    start = statistics.fmean(per_step(rows[0][1], "grouprl")[0]["acc"])
     for name, runs in rows:
-        runs = {k: v for k, v in runs.items() if k[1] in seeds}
         framework = next(iter(runs))[0]
         table = per_step(runs, framework)
-        means = [statistics.fmean(table[k]["acc"]) if k in table else math.nan for k in steps]
-        step_ratio = ratios({**runs, **trl})[0] if framework == "grouprl" else 1.0
-        lines.append(f"| {name} | " + " | ".join(f"{m:.3f}" for m in means)
-                     + f" | {max(means) - means[-1]:.3f} | {step_ratio:.2f} |")
+        if abs(statistics.fmean(table[0]["acc"]) - start) > 1e-9:
+            name, apart = f"{name} (*)", True
+        own = [statistics.fmean(table[k]["acc"]) for k in steps if k in table]
+        last = max(table)
+        step_ratio = 1.0
+        if framework == "grouprl":
+            step_ratio = ratios({**runs, **{k: [r for r in v if r["step"] <= last] for k, v in trl.items()}})[0]
+        cells = [f"{statistics.fmean(table[k]['acc']):.3f}" if k in table else "-" for k in steps]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {max(own) - own[-1]:.3f} | {step_ratio:.2f} |")
+    if apart:
+        lines += ["", "(*) Its step 0 is not the baseline's: scored by another evaluation (engine or problems); "
+                  "compare it with rows of its own step 0, not with the rest."]
     lines += ["", "Commands:", "", "```", *sorted({r["command"] for _, f in folders
                                                   for r in read_records(f / "results.jsonl")}), "```", ""]
     (Path(args.ablations) / "ablations.md").write_text("\n".join(lines))

@@ -34,7 +34,8 @@ def test_a_12_step_run_reads_the_first_12_steps_of_a_24_step_baseline(report, tm
     base, ablation = tmp_path / "base", tmp_path / "ablations" / "x"
     write(base, "trl", 24, {0: 0.1, 4: 0.4, 8: 0.5, 12: 0.6, 16: 0.7, 20: 0.8, 24: 0.9})
     write(base, "grouprl", 24, {0: 0.1, 4: 0.5, 8: 0.6, 12: 0.3, 16: 0.7, 20: 0.7, 24: 0.9})
-    write(ablation, "grouprl", 12, {0: 0.1, 4: 0.3, 8: 0.5, 12: 0.6})
+    write(ablation, "grouprl", 12, {0: 0.1, 4: 0.3, 8: 0.5, 12: 0.45})
+    write(tmp_path / "ablations" / "y", "grouprl", 8, {0: 0.2, 4: 0.3, 8: 0.4})  # scored by another evaluation
     args = argparse.Namespace(compare_with=str(base), ablations=str(tmp_path / "ablations"))
     own = report.read_records(ablation / "results.jsonl")
     theirs = report.compared(args, own, own[0]["settings"])
@@ -43,10 +44,15 @@ def test_a_12_step_run_reads_the_first_12_steps_of_a_24_step_baseline(report, tm
     report.ablations(args)
     rows = {line.split(" | ")[0]: line for line in (tmp_path / "ablations" / "ablations.md").read_text().splitlines()
             if line.startswith("| ")}
-    assert "step 16" not in rows["| run"]
-    # baseline cut at 12: best 0.6 at step 8, last 0.3 -> fall 0.300; step_ratio 0.3 / TRL's 0.6 = 0.50
-    assert rows["| baseline (the demo's settings)"].endswith("| 0.300 | 0.50 |")
-    assert rows["| x"].endswith("| 0.000 | 1.00 |")  # 0.6 at step 12 against TRL's 0.6
+    assert rows["| run"].startswith("| run | step 0 | step 4 |") and "step 24 | fall" in rows["| run"]
+    # the baseline at its own 24 steps: best 0.9 at the last -> fall 0.000; 0.9 against TRL's 0.9 -> 1.00
+    assert rows["| baseline (the demo's settings)"].endswith("| 0.900 | 0.000 | 1.00 |")
+    # the 12-step row: blank past step 12; best 0.5 at step 8, 0.45 last -> fall 0.050; against TRL's 0.6 at
+    # step 12 (not its 0.9 at step 24) -> 0.75
+    assert rows["| x"].endswith("| 0.450 | - | - | - | 0.050 | 0.75 |")
+    assert rows["| TRL (baseline)"].endswith("| 0.900 | 0.000 | 1.00 |")
+    assert rows["| y (*)"].startswith("| y (*) | 0.200 | 0.300 | 0.400 | - |")
+    assert "(*) Its step 0 is not the baseline's" in (tmp_path / "ablations" / "ablations.md").read_text()
 
 
 def test_a_baseline_shorter_than_the_run_is_refused(report, tmp_path):
