@@ -10,7 +10,8 @@ from pathlib import Path
 RUNS = Path(sys.argv[1])  # the run folders: <demo>-<format>-s<seed>/metrics.jsonl
 WALLS = {w.split()[0]: float(w.split("wall_s=")[1]) for w in Path(sys.argv[2]).read_text().splitlines()
          if "wall_s=" in w and "rc=0" in w}  # run_pair.sh's walls.txt: one line per finished command
-DEMOS = {"arith": ("arithmetic", "eval/accuracy"), "agent": ("guess-number", "eval/success")}
+DEMOS = {"arith": ("arithmetic", "eval/accuracy"), "agent": ("guess-number", "eval/success"),
+         "agent40": ("guess-number, 40 steps", "eval/success")}
 
 
 def load(demo, fmt, seed):
