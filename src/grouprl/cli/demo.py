@@ -40,9 +40,9 @@ AGENT_DEMO: dict[str, Any] = {
     "group_size": 8,
     "max_new_tokens": 12,  # per turn: a guess is a few tokens; a rambling turn is cut and costs its guess
     "max_turns": 3,
-    # 40 steps took 9 minutes on 2 cores (steps shorten from ~23 s to ~7 s as the turns do): held-out
-    # success 0.078 -> 0.773, the policy opening at 4 and following the hints
-    # (benchmarks/results/smollm2-agent-40-steps); at 20 steps it had only learnt to answer with a number (0.367).
+    # 40 steps: held-out success 0.078 -> 0.21-0.38 over seeds 0-2 (benchmarks/results/formats-learning), about
+    # 20 s a step on 2 idle cores; a run whose policy learns to answer with the number alone (one seed in six
+    # there, and benchmarks/results/smollm2-agent-40-steps: 0.773) shortens its steps several times over.
     "total_steps": 40,
     "lr": 2e-5,
     "beta": 0.0,  # no reference pass: a third of the step's time, and 20 steps at this lr stay near the start
