@@ -15,7 +15,7 @@ DEMO: dict[str, Any] = {
     "prompts_per_step": 4,
     "group_size": 8,
     "max_new_tokens": 12,  # "2 + 4 = 6" fits; a rambling answer is cut (and earns nothing: its last number is wrong)
-    # A step of 32 completions costs 15-30 s on 2 cores (full fine-tuning, fp32). At lr 2e-5 training reward
+    # A step of 32 completions costs 3-14 s on 2 idle cores (full fine-tuning, fp32; README). At lr 2e-5 training reward
     # rose from 0.19 to 0.88 within 7 steps and held-out accuracy from 0.14 to 0.79 at step 10 in a
     # measured run (benchmarks/results/smollm2-30-steps); at 5e-5 the entropy collapsed by step 7 and
     # accuracy fell back to 0.37.
