@@ -205,10 +205,11 @@ class ServerSampler:
         if self.ahead is None and pushed != self.version:
             raise RuntimeError(f"process {ranks.rank} is at policy version {self.version} but process 0 pushed "
                                f"{pushed}: the processes updated their weights a different number of times")
-        if not ranks.is_main:  # sampling ahead, process 0's trainer may be a version ahead of this one's
+        # Sampling ahead, process 0's trainer may be a version ahead of this process's. Process 0 keeps its own
+        # counts: its trainer thread may have written the next version during the broadcast, and setting
+        # ``written`` back would write that version a second time.
+        if not ranks.is_main:
             self.written = self.pushed = pushed
-        # process 0 keeps its own counts: its trainer thread may have written the next version during the
-        # broadcast, and setting ``written`` back would write that version a second time
 
     def write_weights(self) -> None:
         """Write the followed model's weights as its version, once (process 0 alone, of several). The write reads

@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 
 READY_POLL_S = 1.0
+"""How often :meth:`ServerPool.wait_ready` asks a server that does not answer yet."""
 EXIT_SETTLE_S = 2.0
 """How long a dropped local server's process is given to finish exiting, so the message names its exit status."""
-"""How often :meth:`ServerPool.wait_ready` asks a server that does not answer yet."""
 
 
 class RolloutServerError(ConnectionError):
