@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from grouprl.serve.local import kill_group
 
 TINY64 = dict(hidden_size=128, num_heads=2, num_kv_heads=2)
 """A tiny Llama with head size 64: vLLM's CPU attention takes no smaller head."""
@@ -34,7 +34,7 @@ def write_tiny64(folder: Path, seed: int = 0) -> Path:
 def started(root: Path, count: int, max_rows: int) -> Iterator[dict]:
     """``count`` servers of the tiny head-64 model (seed 0) from a helper process, fp32, 256 positions:
     ``{addresses, pids, helper, logs}``; afterwards the helper and the servers' whole process groups are killed
-    (whatever a failed test left)."""
+    (whatever a failed test left), sparing the resource trackers that remove vLLM's shared memory."""
     folder = write_tiny64(root / "model", seed=0)
     helper = subprocess.Popen([sys.executable, "-m", "tests.helpers.servers", str(folder), str(count),
                                str(root / "logs"), "--rollout_dtype", "fp32", "--max_model_len", "256",
@@ -48,8 +48,7 @@ def started(root: Path, count: int, max_rows: int) -> Iterator[dict]:
         helper.kill()
         helper.wait()
         for pid in info["pids"]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+            kill_group(pid)
 
 
 def main(argv: list[str]) -> None:

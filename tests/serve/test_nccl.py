@@ -23,6 +23,7 @@ import torch
 from grouprl.errors import ConfigError
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.serve.collective import merged_lora_tensors, rank_offsets, tensors_to_send
+from grouprl.serve.local import kill_group
 from grouprl.serve.server import ServeOptions, engine_argv
 from grouprl.serve.transport import TRANSPORTS, resolve_transport, server_transport
 
@@ -283,6 +284,6 @@ def test_an_nccl_push_makes_the_server_sample_the_trainers_greedy_completions(tm
         finally:
             client.close()
     finally:
-        os.killpg(server.pid, 9)
+        kill_group(server.pid)  # its resource tracker left to free vLLM's shared memory
         server.wait()
         log.close()

@@ -64,6 +64,32 @@ def test_only_the_newest_version_is_kept_once_every_server_has_it(tmp_path):
     assert not folders.root.exists()
 
 
+def test_a_killed_trainers_pushes_do_not_stay_in_memory(tmp_path):
+    """The default root is /dev/shm: a push left there by a SIGKILLed trainer would hold a model's worth of
+    memory until reboot. The folder's watcher removes it once the trainer is gone."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time\n"
+            "from grouprl.models import tiny_causal_lm\n"
+            "from grouprl.serve.transport import WeightFolders\n"
+            f"folders = WeightFolders({str(tmp_path)!r})\n"
+            "folders.write_full(tiny_causal_lm(seed=1)[0].state_dict().items(), 1, None)\n"
+            "print(folders.root, flush=True)\n"
+            "time.sleep(600)\n")
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    root = Path(trainer.stdout.readline().strip())
+    assert (root / "v1" / WEIGHTS_FILE).is_file()
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    deadline = time.monotonic() + 60  # a deadline for the watcher, not a speed claim
+    while root.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not root.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_a_lora_policy_becomes_a_plain_model_folder_that_transformers_loads_back(tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 import time
 import warnings
 import weakref
@@ -74,6 +73,7 @@ from grouprl.rollout.vllm_weights import (
     restore_weights,
     wrapped_weight_name,
 )
+from grouprl.scratch import ScratchFolder
 from grouprl.types import RolloutBatch, SamplingParams
 
 KV_HEADROOM = 1.25
@@ -140,9 +140,9 @@ class VLLMSampler:
             warnings.warn("a second vLLM engine in this process starts without sleep mode: vLLM's sleep-mode "
                           "allocator serves one engine per process", stacklevel=2)
             self.sleep_between = False
-        self.folder = tempfile.mkdtemp(prefix="grouprl-vllm-")
         # its config, tokenizer and LoRA adapters go when the engine closes, is collected or the process ends
-        self._remove_folder = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
+        self.scratch = ScratchFolder("grouprl-vllm-")
+        self.folder = str(self.scratch.path)
         self._write_model_files()
         kwargs: dict[str, Any] = dict(
             model=self.folder, tokenizer=self.folder, load_format="dummy", dtype=dtype, seed=seed,
@@ -244,7 +244,7 @@ class VLLMSampler:
     def close(self) -> None:
         """Remove the engine's folder, and release vLLM's process groups before the run's own (vLLM's exit
         handler would otherwise try to destroy its subgroups after the run destroyed its group, and fail)."""
-        self._remove_folder()
+        self.scratch.remove()
         if torch.distributed.is_initialized():
             from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
 

@@ -4,9 +4,14 @@ processes on the policy as the run starts, each pinned to its own share of this 
 bound to the same cores through ``VLLM_CPU_OMP_THREADS_BIND``), listening on 127.0.0.1 only.
 
 They never outlive the run: :meth:`LocalServers.stop` (the sampler's ``close``, and an ``atexit`` hook)
-ends each server's whole process group (the server and vLLM's engine process), SIGTERM then SIGKILL;
+ends each server's whole process group (the server and vLLM's engine processes), SIGTERM then SIGKILL;
 and the kernel sends each server SIGTERM when the process that started it dies in any way, a SIGKILL
 included (``PR_SET_PDEATHSIG``, Linux). Each server's output goes to ``server-<i>.log`` in ``log_dir``.
+
+Nor does what they leave: vLLM's engine processes talk through shared memory in /dev/shm (two rings of
+160 and 240 MiB a server), which Python's multiprocessing resource tracker, a process of the server's
+group, removes once they have exited. It ignores SIGTERM for that reason, and a SIGKILL to the whole
+group would take it too and leave the memory taken until reboot: :func:`kill_group` spares it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
+KILL_ROUNDS = 5
 LOG_TAIL_CHARS = 600
 
 
@@ -51,6 +57,47 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def group_members(pgid: int) -> list[tuple[int, str]]:
+    """The processes of process group ``pgid`` not yet reaped, as ``(pid, state)`` (``stat``'s one-letter state,
+    ``Z`` for a zombie); Linux's /proc."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(entry.path, "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ", whose comm may hold anything
+            if int(fields[2]) == pgid:
+                out.append((int(entry.name), fields[0]))
+    return out
+
+
+def is_resource_tracker(pid: int) -> bool:
+    """Whether ``pid`` is Python's multiprocessing resource tracker (``python -c 'from
+    multiprocessing.resource_tracker import main; main(fd)'``)."""
+    try:
+        return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of group ``pgid`` but multiprocessing's resource trackers, which then remove the
+    shared memory the killed processes registered and exit (see the module docstring). Where there is no
+    /proc, the whole group."""
+    if not Path("/proc/self/stat").exists():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        return
+    for _ in range(KILL_ROUNDS):  # again while the group forked something between the listing and the kill
+        targets = [pid for pid, state in group_members(pgid) if state != "Z" and not is_resource_tracker(pid)]
+        if not targets:
+            return
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _child_setup(cores: list[int]) -> Callable[[], None]:
@@ -113,8 +160,7 @@ class LocalServers:
     def kill(self, i: int) -> None:
         """End server ``i``'s whole process group at once (a server the run dropped: hung, or dead with its
         engine process left behind)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.processes[i].pid, signal.SIGKILL)
+        kill_group(self.processes[i].pid)
         self.processes[i].wait()
 
     def stop(self) -> None:
@@ -127,10 +173,8 @@ class LocalServers:
             try:
                 p.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
+                kill_group(p.pid)
                 p.wait()
-        for p in self.processes:  # what the group's leader left behind (vLLM's engine process)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
+        for p in self.processes:  # what the group's leader left behind (vLLM's engine processes)
+            kill_group(p.pid)
         atexit.unregister(self.stop)

@@ -25,8 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from torch import nn
 
 from grouprl.rollout.engines import model_problem, plain_class_name, require_vllm
 from grouprl.rollout.vllm import kv_cache_bytes
+from grouprl.scratch import ScratchFolder
 from grouprl.serve.routes import ServerState, router
 from grouprl.serve.transport import server_transport, write_model_folder
 
@@ -147,9 +146,10 @@ async def _serve(argv: list[str], state: ServerState) -> None:
 
 @dataclass
 class Prepared:
-    """A server ready to start: its engine folder (removed by :func:`run`) and vLLM's arguments."""
+    """A server ready to start: its engine folder (removed by :func:`run`, or by the folder's watcher if the
+    server is killed) and vLLM's arguments."""
 
-    folder: Path
+    folder: ScratchFolder
     argv: list[str]
     state: ServerState
 
@@ -173,17 +173,17 @@ def prepare(model: nn.Module, tokenizer: Any, options: ServeOptions, model_name:
     dtype = getattr(torch, FORMATS[options.dtype])
     kv = int(options.kv_cache_gib * 2**30) if options.kv_cache_gib else kv_cache_bytes(model, options.max_rows,
                                                                                       length, dtype)
-    folder = Path(tempfile.mkdtemp(prefix="grouprl-serve-"))
+    folder = ScratchFolder("grouprl-serve-")
     try:
-        write_model_folder(model, tokenizer, folder, getattr(torch, FORMATS[options.dtype]))
+        write_model_folder(model, tokenizer, folder.path, getattr(torch, FORMATS[options.dtype]))
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
+        folder.remove()
         raise
     cuda = torch.cuda.is_available()
-    state = ServerState(model=model_name or str(folder), dtype=options.dtype, max_model_len=length,
+    state = ServerState(model=model_name or str(folder.path), dtype=options.dtype, max_model_len=length,
                         lora_rank=options.lora_rank, facts=model_facts(model),
                         weight_transfer=server_transport(options.weight_transfer, cuda).backend)
-    return Prepared(folder, engine_argv(folder, options, length, kv, cuda), state)
+    return Prepared(folder, engine_argv(folder.path, options, length, kv, cuda), state)
 
 
 def run(prepared: Prepared) -> None:
@@ -191,4 +191,4 @@ def run(prepared: Prepared) -> None:
     try:
         asyncio.run(_serve(prepared.argv, prepared.state))
     finally:
-        shutil.rmtree(prepared.folder, ignore_errors=True)
+        prepared.folder.remove()

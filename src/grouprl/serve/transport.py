@@ -23,6 +23,7 @@ import torch
 
 from grouprl.errors import ConfigError
 from grouprl.registry import Registry
+from grouprl.scratch import ScratchFolder
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -84,12 +85,14 @@ def write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.dt
 
 
 class WeightFolders:
-    """Versioned push folders under ``root`` (``v<version>``), each complete once it has its name."""
+    """Versioned push folders (``v<version>``) under a :class:`~grouprl.scratch.ScratchFolder` in ``root``, each
+    complete once it has its name; all of them go with the trainer process, a killed one included."""
 
     def __init__(self, root: str | Path | None = None):
         base = Path(root) if root is not None else default_weights_root()
         base.mkdir(parents=True, exist_ok=True)
-        self.root = Path(tempfile.mkdtemp(prefix="grouprl-weights-", dir=base))
+        self.scratch = ScratchFolder("grouprl-weights-", base)
+        self.root = self.scratch.path
 
     def path(self, version: int, adapter: bool = False) -> Path:
         """``v<version>`` (full weights) or ``v<version>-lora`` (an adapter) under :attr:`root`."""
@@ -122,7 +125,7 @@ class WeightFolders:
                 shutil.rmtree(entry, ignore_errors=True)
 
     def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        self.scratch.remove()
 
 
 class FileWeights:

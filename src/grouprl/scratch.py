@@ -1,0 +1,69 @@
+"""Temporary folders that go with the process that made them, however it ends.
+
+A run writes large temporary folders: every weight push to rollout servers (the whole model, in /dev/shm
+by default: memory that stays taken until the machine reboots if the folder is left), the model folders vLLM
+starts from. ``finally`` blocks and ``atexit`` remove them on a normal end, an error or a signal Python
+handles; a SIGKILL (the kernel's out-of-memory killer, a scheduler whose grace period ran out, ``kill -9``)
+runs neither. So each :class:`ScratchFolder` also has a watcher: a small Python process, in a session of its
+own so that signals sent to the run's process group miss it, that blocks reading a pipe whose only writer
+is the process that made the folder, and removes the folder when the pipe closes, which the kernel does
+when that process exits in any way. (Python's multiprocessing resource tracker does the same for shared
+memory, and takes nothing else.)
+
+A process forked from the owner holds the pipe too, so the folder then outlives the owner until the fork
+exits as well: what a fork may still be reading stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+
+WATCHER_EXIT_S = 5.0
+"""How long :meth:`ScratchFolder.remove` waits for the watcher to see its pipe close and exit."""
+
+_WATCH = ("import os, shutil, sys; os.chdir('/'); sys.stdin.buffer.read(); "
+          "shutil.rmtree(sys.argv[1], ignore_errors=True)")
+"""The watcher: ``read()`` returns once every holder of the pipe's other end has closed it or exited."""
+
+
+class ScratchFolder:
+    """A new empty folder ``<parent>/<prefix>XXXXXXXX`` (``parent`` None: the system's temporary folder),
+    removed by :meth:`remove`, when this object is collected, at interpreter exit, or by its watcher once
+    this process has ended without doing it (see the module docstring)."""
+
+    def __init__(self, prefix: str, parent: str | Path | None = None):
+        self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        try:
+            # -I -S: no site packages to import, so the watcher is up in tens of milliseconds
+            self._watcher = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCH, str(self.path)],
+                                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+        self._finalizer = weakref.finalize(self, _remove, self.path, self._watcher)
+
+    def remove(self) -> None:
+        """Remove the folder now and end its watcher (idempotent)."""
+        self._finalizer()
+
+    @property
+    def removed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __repr__(self) -> str:
+        return f"ScratchFolder({str(self.path)!r}{', removed' if self.removed else ''})"
+
+
+def _remove(path: Path, watcher: subprocess.Popen) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    if watcher.stdin is not None:
+        watcher.stdin.close()  # the watcher wakes, finds nothing to remove and exits
+    with contextlib.suppress(subprocess.TimeoutExpired):  # a fork of this process holds the pipe: the watcher
+        watcher.wait(timeout=WATCHER_EXIT_S)              # waits for that fork too
