@@ -4,13 +4,12 @@ rank, seed, longest sequence and rows so it samples what the trainer expects."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from grouprl.scratch import ScratchFolder
 from grouprl.serve.client import ServerSampler
 from grouprl.serve.local import LocalServers
 from grouprl.serve.ranks import Ranks
@@ -67,10 +66,10 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
         def start() -> list[str]:
             nonlocal local, folder
             root.mkdir(parents=True, exist_ok=True)
-            folder = Path(tempfile.mkdtemp(prefix="grouprl-policy-", dir=root))
-            write_model_folder(policy, tokenizer, folder, None)
+            folder = ScratchFolder("grouprl-policy-", root)  # the whole policy: gone with the run, a killed one too
+            write_model_folder(policy, tokenizer, folder.path, None)
             options = serve_options(c, max_model_len, transport)
-            local = LocalServers(addresses, folder, options, Path(c.output_dir) / "servers")
+            local = LocalServers(addresses, folder.path, options, Path(c.output_dir) / "servers")
             return local.addresses
 
         try:
@@ -102,6 +101,6 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
     return sampler
 
 
-def _remove(folder: Path | None) -> None:
+def _remove(folder: ScratchFolder | None) -> None:
     if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
+        folder.remove()
