@@ -14,7 +14,7 @@ FILE_SYSTEM_MODULES = {"os", "pathlib", "io", "shutil", "tempfile", "glob", "jso
 FILE_SYSTEM_CALLS = {"open", "save", "load"}
 
 LAYERS = {
-    "algos": 0, "types": 0, "registry": 0, "errors": 0, "scratch": 0, "__version__": 0,
+    "algos": 0, "types": 0, "registry": 0, "errors": 0, "__version__": 0,
     "data": 1, "rewards": 1, "tasks": 1, "envs": 1,
     "rollout": 2, "models": 2, "serve": 2,
     "run": 3, "trainer": 3, "control": 3, "report": 3,

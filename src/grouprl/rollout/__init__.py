@@ -9,6 +9,8 @@
 - :mod:`grouprl.rollout.formats` -- the rollout formats (fp32, bf16, bf16-weights) and what each needs.
 - :mod:`grouprl.rollout.cpu` -- the decode paths that run on a CPU only (layer loop, compiled step,
   bf16-weights products).
+- :mod:`grouprl.rollout.scratch` -- temporary folders for engines and servers (model folders, weight pushes)
+  that go with their process, a killed one included.
 
 This package knows nothing of advantages or losses.
 """

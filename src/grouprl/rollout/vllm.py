@@ -59,6 +59,7 @@ from torch import nn
 
 from grouprl.rollout.engines import plain_class_name, require_vllm
 from grouprl.rollout.process_state import kept_process_state
+from grouprl.rollout.scratch import ScratchFolder
 from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
@@ -73,7 +74,6 @@ from grouprl.rollout.vllm_weights import (
     restore_weights,
     wrapped_weight_name,
 )
-from grouprl.scratch import ScratchFolder
 from grouprl.types import RolloutBatch, SamplingParams
 
 KV_HEADROOM = 1.25

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from grouprl.scratch import ScratchFolder
+from grouprl.rollout.scratch import ScratchFolder
 from grouprl.serve.client import ServerSampler
 from grouprl.serve.local import LocalServers
 from grouprl.serve.ranks import Ranks

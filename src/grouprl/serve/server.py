@@ -33,8 +33,8 @@ import torch
 from torch import nn
 
 from grouprl.rollout.engines import model_problem, plain_class_name, require_vllm
+from grouprl.rollout.scratch import ScratchFolder
 from grouprl.rollout.vllm import kv_cache_bytes
-from grouprl.scratch import ScratchFolder
 from grouprl.serve.routes import ServerState, router
 from grouprl.serve.transport import server_transport, write_model_folder
 

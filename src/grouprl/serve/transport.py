@@ -23,7 +23,7 @@ import torch
 
 from grouprl.errors import ConfigError
 from grouprl.registry import Registry
-from grouprl.scratch import ScratchFolder
+from grouprl.rollout.scratch import ScratchFolder
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -85,7 +85,7 @@ def write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.dt
 
 
 class WeightFolders:
-    """Versioned push folders (``v<version>``) under a :class:`~grouprl.scratch.ScratchFolder` in ``root``, each
+    """Versioned push folders (``v<version>``) under a :class:`~grouprl.rollout.scratch.ScratchFolder` in ``root``, each
     complete once it has its name; all of them go with the trainer process, a killed one included."""
 
     def __init__(self, root: str | Path | None = None):

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from grouprl.scratch import ScratchFolder
+from grouprl.rollout.scratch import ScratchFolder
 
 GONE_WITHIN_S = 60.0
 """A deadline for the watcher to act, not a speed claim: a loaded machine may take seconds to schedule it."""
@@ -25,7 +25,7 @@ def _owner(tmp_path: Path, body: str = "") -> tuple[subprocess.Popen, Path]:
     """A process of its own (its own process group) that makes a scratch folder under ``tmp_path``, writes a
     file in it, prints its path, runs ``body`` and then sleeps until killed."""
     code = ("import sys, time\n"
-            "from grouprl.scratch import ScratchFolder\n"
+            "from grouprl.rollout.scratch import ScratchFolder\n"
             f"s = ScratchFolder('t-', {str(tmp_path)!r})\n"
             "(s.path / 'weights').write_bytes(b'x' * 4096)\n"
             f"{body}\n"
@@ -47,7 +47,7 @@ def test_remove_deletes_the_folder_and_ends_the_watcher(tmp_path):
 
 
 def test_a_process_that_ends_without_removing_leaves_nothing(tmp_path):
-    code = ("from grouprl.scratch import ScratchFolder\n"
+    code = ("from grouprl.rollout.scratch import ScratchFolder\n"
             f"s = ScratchFolder('t-', {str(tmp_path)!r}); (s.path / 'f').write_text('x'); print(s.path)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert _gone(Path(out.stdout.strip()))
