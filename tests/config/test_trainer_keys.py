@@ -68,6 +68,8 @@ def test_flat_access_replace_and_validation_span_the_groups():
         dataclasses.replace(config, rollout_servers=None)  # staleness needs rollout servers: checks still run
     with pytest.raises(ValueError, match="group_size"):
         TrainerConfig(group_size=1)
+    with pytest.raises(ValueError, match="rollout_server_restarts=-1 must be >= 0"):
+        TrainerConfig(rollout_servers=1, rollout_server_restarts=-1)
 
 
 def test_yaml_round_trip_keeps_the_key_order_across_groups(tmp_path):

@@ -208,3 +208,123 @@ def test_closing_the_pool_ends_every_wait_on_it_even_one_its_cancellation_misses
         got["stubborn"]), got
     with pytest.raises(RolloutServerError, match="closed"):
         pool.run(asyncio.sleep(0))
+
+
+# ------------------------------------------------------------------------------------------------ returns
+RETURN_WITHIN_S = 60.0
+"""A deadline for a watched server to be seen back, not a speed claim."""
+
+
+def returning_pool(monkeypatch, addresses, timeout=5.0):
+    """A pool that takes returns, polling fast; ``loaded`` lists the servers its rejoin gave weights to."""
+    import grouprl.serve.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "RETURN_POLL_S", 0.05)
+    monkeypatch.setattr(pool_module, "READY_POLL_S", 0.05)
+    pool = ServerPool(addresses, timeout=timeout)
+    pool.loaded = []
+
+    async def rejoin(server):
+        pool.loaded.append(server.address)
+
+    pool.rejoin = rejoin
+    return pool
+
+
+def wait_back(pool, server):
+    deadline = time.monotonic() + RETURN_WITHIN_S
+    while not server.back and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return server.back
+
+
+def test_a_dropped_server_that_answers_again_is_back_and_serves_once_readmitted(stubs, monkeypatch):
+    good, flaky = stubs("ok"), stubs("error")
+    pool = returning_pool(monkeypatch, [good.address, flaky.address])
+    try:
+        with pytest.warns(UserWarning, match=rf"{flaky.address} dropped: .*it rejoins if it answers again"):
+            spread(pool)
+        server = pool.servers[1]
+        assert not server.alive and server.returning and pool.back_servers() == []
+        flaky.mode = "ok"  # restarted by whoever runs it
+        assert wait_back(pool, server) and pool.back_servers() == [server] and not server.alive
+        assert [a for a, _ in spread(pool)] == [good.address] * 6  # back is not serving: no weights yet
+        with pytest.warns(UserWarning, match=rf"rollout server {flaky.address} is back \(dropped earlier: POST"):
+            pool.readmit(server)
+        assert server.alive and not server.returning and server.why == ""
+        assert [a for a, _ in spread(pool)] == [good.address] * 2 + [flaky.address] * 2 + [good.address] * 2
+    finally:
+        pool.close()
+
+
+def test_with_no_server_left_a_rollout_waits_for_one_the_run_restarts_and_gives_it_the_weights(stubs, monkeypatch):
+    only = stubs("error")
+    pool = returning_pool(monkeypatch, [only.address])
+    pool.servers[0].restart, pool.servers[0].restarts_left = lambda: None, 1  # its process is up again at once
+    threading.Timer(0.3, lambda: setattr(only, "mode", "ok")).start()
+    try:
+        with pytest.warns(UserWarning, match=rf"rollout server {only.address} is back"):
+            out = spread(pool, items=4)
+        assert out == [(only.address, f"/row/{i}") for i in range(4)]
+        assert pool.loaded == [only.address] and pool.servers[0].alive
+    finally:
+        pool.close()
+
+
+def test_with_no_server_left_a_rollout_does_not_wait_for_one_the_run_did_not_start(stubs, monkeypatch):
+    only = stubs("error")
+    pool = returning_pool(monkeypatch, [only.address], timeout=1000.0)  # past the suite's pytest-timeout
+    try:
+        with pytest.raises(RolloutServerError, match=rf"no rollout server is left \({only.address}: POST /row/0 "):
+            spread(pool, items=2)  # at once: a wait for the pool's timeout would fail the test by pytest-timeout
+        assert pool.servers[0].returning  # still watched: it rejoins if someone starts it again
+    finally:
+        pool.close()
+
+
+def test_a_local_server_is_restarted_while_it_has_restarts_and_then_stays_dropped(stubs, monkeypatch):
+    only = stubs("error")
+    pool = returning_pool(monkeypatch, [only.address], timeout=0.5)
+    server = pool.servers[0]
+    restarts = []
+
+    def restart():
+        restarts.append(only.mode)
+        only.mode = "ok"
+
+    server.restart, server.restarts_left = restart, 1
+    try:
+        with pytest.warns(UserWarning, match=rf"rollout server {only.address} is back"):
+            spread(pool, items=2)  # dropped at its first row, restarted, back, loaded, readmitted: served
+        assert restarts == ["error"] and server.restarts_left == 0 and pool.loaded == [only.address]
+        only.mode = "error"
+        with pytest.raises(RolloutServerError, match=rf"no rollout server is left \({only.address}: POST /row/\d "
+                                                     r"answered 500: .*; no restart left\)"):
+            spread(pool, items=2)
+        assert restarts == ["error"]  # none left: not restarted again
+    finally:
+        pool.close()
+
+
+def test_a_server_whose_weights_fail_to_load_when_back_is_dropped_again_and_watched(stubs, monkeypatch):
+    only = stubs("error")
+    pool = returning_pool(monkeypatch, [only.address], timeout=0.5)
+    server = pool.servers[0]
+    server.restart, server.restarts_left = lambda: None, 3
+    tries = []
+
+    async def rejoin(s):
+        tries.append(s.address)
+        if len(tries) == 1:
+            from grouprl.serve.pool import ServerFailure
+
+            raise ServerFailure(s, "POST /grouprl/weights answered 500")
+
+    pool.rejoin = rejoin
+    threading.Timer(0.2, lambda: setattr(only, "mode", "ok")).start()
+    try:
+        with pytest.warns(UserWarning, match="is back"):
+            spread(pool, items=2)
+        assert tries == [only.address] * 2 and server.alive
+    finally:
+        pool.close()

@@ -14,3 +14,34 @@ def test_several_processes_take_servers_under_ddp_at_any_staleness(tmp_path):
     assert ahead == []  # each process's rollout thread pushes and receives on a group of its own
     # without servers neither rule applies (the in-process engines have their own)
     assert world_size_problems(base_config(tmp_path, prompts_per_step=4, engine="fsdp"), 2) == []
+
+
+def test_a_server_process_0_readmitted_rejoins_on_every_process_and_one_it_dropped_is_dropped(monkeypatch):
+    """Process 1's side of the push broadcast: what process 0 says of each server, taken over."""
+    import warnings
+
+    import pytest
+
+    from grouprl.serve import ranks as ranks_module
+    from grouprl.serve.pool import ServerFailure, ServerPool
+
+    pool = ServerPool(["127.0.0.1:8001", "127.0.0.1:8002"], timeout=5)
+    back, fine = pool.servers
+    with pytest.warns(UserWarning):
+        pool.drop(ServerFailure(back, "POST /inference/v1/generate failed: ConnectError"))
+
+    def broadcast(news, src, group):  # process 0: the first server back with version 3, the second dropped
+        news[0] = (3, [(back.address, True, "", 3, "policy-3"), (fine.address, False, "hung", 2, None)], None)
+
+    monkeypatch.setattr(ranks_module.dist, "broadcast_object_list", broadcast)
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            assert ranks_module.Ranks(1, 2).after_push(pool, None, None) == 3
+        assert back.alive and (back.version, back.adapter, back.why) == (3, "policy-3", "")
+        assert not fine.alive and fine.why == "process 0 dropped it: hung"
+        messages = [str(w.message) for w in said]
+        assert any(m.startswith(f"rollout server {back.address} is back (dropped earlier: POST") for m in messages)
+        assert any(m.startswith(f"rollout server {fine.address} dropped: process 0 dropped it: hung") for m in messages)
+    finally:
+        pool.close()

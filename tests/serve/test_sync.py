@@ -1,6 +1,7 @@
 """Process 0's rollout thread pushes while its trainer thread writes the next version (sampling ahead)."""
 
 import threading
+import types
 
 import torch
 
@@ -20,7 +21,7 @@ class FolderSender:
         self.version = version
 
     def push(self):
-        self.folders.keep_only(self.version)
+        self.folders.keep_only(self.folders.path(self.version))
 
 
 class MainRanks:
@@ -41,7 +42,8 @@ class MainRanks:
 def test_a_version_written_during_process_0s_broadcast_is_written_once(tmp_path):
     model = torch.nn.Linear(2, 2)
     sampler = ServerSampler.__new__(ServerSampler)
-    sampler.model, sampler.sender, sampler.pool = model, FolderSender(tmp_path), None
+    sampler.model, sampler.sender = model, FolderSender(tmp_path)
+    sampler.pool = types.SimpleNamespace(back_servers=lambda: [])  # no server dropped, none back
     sampler.version, sampler.written, sampler.pushed, sampler.dtype = 1, None, None, None
     sampler.weights_lock, sampler.sync_seconds, sampler.write_seconds = threading.Lock(), 0.0, 0.0
 

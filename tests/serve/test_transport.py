@@ -58,7 +58,7 @@ def test_only_the_newest_version_is_kept_once_every_server_has_it(tmp_path):
     folders = WeightFolders(tmp_path)
     for v in (1, 2, 3):
         folders.write_full(model.state_dict().items(), v, None)
-    folders.keep_only(3)
+    folders.keep_only(folders.path(3))
     assert [p.name for p in folders.root.iterdir()] == ["v3"]
     folders.remove()
     assert not folders.root.exists()
@@ -157,5 +157,48 @@ def test_a_lora_version_holds_the_base_and_the_adapter_side_by_side(tmp_path):
     assert first.name == "v1-lora" and {"adapter_config.json", "adapter_model.safetensors"} <= {
         p.name for p in first.iterdir()}
     folders.write_adapter(peft, adapter, 2)
-    folders.keep_only(2)
+    folders.keep_only(folders.path(2, adapter=True))
     assert [p.name for p in folders.root.iterdir()] == ["v2-lora"]  # the base went to the servers once
+
+
+def test_a_restarted_server_starts_from_the_weights_every_server_loaded_last(tmp_path):
+    """The files transport keeps what every server loaded last and composes a model folder from it: the
+    config and tokenizer of the skeleton, the weights linked (no second copy in memory)."""
+    import asyncio
+    import types
+
+    from grouprl.serve.transport import FileWeights
+
+    loads = []
+
+    async def everywhere(work):
+        await work(types.SimpleNamespace(address="s0"))
+
+    async def request(server, method, path, body):
+        loads.append((path, body["version"], body["adapter"]))
+        return {"version": body["version"], "adapter": None}
+
+    restartable = types.SimpleNamespace(restart=lambda: None)
+    pool = types.SimpleNamespace(alive=[], servers=[restartable], everywhere=everywhere, request=request,
+                                 run=asyncio.run)
+    model, tok = tiny_causal_lm(seed=1)
+    sender = FileWeights(pool, lora=False, weights_dir=str(tmp_path / "weights"))
+    skeleton = tmp_path / "skeleton"
+    write_model_folder(model, tok, skeleton, None)
+    (skeleton / WEIGHTS_FILE).unlink()
+    assert sender.restart_folder(skeleton) is None  # nothing pushed yet
+    for version in (1, 2):
+        sender.write(model, version, torch.float32)
+        sender.push()
+    assert loads == [("/grouprl/weights", 1, False), ("/grouprl/weights", 2, False)]
+    folder = sender.restart_folder(skeleton)
+    try:
+        assert {p.name for p in folder.path.iterdir()} == {p.name for p in skeleton.iterdir()} | {WEIGHTS_FILE}
+        assert (folder.path / WEIGHTS_FILE).samefile(sender.folders.path(2) / WEIGHTS_FILE)  # a link, not a copy
+        loads.clear()
+        asyncio.run(sender.rejoin(types.SimpleNamespace(address="s1")))
+        assert loads == [("/grouprl/weights", 2, False)]  # a returning server: the version the others hold
+    finally:
+        folder.remove()
+        sender.close()
+    assert not folder.path.exists() and not sender.folders.root.exists()

@@ -67,6 +67,7 @@ SECTIONS: dict[str, str] = {
     "sequence_mask_low": PRECISION, "sequence_mask_high": PRECISION, "logprob_chunk_size": PRECISION,
     "vllm_gpu_memory_utilization": PRECISION, "vllm_sleep": PRECISION, "vllm_compile": PRECISION,
     "vllm_kv_cache_gib": PRECISION, "rollout_servers": PRECISION, "rollout_server_timeout": PRECISION,
+    "rollout_server_restarts": PRECISION,
     "rollout_weights_dir": PRECISION, "rollout_weights_transport": PRECISION, "max_staleness": PRECISION,
     "num_threads": PRECISION, "allocator": PRECISION,
     "engine": DISTRIBUTION, "mixed_precision": DISTRIBUTION, "cpu_offload": DISTRIBUTION,

@@ -40,7 +40,7 @@ from grouprl.rollout.sampler import check_params
 from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
-from grouprl.serve.pool import RolloutServerError, Server, ServerPool
+from grouprl.serve.pool import RolloutServerError, Server, ServerFailure, ServerPool
 from grouprl.serve.ranks import Ranks
 from grouprl.serve.transport import TRANSPORTS
 from grouprl.types import RolloutBatch, SamplingParams
@@ -111,16 +111,21 @@ class ServerSampler:
         weights_dir: where pushes are written (a folder every server can read); None: /dev/shm, else the
             system's temporary folder (servers on this machine).
         local: servers this sampler started (:class:`grouprl.serve.local.LocalServers`): stopped by ``close``.
+        restarts: how many times each of the ``local`` servers is restarted once dropped (files transport).
+        skeleton: the policy's model folder without its weights (config, tokenizer), to restart a local server
+            from with the weights every server loaded last; removed by ``close``.
     """
 
     uses_live_model = False
     """The trainer need not gather its weights for a rollout: the servers hold copies."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, servers: Sequence[str], *, timeout: float = 300.0,
-                 weights_dir: str | None = None, local: Any = None, transport: str = "files"):
+                 weights_dir: str | None = None, local: Any = None, transport: str = "files", restarts: int = 0,
+                 skeleton: Any = None):
         self.ranks = Ranks.current()  # several trainer processes: process 0 alone pushes (serve/ranks.py)
         self.model, self.tokenizer, self.local, self.weights_dir = model, tokenizer, local, weights_dir
         self.lora = hasattr(model, "peft_config")
+        self.skeleton = skeleton
         self.pool = ServerPool(servers, timeout)
         if local is not None:
             for i, server in enumerate(self.pool.servers):
@@ -132,6 +137,7 @@ class ServerSampler:
             self._check_servers()
             if self.ranks is None or self.ranks.is_main:  # how weights travel (transport.py)
                 self.sender = TRANSPORTS.get(transport).sender(self, timeout)
+                self._watch_returns(restarts)
         except BaseException:
             self.close()
             raise
@@ -150,6 +156,38 @@ class ServerSampler:
         if self.ahead is not None and self.ahead[0] == threading.get_ident():
             return self.ahead[1]
         return self.ranks
+
+    def _watch_returns(self, restarts: int) -> None:
+        """Dropped servers rejoin where the sender can bring one to the current weights (the files transport);
+        the local ones are restarted ``restarts`` times each, from :meth:`FileWeights.restart_folder`."""
+        if not hasattr(self.sender, "rejoin"):
+            return
+        self.pool.rejoin = self._rejoin
+        if self.local is None or self.skeleton is None:
+            return
+        for i, server in enumerate(self.pool.servers):
+            server.restart, server.restarts_left = (lambda i=i, server=server: self._restart(i, server)), restarts
+
+    def _restart(self, i: int, server: Server) -> None:
+        folder = self.sender.restart_folder(self.skeleton.path)
+        if folder is None:
+            raise RuntimeError("no weights were pushed yet to restart it from")
+        if server.restarted_from is not None:
+            server.restarted_from.remove()
+        server.restarted_from = folder
+        self.local.restart(i, folder.path)
+
+    async def _rejoin(self, server: Server) -> None:
+        """A server that is back: the same model and format as the others, then the current weights."""
+        info = server.info or {}
+        wrong = [k for k, v in self.served.items() if info.get(k) != v]
+        if wrong:
+            raise ServerFailure(server, f"it came back serving another {' and '.join(wrong)} "
+                                f"({', '.join(f'{info.get(k)} against {self.served[k]}' for k in wrong)})")
+        await self.sender.rejoin(server)
+        if server.restarted_from is not None:  # the server has its own engine folder now
+            server.restarted_from.remove()
+            server.restarted_from = None
 
     @property
     def folders(self) -> Any:
@@ -176,6 +214,8 @@ class ServerSampler:
             raise RolloutServerError(f"the rollout servers sample in different formats ({said}): start them all "
                                      "with one --dtype")
         self.dtype = DTYPES.get(formats.pop(), torch.float32)
+        self.served = {k: self.pool.alive[0].info.get(k) for k in ("facts", "dtype", "lora_rank")}
+        """What every server serves (a server that comes back must serve the same)."""
         self.max_model_len = min(int(s.info.get("max_model_len", 0)) for s in self.pool.alive)
 
     # -- weights ------------------------------------------------------------------------------------
@@ -228,13 +268,15 @@ class ServerSampler:
             self.sync_seconds += seconds
 
     def push_weights(self) -> None:
-        """Have every server load the newest written version (each waits for its requests in flight)."""
+        """Have every server load the newest written version (each waits for its requests in flight), and any
+        server that is back load it too before it serves again."""
         with self.weights_lock:
-            if self.pushed == self.written:
-                return
             start = time.perf_counter()
-            self.sender.push()
-            self.pushed = self.written
+            if self.pushed != self.written:
+                self.sender.push()
+                self.pushed = self.written
+            if self.pool.back_servers():
+                self.pool.run(self.pool.rejoin_back())
             self.sync_seconds += time.perf_counter() - start
 
     def cancel(self) -> None:
@@ -264,6 +306,11 @@ class ServerSampler:
         self.pool.close()
         if self.local is not None:
             self.local.stop()
+        for server in self.pool.servers:
+            if server.restarted_from is not None:
+                server.restarted_from.remove()
+        if self.skeleton is not None:
+            self.skeleton.remove()
 
     # -- generation ---------------------------------------------------------------------------------
     def stop_token_ids(self, params: SamplingParams) -> list[int]:

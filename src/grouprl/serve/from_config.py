@@ -4,6 +4,7 @@ rank, seed, longest sequence and rows so it samples what the trainer expects."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,8 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
     sampler, error = None, None
     try:
         sampler = ServerSampler(policy, tokenizer, list(addresses), timeout=c.rollout_server_timeout,
-                                weights_dir=c.rollout_weights_dir, local=local, transport=transport)
+                                weights_dir=c.rollout_weights_dir, local=local, transport=transport,
+                                restarts=c.rollout_server_restarts, skeleton=_skeleton(folder))
     except Exception as e:  # noqa: BLE001 - raised below (in every process, with several)
         error = e
     finally:
@@ -104,3 +106,15 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
 def _remove(folder: ScratchFolder | None) -> None:
     if folder is not None:
         folder.remove()
+
+
+def _skeleton(folder: ScratchFolder | None) -> ScratchFolder | None:
+    """A copy of the local servers' model folder without its weights (config, tokenizer): what a restarted
+    server starts from, with the weights every server loaded last (:meth:`FileWeights.restart_folder`)."""
+    if folder is None:
+        return None
+    skeleton = ScratchFolder("grouprl-skeleton-", folder.path.parent)
+    for entry in folder.path.iterdir():
+        if entry.is_file() and entry.suffix != ".safetensors":
+            shutil.copy2(entry, skeleton.path / entry.name)
+    return skeleton

@@ -6,7 +6,9 @@ bound to the same cores through ``VLLM_CPU_OMP_THREADS_BIND``), listening on 127
 They never outlive the run: :meth:`LocalServers.stop` (the sampler's ``close``, and an ``atexit`` hook)
 ends each server's whole process group (the server and vLLM's engine processes), SIGTERM then SIGKILL;
 and the kernel sends each server SIGTERM when the process that started it dies in any way, a SIGKILL
-included (``PR_SET_PDEATHSIG``, Linux). Each server's output goes to ``server-<i>.log`` in ``log_dir``.
+included (``PR_SET_PDEATHSIG``, Linux). Each server's output goes to ``server-<i>.log`` in ``log_dir``. A
+server the run dropped can be started again on its address and cores (:meth:`LocalServers.restart`, driven
+by :mod:`grouprl.serve.pool`).
 
 Nor does what they leave: vLLM's engine processes talk through shared memory in /dev/shm (two rings of
 160 and 240 MiB a server), which Python's multiprocessing resource tracker, a process of the server's
@@ -121,26 +123,38 @@ class LocalServers:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         shares = core_shares(sorted(cores if cores is not None else os.sched_getaffinity(0)), count)
-        self.cores = shares
+        self.cores, self.host, self.options = shares, host, list(options)
         self.processes: list[subprocess.Popen] = []
         self.addresses: list[str] = []
         atexit.register(self.stop)
         try:
-            for i, share in enumerate(shares):
-                port = free_port(host)
-                env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, share)),
-                       "OMP_NUM_THREADS": str(len(share)), "PYTHONUNBUFFERED": "1"}
-                log = open(self.log_path(i), "wb")  # noqa: SIM115 - the child holds it; closed below
-                cmd = [sys.executable, "-m", "grouprl", "serve", "--model", str(model), "--host", host,
-                       "--port", str(port), *options]
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                        preexec_fn=_child_setup(share))
-                log.close()
-                self.processes.append(proc)
-                self.addresses.append(f"{host}:{port}")
+            for i in range(count):
+                self.addresses.append(f"{host}:{free_port(host)}")
+                self.log_path(i).write_bytes(b"")
+                self.processes.append(self._start(i, model))
         except BaseException:
             self.stop()
             raise
+
+    def _start(self, i: int, model: str | Path) -> subprocess.Popen:
+        share, port = self.cores[i], self.addresses[i].rpartition(":")[2]
+        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, share)),
+               "OMP_NUM_THREADS": str(len(share)), "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, "-m", "grouprl", "serve", "--model", str(model), "--host", self.host, "--port", port,
+               *self.options]
+        # appending: a killed server's resource tracker may still write its farewell after the restart's first lines
+        with open(self.log_path(i), "ab") as log:  # the child holds its own copy of the file
+            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    preexec_fn=_child_setup(share))
+
+    def restart(self, i: int, model: str | Path) -> None:
+        """Start server ``i`` again (after :meth:`kill`), on its address and cores, from the model folder ``model``;
+        its log goes on in the same file."""
+        if self.processes[i].poll() is None:
+            raise RuntimeError(f"local rollout server {i} ({self.addresses[i]}) is still running")
+        with open(self.log_path(i), "ab") as log:
+            log.write(f"\n--- grouprl: restarting server {i} from {model} ---\n".encode())
+        self.processes[i] = self._start(i, model)
 
     def log_path(self, i: int) -> Path:
         return self.log_dir / f"server-{i}.log"

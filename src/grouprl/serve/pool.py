@@ -7,6 +7,14 @@ answer within the timeout is dropped with a message naming it (host:port), what 
 value; the rows it had not returned go to the servers left, and the run goes on, saying so. With no
 server left the call raises :class:`RolloutServerError`. A 4xx answer is the request's fault, not the
 server's: it raises at once with the server's message.
+
+Returns (when the pool is given ``rejoin``, the weight sender's way to bring a server to the current
+weights): a dropped server is watched on the pool's loop. One started by the run is restarted (its
+``restart``, while ``restarts_left``); any other is asked every :data:`RETURN_POLL_S` seconds whether it
+answers again. One that answers is *back* (:meth:`ServerPool.back_servers`): at the sampler's next weight
+sync :meth:`ServerPool.rejoin_back` loads the current weights into it and puts it back in the rotation. A rollout
+that finds no server left waits for one the run is restarting (up to the timeout) and loads its weights
+itself: no push can run meanwhile, as the pushing thread is the one waiting on the rollout.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ READY_POLL_S = 1.0
 """How often :meth:`ServerPool.wait_ready` asks a server that does not answer yet."""
 EXIT_SETTLE_S = 2.0
 """How long a dropped local server's process is given to finish exiting, so the message names its exit status."""
+RETURN_POLL_S = 10.0
+"""How often a dropped server the run did not start is asked whether it answers again."""
 
 
 class RolloutServerError(ConnectionError):
@@ -61,6 +71,16 @@ class Server:
     argument is how long to wait for a process that is exiting."""
     stop: Callable[[], None] | None = None
     """For a server started here: ends what is left of its processes once it is dropped."""
+    restart: Callable[[], None] | None = None
+    """For a server started here: starts its process again, on the same address."""
+    restarts_left: int = 0
+    """How many more times ``restart`` may be called."""
+    returning: bool = False
+    """Dropped, and watched for its return."""
+    back: bool = False
+    """Dropped and answering again: readmitted once it holds the current weights."""
+    restarted_from: Any = None
+    """The model folder its last restart started from (removed once it is back)."""
     in_flight: int = 0
     """Requests of this pool it is answering now."""
     busy_s: float = 0.0
@@ -100,6 +120,11 @@ class ServerPool:
         if len({s.address for s in self.servers}) != len(self.servers):
             raise ValueError(f"rollout_servers names a server twice: {', '.join(addresses)}")
         self.timeout, self.setting = float(timeout), setting
+        self.rejoin: Callable[[Server], Coroutine[Any, Any, None]] | None = None
+        """Loads the current weights into a server that is back (see the module docstring); None: a dropped
+        server stays dropped."""
+        self.watchers: set[asyncio.Task] = set()
+        self.came_back = asyncio.Event()  # set on the loop when a server is back; used only there
         self.clock_from = time.monotonic()
         self.clock_lock = threading.Lock()  # the busy clock: moved on the loop, read by the trainer
         self.waiting: set[concurrent.futures.Future] = set()  # what submit handed out and the loop has not settled
@@ -190,10 +215,107 @@ class ServerPool:
         server.why = failure.what + (f" ({server.describe_exit(EXIT_SETTLE_S)})" if server.describe_exit else "")
         if server.stop is not None:  # a hung server, or the engine process of a dead one, is not left running
             server.stop()
+        coming = self._watch(server)
         left = self.alive
         if left:
             warnings.warn(f"rollout server {server.address} dropped: {server.why}; going on with {len(left)} of "
-                          f"{len(self.servers)} servers ({', '.join(s.address for s in left)})", stacklevel=2)
+                          f"{len(self.servers)} servers ({', '.join(s.address for s in left)}){coming}",
+                          stacklevel=2)
+
+    # -- returns --------------------------------------------------------------------------------------
+    def _watch(self, server: Server) -> str:
+        """Watch the dropped ``server`` for its return (where the pool takes returns); what will happen, said."""
+        if self.rejoin is None or self.loop.is_closed():
+            return ""
+        server.returning, server.back = True, False
+
+        def start() -> None:
+            task = self.loop.create_task(self._await_return(server))
+            self.watchers.add(task)
+            task.add_done_callback(self.watchers.discard)
+
+        self.loop.call_soon_threadsafe(start)
+        if server.restart is None:
+            return "; it rejoins if it answers again"
+        return f"; restarting it ({server.restarts_left} restart(s) left)" if server.restarts_left > 0 else ""
+
+    def drop_again(self, server: Server, what: str) -> None:
+        """A server that was back failed before it served: dropped as before, watched again."""
+        server.back = False
+        server.why += f"; {what}"
+        if server.stop is not None:
+            server.stop()
+        self._watch(server)
+
+    async def _await_return(self, server: Server) -> None:
+        """Until ``server`` answers again (then it is :attr:`Server.back`) or cannot come back (its restarts
+        spent: ``returning`` ends, its ``why`` says so)."""
+        while True:
+            local = server.restart is not None
+            if local:
+                if server.restarts_left <= 0:
+                    server.returning = False
+                    server.why += "; no restart left"
+                    return
+                server.restarts_left -= 1
+                try:
+                    server.restart()
+                except Exception as e:  # noqa: BLE001 - said in the server's reason, the run goes on without it
+                    server.why += f"; its restart failed: {type(e).__name__}: {e}"
+                    continue
+            deadline = time.monotonic() + self.timeout
+            while not local or time.monotonic() < deadline:
+                try:
+                    server.info = await self.request(server, "GET", "/grouprl/info", timeout=min(self.timeout, 10.0))
+                    server.back = True
+                    self.came_back.set()
+                    return
+                except ServerFailure as failure:
+                    if local and server.describe_exit and "exited" in server.describe_exit(0.0):
+                        server.why += f"; restarted, then {server.describe_exit(0.0)}"
+                        break
+                    last = failure.what
+                await asyncio.sleep(READY_POLL_S if local else RETURN_POLL_S)
+            else:
+                server.why += f"; restarted, not ready within {self.timeout:g} s ({self.setting}; last: {last})"
+            if server.stop is not None:
+                server.stop()
+
+    def back_servers(self) -> list[Server]:
+        """The dropped servers answering again, to be given the current weights and readmitted."""
+        return [s for s in self.servers if s.back and not s.alive]
+
+    def readmit(self, server: Server) -> None:
+        """``server`` holds the current weights: back in the rotation, said."""
+        server.alive, server.back, server.returning = True, False, False
+        was, server.why = server.why, ""
+        warnings.warn(f"rollout server {server.address} is back (dropped earlier: {was}); serving with "
+                      f"{len(self.alive)} of {len(self.servers)} servers", stacklevel=2)
+
+    async def rejoin_back(self) -> None:
+        """Every server that is back given the current weights (``rejoin``) and readmitted; one whose load fails
+        is dropped again."""
+        for server in self.back_servers():
+            try:
+                await self.rejoin(server)
+            except ServerFailure as failure:
+                self.drop_again(server, f"back, then its weights failed to load: {failure.what}")
+                continue
+            self.readmit(server)
+
+    async def _serving(self) -> list[Server]:
+        """The servers serving; with none left, the first one the run restarts that comes back within the
+        timeout, its weights loaded here (see the module docstring). A server the run did not start is not
+        waited for: someone has to start it again."""
+        deadline = time.monotonic() + self.timeout
+        while not self.alive and self.rejoin is not None and time.monotonic() < deadline \
+                and any(s.returning and s.restart is not None for s in self.servers):  # one the run restarts
+            await self.rejoin_back()
+            if not self.alive:
+                self.came_back.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.came_back.wait(), timeout=min(READY_POLL_S, self.timeout))
+        return self.living()
 
     async def request(self, server: Server, method: str, path: str, body: dict[str, Any] | None = None,
                       timeout: float | None = None) -> dict[str, Any]:
@@ -269,7 +391,7 @@ class ServerPool:
         results: list[Any] = [None] * items
         done = [False] * items
         while not all(done):
-            servers = self.living()
+            servers = await self._serving()
             pending = [i for i in range(items) if not done[i]]
             chosen = [servers[groups[i] % len(servers)] for i in pending]
 
@@ -286,12 +408,18 @@ class ServerPool:
         return results
 
     async def everywhere(self, work: Callable[[Server], Coroutine[Any, Any, Any]]) -> None:
-        """``work(server)`` on every living server at once; a server that fails is dropped."""
-        servers = self.living()
-        outcomes = await asyncio.gather(*(work(s) for s in servers), return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, ServerFailure):
-                self.drop(outcome)
-            elif isinstance(outcome, BaseException):
-                raise outcome
-        self.living()
+        """``work(server)`` on every living server at once; a server that fails is dropped. With none left, on
+        the first one the run restarts that comes back in time (:meth:`_serving`)."""
+        done: set[Server] = set()
+        while True:
+            servers = [s for s in await self._serving() if s not in done]
+            if not servers:
+                return
+            outcomes = await asyncio.gather(*(work(s) for s in servers), return_exceptions=True)
+            for server, outcome in zip(servers, outcomes):
+                if isinstance(outcome, ServerFailure):
+                    self.drop(outcome)
+                elif isinstance(outcome, BaseException):
+                    raise outcome
+                else:
+                    done.add(server)

@@ -7,9 +7,10 @@ step), so one copy reaching the servers is enough:
   server. Its group g goes to the server of key ``g * N + rank`` (``N`` processes), so the processes' groups
   interleave over the servers instead of all starting at the first one.
 - Weights: process 0 alone writes and pushes each version; every process then receives from it the
-  version the servers hold and the servers it dropped on the way (:meth:`Ranks.after_push`, a broadcast), so
-  no process samples for step t + 1 before the push of version t completed, and a server process 0 found
-  dead is dropped, and named, on every process. A push that failed raises on every process.
+  version the servers hold and which servers serve (:meth:`Ranks.after_push`, a broadcast), so no process
+  samples for step t + 1 before the push of version t completed, a server process 0 found dead is dropped,
+  and named, on every process, and one that came back and was given the weights by process 0 rejoins on
+  every process. A push that failed raises on every process.
 - Local servers (``rollout_servers: N``): process 0 starts them and sends their addresses to the others
   (:meth:`Ranks.share`); it alone stops them at the end.
 - Collectives run on the trainer's process group, at points every process reaches together: the start of
@@ -86,21 +87,27 @@ class Ranks:
 
     def after_push(self, pool: Any, version: int | None, error: BaseException | None) -> int | None:
         """Process 0's push outcome in every process: the version the servers hold (returned), the servers it
-        dropped (dropped here too, named), its error (raised everywhere)."""
+        dropped (dropped here too, named) and those it serves with (readmitted here if dropped: process 0 gave
+        them the weights), its error (raised everywhere)."""
         news: list[Any] = [None]
         if self.is_main:
-            news[0] = (version, [(s.address, s.why) for s in pool.servers if not s.alive],
+            news[0] = (version, [(s.address, s.alive, s.why, s.version, s.adapter) for s in pool.servers],
                        None if error is None else f"{type(error).__name__}: {error}")
         dist.broadcast_object_list(news, src=0, group=self.group)
-        pushed, dropped, failed = news[0]
+        pushed, states, failed = news[0]
         if self.is_main:
             if error is not None:
                 raise error
             return pushed
         by_address = {s.address: s for s in pool.servers}
-        for address, why in dropped:
+        for address, alive, why, held, adapter in states:
             server = by_address.get(address)
-            if server is not None and server.alive:  # the pool's warning names it, with process 0's reason
+            if server is None or server.alive == alive:
+                continue
+            if alive:  # back at process 0, with the weights it pushed
+                pool.readmit(server)
+                server.version, server.adapter = held, adapter
+            else:  # the pool's warning names it, with process 0's reason
                 pool.drop(ServerFailure(server, f"process 0 dropped it: {why}"))
         if failed is not None:
             raise RolloutServerError(f"process 0 could not push the weights to the rollout servers: {failed}")

@@ -117,9 +117,9 @@ class WeightFolders:
             raise
         return path
 
-    def keep_only(self, version: int) -> None:
-        """Remove every version but ``version`` (each server has loaded it)."""
-        keep = {self.path(version).name, self.path(version, adapter=True).name}
+    def keep_only(self, *paths: Path) -> None:
+        """Remove every version but the folders ``paths`` (each server has loaded them)."""
+        keep = {p.name for p in paths}
         for entry in self.root.iterdir():
             if entry.name not in keep:
                 shutil.rmtree(entry, ignore_errors=True)
@@ -131,7 +131,11 @@ class WeightFolders:
 class FileWeights:
     """The trainer's side of the ``files`` transport: each version written once as a folder
     (:class:`WeightFolders` under ``weights_dir``), then loaded by every server (``POST /grouprl/weights``).
-    With LoRA the base goes once, then the adapter alone, as a LoRA request on the servers."""
+    With LoRA the base goes once, then the adapter alone, as a LoRA request on the servers.
+
+    The folders every server loaded last stay until the next push: a server that comes back
+    (:mod:`grouprl.serve.pool`) loads them (:meth:`rejoin`), and a local server restarts from them
+    (:meth:`restart_folder`)."""
 
     def __init__(self, pool: Any, lora: bool, weights_dir: str | None):
         for s in pool.alive:
@@ -143,6 +147,7 @@ class FileWeights:
         self.pool, self.lora = pool, lora
         self.folders = WeightFolders(weights_dir)
         self.staged: dict[bool, Path] = {}  # adapter? -> a folder written and not yet loaded by the servers
+        self.loaded: dict[bool, tuple[Path, int]] = {}  # adapter? -> (folder, version) every server loaded last
         self.base_written, self.version = False, 0
 
     def write(self, model: Any, version: int, dtype: torch.dtype) -> None:
@@ -161,15 +166,46 @@ class FileWeights:
 
     def push(self) -> None:
         for adapter, path in self.staged.items():  # the base before the adapter
-            body = {"path": str(path), "version": self.version, "adapter": adapter}
-
-            async def load(server: Any, body: dict = body) -> None:
-                answer = await self.pool.request(server, "POST", "/grouprl/weights", body)
-                server.version, server.adapter = answer.get("version"), answer.get("adapter")
-
-            self.pool.run(self.pool.everywhere(load))
+            self.pool.run(self.pool.everywhere(lambda server, a=adapter, p=path: self._load(server, a, p,
+                                                                                            self.version)))
+            self.loaded[adapter] = (path, self.version)
         self.staged.clear()
-        self.folders.keep_only(self.version)
+        # with LoRA the base folder is needed again only to restart a local server: kept only where one may be
+        restartable = any(s.restart is not None for s in self.pool.servers)
+        self.folders.keep_only(*(path for adapter, (path, _) in self.loaded.items()
+                                 if adapter or not self.lora or restartable))
+
+    async def _load(self, server: Any, adapter: bool, path: Path, version: int) -> None:
+        body = {"path": str(path), "version": version, "adapter": adapter}
+        answer = await self.pool.request(server, "POST", "/grouprl/weights", body)
+        server.version, server.adapter = answer.get("version"), answer.get("adapter")
+
+    async def rejoin(self, server: Any) -> None:
+        """Bring a server that is back to the weights every server loaded last: the full weights, or with LoRA
+        the adapter alone (a returning server serves the base model it was started from, and the base is frozen)."""
+        for adapter, (path, version) in sorted(self.loaded.items()):
+            if adapter or not self.lora:
+                await self._load(server, adapter, path, version)
+
+    def restart_folder(self, skeleton: Path) -> ScratchFolder | None:
+        """A model folder to restart a local server from: ``skeleton``'s files (config, tokenizer) and the full
+        weights every server loaded last (linked, not copied, where they share a file system); None before
+        the first push."""
+        if False not in self.loaded or not self.loaded[False][0].is_dir():
+            return None
+        folder = ScratchFolder("grouprl-restart-", self.folders.root.parent)
+        try:
+            for entry in skeleton.iterdir():
+                shutil.copy2(entry, folder.path / entry.name)
+            weights = self.loaded[False][0] / WEIGHTS_FILE
+            try:
+                os.link(weights, folder.path / WEIGHTS_FILE)
+            except OSError:  # another file system (or none that links): a copy
+                shutil.copy2(weights, folder.path / WEIGHTS_FILE)
+        except BaseException:
+            folder.remove()
+            raise
+        return folder
 
     def close(self) -> None:
         self.folders.remove()

@@ -155,6 +155,8 @@ def _sampling_problems(c: Any) -> list[str]:
                    f"max_trajectory_tokens={c.max_trajectory_tokens} >= max_new_tokens={c.max_new_tokens}")
     if not (math.isfinite(c.tool_timeout_s) and c.tool_timeout_s > 0):
         out.append(f"tool_timeout_s={c.tool_timeout_s} must be > 0")
+    if c.rollout_server_restarts < 0:
+        out.append(f"rollout_server_restarts={c.rollout_server_restarts} must be >= 0")
     return out
 
 
