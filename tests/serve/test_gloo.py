@@ -81,3 +81,59 @@ def test_a_lora_policy_goes_merged_and_the_servers_sample_it_as_base_weights(ser
         assert [s.adapter for s in client.pool.servers] == [None, None]
     finally:
         client.close()
+
+
+def test_a_server_that_comes_back_joins_the_group_at_the_next_push(servers, tmp_path, monkeypatch):
+    """One server of the two dies and is started again on its address by someone else: the pool sees it back,
+    the next push forms the group with it again, and it samples the trainer's weights."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import grouprl.serve.pool as pool_module
+    from grouprl.serve.local import free_port, kill_group
+    from tests.helpers.servers import write_tiny64
+
+    monkeypatch.setattr(pool_module, "RETURN_POLL_S", 0.5)
+    folder = write_tiny64(tmp_path / "model", seed=0)
+    port = free_port()
+    command = [sys.executable, "-m", "grouprl", "serve", "--model", str(folder), "--port", str(port),
+               "--rollout_dtype", "fp32", "--max_model_len", "256", "--max_rows", "16"]
+
+    def serve():
+        log = open(tmp_path / "mine.log", "ab")  # noqa: SIM115 - the server holds it
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    mine = serve()
+    model, tok = tiny_causal_lm(seed=8, **TINY64)
+    client = None
+    try:
+        client = ServerSampler(model, tok, [f"127.0.0.1:{port}", servers["addresses"][1]], timeout=300,
+                               transport="gloo")
+        ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
+        client.generate(ids, 2, greedy, seed=0)  # the first push: a server dying during a broadcast stops it
+        kill_group(mine.pid)
+        mine.wait()
+        with pytest.warns(UserWarning, match=rf"127.0.0.1:{port} dropped: .*it rejoins if it answers again"):
+            client.generate(ids, 2, greedy, seed=0)
+        mine = serve()
+        deadline = time.monotonic() + 300
+        while not client.pool.servers[0].back and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert client.pool.servers[0].back and not client.pool.servers[0].alive
+        nudge(model, seed=9)
+        client.update_weights(model)
+        want = Sampler(model, tok).generate(ids, 1, greedy, seed=0)
+        with pytest.warns(UserWarning, match=rf"rollout server 127.0.0.1:{port} is back"):
+            got = client.generate(ids, 2, greedy, seed=0)  # the push forms the group of three again
+        assert client.sender.client.world_size == 3 and [s.version for s in client.pool.servers] == [1, 1]
+        # prompts 0 and 2 on the server that came back, 1 and 3 on the other; both rows of each the trainer's
+        assert got.completion_ids[::2].tolist() == want.completion_ids.tolist()
+        assert got.completion_ids[1::2].tolist() == want.completion_ids.tolist()
+    finally:
+        if client is not None:
+            client.close()
+        kill_group(mine.pid)
+        mine.wait()

@@ -43,6 +43,9 @@ def test_killing_a_group_spares_its_resource_tracker_and_the_shared_memory_goes(
                               text=True, start_new_session=True)
     segment = Path("/dev/shm", leader.stdout.readline().strip())
     assert segment.read_bytes()[:4] == b"grpl"
+    deadline = time.monotonic() + GONE_WITHIN_S  # the tracker is forked, then executes its own command line
+    while not any(is_resource_tracker(pid) for pid, _ in group_members(leader.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     members = group_members(leader.pid)
     assert len(members) == 3 and [is_resource_tracker(pid) for pid, _ in members].count(True) == 1
     kill_group(leader.pid)

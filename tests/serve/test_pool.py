@@ -222,7 +222,7 @@ def returning_pool(monkeypatch, addresses, timeout=5.0):
     monkeypatch.setattr(pool_module, "RETURN_POLL_S", 0.05)
     monkeypatch.setattr(pool_module, "READY_POLL_S", 0.05)
     pool = ServerPool(addresses, timeout=timeout)
-    pool.loaded = []
+    pool.takes_returns, pool.loaded = True, []
 
     async def rejoin(server):
         pool.loaded.append(server.address)

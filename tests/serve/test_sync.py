@@ -43,7 +43,7 @@ def test_a_version_written_during_process_0s_broadcast_is_written_once(tmp_path)
     model = torch.nn.Linear(2, 2)
     sampler = ServerSampler.__new__(ServerSampler)
     sampler.model, sampler.sender = model, FolderSender(tmp_path)
-    sampler.pool = types.SimpleNamespace(back_servers=lambda: [])  # no server dropped, none back
+    sampler.pool = types.SimpleNamespace(back_servers=lambda: [], rejoin=None)  # no server dropped, none back
     sampler.version, sampler.written, sampler.pushed, sampler.dtype = 1, None, None, None
     sampler.weights_lock, sampler.sync_seconds, sampler.write_seconds = threading.Lock(), 0.0, 0.0
 

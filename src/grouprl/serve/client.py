@@ -158,8 +158,10 @@ class ServerSampler:
         return self.ranks
 
     def _watch_returns(self, restarts: int) -> None:
-        """Dropped servers rejoin where the sender can bring one to the current weights (the files transport);
-        the local ones are restarted ``restarts`` times each, from :meth:`FileWeights.restart_folder`."""
+        """Dropped servers that answer again rejoin: given the weights by the files transport (at the next sync,
+        or at once with no server left), or by a collective transport's next push. With files, the local ones
+        are restarted ``restarts`` times each, from :meth:`FileWeights.restart_folder`."""
+        self.pool.takes_returns = True
         if not hasattr(self.sender, "rejoin"):
             return
         self.pool.rejoin = self._rejoin
@@ -177,13 +179,18 @@ class ServerSampler:
         server.restarted_from = folder
         self.local.restart(i, folder.path)
 
-    async def _rejoin(self, server: Server) -> None:
-        """A server that is back: the same model and format as the others, then the current weights."""
+    def _difference(self, server: Server) -> str:
+        """How a server that is back differs from what every server served (model, format, LoRA rank); "" if not."""
         info = server.info or {}
         wrong = [k for k, v in self.served.items() if info.get(k) != v]
-        if wrong:
-            raise ServerFailure(server, f"it came back serving another {' and '.join(wrong)} "
-                                f"({', '.join(f'{info.get(k)} against {self.served[k]}' for k in wrong)})")
+        said = ", ".join(f"{info.get(k)} against {self.served[k]}" for k in wrong)
+        return f"it came back serving another {' and '.join(wrong)} ({said})" if wrong else ""
+
+    async def _rejoin(self, server: Server) -> None:
+        """A server that is back: the same model and format as the others, then the current weights."""
+        difference = self._difference(server)
+        if difference:
+            raise ServerFailure(server, difference)
         await self.sender.rejoin(server)
         if server.restarted_from is not None:  # the server has its own engine folder now
             server.restarted_from.remove()
@@ -273,9 +280,16 @@ class ServerSampler:
         with self.weights_lock:
             start = time.perf_counter()
             if self.pushed != self.written:
+                if self.pool.rejoin is None:  # a collective: a server that is back is in the group this push forms
+                    for server in self.pool.back_servers():
+                        difference = self._difference(server)
+                        if difference:
+                            self.pool.drop_again(server, difference)
+                        else:
+                            self.pool.readmit(server)
                 self.sender.push()
                 self.pushed = self.written
-            if self.pool.back_servers():
+            if self.pool.rejoin is not None and self.pool.back_servers():
                 self.pool.run(self.pool.rejoin_back())
             self.sync_seconds += time.perf_counter() - start
 

@@ -7,7 +7,8 @@ receive and reload layer by layer). Nothing touches storage.
   first server from) and asks each server to join it (``POST /grouprl/transfer/init``) at its own rank
   offset: the group is rank 0 (the trainer) then server 0's workers, server 1's, ... A server that has not
   joined within ``rollout_server_timeout`` is named with that timeout. The group is formed again, without
-  it, once a server has been dropped.
+  it, once a server has been dropped, and with it at the first push after it came back
+  (:mod:`grouprl.serve.pool`); a server back that fails to join is dropped again and the group formed without it.
 - A push: the trainer's tensors are staged as the servers' format (:func:`tensors_to_send`, on the policy's
   device: a copy, so the trainer may update while an asynchronous run pushes), then vLLM's engine sends
   them: ``/grouprl/transfer/start`` (each server pauses once its requests in flight finish),
@@ -230,14 +231,25 @@ class CollectiveWeights:
             raise RolloutServerError(f"the {self.backend} weight-transfer group (trainer at {host}:{info.master_port}) "
                                      f"did not form: {'; '.join(x for x in (said, late_said) if x)}")
         self.engine, self.client, self.members = done.result(), client, list(servers)
+        self.roster = self.pool.roster_changes
+        self.readmits = {s.address: s.readmits for s in servers}
 
     def write(self, model: nn.Module, version: int, dtype: torch.dtype) -> None:
         self.staged, self.version = tensors_to_send(model, dtype), version
 
     def push(self) -> None:
-        if self.members != self.pool.living():  # a server was dropped: its workers would never receive
-            self.close()
-            self._join()
+        if self.roster != self.pool.roster_changes:  # a server was dropped (its workers would never receive) or is
+            self.close()                             # back (its new process is in no group)
+            returned = [s for s in self.pool.living() if self.readmits.get(s.address) != s.readmits]
+            try:
+                self._join()
+            except RolloutServerError as e:
+                if not returned:
+                    raise
+                self.pool.watch_returning()  # the failed join cancelled the watchers of the servers still away
+                for server in returned:  # one that came back and cannot join stays out; the others go on
+                    self.pool.drop(ServerFailure(server, f"it came back, then {e}"))
+                self._join()
         self.client.version = self.version
         self.engine.send_weights()
         self.staged = []

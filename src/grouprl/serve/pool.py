@@ -8,13 +8,15 @@ value; the rows it had not returned go to the servers left, and the run goes on,
 server left the call raises :class:`RolloutServerError`. A 4xx answer is the request's fault, not the
 server's: it raises at once with the server's message.
 
-Returns (when the pool is given ``rejoin``, the weight sender's way to bring a server to the current
-weights): a dropped server is watched on the pool's loop. One started by the run is restarted (its
+Returns (when the pool is told to take them back, ``takes_returns``): a dropped server is watched on the
+pool's loop. One started by the run is restarted (its
 ``restart``, while ``restarts_left``); any other is asked every :data:`RETURN_POLL_S` seconds whether it
 answers again. One that answers is *back* (:meth:`ServerPool.back_servers`): at the sampler's next weight
-sync :meth:`ServerPool.rejoin_back` loads the current weights into it and puts it back in the rotation. A rollout
-that finds no server left waits for one the run is restarting (up to the timeout) and loads its weights
-itself: no push can run meanwhile, as the pushing thread is the one waiting on the rollout.
+sync it is given the current weights and put back in the rotation: through ``rejoin`` (the files transport,
+:meth:`ServerPool.rejoin_back`), or as a member of the group the next push forms (a collective transport).
+With ``rejoin``, a rollout that finds no server left waits for one the run is restarting (up to the
+timeout) and loads its weights itself: no push can run meanwhile, as the pushing thread is the one
+waiting on the rollout.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ class Server:
     """Dropped, and watched for its return."""
     back: bool = False
     """Dropped and answering again: readmitted once it holds the current weights."""
+    readmits: int = 0
+    """How many times it came back and was readmitted."""
     restarted_from: Any = None
     """The model folder its last restart started from (removed once it is back)."""
     in_flight: int = 0
@@ -120,9 +124,13 @@ class ServerPool:
         if len({s.address for s in self.servers}) != len(self.servers):
             raise ValueError(f"rollout_servers names a server twice: {', '.join(addresses)}")
         self.timeout, self.setting = float(timeout), setting
+        self.roster_changes = 0
+        """How many times a server was dropped or readmitted (a collective forms its group again after one)."""
+        self.takes_returns = False
+        """Whether a dropped server is watched for its return (see the module docstring)."""
         self.rejoin: Callable[[Server], Coroutine[Any, Any, None]] | None = None
-        """Loads the current weights into a server that is back (see the module docstring); None: a dropped
-        server stays dropped."""
+        """Loads the current weights into a server that is back, on the loop (None: the sampler gives them at
+        its next push)."""
         self.watchers: set[asyncio.Task] = set()
         self.came_back = asyncio.Event()  # set on the loop when a server is back; used only there
         self.clock_from = time.monotonic()
@@ -212,6 +220,7 @@ class ServerPool:
         if not server.alive:
             return
         server.alive = False
+        self.roster_changes += 1
         server.why = failure.what + (f" ({server.describe_exit(EXIT_SETTLE_S)})" if server.describe_exit else "")
         if server.stop is not None:  # a hung server, or the engine process of a dead one, is not left running
             server.stop()
@@ -225,7 +234,7 @@ class ServerPool:
     # -- returns --------------------------------------------------------------------------------------
     def _watch(self, server: Server) -> str:
         """Watch the dropped ``server`` for its return (where the pool takes returns); what will happen, said."""
-        if self.rejoin is None or self.loop.is_closed():
+        if not self.takes_returns or self.loop.is_closed():
             return ""
         server.returning, server.back = True, False
 
@@ -238,6 +247,12 @@ class ServerPool:
         if server.restart is None:
             return "; it rejoins if it answers again"
         return f"; restarting it ({server.restarts_left} restart(s) left)" if server.restarts_left > 0 else ""
+
+    def watch_returning(self) -> None:
+        """Watch again every dropped server still expected back (after :meth:`cancel` ended the watchers)."""
+        for server in self.servers:
+            if server.returning and not server.alive and not server.back:
+                self._watch(server)
 
     def drop_again(self, server: Server, what: str) -> None:
         """A server that was back failed before it served: dropped as before, watched again."""
@@ -288,6 +303,8 @@ class ServerPool:
     def readmit(self, server: Server) -> None:
         """``server`` holds the current weights: back in the rotation, said."""
         server.alive, server.back, server.returning = True, False, False
+        server.readmits += 1
+        self.roster_changes += 1
         was, server.why = server.why, ""
         warnings.warn(f"rollout server {server.address} is back (dropped earlier: {was}); serving with "
                       f"{len(self.alive)} of {len(self.servers)} servers", stacklevel=2)

@@ -116,9 +116,9 @@ class EngineKeys:
     stopped with the run. A group's rows go to one server, groups round-robin; each row has its own seed, so
     a completion does not depend on its server. After every optimizer step the weights go to every server
     (rollout_weights_transport: safetensors through rollout_weights_dir, or an NCCL broadcast), logged as
-    time/weight_sync. A server that fails is dropped, named, and the run goes on with the others; with the
-    files transport it rejoins once it answers again, given the current weights first (a local one is
-    restarted: rollout_server_restarts). Empty = in this process (rollout_engine). docs/servers.md."""
+    time/weight_sync. A server that fails is dropped, named, and the run goes on with the others; it rejoins
+    once it answers again, given the current weights first (a local one is restarted:
+    rollout_server_restarts). Empty = in this process (rollout_engine). docs/servers.md."""
     rollout_server_timeout: float = 600.0
     """Seconds a rollout server may take to come up, and to answer one request (a completion, a weight
     load), before it is dropped as failed."""
@@ -126,7 +126,8 @@ class EngineKeys:
     """How many times the run restarts each server it started itself (rollout_servers: N) after the server is
     dropped (crashed, killed by the out-of-memory killer, hung), on the same address and cores, from the
     weights it served; it rejoins at the next weight sync, or at once when no server is left. 0 = a dropped
-    server stays dropped. With the files transport only (a collective's group is fixed at its start)."""
+    server stays dropped. With the files transport only: a restart starts from the folder of the weights every
+    server loaded last, which nccl and gloo do not write."""
     rollout_weights_dir: str | None = None
     """Folder the weights pass through on their way to rollout servers, which must see it (shared storage
     across machines). Empty = /dev/shm (memory) where it exists, else the system's temporary folder."""
