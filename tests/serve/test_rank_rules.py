@@ -45,3 +45,24 @@ def test_a_server_process_0_readmitted_rejoins_on_every_process_and_one_it_dropp
         assert any(m.startswith(f"rollout server {fine.address} dropped: process 0 dropped it: hung") for m in messages)
     finally:
         pool.close()
+
+
+def test_every_process_names_the_adapter_process_0_loaded_in_its_requests(monkeypatch):
+    """With LoRA a request names the adapter its server holds (each push loads one under a new name): the other
+    processes take the names from process 0's broadcast, or they would sample from the base or an older one."""
+    from grouprl.serve import ranks as ranks_module
+    from grouprl.serve.pool import ServerPool
+
+    pool = ServerPool(["127.0.0.1:8001", "127.0.0.1:8002"], timeout=5)
+    first, second = pool.servers
+    first.version, first.adapter = 1, "policy-1"
+
+    def broadcast(news, src, group):  # process 0 pushed version 2 to both
+        news[0] = (2, [(first.address, True, "", 2, "policy-2"), (second.address, True, "", 2, "policy-2")], None)
+
+    monkeypatch.setattr(ranks_module.dist, "broadcast_object_list", broadcast)
+    try:
+        assert ranks_module.Ranks(1, 2).after_push(pool, None, None) == 2
+        assert [(s.alive, s.version, s.adapter) for s in pool.servers] == [(True, 2, "policy-2")] * 2
+    finally:
+        pool.close()

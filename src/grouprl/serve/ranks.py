@@ -88,7 +88,8 @@ class Ranks:
     def after_push(self, pool: Any, version: int | None, error: BaseException | None) -> int | None:
         """Process 0's push outcome in every process: the version the servers hold (returned), the servers it
         dropped (dropped here too, named) and those it serves with (readmitted here if dropped: process 0 gave
-        them the weights), its error (raised everywhere)."""
+        them the weights), with the version and LoRA adapter each holds (a request names that adapter), its error
+        (raised everywhere)."""
         news: list[Any] = [None]
         if self.is_main:
             news[0] = (version, [(s.address, s.alive, s.why, s.version, s.adapter) for s in pool.servers],
@@ -102,13 +103,14 @@ class Ranks:
         by_address = {s.address: s for s in pool.servers}
         for address, alive, why, held, adapter in states:
             server = by_address.get(address)
-            if server is None or server.alive == alive:
+            if server is None:
                 continue
-            if alive:  # back at process 0, with the weights it pushed
+            if alive and not server.alive:  # back at process 0, with the weights it pushed
                 pool.readmit(server)
-                server.version, server.adapter = held, adapter
-            else:  # the pool's warning names it, with process 0's reason
+            elif server.alive and not alive:  # the pool's warning names it, with process 0's reason
                 pool.drop(ServerFailure(server, f"process 0 dropped it: {why}"))
+            if alive:  # what it holds now: with LoRA, requests name the adapter process 0 loaded
+                server.version, server.adapter = held, adapter
         if failed is not None:
             raise RolloutServerError(f"process 0 could not push the weights to the rollout servers: {failed}")
         return pushed
