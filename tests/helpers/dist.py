@@ -168,6 +168,21 @@ VARIANTS = {
 (bf16 computes differently from the fp32 one-process run by design)."""
 
 
+def _pushes(trainer: Any, rank: int) -> dict[str, Any]:
+    """What a rollout server push reads from an FSDP policy, as process 0 holds it: the state gathered for the
+    files transport (on the CPU) and the tensors a collective transport sends (LoRA merged). Every process
+    gathers; process 0 alone keeps."""
+    from grouprl.serve.collective import tensors_to_send
+    from grouprl.serve.transport import gathered
+
+    policy = trainer.policy
+    files = gathered(policy, device=torch.device("cpu"), kept=rank == 0)
+    sent = tensors_to_send(policy, torch.float32, gathered(policy, kept=rank == 0)) if rank == 0 else None
+    if rank != 0:
+        gathered(policy, kept=False)  # the collective above, taken part in
+    return {"files": files, "sent": dict(sent) if sent is not None else None}
+
+
 def variant_group(rank: int, world: int, store_file: str, out: str) -> None:
     """The variants, then a resume of the reference-sync run (its reference is in the checkpoint),
     then an evaluation split over the two processes (an entry point of ``mp.spawn``)."""
@@ -183,7 +198,7 @@ def variant_group(rank: int, world: int, store_file: str, out: str) -> None:
         trainer = build(out, name, env=env, **VARIANTS[name])
         trainer.train()
         reference = _full_reference(trainer) if trainer.reference is not None else None
-        return {"weights": full_weights(trainer), "reference": reference}
+        return {"weights": full_weights(trainer), "reference": reference, **_pushes(trainer, rank)}
 
     def resumed() -> dict[str, Any]:
         start = out / "fsdp_ref_sync" / "run" / "checkpoints" / "step-000002"

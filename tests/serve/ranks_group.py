@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from grouprl.models import tiny_causal_lm
+from grouprl.serve.transport import gathered
 from grouprl.trainer.trainer import Trainer
 from tests.helpers.servers import TINY64
 from tests.helpers.trainer import PROMPTS, base_config
@@ -63,7 +64,8 @@ def served_run(out: Path, servers: Any, processes: Any = None, kill_first: bool 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trainer.train()
-        weights = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+        # whole under FSDP too (a collective: every process gathers)
+        weights = {k: v.clone() for k, v in gathered(trainer.policy, device=torch.device("cpu")).items()}
         return {"weights": {k.removeprefix("module."): v for k, v in weights.items()}, "versions": versions,
                 "pushes": sampler.sender is not None, "version": sampler.version, "pushed": sampler.pushed,
                 "addresses": [s.address for s in sampler.pool.servers], "local": sampler.local is not None,

@@ -38,9 +38,12 @@ def checked(record):
     return record
 
 
-def test_two_processes_through_one_server_train_like_one_process(server, tmp_path):
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_two_processes_through_one_server_train_like_one_process(server, tmp_path, engine):
+    """DDP: process 0 writes its own copy of the weights; FSDP: every process gathers its shards for process 0's
+    write, a wrong gather would change what the server samples and so the run."""
     one = served_run(tmp_path / "one", (server,))
-    ranks = [checked(r) for r in start(tmp_path / "two", [server])]
+    ranks = [checked(r) for r in start(tmp_path / "two", [server], engine=engine)]
     steps = SETTINGS["total_steps"]
     # every row of step s, in every process, was sampled by version s - 1: no process sampled before the push
     rows = SETTINGS["prompts_per_step"] * SETTINGS["group_size"]
@@ -56,13 +59,53 @@ def test_two_processes_through_one_server_train_like_one_process(server, tmp_pat
     for key, want in one["weights"].items():
         gap = float((ranks[0]["weights"][key] - want).abs().max())
         assert gap <= TOLERANCE, f"{key}: two processes differ from one by {gap:.3g}"
-        assert torch.equal(ranks[0]["weights"][key], ranks[1]["weights"][key]), key  # DDP: one set of weights
+        assert torch.equal(ranks[0]["weights"][key], ranks[1]["weights"][key]), key  # one set of weights
     mine = [r for r in ranks[0]["metrics"] if "loss/policy" in r]
     theirs = [r for r in one["metrics"] if "loss/policy" in r]
     assert [r["step"] for r in mine] == list(range(1, steps + 1))
     for a, b in zip(mine, theirs):
         for key in COMPARED:
             assert a[key] == pytest.approx(b[key], abs=TOLERANCE), (a["step"], key, a[key], b[key])
+
+
+def test_two_fsdp_processes_with_lora_start_a_local_server_from_gathered_shards_and_train_like_one_process(tmp_path):
+    """Under FSDP process 0 starts the server from the policy every process gathered, then pushes the base once and
+    the adapter at every version, gathered alike."""
+    lora = dict(lora_rank=4, lr=1e-2)
+    one = served_run(tmp_path / "one", 1, **lora)
+    ranks = [checked(r) for r in start(tmp_path / "two", 1, engine="fsdp", **lora)]
+    assert [r["local"] for r in ranks] == [True, False] and [r["pushes"] for r in ranks] == [True, False]
+    steps = SETTINGS["total_steps"]
+    assert [r["pushed"] for r in ranks] == [steps, steps] and ranks[0]["dropped"] == []
+    adapters = [k for k in one["weights"] if ".lora_B." in k]
+    assert adapters and max(float(one["weights"][k].abs().max()) for k in adapters) > 100 * TOLERANCE  # it learnt
+    mine = [r for r in ranks[0]["metrics"] if "loss/policy" in r]
+    theirs = [r for r in one["metrics"] if "loss/policy" in r]
+    for a, b in zip(mine, theirs, strict=True):  # the same completions: the server sampled the same adapters
+        for key in COMPARED:
+            assert a[key] == pytest.approx(b[key], abs=TOLERANCE), (a["step"], key, a[key], b[key])
+    for key, want in one["weights"].items():
+        gap = float((ranks[0]["weights"][key] - want).abs().max())
+        assert gap <= TOLERANCE, f"{key}: two processes differ from one by {gap:.3g}"
+
+
+def test_two_fsdp_processes_push_a_lora_policy_merged_over_gloo_and_train_like_one_process(server, tmp_path):
+    """The collective transport under FSDP: every process gathers, process 0 merges the adapters in and broadcasts
+    the whole model to the server's workers."""
+    settings = dict(lora_rank=4, lr=1e-2, rollout_weights_transport="gloo")
+    one = served_run(tmp_path / "one", (server,), **settings)
+    ranks = [checked(r) for r in start(tmp_path / "two", [server], engine="fsdp", **settings)]
+    steps = SETTINGS["total_steps"]
+    assert [r["pushed"] for r in ranks] == [steps, steps]
+    mine = [r for r in ranks[0]["metrics"] if "loss/policy" in r]
+    theirs = [r for r in one["metrics"] if "loss/policy" in r]
+    assert len(mine) == steps
+    for a, b in zip(mine, theirs, strict=True):
+        for key in COMPARED:
+            assert a[key] == pytest.approx(b[key], abs=TOLERANCE), (a["step"], key, a[key], b[key])
+    for key, want in one["weights"].items():
+        gap = float((ranks[0]["weights"][key] - want).abs().max())
+        assert gap <= TOLERANCE, f"{key}: two processes differ from one by {gap:.3g}"
 
 
 def group_alive(pgid: int) -> bool:
@@ -99,10 +142,13 @@ def test_two_processes_start_local_servers_once_name_a_dead_one_on_both_and_stop
     assert not any(map(group_alive, ranks[0]["local_pids"]))  # stopped with the run
 
 
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
 def test_two_processes_sample_ahead_each_batch_at_most_one_version_behind_and_end_as_one_set_of_weights(server,
-                                                                                                       tmp_path):
+                                                                                                       tmp_path,
+                                                                                                       engine):
     steps = 4
-    ranks = [checked(r) for r in start(tmp_path / "ahead", [server], max_staleness=1, total_steps=steps)]
+    ranks = [checked(r) for r in start(tmp_path / "ahead", [server], max_staleness=1, total_steps=steps,
+                                       engine=engine)]
     rows = SETTINGS["prompts_per_step"] * SETTINGS["group_size"] // 2
     for r in ranks:
         versions = r["versions"]
@@ -120,7 +166,7 @@ def test_two_processes_sample_ahead_each_batch_at_most_one_version_behind_and_en
     moved = max(float((ranks[0]["weights"][k] - v).abs().max()) for k, v in start_weights.items())
     assert moved > 100 * TOLERANCE, moved
     for key, want in ranks[0]["weights"].items():
-        assert torch.equal(ranks[1]["weights"][key], want), key  # DDP: one set of weights
+        assert torch.equal(ranks[1]["weights"][key], want), key  # one set of weights
     timeline = [json.loads(line) for line in (tmp_path / "ahead" / "run" / "timeline.jsonl").read_text().splitlines()]
     assert {r["sampled_for"] for r in timeline if r["event"] == "rollout"} == set(range(1, steps + 1))
 

@@ -6,7 +6,7 @@ import types
 import torch
 
 from grouprl.serve.client import ServerSampler
-from grouprl.serve.transport import WeightFolders
+from grouprl.serve.transport import TRANSPORTS, WeightFolders
 
 
 class FolderSender:
@@ -15,8 +15,8 @@ class FolderSender:
     def __init__(self, root):
         self.folders, self.writes, self.version = WeightFolders(root), [], 0
 
-    def write(self, model, version, dtype):
-        self.folders.write_full(model.state_dict().items(), version, dtype)
+    def write(self, model, state, version, dtype):
+        self.folders.write_full(state.items(), version, dtype)
         self.writes.append(version)
         self.version = version
 
@@ -44,7 +44,8 @@ def test_a_version_written_during_process_0s_broadcast_is_written_once(tmp_path)
     sampler = ServerSampler.__new__(ServerSampler)
     sampler.model, sampler.sender = model, FolderSender(tmp_path)
     sampler.pool = types.SimpleNamespace(back_servers=lambda: [], rejoin=None)  # no server dropped, none back
-    sampler.version, sampler.written, sampler.pushed, sampler.dtype = 1, None, None, None
+    sampler.version, sampler.written, sampler.pushed, sampler.gathered, sampler.dtype = 1, None, None, None, None
+    sampler.sharded, sampler.lora, sampler.transport = False, False, TRANSPORTS.get("files")
     sampler.weights_lock, sampler.sync_seconds, sampler.write_seconds = threading.Lock(), 0.0, 0.0
 
     def trainer_updates():  # the trainer thread: the next version, written between updates

@@ -188,7 +188,7 @@ def test_a_restarted_server_starts_from_the_weights_every_server_loaded_last(tmp
     (skeleton / WEIGHTS_FILE).unlink()
     assert sender.restart_folder(skeleton) is None  # nothing pushed yet
     for version in (1, 2):
-        sender.write(model, version, torch.float32)
+        sender.write(model, model.state_dict(), version, torch.float32)
         sender.push()
     assert loads == [("/grouprl/weights", 1, False), ("/grouprl/weights", 2, False)]
     folder = sender.restart_folder(skeleton)

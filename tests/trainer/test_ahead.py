@@ -159,9 +159,9 @@ def test_weights_are_written_by_the_trainers_thread_between_updates(tmp_path):
         train(ahead, servers, 4)
     finally:
         ahead.close()
-    # version 0 by the rollout thread before the first batch (the trainer waits then), 1..3 by the trainer
-    assert servers.writers[0] == "grouprl-rollout-ahead"
-    assert set(servers.writers[1:]) == {threading.current_thread().name}, servers.writers
+    # every version, 0 included (before the rollout thread starts), by the trainer's thread: under FSDP the write
+    # is a collective of the trainer threads
+    assert len(servers.writers) == 4 and set(servers.writers) == {threading.current_thread().name}, servers.writers
 
 
 def test_an_error_in_the_rollout_thread_is_raised_in_the_trainer(tmp_path):

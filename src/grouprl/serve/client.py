@@ -18,9 +18,9 @@
   future), so a later asynchronous trainer can keep them in flight while it updates.
 - Agents: the environment loop stays here; each turn sends every running trajectory's tokens (token in,
   token out) to the server of its group, as the in-process engine's ``conversations`` does.
-- Several trainer processes (torchrun, DDP): each samples its own groups, interleaved over the servers;
+- Several trainer processes (torchrun, DDP or FSDP): each samples its own groups, interleaved over the servers;
   process 0 alone writes and pushes, the others wait for its push at the start of each rollout
-  (:mod:`grouprl.serve.ranks`).
+  (:mod:`grouprl.serve.ranks`). Under FSDP every process takes part in gathering the shards process 0 writes.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
 from grouprl.serve.pool import RolloutServerError, Server, ServerFailure, ServerPool
 from grouprl.serve.ranks import Ranks
-from grouprl.serve.transport import TRANSPORTS
+from grouprl.serve.transport import TRANSPORTS, gathered, is_sharded
 from grouprl.types import RolloutBatch, SamplingParams
 
 GENERATE = "/inference/v1/generate"
@@ -132,6 +132,9 @@ class ServerSampler:
                 server.describe_exit = lambda settle, i=i: local.describe(i, settle)
                 server.stop = lambda i=i: local.kill(i)
         self.sender: Any = None
+        self.transport = TRANSPORTS.get(transport)
+        self.sharded = self.ranks is not None and is_sharded(model)
+        """FSDP shards: every process takes part in gathering each version process 0 writes."""
         try:
             self.pool.run(self.pool.wait_ready())
             self._check_servers()
@@ -141,7 +144,7 @@ class ServerSampler:
         except BaseException:
             self.close()
             raise
-        self.version, self.written, self.pushed = 0, None, None
+        self.version, self.written, self.pushed, self.gathered = 0, None, None, None
         self.weights_lock = threading.Lock()  # one writer or pusher at a time (an asynchronous run has two threads)
         self.sync_seconds, self.write_seconds, self.lag = 0.0, 0.0, 0
         self.ahead: tuple[int, Ranks] | None = None  # (thread, its Ranks): see sample_ahead_in
@@ -248,6 +251,8 @@ class ServerSampler:
                 self.push_weights()
             except Exception as e:  # noqa: BLE001 - raised by after_push, in every process
                 error = e
+        else:
+            self.write_weights()  # under FSDP, its part of process 0's gather
         pushed = ranks.after_push(self.pool, self.pushed, error)
         if self.ahead is None and pushed != self.version:
             raise RuntimeError(f"process {ranks.rank} is at policy version {self.version} but process 0 pushed "
@@ -261,15 +266,25 @@ class ServerSampler:
     def write_weights(self) -> None:
         """Write the followed model's weights as its version, once (process 0 alone, of several). The write reads
         every parameter: call it from the thread that updates them, between updates (an asynchronous run does,
-        at the start of each step)."""
-        if self.sender is None:
+        at the start of each step). Under FSDP a collective of the trainer threads: every process gathers the
+        shards and process 0 keeps them (a rollout thread sampling ahead writes nothing then: the trainer
+        threads have written what it pushes)."""
+        if self.sender is None and not self.sharded:
+            return
+        if self.sharded and self.ahead is not None and self.ahead[0] == threading.get_ident():
             return
         with self.weights_lock:
-            if self.written == self.version:
+            if self.gathered == self.version:
                 return
             start = time.perf_counter()
-            self.sender.write(self.model, self.version, self.dtype)
-            self.written = self.version
+            keep = self.transport.keep(self.lora, first=self.gathered is None)
+            where = None if self.transport.on_device else torch.device("cpu")
+            state = gathered(self.model, keep, where, kept=self.sender is not None)
+            if self.sender is not None:
+                self.sender.write(self.model, state, self.version, self.dtype)
+                self.written = self.version
+            self.gathered = self.version
+            del state
             seconds = time.perf_counter() - start
             self.write_seconds += seconds
             self.sync_seconds += seconds

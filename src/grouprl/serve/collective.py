@@ -37,36 +37,53 @@ from typing import Any
 import torch
 from torch import nn
 
-from grouprl.rollout.vllm_weights import base_weight_name, full_tensors
+from grouprl.rollout.vllm_weights import base_weight_name
 from grouprl.serve.pool import RolloutServerError, Server, ServerFailure
 
 JOIN_POLL_S = 0.2
 
 
-def merged_lora_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """A peft LoRA model's weights with each active adapter merged in (``W + get_delta_weight``, as peft's
-    ``merge_and_unload`` computes it), under the plain model's names; the model is left as it is."""
+def lora_delta(module: Any, adapter: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A peft LoRA linear layer's ``adapter`` as a change of its base weight, from the adapter's matrices ``a``
+    (rank x in) and ``b`` (out x rank): ``scale * B A`` (transposed for a ``fan_in_fan_out`` layer), peft's
+    ``get_delta_weight`` on the given matrices (half formats multiplied in fp32 on the CPU, as peft does)."""
+    from peft.utils.other import transpose
+
+    half = a.device.type == "cpu" and a.dtype in (torch.float16, torch.bfloat16)
+    product = b.float() @ a.float() if half else b @ a
+    return (transpose(product, module.fan_in_fan_out) * module.scaling[adapter]).to(a.dtype)
+
+
+def merged_lora_tensors(model: nn.Module, state: dict[str, torch.Tensor] | None = None
+                        ) -> Iterator[tuple[str, torch.Tensor]]:
+    """A peft LoRA model's weights with each active adapter merged in (``W + scale * B A``, as peft's
+    ``merge_and_unload`` computes it), under the plain model's names; ``state``: the model's whole state dict
+    (gathered, where the model is sharded; None: read from it). The model is left as it is."""
     from peft.tuners.lora import LoraLayer
 
+    state = model.state_dict() if state is None else state
     deltas: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer):
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:
                     key = f"{name}.base_layer.weight"
-                    delta = module.get_delta_weight(adapter).detach()
+                    delta = lora_delta(module, adapter, state[f"{name}.lora_A.{adapter}.weight"],
+                                       state[f"{name}.lora_B.{adapter}.weight"]).detach()
                     deltas[key] = deltas[key] + delta if key in deltas else delta
-    for name, t in model.state_dict().items():
+    for name, t in state.items():
         plain = base_weight_name(name)
         if plain is not None:
             yield plain, (t + deltas[name].to(t.dtype) if name in deltas else t)
 
 
-def tensors_to_send(model: nn.Module, dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
-    """``model``'s weights as the servers load them: plain names (LoRA merged in), floating tensors in
-    ``dtype``, each its own contiguous copy on the model's device (a tied head included twice, under each of
-    its names)."""
-    named = merged_lora_tensors(model) if hasattr(model, "peft_config") else full_tensors(model, torch.device("cpu"))
+def tensors_to_send(model: nn.Module, dtype: torch.dtype, state: dict[str, torch.Tensor] | None = None
+                    ) -> list[tuple[str, torch.Tensor]]:
+    """``model``'s weights as the servers load them (``state``: its whole state dict, gathered where the model
+    is sharded; None: read from it): plain names (LoRA merged in), floating tensors in ``dtype``, each its own
+    contiguous copy on the model's device (a tied head included twice, under each of its names)."""
+    state = model.state_dict() if state is None else state
+    named = merged_lora_tensors(model, state) if hasattr(model, "peft_config") else state.items()
     out = []
     for name, t in named:
         t = t.detach()
@@ -234,8 +251,8 @@ class CollectiveWeights:
         self.roster = self.pool.roster_changes
         self.readmits = {s.address: s.readmits for s in servers}
 
-    def write(self, model: nn.Module, version: int, dtype: torch.dtype) -> None:
-        self.staged, self.version = tensors_to_send(model, dtype), version
+    def write(self, model: nn.Module, state: dict[str, torch.Tensor], version: int, dtype: torch.dtype) -> None:
+        self.staged, self.version = tensors_to_send(model, dtype, state), version
 
     def push(self) -> None:
         if self.roster != self.pool.roster_changes:  # a server was dropped (its workers would never receive) or is

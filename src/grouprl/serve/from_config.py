@@ -8,13 +8,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from grouprl.rollout.scratch import ScratchFolder
 from grouprl.serve.client import ServerSampler
 from grouprl.serve.local import LocalServers
 from grouprl.serve.ranks import Ranks
-from grouprl.serve.transport import default_weights_root, write_model_folder
+from grouprl.serve.transport import default_weights_root, gathered, is_sharded, write_model_folder
 
 
 def server_problems(servers: Any, timeout: float) -> list[str]:
@@ -63,18 +64,22 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
     addresses = c.rollout_servers
     if isinstance(addresses, int):
         root = Path(c.rollout_weights_dir) if c.rollout_weights_dir else default_weights_root()
+        # FSDP shards: every process takes part in gathering the policy process 0 writes for the servers
+        state = gathered(policy, device=torch.device("cpu"), kept=ranks is None or ranks.is_main) \
+            if ranks is not None and is_sharded(policy) else None
 
         def start() -> list[str]:
             nonlocal local, folder
             root.mkdir(parents=True, exist_ok=True)
             folder = ScratchFolder("grouprl-policy-", root)  # the whole policy: gone with the run, a killed one too
-            write_model_folder(policy, tokenizer, folder.path, None)
+            write_model_folder(policy, tokenizer, folder.path, None, state)
             options = serve_options(c, max_model_len, transport)
             local = LocalServers(addresses, folder.path, options, Path(c.output_dir) / "servers")
             return local.addresses
 
         try:
             addresses = start() if ranks is None else ranks.share(start)
+            state = None
         except BaseException:
             if local is not None:
                 local.stop()

@@ -1,12 +1,14 @@
-"""Rollout servers shared by the processes of a torchrun trainer (``grouprl train --nproc N`` or torchrun, DDP).
+"""Rollout servers shared by the processes of a torchrun trainer (``grouprl train --nproc N`` or torchrun, DDP or
+FSDP).
 
-Every process holds the same weights after each update (DDP all-reduces the gradients before the optimizer
-step), so one copy reaching the servers is enough:
+The processes train one set of weights (DDP all-reduces the gradients before the optimizer step; FSDP shards one
+model), so one copy reaching the servers is enough:
 
 - Sampling: each process samples its own share of the step's groups, on its own connections to every
   server. Its group g goes to the server of key ``g * N + rank`` (``N`` processes), so the processes' groups
   interleave over the servers instead of all starting at the first one.
-- Weights: process 0 alone writes and pushes each version; every process then receives from it the
+- Weights: process 0 alone writes and pushes each version (under FSDP every process takes part in gathering the
+  shards it writes: :meth:`~grouprl.serve.client.ServerSampler.write_weights`); every process then receives the
   version the servers hold and which servers serve (:meth:`Ranks.after_push`, a broadcast), so no process
   samples for step t + 1 before the push of version t completed, a server process 0 found dead is dropped,
   and named, on every process, and one that came back and was given the weights by process 0 rejoins on

@@ -61,19 +61,51 @@ def write_safetensors(named: Iterable[tuple[str, torch.Tensor]], folder: Path, d
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def plain_tensors(model: Any) -> Iterable[tuple[str, torch.Tensor]]:
-    """``model``'s weights under the plain model's names: a peft LoRA model's base weights (adapters left
-    out), anything else's state dict."""
+def is_sharded(model: Any) -> bool:
+    """Whether ``model``'s parameters are FSDP shards (DTensors): reading its whole weights is then a collective
+    of every trainer process."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def gathered(model: Any, keep: Callable[[str], bool] = lambda name: True, device: torch.device | None = None,
+             kept: bool = True) -> dict[str, torch.Tensor]:
+    """The entries of ``model``'s state dict whose name ``keep`` accepts, whole. An FSDP shard is gathered on
+    the device it trains on, one tensor at a time (a collective: every process calls this alike, in the same
+    order), then moved to ``device`` (None: left there), so no more than one whole tensor at a time takes
+    memory on the training device. Other tensors are returned as they are (no copy). ``kept`` False: each
+    tensor is gathered and dropped (a process that only takes part in the collective); returns {}."""
+    from torch.distributed.tensor import DTensor
+
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        if not keep(name):
+            continue
+        if isinstance(t, DTensor):
+            t = t.to(t.device_mesh.device_type).full_tensor()
+            t = t.to(device) if device is not None else t
+        if kept:
+            out[name] = t.detach()
+    return out
+
+
+def plain_tensors(model: Any, state: dict[str, torch.Tensor] | None = None) -> Iterable[tuple[str, torch.Tensor]]:
+    """``model``'s weights (``state``: its whole state dict, already gathered; None: read from ``model``) under
+    the plain model's names: a peft LoRA model's base weights (adapters left out), anything else's state dict."""
     from grouprl.rollout.vllm_weights import base_weight_name
 
+    state = model.state_dict() if state is None else state
     if not hasattr(model, "peft_config"):
-        return model.state_dict().items()
-    return ((base_weight_name(n), t) for n, t in model.state_dict().items() if base_weight_name(n) is not None)
+        return state.items()
+    return ((base_weight_name(n), t) for n, t in state.items() if base_weight_name(n) is not None)
 
 
-def write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.dtype | None) -> None:
+def write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.dtype | None,
+                       state: dict[str, torch.Tensor] | None = None) -> None:
     """A model folder that ``transformers`` and vLLM both load: config (with the ``transformers`` class as
-    its architecture), tokenizer and weights (a LoRA model's base), floating weights in ``dtype``."""
+    its architecture), tokenizer and weights (a LoRA model's base; ``state``: the whole state dict, gathered
+    where the model is sharded), floating weights in ``dtype``."""
     from grouprl.rollout.engines import plain_class_name
 
     inner = model.get_base_model() if hasattr(model, "peft_config") else model
@@ -81,7 +113,7 @@ def write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.dt
     config.architectures = [plain_class_name(inner)]
     config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    write_safetensors(plain_tensors(model), folder, dtype)
+    write_safetensors(plain_tensors(model, state), folder, dtype)
 
 
 class WeightFolders:
@@ -150,18 +182,16 @@ class FileWeights:
         self.loaded: dict[bool, tuple[Path, int]] = {}  # adapter? -> (folder, version) every server loaded last
         self.base_written, self.version = False, 0
 
-    def write(self, model: Any, version: int, dtype: torch.dtype) -> None:
-        from grouprl.rollout.vllm_weights import base_weight_name, full_tensors
-
+    def write(self, model: Any, state: dict[str, torch.Tensor], version: int, dtype: torch.dtype) -> None:
+        """``model``'s weights ``state`` (its state dict, whole: the entries :attr:`Transport.keep` asked for) as
+        ``version``: the whole model, or with LoRA the base once and then the adapter alone."""
         if not self.lora or not self.base_written:
-            named = full_tensors(model, torch.device("cpu"))
-            if self.lora:  # the base under the plain model's names; the adapters follow as a LoRA request
-                named = ((base_weight_name(n), t) for n, t in named if base_weight_name(n) is not None)
-            self.staged[False] = self.folders.write_full(named, version, dtype)
+            # under LoRA the base goes under the plain model's names; the adapters follow as a LoRA request
+            self.staged[False] = self.folders.write_full(plain_tensors(model, state), version, dtype)
             self.base_written = True
         if self.lora:
-            state = dict(full_tensors(model, torch.device("cpu"), lambda name: ".lora_" in name))
-            self.staged[True] = self.folders.write_adapter(model, state, version)
+            adapter = {n: t for n, t in state.items() if ".lora_" in n}
+            self.staged[True] = self.folders.write_adapter(model, adapter, version)
         self.version = version
 
     def push(self) -> None:
@@ -272,20 +302,31 @@ class Transport:
     """Why a trainer whose policy is on this device cannot send this way (None: it can)."""
     sender: Callable[[Any, float], Any]
     """(the :class:`~grouprl.serve.client.ServerSampler`, rollout_server_timeout) -> its sender
-    (``write(model, version, dtype)``, ``push()``, ``close()``), once the servers answer."""
+    (``write(model, state, version, dtype)``, ``push()``, ``close()``), once the servers answer."""
     server_argv: tuple[str, ...] = ()
     """Further vLLM arguments of a server that enables it."""
+    adapters_alone: bool = False
+    """With LoRA, every push after the first carries the adapters alone (the base is frozen, the servers keep it)."""
+    on_device: bool = False
+    """A push is staged on the policy's device (a collective sends from there); False: on the CPU."""
+
+    def keep(self, lora: bool, first: bool) -> Callable[[str], bool]:
+        """Which entries of the policy's state dict a push reads (``first``: the run's first push)."""
+        if lora and self.adapters_alone and not first:
+            return lambda name: ".lora_" in name
+        return lambda name: True
 
 
 TRANSPORTS: Registry[Transport] = Registry("rollout weights transport")
 TRANSPORTS.register("files", Transport("safetensors folders on storage trainer and servers share", None, _any_device,
-                                       _files_sender))
+                                       _files_sender, adapters_alone=True))
 TRANSPORTS.register("nccl", Transport("NCCL broadcast from the trainer's GPU to the servers' GPU workers", "nccl",
-                                      _needs_cuda, _collective_sender("nccl", _nccl_info)))
+                                      _needs_cuda, _collective_sender("nccl", _nccl_info), on_device=True))
 TRANSPORTS.register("gloo", Transport("gloo (TCP) broadcast from the trainer to the servers' workers, no GPU needed",
                                       "gloo", _needs_vllm, _collective_sender("gloo", _gloo_info),
                                       # imported in each worker process, it registers the backend there
-                                      ("--worker-extension-cls", "grouprl.serve.gloo.GlooWorkerExtension")))
+                                      ("--worker-extension-cls", "grouprl.serve.gloo.GlooWorkerExtension"),
+                                      on_device=True))
 SETTING = "rollout_weights_transport"
 
 

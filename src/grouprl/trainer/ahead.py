@@ -202,10 +202,9 @@ class AheadCollector:
     def collect(self, step: int, timer: PhaseTimer) -> Collected:
         """The next batch at most k versions behind the trainer (waiting for it if none is ready); its
         rollout's phase times go into ``timer`` with ``trainer_idle``, the wait."""
+        self.sampler.write_weights()  # between updates: the rollout thread may load them at once
         if self.thread is None:
             self._start(step)
-        else:
-            self.sampler.write_weights()  # between updates: the rollout thread may load them at once
         with self.cond:
             self.cond.notify_all()  # the trainer's version moved: the rollout thread may start a batch
         self._log_trainer()

@@ -12,6 +12,7 @@ The one-process runs go first, in this process; the two processes are forked aft
 fork server that has imported the trainer but never trained (see ``tests.helpers.dist.start_group``).
 """
 
+import copy
 import json
 
 import pytest
@@ -111,6 +112,8 @@ def variant_runs(tmp_path_factory):
         trainer = build(out / "single", name, **settings)
         trainer.train()
         single[name] = full_weights(trainer)
+        if name == "fsdp_lora":
+            single["lora_model"] = trainer.policy  # a plain peft model, to merge the two processes' weights in
     trainer = build(out / "single", "eval", eval_samples=2, evaluated=True)
     single["evaluation"] = trainer.evaluate()
     start_group(variant_group, out)
@@ -161,6 +164,30 @@ def test_evaluation_split_over_processes_equals_one_process(variant_runs):
     assert got.keys() == single["evaluation"].keys()
     for key, value in single["evaluation"].items():
         assert got[key] == pytest.approx(value, abs=1e-6), key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fsdp_lora", "fsdp_offload"])
+def test_a_rollout_server_push_gathers_every_shard_and_merges_lora_as_peft_does(variant_runs, name):
+    out, single = variant_runs
+    r = result(out, name)
+    assert r["files"].keys() == r["weights"].keys()
+    for key, value in r["weights"].items():  # the files transport: the whole state, each shard gathered
+        assert torch.equal(r["files"][key], value), key
+    if name == "fsdp_offload":
+        assert r["sent"].keys() == r["weights"].keys() and all(torch.equal(r["sent"][k], v)
+                                                              for k, v in r["weights"].items())
+        return
+    # a collective transport: the adapters merged into the base, as peft merges the same weights
+    model = copy.deepcopy(single["lora_model"])
+    model.load_state_dict(r["weights"])
+    want = model.merge_and_unload().state_dict()
+    assert list(r["sent"]) == list(want)
+    bases = {k: f"base_model.model.{k.removesuffix('.weight')}.base_layer.weight" for k in want}
+    merged = [k for k, base in bases.items() if base in r["weights"]]
+    assert merged and max(float((r["sent"][k] - r["weights"][bases[k]]).abs().max()) for k in merged) > 1e-4
+    for key, value in want.items():
+        torch.testing.assert_close(r["sent"][key], value, atol=1e-6, rtol=0, msg=lambda m, key=key: f"{key}: {m}")
 
 
 @pytest.mark.slow

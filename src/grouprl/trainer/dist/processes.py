@@ -68,21 +68,8 @@ def world_size_problems(config: Any, world_size: int) -> list[str]:
     if config.dynamic_sampling:
         out.append("dynamic_sampling is not available with several processes (processes would hold different "
                    "numbers of groups); train in one process or set dynamic_sampling false")
-    out += server_process_problems(config)
     return out + [f"{why}; train it in one process (grpo, rloo and reinforce run on several)"
                   for why in placement_problems(config)]
-
-
-def server_process_problems(config: Any) -> list[str]:
-    """What several processes cannot do with rollout servers (:mod:`grouprl.serve.ranks`)."""
-    if not getattr(config, "rollout_servers", None):
-        return []
-    out = []
-    if config.engine != "ddp":
-        out.append(f"rollout_servers with several processes needs engine=ddp, not {config.engine}: process 0 alone "
-                   "writes each version for the servers, which needs the whole weights in process 0, and an FSDP "
-                   "shard gather is a collective of every process")
-    return out
 
 
 def placement_problems(config: Any) -> list[str]:
