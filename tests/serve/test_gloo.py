@@ -91,11 +91,11 @@ def test_a_server_that_comes_back_joins_the_group_at_the_next_push(servers, tmp_
     import sys
     import time
 
-    import grouprl.serve.pool as pool_module
+    import grouprl.serve.roster as roster
     from grouprl.serve.local import free_port, kill_group
     from tests.helpers.servers import write_tiny64
 
-    monkeypatch.setattr(pool_module, "RETURN_POLL_S", 0.5)
+    monkeypatch.setattr(roster, "RETURN_POLL_S", 0.5)
     folder = write_tiny64(tmp_path / "model", seed=0)
     port = free_port()
     command = [sys.executable, "-m", "grouprl", "serve", "--model", str(folder), "--port", str(port),

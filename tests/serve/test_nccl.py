@@ -212,7 +212,7 @@ class FakeServer:
 @pytest.mark.skipif(not HAS_VLLM, reason="the group is formed by vLLM's trainer engine")
 def test_a_server_that_does_not_join_in_time_is_named_with_the_timeout():
     from grouprl.serve.client import ServerSampler
-    from grouprl.serve.pool import RolloutServerError
+    from grouprl.serve.roster import RolloutServerError
 
     model, tok = tiny_causal_lm()
     server = FakeServer("gloo")
@@ -230,7 +230,7 @@ def test_a_server_that_does_not_join_in_time_is_named_with_the_timeout():
 
 def test_a_server_without_the_transport_is_named_before_any_push():
     from grouprl.serve.client import ServerSampler
-    from grouprl.serve.pool import RolloutServerError
+    from grouprl.serve.roster import RolloutServerError
 
     model, tok = tiny_causal_lm()
     server = FakeServer(None, join_s=0)

@@ -12,9 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from grouprl.serve.client import parse_completion
+from grouprl.serve.completions import parse_completion
 from grouprl.serve.local import free_port
-from grouprl.serve.pool import RolloutServerError, ServerPool, parse_address
+from grouprl.serve.pool import ServerPool
+from grouprl.serve.roster import RolloutServerError, parse_address
 
 
 class Stub:
@@ -217,10 +218,10 @@ RETURN_WITHIN_S = 60.0
 
 def returning_pool(monkeypatch, addresses, timeout=5.0):
     """A pool that takes returns, polling fast; ``loaded`` lists the servers its rejoin gave weights to."""
-    import grouprl.serve.pool as pool_module
+    import grouprl.serve.roster as roster
 
-    monkeypatch.setattr(pool_module, "RETURN_POLL_S", 0.05)
-    monkeypatch.setattr(pool_module, "READY_POLL_S", 0.05)
+    monkeypatch.setattr(roster, "RETURN_POLL_S", 0.05)
+    monkeypatch.setattr(roster, "READY_POLL_S", 0.05)
     pool = ServerPool(addresses, timeout=timeout)
     pool.takes_returns, pool.loaded = True, []
 
@@ -316,7 +317,7 @@ def test_a_server_whose_weights_fail_to_load_when_back_is_dropped_again_and_watc
     async def rejoin(s):
         tries.append(s.address)
         if len(tries) == 1:
-            from grouprl.serve.pool import ServerFailure
+            from grouprl.serve.roster import ServerFailure
 
             raise ServerFailure(s, "POST /grouprl/weights answered 500")
 

@@ -24,7 +24,8 @@ def test_a_server_process_0_readmitted_rejoins_on_every_process_and_one_it_dropp
     import pytest
 
     from grouprl.serve import ranks as ranks_module
-    from grouprl.serve.pool import ServerFailure, ServerPool
+    from grouprl.serve.pool import ServerPool
+    from grouprl.serve.roster import ServerFailure
 
     pool = ServerPool(["127.0.0.1:8001", "127.0.0.1:8002"], timeout=5)
     back, fine = pool.servers

@@ -18,7 +18,7 @@ from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler
 from grouprl.serve.client import ServerSampler
-from grouprl.serve.pool import RolloutServerError
+from grouprl.serve.roster import RolloutServerError
 from grouprl.types import SamplingParams
 from tests.helpers.servers import TINY64, started
 

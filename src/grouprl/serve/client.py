@@ -30,7 +30,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,64 +39,14 @@ from grouprl.rollout.sampler import check_params
 from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
-from grouprl.serve.pool import RolloutServerError, Server, ServerFailure, ServerPool
+from grouprl.serve.completions import GENERATE, Completion, PendingBatch, parse_completion
+from grouprl.serve.pool import ServerPool
 from grouprl.serve.ranks import Ranks
+from grouprl.serve.roster import RolloutServerError, Server, ServerFailure
 from grouprl.serve.transport import TRANSPORTS, gathered, is_sharded
 from grouprl.types import RolloutBatch, SamplingParams
 
-GENERATE = "/inference/v1/generate"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class Logprob:
-    """One sampled token's log-prob, shaped as vLLM's ``Logprob`` for :func:`outputs_to_batch`."""
-
-    logprob: float
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One row's completion as a server returned it (the fields :func:`outputs_to_batch` reads)."""
-
-    token_ids: list[int]
-    logprobs: list[dict[int, Logprob]]
-    finish_reason: str
-    version: int | None
-    """The oldest policy version among the weights that drew its tokens (None: the server's own weights,
-    before any push)."""
-
-
-def parse_completion(answer: dict[str, Any], address: str) -> Completion:
-    """A :class:`Completion` from vLLM's ``/inference/v1/generate`` answer (``n`` = 1)."""
-    try:
-        choice = answer["choices"][0]
-        ids = [int(t) for t in choice["token_ids"]]
-        lps = [float(e["logprob"]) for e in (choice.get("logprobs") or {}).get("content") or []]
-        spans = choice.get("weight_versions") or []
-    except (KeyError, IndexError, TypeError, ValueError) as e:
-        raise RolloutServerError(f"rollout server {address} answered {GENERATE} in an unknown shape "
-                                 f"({type(e).__name__}: {e}): {str(answer)[:300]}") from e
-    if len(lps) != len(ids):
-        raise RolloutServerError(f"rollout server {address} returned {len(ids)} tokens with {len(lps)} log-probs")
-    versions = [int(s["version"]) for s in spans if str(s.get("version", "")).lstrip("-").isdigit()]
-    return Completion(ids, [{t: Logprob(lp)} for t, lp in zip(ids, lps)], choice.get("finish_reason") or "stop",
-                      min(versions) if versions else None)
-
-
-@dataclass
-class PendingBatch:
-    """A rollout in flight: its completions arrive on the pool's loop; the batch is assembled (texts
-    decoded) in the thread that asks for it, the tokenizer's own."""
-
-    completions: concurrent.futures.Future
-    assemble: Callable[[list[Completion]], RolloutBatch]
-
-    def done(self) -> bool:
-        return self.completions.done()
-
-    def result(self) -> RolloutBatch:
-        return self.assemble(self.completions.result())
 
 
 class ServerSampler:

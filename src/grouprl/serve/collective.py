@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from grouprl.rollout.vllm_weights import base_weight_name
-from grouprl.serve.pool import RolloutServerError, Server, ServerFailure
+from grouprl.serve.roster import RolloutServerError, Server, ServerFailure
 
 JOIN_POLL_S = 0.2
 

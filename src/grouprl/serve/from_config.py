@@ -21,7 +21,7 @@ from grouprl.serve.transport import default_weights_root, gathered, is_sharded, 
 def server_problems(servers: Any, timeout: float) -> list[str]:
     """What is wrong with ``rollout_servers`` and ``rollout_server_timeout`` (empty when usable), without
     starting or asking anything."""
-    from grouprl.serve.pool import parse_address
+    from grouprl.serve.roster import parse_address
 
     out = []
     if timeout <= 0:

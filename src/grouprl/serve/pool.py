@@ -8,15 +8,7 @@ value; the rows it had not returned go to the servers left, and the run goes on,
 server left the call raises :class:`RolloutServerError`. A 4xx answer is the request's fault, not the
 server's: it raises at once with the server's message.
 
-Returns (when the pool is told to take them back, ``takes_returns``): a dropped server is watched on the
-pool's loop. One started by the run is restarted (its
-``restart``, while ``restarts_left``); any other is asked every :data:`RETURN_POLL_S` seconds whether it
-answers again. One that answers is *back* (:meth:`ServerPool.back_servers`): at the sampler's next weight
-sync it is given the current weights and put back in the rotation: through ``rejoin`` (the files transport,
-:meth:`ServerPool.rejoin_back`), or as a member of the group the next push forms (a collective transport).
-With ``rejoin``, a rollout that finds no server left waits for one the run is restarting (up to the
-timeout) and loads its weights itself: no push can run meanwhile, as the pushing thread is the one
-waiting on the rollout.
+A dropped server may come back: :mod:`grouprl.serve.returns`.
 """
 
 from __future__ import annotations
@@ -28,84 +20,16 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-READY_POLL_S = 1.0
-"""How often :meth:`ServerPool.wait_ready` asks a server that does not answer yet."""
-EXIT_SETTLE_S = 2.0
-"""How long a dropped local server's process is given to finish exiting, so the message names its exit status."""
-RETURN_POLL_S = 10.0
-"""How often a dropped server the run did not start is asked whether it answers again."""
+from grouprl.serve import roster
+from grouprl.serve.returns import Returns
+from grouprl.serve.roster import RolloutServerError, Server, ServerFailure, parse_address
 
 
-class RolloutServerError(ConnectionError):
-    """No rollout server can serve the run (each one's address and what failed is in the message), or a
-    server refused a request."""
-
-
-class ServerFailure(Exception):
-    """One server failed one request (internal: the pool drops the server and retries elsewhere)."""
-
-    def __init__(self, server: Server, what: str):
-        super().__init__(f"{server.address}: {what}")
-        self.server, self.what = server, what
-
-
-@dataclass(eq=False)
-class Server:
-    """One rollout server as the trainer sees it."""
-
-    address: str
-    """host:port."""
-    alive: bool = True
-    why: str = ""
-    """What failed, once dropped."""
-    adapter: str | None = None
-    """The LoRA adapter's name on this server (a request's ``model``); None: the base weights."""
-    version: int | None = None
-    """The policy version it holds."""
-    info: dict[str, Any] | None = None
-    describe_exit: Callable[[float], str] | None = None
-    """For a server started here: its process's state (exit status, last log lines), added to messages; its
-    argument is how long to wait for a process that is exiting."""
-    stop: Callable[[], None] | None = None
-    """For a server started here: ends what is left of its processes once it is dropped."""
-    restart: Callable[[], None] | None = None
-    """For a server started here: starts its process again, on the same address."""
-    restarts_left: int = 0
-    """How many more times ``restart`` may be called."""
-    returning: bool = False
-    """Dropped, and watched for its return."""
-    back: bool = False
-    """Dropped and answering again: readmitted once it holds the current weights."""
-    readmits: int = 0
-    """How many times it came back and was readmitted."""
-    restarted_from: Any = None
-    """The model folder its last restart started from (removed once it is back)."""
-    in_flight: int = 0
-    """Requests of this pool it is answering now."""
-    busy_s: float = 0.0
-    """Seconds with a request in flight since the busy clock was last read (:meth:`ServerPool.busy_shares`)."""
-    busy_from: float = 0.0
-    """When the current stretch of requests in flight (or the clock) started."""
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}"
-
-
-def parse_address(text: str, field: str = "rollout_servers") -> str:
-    """``host:port`` checked (a port in 1..65535), or a ValueError naming ``field``."""
-    host, sep, port = str(text).strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{field}: {text!r} is not host:port (e.g. 127.0.0.1:8000)")
-    return f"{host}:{int(port)}"
-
-
-class ServerPool:
+class ServerPool(Returns):
     """Requests to several rollout servers; see the module docstring.
 
     Args:
@@ -221,7 +145,7 @@ class ServerPool:
             return
         server.alive = False
         self.roster_changes += 1
-        server.why = failure.what + (f" ({server.describe_exit(EXIT_SETTLE_S)})" if server.describe_exit else "")
+        server.why = failure.what + (f" ({server.describe_exit(roster.EXIT_SETTLE_S)})" if server.describe_exit else "")
         if server.stop is not None:  # a hung server, or the engine process of a dead one, is not left running
             server.stop()
         coming = self._watch(server)
@@ -230,109 +154,6 @@ class ServerPool:
             warnings.warn(f"rollout server {server.address} dropped: {server.why}; going on with {len(left)} of "
                           f"{len(self.servers)} servers ({', '.join(s.address for s in left)}){coming}",
                           stacklevel=2)
-
-    # -- returns --------------------------------------------------------------------------------------
-    def _watch(self, server: Server) -> str:
-        """Watch the dropped ``server`` for its return (where the pool takes returns); what will happen, said."""
-        if not self.takes_returns or self.loop.is_closed():
-            return ""
-        server.returning, server.back = True, False
-
-        def start() -> None:
-            task = self.loop.create_task(self._await_return(server))
-            self.watchers.add(task)
-            task.add_done_callback(self.watchers.discard)
-
-        self.loop.call_soon_threadsafe(start)
-        if server.restart is None:
-            return "; it rejoins if it answers again"
-        return f"; restarting it ({server.restarts_left} restart(s) left)" if server.restarts_left > 0 else ""
-
-    def watch_returning(self) -> None:
-        """Watch again every dropped server still expected back (after :meth:`cancel` ended the watchers)."""
-        for server in self.servers:
-            if server.returning and not server.alive and not server.back:
-                self._watch(server)
-
-    def drop_again(self, server: Server, what: str) -> None:
-        """A server that was back failed before it served: dropped as before, watched again."""
-        server.back = False
-        server.why += f"; {what}"
-        if server.stop is not None:
-            server.stop()
-        self._watch(server)
-
-    async def _await_return(self, server: Server) -> None:
-        """Until ``server`` answers again (then it is :attr:`Server.back`) or cannot come back (its restarts
-        spent: ``returning`` ends, its ``why`` says so)."""
-        while True:
-            local = server.restart is not None
-            if local:
-                if server.restarts_left <= 0:
-                    server.returning = False
-                    server.why += "; no restart left"
-                    return
-                server.restarts_left -= 1
-                try:
-                    server.restart()
-                except Exception as e:  # noqa: BLE001 - said in the server's reason, the run goes on without it
-                    server.why += f"; its restart failed: {type(e).__name__}: {e}"
-                    continue
-            deadline = time.monotonic() + self.timeout
-            while not local or time.monotonic() < deadline:
-                try:
-                    server.info = await self.request(server, "GET", "/grouprl/info", timeout=min(self.timeout, 10.0))
-                    server.back = True
-                    self.came_back.set()
-                    return
-                except ServerFailure as failure:
-                    if local and server.describe_exit and "exited" in server.describe_exit(0.0):
-                        server.why += f"; restarted, then {server.describe_exit(0.0)}"
-                        break
-                    last = failure.what
-                await asyncio.sleep(READY_POLL_S if local else RETURN_POLL_S)
-            else:
-                server.why += f"; restarted, not ready within {self.timeout:g} s ({self.setting}; last: {last})"
-            if server.stop is not None:
-                server.stop()
-
-    def back_servers(self) -> list[Server]:
-        """The dropped servers answering again, to be given the current weights and readmitted."""
-        return [s for s in self.servers if s.back and not s.alive]
-
-    def readmit(self, server: Server) -> None:
-        """``server`` holds the current weights: back in the rotation, said."""
-        server.alive, server.back, server.returning = True, False, False
-        server.readmits += 1
-        self.roster_changes += 1
-        was, server.why = server.why, ""
-        warnings.warn(f"rollout server {server.address} is back (dropped earlier: {was}); serving with "
-                      f"{len(self.alive)} of {len(self.servers)} servers", stacklevel=2)
-
-    async def rejoin_back(self) -> None:
-        """Every server that is back given the current weights (``rejoin``) and readmitted; one whose load fails
-        is dropped again."""
-        for server in self.back_servers():
-            try:
-                await self.rejoin(server)
-            except ServerFailure as failure:
-                self.drop_again(server, f"back, then its weights failed to load: {failure.what}")
-                continue
-            self.readmit(server)
-
-    async def _serving(self) -> list[Server]:
-        """The servers serving; with none left, the first one the run restarts that comes back within the
-        timeout, its weights loaded here (see the module docstring). A server the run did not start is not
-        waited for: someone has to start it again."""
-        deadline = time.monotonic() + self.timeout
-        while not self.alive and self.rejoin is not None and time.monotonic() < deadline \
-                and any(s.returning and s.restart is not None for s in self.servers):  # one the run restarts
-            await self.rejoin_back()
-            if not self.alive:
-                self.came_back.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.came_back.wait(), timeout=min(READY_POLL_S, self.timeout))
-        return self.living()
 
     async def request(self, server: Server, method: str, path: str, body: dict[str, Any] | None = None,
                       timeout: float | None = None) -> dict[str, Any]:
@@ -397,7 +218,7 @@ class ServerPool:
                     self.drop(ServerFailure(server, f"not ready within {self.timeout:g} s ({self.setting}); last: "
                                             f"{failure.what}"))
                     return
-            await asyncio.sleep(READY_POLL_S)
+            await asyncio.sleep(roster.READY_POLL_S)
 
     # -- the work -----------------------------------------------------------------------------------
     async def spread(self, work: Callable[[Server, int], Coroutine[Any, Any, Any]], items: int,

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from grouprl.serve.pool import RolloutServerError, ServerFailure
+from grouprl.serve.roster import RolloutServerError, ServerFailure
 
 
 @dataclass(frozen=True)

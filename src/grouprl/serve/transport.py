@@ -172,7 +172,7 @@ class FileWeights:
     def __init__(self, pool: Any, lora: bool, weights_dir: str | None):
         for s in pool.alive:
             if lora and not s.info.get("lora_rank"):
-                from grouprl.serve.pool import RolloutServerError
+                from grouprl.serve.roster import RolloutServerError
 
                 raise RolloutServerError(f"rollout server {s.address} was started without --lora_rank and the "
                                          "policy has LoRA adapters: start it with the run's lora_rank")
