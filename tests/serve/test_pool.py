@@ -35,7 +35,7 @@ class Stub:
                     time.sleep(5)
                     return
                 code = {"ok": 200, "error": 500, "refuse": 400}[stub.mode]
-                body = json.dumps({"path": self.path, "version": None, "adapter": None}).encode()
+                body = json.dumps({"path": self.path, "version": stub.version, "adapter": None}).encode()
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -43,7 +43,7 @@ class Stub:
 
             do_GET = do_POST = answer
 
-        self.mode, self.asked = mode, 0
+        self.mode, self.asked, self.version = mode, 0, None
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.http.daemon_threads = True
         self.address = f"127.0.0.1:{self.http.server_address[1]}"
@@ -268,6 +268,36 @@ def test_with_no_server_left_a_rollout_waits_for_one_the_run_restarts_and_gives_
             out = spread(pool, items=4)
         assert out == [(only.address, f"/row/{i}") for i in range(4)]
         assert pool.loaded == [only.address] and pool.servers[0].alive
+    finally:
+        pool.close()
+
+
+def test_another_process_waits_for_the_server_process_0_restarts_until_it_holds_the_weights(stubs, monkeypatch):
+    """Process 1's pool, on a server process 0 started: with none left its rollout waits for the server to answer
+    again holding the version it samples with (process 0 restarts it and gives it the weights), then takes it
+    back without loading anything."""
+    only = stubs("error")
+    pool = returning_pool(monkeypatch, [only.address])
+    server = pool.servers[0]
+    server.restarted_elsewhere = True
+    pool.holds_weights = lambda s: s.info.get("version") == 3
+    answered_early = []
+
+    def process_0():  # restarted: answering, without weights, for a while; then loaded with version 3
+        only.mode = "ok"
+        deadline = time.monotonic() + RETURN_WITHIN_S
+        while only.asked < 3 and time.monotonic() < deadline:  # asked for its info at least twice meanwhile
+            time.sleep(0.01)
+        answered_early.append(server.back)
+        only.version = 3
+
+    threading.Timer(0.2, process_0).start()
+    try:
+        with pytest.warns(UserWarning, match=rf"rollout server {only.address} is back \(dropped earlier: POST"):
+            out = spread(pool, items=2)
+        assert out == [(only.address, "/row/0"), (only.address, "/row/1")]
+        assert answered_early == [False]  # answering without the weights is not back
+        assert pool.loaded == [only.address] and server.alive  # its rejoin here loads nothing (the stub records)
     finally:
         pool.close()
 

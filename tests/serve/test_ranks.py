@@ -142,6 +142,22 @@ def test_two_processes_start_local_servers_once_name_a_dead_one_on_both_and_stop
     assert not any(map(group_alive, ranks[0]["local_pids"]))  # stopped with the run
 
 
+def test_a_local_server_killed_in_the_middle_of_a_rollout_is_restarted_and_every_process_waits_for_it(tmp_path):
+    """The run's only server dies as both processes send the second rollout's requests: process 0 restarts it and
+    gives it the weights; process 1, with no server left, waits until it answers holding that version and takes it
+    back. The run goes on, every row still drawn by the version before its step."""
+    ranks = [checked(r) for r in start(tmp_path / "restart", 1, kill_at=2)]
+    steps, rows = SETTINGS["total_steps"], SETTINGS["prompts_per_step"] * SETTINGS["group_size"] // 2
+    assert [r["pushed"] for r in ranks] == [steps, steps] and [r["dropped"] for r in ranks] == [[], []]
+    assert [r["versions"] for r in ranks] == [[[s] * rows for s in range(steps)]] * 2
+    address = ranks[0]["addresses"][0]
+    for r in ranks:
+        assert any(w.startswith(f"rollout server {address} is back (dropped earlier: POST") for w in r["warnings"]), \
+            r["warnings"]
+    for key, want in ranks[0]["weights"].items():
+        assert torch.equal(ranks[1]["weights"][key], want), key
+
+
 @pytest.mark.parametrize("engine", ["ddp", "fsdp"])
 def test_two_processes_sample_ahead_each_batch_at_most_one_version_behind_and_end_as_one_set_of_weights(server,
                                                                                                        tmp_path,

@@ -63,6 +63,8 @@ class ServerSampler:
         restarts: how many times each of the ``local`` servers is restarted once dropped (files transport).
         skeleton: the policy's model folder without its weights (config, tokenizer), to restart a local server
             from with the weights every server loaded last; removed by ``close``.
+        started_elsewhere: the servers are process 0's local servers (this is another trainer process), which
+            process 0 restarts ``restarts`` times each.
     """
 
     uses_live_model = False
@@ -70,7 +72,7 @@ class ServerSampler:
 
     def __init__(self, model: nn.Module, tokenizer: Any, servers: Sequence[str], *, timeout: float = 300.0,
                  weights_dir: str | None = None, local: Any = None, transport: str = "files", restarts: int = 0,
-                 skeleton: Any = None):
+                 skeleton: Any = None, started_elsewhere: bool = False):
         self.ranks = Ranks.current()  # several trainer processes: process 0 alone pushes (serve/ranks.py)
         self.model, self.tokenizer, self.local, self.weights_dir = model, tokenizer, local, weights_dir
         self.lora = hasattr(model, "peft_config")
@@ -90,6 +92,8 @@ class ServerSampler:
             if self.ranks is None or self.ranks.is_main:  # how weights travel (transport.py)
                 self.sender = TRANSPORTS.get(transport).sender(self, timeout)
                 self._watch_returns(restarts)
+            elif started_elsewhere and restarts > 0 and self.transport.backend is None:
+                self._follow_returns()
         except BaseException:
             self.close()
             raise
@@ -121,6 +125,21 @@ class ServerSampler:
             return
         for i, server in enumerate(self.pool.servers):
             server.restart, server.restarts_left = (lambda i=i, server=server: self._restart(i, server)), restarts
+
+    def _follow_returns(self) -> None:
+        """A process other than 0, on servers process 0 started and restarts (files): with no server left, a
+        rollout here waits for one to answer again holding the version this process samples with (process 0
+        gives it the weights), and takes it back."""
+        self.pool.takes_returns = True
+        self.pool.rejoin = self._taken_back
+        self.pool.holds_weights = lambda server: (server.info or {}).get("version") == self.pushed \
+            and (server.info or {}).get("weights_complete", True)
+        for server in self.pool.servers:
+            server.restarted_elsewhere = True
+
+    async def _taken_back(self, server: Server) -> None:
+        """A server process 0 restarted and gave the weights to: what it holds, from its answer."""
+        server.version, server.adapter = server.info.get("version"), server.info.get("adapter")
 
     def _restart(self, i: int, server: Server) -> None:
         folder = self.sender.restart_folder(self.skeleton.path)

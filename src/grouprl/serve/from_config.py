@@ -89,7 +89,8 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
     try:
         sampler = ServerSampler(policy, tokenizer, list(addresses), timeout=c.rollout_server_timeout,
                                 weights_dir=c.rollout_weights_dir, local=local, transport=transport,
-                                restarts=c.rollout_server_restarts, skeleton=_skeleton(folder))
+                                restarts=c.rollout_server_restarts, skeleton=_skeleton(folder),
+                                started_elsewhere=local is None and isinstance(c.rollout_servers, int))
     except Exception as e:  # noqa: BLE001 - raised below (in every process, with several)
         error = e
     finally:

@@ -55,6 +55,9 @@ class ServerPool(Returns):
         self.rejoin: Callable[[Server], Coroutine[Any, Any, None]] | None = None
         """Loads the current weights into a server that is back, on the loop (None: the sampler gives them at
         its next push)."""
+        self.holds_weights: Callable[[Server], bool] = lambda server: True
+        """Whether a server process 0 restarts (:attr:`Server.restarted_elsewhere`), answering again, holds the
+        weights this process samples with (its ``info``): it answers before process 0 gave them."""
         self.watchers: set[asyncio.Task] = set()
         self.came_back = asyncio.Event()  # set on the loop when a server is back; used only there
         self.clock_from = time.monotonic()

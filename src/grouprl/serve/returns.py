@@ -7,7 +7,10 @@ One started by the run is restarted (its ``restart``, while ``restarts_left``); 
 in the rotation: through ``rejoin`` (the files transport, :meth:`Returns.rejoin_back`), or as a member of the
 group the next push forms (a collective transport). With ``rejoin``, a rollout that finds no server left waits
 for one the run is restarting (up to the timeout) and loads its weights itself: no push can run meanwhile, as
-the pushing thread is the one waiting on the rollout.
+the pushing thread is the one waiting on the rollout. In a trainer process other than 0, a server process 0
+started is :attr:`~grouprl.serve.roster.Server.restarted_elsewhere`: it is back once it answers holding the
+weights this process samples with (``holds_weights``: process 0 restarted it and gave them), and ``rejoin``
+takes it back without loading anything.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from grouprl.serve.roster import Server, ServerFailure
 
 class Returns:
     """:class:`~grouprl.serve.pool.ServerPool`'s returns (a part of it: it reads the pool's ``servers``, ``loop``,
-    ``timeout``, ``setting``, ``takes_returns``, ``rejoin``, ``watchers``, ``came_back``, ``roster_changes`` and
-    calls its ``request``, ``alive`` and ``living``)."""
+    ``timeout``, ``setting``, ``takes_returns``, ``rejoin``, ``holds_weights``, ``watchers``, ``came_back``,
+    ``roster_changes`` and calls its ``request``, ``alive`` and ``living``)."""
 
     servers: list[Server]
     loop: asyncio.AbstractEventLoop
@@ -36,6 +39,7 @@ class Returns:
     watchers: set[asyncio.Task]
     came_back: asyncio.Event
     roster_changes: int
+    holds_weights: Any
 
     def _watch(self, server: Server) -> str:
         """Watch the dropped ``server`` for its return (where the pool takes returns); what will happen, said."""
@@ -49,6 +53,8 @@ class Returns:
             task.add_done_callback(self.watchers.discard)
 
         self.loop.call_soon_threadsafe(start)
+        if server.restarted_elsewhere:
+            return "; process 0 restarts it"
         if server.restart is None:
             return "; it rejoins if it answers again"
         return f"; restarting it ({server.restarts_left} restart(s) left)" if server.restarts_left > 0 else ""
@@ -87,15 +93,17 @@ class Returns:
             while not local or time.monotonic() < deadline:
                 try:
                     server.info = await self.request(server, "GET", "/grouprl/info", timeout=min(self.timeout, 10.0))
-                    server.back = True
-                    self.came_back.set()
-                    return
+                    if not server.restarted_elsewhere or self.holds_weights(server):
+                        server.back = True
+                        self.came_back.set()
+                        return
                 except ServerFailure as failure:
                     if local and server.describe_exit and "exited" in server.describe_exit(0.0):
                         server.why += f"; restarted, then {server.describe_exit(0.0)}"
                         break
                     last = failure.what
-                await asyncio.sleep(roster.READY_POLL_S if local else roster.RETURN_POLL_S)
+                soon = local or server.restarted_elsewhere
+                await asyncio.sleep(roster.READY_POLL_S if soon else roster.RETURN_POLL_S)
             else:
                 server.why += f"; restarted, not ready within {self.timeout:g} s ({self.setting}; last: {last})"
             if server.stop is not None:
@@ -127,11 +135,11 @@ class Returns:
 
     async def _serving(self) -> list[Server]:
         """The servers serving; with none left, the first one the run restarts that comes back within the
-        timeout, its weights loaded here (see the module docstring). A server the run did not start is not
-        waited for: someone has to start it again."""
+        timeout, its weights loaded here, or by process 0 for a server process 0 restarts (see the module
+        docstring). A server the run did not start is not waited for: someone has to start it again."""
         deadline = time.monotonic() + self.timeout
         while not self.alive and self.rejoin is not None and time.monotonic() < deadline \
-                and any(s.returning and s.restart is not None for s in self.servers):  # one the run restarts
+                and any(s.returning and s.restarted_by_run for s in self.servers):  # one the run restarts
             await self.rejoin_back()
             if not self.alive:
                 self.came_back.clear()

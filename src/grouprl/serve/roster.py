@@ -52,6 +52,8 @@ class Server:
     """For a server started here: starts its process again, on the same address."""
     restarts_left: int = 0
     """How many more times ``restart`` may be called."""
+    restarted_elsewhere: bool = False
+    """Started by the run in another trainer process (process 0), which restarts it and gives it the weights."""
     returning: bool = False
     """Dropped, and watched for its return."""
     back: bool = False
@@ -67,6 +69,11 @@ class Server:
     (:meth:`~grouprl.serve.pool.ServerPool.busy_shares`)."""
     busy_from: float = 0.0
     """When the current stretch of requests in flight (or the clock) started."""
+
+    @property
+    def restarted_by_run(self) -> bool:
+        """Restarted by the run once dropped, here or by process 0."""
+        return self.restart is not None or self.restarted_elsewhere
 
     @property
     def url(self) -> str:
