@@ -83,19 +83,15 @@ def test_a_lora_policy_goes_merged_and_the_servers_sample_it_as_base_weights(ser
         client.close()
 
 
-def test_a_server_that_comes_back_joins_the_group_at_the_next_push(servers, tmp_path, monkeypatch):
-    """One server of the two dies and is started again on its address by someone else: the pool sees it back,
-    the next push forms the group with it again, and it samples the trainer's weights."""
+def own_server(tmp_path):
+    """(port, a function that starts a server of the tiny head-64 model on it, a process of its own session)."""
     import os
     import subprocess
     import sys
-    import time
 
-    import grouprl.serve.roster as roster
-    from grouprl.serve.local import free_port, kill_group
+    from grouprl.serve.local import free_port
     from tests.helpers.servers import write_tiny64
 
-    monkeypatch.setattr(roster, "RETURN_POLL_S", 0.5)
     folder = write_tiny64(tmp_path / "model", seed=0)
     port = free_port()
     command = [sys.executable, "-m", "grouprl", "serve", "--model", str(folder), "--port", str(port),
@@ -106,6 +102,64 @@ def test_a_server_that_comes_back_joins_the_group_at_the_next_push(servers, tmp_
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
 
+    return port, serve
+
+
+def test_a_server_that_dies_during_a_push_is_dropped_and_the_push_made_again_without_it(servers, tmp_path,
+                                                                                        monkeypatch):
+    """The server dies once every server has started the transfer: the broadcast fails, the trainer gives the
+    transfer up on the living server, drops the dead one (named) and pushes again in a group without it; the
+    living server then samples the trainer's weights."""
+    import grouprl.serve.collective as collective
+    from grouprl.serve.local import kill_group
+
+    port, serve = own_server(tmp_path)
+    mine = serve()
+    start, armed = collective.ServersClient.start_weight_update, []
+
+    def start_then_die(self):
+        start(self)
+        if armed and armed.pop():
+            kill_group(mine.pid)
+            mine.wait()
+
+    monkeypatch.setattr(collective.ServersClient, "start_weight_update", start_then_die)
+    model, tok = tiny_causal_lm(seed=10, **TINY64)
+    other = servers["addresses"][1]
+    client = None
+    try:
+        client = ServerSampler(model, tok, [f"127.0.0.1:{port}", other], timeout=300, transport="gloo")
+        ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
+        client.generate(ids, 2, greedy, seed=0)  # the first push, both servers
+        nudge(model, seed=11)
+        client.update_weights(model)
+        want = Sampler(model, tok).generate(ids, 1, greedy, seed=0)
+        armed.append(True)
+        with pytest.warns(UserWarning, match=rf"rollout server 127.0.0.1:{port} dropped: it stopped answering "
+                                             rf"during a weight push \(GET /grouprl/info failed"):
+            got = client.generate(ids, 2, greedy, seed=0)
+        assert not armed and client.sender.client.world_size == 2 and client.pushed == 1
+        assert [s.alive for s in client.pool.servers] == [False, True] and client.pool.servers[1].version == 1
+        assert got.completion_ids[::2].tolist() == want.completion_ids.tolist()  # every row on the living one
+        assert got.completion_ids[1::2].tolist() == want.completion_ids.tolist()
+        assert got.info["policy_version"] == [1] * 8
+    finally:
+        if client is not None:
+            client.close()
+        kill_group(mine.pid)
+        mine.wait()
+
+
+def test_a_server_that_comes_back_joins_the_group_at_the_next_push(servers, tmp_path, monkeypatch):
+    """One server of the two dies and is started again on its address by someone else: the pool sees it back,
+    the next push forms the group with it again, and it samples the trainer's weights."""
+    import time
+
+    import grouprl.serve.roster as roster
+    from grouprl.serve.local import kill_group
+
+    monkeypatch.setattr(roster, "RETURN_POLL_S", 0.5)
+    port, serve = own_server(tmp_path)
     mine = serve()
     model, tok = tiny_causal_lm(seed=8, **TINY64)
     client = None
@@ -113,7 +167,7 @@ def test_a_server_that_comes_back_joins_the_group_at_the_next_push(servers, tmp_
         client = ServerSampler(model, tok, [f"127.0.0.1:{port}", servers["addresses"][1]], timeout=300,
                                transport="gloo")
         ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
-        client.generate(ids, 2, greedy, seed=0)  # the first push: a server dying during a broadcast stops it
+        client.generate(ids, 2, greedy, seed=0)  # the first push, to both servers
         kill_group(mine.pid)
         mine.wait()
         with pytest.warns(UserWarning, match=rf"127.0.0.1:{port} dropped: .*it rejoins if it answers again"):

@@ -217,3 +217,37 @@ def test_a_lease_or_wait_that_is_not_a_finite_number_of_seconds_is_refused_befor
         assert engine.calls == [] and not state.lock.locked()
 
     asyncio.run(story())
+
+
+def test_the_trainer_aborts_a_transfer_it_cannot_complete_once_no_call_of_it_runs():
+    async def story():
+        transfers, state, engine, clock, lines = setup()
+        holder = await transfers.start(1, lease_s=3.0, wait_s=0.0)
+        assert not await transfers.abort("not-its-token", "a member died")  # another's token: nothing
+        release = asyncio.Event()
+
+        async def receive():  # an update waiting in the broadcast
+            await release.wait()
+            raise RuntimeError("Connection reset by peer")
+
+        update = asyncio.create_task(transfers.update(holder.token, receive))
+        await asyncio.sleep(0)
+        assert not await transfers.abort(holder.token, "a member died")  # its update runs: it ends the transfer
+        assert state.lock.locked() and lines == []
+        release.set()
+        with pytest.raises(RuntimeError, match="Connection reset"):
+            await update
+        assert not state.lock.locked() and "its update failed (RuntimeError: Connection reset by peer)" in lines[0]
+
+        holder = await transfers.start(2, lease_s=3.0, wait_s=0.0)  # started, and nothing more came
+        engine.calls.clear()
+        assert await transfers.abort(holder.token, "127.0.0.1:8001 died")
+        assert engine.calls == [*CLOSE, "resume_generation"] and not state.lock.locked()
+        assert "abandoned: its trainer gave it up (127.0.0.1:8001 died)" in lines[1]
+        assert state.version == 0 and not state.weights_complete  # the last complete version stays
+        await clock.advance(10.0)  # the lease's expiry was cancelled: nothing more is logged
+        assert len(lines) == 2
+        with pytest.raises(TransferRefused, match="its trainer gave it up"):
+            await transfers.finish(holder.token)
+
+    asyncio.run(story())

@@ -9,6 +9,8 @@ receive and reload layer by layer). Nothing touches storage.
   joined within ``rollout_server_timeout`` is named with that timeout. The group is formed again, without
   it, once a server has been dropped, and with it at the first push after it came back
   (:mod:`grouprl.serve.pool`); a server back that fails to join is dropped again and the group formed without it.
+  A push that fails is given up on every server that started it (``/grouprl/transfer/abort``), the group torn
+  down, and the servers that no longer answer dropped; the push is then made again without them.
 - A push: the trainer's tensors are staged as the servers' format (:func:`tensors_to_send`, on the policy's
   device: a copy, so the trainer may update while an asynchronous run pushes), then vLLM's engine sends
   them: ``/grouprl/transfer/start`` (each server pauses once its requests in flight finish),
@@ -181,6 +183,32 @@ class ServersClient:
         for server in self.servers:
             server.version, server.adapter = self.version, None
 
+    def abort(self, why: str) -> None:
+        """Give up the transfer under way on every server that started it (failures ignored: a dead server holds
+        nothing, and a server whose update runs abandons it once the group is torn down)."""
+        async def every() -> None:
+            await asyncio.gather(*(self.pool.request(s, "POST", "/grouprl/transfer/abort",
+                                                     {"token": self.tokens[s.address], "why": why})
+                                   for s in self.servers if s.alive and s.address in self.tokens),
+                                 return_exceptions=True)
+
+        self.pool.run(every())
+        self.tokens.clear()
+
+    def silent(self) -> list[tuple[Server, str]]:
+        """The members that do not answer ``/grouprl/info`` (each with what failed)."""
+        async def one(server: Server) -> str | None:
+            try:
+                await self.pool.request(server, "GET", "/grouprl/info", timeout=min(self.pool.timeout, 10.0))
+            except ServerFailure as failure:
+                return failure.what
+            return None
+
+        async def every() -> list[str | None]:
+            return await asyncio.gather(*(one(s) for s in self.servers))
+
+        return [(s, what) for s, what in zip(self.servers, self.pool.run(every())) if what is not None]
+
     def shutdown(self) -> None:
         """Ask every server to leave the group (failures ignored: the group is gone either way)."""
         async def every() -> None:
@@ -255,8 +283,10 @@ class CollectiveWeights:
         self.staged, self.version = tensors_to_send(model, dtype, state), version
 
     def push(self) -> None:
-        if self.roster != self.pool.roster_changes:  # a server was dropped (its workers would never receive) or is
-            self.close()                             # back (its new process is in no group)
+        # a server was dropped (its workers would never receive) or is back (its new process is in no group), or a
+        # failed push tore the group down
+        if self.roster != self.pool.roster_changes or self.engine is None:
+            self.close()
             returned = [s for s in self.pool.living() if self.readmits.get(s.address) != s.readmits]
             try:
                 self._join()
@@ -268,8 +298,25 @@ class CollectiveWeights:
                     self.pool.drop(ServerFailure(server, f"it came back, then {e}"))
                 self._join()
         self.client.version = self.version
-        self.engine.send_weights()
-        self.staged = []
+        try:
+            self.engine.send_weights()
+        except Exception as e:  # noqa: BLE001 - a member that died is dropped and the push made again without it
+            what = f"{type(e).__name__}: {e}"
+            self.client.abort(what)  # the servers that hold the transfer idle resume at once
+            silent = self.client.silent()
+            if not silent:
+                raise
+            # the traceback holds the broadcast's frames and through them the group: freed before the group is torn
+            # down, or the living servers' workers would wait in the broadcast until gloo's timeout
+            e.__traceback__ = None
+        else:
+            self.staged = []
+            return
+        self.close()  # a living server's update waiting in the broadcast fails with the group and is abandoned
+        for server, why in silent:
+            self.pool.drop(ServerFailure(server, f"it stopped answering during a weight push ({why}; the push: "
+                                                 f"{what[:300]})"))
+        self.push()
 
     def close(self) -> None:
         if self.engine is not None:

@@ -124,6 +124,18 @@ class Transfers:
             await self._resume()
         return holder.version
 
+    async def abort(self, token: str, why: str) -> bool:
+        """The trainer gives the transfer of ``token`` up (it cannot complete it): abandoned now if no call of it
+        runs (one that runs fails with the trainer's group and abandons it); whether it was."""
+        holder = self.holder
+        if holder is None or not secrets.compare_digest(holder.token, str(token)) or holder.calls:
+            return False
+        if holder.expiry is not None:
+            holder.expiry.cancel()
+            holder.expiry = None
+        await self._abandon(holder, f"its trainer gave it up ({why})")
+        return True
+
     # -- the lease ----------------------------------------------------------------------------------
     def _began(self, token: str, call: str) -> Holder:
         holder = self.holder

@@ -12,7 +12,7 @@
   loaded as a new LoRA request (the previous one removed), the prefix cache emptied (its keys and values
   came from the old weights), vLLM's weight version set to ``k`` (every output then carries it),
   generation resumed. A folder the server cannot see is a 400 that says so (the storage must be shared).
-- ``POST /grouprl/transfer/{init,start,update,finish,shutdown}``: the same load over vLLM's weight transfer
+- ``POST /grouprl/transfer/{init,start,update,finish,abort,shutdown}``: the same load over vLLM's weight transfer
   (a server started with one: ``nccl`` or ``gloo``), the four calls of vLLM's trainer engine
   (:mod:`grouprl.serve.collective`) on vLLM's engine client as its own RL routes make them, with this
   server's order around them: ``init`` joins the trainer's group (``{"init_info": ...}``); ``start``
@@ -20,8 +20,9 @@
   generation once the requests in flight finish, starts the update and answers a ``token``; ``update``
   (``{"token": t, "update_info": ...}``) receives the broadcast; ``finish`` (``{"token": t}``) finishes it,
   empties the prefix cache, sets the version and resumes. The transfer is held under a lease of ``s`` seconds
-  between the trainer's calls; past it, or on a failed update, the server abandons it and resumes, and the late
-  calls get a 409 (:mod:`grouprl.serve.lease`). (vLLM's own routes come only with its development mode, which
+  between the trainer's calls; past it, on a failed update, or at the trainer's ``abort`` (``{"token": t,
+  "why": ...}``: it cannot complete the transfer), the server abandons it and resumes, and the late calls get a
+  409 (:mod:`grouprl.serve.lease`). (vLLM's own routes come only with its development mode, which
   opens arbitrary RPCs.)
 """
 
@@ -156,6 +157,11 @@ class TransferToken(BaseModel):
     """What this transfer's start answered."""
 
 
+class TransferAbort(TransferToken):
+    why: str = ""
+    """What the trainer could not do (logged with the abandonment)."""
+
+
 class TransferUpdate(TransferToken):
     update_info: dict[str, Any] | list[dict[str, Any]]
     """vLLM's update info: the names, dtypes and shapes of the tensors the broadcast carries."""
@@ -213,6 +219,12 @@ async def transfer_update(body: TransferUpdate, request: Request) -> dict[str, A
     except TransferRefused as e:
         raise HTTPException(HTTPStatus.CONFLICT, f"this server ({transfers.state.address}): {e}") from e
     return transfers.state.info()
+
+
+@router.post("/transfer/abort")
+async def transfer_abort(body: TransferAbort, request: Request) -> dict[str, Any]:
+    transfers = _transfers(request)
+    return {**transfers.state.info(), "abandoned": await transfers.abort(body.token, body.why[:500])}
 
 
 @router.post("/transfer/finish")
