@@ -113,9 +113,10 @@ def serve(model_fn, base: str) -> None:
 def grouprl_worker(args: argparse.Namespace) -> None:
     from grouprl.cli.build import build_inputs, build_trainer, load_model
     from grouprl.models import unwrap_ddp
+    from grouprl.rollout.scratch import ScratchFolder
 
-    config = demo_config(args.seed, args.threads, tempfile.mkdtemp(prefix="learning-grouprl-"),
-                         **task(args), **args.set)
+    out = ScratchFolder("learning-grouprl-")  # the run's folder goes with the worker, which ends in os._exit
+    config = demo_config(args.seed, args.threads, str(out.path), **task(args), **args.set)
     inputs = build_inputs(config)
     policy, tokenizer = load_model(config.model, config.seed)
     trainer = build_trainer(config, inputs, policy, tokenizer)
@@ -141,8 +142,10 @@ def trl_worker(args: argparse.Namespace) -> None:
 
     from grouprl.cli.build import build_inputs, load_model
     from grouprl.rewards import score_rewards
+    from grouprl.rollout.scratch import ScratchFolder
 
-    out = tempfile.mkdtemp(prefix="learning-trl-")
+    scratch = ScratchFolder("learning-trl-")  # TRL's output folder goes with the worker, which ends in os._exit
+    out = str(scratch.path)
     c = demo_config(args.seed, args.threads, out, **task(args), **args.set)  # trl_config refuses what TRL lacks
     torch.set_num_threads(args.threads)
     inputs = build_inputs(c)  # the rows, reward functions and weights grouprl trains with
@@ -261,9 +264,11 @@ def evaluate_one(args: argparse.Namespace, folder: str) -> dict:
 
     from grouprl.cli.build import build_inputs, load_model
     from grouprl.cli.commands import evaluate_model
+    from grouprl.rollout.scratch import ScratchFolder
 
     torch.set_num_threads(args.eval_threads)
-    config = demo_config(EVAL_SEED, args.eval_threads, tempfile.mkdtemp(prefix="learning-eval-"), **task(args),
+    out = ScratchFolder("learning-eval-")
+    config = demo_config(EVAL_SEED, args.eval_threads, str(out.path), **task(args),
                          eval_size=args.eval_problems, eval_samples=args.eval_samples, eval_temperature=1.0)
     policy, tokenizer = load_model(folder, EVAL_SEED)
     result = evaluate_model(config, build_inputs(config), policy, tokenizer)
