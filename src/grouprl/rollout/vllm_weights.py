@@ -94,15 +94,18 @@ def restore_kv_cache(worker: Any, sizes: list[int]) -> None:
         torch.empty(0, dtype=torch.int8).set_(storage, 0, (size,)).zero_()
 
 
-def full_tensors(model: nn.Module, device: torch.device,
+def full_tensors(model: nn.Module, device: torch.device | None,
                  keep: Callable[[str], bool] = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) of the entries of ``model``'s state dict whose name ``keep`` accepts,
-    gathering FSDP shards one tensor at a time (a collective: every process iterates alike)."""
+    """(name, full tensor) of the entries of ``model``'s state dict whose name ``keep`` accepts. An FSDP shard
+    is gathered on the device its process group trains on (a CPU-offloaded shard too), one tensor at a time (a
+    collective: every process iterates alike), then moved to ``device`` (None: left there); other tensors are
+    yielded as they are."""
     from torch.distributed.tensor import DTensor
 
     for name, t in model.state_dict().items():
         if not keep(name):
             continue
         if isinstance(t, DTensor):
-            t = t.to(device).full_tensor()
+            t = t.to(t.device_mesh.device_type).full_tensor()
+            t = t.to(device) if device is not None else t
         yield name, t.detach()

@@ -71,22 +71,16 @@ def is_sharded(model: Any) -> bool:
 
 def gathered(model: Any, keep: Callable[[str], bool] = lambda name: True, device: torch.device | None = None,
              kept: bool = True) -> dict[str, torch.Tensor]:
-    """The entries of ``model``'s state dict whose name ``keep`` accepts, whole. An FSDP shard is gathered on
-    the device it trains on, one tensor at a time (a collective: every process calls this alike, in the same
-    order), then moved to ``device`` (None: left there), so no more than one whole tensor at a time takes
-    memory on the training device. Other tensors are returned as they are (no copy). ``kept`` False: each
-    tensor is gathered and dropped (a process that only takes part in the collective); returns {}."""
-    from torch.distributed.tensor import DTensor
+    """The entries of ``model``'s state dict whose name ``keep`` accepts, whole: FSDP shards gathered one tensor
+    at a time and moved to ``device`` (None: left on the training device), so at most one whole tensor at a
+    time takes memory there; other tensors as they are (no copy). A collective under FSDP: every process calls
+    it alike. ``kept`` False: each tensor gathered and dropped (a process that only takes part); returns {}."""
+    from grouprl.rollout.vllm_weights import full_tensors
 
     out: dict[str, torch.Tensor] = {}
-    for name, t in model.state_dict().items():
-        if not keep(name):
-            continue
-        if isinstance(t, DTensor):
-            t = t.to(t.device_mesh.device_type).full_tensor()
-            t = t.to(device) if device is not None else t
+    for name, t in full_tensors(model, device, keep):
         if kept:
-            out[name] = t.detach()
+            out[name] = t
     return out
 
 
