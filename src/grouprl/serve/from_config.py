@@ -5,15 +5,18 @@ rank, seed, longest sequence and rows so it samples what the trainer expects."""
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from grouprl.errors import ConfigError
 from grouprl.rollout.scratch import ScratchFolder
 from grouprl.serve.client import ServerSampler
 from grouprl.serve.local import LocalServers
+from grouprl.serve.pool import ServerPool
 from grouprl.serve.ranks import Ranks
 from grouprl.serve.transport import default_weights_root, gathered, is_sharded, write_model_folder
 
@@ -60,25 +63,32 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
     policy first (written once to a folder they load, removed once they are up); their logs go to
     ``output_dir/servers``. With several trainer processes (:mod:`grouprl.serve.ranks`) process 0 alone starts
     them and the others receive their addresses; a process that cannot reach the servers stops every one."""
-    c, ranks, local, folder = config, Ranks.current(), None, None
+    c, ranks, local, folder, down = config, Ranks.current(), None, None, {}
     addresses = c.rollout_servers
     if isinstance(addresses, int):
+        from grouprl.rollout.engines import model_problem
+
+        problem = model_problem(policy)  # the servers would start, then exit saying so
+        if problem is not None:
+            raise ConfigError(f"rollout_servers={addresses}: {problem}")
         root = Path(c.rollout_weights_dir) if c.rollout_weights_dir else default_weights_root()
         # FSDP shards: every process takes part in gathering the policy process 0 writes for the servers
         state = gathered(policy, device=torch.device("cpu"), kept=ranks is None or ranks.is_main) \
             if ranks is not None and is_sharded(policy) else None
 
-        def start() -> list[str]:
+        def start() -> tuple[list[str], dict[str, str]]:
             nonlocal local, folder
             root.mkdir(parents=True, exist_ok=True)
             folder = ScratchFolder("grouprl-policy-", root)  # the whole policy: gone with the run, a killed one too
             write_model_folder(policy, tokenizer, folder.path, None, state)
             options = serve_options(c, max_model_len, transport)
             local = LocalServers(addresses, folder.path, options, Path(c.output_dir) / "servers")
-            return local.addresses
+            # the other processes cannot see a server's process exit: process 0 waits for them to come up and
+            # tells which did not (one process waits in its sampler, as for any server)
+            return local.addresses, (_not_up(local, c.rollout_server_timeout) if ranks is not None else {})
 
         try:
-            addresses = start() if ranks is None else ranks.share(start)
+            addresses, down = start() if ranks is None else ranks.share(start)
             state = None
         except BaseException:
             if local is not None:
@@ -90,7 +100,8 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
         sampler = ServerSampler(policy, tokenizer, list(addresses), timeout=c.rollout_server_timeout,
                                 weights_dir=c.rollout_weights_dir, local=local, transport=transport,
                                 restarts=c.rollout_server_restarts, skeleton=_skeleton(folder),
-                                started_elsewhere=local is None and isinstance(c.rollout_servers, int))
+                                started_elsewhere=local is None and isinstance(c.rollout_servers, int),
+                                down=down)
     except Exception as e:  # noqa: BLE001 - raised below (in every process, with several)
         error = e
     finally:
@@ -107,6 +118,21 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
             local.stop()
         raise
     return sampler
+
+
+def _not_up(local: LocalServers, timeout: float) -> dict[str, str]:
+    """Wait until each of ``local``'s servers answers, exits or runs out of ``timeout``: each that did not, with
+    why (its exit status and last log lines). A RolloutServerError when none came up."""
+    pool = ServerPool(local.addresses, timeout)
+    for i, server in enumerate(pool.servers):
+        server.describe_exit = lambda settle, i=i: local.describe(i, settle)
+    try:
+        with warnings.catch_warnings():  # said by every process's sampler, which drops them
+            warnings.simplefilter("ignore")
+            pool.run(pool.wait_ready())
+    finally:
+        pool.close()
+    return {s.address: s.why for s in pool.servers if not s.alive}
 
 
 def _remove(folder: ScratchFolder | None) -> None:

@@ -205,8 +205,8 @@ class ServerPool(Returns):
             return shares
 
     async def wait_ready(self) -> None:
-        """Ask every server for its info until it answers (or ``timeout`` passes: it is dropped)."""
-        await asyncio.gather(*(self._ready(s) for s in self.servers))
+        """Ask every living server for its info until it answers (or ``timeout`` passes: it is dropped)."""
+        await asyncio.gather(*(self._ready(s) for s in self.alive))
         self.living()
 
     async def _ready(self, server: Server) -> None:
