@@ -139,7 +139,8 @@ def two_process_group(rank: int, world: int, store_file: str, out: str) -> None:
     def three_steps(name: str) -> dict[str, Any]:
         trainer = build(out, name, env=env, **SCENARIOS[name])
         summary = trainer.train()
-        return {"weights": full_weights(trainer), "summary": summary, "metrics": metrics_lines(out / name / "run", env)}
+        return {"weights": full_weights(trainer), "summary": summary, "metrics": metrics_lines(out / name / "run", env),
+                **_pushes(trainer, rank)}
 
     def resumed() -> dict[str, Any]:
         start = out / "fsdp" / "run" / "checkpoints" / "step-000002"
@@ -172,10 +173,11 @@ def _pushes(trainer: Any, rank: int) -> dict[str, Any]:
     """What a rollout server push reads from an FSDP policy, as process 0 holds it: the state gathered for the
     files transport (on the CPU) and the tensors a collective transport sends (LoRA merged). Every process
     gathers; process 0 alone keeps."""
+    from grouprl.models.lora import unwrap_ddp
     from grouprl.serve.collective import tensors_to_send
     from grouprl.serve.transport import gathered
 
-    policy = trainer.policy
+    policy = unwrap_ddp(trainer.policy)  # as the rollout servers' sampler follows it
     files = gathered(policy, device=torch.device("cpu"), kept=rank == 0)
     sent = tensors_to_send(policy, torch.float32, gathered(policy, kept=rank == 0)) if rank == 0 else None
     if rank != 0:

@@ -166,6 +166,15 @@ def test_evaluation_split_over_processes_equals_one_process(variant_runs):
         assert got[key] == pytest.approx(value, abs=1e-6), key
 
 
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_a_rollout_server_push_reads_the_whole_weights_under_ddp_and_fsdp(runs, name):
+    out, _ = runs
+    r = result(out, name)
+    assert r["files"].keys() == r["weights"].keys() and r["sent"].keys() == r["weights"].keys()
+    for key, value in r["weights"].items():  # FSDP: each shard gathered; DDP: the replica's own tensors
+        assert torch.equal(r["files"][key], value) and torch.equal(r["sent"][key], value), key
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["fsdp_lora", "fsdp_offload"])
 def test_a_rollout_server_push_gathers_every_shard_and_merges_lora_as_peft_does(variant_runs, name):
