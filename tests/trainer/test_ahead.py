@@ -44,8 +44,25 @@ class FakeServers:
         self.write_weights()
         self.pushed = self.written
 
+    @property
+    def pushable(self) -> int:
+        return self.version  # the rollout thread's push writes the newest version first
+
     def cancel(self) -> None:
         self.cancelled.set()
+
+
+class ShardedServers(FakeServers):
+    """As the sampler under FSDP: the rollout thread writes nothing (the write is a collective of the trainer
+    threads, at the start of each step), so a push carries the version the trainer wrote last, which lags its
+    version between an update and the next step's write."""
+
+    @property
+    def pushable(self) -> int:
+        return self.version if self.written is None else self.written
+
+    def sync_weights(self) -> None:
+        self.pushed = self.written
 
 
 def batch_of(versions: list[int | None]) -> RolloutBatch:
@@ -89,12 +106,14 @@ def settle(ahead: AheadCollector) -> None:
 
 def train(ahead: AheadCollector, servers: FakeServers, steps: int) -> list[dict[str, float]]:
     """The trainer's loop as the collector sees it: take a batch, update (a new version), and let the rollout
-    thread go as far as the bound allows before the next update, so the versions do not depend on timing."""
+    thread go as far as the bound allows before the next update and after it, so the versions do not depend on
+    timing."""
     out = []
     for step in range(steps):
         got = ahead.collect(step, PhaseTimer())
         settle(ahead)
         servers.update_weights(None)
+        settle(ahead)
         out.append(got.metrics)
     return out
 
@@ -120,6 +139,22 @@ def test_each_batch_is_as_stale_as_the_bound_allows_and_no_more(tmp_path, k, wan
     assert inner.steps == [0, 1, 2, 3, 4]  # nothing sampled for a step beyond the run
     assert all(m["async/dropped"] == 0 for m in metrics)
     assert not ahead.thread.is_alive()  # it ended once the run's batches were all taken
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_under_fsdp_a_batch_waits_for_the_version_the_trainer_writes_and_none_is_dropped(tmp_path, k):
+    # after an update the trainer is at version v + 1 but has written only v until its next step: a batch started
+    # then would be sampled by v and taken at v + 1 + queued, one version beyond the bound (so dropped)
+    servers = ShardedServers()
+    inner = FakeCollector(servers)
+    ahead = AheadCollector(inner, servers, k, 6, tmp_path / "timeline.jsonl")
+    try:
+        metrics = train(ahead, servers, 6)
+    finally:
+        ahead.close()
+    assert [m["async/dropped"] for m in metrics] == [0] * 6
+    assert [m["async/staleness_max"] for m in metrics] == [min(step, k) for step in range(6)]
+    assert inner.steps == list(range(6))
 
 
 def test_a_batch_staler_than_the_bound_is_dropped_counted_and_replaced(tmp_path):
@@ -154,13 +189,14 @@ def test_the_checkpointed_position_is_the_consumed_one_not_the_sampled_one(tmp_p
 
 
 def test_weights_are_written_by_the_trainers_thread_between_updates(tmp_path):
-    ahead, servers, inner = make(tmp_path, 1, steps=4)
+    servers = ShardedServers()  # whose rollout thread writes nothing, as under FSDP
+    ahead = AheadCollector(FakeCollector(servers), servers, 1, 4, tmp_path / "timeline.jsonl")
     try:
         train(ahead, servers, 4)
     finally:
         ahead.close()
     # every version, 0 included (before the rollout thread starts), by the trainer's thread: under FSDP the write
-    # is a collective of the trainer threads
+    # is a collective of the trainer threads, and without it no batch would be sampled by a newer version
     assert len(servers.writers) == 4 and set(servers.writers) == {threading.current_thread().name}, servers.writers
 
 

@@ -206,6 +206,15 @@ class ServerSampler:
         self.model = model
         self.version += 1
 
+    @property
+    def pushable(self) -> int:
+        """The newest version the next push can carry: the followed model's, which a push writes first, but under
+        FSDP, sampling ahead, the trainer threads' last gather (the rollout thread writes nothing, and between an
+        update and the next step's write the trainer is a version ahead of what it gathered)."""
+        if self.sharded and self.ahead is not None and self.gathered is not None:
+            return self.gathered
+        return self.version
+
     def sync_weights(self) -> None:
         """Send the weights to every server if they changed since the last push. With several trainer
         processes a collective (every process calls it at the start of a rollout, or its rollout thread at the

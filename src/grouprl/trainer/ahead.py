@@ -10,8 +10,9 @@ processes, so the thread mostly waits on HTTP. The trainer takes the finished ba
   the weights a server started with, version 0); a batch's staleness is the trainer's version when it takes
   the batch minus that version, per row (``async/staleness`` the mean, ``async/staleness_max`` the most).
 - The bound: a batch is started only when it will be consumed at most k versions after the version the
-  servers will sample it with (counting the batches ahead of it); a batch that still arrives staler than k
-  (a server that did not take a push) is dropped and counted (``async/dropped``), and another is sampled.
+  servers will sample it with (the newest its next push can carry; counting the batches ahead of it); a
+  batch that still arrives staler than k (a server that did not take a push) is dropped and counted
+  (``async/dropped``), and another is sampled.
 - Pushes: the trainer writes its weights at the start of each step (between updates, in its own thread);
   the rollout thread has the servers load them before it starts its next batch. Requests already in flight
   finish on the version they started with (the server's weight route also waits for them), so every
@@ -117,8 +118,9 @@ class AheadCollector:
 
     Args:
         inner: the step's collector (``collect(step, timer)``, ``stream``).
-        sampler: the rollout engine with its own weights: ``version``, ``pushed``, ``write_weights``,
-            ``sync_weights`` and ``cancel`` (:class:`~grouprl.serve.ServerSampler`).
+        sampler: the rollout engine with its own weights: ``version``, ``pushable`` (the newest version its next
+            push can carry), ``pushed``, ``write_weights``, ``sync_weights`` and ``cancel``
+            (:class:`~grouprl.serve.ServerSampler`).
         max_staleness: k >= 1.
         total_steps: the run's steps (nothing is sampled for a step beyond them).
         timeline: where the timeline goes (None: nowhere).
@@ -156,7 +158,7 @@ class AheadCollector:
         queued = len(self.ready)
         if self.consumed + queued >= self.total_steps - self.first_step:
             return False
-        return self.base_version + self.consumed + queued - self.sampler.version <= self.k
+        return self.base_version + self.consumed + queued - self.sampler.pushable <= self.k
 
     def _run(self) -> None:
         if self.ranks is not None:
