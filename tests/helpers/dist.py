@@ -170,19 +170,32 @@ VARIANTS = {
 
 
 def _pushes(trainer: Any, rank: int) -> dict[str, Any]:
-    """What a rollout server push reads from an FSDP policy, as process 0 holds it: the state gathered for the
-    files transport (on the CPU) and the tensors a collective transport sends (LoRA merged). Every process
-    gathers; process 0 alone keeps."""
+    """What a rollout server push reads from the policy, as process 0 holds it: the file the files transport
+    writes (read back, under the state dict's names; a LoRA model's adapters beside it) and the tensors a
+    collective transport sends (LoRA merged). Every process takes part in each gather; process 0 alone keeps."""
+    import tempfile
+
+    from safetensors.torch import load_file
+
     from grouprl.models.lora import unwrap_ddp
     from grouprl.serve.collective import tensors_to_send
-    from grouprl.serve.transport import gathered
+    from grouprl.serve.transport import WEIGHTS_FILE, plain_name, reading, write_weights_file
 
     policy = unwrap_ddp(trainer.policy)  # as the rollout servers' sampler follows it
-    files = gathered(policy, device=torch.device("cpu"), kept=rank == 0)
-    sent = tensors_to_send(policy, torch.float32, gathered(policy, kept=rank == 0)) if rank == 0 else None
+    read = reading(policy, dtype=torch.float32)
     if rank != 0:
-        gathered(policy, kept=False)  # the collective above, taken part in
-    return {"files": files, "sent": dict(sent) if sent is not None else None}
+        read.drain()
+        reading(policy).drain()
+        return {"files": None, "sent": None}
+    with tempfile.TemporaryDirectory() as folder:
+        adapters: dict[str, torch.Tensor] = {}
+        with read.through():
+            write_weights_file(policy, read, Path(folder), adapters)
+        written = load_file(str(Path(folder) / WEIGHTS_FILE))
+    plain = plain_name(policy)
+    files = {e.name: written[plain(e.name)] if plain(e.name) is not None else adapters[e.name] for e in read.entries}
+    sent = tensors_to_send(policy, torch.float32, dict(reading(policy).tensors))
+    return {"files": files, "sent": dict(sent)}
 
 
 def variant_group(rank: int, world: int, store_file: str, out: str) -> None:

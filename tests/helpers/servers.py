@@ -22,11 +22,11 @@ TINY64 = dict(hidden_size=128, num_heads=2, num_kv_heads=2)
 def write_tiny64(folder: Path, seed: int = 0) -> Path:
     """The tiny head-64 model of ``seed`` as a model folder a server loads."""
     from grouprl.models import tiny_causal_lm
-    from grouprl.serve.transport import write_model_folder
+    from grouprl.serve.transport import reading, write_model_folder
 
     model, tok = tiny_causal_lm(seed=seed, **TINY64)
     folder.mkdir(parents=True, exist_ok=True)
-    write_model_folder(model, tok, folder, None)
+    write_model_folder(model, tok, folder, reading(model))
     return folder
 
 

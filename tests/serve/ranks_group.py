@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from grouprl.models import tiny_causal_lm
-from grouprl.serve.transport import gathered
+from grouprl.rollout.vllm_weights import full_tensors
 from grouprl.trainer.trainer import Trainer
 from tests.helpers.servers import TINY64
 from tests.helpers.trainer import PROMPTS, base_config
@@ -77,7 +77,7 @@ def served_run(out: Path, servers: Any, processes: Any = None, kill_first: bool 
             warnings.simplefilter("always")
             trainer.train()
         # whole under FSDP too (a collective: every process gathers)
-        weights = {k: v.clone() for k, v in gathered(trainer.policy, device=torch.device("cpu")).items()}
+        weights = {k: v.clone() for k, v in full_tensors(trainer.policy, torch.device("cpu"))}
         return {"weights": {k.removeprefix("module."): v for k, v in weights.items()}, "versions": versions,
                 "pushes": sampler.sender is not None, "version": sampler.version, "pushed": sampler.pushed,
                 "addresses": [s.address for s in sampler.pool.servers], "local": sampler.local is not None,

@@ -15,8 +15,8 @@ class FolderSender:
     def __init__(self, root):
         self.folders, self.writes, self.version = WeightFolders(root), [], 0
 
-    def write(self, model, state, version, dtype):
-        self.folders.write_full(state.items(), version, dtype)
+    def write(self, model, read, version, dtype):
+        self.folders.write_full(model, read, version)
         self.writes.append(version)
         self.version = version
 

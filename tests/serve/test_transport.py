@@ -3,6 +3,7 @@ local launcher that need no server: vLLM's arguments, the cores each local serve
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,25 +14,25 @@ from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.serve.from_config import serve_options, server_problems
 from grouprl.serve.local import core_shares
 from grouprl.serve.server import ServeOptions, engine_argv
-from grouprl.serve.transport import WEIGHTS_FILE, WeightFolders, unshared_tensors, write_model_folder
+from grouprl.serve.transport import WEIGHTS_FILE, WeightFolders, reading, write_model_folder
 from grouprl.trainer.config import TrainerConfig
 
 
-def test_a_tied_head_travels_under_its_own_name_as_a_copy():
+def test_a_tied_head_travels_under_its_own_name(tmp_path):
     model, _ = tiny_causal_lm(seed=0)  # tie_word_embeddings: lm_head.weight is the embedding's storage
     state = model.state_dict()
     assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
-    out = unshared_tensors(state.items())
-    assert list(out) == list(state)
-    assert out["lm_head.weight"].data_ptr() != out["model.embed_tokens.weight"].data_ptr()
-    assert torch.equal(out["lm_head.weight"], out["model.embed_tokens.weight"])
-    assert out["model.norm.weight"] is state["model.norm.weight"]  # untied tensors are not copied
+    folders = WeightFolders(tmp_path)
+    path = folders.write_full(model, reading(model), 1)
+    back = load_file(str(path / WEIGHTS_FILE))
+    assert set(back) == set(state)
+    assert torch.equal(back["lm_head.weight"], state["model.embed_tokens.weight"])
 
 
 def test_a_full_push_is_one_complete_folder_in_the_servers_format(tmp_path):
     model, _ = tiny_causal_lm(seed=1)
     folders = WeightFolders(tmp_path)
-    path = folders.write_full(model.state_dict().items(), 3, torch.bfloat16)
+    path = folders.write_full(model, reading(model, dtype=torch.bfloat16), 3)
     assert path == folders.root / "v3" and sorted(p.name for p in folders.root.iterdir()) == ["v3"]
     back = load_file(str(path / WEIGHTS_FILE))
     assert set(back) == set(model.state_dict())
@@ -44,12 +45,14 @@ def test_a_push_that_fails_midway_leaves_no_folder_a_server_could_read(tmp_path)
     model, _ = tiny_causal_lm(seed=1)
     folders = WeightFolders(tmp_path)
 
+    read = reading(model)
+
     def broken():
-        yield from list(model.state_dict().items())[:3]
+        yield from list(read.tensors)[:3]
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError, match="disk full"):
-        folders.write_full(broken(), 1, None)
+        folders.write_full(model, dataclasses.replace(read, tensors=broken()), 1)
     assert list(folders.root.iterdir()) == []
 
 
@@ -57,7 +60,7 @@ def test_only_the_newest_version_is_kept_once_every_server_has_it(tmp_path):
     model, _ = tiny_causal_lm(seed=1)
     folders = WeightFolders(tmp_path)
     for v in (1, 2, 3):
-        folders.write_full(model.state_dict().items(), v, None)
+        folders.write_full(model, reading(model), v)
     folders.keep_only(folders.path(3))
     assert [p.name for p in folders.root.iterdir()] == ["v3"]
     folders.remove()
@@ -74,9 +77,10 @@ def test_a_killed_trainers_pushes_do_not_stay_in_memory(tmp_path):
 
     code = ("import time\n"
             "from grouprl.models import tiny_causal_lm\n"
-            "from grouprl.serve.transport import WeightFolders\n"
+            "from grouprl.serve.transport import WeightFolders, reading\n"
             f"folders = WeightFolders({str(tmp_path)!r})\n"
-            "folders.write_full(tiny_causal_lm(seed=1)[0].state_dict().items(), 1, None)\n"
+            "model = tiny_causal_lm(seed=1)[0]\n"
+            "folders.write_full(model, reading(model), 1)\n"
             "print(folders.root, flush=True)\n"
             "time.sleep(600)\n")
     trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -95,7 +99,7 @@ def test_a_lora_policy_becomes_a_plain_model_folder_that_transformers_loads_back
 
     plain, tok = tiny_causal_lm(seed=2)
     peft = apply_lora(tiny_causal_lm(seed=2)[0], LoraSettings(rank=4, target_modules=("q_proj", "v_proj")))
-    write_model_folder(peft, tok, tmp_path, None)
+    write_model_folder(peft, tok, tmp_path, reading(peft))
     names = set(load_file(str(tmp_path / WEIGHTS_FILE)))
     assert names == set(plain.state_dict())  # no adapter weights, no base_layer names
     back = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -152,7 +156,7 @@ def test_a_lora_version_holds_the_base_and_the_adapter_side_by_side(tmp_path):
     peft = apply_lora(tiny_causal_lm(seed=2)[0], LoraSettings(rank=4, target_modules=("q_proj", "v_proj")))
     folders = WeightFolders(tmp_path)
     adapter = {n: t for n, t in peft.state_dict().items() if ".lora_" in n}
-    folders.write_full(peft.state_dict().items(), 1, None)
+    folders.write_full(peft, reading(peft), 1)
     first = folders.write_adapter(peft, adapter, 1)
     assert first.name == "v1-lora" and {"adapter_config.json", "adapter_model.safetensors"} <= {
         p.name for p in first.iterdir()}
@@ -184,11 +188,11 @@ def test_a_restarted_server_starts_from_the_weights_every_server_loaded_last(tmp
     model, tok = tiny_causal_lm(seed=1)
     sender = FileWeights(pool, lora=False, weights_dir=str(tmp_path / "weights"))
     skeleton = tmp_path / "skeleton"
-    write_model_folder(model, tok, skeleton, None)
+    write_model_folder(model, tok, skeleton, reading(model))
     (skeleton / WEIGHTS_FILE).unlink()
     assert sender.restart_folder(skeleton) is None  # nothing pushed yet
     for version in (1, 2):
-        sender.write(model, model.state_dict(), version, torch.float32)
+        sender.write(model, reading(model), version, torch.float32)
         sender.push()
     assert loads == [("/grouprl/weights", 1, False), ("/grouprl/weights", 2, False)]
     folder = sender.restart_folder(skeleton)

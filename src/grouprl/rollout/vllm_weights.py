@@ -96,16 +96,19 @@ def restore_kv_cache(worker: Any, sizes: list[int]) -> None:
 
 def full_tensors(model: nn.Module, device: torch.device | None,
                  keep: Callable[[str], bool] = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) of the entries of ``model``'s state dict whose name ``keep`` accepts. An FSDP shard
-    is gathered on the device its process group trains on (a CPU-offloaded shard too), one tensor at a time (a
-    collective: every process iterates alike), then moved to ``device`` (None: left there); other tensors are
-    yielded as they are."""
+    """(name, full tensor) of the entries of ``model``'s state dict whose name ``keep`` accepts, one at a time
+    (:func:`whole`: under FSDP a collective, every process iterates alike)."""
+    for name, t in model.state_dict().items():
+        if keep(name):
+            yield name, whole(t, device)
+
+
+def whole(t: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    """``t`` whole: an FSDP shard gathered on the device its process group trains on (a CPU-offloaded shard too;
+    a collective), then moved to ``device`` (None: left there); any other tensor as it is."""
     from torch.distributed.tensor import DTensor
 
-    for name, t in model.state_dict().items():
-        if not keep(name):
-            continue
-        if isinstance(t, DTensor):
-            t = t.to(t.device_mesh.device_type).full_tensor()
-            t = t.to(device) if device is not None else t
-        yield name, t.detach()
+    if isinstance(t, DTensor):
+        t = t.to(t.device_mesh.device_type).full_tensor()
+        t = t.to(device) if device is not None else t
+    return t.detach()

@@ -43,7 +43,7 @@ from grouprl.serve.completions import GENERATE, Completion, PendingBatch, parse_
 from grouprl.serve.pool import ServerPool
 from grouprl.serve.ranks import Ranks
 from grouprl.serve.roster import RolloutServerError, Server, ServerFailure
-from grouprl.serve.transport import TRANSPORTS, gathered, is_sharded
+from grouprl.serve.transport import TRANSPORTS, is_sharded, reading
 from grouprl.types import RolloutBatch, SamplingParams
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -248,8 +248,8 @@ class ServerSampler:
         """Write the followed model's weights as its version, once (process 0 alone, of several). The write reads
         every parameter: call it from the thread that updates them, between updates (an asynchronous run does,
         at the start of each step). Under FSDP a collective of the trainer threads: every process gathers the
-        shards and process 0 keeps them (a rollout thread sampling ahead writes nothing then: the trainer
-        threads have written what it pushes)."""
+        shards one tensor at a time and process 0 writes each as it comes (a rollout thread sampling ahead
+        writes nothing then: the trainer threads have written what it pushes)."""
         if self.sender is None and not self.sharded:
             return
         if self.sharded and self.ahead is not None and self.ahead[0] == threading.get_ident():
@@ -259,13 +259,12 @@ class ServerSampler:
                 return
             start = time.perf_counter()
             keep = self.transport.keep(self.lora, first=self.gathered is None)
-            where = None if self.transport.on_device else torch.device("cpu")
-            state = gathered(self.model, keep, where, kept=self.sender is not None)
-            if self.sender is not None:
-                self.sender.write(self.model, state, self.version, self.dtype)
-                self.written = self.version
+            read = reading(self.model, keep, self.dtype)
+            with read.through():  # the other processes take part in each gather: read to the end, failing or not
+                if self.sender is not None:
+                    self.sender.write(self.model, read, self.version, self.dtype)
+                    self.written = self.version
             self.gathered = self.version
-            del state
             seconds = time.perf_counter() - start
             self.write_seconds += seconds
             self.sync_seconds += seconds

@@ -279,8 +279,11 @@ class CollectiveWeights:
         self.roster = self.pool.roster_changes
         self.readmits = {s.address: s.readmits for s in servers}
 
-    def write(self, model: nn.Module, state: dict[str, torch.Tensor], version: int, dtype: torch.dtype) -> None:
-        self.staged, self.version = tensors_to_send(model, dtype, state), version
+    def write(self, model: nn.Module, read: Any, version: int, dtype: torch.dtype) -> None:
+        """Stage ``read`` (:class:`~grouprl.serve.transport.Reading`, whole on the policy's device) for the next
+        push, as :func:`tensors_to_send` makes it: a broadcast sends from the device, and a failed one is made
+        again from the staged copy."""
+        self.staged, self.version = tensors_to_send(model, dtype, dict(read.tensors)), version
 
     def push(self) -> None:
         # a server was dropped (its workers would never receive) or is back (its new process is in no group), or a

@@ -9,7 +9,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from grouprl.errors import ConfigError
@@ -18,7 +17,7 @@ from grouprl.serve.client import ServerSampler
 from grouprl.serve.local import LocalServers
 from grouprl.serve.pool import ServerPool
 from grouprl.serve.ranks import Ranks
-from grouprl.serve.transport import default_weights_root, gathered, is_sharded, write_model_folder
+from grouprl.serve.transport import Reading, default_weights_root, is_sharded, reading, write_model_folder
 
 
 def server_problems(servers: Any, timeout: float) -> list[str]:
@@ -66,35 +65,7 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
     c, ranks, local, folder, down = config, Ranks.current(), None, None, {}
     addresses = c.rollout_servers
     if isinstance(addresses, int):
-        from grouprl.rollout.engines import model_problem
-
-        problem = model_problem(policy)  # the servers would start, then exit saying so
-        if problem is not None:
-            raise ConfigError(f"rollout_servers={addresses}: {problem}")
-        root = Path(c.rollout_weights_dir) if c.rollout_weights_dir else default_weights_root()
-        # FSDP shards: every process takes part in gathering the policy process 0 writes for the servers
-        state = gathered(policy, device=torch.device("cpu"), kept=ranks is None or ranks.is_main) \
-            if ranks is not None and is_sharded(policy) else None
-
-        def start() -> tuple[list[str], dict[str, str]]:
-            nonlocal local, folder
-            root.mkdir(parents=True, exist_ok=True)
-            folder = ScratchFolder("grouprl-policy-", root)  # the whole policy: gone with the run, a killed one too
-            write_model_folder(policy, tokenizer, folder.path, None, state)
-            options = serve_options(c, max_model_len, transport)
-            local = LocalServers(addresses, folder.path, options, Path(c.output_dir) / "servers")
-            # the other processes cannot see a server's process exit: process 0 waits for them to come up and
-            # tells which did not (one process waits in its sampler, as for any server)
-            return local.addresses, (_not_up(local, c.rollout_server_timeout) if ranks is not None else {})
-
-        try:
-            addresses, down = start() if ranks is None else ranks.share(start)
-            state = None
-        except BaseException:
-            if local is not None:
-                local.stop()
-            _remove(folder)
-            raise
+        addresses, down, local, folder = _start_local(c, policy, tokenizer, max_model_len, transport, ranks)
     sampler, error = None, None
     try:
         sampler = ServerSampler(policy, tokenizer, list(addresses), timeout=c.rollout_server_timeout,
@@ -118,6 +89,60 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
             local.stop()
         raise
     return sampler
+
+
+def _start_local(c: Any, policy: nn.Module, tokenizer: Any, max_model_len: int, transport: str,
+                 ranks: Ranks | None) -> tuple[list[str], dict[str, str], LocalServers | None, ScratchFolder | None]:
+    """``c.rollout_servers`` local servers started on the policy (by process 0 alone, of several): their
+    addresses, those that did not come up (address -> why), the servers (None in other processes) and the
+    model folder they started from (the caller removes it once they are up)."""
+    from grouprl.rollout.engines import model_problem
+
+    problem = model_problem(policy)  # the servers would start, then exit saying so
+    if problem is not None:
+        raise ConfigError(f"rollout_servers={c.rollout_servers}: {problem}")
+    root = Path(c.rollout_weights_dir) if c.rollout_weights_dir else default_weights_root()
+    local: LocalServers | None = None
+    folder: ScratchFolder | None = None
+    failed: Exception | None = None
+
+    def write_policy(read: Reading) -> None:
+        nonlocal folder
+        with read.through():
+            root.mkdir(parents=True, exist_ok=True)
+            folder = ScratchFolder("grouprl-policy-", root)  # the whole policy: gone with the run, a killed one too
+            write_model_folder(policy, tokenizer, folder.path, read)
+
+    def start() -> tuple[list[str], dict[str, str]]:
+        nonlocal local
+        if failed is not None:
+            raise failed
+        if folder is None:
+            write_policy(reading(policy))
+        options = serve_options(c, max_model_len, transport)
+        local = LocalServers(c.rollout_servers, folder.path, options, Path(c.output_dir) / "servers")
+        # the other processes cannot see a server's process exit: process 0 waits for them to come up and
+        # tells which did not (one process waits in its sampler, as for any server)
+        return local.addresses, (_not_up(local, c.rollout_server_timeout) if ranks is not None else {})
+
+    try:
+        if ranks is not None and is_sharded(policy):
+            # FSDP shards: every process takes part in gathering the policy process 0 writes, before process 0
+            # alone starts the servers (its error, raised by start, reaches the others through share)
+            if ranks.is_main:
+                try:
+                    write_policy(reading(policy))
+                except Exception as e:  # noqa: BLE001 - raised in start, on every process
+                    failed = e
+            else:
+                reading(policy).drain()
+        addresses, down = start() if ranks is None else ranks.share(start)
+    except BaseException:
+        if local is not None:
+            local.stop()
+        _remove(folder)
+        raise
+    return addresses, down, local, folder
 
 
 def _not_up(local: LocalServers, timeout: float) -> dict[str, str]:

@@ -36,7 +36,7 @@ from grouprl.rollout.engines import model_problem, plain_class_name, require_vll
 from grouprl.rollout.scratch import ScratchFolder
 from grouprl.rollout.vllm import kv_cache_bytes
 from grouprl.serve.routes import ServerState, router
-from grouprl.serve.transport import server_transport, write_model_folder
+from grouprl.serve.transport import reading, server_transport, write_model_folder
 
 FORMATS = {"fp32": "float32", "bf16": "bfloat16"}
 """The number formats a server samples in (grouprl's name -> vLLM's)."""
@@ -175,7 +175,7 @@ def prepare(model: nn.Module, tokenizer: Any, options: ServeOptions, model_name:
                                                                                       length, dtype)
     folder = ScratchFolder("grouprl-serve-")
     try:
-        write_model_folder(model, tokenizer, folder.path, getattr(torch, FORMATS[options.dtype]))
+        write_model_folder(model, tokenizer, folder.path, reading(model, dtype=dtype))
     except BaseException:
         folder.remove()
         raise

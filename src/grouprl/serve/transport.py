@@ -3,18 +3,22 @@
 policy version, written under a temporary name and renamed whole, so a server never reads half a file.
 
 A full push is the model's state dict in the servers' number format (``model.safetensors``, a tied
-output head included under its own name); a LoRA push is the adapter alone
+output head included under its own name), written as it is read, one tensor at a time
+(:mod:`grouprl.serve.stream_write`): under FSDP each shard is gathered as the file reaches it, so the trainer
+never holds a second whole copy of the model; a LoRA push is the adapter alone
 (``adapter_model.safetensors`` and ``adapter_config.json``, peft's layout, which vLLM loads as a LoRA
 request). The server reloads a full push in place (vLLM's ``reload_weights`` from a path).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ import torch
 from grouprl.errors import ConfigError
 from grouprl.registry import Registry
 from grouprl.rollout.scratch import ScratchFolder
+from grouprl.serve.stream_write import Entry, aligned, write_streamed
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -35,30 +40,76 @@ def default_weights_root() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
-def unshared_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """``named`` with a copy of each tensor that shares storage with one taken before it: safetensors refuses
-    shared storage, and a tied output head must still arrive under its own name (vLLM 0.32's CPU build
-    keeps its own head matrix and reloads it only from ``lm_head.weight``; without it the head keeps its old
-    values, which a test caught as greedy completions that no longer matched)."""
-    out: dict[str, torch.Tensor] = {}
-    seen: set[tuple[int, int]] = set()
-    for name, t in named:
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
-        out[name] = t.clone() if key in seen and t.numel() else t
-        seen.add(key)
-    return out
+@dataclass
+class Reading:
+    """One version of the policy's weights as a push reads them: ``entries`` (state-dict names, whole shapes,
+    the number format each travels in) in the order ``tensors`` yields them, each tensor whole and read only as
+    it is taken (under FSDP a gather: every process takes part in each, in this order, so whoever is given a
+    reading reads it to its end: :meth:`through`)."""
+
+    entries: list[Entry]
+    tensors: Iterator[tuple[str, torch.Tensor]]
+
+    def drain(self) -> None:
+        """Read what is left (a process that only takes part in the gathers: all of it)."""
+        for _ in self.tensors:
+            pass
+
+    @contextlib.contextmanager
+    def through(self) -> Iterator[Reading]:
+        """Around the use of the reading: what it left unread is read after it, after an error too (the other
+        processes would wait in a gather), but not after an interrupt (the run is going)."""
+        try:
+            yield self
+        except Exception:
+            self.drain()
+            raise
+        self.drain()
 
 
-def write_safetensors(named: Iterable[tuple[str, torch.Tensor]], folder: Path, dtype: torch.dtype | None) -> int:
-    """Write ``named`` to ``folder/model.safetensors``, floating tensors cast to ``dtype`` (None: as they
-    are); returns the bytes written."""
-    from safetensors.torch import save_file
+def reading(model: Any, keep: Callable[[str], bool] = lambda name: True, dtype: torch.dtype | None = None) -> Reading:
+    """The entries of ``model``'s state dict whose name ``keep`` accepts, whole (an FSDP shard gathered on the
+    training device, one tensor at a time; other tensors not copied), floating ones to travel in ``dtype``
+    (None: as they are), in the order a weights file holds them
+    (:func:`~grouprl.serve.stream_write.aligned`)."""
+    from grouprl.rollout.vllm_weights import whole
 
-    tensors = {n: (t.to(dtype) if dtype is not None and t.is_floating_point() else t).detach().to("cpu").contiguous()
-               for n, t in unshared_tensors(named).items()}
+    state = model.state_dict()
+    entries = aligned(Entry(n, tuple(t.shape), dtype if dtype is not None and t.is_floating_point() else t.dtype)
+                      for n, t in state.items() if keep(n))
+    return Reading(entries, ((e.name, whole(state[e.name], None)) for e in entries))
+
+
+def plain_name(model: Any) -> Callable[[str], str | None]:
+    """State-dict name -> the plain model's name: a peft LoRA model's base weights (None for the adapters),
+    anything else's as it is."""
+    if not hasattr(model, "peft_config"):
+        return lambda name: name
+    from grouprl.rollout.vllm_weights import base_weight_name
+
+    return base_weight_name
+
+
+def write_weights_file(model: Any, read: Reading, folder: Path, adapters: dict[str, torch.Tensor] | None = None
+                       ) -> int:
+    """``folder/model.safetensors``: the plain model's weights of ``read`` (a LoRA model's base, under the plain
+    model's names; a tied output head under each of its names: vLLM 0.32's CPU build reloads its own head
+    matrix only from ``lm_head.weight``), written as they are read; a LoRA model's adapter entries met on the
+    way go into ``adapters`` (on the CPU). Returns the bytes of weights written."""
+    plain = plain_name(model)
+    entries = [dataclasses.replace(e, name=name) for e in read.entries if (name := plain(e.name)) is not None]
+
+    def named() -> Iterator[tuple[str, torch.Tensor]]:
+        for n, t in read.tensors:
+            name = plain(n)
+            if name is not None:
+                yield name, t
+            elif adapters is not None and ".lora_" in n:
+                adapters[n] = t.to("cpu")
+            del t  # not held while the next one is read
+
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(folder / WEIGHTS_FILE))
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    return write_streamed(folder / WEIGHTS_FILE, entries, named(), {"format": "pt"})
 
 
 def is_sharded(model: Any) -> bool:
@@ -69,45 +120,19 @@ def is_sharded(model: Any) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def gathered(model: Any, keep: Callable[[str], bool] = lambda name: True, device: torch.device | None = None,
-             kept: bool = True) -> dict[str, torch.Tensor]:
-    """The entries of ``model``'s state dict whose name ``keep`` accepts, whole: FSDP shards gathered one tensor
-    at a time and moved to ``device`` (None: left on the training device), so at most one whole tensor at a
-    time takes memory there; other tensors as they are (no copy). A collective under FSDP: every process calls
-    it alike. ``kept`` False: each tensor gathered and dropped (a process that only takes part); returns {}."""
-    from grouprl.rollout.vllm_weights import full_tensors
-
-    out: dict[str, torch.Tensor] = {}
-    for name, t in full_tensors(model, device, keep):
-        if kept:
-            out[name] = t
-    return out
-
-
-def plain_tensors(model: Any, state: dict[str, torch.Tensor] | None = None) -> Iterable[tuple[str, torch.Tensor]]:
-    """``model``'s weights (``state``: its whole state dict, already gathered; None: read from ``model``) under
-    the plain model's names: a peft LoRA model's base weights (adapters left out), anything else's state dict."""
-    from grouprl.rollout.vllm_weights import base_weight_name
-
-    state = model.state_dict() if state is None else state
-    if not hasattr(model, "peft_config"):
-        return state.items()
-    return ((base_weight_name(n), t) for n, t in state.items() if base_weight_name(n) is not None)
-
-
-def write_model_folder(model: Any, tokenizer: Any, folder: Path, dtype: torch.dtype | None,
-                       state: dict[str, torch.Tensor] | None = None) -> None:
+def write_model_folder(model: Any, tokenizer: Any, folder: Path, read: Reading) -> None:
     """A model folder that ``transformers`` and vLLM both load: config (with the ``transformers`` class as
-    its architecture), tokenizer and weights (a LoRA model's base; ``state``: the whole state dict, gathered
-    where the model is sharded), floating weights in ``dtype``."""
+    its architecture), tokenizer and the weights ``read`` (:func:`reading`, in the number format the servers
+    load; a LoRA model's base)."""
     from grouprl.rollout.engines import plain_class_name
 
-    inner = model.get_base_model() if hasattr(model, "peft_config") else model
-    config = inner.config.__class__.from_dict(inner.config.to_dict())
-    config.architectures = [plain_class_name(inner)]
-    config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    write_safetensors(plain_tensors(model, state), folder, dtype)
+    with read.through():
+        inner = model.get_base_model() if hasattr(model, "peft_config") else model
+        config = inner.config.__class__.from_dict(inner.config.to_dict())
+        config.architectures = [plain_class_name(inner)]
+        config.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        write_weights_file(model, read, folder)
 
 
 class WeightFolders:
@@ -124,9 +149,11 @@ class WeightFolders:
         """``v<version>`` (full weights) or ``v<version>-lora`` (an adapter) under :attr:`root`."""
         return self.root / (f"v{version}-lora" if adapter else f"v{version}")
 
-    def write_full(self, named: Iterable[tuple[str, torch.Tensor]], version: int, dtype: torch.dtype | None) -> Path:
-        """The whole model as version ``version``; returns its folder."""
-        return self._publish(self.path(version), lambda tmp: write_safetensors(named, tmp, dtype))
+    def write_full(self, model: Any, read: Reading, version: int, adapters: dict[str, torch.Tensor] | None = None
+                   ) -> Path:
+        """``model``'s weights ``read`` as version ``version`` (:func:`write_weights_file`, ``adapters`` as
+        there); returns its folder."""
+        return self._publish(self.path(version), lambda tmp: write_weights_file(model, read, tmp, adapters))
 
     def write_adapter(self, model: Any, state: dict[str, torch.Tensor], version: int) -> Path:
         """A peft model's adapter weights ``state`` (its ``.lora_`` entries) as version ``version``."""
@@ -176,16 +203,18 @@ class FileWeights:
         self.loaded: dict[bool, tuple[Path, int]] = {}  # adapter? -> (folder, version) every server loaded last
         self.base_written, self.version = False, 0
 
-    def write(self, model: Any, state: dict[str, torch.Tensor], version: int, dtype: torch.dtype) -> None:
-        """``model``'s weights ``state`` (its state dict, whole: the entries :attr:`Transport.keep` asked for) as
-        ``version``: the whole model, or with LoRA the base once and then the adapter alone."""
+    def write(self, model: Any, read: Reading, version: int, dtype: torch.dtype) -> None:
+        """``model``'s weights ``read`` (in the servers' number format: the entries :attr:`Transport.keep` asked
+        for) as ``version``: the whole model, or with LoRA the base once and then the adapter alone."""
+        adapters: dict[str, torch.Tensor] = {}
         if not self.lora or not self.base_written:
             # under LoRA the base goes under the plain model's names; the adapters follow as a LoRA request
-            self.staged[False] = self.folders.write_full(plain_tensors(model, state), version, dtype)
+            self.staged[False] = self.folders.write_full(model, read, version, adapters)
             self.base_written = True
+        else:
+            adapters = {n: t.to("cpu") for n, t in read.tensors}
         if self.lora:
-            adapter = {n: t for n, t in state.items() if ".lora_" in n}
-            self.staged[True] = self.folders.write_adapter(model, adapter, version)
+            self.staged[True] = self.folders.write_adapter(model, adapters, version)
         self.version = version
 
     def push(self) -> None:
@@ -296,13 +325,12 @@ class Transport:
     """Why a trainer whose policy is on this device cannot send this way (None: it can)."""
     sender: Callable[[Any, float], Any]
     """(the :class:`~grouprl.serve.client.ServerSampler`, rollout_server_timeout) -> its sender
-    (``write(model, state, version, dtype)``, ``push()``, ``close()``), once the servers answer."""
+    (``write(model, read, version, dtype)``, which reads the :class:`Reading` to its end, ``push()``,
+    ``close()``), once the servers answer."""
     server_argv: tuple[str, ...] = ()
     """Further vLLM arguments of a server that enables it."""
     adapters_alone: bool = False
     """With LoRA, every push after the first carries the adapters alone (the base is frozen, the servers keep it)."""
-    on_device: bool = False
-    """A push is staged on the policy's device (a collective sends from there); False: on the CPU."""
 
     def keep(self, lora: bool, first: bool) -> Callable[[str], bool]:
         """Which entries of the policy's state dict a push reads (``first``: the run's first push)."""
@@ -315,12 +343,11 @@ TRANSPORTS: Registry[Transport] = Registry("rollout weights transport")
 TRANSPORTS.register("files", Transport("safetensors folders on storage trainer and servers share", None, _any_device,
                                        _files_sender, adapters_alone=True))
 TRANSPORTS.register("nccl", Transport("NCCL broadcast from the trainer's GPU to the servers' GPU workers", "nccl",
-                                      _needs_cuda, _collective_sender("nccl", _nccl_info), on_device=True))
+                                      _needs_cuda, _collective_sender("nccl", _nccl_info)))
 TRANSPORTS.register("gloo", Transport("gloo (TCP) broadcast from the trainer to the servers' workers, no GPU needed",
                                       "gloo", _needs_vllm, _collective_sender("gloo", _gloo_info),
                                       # imported in each worker process, it registers the backend there
-                                      ("--worker-extension-cls", "grouprl.serve.gloo.GlooWorkerExtension"),
-                                      on_device=True))
+                                      ("--worker-extension-cls", "grouprl.serve.gloo.GlooWorkerExtension")))
 SETTING = "rollout_weights_transport"
 
 
