@@ -1,0 +1,161 @@
+"""Process 0's memory while it writes a rollout-server push under FSDP (``grouprl/serve/stream_write.py``): the
+file written one tensor at a time, as grouprl writes it, against every tensor gathered and cast first and then
+written by ``safetensors.torch.save_file``, which takes the whole state dict at once.
+
+Two FSDP processes on gloo (CPU), a random-init Llama of ``--hidden`` x ``--layers`` (vocabulary 32000, untied
+head), each decoder layer and the root sharded as a run shards them, the shards made on the meta device and
+filled in place so the whole model never sits in either process. Each way runs ``--repeats`` times, each time
+in fresh processes that write one push first (imports, gloo's buffers; what it freed then handed back to the
+system with ``malloc_trim``) and then the measured one, as every step of a run writes one. A thread samples
+process 0's resident memory every millisecond during that write; the figure is how far it rose above where the
+write began (median over repeats). The file goes to ``rollout_weights_dir``'s default, /dev/shm, which is not
+the process's own memory.
+
+    python benchmarks/push_memory.py [--hidden 1024] [--layers 12] [--dtype bfloat16] [--repeats 3]
+
+The last line is ``streamed_mib=<X> whole_mib=<Y> ratio=<Y/X> model_mib=<the push's size>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+class Peak:
+    """The most resident memory above the start, sampled by a thread while the block runs."""
+
+    def __enter__(self) -> Peak:
+        self.start, self.most, self.done = rss(), 0, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self.done.is_set():
+            self.most = max(self.most, rss() - self.start)
+            time.sleep(0.001)
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+        self.most = max(self.most, rss() - self.start)
+
+
+def sharded_model(hidden: int, layers: int, env) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grouprl.trainer.dist.sharding import Sharding, decoder_layers
+
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64, vocab_size=32000,
+                         tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    kwargs = Sharding().fsdp_kwargs(env)
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    model.to_empty(device="cpu")
+    generator = torch.Generator().manual_seed(env.rank)
+    with torch.no_grad():  # the weights a push reads (the rotary buffers, left empty, are not in the state dict)
+        for p in model.parameters():
+            p.to_local().normal_(0, 0.02, generator=generator)
+    return model
+
+
+def streamed(model, folder: Path, dtype: torch.dtype, rank: int) -> None:
+    from grouprl.serve.transport import reading, write_weights_file
+
+    read = reading(model, dtype=dtype)
+    with read.through():
+        if rank == 0:
+            write_weights_file(model, read, folder)
+
+
+def whole(model, folder: Path, dtype: torch.dtype, rank: int) -> None:
+    from safetensors.torch import save_file
+
+    from grouprl.rollout.vllm_weights import full_tensors
+
+    state = {}
+    for n, t in full_tensors(model, torch.device("cpu")):  # every process gathers; process 0 keeps
+        if rank == 0:
+            state[n] = t.to(dtype)
+    if rank == 0:
+        save_file({n: t.contiguous() for n, t in state.items()}, str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
+
+
+WAYS = {"streamed": streamed, "whole": whole}
+
+
+def worker(rank: int, world: int, store: str, way: str, hidden: int, layers: int, dtype: str, out: str) -> None:
+    torch.set_num_threads(1)
+    from grouprl.trainer.dist.group import init_distributed
+
+    env = init_distributed(rank=rank, world_size=world, init_method=f"file://{store}", device="cpu")
+    model = sharded_model(hidden, layers, env)
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as folder:  # a first push: imports, gloo's buffers
+        WAYS[way](model, Path(folder), getattr(torch, dtype), rank)
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # what that push freed goes back, so the rise is not hidden in reuse
+    dist.barrier()
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as folder, Peak() as peak:
+        WAYS[way](model, Path(folder), getattr(torch, dtype), rank)
+        size = (Path(folder) / "model.safetensors").stat().st_size if rank == 0 else 0
+    if rank == 0:
+        Path(out).write_text(f"{peak.most} {size}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run(way: str, args: argparse.Namespace) -> tuple[int, int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        store, out = Path(tmp) / "store", Path(tmp) / "out"
+        mp.spawn(worker, args=(2, str(store), way, args.hidden, args.layers, args.dtype, str(out)), nprocs=2)
+        most, size = out.read_text().split()
+        return int(most), int(size)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(cpu_line())
+    peaks: dict[str, list[int]] = {w: [] for w in WAYS}
+    size = 0
+    for i in range(args.repeats):
+        for way in WAYS:  # in turn, so both see the same machine
+            most, size = run(way, args)
+            peaks[way].append(most)
+            print(f"repeat {i}: {way} +{most / 2**20:.0f} MiB")
+    mib = {w: statistics.median(v) / 2**20 for w, v in peaks.items()}
+    print(f"streamed_mib={mib['streamed']:.0f} whole_mib={mib['whole']:.0f} "
+          f"ratio={mib['whole'] / max(mib['streamed'], 1e-9):.1f} model_mib={size / 2**20:.0f}")
+
+
+if __name__ == "__main__":
+    main()
