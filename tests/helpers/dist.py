@@ -185,6 +185,7 @@ def _pushes(trainer: Any, rank: int) -> dict[str, Any]:
     read = reading(policy, dtype=torch.float32)
     if rank != 0:
         read.drain()
+        reading(policy).drain()  # the write that fails in process 0, read to its end here as there
         reading(policy).drain()
         return {"files": None, "sent": None}
     with tempfile.TemporaryDirectory() as folder:
@@ -192,10 +193,34 @@ def _pushes(trainer: Any, rank: int) -> dict[str, Any]:
         with read.through():
             write_weights_file(policy, read, Path(folder), adapters)
         written = load_file(str(Path(folder) / WEIGHTS_FILE))
+        failed = _failing_write(policy, Path(folder) / "full")
     plain = plain_name(policy)
     files = {e.name: written[plain(e.name)] if plain(e.name) is not None else adapters[e.name] for e in read.entries}
+    # under FSDP a gather the failed write left unread would pair with this one's first: a hang or wrong tensors
     sent = tensors_to_send(policy, torch.float32, dict(reading(policy).tensors))
-    return {"files": files, "sent": dict(sent)}
+    return {"files": files, "sent": dict(sent), "failed": failed}
+
+
+def _failing_write(policy: Any, folder: Path) -> str:
+    """Process 0's write of a push that fails at its fourth tensor (the disk full): what it raised."""
+    import dataclasses
+
+    from grouprl.serve.transport import reading, write_weights_file
+
+    read = reading(policy)
+
+    def full_disk():
+        for i, item in enumerate(read.tensors):
+            if i == 3:
+                raise OSError("No space left on device")
+            yield item
+
+    try:
+        with read.through():
+            write_weights_file(policy, dataclasses.replace(read, tensors=full_disk()), folder)
+    except OSError as e:
+        return str(e)
+    return "no error"
 
 
 def variant_group(rank: int, world: int, store_file: str, out: str) -> None:

@@ -173,6 +173,9 @@ def test_a_rollout_server_push_reads_the_whole_weights_under_ddp_and_fsdp(runs, 
     assert r["files"].keys() == r["weights"].keys() and r["sent"].keys() == r["weights"].keys()
     for key, value in r["weights"].items():  # FSDP: each shard gathered; DDP: the replica's own tensors
         assert torch.equal(r["files"][key], value) and torch.equal(r["sent"][key], value), key
+    # a write that failed midway in process 0 read the rest of the weights, so every process's gathers paired up
+    # and the push after it (``sent``, read after the failure) holds the whole weights
+    assert r["failed"] == "No space left on device"
 
 
 @pytest.mark.slow
