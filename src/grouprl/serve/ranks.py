@@ -94,7 +94,7 @@ class Ranks:
         (raised everywhere)."""
         news: list[Any] = [None]
         if self.is_main:
-            news[0] = (version, [(s.address, s.alive, s.why, s.version, s.adapter) for s in pool.servers],
+            news[0] = (version, [(s.address, s.alive, s.why, s.version, s.adapter, s.returning) for s in pool.servers],
                        None if error is None else f"{type(error).__name__}: {error}")
         dist.broadcast_object_list(news, src=0, group=self.group)
         pushed, states, failed = news[0]
@@ -103,7 +103,7 @@ class Ranks:
                 raise error
             return pushed
         by_address = {s.address: s for s in pool.servers}
-        for address, alive, why, held, adapter in states:
+        for address, alive, why, held, adapter, returning in states:
             server = by_address.get(address)
             if server is None:
                 continue
@@ -113,6 +113,10 @@ class Ranks:
                 pool.drop(ServerFailure(server, f"process 0 dropped it: {why}"))
             if alive:  # what it holds now: with LoRA, requests name the adapter process 0 loaded
                 server.version, server.adapter = held, adapter
+            elif server.returning and not returning and server.restarted_elsewhere:
+                # process 0 gave up restarting it: no longer asked after here, nor waited for by a rollout
+                server.returning = False
+                server.why += f"; process 0 gave up on it: {why}"
         if failed is not None:
             raise RolloutServerError(f"process 0 could not push the weights to the rollout servers: {failed}")
         return pushed

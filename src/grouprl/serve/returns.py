@@ -10,7 +10,8 @@ for one the run is restarting (up to the timeout) and loads its weights itself: 
 the pushing thread is the one waiting on the rollout. In a trainer process other than 0, a server process 0
 started is :attr:`~grouprl.serve.roster.Server.restarted_elsewhere`: it is back once it answers holding the
 weights this process samples with (``holds_weights``: process 0 restarted it and gave them), and ``rejoin``
-takes it back without loading anything.
+takes it back without loading anything; once process 0 gives up on it (its restarts spent), the next push's
+broadcast says so and it is no longer asked after.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ class Returns:
                     continue
             deadline = time.monotonic() + self.timeout
             while not local or time.monotonic() < deadline:
+                if not server.returning:  # given up elsewhere (process 0, for a server it restarts)
+                    return
                 try:
                     server.info = await self.request(server, "GET", "/grouprl/info", timeout=min(self.timeout, 10.0))
                     if not server.restarted_elsewhere or self.holds_weights(server):
