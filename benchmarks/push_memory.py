@@ -11,9 +11,10 @@ process 0's resident memory every millisecond during that write; the figure is h
 write began (median over repeats). The file goes to ``rollout_weights_dir``'s default, /dev/shm, which is not
 the process's own memory.
 
-    python benchmarks/push_memory.py [--hidden 1024] [--layers 12] [--dtype bfloat16] [--repeats 3]
+    python benchmarks/push_memory.py [--hidden 1024] [--layers 12] [--dtype bfloat16] [--repeats 3] [--seconds]
 
-The last line is ``streamed_mib=<X> whole_mib=<Y> ratio=<Y/X> model_mib=<the push's size>``.
+The last line is ``streamed_mib=<X> whole_mib=<Y> ratio=<Y/X> model_mib=<the push's size>``; with ``--seconds``
+each way's time to write one push in one process instead (no FSDP), ``streamed_s=<X> whole_s=<Y> ratio=<Y/X>``.
 """
 
 from __future__ import annotations
@@ -137,14 +138,40 @@ def run(way: str, args: argparse.Namespace) -> tuple[int, int]:
         return int(most), int(size)
 
 
+def seconds(args: argparse.Namespace) -> dict[str, float]:
+    """Each way's seconds to write one push of the same model in one process (no FSDP: no gathers), median of
+    ``--repeats`` in turn."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.set_num_threads(1)
+    config = LlamaConfig(hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
+                         num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 64,
+                         vocab_size=32000, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    times: dict[str, list[float]] = {w: [] for w in WAYS}
+    for _ in range(args.repeats):
+        for way, write in WAYS.items():
+            with tempfile.TemporaryDirectory(dir="/dev/shm") as folder:
+                start = time.perf_counter()
+                write(model, Path(folder), getattr(torch, args.dtype), 0)
+                times[way].append(time.perf_counter() - start)
+    return {w: statistics.median(v) for w, v in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", action="store_true", help="time each way in one process instead")
     args = parser.parse_args()
     print(cpu_line())
+    if args.seconds:
+        took = seconds(args)
+        print(f"streamed_s={took['streamed']:.3f} whole_s={took['whole']:.3f} "
+              f"ratio={took['whole'] / took['streamed']:.2f}")
+        return
     peaks: dict[str, list[int]] = {w: [] for w in WAYS}
     size = 0
     for i in range(args.repeats):
