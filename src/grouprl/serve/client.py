@@ -248,8 +248,9 @@ class ServerSampler:
         """Write the followed model's weights as its version, once (process 0 alone, of several). The write reads
         every parameter: call it from the thread that updates them, between updates (an asynchronous run does,
         at the start of each step). Under FSDP a collective of the trainer threads: every process gathers the
-        shards one tensor at a time and process 0 writes each as it comes (a rollout thread sampling ahead
-        writes nothing then: the trainer threads have written what it pushes)."""
+        shards one tensor at a time and process 0 writes each into the file as it comes (files) or stages it on
+        its device (nccl, gloo); a rollout thread sampling ahead writes nothing then: the trainer threads have
+        written what it pushes."""
         if self.sender is None and not self.sharded:
             return
         if self.sharded and self.ahead is not None and self.ahead[0] == threading.get_ident():
