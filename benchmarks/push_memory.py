@@ -11,10 +11,13 @@ process 0's resident memory every millisecond during that write; the figure is h
 write began (median over repeats). The file goes to ``rollout_weights_dir``'s default, /dev/shm, which is not
 the process's own memory.
 
-    python benchmarks/push_memory.py [--hidden 1024] [--layers 12] [--dtype bfloat16] [--repeats 3] [--seconds]
+    python benchmarks/push_memory.py [--hidden 1024] [--layers 12] [--dtype bfloat16] [--repeats 3]
+                                     [--seconds | --collective]
 
 The last line is ``streamed_mib=<X> whole_mib=<Y> ratio=<Y/X> model_mib=<the push's size>``; with ``--seconds``
-each way's time to write one push in one process instead (no FSDP), ``streamed_s=<X> whole_s=<Y> ratio=<Y/X>``.
+each way's time to write one push in one process instead (no FSDP), ``streamed_s=<X> whole_s=<Y> ratio=<Y/X>``;
+with ``--collective`` the memory of a collective (nccl, gloo) push's tensors in one process, read from the model
+as they are sent against staged as a copy, ``live_mib=<X> staged_mib=<Y>``.
 """
 
 from __future__ import annotations
@@ -158,6 +161,37 @@ def seconds(args: argparse.Namespace) -> dict[str, float]:
     return {w: statistics.median(v) for w, v in times.items()}
 
 
+def collective(args: argparse.Namespace) -> dict[str, float]:
+    """Each way's rise in resident memory (MiB, median of ``--repeats``) while a collective push is made ready and
+    its tensors taken one at a time, as vLLM's engine takes them to broadcast (no server: the broadcast itself
+    holds a buffer in either way), in one process: ``staged``, a copy made at the write (sampling ahead, or
+    FSDP), against ``live``, the model read as it is sent (a synchronous run)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grouprl.serve.collective import CollectiveWeights
+    from grouprl.serve.transport import reading
+
+    config = LlamaConfig(hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
+                         num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 64,
+                         vocab_size=32000, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    rises: dict[str, list[int]] = {"staged": [], "live": []}
+    for _ in range(args.repeats):
+        for way in rises:
+            sender = CollectiveWeights.__new__(CollectiveWeights)
+            sender.stages = lambda way=way: way == "staged"
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            with Peak() as peak:
+                read = reading(model)
+                with read.through():
+                    sender.write(model, read, 1, getattr(torch, args.dtype))
+                for _name, t in sender.sending:
+                    del t
+                del sender
+            rises[way].append(peak.most)
+    return {w: statistics.median(v) / 2**20 for w, v in rises.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=1024)
@@ -165,8 +199,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", action="store_true", help="time each way in one process instead")
+    parser.add_argument("--collective", action="store_true",
+                        help="a collective push's memory in one process instead: staged copy against live reads")
     args = parser.parse_args()
     print(cpu_line())
+    if args.collective:
+        mib = collective(args)
+        print(f"live_mib={mib['live']:.0f} staged_mib={mib['staged']:.0f}")
+        return
     if args.seconds:
         took = seconds(args)
         print(f"streamed_s={took['streamed']:.3f} whole_s={took['whole']:.3f} "

@@ -22,10 +22,19 @@ import torch
 
 from grouprl.errors import ConfigError
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
-from grouprl.serve.collective import merged_lora_tensors, rank_offsets, tensors_to_send
+from grouprl.rollout.vllm_weights import base_weight_name
+from grouprl.serve.collective import (
+    CollectiveWeights,
+    LiveWeights,
+    StagedWeights,
+    merged_lora_tensors,
+    rank_offsets,
+    staged_copy,
+    tensors_to_send,
+)
 from grouprl.serve.local import kill_group
 from grouprl.serve.server import ServeOptions, engine_argv
-from grouprl.serve.transport import TRANSPORTS, resolve_transport, server_transport
+from grouprl.serve.transport import TRANSPORTS, reading, resolve_transport, server_transport
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -108,16 +117,62 @@ def test_a_push_sends_every_weight_under_its_plain_name_in_the_servers_format():
     model.config.tie_word_embeddings = True
     model.tie_weights()
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    sent = tensors_to_send(model, torch.bfloat16)
+    sent = staged_copy(model, torch.bfloat16)
     names = [n for n, _ in sent]
     assert names == list(model.state_dict())  # both names of the tied head
     tensors = dict(sent)
     assert all(t.dtype == torch.bfloat16 and t.is_contiguous() for t in tensors.values())
     assert tensors["lm_head.weight"].data_ptr() != tensors["model.embed_tokens.weight"].data_ptr()  # own copies
     assert torch.equal(tensors["lm_head.weight"], model.lm_head.weight.detach().to(torch.bfloat16))
+    staged = dict(staged_copy(model, torch.float32))  # in the model's own format: copied all the same
     with torch.no_grad():  # a copy: the trainer may update while it waits to be sent
         model.model.norm.weight.add_(1.0)
     assert torch.equal(tensors["model.norm.weight"], torch.ones_like(tensors["model.norm.weight"]))
+    assert torch.equal(staged["model.norm.weight"], torch.ones_like(staged["model.norm.weight"]))
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_synchronous_push_reads_the_model_as_it_sends_and_sends_what_a_staged_copy_would(lora):
+    """No copy of the model in a synchronous run: the same names, formats, shapes and values as a staged copy,
+    the model's own tensors where nothing changes them, and the same again when a failed push is made again."""
+    model, _ = tiny_causal_lm(seed=3)
+    if lora:
+        model = apply_lora(model, LoraSettings(rank=4, alpha=8))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".lora_B" in name:
+                    p.fill_(0.01)  # B starts at zero: a merge that did nothing would pass
+    for dtype in (torch.float32, torch.bfloat16):
+        staged, live = StagedWeights(staged_copy(model, dtype)), LiveWeights(model, dtype)
+        assert live.metadata() == staged.metadata()
+        want = dict(staged)
+        for _ in range(2):  # a push made again reads the model again
+            got = list(live)
+            assert [n for n, _ in got] == list(want)
+            for name, t in got:
+                assert torch.equal(t, want[name]), name
+        if dtype == torch.float32:
+            own = {t.data_ptr() for t in model.state_dict().values()}
+            made = [n for n, t in live if t.data_ptr() not in own]
+            # every tensor sent as the model holds it, but a merged LoRA projection (W + scale B A, made anew)
+            adapted = [base_weight_name(k) for k in model.state_dict() if k.endswith(".base_layer.weight")]
+            assert made == adapted and (len(made) > 0) == lora
+            assert all(t.data_ptr() != want[n].data_ptr() for n, t in live)  # the staged copy is a copy
+
+
+def test_a_collective_sender_stages_a_copy_only_where_the_trainer_may_update_first():
+    model, _ = tiny_causal_lm(seed=1)
+    sender = CollectiveWeights.__new__(CollectiveWeights)
+    for stages in (False, True):
+        sender.stages = lambda stages=stages: stages
+        read = reading(model)
+        with read.through():
+            sender.write(model, read, 3, torch.float32)
+        assert isinstance(sender.sending, StagedWeights if stages else LiveWeights) and sender.version == 3
+    before = dict(sender.sending)["model.norm.weight"].clone()
+    with torch.no_grad():
+        model.model.norm.weight.add_(1.0)  # an update while the staged push waits
+    assert torch.equal(dict(sender.sending)["model.norm.weight"], before)
 
 
 def test_a_lora_policy_goes_merged_as_peft_merges_it():

@@ -256,3 +256,19 @@ def test_a_batch_beyond_total_steps_is_an_error_not_a_wait(tmp_path):
             ahead.collect(2, PhaseTimer())
     finally:
         ahead.close()
+
+
+def test_sampling_ahead_has_collective_pushes_send_a_copy_made_at_the_write(tmp_path):
+    """The trainer updates while a push runs: the servers' sampler is told, and stages what it sends (as it does
+    for FSDP shards, which every process gathers only at the write); a synchronous run reads the model as it
+    sends."""
+    from grouprl.serve.client import ServerSampler
+
+    sampler = ServerSampler.__new__(ServerSampler)
+    sampler.sharded, sampler.sampling_ahead = False, False
+    config = TrainerConfig(output_dir=str(tmp_path), rollout_servers=("127.0.0.1:8000",), rollout_is="token")
+    assert collect_ahead("collector", sampler, config) == "collector" and not sampler.stages_pushes
+    config.max_staleness = 1
+    assert isinstance(collect_ahead("collector", sampler, config), AheadCollector) and sampler.stages_pushes
+    sampler.sharded, sampler.sampling_ahead = True, False
+    assert sampler.stages_pushes

@@ -105,6 +105,8 @@ class ServerSampler:
         self.weights_lock = threading.Lock()  # one writer or pusher at a time (an asynchronous run has two threads)
         self.sync_seconds, self.write_seconds, self.lag = 0.0, 0.0, 0
         self.ahead: tuple[int, Ranks] | None = None  # (thread, its Ranks): see sample_ahead_in
+        self.sampling_ahead = False
+        """Set for a run that samples ahead (``max_staleness`` > 0): the trainer updates while pushes run."""
 
     def sample_ahead_in(self, ranks: Ranks) -> None:
         """From now on the calling thread samples ahead of the trainer (``max_staleness`` > 0) and pushes and
@@ -205,6 +207,12 @@ class ServerSampler:
         """Follow ``model`` from now on: it is the next policy version, sent before the next request."""
         self.model = model
         self.version += 1
+
+    @property
+    def stages_pushes(self) -> bool:
+        """Whether a collective push sends a copy made at the write: the trainer may update before it is sent
+        (sampling ahead), or the weights are FSDP shards, gathered by every process only at the write."""
+        return self.sharded or self.sampling_ahead
 
     @property
     def pushable(self) -> int:

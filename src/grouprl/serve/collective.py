@@ -11,11 +11,14 @@ receive and reload layer by layer). Nothing touches storage.
   (:mod:`grouprl.serve.pool`); a server back that fails to join is dropped again and the group formed without it.
   A push that fails is given up on every server that started it (``/grouprl/transfer/abort``), the group torn
   down, and the servers that no longer answer dropped; the push is then made again without them.
-- A push: the trainer's tensors are staged as the servers' format (:func:`tensors_to_send`, on the policy's
-  device: a copy, so the trainer may update while an asynchronous run pushes), then vLLM's engine sends
-  them: ``/grouprl/transfer/start`` (each server pauses once its requests in flight finish),
-  ``/grouprl/transfer/update`` alongside the broadcast, ``/grouprl/transfer/finish`` (prefix cache emptied,
-  the version set, generation resumed), the last two with the token each server's start answered.
+- A push: the trainer's tensors as the servers' format (:func:`tensors_to_send`, on the policy's device),
+  read from the model as the broadcast reaches each one in a synchronous run (:class:`LiveWeights`: no copy of
+  the model), or staged as a copy when the weights are written where the trainer may update while an
+  asynchronous run pushes, or where they are FSDP shards every process gathers at the write
+  (:class:`StagedWeights`); then vLLM's engine sends them: ``/grouprl/transfer/start`` (each server pauses
+  once its requests in flight finish), ``/grouprl/transfer/update`` alongside the broadcast,
+  ``/grouprl/transfer/finish`` (prefix cache emptied, the version set, generation resumed), the last two with
+  the token each server's start answered.
 - The lease: each start asks for ``rollout_server_timeout`` as its lease (a server abandons a transfer whose
   trainer sent no call for that long: :mod:`grouprl.serve.lease`; every call of a live trainer to any server
   ends within it, so the next one comes in time) and waits as long for a lease another trainer holds: a
@@ -60,38 +63,51 @@ def merged_lora_tensors(model: nn.Module, state: dict[str, torch.Tensor] | None 
                         ) -> Iterator[tuple[str, torch.Tensor]]:
     """A peft LoRA model's weights with each active adapter merged in (``W + scale * B A``, as peft's
     ``merge_and_unload`` computes it), under the plain model's names; ``state``: the model's whole state dict
-    (gathered, where the model is sharded; None: read from it). The model is left as it is."""
+    (gathered, where the model is sharded; None: read from it). Each base weight's change is made as it is
+    reached, so one merged weight at a time takes memory. The model is left as it is."""
     from peft.tuners.lora import LoraLayer
 
     state = model.state_dict() if state is None else state
-    deltas: dict[str, torch.Tensor] = {}
+    adapters: dict[str, list[tuple[str, Any, str]]] = {}
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer):
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:
-                    key = f"{name}.base_layer.weight"
-                    delta = lora_delta(module, adapter, state[f"{name}.lora_A.{adapter}.weight"],
-                                       state[f"{name}.lora_B.{adapter}.weight"]).detach()
-                    deltas[key] = deltas[key] + delta if key in deltas else delta
-    for name, t in state.items():
-        plain = base_weight_name(name)
-        if plain is not None:
-            yield plain, (t + deltas[name].to(t.dtype) if name in deltas else t)
+                    adapters.setdefault(f"{name}.base_layer.weight", []).append((name, module, adapter))
+    for key, t in state.items():
+        plain = base_weight_name(key)
+        if plain is None:
+            continue
+        delta = None
+        for name, module, adapter in adapters.get(key, ()):
+            d = lora_delta(module, adapter, state[f"{name}.lora_A.{adapter}.weight"],
+                           state[f"{name}.lora_B.{adapter}.weight"]).detach()
+            delta = d if delta is None else delta + d
+        yield plain, (t + delta.to(t.dtype) if delta is not None else t)
 
 
 def tensors_to_send(model: nn.Module, dtype: torch.dtype, state: dict[str, torch.Tensor] | None = None
-                    ) -> list[tuple[str, torch.Tensor]]:
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
     """``model``'s weights as the servers load them (``state``: its whole state dict, gathered where the model
-    is sharded; None: read from it): plain names (LoRA merged in), floating tensors in ``dtype``, each its own
-    contiguous copy on the model's device (a tied head included twice, under each of its names)."""
+    is sharded; None: read from it), one at a time: plain names (LoRA merged in), floating tensors in
+    ``dtype``, contiguous, on the model's device (a tied head included twice, under each of its names). A
+    tensor that needs no change is the model's own, not a copy."""
     state = model.state_dict() if state is None else state
     named = merged_lora_tensors(model, state) if hasattr(model, "peft_config") else state.items()
-    out = []
     for name, t in named:
         t = t.detach()
         t = t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
-        out.append((name, t.clone(memory_format=torch.contiguous_format)))
-    return out
+        yield name, t.contiguous()
+
+
+def staged_copy(model: nn.Module, dtype: torch.dtype, state: dict[str, torch.Tensor] | None = None
+                ) -> list[tuple[str, torch.Tensor]]:
+    """:func:`tensors_to_send`, each its own copy (the model may change before they are sent): the model's own
+    tensors copied, the cast or merged ones already are."""
+    state = model.state_dict() if state is None else state
+    held = {t.untyped_storage().data_ptr() for t in state.values()}
+    return [(n, t.clone() if t.untyped_storage().data_ptr() in held else t)
+            for n, t in tensors_to_send(model, dtype, state)]
 
 
 def reachable_address(address: str) -> str:
@@ -227,11 +243,14 @@ class CollectiveWeights:
         init_info: (rendezvous host, port, group size, timeout) -> vLLM's trainer init info for ``backend``
             (its class selects vLLM's trainer engine).
         timeout: seconds the servers may take to join; ``setting``: the config field that sets it.
+        stages: whether a push must send a copy made when the weights were written (the trainer updates while
+            pushes run, or the weights are FSDP shards gathered by every process at the write), asked at each
+            write; otherwise a push reads the model as it sends (:class:`LiveWeights`).
     """
 
     def __init__(self, pool: Any, backend: str, init_info: Callable[[str, int, int, float], Any], timeout: float,
-                 setting: str = "rollout_server_timeout"):
-        self.pool, self.backend, self.init_info = pool, backend, init_info
+                 setting: str = "rollout_server_timeout", stages: Callable[[], bool] = lambda: True):
+        self.pool, self.backend, self.init_info, self.stages = pool, backend, init_info, stages
         self.timeout, self.setting = float(timeout), setting
         for s in pool.alive:
             held = s.info.get("weight_transfer")
@@ -240,7 +259,7 @@ class CollectiveWeights:
                                          f"not {backend}: start it with --rollout_weights_transport {backend}")
         self.engine: Any = None
         self.client: ServersClient | None = None
-        self.staged: list[tuple[str, torch.Tensor]] = []
+        self.sending: StagedWeights | LiveWeights = StagedWeights([])
         self.version = 0
         self._join()
 
@@ -280,10 +299,15 @@ class CollectiveWeights:
         self.readmits = {s.address: s.readmits for s in servers}
 
     def write(self, model: nn.Module, read: Any, version: int, dtype: torch.dtype) -> None:
-        """Stage ``read`` (:class:`~grouprl.serve.transport.Reading`, whole on the policy's device) for the next
-        push, as :func:`tensors_to_send` makes it: a broadcast sends from the device, and a failed one is made
-        again from the staged copy."""
-        self.staged, self.version = tensors_to_send(model, dtype, dict(read.tensors)), version
+        """What the next push sends as ``version``: a copy of ``read`` (:class:`~grouprl.serve.transport.Reading`,
+        whole on the policy's device) as the servers load it, where :attr:`stages` says so; else the model
+        itself, read as the broadcast reaches each tensor (``read`` left to its reader: without shards it costs
+        nothing). Either can be sent again if a push fails."""
+        if self.stages():
+            self.sending = StagedWeights(staged_copy(model, dtype, dict(read.tensors)))
+        else:
+            self.sending = LiveWeights(model, dtype)
+        self.version = version
 
     def push(self) -> None:
         # a server was dropped (its workers would never receive) or is back (its new process is in no group), or a
@@ -313,7 +337,7 @@ class CollectiveWeights:
             # down, or the living servers' workers would wait in the broadcast until gloo's timeout
             e.__traceback__ = None
         else:
-            self.staged = []
+            self.sending = StagedWeights([])  # a staged copy's memory back
             return
         self.close()  # a living server's update waiting in the broadcast fails with the group and is abandoned
         for server, why in silent:
@@ -328,8 +352,43 @@ class CollectiveWeights:
             self.engine = None
 
 
+class StagedWeights:
+    """A push's tensors copied when the weights were written (:func:`staged_copy`)."""
+
+    def __init__(self, tensors: list[tuple[str, torch.Tensor]]):
+        self.tensors = tensors
+
+    def metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        return [(n, t.dtype, tuple(t.shape)) for n, t in self.tensors]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(list(self.tensors))
+
+
+class LiveWeights:
+    """A push's tensors read from the model as they are sent (:func:`tensors_to_send`), again at each push: one
+    cast or merged tensor at a time takes memory, not a copy of the model. For a model that does not change
+    between the write and the push (a synchronous run: the trainer waits for the rollout that the push
+    starts)."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype):
+        self.model, self.dtype = model, dtype
+
+    def metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        lora = hasattr(self.model, "peft_config")
+        out = []
+        for name, t in self.model.state_dict().items():
+            plain = base_weight_name(name) if lora else name
+            if plain is not None:
+                out.append((plain, self.dtype if t.is_floating_point() else t.dtype, tuple(t.shape)))
+        return out
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return tensors_to_send(self.model, self.dtype)
+
+
 class StagedSource:
-    """vLLM's ``WeightSource`` over what :meth:`CollectiveWeights.write` staged last."""
+    """vLLM's ``WeightSource`` over what :meth:`CollectiveWeights.write` made ready last."""
 
     def __init__(self, weights: CollectiveWeights):
         self.weights = weights
@@ -337,10 +396,10 @@ class StagedSource:
     def metadata(self) -> list[Any]:
         from vllm.distributed.weight_transfer.base import ParamMeta
 
-        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.weights.staged]
+        return [ParamMeta(n, dtype, shape) for n, dtype, shape in self.weights.sending.metadata()]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(list(self.weights.staged))
+        return iter(self.weights.sending)
 
     def held_names(self) -> None:
         return None

@@ -309,7 +309,8 @@ def _collective_sender(backend: str, init_info: Callable[[str, int, int, float],
     def make(sampler: Any, timeout: float) -> Any:
         from grouprl.serve.collective import CollectiveWeights
 
-        return CollectiveWeights(sampler.pool, backend, init_info, timeout, sampler.pool.setting)
+        return CollectiveWeights(sampler.pool, backend, init_info, timeout, sampler.pool.setting,
+                                 stages=lambda: sampler.stages_pushes)
 
     return make
 

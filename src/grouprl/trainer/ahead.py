@@ -327,6 +327,7 @@ def collect_ahead(collector: Any, sampler: Any, config: Any) -> Any:
         raise ConfigError(f"max_staleness={k} needs rollout servers (rollout_servers), whose weights are copies the "
                           f"trainer pushes; this run's rollout engine, {type(engine).__name__}, samples in this "
                           "process (set max_staleness 0)")
+    engine.sampling_ahead = True  # a push may run while the trainer updates: it sends a copy of the weights
     ranks = getattr(engine, "ranks", None)
     if ranks is not None:  # the rollout threads' own group, made here, where every process comes in step
         import dataclasses
