@@ -160,6 +160,17 @@ def test_a_synchronous_push_reads_the_model_as_it_sends_and_sends_what_a_staged_
             assert all(t.data_ptr() != want[n].data_ptr() for n, t in live)  # the staged copy is a copy
 
 
+def test_a_staged_copy_copies_the_models_own_tensors_and_keeps_gathered_ones_as_they_are():
+    """Under FSDP the state a push stages is gathered, new tensors already: a second copy of each would double
+    the staged push's memory at the write."""
+    model, _ = tiny_causal_lm(seed=1)
+    gathered = {k: v.clone() for k, v in model.state_dict().items()}  # as full_tensor() makes them
+    staged = dict(staged_copy(model, torch.float32, gathered))
+    assert all(staged[k].data_ptr() == gathered[k].data_ptr() for k in gathered)
+    own = dict(staged_copy(model, torch.float32))
+    assert all(own[k].data_ptr() != v.data_ptr() for k, v in model.state_dict().items())
+
+
 def test_a_collective_sender_stages_a_copy_only_where_the_trainer_may_update_first():
     model, _ = tiny_causal_lm(seed=1)
     sender = CollectiveWeights.__new__(CollectiveWeights)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import socket
 import threading
 import time
@@ -103,9 +104,11 @@ def tensors_to_send(model: nn.Module, dtype: torch.dtype, state: dict[str, torch
 def staged_copy(model: nn.Module, dtype: torch.dtype, state: dict[str, torch.Tensor] | None = None
                 ) -> list[tuple[str, torch.Tensor]]:
     """:func:`tensors_to_send`, each its own copy (the model may change before they are sent): the model's own
-    tensors copied, the cast or merged ones already are."""
-    state = model.state_dict() if state is None else state
-    held = {t.untyped_storage().data_ptr() for t in state.values()}
+    tensors copied; the cast, merged or gathered ones (FSDP) already are, and are kept as they are."""
+    held = set()
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        local = t.to_local() if hasattr(t, "to_local") else t  # an FSDP shard: its process's part
+        held.add(local.untyped_storage().data_ptr())
     return [(n, t.clone() if t.untyped_storage().data_ptr() in held else t)
             for n, t in tensors_to_send(model, dtype, state)]
 
