@@ -1,23 +1,27 @@
-"""Process 0's memory while it writes a rollout-server push under FSDP (``grouprl/serve/stream_write.py``): the
-file written one tensor at a time, as grouprl writes it, against every tensor gathered and cast first and then
-written by ``safetensors.torch.save_file``, which takes the whole state dict at once.
+"""Process 0's memory while it makes a rollout-server push under FSDP (``grouprl/serve/stream_write.py``,
+``grouprl/serve/collective.py``). ``--push files``: the file written one tensor at a time, as grouprl writes it,
+against every tensor gathered and cast first and then written by ``safetensors.torch.save_file``, which takes the
+whole state dict at once. ``--push broadcast``: a collective (nccl, gloo) push's tensors, each gathered as the
+broadcast takes it (a synchronous run, as grouprl sends it), against a copy staged at the write (what sampling
+ahead and LoRA need); taken one at a time as vLLM's engine takes them, without the broadcast itself. The two
+ways print as ``streamed`` and ``whole``.
 
 Two FSDP processes on gloo (CPU), a random-init Llama of ``--hidden`` x ``--layers`` (vocabulary 32000, untied
 head), each decoder layer and the root sharded as a run shards them, the shards made on the meta device and
 filled in place so the whole model never sits in either process. Each way runs ``--repeats`` times, each time
-in fresh processes that write one push first (imports, gloo's buffers; what it freed then handed back to the
-system with ``malloc_trim``) and then the measured one, as every step of a run writes one. A thread samples
-process 0's resident memory every millisecond during that write; the figure is how far it rose above where the
-write began (median over repeats). The file goes to ``rollout_weights_dir``'s default, /dev/shm, which is not
-the process's own memory.
+in fresh processes that make one push first (imports, gloo's buffers; what it freed then handed back to the
+system with ``malloc_trim``) and then the measured one, as every step of a run makes one. A thread samples
+process 0's resident memory every millisecond during that push; the figure is how far it rose above where the
+push began (median over repeats). A file goes to ``rollout_weights_dir``'s default, /dev/shm, which is not the
+process's own memory.
 
-    python benchmarks/push_memory.py [--hidden 1024] [--layers 12] [--dtype bfloat16] [--repeats 3]
-                                     [--seconds | --collective]
+    python benchmarks/push_memory.py [--push files|broadcast] [--hidden 1024] [--layers 12] [--dtype bfloat16]
+                                     [--repeats 3] [--seconds | --collective]
 
 The last line is ``streamed_mib=<X> whole_mib=<Y> ratio=<Y/X> model_mib=<the push's size>``; with ``--seconds``
-each way's time to write one push in one process instead (no FSDP), ``streamed_s=<X> whole_s=<Y> ratio=<Y/X>``;
-with ``--collective`` the memory of a collective (nccl, gloo) push's tensors in one process, read from the model
-as they are sent against staged as a copy, ``live_mib=<X> staged_mib=<Y>``.
+each way's time to write one push file in one process instead (no FSDP), ``streamed_s=<X> whole_s=<Y>
+ratio=<Y/X>``; with ``--collective`` the memory of a collective push's tensors in one process, read from the
+model as they are sent against staged as a copy, ``live_mib=<X> staged_mib=<Y>``.
 """
 
 from __future__ import annotations
@@ -109,10 +113,41 @@ def whole(model, folder: Path, dtype: torch.dtype, rank: int) -> None:
                   metadata={"format": "pt"})
 
 
-WAYS = {"streamed": streamed, "whole": whole}
+def broadcast_streamed(model, folder: Path, dtype: torch.dtype, rank: int) -> None:
+    """A collective push as a synchronous FSDP run makes it: each tensor gathered as the broadcast takes it
+    (taken here as vLLM's engine takes them, without the broadcast)."""
+    from grouprl.serve.collective import StreamedWeights
+    from grouprl.serve.transport import reading
+
+    read = reading(model, dtype=dtype)
+    with read.through():
+        if rank == 0:
+            for _name, t in StreamedWeights(read, dtype):
+                del t
 
 
-def worker(rank: int, world: int, store: str, way: str, hidden: int, layers: int, dtype: str, out: str) -> None:
+def broadcast_staged(model, folder: Path, dtype: torch.dtype, rank: int) -> None:
+    """The same push from a copy staged at the write, as sampling ahead (and LoRA) make it under FSDP."""
+    from grouprl.serve.collective import CollectiveWeights
+    from grouprl.serve.transport import reading
+
+    read = reading(model, dtype=dtype)
+    with read.through():
+        if rank == 0:
+            sender = CollectiveWeights.__new__(CollectiveWeights)  # its write alone: no servers
+            sender.stages = lambda: True
+            sender.write(model, read, 1, dtype)
+            for _name, t in sender.sending:
+                del t
+
+
+FILES = {"streamed": streamed, "whole": whole}
+BROADCASTS = {"streamed": broadcast_streamed, "whole": broadcast_staged}
+WAYS = {"files": FILES, "broadcast": BROADCASTS}
+
+
+def worker(rank: int, world: int, store: str, kind: str, way: str, hidden: int, layers: int, dtype: str,
+           out: str) -> None:
     torch.set_num_threads(1)
     from grouprl.trainer.dist.group import init_distributed
 
@@ -120,13 +155,16 @@ def worker(rank: int, world: int, store: str, way: str, hidden: int, layers: int
     model = sharded_model(hidden, layers, env)
     import torch.distributed as dist
 
+    push = WAYS[kind][way]
     with tempfile.TemporaryDirectory(dir="/dev/shm") as folder:  # a first push: imports, gloo's buffers
-        WAYS[way](model, Path(folder), getattr(torch, dtype), rank)
+        push(model, Path(folder), getattr(torch, dtype), rank)
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # what that push freed goes back, so the rise is not hidden in reuse
     dist.barrier()
     with tempfile.TemporaryDirectory(dir="/dev/shm") as folder, Peak() as peak:
-        WAYS[way](model, Path(folder), getattr(torch, dtype), rank)
-        size = (Path(folder) / "model.safetensors").stat().st_size if rank == 0 else 0
+        push(model, Path(folder), getattr(torch, dtype), rank)
+    from grouprl.serve.transport import reading
+
+    size = sum(e.nbytes for e in reading(model, dtype=getattr(torch, dtype)).entries)
     if rank == 0:
         Path(out).write_text(f"{peak.most} {size}")
     dist.barrier()
@@ -136,7 +174,8 @@ def worker(rank: int, world: int, store: str, way: str, hidden: int, layers: int
 def run(way: str, args: argparse.Namespace) -> tuple[int, int]:
     with tempfile.TemporaryDirectory() as tmp:
         store, out = Path(tmp) / "store", Path(tmp) / "out"
-        mp.spawn(worker, args=(2, str(store), way, args.hidden, args.layers, args.dtype, str(out)), nprocs=2)
+        mp.spawn(worker, args=(2, str(store), args.push, way, args.hidden, args.layers, args.dtype, str(out)),
+                 nprocs=2)
         most, size = out.read_text().split()
         return int(most), int(size)
 
@@ -151,9 +190,9 @@ def seconds(args: argparse.Namespace) -> dict[str, float]:
                          num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 64,
                          vocab_size=32000, tie_word_embeddings=False)
     model = LlamaForCausalLM(config)
-    times: dict[str, list[float]] = {w: [] for w in WAYS}
+    times: dict[str, list[float]] = {w: [] for w in FILES}
     for _ in range(args.repeats):
-        for way, write in WAYS.items():
+        for way, write in FILES.items():
             with tempfile.TemporaryDirectory(dir="/dev/shm") as folder:
                 start = time.perf_counter()
                 write(model, Path(folder), getattr(torch, args.dtype), 0)
@@ -198,6 +237,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--push", default="files", choices=list(WAYS),
+                        help="files: the file written streamed or from a whole dict; broadcast: a collective push's "
+                             "tensors gathered as sent (a synchronous run) or from a copy staged at the write")
     parser.add_argument("--seconds", action="store_true", help="time each way in one process instead")
     parser.add_argument("--collective", action="store_true",
                         help="a collective push's memory in one process instead: staged copy against live reads")
@@ -212,10 +254,10 @@ def main() -> None:
         print(f"streamed_s={took['streamed']:.3f} whole_s={took['whole']:.3f} "
               f"ratio={took['whole'] / took['streamed']:.2f}")
         return
-    peaks: dict[str, list[int]] = {w: [] for w in WAYS}
+    peaks: dict[str, list[int]] = {w: [] for w in FILES}
     size = 0
     for i in range(args.repeats):
-        for way in WAYS:  # in turn, so both see the same machine
+        for way in FILES:  # in turn, so both see the same machine
             most, size = run(way, args)
             peaks[way].append(most)
             print(f"repeat {i}: {way} +{most / 2**20:.0f} MiB")

@@ -34,13 +34,13 @@ def test_a_server_process_0_readmitted_rejoins_on_every_process_and_one_it_dropp
 
     def broadcast(news, src, group):  # process 0: the first server back with version 3, the second dropped
         news[0] = (3, [(back.address, True, "", 3, "policy-3", False), (fine.address, False, "hung", 2, None, False)],
-                   None)
+                   None, False)
 
     monkeypatch.setattr(ranks_module.dist, "broadcast_object_list", broadcast)
     try:
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
-            assert ranks_module.Ranks(1, 2).after_push(pool, None, None) == 3
+            assert ranks_module.Ranks(1, 2).after_push(pool, None, None) == (3, False)
         assert back.alive and (back.version, back.adapter, back.why) == (3, "policy-3", "")
         assert not fine.alive and fine.why == "process 0 dropped it: hung"
         messages = [str(w.message) for w in said]
@@ -62,11 +62,11 @@ def test_every_process_names_the_adapter_process_0_loaded_in_its_requests(monkey
 
     def broadcast(news, src, group):  # process 0 pushed version 2 to both
         news[0] = (2, [(first.address, True, "", 2, "policy-2", False),
-                       (second.address, True, "", 2, "policy-2", False)], None)
+                       (second.address, True, "", 2, "policy-2", False)], None, False)
 
     monkeypatch.setattr(ranks_module.dist, "broadcast_object_list", broadcast)
     try:
-        assert ranks_module.Ranks(1, 2).after_push(pool, None, None) == 2
+        assert ranks_module.Ranks(1, 2).after_push(pool, None, None) == (2, False)
         assert [(s.alive, s.version, s.adapter) for s in pool.servers] == [(True, 2, "policy-2")] * 2
     finally:
         pool.close()
@@ -98,11 +98,11 @@ def test_a_server_process_0_gave_up_restarting_is_no_longer_asked_after_on_the_o
 
     def broadcast(news, src, group):  # process 0: it restarted the server, which exited; no restart left
         news[0] = (2, [(gone.address, False, "exited 1; no restart left", None, None, False),
-                       (fine.address, True, "", 2, None, False)], None)
+                       (fine.address, True, "", 2, None, False)], None, False)
 
     monkeypatch.setattr(ranks_module.dist, "broadcast_object_list", broadcast)
     try:
-        assert ranks_module.Ranks(1, 2).after_push(pool, None, None) == 2
+        assert ranks_module.Ranks(1, 2).after_push(pool, None, None) == (2, False)
         assert not gone.returning and gone.why.endswith("; process 0 gave up on it: exited 1; no restart left")
         deadline = time.monotonic() + 10  # the watcher sees it at its next ask, within a second
         while pool.watchers and time.monotonic() < deadline:

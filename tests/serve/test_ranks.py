@@ -89,14 +89,17 @@ def test_two_fsdp_processes_with_lora_start_a_local_server_from_gathered_shards_
         assert gap <= TOLERANCE, f"{key}: two processes differ from one by {gap:.3g}"
 
 
-def test_two_fsdp_processes_push_a_lora_policy_merged_over_gloo_and_train_like_one_process(server, tmp_path):
-    """The collective transport under FSDP: every process gathers, process 0 merges the adapters in and broadcasts
-    the whole model to the server's workers."""
-    settings = dict(lora_rank=4, lr=1e-2, rollout_weights_transport="gloo")
+@pytest.mark.parametrize("lora", [True, False])
+def test_two_fsdp_processes_push_over_gloo_and_train_like_one_process(server, tmp_path, lora):
+    """The collective transport under FSDP. LoRA: every process gathers at the write, process 0 merges the
+    adapters in and broadcasts the whole model to the server's workers from its staged copy. Without: every
+    process gathers each tensor as process 0 broadcasts it (a streamed push, no copy staged)."""
+    settings = dict(lora_rank=4, lr=1e-2, rollout_weights_transport="gloo") if lora else \
+        dict(rollout_weights_transport="gloo")
     one = served_run(tmp_path / "one", (server,), **settings)
     ranks = [checked(r) for r in start(tmp_path / "two", [server], engine="fsdp", **settings)]
     steps = SETTINGS["total_steps"]
-    assert [r["pushed"] for r in ranks] == [steps, steps]
+    assert [r["pushed"] for r in ranks] == [steps, steps] and [r["streams"] for r in ranks] == [not lora] * 2
     mine = [r for r in ranks[0]["metrics"] if "loss/policy" in r]
     theirs = [r for r in one["metrics"] if "loss/policy" in r]
     assert len(mine) == steps

@@ -32,11 +32,11 @@ class MainRanks:
     def __init__(self, during):
         self.during = during
 
-    def after_push(self, pool, version, error):
+    def after_push(self, pool, version, error, again=False):
         if error is not None:
             raise error
         self.during()
-        return version
+        return version, again
 
 
 def test_a_version_written_during_process_0s_broadcast_is_written_once(tmp_path):
@@ -59,3 +59,93 @@ def test_a_version_written_during_process_0s_broadcast_is_written_once(tmp_path)
     sampler.sync_weights()  # the rollout thread's next batch: version 2 pushed, not written again
     assert sampler.sender.writes == [1, 2] and (sampler.pushed, sampler.written) == (2, 2)
     assert [p.name for p in sampler.sender.folders.root.iterdir()] == ["v2"]
+
+
+class StreamingSender:
+    """A collective sender whose first streamed push loses a server mid-way (after two tensors), as a server
+    that dies during a broadcast: each push's tensors read, counted."""
+
+    def __init__(self):
+        self.pushes: list[int] = []
+
+    def stream(self, read, version, dtype):
+        sent = 0
+        for _ in read.tensors:
+            sent += 1
+            if not self.pushes and sent == 2:
+                self.pushes.append(sent)
+                return False  # dropped; the reading's rest is read by sync_weights
+        self.pushes.append(sent)
+        return True
+
+
+class Readings:
+    """``reading`` counted: how many each process made and how many tensors it read of each."""
+
+    def __init__(self, monkeypatch):
+        from grouprl.serve import client
+
+        self.made, real = [], client.reading
+
+        def counted(model, keep=lambda name: True, dtype=None):
+            read = real(model, keep, dtype)
+            box = [0]
+            self.made.append(box)
+
+            def tensors(inner):
+                for item in inner:
+                    box[0] += 1
+                    yield item
+
+            read.tensors = tensors(read.tensors)
+            return read
+
+        monkeypatch.setattr(client, "reading", counted)
+
+
+def streaming_sampler(model, ranks, sender):
+    sampler = ServerSampler.__new__(ServerSampler)
+    sampler.model, sampler.sender, sampler.ranks, sampler.ahead = model, sender, ranks, None
+    sampler.pool = types.SimpleNamespace(back_servers=lambda: [], rejoin=None)
+    sampler.version, sampler.written, sampler.pushed, sampler.gathered, sampler.dtype = 1, None, 0, None, torch.float32
+    sampler.sharded, sampler.lora, sampler.sampling_ahead = True, False, False  # FSDP, synchronous: streamed
+    sampler.transport = TRANSPORTS.get("gloo")
+    sampler.weights_lock, sampler.sync_seconds, sampler.write_seconds = threading.Lock(), 0.0, 0.0
+    return sampler
+
+
+class Outcomes:
+    """Process 0's push broadcast as another process receives it: one outcome per round."""
+
+    is_main, rank = False, 1
+
+    def __init__(self, rounds):
+        self.rounds = list(rounds)
+
+    def after_push(self, pool, version, error, again=False):
+        return self.rounds.pop(0)
+
+
+def test_a_streamed_push_that_lost_a_server_is_made_again_by_every_process_each_reading_to_its_end(monkeypatch):
+    """Under FSDP a streamed push gathers each tensor as it is sent, every process taking part: when process 0
+    drops a server mid-way it reads the rest, says so, and every process reads the weights again for the push
+    made without it (a gather left unread, or one process alone reading again, would pair the gathers wrong)."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))  # 4 tensors
+    readings = Readings(monkeypatch)
+    sender = StreamingSender()
+    sampler = streaming_sampler(model, None, sender)
+    assert sampler.streams_pushes
+    sampler.sync_weights()  # one process (FSDP on one GPU): the same loop without a broadcast
+    assert sender.pushes == [2, 4] and [box[0] for box in readings.made] == [4, 4]
+    assert (sampler.written, sampler.pushed) == (1, 1)
+    sampler.sync_weights()  # nothing new: no reading, no push
+    assert len(readings.made) == 2
+    # another process: it reads the weights once per round process 0 says, each to its end
+    other = streaming_sampler(model, Outcomes([(0, True), (1, False)]), None)
+    readings.made.clear()
+    other.sync_weights()
+    assert [box[0] for box in readings.made] == [4, 4] and other.pushed == 1
+    # not streamed (sampling ahead: a copy is staged at the write): nothing read in the sync
+    ahead = streaming_sampler(model, None, sender)
+    ahead.sampling_ahead = True
+    assert not ahead.streams_pushes

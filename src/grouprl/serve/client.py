@@ -43,7 +43,7 @@ from grouprl.serve.completions import GENERATE, Completion, PendingBatch, parse_
 from grouprl.serve.pool import ServerPool
 from grouprl.serve.ranks import Ranks
 from grouprl.serve.roster import RolloutServerError, Server, ServerFailure
-from grouprl.serve.transport import TRANSPORTS, is_sharded, reading
+from grouprl.serve.transport import TRANSPORTS, Reading, is_sharded, reading
 from grouprl.types import RolloutBatch, SamplingParams
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -227,30 +227,55 @@ class ServerSampler:
         """Send the weights to every server if they changed since the last push. With several trainer
         processes a collective (every process calls it at the start of a rollout, or its rollout thread at the
         start of each batch it samples ahead): process 0 pushes, the others wait for its outcome
-        (:meth:`grouprl.serve.ranks.Ranks.after_push`)."""
+        (:meth:`grouprl.serve.ranks.Ranks.after_push`). A streamed push (:attr:`streams_pushes`) that lost a server
+        mid-way is made again by every process."""
         ranks = self._ranks()
-        if ranks is None:
-            self.write_weights()
-            self.push_weights()
-            return
-        error = None
-        if ranks.is_main:
-            try:
-                self.write_weights()
-                self.push_weights()
-            except Exception as e:  # noqa: BLE001 - raised by after_push, in every process
-                error = e
-        else:
-            self.write_weights()  # under FSDP, its part of process 0's gather
-        pushed = ranks.after_push(self.pool, self.pushed, error)
+        while True:
+            streamed = self._streamed_reading()
+            if ranks is None:
+                with streamed.through() if streamed is not None else contextlib.nullcontext():
+                    self.write_weights()
+                    again = self.push_weights(streamed)
+                if not again:
+                    return
+                continue
+            error, again = None, False
+            if ranks.is_main:
+                try:
+                    with streamed.through() if streamed is not None else contextlib.nullcontext():
+                        self.write_weights()
+                        again = self.push_weights(streamed)
+                except Exception as e:  # noqa: BLE001 - raised by after_push, in every process
+                    error = e
+            else:
+                self.write_weights()  # under FSDP, its part of process 0's gather
+                if streamed is not None:
+                    streamed.drain()  # its part of each gather of process 0's streamed push
+            pushed, again = ranks.after_push(self.pool, self.pushed, error, again)
+            # Sampling ahead, process 0's trainer may be a version ahead of this process's. Process 0 keeps its
+            # own counts: its trainer thread may have written the next version during the broadcast, and setting
+            # ``written`` back would write that version a second time.
+            if not ranks.is_main:
+                self.written = self.pushed = pushed
+            if not again:
+                break
         if self.ahead is None and pushed != self.version:
             raise RuntimeError(f"process {ranks.rank} is at policy version {self.version} but process 0 pushed "
                                f"{pushed}: the processes updated their weights a different number of times")
-        # Sampling ahead, process 0's trainer may be a version ahead of this process's. Process 0 keeps its own
-        # counts: its trainer thread may have written the next version during the broadcast, and setting
-        # ``written`` back would write that version a second time.
-        if not ranks.is_main:
-            self.written = self.pushed = pushed
+
+    @property
+    def streams_pushes(self) -> bool:
+        """Whether a push gathers each tensor as the broadcast reaches it, every process reading the weights
+        during the push instead of process 0 staging a copy at the write: FSDP shards sent over a collective
+        transport in a synchronous run, without LoRA (whose merge reads each base weight with its adapters)."""
+        return self.sharded and not self.sampling_ahead and not self.lora and self.transport.backend is not None
+
+    def _streamed_reading(self) -> Reading | None:
+        """The weights a streamed push of a new version reads, made by every process alike (each takes part in
+        every gather of it); None where no such push comes."""
+        if self.streams_pushes and self.pushed != self.version:
+            return reading(self.model, dtype=self.dtype)
+        return None
 
     def write_weights(self) -> None:
         """Write the followed model's weights as its version, once (process 0 alone, of several). The write reads
@@ -266,6 +291,10 @@ class ServerSampler:
         with self.weights_lock:
             if self.gathered == self.version:
                 return
+            if self.streams_pushes:  # the push gathers, every process taking part then (sync_weights)
+                self.written = self.version if self.sender is not None else self.written
+                self.gathered = self.version
+                return
             start = time.perf_counter()
             keep = self.transport.keep(self.lora, first=self.gathered is None)
             read = reading(self.model, keep, self.dtype)
@@ -278,9 +307,11 @@ class ServerSampler:
             self.write_seconds += seconds
             self.sync_seconds += seconds
 
-    def push_weights(self) -> None:
+    def push_weights(self, streamed: Reading | None = None) -> bool:
         """Have every server load the newest written version (each waits for its requests in flight), and any
-        server that is back load it too before it serves again."""
+        server that is back load it too before it serves again; ``streamed``: the push reads the weights from it as
+        it sends (:attr:`streams_pushes`). True when that push lost a server mid-way and must be made again with a
+        new reading."""
         with self.weights_lock:
             start = time.perf_counter()
             if self.pushed != self.written:
@@ -291,11 +322,16 @@ class ServerSampler:
                             self.pool.drop_again(server, difference)
                         else:
                             self.pool.readmit(server)
-                self.sender.push()
+                if streamed is None:
+                    self.sender.push()
+                elif not self.sender.stream(streamed, self.written, self.dtype):
+                    self.sync_seconds += time.perf_counter() - start
+                    return True
                 self.pushed = self.written
             if self.pool.rejoin is not None and self.pool.back_servers():
                 self.pool.run(self.pool.rejoin_back())
             self.sync_seconds += time.perf_counter() - start
+            return False
 
     def cancel(self) -> None:
         """Give up on the requests in flight (the run is stopping): whoever waits on one gets CancelledError."""

@@ -11,11 +11,12 @@ receive and reload layer by layer). Nothing touches storage.
   (:mod:`grouprl.serve.pool`); a server back that fails to join is dropped again and the group formed without it.
   A push that fails is given up on every server that started it (``/grouprl/transfer/abort``), the group torn
   down, and the servers that no longer answer dropped; the push is then made again without them.
-- A push: the trainer's tensors as the servers' format (:func:`tensors_to_send`, on the policy's device),
-  read from the model as the broadcast reaches each one in a synchronous run (:class:`LiveWeights`: no copy of
-  the model), or staged as a copy when the weights are written where the trainer may update while an
-  asynchronous run pushes, or where they are FSDP shards every process gathers at the write
-  (:class:`StagedWeights`); then vLLM's engine sends them: ``/grouprl/transfer/start`` (each server pauses
+- A push: the trainer's tensors as the servers' format (:func:`tensors_to_send`, on the policy's device). In a
+  synchronous run they are read as the broadcast reaches each one, with no copy of the model: from the model
+  (:class:`LiveWeights`), or under FSDP gathered then, every process taking part (:class:`StreamedWeights`; a
+  push that loses a server mid-way is made again by every process). Sampling ahead, where the trainer may
+  update while the push runs, and for FSDP with LoRA, whose merge reads each base weight with its adapters,
+  they are staged as a copy when the weights are written (:class:`StagedWeights`). Then vLLM's engine sends them: ``/grouprl/transfer/start`` (each server pauses
   once its requests in flight finish), ``/grouprl/transfer/update`` alongside the broadcast,
   ``/grouprl/transfer/finish`` (prefix cache emptied, the version set, generation resumed), the last two with
   the token each server's start answered.
@@ -37,7 +38,7 @@ import itertools
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -87,21 +88,27 @@ def merged_lora_tensors(model: nn.Module, state: dict[str, torch.Tensor] | None 
         yield plain, (t + delta.to(t.dtype) if delta is not None else t)
 
 
-def tensors_to_send(model: nn.Module, dtype: torch.dtype, state: dict[str, torch.Tensor] | None = None
+def tensors_to_send(model: nn.Module, dtype: torch.dtype,
+                    state: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None
                     ) -> Iterator[tuple[str, torch.Tensor]]:
     """``model``'s weights as the servers load them (``state``: its whole state dict, gathered where the model
-    is sharded; None: read from it), one at a time: plain names (LoRA merged in), floating tensors in
-    ``dtype``, contiguous, on the model's device (a tied head included twice, under each of its names). A
-    tensor that needs no change is the model's own, not a copy."""
+    is sharded, or for a model without LoRA its (name, tensor) pairs as they are read; None: read from it), one
+    at a time: plain names (LoRA merged in), floating tensors in ``dtype``, contiguous, on the model's device (a
+    tied head included twice, under each of its names). A tensor that needs no change is the model's own, not a
+    copy."""
     state = model.state_dict() if state is None else state
-    named = merged_lora_tensors(model, state) if hasattr(model, "peft_config") else state.items()
+    if hasattr(model, "peft_config"):
+        named = merged_lora_tensors(model, dict(state))  # each base weight merged with its adapters
+    else:
+        named = state.items() if isinstance(state, dict) else state
     for name, t in named:
         t = t.detach()
         t = t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
         yield name, t.contiguous()
 
 
-def staged_copy(model: nn.Module, dtype: torch.dtype, state: dict[str, torch.Tensor] | None = None
+def staged_copy(model: nn.Module, dtype: torch.dtype,
+                state: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None
                 ) -> list[tuple[str, torch.Tensor]]:
     """:func:`tensors_to_send`, each its own copy (the model may change before they are sent): the model's own
     tensors copied; the cast, merged or gathered ones (FSDP) already are, and are kept as they are."""
@@ -262,7 +269,7 @@ class CollectiveWeights:
                                          f"not {backend}: start it with --rollout_weights_transport {backend}")
         self.engine: Any = None
         self.client: ServersClient | None = None
-        self.sending: StagedWeights | LiveWeights = StagedWeights([])
+        self.sending: StagedWeights | LiveWeights | StreamedWeights = StagedWeights([])
         self.version = 0
         self._join()
 
@@ -306,13 +313,28 @@ class CollectiveWeights:
         whole on the policy's device) as the servers load it, where :attr:`stages` says so; else the model
         itself, read as the broadcast reaches each tensor (``read`` left to its reader: without shards it costs
         nothing). Either can be sent again if a push fails."""
-        if self.stages():
-            self.sending = StagedWeights(staged_copy(model, dtype, dict(read.tensors)))
+        if self.stages():  # each tensor cast (and copied, if the model's own) as it is read
+            self.sending = StagedWeights(staged_copy(model, dtype, read.tensors))
         else:
             self.sending = LiveWeights(model, dtype)
         self.version = version
 
     def push(self) -> None:
+        """Send what :meth:`write` made ready to every server; a member that stopped answering mid-way is dropped
+        and the push made again without it."""
+        while not self._push_once():
+            pass
+
+    def stream(self, read: Any, version: int, dtype: torch.dtype) -> bool:
+        """Push ``version`` read from ``read`` (:class:`~grouprl.serve.transport.Reading`, in ``dtype``) as the
+        broadcast reaches each tensor: FSDP shards gathered then, every process taking part, so no copy of the
+        model is staged. Once: False when a member stopped answering mid-way (it is dropped; the push is to be
+        made again with a new reading, by every process)."""
+        self.sending, self.version = StreamedWeights(read, dtype), version
+        return self._push_once()
+
+    def _push_once(self) -> bool:
+        """One attempt at a push: True once sent; False when a member that stopped answering was dropped."""
         # a server was dropped (its workers would never receive) or is back (its new process is in no group), or a
         # failed push tore the group down
         if self.roster != self.pool.roster_changes or self.engine is None:
@@ -341,12 +363,12 @@ class CollectiveWeights:
             e.__traceback__ = None
         else:
             self.sending = StagedWeights([])  # a staged copy's memory back
-            return
+            return True
         self.close()  # a living server's update waiting in the broadcast fails with the group and is abandoned
         for server, why in silent:
             self.pool.drop(ServerFailure(server, f"it stopped answering during a weight push ({why}; the push: "
                                                  f"{what[:300]})"))
-        self.push()
+        return False
 
     def close(self) -> None:
         if self.engine is not None:
@@ -388,6 +410,22 @@ class LiveWeights:
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return tensors_to_send(self.model, self.dtype)
+
+
+class StreamedWeights:
+    """A push's tensors read from a :class:`~grouprl.serve.transport.Reading` as they are sent, once: each FSDP
+    shard gathered (every process takes part) and cast to the servers' format as the broadcast reaches it."""
+
+    def __init__(self, read: Any, dtype: torch.dtype):
+        self.read, self.dtype = read, dtype
+
+    def metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        return [(e.name, e.dtype, e.shape) for e in self.read.entries]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, t in self.read.tensors:
+            yield name, (t.to(self.dtype) if t.is_floating_point() and t.dtype != self.dtype else t).contiguous()
+            del t  # not held while the next one is gathered
 
 
 class StagedSource:

@@ -87,21 +87,23 @@ class Ranks:
             rank, msg = failed[0]
             raise RolloutServerError(f"process {rank} of {self.world} could not reach the rollout servers: {msg}")
 
-    def after_push(self, pool: Any, version: int | None, error: BaseException | None) -> int | None:
-        """Process 0's push outcome in every process: the version the servers hold (returned), the servers it
-        dropped (dropped here too, named) and those it serves with (readmitted here if dropped: process 0 gave
-        them the weights), with the version and LoRA adapter each holds (a request names that adapter), its error
-        (raised everywhere)."""
+    def after_push(self, pool: Any, version: int | None, error: BaseException | None, again: bool = False
+                   ) -> tuple[int | None, bool]:
+        """Process 0's push outcome in every process: the version the servers hold and whether the push is to be
+        made again (a streamed push that lost a server: every process reads the weights again), both returned;
+        the servers it dropped (dropped here too, named) and those it serves with (readmitted here if dropped:
+        process 0 gave them the weights), with the version and LoRA adapter each holds (a request names that
+        adapter); its error (raised everywhere)."""
         news: list[Any] = [None]
         if self.is_main:
             news[0] = (version, [(s.address, s.alive, s.why, s.version, s.adapter, s.returning) for s in pool.servers],
-                       None if error is None else f"{type(error).__name__}: {error}")
+                       None if error is None else f"{type(error).__name__}: {error}", again)
         dist.broadcast_object_list(news, src=0, group=self.group)
-        pushed, states, failed = news[0]
+        pushed, states, failed, again = news[0]
         if self.is_main:
             if error is not None:
                 raise error
-            return pushed
+            return pushed, again
         by_address = {s.address: s for s in pool.servers}
         for address, alive, why, held, adapter, returning in states:
             server = by_address.get(address)
@@ -119,4 +121,4 @@ class Ranks:
                 server.why += f"; process 0 gave up on it: {why}"
         if failed is not None:
             raise RolloutServerError(f"process 0 could not push the weights to the rollout servers: {failed}")
-        return pushed
+        return pushed, again
