@@ -16,10 +16,10 @@ receive and reload layer by layer). Nothing touches storage.
   (:class:`LiveWeights`), or under FSDP gathered then, every process taking part (:class:`StreamedWeights`; a
   push that loses a server mid-way is made again by every process). Sampling ahead, where the trainer may
   update while the push runs, and for FSDP with LoRA, whose merge reads each base weight with its adapters,
-  they are staged as a copy when the weights are written (:class:`StagedWeights`). Then vLLM's engine sends them: ``/grouprl/transfer/start`` (each server pauses
-  once its requests in flight finish), ``/grouprl/transfer/update`` alongside the broadcast,
-  ``/grouprl/transfer/finish`` (prefix cache emptied, the version set, generation resumed), the last two with
-  the token each server's start answered.
+  they are staged as a copy when the weights are written (:class:`StagedWeights`). Then vLLM's engine sends
+  them: ``/grouprl/transfer/start`` (each server pauses once its requests in flight finish),
+  ``/grouprl/transfer/update`` alongside the broadcast, ``/grouprl/transfer/finish`` (prefix cache emptied, the
+  version set, generation resumed), the last two with the token each server's start answered.
 - The lease: each start asks for ``rollout_server_timeout`` as its lease (a server abandons a transfer whose
   trainer sent no call for that long: :mod:`grouprl.serve.lease`; every call of a live trainer to any server
   ends within it, so the next one comes in time) and waits as long for a lease another trainer holds: a
