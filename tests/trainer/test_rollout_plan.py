@@ -35,6 +35,24 @@ def test_fp32_rollouts_on_the_built_in_engine_need_no_correction(tmp_path):
     assert _plan(base_config(tmp_path, rollout_engine="hf", rollout_is="sequence"), model).rollout_is == "sequence"
 
 
+def test_the_run_length_decides_whether_bf16_rollouts_compile(tmp_path, monkeypatch):
+    """The plan hands the run's total_steps to the compile rule: a short bf16 run stays eager, and auto then
+    takes the engine it would take without compiling (here the built-in one: vLLM is made absent)."""
+    from grouprl.rollout import engines
+    from grouprl.rollout.cpu import compiled
+    from grouprl.rollout.engines import COMPILE_PAYS_FROM_STEPS
+
+    monkeypatch.setattr(engines, "vllm_installed", lambda: False)
+    monkeypatch.setattr(compiled, "compiler_found", lambda: True)  # the rule, not this machine's toolchain
+    model, _ = tiny_causal_lm()
+    short = _plan(base_config(tmp_path, rollout_dtype="bf16", total_steps=12), model)
+    assert not short.compile and short.compile_reason.startswith("a 12-step run: compiling")
+    assert short.engine == "hf" and short.engine_reason.startswith("vllm is not installed")
+    long = _plan(base_config(tmp_path, rollout_dtype="bf16", total_steps=COMPILE_PAYS_FROM_STEPS), model)
+    assert long.compile and long.compile_reason.startswith("bf16 rollouts on a CPU")
+    assert long.engine == "hf" and long.engine_reason.startswith("the built-in engine's compiled decode steps")
+
+
 def test_a_passed_sampler_is_named_and_kept(tmp_path):
     model, tok = tiny_causal_lm()
     given = Sampler(model, tok)

@@ -154,7 +154,8 @@ def plan_rollout(config: Any, formats: Any, policy: nn.Module, device: torch.dev
         transport = resolve_transport(c.rollout_weights_transport, device or _device_of(policy),
                                       local_servers=isinstance(servers, int))
     else:
-        compiles, compile_why = resolve_compile(c.rollout_compile, c.rollout_engine, c.rollout_format, policy, device)
+        compiles, compile_why = resolve_compile(c.rollout_compile, c.rollout_engine, c.rollout_format, policy, device,
+                                                steps=c.total_steps)
         # auto takes the built-in engine where its steps compile
         engine, why = resolve_engine(c.rollout_engine, policy, c.rollout_mode, multi_turn=multi_turn,
                                      compile_steps=compiles, rollout_format=c.rollout_format)

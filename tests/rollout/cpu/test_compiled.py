@@ -11,7 +11,7 @@ import torch
 
 from grouprl.errors import ConfigError
 from grouprl.rollout.cpu.compiled import CompiledStep
-from grouprl.rollout.engines import resolve_compile, resolve_engine
+from grouprl.rollout.engines import COMPILE_PAYS_FROM_STEPS, resolve_compile, resolve_engine
 from grouprl.rollout.runner import Runner, left_pad, positions_from_mask, run_with_bf16_weights
 from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
@@ -156,6 +156,13 @@ def test_auto_compiles_bf16_rollouts_of_models_the_graph_covers(monkeypatch):
     assert resolve_compile(True, "hf", "fp32", llama, cpu) == (True, "rollout_compile=true")
     assert resolve_compile(False, "hf", "bf16", llama, cpu) == (False, "rollout_compile=false")
     assert resolve_compile(None, "vllm", "bf16", llama, cpu)[0] is False
+    # a run too short to repay compiling stays eager unless asked; the boundary is the constant's
+    short = COMPILE_PAYS_FROM_STEPS - 1
+    assert resolve_compile(None, "hf", "bf16", llama, cpu, steps=short) == (
+        False, f"a {short}-step run: compiling the decode steps (74-136 s of a 2-core CPU the first time) pays back "
+               f"from about {COMPILE_PAYS_FROM_STEPS} steps")
+    assert resolve_compile(None, "hf", "bf16", llama, cpu, steps=COMPILE_PAYS_FROM_STEPS)[0] is True
+    assert resolve_compile(True, "hf", "bf16", llama, cpu, steps=2) == (True, "rollout_compile=true")
     lora = get_peft_model(build("llama"), LoraConfig(r=4, target_modules=["q_proj"]))
     gemma = Gemma2ForCausalLM(Gemma2Config(**SIZES, head_dim=16))
     for model, why in ((lora, "LoRA"), (gemma, "outside the layer loop's families")):

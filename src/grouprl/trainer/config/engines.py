@@ -91,8 +91,9 @@ class EngineKeys:
     (Llama, Qwen2, Qwen3, Mistral; no LoRA), where the small operators around the products are half a step:
     SmolLM2-135M, 16 x 64, a 2-core Xeon with AMX, 1.43x the eager engine's tokens/s for ~80 s of compiling on the
     first rollout (python benchmarks/rollout.py --warmup 1); on a Xeon with AVX-512 BF16 and no AMX a step alone
-    was 0.99-1.30x (docs/performance.md); in fp32 the products outweigh them (1.02x), so it is off there. The
-    choice and why are printed at start."""
+    was 0.99-1.30x (docs/performance.md); in fp32 the products outweigh them (1.02x), so it is off there. Off
+    too for runs under 50 total_steps, which the compiling does not repay (the 12-step demo on a Xeon with AMX:
+    310 s compiled, 170-183 s not). The choice and why are printed at start."""
     vllm_gpu_memory_utilization: float = 0.3
     """GPU: share of each GPU's memory the colocated vLLM engine may take (weights + KV cache); the
     rest stays with training. TRL's colocate default is 0.3, vLLM's own 0.9."""
