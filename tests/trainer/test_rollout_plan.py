@@ -16,10 +16,10 @@ from grouprl.trainer.trainer import with_values
 from tests.helpers.trainer import base_config, make_trainer
 
 
-def _plan(config, policy, sampler=None, multi_turn=False):
+def _plan(config, policy, sampler=None, multi_turn=False, steps=None):
     formats = resolve_formats(config.dtype, config.ref_dtype, config.rollout_dtype)
     return plan_rollout(with_values(config, pinned(formats)), formats, policy, torch.device("cpu"),
-                        multi_turn=multi_turn, sampler=sampler)
+                        multi_turn=multi_turn, sampler=sampler, steps=steps)
 
 
 def test_fp32_rollouts_on_the_built_in_engine_need_no_correction(tmp_path):
@@ -51,6 +51,9 @@ def test_the_run_length_decides_whether_bf16_rollouts_compile(tmp_path, monkeypa
     long = _plan(base_config(tmp_path, rollout_dtype="bf16", total_steps=COMPILE_PAYS_FROM_STEPS), model)
     assert long.compile and long.compile_reason.startswith("bf16 rollouts on a CPU")
     assert long.engine == "hf" and long.engine_reason.startswith("the built-in engine's compiled decode steps")
+    # grouprl eval: one pass over the held-out prompts, whatever total_steps the config says
+    once = _plan(base_config(tmp_path, rollout_dtype="bf16", total_steps=COMPILE_PAYS_FROM_STEPS), model, steps=1)
+    assert not once.compile and once.compile_reason.startswith("a 1-step run")
 
 
 def test_a_passed_sampler_is_named_and_kept(tmp_path):

@@ -103,7 +103,8 @@ def evaluate_model(config: TrainConfig, inputs: RunInputs, policy: Any, tokenize
     # a run's config.yaml pins the formats it trained in; auto decides them as a run on this machine would
     formats = resolve_formats(config.dtype, config.ref_dtype, config.rollout_dtype)
     config = with_values(config, pinned(formats))
-    plan = plan_rollout(config, formats, policy, None, multi_turn=inputs.env is not None)
+    # one pass over the held-out prompts: compiling the decode steps would not pay for itself
+    plan = plan_rollout(config, formats, policy, None, multi_turn=inputs.env is not None, steps=1)
     source = make_source(config, inputs, policy, tokenizer, plan, None, lambda n: (0, n))
     policy.eval()
     with torch.inference_mode():
