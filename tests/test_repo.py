@@ -30,3 +30,19 @@ def test_ci_builds_the_docs_strictly_after_the_tests():
     assert len(docs) == 1 and '.venv/bin/pip install -e ".[docs]"' in ci_lines[docs[0]]
     assert docs[0] > ci_lines.index(".venv/bin/pytest -m slow")
     assert "docs = [" in (ROOT / "pyproject.toml").read_text() and (ROOT / "mkdocs.yml").exists()
+
+
+def test_no_assert_close_message_hides_the_size_of_the_difference():
+    """``assert_close(..., msg="name")`` replaces torch's report (how far apart, where, the tolerance) with the
+    name alone; a callable keeps it (``msg=named(name)``, tests/helpers/messages.py)."""
+    import ast
+
+    hiding = []
+    for path in sorted(pathlib.Path(__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == \
+                    "assert_close":
+                hiding += [f"{path}:{node.lineno}" for kw in node.keywords
+                           if kw.arg == "msg" and not isinstance(kw.value, ast.Lambda)
+                           and not (isinstance(kw.value, ast.Call) and getattr(kw.value.func, "id", "") == "named")]
+    assert not hiding, f"assert_close with a message that replaces its report: {hiding}"

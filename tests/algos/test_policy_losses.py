@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from grouprl.algos import POLICY_LOSSES, cispo_loss, clipped_surrogate_loss, gmpo_loss, grpo_loss, sapo_loss
+from tests.helpers.messages import named
 
 
 def _logits_case(seed=0, b=4, t=5, v=7):
@@ -116,7 +117,7 @@ def test_sapo_limits_of_its_temperature():
     reinforce = _grad(-(adv.unsqueeze(-1) * logp_fn() * mask).sum(), logits)
     for tau in (1e-3, 1.0, 1e4):
         on, _ = sapo_loss(logp_fn(), logp.detach(), adv, mask, tau_pos=tau, tau_neg=tau)
-        torch.testing.assert_close(_grad((on * mask).sum(), logits), reinforce, msg=f"tau={tau}")
+        torch.testing.assert_close(_grad((on * mask).sum(), logits), reinforce, msg=named(f"tau={tau}"))
     del rho
 
 

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from grouprl.cli import main
 from grouprl.report.data import read_jsonl
+from tests.helpers.messages import named
 
 ROOT = Path(__file__).resolve().parents[2]
 SUCCESS_LINE = re.compile(r"^success before=(\d\.\d{3}) after=(\d\.\d{3})$")
@@ -106,4 +107,5 @@ def test_two_processes_train_like_one_from_the_command_line(tmp_path, env):
     assert set(weights[1]) - tied == set(weights[2]) - tied and set(weights[1]) & tied and set(weights[2]) & tied
     for name, value in weights[1].items():
         other = weights[2][name] if name in weights[2] else weights[2][next(iter(tied & set(weights[2])))]
-        torch.testing.assert_close(other, value, rtol=1e-4, atol=1e-4, msg=name)  # 1% of one Adam step at lr 1e-2
+        # 1% of one Adam step at lr 1e-2
+        torch.testing.assert_close(other, value, rtol=1e-4, atol=1e-4, msg=named(name))

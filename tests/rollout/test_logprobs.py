@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from grouprl.rollout.logprobs import split_model, token_logprobs
+from tests.helpers.messages import named
 from tests.helpers.rollout import PROMPTS, encode, make_model
 
 
@@ -58,7 +59,7 @@ def test_values_and_gradients_match_naive(tok, batch, chunk_size, temperature):
     torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=0)
     for name, g in want[2].items():
-        torch.testing.assert_close(got[2][name], g, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(got[2][name], g, atol=1e-5, rtol=1e-4, msg=named(name))
     assert (got[0][batch[3] == 0] == 0).all() and (got[1][batch[3] == 0] == 0).all()
 
 

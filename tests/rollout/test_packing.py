@@ -11,6 +11,7 @@ from grouprl.registry import Registry
 from grouprl.rollout import logprobs
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.packing import pack_groups
+from tests.helpers.messages import named
 from tests.helpers.rollout import PROMPTS, encode, make_model
 
 
@@ -115,7 +116,7 @@ def test_packed_equals_padded_in_value_and_gradient(tok, attention):
     torch.testing.assert_close(got[1], want[1], atol=2e-5, rtol=0)
     assert got[2].keys() == want[2].keys()
     for name, g in want[2].items():
-        torch.testing.assert_close(got[2][name], g, atol=2e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(got[2][name], g, atol=2e-5, rtol=1e-4, msg=named(name))
 
 
 def test_packed_equals_padded_with_lora(tok):
@@ -129,7 +130,7 @@ def test_packed_equals_padded_with_lora(tok):
     torch.testing.assert_close(got[0], want[0], atol=2e-5, rtol=0)
     assert got[2] and all("lora_" in n for n in got[2])
     for name, g in want[2].items():
-        torch.testing.assert_close(got[2][name], g, atol=2e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(got[2][name], g, atol=2e-5, rtol=1e-4, msg=named(name))
 
 
 def test_a_group_split_across_micro_batches_and_rows_without_a_shared_prompt(tok):
@@ -162,7 +163,7 @@ def test_a_wrapper_that_must_run_whole_packs_through_its_own_forward(tok):
     torch.testing.assert_close(got[0], want[0], atol=2e-5, rtol=0)
     torch.testing.assert_close(got[1], want[1], atol=2e-5, rtol=0)
     for name, g in want[2].items():
-        torch.testing.assert_close(got[2]["module." + name], g, atol=2e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(got[2]["module." + name], g, atol=2e-5, rtol=1e-4, msg=named(name))
 
 
 def test_models_without_a_custom_mask_take_the_padded_layout(tok, monkeypatch):

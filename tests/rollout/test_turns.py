@@ -11,6 +11,7 @@ from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.runner import Runner, left_pad
 from grouprl.rollout.turns import Reply, TurnLimits, decode_conversations
 from grouprl.types import SamplingParams
+from tests.helpers.messages import named
 from tests.helpers.rollout import encode, make_model
 
 REPLIES = ["ok, go on\nassistant: ", "and again\nassistant: "]
@@ -158,7 +159,7 @@ def test_a_trajectory_trains_its_turns_as_single_turn_samples_of_the_same_tokens
 
     a, b = grad_of(trajectory_loss), grad_of(turns_loss)
     for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=named(k))
 
 
 def test_passengers_keep_the_compiled_rows_and_change_nothing(tok, monkeypatch):

@@ -13,6 +13,7 @@ from grouprl.algos.rollout_correction import ROLLOUT_IS_LEVELS, rollout_is_weigh
 from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.loss_variants import POLICY_LOSS_KEYS, ROLLOUT_IS_KEYS, policy_options
 from tests.helpers.agents import make_agent_trainer
+from tests.helpers.messages import named
 from tests.helpers.trainer import make_trainer, params_of
 
 VARIANTS = [{"policy_loss": "cispo"}, {"policy_loss": "sapo"}, {"policy_loss": "gmpo"},
@@ -139,6 +140,6 @@ def test_the_entropy_quantile_is_the_minibatchs_so_micro_batches_do_not_change_t
     for key in ("policy/entropy_threshold", "policy/entropy_selected_frac", "optim/grad_norm", "loss/policy"):
         assert pieces_metrics[key] == pytest.approx(whole_metrics[key], rel=1e-5), key
     for (name, a), b in zip(whole.policy.named_parameters(), pieces.policy.parameters()):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-5, msg=name)  # 1% of one Adam step at lr 1e-3
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5, msg=named(name))  # 1% of one Adam step at lr 1e-3
     # a quarter of the loss tokens (ties and rounding aside)
     assert abs(whole_metrics["policy/entropy_selected_frac"] - 0.25) < 0.05

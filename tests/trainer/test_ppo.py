@@ -10,6 +10,7 @@ from grouprl.models.value_head import make_critic
 from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.critic import token_rewards
 from grouprl.trainer.trainer import Trainer
+from tests.helpers.messages import named
 from tests.helpers.trainer import digit_share, make_trainer, params_of, rollout, run_update
 
 
@@ -63,7 +64,7 @@ def test_ppo_policy_update_is_grpos_update_with_the_same_token_advantages(tmp_pa
     run_update(ppo, batch, adv, old_logp, values=zeros, returns=zeros)
     run_update(grpo, batch, adv, old_logp)
     for (name, a), b in zip(ppo.policy.named_parameters(), grpo.policy.parameters()):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=named(name))
 
 
 def test_value_head_reads_the_state_before_each_token():

@@ -31,6 +31,7 @@ from tests.helpers.dist import (
     two_process_group,
     variant_group,
 )
+from tests.helpers.messages import named
 
 TOLERANCE = 1e-5
 COMPARED_METRICS = ("reward/mean", "reward/std", "loss/total", "loss/policy", "policy/kl", "policy/entropy",
@@ -64,7 +65,7 @@ def test_two_processes_on_half_the_batch_train_like_one_process_on_all_of_it(run
     moved = max(float((want["weights"][k] - start[k]).abs().max()) for k in start)
     assert moved > 100 * TOLERANCE  # the comparison below is about steps that did something
     for key, expected in want["weights"].items():
-        torch.testing.assert_close(got["weights"][key], expected, atol=TOLERANCE, rtol=0, msg=key)
+        torch.testing.assert_close(got["weights"][key], expected, atol=TOLERANCE, rtol=0, msg=named(key))
     steps = [r for r in got["metrics"] if "loss/total" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert all(0 < r["rollout/zero_std_frac"] < 1 for r in steps)  # rows out of the loss, and rows in it
