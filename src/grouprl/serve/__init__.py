@@ -17,8 +17,25 @@
 Nothing here imports ``vllm`` except the server itself.
 """
 
-from grouprl.serve.client import ServerSampler
-from grouprl.serve.from_config import server_problems, server_sampler
-from grouprl.serve.roster import RolloutServerError
+from __future__ import annotations
 
-__all__ = ["RolloutServerError", "ServerSampler", "server_problems", "server_sampler"]
+import importlib
+from typing import Any
+
+# Imported on first use: the config's checks read serve.transport's registry, and the command line would
+# otherwise load the rollout engines (transformers, torch's compiler) before it says anything.
+_LAZY = {
+    "RolloutServerError": "grouprl.serve.roster",
+    "ServerSampler": "grouprl.serve.client",
+    "server_problems": "grouprl.serve.from_config",
+    "server_sampler": "grouprl.serve.from_config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'grouprl.serve' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)
