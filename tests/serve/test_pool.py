@@ -134,6 +134,58 @@ def test_a_refused_request_is_the_requests_fault_not_the_servers(stubs):
         pool.close()
 
 
+class KeepAliveStub:
+    """An HTTP/1.1 server that keeps connections open and counts those it accepted."""
+
+    def __init__(self):
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_):
+                pass
+
+            def setup(self) -> None:
+                stub.connections += 1
+                super().setup()
+
+            def do_GET(self) -> None:
+                body = b"{}"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.connections = 0
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.address = f"127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+
+def test_a_connection_left_idle_is_not_sent_on_again_near_the_servers_keep_alive():
+    """A request sent on a connection the server is closing fails as if the server had dropped it: the pool
+    reuses a connection only while it is idle well inside the server's keep-alive, and opens a new one after."""
+    from grouprl.serve import roster
+
+    assert roster.IDLE_REUSE_S <= roster.SERVER_KEEP_ALIVE_S / 2
+    stub = KeepAliveStub()
+    pool = ServerPool([stub.address], timeout=10)
+    try:
+        server = pool.servers[0]
+        pool.run(pool.request(server, "GET", "/a"))
+        pool.run(pool.request(server, "GET", "/b"))
+        assert stub.connections == 1  # back to back: the same connection
+        time.sleep(roster.IDLE_REUSE_S + 0.5)
+        pool.run(pool.request(server, "GET", "/c"))
+        assert stub.connections == 2
+    finally:
+        pool.close()
+        stub.http.shutdown()
+        stub.http.server_close()
+
+
 def test_pool_settings_are_checked_before_anything_starts():
     with pytest.raises(ValueError, match="names a server twice"):
         ServerPool(["127.0.0.1:8000", "127.0.0.1:8000"], timeout=5)

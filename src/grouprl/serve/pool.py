@@ -72,7 +72,8 @@ class ServerPool(Returns):
 
     async def _make_client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0)),
-                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64,
+                                                     keepalive_expiry=roster.IDLE_REUSE_S))
 
     # -- running coroutines on the pool's loop ------------------------------------------------------
     def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:

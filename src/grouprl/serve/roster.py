@@ -13,7 +13,13 @@ EXIT_SETTLE_S = 2.0
 """How long a dropped local server's process is given to finish exiting, so the message names its exit status."""
 RETURN_POLL_S = 10.0
 """How often a dropped server the run did not start is asked whether it answers again."""
-
+SERVER_KEEP_ALIVE_S = 5
+"""Seconds a rollout server keeps an idle connection open (``grouprl serve``'s, as vLLM's own server's
+default)."""
+IDLE_REUSE_S = SERVER_KEEP_ALIVE_S / 5
+"""The longest a trainer leaves a connection idle and still sends on it. Well inside the server's keep-alive:
+a request sent on a connection the server is closing fails as if the server had dropped it, and a healthy
+server would be dropped (httpx's own limit is 5 s, the same as the server's, which races)."""
 
 
 class RolloutServerError(ConnectionError):

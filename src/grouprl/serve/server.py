@@ -35,6 +35,7 @@ from torch import nn
 from grouprl.rollout.engines import model_problem, plain_class_name, require_vllm
 from grouprl.rollout.scratch import ScratchFolder
 from grouprl.rollout.vllm import kv_cache_bytes
+from grouprl.serve.roster import SERVER_KEEP_ALIVE_S
 from grouprl.serve.routes import ServerState, router
 from grouprl.serve.transport import reading, server_transport, write_model_folder
 
@@ -137,7 +138,7 @@ async def _serve(argv: list[str], state: ServerState) -> None:
         state.workers = int(engine.vllm_config.parallel_config.world_size_across_dp)
         print(f"grouprl serve: {state.describe()} on {listen_address}", flush=True)
         shutdown = await serve_http(app, sock=sock, host=args.host, port=args.port, log_level="warning",
-                                    access_log=False, timeout_keep_alive=5)
+                                    access_log=False, timeout_keep_alive=SERVER_KEEP_ALIVE_S)
     try:
         await shutdown
     finally:
