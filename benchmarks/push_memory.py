@@ -116,7 +116,7 @@ def whole(model, folder: Path, dtype: torch.dtype, rank: int) -> None:
 def broadcast_streamed(model, folder: Path, dtype: torch.dtype, rank: int) -> None:
     """A collective push as a synchronous FSDP run makes it: each tensor gathered as the broadcast takes it
     (taken here as vLLM's engine takes them, without the broadcast)."""
-    from grouprl.serve.collective import StreamedWeights
+    from grouprl.serve.sent import StreamedWeights
     from grouprl.serve.transport import reading
 
     read = reading(model, dtype=dtype)

@@ -178,7 +178,7 @@ def _pushes(trainer: Any, rank: int) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     from grouprl.models.lora import unwrap_ddp
-    from grouprl.serve.collective import tensors_to_send
+    from grouprl.serve.sent import tensors_to_send
     from grouprl.serve.transport import WEIGHTS_FILE, plain_name, reading, write_weights_file
 
     policy = unwrap_ddp(trainer.policy)  # as the rollout servers' sampler follows it

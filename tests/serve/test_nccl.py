@@ -23,16 +23,9 @@ import torch
 from grouprl.errors import ConfigError
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.vllm_weights import base_weight_name
-from grouprl.serve.collective import (
-    CollectiveWeights,
-    LiveWeights,
-    StagedWeights,
-    merged_lora_tensors,
-    rank_offsets,
-    staged_copy,
-    tensors_to_send,
-)
+from grouprl.serve.collective import CollectiveWeights, rank_offsets
 from grouprl.serve.local import kill_group
+from grouprl.serve.sent import LiveWeights, StagedWeights, merged_lora_tensors, staged_copy, tensors_to_send
 from grouprl.serve.server import ServeOptions, engine_argv
 from grouprl.serve.transport import TRANSPORTS, reading, resolve_transport, server_transport
 

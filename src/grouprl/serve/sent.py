@@ -1,0 +1,140 @@
+"""What a push over a collective transport sends (:mod:`grouprl.serve.collective`): the trainer's tensors as
+the servers load them, staged as a copy or read as the broadcast reaches each one.
+
+Names: the plain model's state dict, a tied output head under its own name too (as the files transport; the
+servers' vLLM loads whichever its model keeps). LoRA: the adapters merged into the base weights (W + scale * B A,
+:func:`merged_lora_tensors`), every push the whole model, sampled as the base model: vLLM's weight transfer loads
+base weights only (its LoRA requests load adapters from files).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from grouprl.rollout.vllm_weights import base_weight_name
+
+
+def lora_delta(module: Any, adapter: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A peft LoRA linear layer's ``adapter`` as a change of its base weight, from the adapter's matrices ``a``
+    (rank x in) and ``b`` (out x rank): ``scale * B A`` (transposed for a ``fan_in_fan_out`` layer), peft's
+    ``get_delta_weight`` on the given matrices (half formats multiplied in fp32 on the CPU, as peft does)."""
+    from peft.utils.other import transpose
+
+    half = a.device.type == "cpu" and a.dtype in (torch.float16, torch.bfloat16)
+    product = b.float() @ a.float() if half else b @ a
+    return (transpose(product, module.fan_in_fan_out) * module.scaling[adapter]).to(a.dtype)
+
+
+def merged_lora_tensors(model: nn.Module, state: dict[str, torch.Tensor] | None = None
+                        ) -> Iterator[tuple[str, torch.Tensor]]:
+    """A peft LoRA model's weights with each active adapter merged in (``W + scale * B A``, as peft's
+    ``merge_and_unload`` computes it), under the plain model's names; ``state``: the model's whole state dict
+    (gathered, where the model is sharded; None: read from it). Each base weight's change is made as it is
+    reached, so one merged weight at a time takes memory. The model is left as it is."""
+    from peft.tuners.lora import LoraLayer
+
+    state = model.state_dict() if state is None else state
+    adapters: dict[str, list[tuple[str, Any, str]]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    adapters.setdefault(f"{name}.base_layer.weight", []).append((name, module, adapter))
+    for key, t in state.items():
+        plain = base_weight_name(key)
+        if plain is None:
+            continue
+        delta = None
+        for name, module, adapter in adapters.get(key, ()):
+            d = lora_delta(module, adapter, state[f"{name}.lora_A.{adapter}.weight"],
+                           state[f"{name}.lora_B.{adapter}.weight"]).detach()
+            delta = d if delta is None else delta + d
+        yield plain, (t + delta.to(t.dtype) if delta is not None else t)
+
+
+def tensors_to_send(model: nn.Module, dtype: torch.dtype,
+                    state: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
+    """``model``'s weights as the servers load them (``state``: its whole state dict, gathered where the model
+    is sharded, or for a model without LoRA its (name, tensor) pairs as they are read; None: read from it), one
+    at a time: plain names (LoRA merged in), floating tensors in ``dtype``, contiguous, on the model's device (a
+    tied head included twice, under each of its names). A tensor that needs no change is the model's own, not a
+    copy."""
+    state = model.state_dict() if state is None else state
+    if hasattr(model, "peft_config"):
+        named = merged_lora_tensors(model, dict(state))  # each base weight merged with its adapters
+    else:
+        named = state.items() if isinstance(state, dict) else state
+    for name, t in named:
+        t = t.detach()
+        t = t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+        yield name, t.contiguous()
+
+
+def staged_copy(model: nn.Module, dtype: torch.dtype,
+                state: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None
+                ) -> list[tuple[str, torch.Tensor]]:
+    """:func:`tensors_to_send`, each its own copy (the model may change before they are sent): the model's own
+    tensors copied; the cast, merged or gathered ones (FSDP) already are, and are kept as they are."""
+    held = set()
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        local = t.to_local() if hasattr(t, "to_local") else t  # an FSDP shard: its process's part
+        held.add(local.untyped_storage().data_ptr())
+    return [(n, t.clone() if t.untyped_storage().data_ptr() in held else t)
+            for n, t in tensors_to_send(model, dtype, state)]
+
+
+class StagedWeights:
+    """A push's tensors copied when the weights were written (:func:`staged_copy`)."""
+
+    def __init__(self, tensors: list[tuple[str, torch.Tensor]]):
+        self.tensors = tensors
+
+    def metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        return [(n, t.dtype, tuple(t.shape)) for n, t in self.tensors]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(list(self.tensors))
+
+
+class LiveWeights:
+    """A push's tensors read from the model as they are sent (:func:`tensors_to_send`), again at each push: one
+    cast or merged tensor at a time takes memory, not a copy of the model. For a model that does not change
+    between the write and the push (a synchronous run: the trainer waits for the rollout that the push
+    starts)."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype):
+        self.model, self.dtype = model, dtype
+
+    def metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        lora = hasattr(self.model, "peft_config")
+        out = []
+        for name, t in self.model.state_dict().items():
+            plain = base_weight_name(name) if lora else name
+            if plain is not None:
+                out.append((plain, self.dtype if t.is_floating_point() else t.dtype, tuple(t.shape)))
+        return out
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return tensors_to_send(self.model, self.dtype)
+
+
+class StreamedWeights:
+    """A push's tensors read from a :class:`~grouprl.serve.transport.Reading` as they are sent, once: each FSDP
+    shard gathered (every process takes part) and cast to the servers' format as the broadcast reaches it."""
+
+    def __init__(self, read: Any, dtype: torch.dtype):
+        self.read, self.dtype = read, dtype
+
+    def metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        return [(e.name, e.dtype, e.shape) for e in self.read.entries]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, t in self.read.tensors:
+            yield name, (t.to(self.dtype) if t.is_floating_point() and t.dtype != self.dtype else t).contiguous()
+            del t  # not held while the next one is gathered
