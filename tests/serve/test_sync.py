@@ -83,9 +83,9 @@ class Readings:
     """``reading`` counted: how many each process made and how many tensors it read of each."""
 
     def __init__(self, monkeypatch):
-        from grouprl.serve import client
+        from grouprl.serve import handover
 
-        self.made, real = [], client.reading
+        self.made, real = [], handover.reading
 
         def counted(model, keep=lambda name: True, dtype=None):
             read = real(model, keep, dtype)
@@ -100,7 +100,7 @@ class Readings:
             read.tensors = tensors(read.tensors)
             return read
 
-        monkeypatch.setattr(client, "reading", counted)
+        monkeypatch.setattr(handover, "reading", counted)
 
 
 def streaming_sampler(model, ranks, sender):
