@@ -2,7 +2,7 @@
 
 ``rollout_engine: auto`` takes vLLM where it is installed, draws the run's kind of groups and serves the
 model on this device; everything here answers without starting an engine (``vllm`` is imported only
-to ask its model registry and CPU attention backend).
+to ask its model registry and CPU attention backend, once per installed vLLM: :mod:`grouprl.rollout.vllm_facts`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from torch import nn
 
 from grouprl.errors import ConfigError
 from grouprl.rollout.formats import FORMATS
+from grouprl.rollout.vllm_facts import fact
 
 COMPILE_PAYS_FROM_STEPS = 50
 """Auto compiles only runs of at least this many steps. Compiling costs 74-136 s of a 2-core CPU in the first
@@ -73,19 +74,29 @@ def head_size(model: nn.Module) -> int | None:
     return int(explicit) if explicit else (int(config.hidden_size) // int(heads) if heads else None)
 
 
-def model_problem(model: nn.Module) -> str | None:
-    """Why vLLM cannot serve ``model`` on this machine, or None (needs vllm importable)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    arch = plain_class_name(inner)
+def _supported_archs() -> list[str]:
     require_vllm()
     from vllm import ModelRegistry
 
-    if arch not in ModelRegistry.get_supported_archs():
+    return sorted(ModelRegistry.get_supported_archs())
+
+
+def _cpu_head_sizes() -> list[int]:
+    require_vllm()
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return [int(n) for n in CPUAttentionBackend.get_supported_head_sizes()]
+
+
+def model_problem(model: nn.Module) -> str | None:
+    """Why vLLM cannot serve ``model`` on this machine, or None (needs vllm installed; its answers are kept
+    from one start to the next: :mod:`grouprl.rollout.vllm_facts`)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    arch = plain_class_name(inner)
+    if arch not in fact("archs", _supported_archs):
         return f"vLLM does not support {arch}"
     if not torch.cuda.is_available():
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        sizes = fact("cpu_head_sizes", _cpu_head_sizes)
         if head_size(inner) not in sizes:
             return f"vLLM's CPU attention takes head sizes {sizes}, and this model's is {head_size(inner)}"
     return None
