@@ -109,17 +109,6 @@ class ServerSampler(Handover):
         self.sampling_ahead = False
         """Set for a run that samples ahead (``max_staleness`` > 0): the trainer updates while pushes run."""
 
-    def sample_ahead_in(self, ranks: Ranks) -> None:
-        """From now on the calling thread samples ahead of the trainer (``max_staleness`` > 0) and pushes and
-        receives weights on ``ranks``' own process group; the trainer's thread keeps the trainer's group."""
-        self.ahead = (threading.get_ident(), ranks)
-
-    def _ranks(self) -> Ranks | None:
-        """The processes' Ranks for a collective made by the calling thread."""
-        if self.ahead is not None and self.ahead[0] == threading.get_ident():
-            return self.ahead[1]
-        return self.ranks
-
     def _watch_returns(self, restarts: int) -> None:
         """Dropped servers that answer again rejoin: given the weights by the files transport (at the next sync,
         or at once with no server left), or by a collective transport's next push. With files, the local ones

@@ -15,6 +15,7 @@ import time
 
 from torch import nn
 
+from grouprl.serve.ranks import Ranks
 from grouprl.serve.transport import Reading, reading
 
 
@@ -22,7 +23,19 @@ class Handover:
     """Writes and pushes for a :class:`~grouprl.serve.client.ServerSampler`, which sets what these read: ``model``,
     ``pool``, ``sender`` (None in a process other than 0), ``transport``, ``sharded``, ``lora``, ``dtype``,
     ``ranks``, ``ahead``, ``sampling_ahead``, the counts ``version``, ``written``, ``pushed``, ``gathered``, the
-    ``weights_lock`` and the seconds ``sync_seconds``, ``write_seconds``."""
+    ``weights_lock`` and the seconds ``sync_seconds``, ``write_seconds``; and ``_difference`` (why a server that is
+    back cannot rejoin)."""
+
+    def sample_ahead_in(self, ranks: Ranks) -> None:
+        """From now on the calling thread samples ahead of the trainer (``max_staleness`` > 0) and pushes and
+        receives weights on ``ranks``' own process group; the trainer's thread keeps the trainer's group."""
+        self.ahead = (threading.get_ident(), ranks)
+
+    def _ranks(self) -> Ranks | None:
+        """The processes' Ranks for a collective made by the calling thread."""
+        if self.ahead is not None and self.ahead[0] == threading.get_ident():
+            return self.ahead[1]
+        return self.ranks
 
     def update_weights(self, model: nn.Module) -> None:
         """Follow ``model`` from now on: it is the next policy version, sent before the next request."""
