@@ -1,6 +1,6 @@
 """Agents from the command line: `grouprl train --env`, `grouprl eval --env`, `grouprl demo --agent`,
-the checks an environment config gets before anything loads, and (slow) `--nproc 2` with an
-environment trained like one process."""
+the checks an environment config gets before anything loads, and (slow) `--nproc 2` trained like one
+process, with and without an environment."""
 
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ def test_demo_agent_settings(capsys):
     assert config["model"] == "smollm2-135m" and config["task"] == ""
 
 
-@pytest.mark.parametrize("env", [None, pytest.param("tests.helpers.agents:DigitTalk", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a minute of process starts; the default suite checks the same split in-process
+@pytest.mark.parametrize("env", [None, "tests.helpers.agents:DigitTalk"])
 def test_two_processes_train_like_one_from_the_command_line(tmp_path, env):
     """The same run with --nproc 2 and in one process: the same completions (each row's draws depend on
     its place in the batch, not on the process that draws it), so the same weights after 3 steps. In fp32:
