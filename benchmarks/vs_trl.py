@@ -92,7 +92,7 @@ def grouprl_worker(args: argparse.Namespace) -> None:
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
                           train_data=rows, system_prompt=task.system_prompt)
     emit({"ready": True, "allocator": describe_allocator(),
-          "setup": f"{trainer.setup['dtype']}; engine {trainer.setup['rollout_engine']}"})
+          "setup": f"{trainer.setup['formats']}; engine {trainer.setup['rollout_engine']}"})
     while command() == "step":
         start = time.perf_counter()
         metrics, _ = trainer.step()
