@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "this machine (runs torchrun for you; engine picks FSDP2 or DDP)")
     train.set_defaults(handler=_train)
 
-    demo = add("demo", "the default model learns arithmetic (2-3 minutes on 2 idle Xeon cores, AMX or AVX2)",
+    demo = add("demo", "the default model learns one-digit arithmetic on a CPU, in minutes",
                "SmolLM2-135M-Instruct learns one-digit arithmetic with GRPO; held-out accuracy is measured "
                "before and after, and the last line reads 'accuracy before=... after=...'. Any train option "
                "overrides the demo's settings. " + VALUES, "[--quick] [--key value ...]")
