@@ -122,6 +122,9 @@ class Runner:
         self.cache = make_cache(unwrap_model(model), capacity)
         forward = inspect.signature(type(unwrap_model(model)).forward).parameters
         self._extra = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
+        # transformers renamed the cache argument and output field past_key_values -> cache (5.24; the old name
+        # is deprecated): use the name this model's forward takes
+        self._cache_name = "cache" if "cache" in forward else "past_key_values"
         self._sdpa = sdpa_configs(unwrap_model(model))  # decode steps attend without SDPA's copies of the cache
         head = unwrap_model(model).get_output_embeddings() if hasattr(unwrap_model(model), "get_output_embeddings") \
             else None
@@ -153,13 +156,14 @@ class Runner:
                 input_ids=ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                past_key_values=self.cache,
                 use_cache=True,
+                **{self._cache_name: self.cache},
                 **self._extra,
             )
-        if out.past_key_values is not None and out.past_key_values is not self.cache:
+        returned = getattr(out, self._cache_name)
+        if returned is not None and returned is not self.cache:
             # Models that build their own cache object hand it back; keep using theirs.
-            self.cache = out.past_key_values
+            self.cache = returned
         return float_rows(out.logits[:, -1, :])
 
     @property

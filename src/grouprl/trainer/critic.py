@@ -20,6 +20,7 @@ import torch
 
 from grouprl.algos import aggregate, gae, kl_per_token, value_loss, whiten
 from grouprl.models import load_policy
+from grouprl.models.activations import checkpoint_activations
 from grouprl.models.value_head import ValueModel, make_critic
 from grouprl.run.optim import build_optimizer
 from grouprl.trainer.collect import Collected
@@ -62,7 +63,7 @@ class Critic:
             backbone, _ = load_policy(c.critic_model)
         self.model: ValueModel = make_critic(policy, backbone)
         if c.checkpointing:
-            self.model.body.gradient_checkpointing_enable()
+            checkpoint_activations(self.model.body)
         self.optimizer, _ = build_optimizer(self.model.parameters(), c.critic_lr or c.lr, (c.adam_beta1, c.adam_beta2),
                                             c.weight_decay, 0, 1, "constant")
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from grouprl.models import LoraSettings, apply_lora, is_peft, make_reference, reference_context
-from grouprl.models.activations import keep_fewer_activations
+from grouprl.models.activations import checkpoint_activations, keep_fewer_activations
 from grouprl.models.casts import lean_casts
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.types import RolloutBatch
@@ -29,7 +29,7 @@ def prepare_policy(policy: nn.Module, config: Any) -> nn.Module:
                                                      dropout=config.lora_dropout,
                                                      target_modules=tuple(config.lora_target_modules)))
     if config.checkpointing:
-        policy.gradient_checkpointing_enable()
+        checkpoint_activations(policy)
     else:  # a checkpointed layer keeps none of them anyway
         keep_fewer_activations(policy)
     return policy
