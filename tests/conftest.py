@@ -7,7 +7,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.deprecations import deprecated_calls
 from tests.helpers.rollout import make_tokenizer
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A test fails when grouprl's code calls a library's deprecated API in it (:mod:`tests.helpers.deprecations`:
+    the warning's file is the library's, so pyproject.toml's filters by module cannot see whose call it was)."""
+    with deprecated_calls() as found:
+        result = yield
+    if found:
+        pytest.fail("grouprl calls a deprecated API:\n" + "\n".join(dict.fromkeys(found)), pytrace=False)
+    return result
 
 
 @pytest.fixture(autouse=True)
