@@ -1,18 +1,22 @@
 """Rollout servers for the tests of grouprl.serve, started the way a run starts them
 (:class:`grouprl.serve.local.LocalServers`) but from a process of their own, so a test can kill that
 process and check that the servers die with it: ``python -m tests.helpers.servers MODEL_DIR N LOG_DIR
-[grouprl serve options]`` prints one JSON line (addresses, server pids) and waits until it is killed."""
+[grouprl serve options]`` prints one JSON line (addresses, server pids, their token) and waits until it is killed.
+While :func:`started` runs, ``GROUPRL_SERVER_TOKEN`` holds the servers' token, so a ServerSampler made in the
+test sends it; :func:`auth` is the header for requests a test makes itself."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from grouprl.serve.guard import TOKEN_ENV
 from grouprl.serve.local import kill_group
 
 TINY64 = dict(hidden_size=128, num_heads=2, num_kv_heads=2)
@@ -30,21 +34,33 @@ def write_tiny64(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def auth(token: str | None = None) -> dict[str, str]:
+    """The Authorization header of a request to the servers of :func:`started` (or with ``token``)."""
+    return {"Authorization": f"Bearer {token or os.environ[TOKEN_ENV]}"}
+
+
 @contextlib.contextmanager
-def started(root: Path, count: int, max_rows: int) -> Iterator[dict]:
+def started(root: Path, count: int, max_rows: int, options: tuple[str, ...] = ()) -> Iterator[dict]:
     """``count`` servers of the tiny head-64 model (seed 0) from a helper process, fp32, 256 positions:
-    ``{addresses, pids, helper, logs}``; afterwards the helper and the servers' whole process groups are killed
-    (whatever a failed test left), sparing the resource trackers that remove vLLM's shared memory."""
+    ``{addresses, pids, token, helper, logs}``, ``GROUPRL_SERVER_TOKEN`` set to their token meanwhile; afterwards
+    the helper and the servers' whole process groups are killed (whatever a failed test left), sparing the
+    resource trackers that remove vLLM's shared memory. ``options``: more ``grouprl serve`` options."""
     folder = write_tiny64(root / "model", seed=0)
     helper = subprocess.Popen([sys.executable, "-m", "tests.helpers.servers", str(folder), str(count),
                                str(root / "logs"), "--rollout_dtype", "fp32", "--max_model_len", "256",
-                               "--max_rows", str(max_rows)],
+                               "--max_rows", str(max_rows), *options],
                               stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2])
     info = json.loads(helper.stdout.readline())
     info.update(helper=helper, logs=root / "logs")
+    before = os.environ.get(TOKEN_ENV)
+    os.environ[TOKEN_ENV] = info["token"]
     try:
         yield info
     finally:
+        if before is None:
+            os.environ.pop(TOKEN_ENV, None)
+        else:
+            os.environ[TOKEN_ENV] = before
         helper.kill()
         helper.wait()
         for pid in info["pids"]:
@@ -56,7 +72,8 @@ def main(argv: list[str]) -> None:
 
     model, count, log_dir, *options = argv
     servers = LocalServers(int(count), model, options, log_dir)
-    print(json.dumps({"addresses": servers.addresses, "pids": [p.pid for p in servers.processes]}), flush=True)
+    print(json.dumps({"addresses": servers.addresses, "pids": [p.pid for p in servers.processes],
+                      "token": servers.token}), flush=True)
     while True:
         time.sleep(3600)
 

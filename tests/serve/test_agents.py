@@ -16,7 +16,7 @@ from grouprl.rollout.agent import ChatRenderer
 from grouprl.run.logs import JsonlLog
 from grouprl.trainer.inputs import RunInputs
 from grouprl.trainer.trainer import Trainer
-from tests.helpers.servers import TINY64, started
+from tests.helpers.servers import TINY64, auth, started
 from tests.helpers.trainer import base_config
 
 pytestmark = [pytest.mark.slow,
@@ -32,7 +32,7 @@ def server(tmp_path_factory):
 
 
 def server_version(address: str) -> int | None:
-    return httpx.get(f"http://{address}/grouprl/info", timeout=30).json()["version"]
+    return httpx.get(f"http://{address}/grouprl/info", headers=auth(), timeout=30).json()["version"]
 
 
 def agent_run(tmp_path, name, server, **overrides):

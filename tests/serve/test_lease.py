@@ -198,7 +198,7 @@ def test_only_the_last_abandoned_transfers_are_remembered():
         transfers, state, engine, clock, lines = setup()
         tokens = []
         for v in range(REMEMBERED + 1):
-            tokens.append((await transfers.start(v, lease_s=1.0, wait_s=0.0)).token)
+            tokens.append((await transfers.start(v + 1, lease_s=1.0, wait_s=0.0)).token)
             await clock.advance(1.0)
         assert len(lines) == REMEMBERED + 1 and list(transfers.abandoned) == tokens[1:]
         with pytest.raises(TransferRefused, match="holds no weight transfer"):  # the oldest is forgotten

@@ -14,7 +14,7 @@ from grouprl.models import tiny_causal_lm
 from grouprl.rollout.sampler import Sampler
 from grouprl.serve.client import ServerSampler
 from grouprl.types import SamplingParams
-from tests.helpers.servers import TINY64, started
+from tests.helpers.servers import TINY64, auth, started
 from tests.serve.test_gloo import nudge, prompts
 
 pytestmark = [pytest.mark.slow,
@@ -32,11 +32,11 @@ def server(tmp_path_factory):
 
 
 def post(address: str, path: str, body: dict) -> httpx.Response:
-    return httpx.post(f"http://{address}/grouprl/transfer/{path}", json=body, timeout=120)
+    return httpx.post(f"http://{address}/grouprl/transfer/{path}", json=body, headers=auth(), timeout=120)
 
 
 def info(address: str) -> dict:
-    return httpx.get(f"http://{address}/grouprl/info", timeout=30).json()
+    return httpx.get(f"http://{address}/grouprl/info", headers=auth(), timeout=30).json()
 
 
 def test_a_transfer_whose_trainer_went_away_is_abandoned_after_its_lease_and_the_next_trainer_pushes(server):

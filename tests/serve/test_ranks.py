@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grouprl.models import tiny_causal_lm
-from tests.helpers.servers import TINY64, started
+from tests.helpers.servers import TINY64, auth, started
 from tests.serve.ranks_group import SETTINGS, served_run, start
 
 pytestmark = [pytest.mark.slow,
@@ -52,7 +52,7 @@ def test_two_processes_through_one_server_train_like_one_process(server, tmp_pat
     assert [r["pushes"] for r in ranks] == [True, False]  # process 0 alone writes and pushes
     assert [r["version"] for r in ranks] == [steps, steps] and [r["pushed"] for r in ranks] == [steps, steps]
     # the final evaluation pushed the last update: after N steps the server holds version N
-    assert httpx.get(f"http://{server}/grouprl/info", timeout=30).json()["version"] == steps
+    assert httpx.get(f"http://{server}/grouprl/info", headers=auth(), timeout=30).json()["version"] == steps
     start_weights = tiny_causal_lm(seed=5, **TINY64)[0].state_dict()
     moved = max(float((one["weights"][k] - v).abs().max()) for k, v in start_weights.items())
     assert moved > 100 * TOLERANCE, moved  # the comparison is about steps that did something

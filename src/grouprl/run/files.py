@@ -31,7 +31,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 
 def as_plain(value: Any) -> Any:
     """A (possibly nested) dataclass, mapping or sequence as plain YAML/JSON data: dataclasses become
-    dicts of their init fields, tuples lists, paths strings.
+    dicts of their init fields (not those marked ``metadata={"secret": True}``), tuples lists, paths strings.
 
     >>> from dataclasses import dataclass
     >>> @dataclass
@@ -41,7 +41,8 @@ def as_plain(value: Any) -> Any:
     {'run': {'sizes': [64, 64]}}
     """
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: as_plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return {f.name: as_plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if f.init and not f.metadata.get("secret")}  # a credential is never written down
     if isinstance(value, list | tuple):
         return [as_plain(v) for v in value]
     if isinstance(value, Mapping):

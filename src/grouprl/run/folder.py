@@ -29,14 +29,19 @@ from grouprl.errors import ConfigError
 from grouprl.run.loggers import run_folders
 from grouprl.run.signals import interrupts
 
-RUN_FILES = ("metrics.jsonl", "completions.jsonl", "summary.json", "config.yaml")
-RUN_DIRS = ("checkpoints", "report", *run_folders())
-"""Folders a run writes: its checkpoints, its report, and what its metrics sinks write (tensorboard/, wandb/)."""
+RUN_FILES = ("metrics.jsonl", "completions.jsonl", "summary.json", "config.yaml", "timeline.jsonl")
+"""Files a run writes (timeline.jsonl: when each batch of a run sampling ahead was made, grouprl.trainer.ahead)."""
+RUN_DIRS = ("checkpoints", "report", "servers", *run_folders())
+"""Folders a run writes: its checkpoints, its report, its local rollout servers' logs (servers/) and what its
+metrics sinks write (tensorboard/, wandb/)."""
 LOCK = ".grouprl.lock"
-OWN_TEMP = re.compile(r"^\.(metrics\.jsonl|completions\.jsonl|summary\.json|config\.yaml)\..*\.tmp$")
+OWN_TEMP = re.compile(r"^\.(metrics\.jsonl|completions\.jsonl|summary\.json|config\.yaml|timeline\.jsonl)\..*\.tmp$")
 """Temporary files of the atomic writer (:mod:`grouprl.run.files`), left behind by a kill."""
 CHECKPOINT_NAME = re.compile(r"^(step-\d+|\.tmp-step-.*|\.delete-step-.*)$")
 REPORT_NAME = re.compile(r"^(report\.html|[a-z_]+\.png|\.[a-z_]+\.(html|png)\..*\.tmp)$")
+SERVER_LOG_NAME = re.compile(r"^server-\d+\.log$")
+OWN_NAMES = {"checkpoints": CHECKPOINT_NAME, "report": REPORT_NAME, "servers": SERVER_LOG_NAME}
+"""What a run writes inside its folders whose other contents are checked."""
 
 
 def holds_run(folder: str | Path) -> bool:
@@ -78,9 +83,8 @@ def foreign_entries(folder: str | Path) -> list[str]:
     for p in sorted(out.iterdir()):
         if p.name in RUN_FILES + (LOCK, *run_folders()) or OWN_TEMP.match(p.name):
             continue
-        if p.name in ("checkpoints", "report") and p.is_dir():
-            pattern = CHECKPOINT_NAME if p.name == "checkpoints" else REPORT_NAME
-            found += [f"{p.name}/{q.name}" for q in sorted(p.iterdir()) if not pattern.match(q.name)]
+        if p.name in OWN_NAMES and p.is_dir():
+            found += [f"{p.name}/{q.name}" for q in sorted(p.iterdir()) if not OWN_NAMES[p.name].match(q.name)]
             continue
         found.append(p.name)
     return found

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -40,6 +41,7 @@ from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
 from grouprl.serve.completions import GENERATE, Completion, PendingBatch, parse_completion
+from grouprl.serve.guard import TOKEN_ENV
 from grouprl.serve.handover import Handover
 from grouprl.serve.pool import ServerPool
 from grouprl.serve.ranks import Ranks
@@ -67,6 +69,9 @@ class ServerSampler(Handover):
         started_elsewhere: the servers are process 0's local servers (this is another trainer process), which
             process 0 restarts ``restarts`` times each.
         down: servers known not to have come up (host:port -> why), dropped at once.
+        token: the servers' bearer token (None: ``GROUPRL_SERVER_TOKEN``, if set).
+        resuming: this run restarts from a checkpoint: its first push says so (``resume``), and servers that hold
+            a later version of the run before it take the checkpoint's weights.
     """
 
     uses_live_model = False
@@ -74,12 +79,13 @@ class ServerSampler(Handover):
 
     def __init__(self, model: nn.Module, tokenizer: Any, servers: Sequence[str], *, timeout: float = 300.0,
                  weights_dir: str | None = None, local: Any = None, transport: str = "files", restarts: int = 0,
-                 skeleton: Any = None, started_elsewhere: bool = False, down: dict[str, str] | None = None):
+                 skeleton: Any = None, started_elsewhere: bool = False, down: dict[str, str] | None = None,
+                 token: str | None = None, resuming: bool = False):
         self.ranks = Ranks.current()  # several trainer processes: process 0 alone pushes (serve/ranks.py)
         self.model, self.tokenizer, self.local, self.weights_dir = model, tokenizer, local, weights_dir
         self.lora = hasattr(model, "peft_config")
         self.skeleton = skeleton
-        self.pool = ServerPool(servers, timeout)
+        self.pool = ServerPool(servers, timeout, token=token if token is not None else os.environ.get(TOKEN_ENV))
         for server in self.pool.servers:  # found down already (by process 0, for its local servers)
             if server.address in (down or {}):
                 self.pool.drop(ServerFailure(server, down[server.address]))
@@ -96,6 +102,7 @@ class ServerSampler(Handover):
             self._check_servers()
             if self.ranks is None or self.ranks.is_main:  # how weights travel (transport.py)
                 self.sender = TRANSPORTS.get(transport).sender(self, timeout)
+                self.sender.resume = resuming
                 self._watch_returns(restarts)
             elif started_elsewhere and restarts > 0 and self.transport.backend is None:
                 self._follow_returns()

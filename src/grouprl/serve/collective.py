@@ -82,6 +82,8 @@ class ServersClient:
         self.offsets = rank_offsets([int(s.info.get("workers") or 1) for s in servers])
         self.world_size = 1 + sum(int(s.info.get("workers") or 1) for s in servers)
         self.version = 0
+        self.resume = False
+        """The push restarts a run (the servers take its version even if they hold a later one)."""
         self.joined: set[str] = set()
         self.failed: dict[str, str] = {}
 
@@ -124,8 +126,8 @@ class ServersClient:
     def start_weight_update(self) -> None:
         lease = self.pool.timeout  # the wait for another lease, then the pause, each bounded by the timeout
         self.tokens.clear()
-        self._all("/grouprl/transfer/start", lambda s: {"version": self.version, "lease_s": lease, "wait_s": lease},
-                  timeout=2 * lease)
+        self._all("/grouprl/transfer/start", lambda s: {"version": self.version, "lease_s": lease, "wait_s": lease,
+                                                        "resume": self.resume}, timeout=2 * lease)
 
     def update_weights(self, update_info: Any) -> None:
         self._all("/grouprl/transfer/update", lambda s: {"token": self.tokens[s.address], "update_info": update_info})
@@ -197,6 +199,8 @@ class CollectiveWeights:
         self.client: ServersClient | None = None
         self.sending: StagedWeights | LiveWeights | StreamedWeights = StagedWeights([])
         self.version = 0
+        self.resume = False
+        """The next push is the first of a run resumed from a checkpoint (set by the sampler)."""
         self._join()
 
     def _join(self) -> None:
@@ -275,7 +279,7 @@ class CollectiveWeights:
                 for server in returned:  # one that came back and cannot join stays out; the others go on
                     self.pool.drop(ServerFailure(server, f"it came back, then {e}"))
                 self._join()
-        self.client.version = self.version
+        self.client.version, self.client.resume = self.version, self.resume
         try:
             self.engine.send_weights()
         except Exception as e:  # noqa: BLE001 - a member that died is dropped and the push made again without it
@@ -288,7 +292,7 @@ class CollectiveWeights:
             # down, or the living servers' workers would wait in the broadcast until gloo's timeout
             e.__traceback__ = None
         else:
-            self.sending = StagedWeights([])  # a staged copy's memory back
+            self.sending, self.resume = StagedWeights([]), False  # a staged copy's memory back
             return True
         self.close()  # a living server's update waiting in the broadcast fails with the group and is abandoned
         for server, why in silent:

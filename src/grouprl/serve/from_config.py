@@ -4,6 +4,7 @@ rank, seed, longest sequence and rows so it samples what the trainer expects."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -14,6 +15,7 @@ from torch import nn
 from grouprl.errors import ConfigError
 from grouprl.rollout.scratch import ScratchFolder
 from grouprl.serve.client import ServerSampler
+from grouprl.serve.guard import TOKEN_ENV
 from grouprl.serve.local import LocalServers
 from grouprl.serve.pool import ServerPool
 from grouprl.serve.ranks import Ranks
@@ -63,16 +65,16 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
     ``output_dir/servers``. With several trainer processes (:mod:`grouprl.serve.ranks`) process 0 alone starts
     them and the others receive their addresses; a process that cannot reach the servers stops every one."""
     c, ranks, local, folder, down = config, Ranks.current(), None, None, {}
-    addresses = c.rollout_servers
+    addresses, token = c.rollout_servers, c.rollout_server_token or os.environ.get(TOKEN_ENV)
     if isinstance(addresses, int):
-        addresses, down, local, folder = _start_local(c, policy, tokenizer, max_model_len, transport, ranks)
+        addresses, down, local, folder, token = _start_local(c, policy, tokenizer, max_model_len, transport, ranks)
     sampler, error = None, None
     try:
         sampler = ServerSampler(policy, tokenizer, list(addresses), timeout=c.rollout_server_timeout,
                                 weights_dir=c.rollout_weights_dir, local=local, transport=transport,
                                 restarts=c.rollout_server_restarts, skeleton=_skeleton(folder),
                                 started_elsewhere=local is None and isinstance(c.rollout_servers, int),
-                                down=down)
+                                down=down, token=token or "", resuming=bool(c.resume_from))
     except Exception as e:  # noqa: BLE001 - raised below (in every process, with several)
         error = e
     finally:
@@ -91,11 +93,12 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
     return sampler
 
 
-def _start_local(c: Any, policy: nn.Module, tokenizer: Any, max_model_len: int, transport: str,
-                 ranks: Ranks | None) -> tuple[list[str], dict[str, str], LocalServers | None, ScratchFolder | None]:
+def _start_local(c: Any, policy: nn.Module, tokenizer: Any, max_model_len: int, transport: str, ranks: Ranks | None
+                 ) -> tuple[list[str], dict[str, str], LocalServers | None, ScratchFolder | None, str]:
     """``c.rollout_servers`` local servers started on the policy (by process 0 alone, of several): their
-    addresses, those that did not come up (address -> why), the servers (None in other processes) and the
-    model folder they started from (the caller removes it once they are up)."""
+    addresses, those that did not come up (address -> why), the servers (None in other processes), the
+    model folder they started from (the caller removes it once they are up) and their token (made here; the other
+    processes receive it with the addresses, through the trainers' own process group)."""
     from grouprl.rollout.engines import model_problem
 
     problem = model_problem(policy)  # the servers would start, then exit saying so
@@ -113,17 +116,18 @@ def _start_local(c: Any, policy: nn.Module, tokenizer: Any, max_model_len: int, 
             folder = ScratchFolder("grouprl-policy-", root)  # the whole policy: gone with the run, a killed one too
             write_model_folder(policy, tokenizer, folder.path, read)
 
-    def start() -> tuple[list[str], dict[str, str]]:
+    def start() -> tuple[list[str], dict[str, str], str]:
         nonlocal local
         if failed is not None:
             raise failed
         if folder is None:
             write_policy(reading(policy))
         options = serve_options(c, max_model_len, transport)
-        local = LocalServers(c.rollout_servers, folder.path, options, Path(c.output_dir) / "servers")
+        local = LocalServers(c.rollout_servers, folder.path, options, Path(c.output_dir) / "servers",
+                             weights_root=root)
         # the other processes cannot see a server's process exit: process 0 waits for them to come up and
         # tells which did not (one process waits in its sampler, as for any server)
-        return local.addresses, (_not_up(local, c.rollout_server_timeout) if ranks is not None else {})
+        return local.addresses, (_not_up(local, c.rollout_server_timeout) if ranks is not None else {}), local.token
 
     try:
         if ranks is not None and is_sharded(policy):
@@ -136,19 +140,19 @@ def _start_local(c: Any, policy: nn.Module, tokenizer: Any, max_model_len: int, 
                     failed = e
             else:
                 reading(policy).drain()
-        addresses, down = start() if ranks is None else ranks.share(start)
+        addresses, down, token = start() if ranks is None else ranks.share(start)
     except BaseException:
         if local is not None:
             local.stop()
         _remove(folder)
         raise
-    return addresses, down, local, folder
+    return addresses, down, local, folder, token
 
 
 def _not_up(local: LocalServers, timeout: float) -> dict[str, str]:
     """Wait until each of ``local``'s servers answers, exits or runs out of ``timeout``: each that did not, with
     why (its exit status and last log lines). A RolloutServerError when none came up."""
-    pool = ServerPool(local.addresses, timeout)
+    pool = ServerPool(local.addresses, timeout, token=local.token)
     for i, server in enumerate(pool.servers):
         server.describe_exit = lambda settle, i=i: local.describe(i, settle)
     try:

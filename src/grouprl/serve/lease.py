@@ -29,6 +29,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from grouprl.serve.pushes import version_refusal
+
 REMEMBERED = 16
 """Abandoned transfers kept, to tell their late holders why they were refused."""
 
@@ -74,8 +76,9 @@ class Transfers:
         self.abandoned: dict[str, tuple[Holder, str]] = {}
         self.tasks: set[asyncio.Task] = set()  # expiries and abandonments running (the loop keeps weak references)
 
-    async def start(self, version: int, lease_s: float, wait_s: float) -> Holder:
-        """Take the weights lock (waiting at most ``wait_s``), pause, start vLLM's update; the new holder."""
+    async def start(self, version: int, lease_s: float, wait_s: float, resume: bool = False) -> Holder:
+        """Take the weights lock (waiting at most ``wait_s``), pause, start vLLM's update; the new holder. A
+        ``version`` not newer than the one held is refused unless ``resume`` (the trainer restarts a run)."""
         if not (0 < lease_s < math.inf):
             raise ValueError(f"lease_s must be a positive number of seconds, got {lease_s}")
         if not (0 <= wait_s < math.inf):
@@ -85,6 +88,13 @@ class Transfers:
                 await self.state.lock.acquire()
         except TimeoutError:
             raise TransferRefused(self._busy(version, wait_s)) from None
+        refusal = version_refusal(self.state.version, version, resume)
+        if refusal:
+            self.state.lock.release()
+            raise TransferRefused(f"start refused: {refusal}")
+        if resume and self.state.version is not None and version <= self.state.version:
+            self.log(f"grouprl serve: version {version} accepted after version {self.state.version}: its trainer "
+                     "resumes a run")
         holder = Holder(secrets.token_hex(8), version, float(lease_s), calls=1)
         self.holder = holder
         try:
@@ -119,7 +129,7 @@ class Transfers:
             await self.engine.reset_prefix_cache()
             await self.engine.update_weight_version(str(holder.version))
             self.state.version, self.state.adapter = holder.version, None  # whole weights: no adapter on top
-            self.state.weights_complete = True
+            self.state.weights_complete, self.state.broken, self.state.last_folder = True, None, None
         finally:
             await self._resume()
         return holder.version

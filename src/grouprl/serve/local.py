@@ -5,8 +5,11 @@ bound to the same cores through ``VLLM_CPU_OMP_THREADS_BIND``), listening on 127
 
 They never outlive the run: :meth:`LocalServers.stop` (the sampler's ``close``, and an ``atexit`` hook)
 ends each server's whole process group (the server and vLLM's engine processes), SIGTERM then SIGKILL;
-and the kernel sends each server SIGTERM when the process that started it dies in any way, a SIGKILL
-included (``PR_SET_PDEATHSIG``, Linux). Each server's output goes to ``server-<i>.log`` in ``log_dir``. A
+the kernel sends each server SIGTERM when the process that started it dies in any way, a SIGKILL
+included (``PR_SET_PDEATHSIG``, Linux); and each server watches that process itself, killing its own group
+if a SIGTERM did not stop it within seconds (:mod:`grouprl.serve.parent`). They take requests carrying the
+run's own token only (made here, passed in their environment) and pushes from the run's weights folder only.
+Each server's output goes to ``server-<i>.log`` in ``log_dir``. A
 server the run dropped can be started again on its address and cores (:meth:`LocalServers.restart`, driven
 by :mod:`grouprl.serve.pool`).
 
@@ -22,12 +25,16 @@ import atexit
 import contextlib
 import ctypes
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from grouprl.serve.guard import TOKEN_ENV
+from grouprl.serve.parent import PARENT_ENV
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
@@ -102,11 +109,13 @@ def kill_group(pgid: int) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _child_setup(cores: list[int]) -> Callable[[], None]:
+def _child_setup(cores: list[int], parent: int) -> Callable[[], None]:
     def setup() -> None:  # runs in the child between fork and exec
         os.sched_setaffinity(0, cores)
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the run died before the prctl: no signal will come
+            os._exit(1)
 
     return setup
 
@@ -114,12 +123,20 @@ def _child_setup(cores: list[int]) -> Callable[[], None]:
 class LocalServers:
     """``count`` ``grouprl serve`` processes on ``model`` (a model folder); see the module docstring.
 
-    ``options``: further ``grouprl serve`` arguments (``--rollout_dtype bf16``, ``--lora_rank 8``, ...)."""
+    ``options``: further ``grouprl serve`` arguments (``--rollout_dtype bf16``, ``--lora_rank 8``, ...);
+    ``weights_root``: the folder the run's pushes are written under (each server reads pushes from there only);
+    ``token``: the servers' bearer token (None: a new one), handed over in their environment, never their command
+    line (which every user of the machine sees)."""
 
     def __init__(self, count: int, model: str | Path, options: Sequence[str], log_dir: str | Path,
-                 cores: Sequence[int] | None = None, host: str = "127.0.0.1"):
+                 cores: Sequence[int] | None = None, host: str = "127.0.0.1", weights_root: str | Path | None = None,
+                 token: str | None = None):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"rollout_servers: a number of local servers must be >= 1, got {count!r}")
+        from grouprl.serve.transport import default_weights_root
+
+        self.token = token or secrets.token_urlsafe(32)
+        self.weights_root = Path(weights_root) if weights_root is not None else default_weights_root()
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         shares = core_shares(sorted(cores if cores is not None else os.sched_getaffinity(0)), count)
@@ -139,13 +156,14 @@ class LocalServers:
     def _start(self, i: int, model: str | Path) -> subprocess.Popen:
         share, port = self.cores[i], self.addresses[i].rpartition(":")[2]
         env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, share)),
-               "OMP_NUM_THREADS": str(len(share)), "PYTHONUNBUFFERED": "1"}
+               "OMP_NUM_THREADS": str(len(share)), "PYTHONUNBUFFERED": "1", TOKEN_ENV: self.token,
+               PARENT_ENV: str(os.getpid())}
         cmd = [sys.executable, "-m", "grouprl", "serve", "--model", str(model), "--host", self.host, "--port", port,
-               *self.options]
+               "--weights_root", str(self.weights_root), *self.options]
         # appending: a killed server's resource tracker may still write its farewell after the restart's first lines
         with open(self.log_path(i), "ab") as log:  # the child holds its own copy of the file
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                    preexec_fn=_child_setup(share))
+                                    preexec_fn=_child_setup(share, os.getpid()))
 
     def restart(self, i: int, model: str | Path) -> None:
         """Start server ``i`` again (after :meth:`kill`), on its address and cores, from the model folder ``model``;

@@ -37,9 +37,11 @@ class ServerPool(Returns):
         timeout: seconds one request may take (a completion, or a weight load) before its server is
             dropped; also how long :meth:`wait_ready` waits for a server to come up.
         setting: the config field that sets ``timeout``, named in messages.
+        token: the servers' bearer token, sent with every request (never logged; None: none sent).
     """
 
-    def __init__(self, addresses: Sequence[str], timeout: float, setting: str = "rollout_server_timeout"):
+    def __init__(self, addresses: Sequence[str], timeout: float, setting: str = "rollout_server_timeout",
+                 token: str | None = None):
         if not addresses:
             raise ValueError("rollout_servers: give at least one host:port")
         if timeout <= 0:
@@ -68,10 +70,11 @@ class ServerPool(Returns):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="grouprl-rollout-servers", daemon=True)
         self.thread.start()
-        self.client = self.run(self._make_client())
+        self.client = self.run(self._make_client(token))
 
-    async def _make_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0)),
+    async def _make_client(self, token: str | None) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        return httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0)),
                                  limits=httpx.Limits(max_connections=256, max_keepalive_connections=64,
                                                      keepalive_expiry=roster.IDLE_REUSE_S))
 

@@ -12,12 +12,18 @@
   loaded as a new LoRA request (the previous one removed), the prefix cache emptied (its keys and values
   came from the old weights), vLLM's weight version set to ``k`` (every output then carries it),
   generation resumed. A folder the server cannot see is a 400 that says so (the storage must be shared).
+  Before anything is paused the push is checked (:mod:`grouprl.serve.pushes`): a folder outside the weights
+  root is a 403, one whose files are not the served model's weights a 422, a version not newer than the one
+  held a 409 (unless ``"resume": true``: a trainer restarting a run, logged). A reload that fails anyway
+  reloads the last complete folder (a 422 that says so); if that fails too, generation answers 503 naming why
+  until a complete push loads.
 - ``POST /grouprl/transfer/{init,start,update,finish,abort,shutdown}``: the same load over vLLM's weight transfer
   (a server started with one: ``nccl`` or ``gloo``), the four calls of vLLM's trainer engine
   (:mod:`grouprl.serve.collective`) on vLLM's engine client as its own RL routes make them, with this
   server's order around them: ``init`` joins the trainer's group (``{"init_info": ...}``); ``start``
-  (``{"version": k, "lease_s": s, "wait_s": w}``) takes the weights lock (waiting at most ``w`` s), pauses
-  generation once the requests in flight finish, starts the update and answers a ``token``; ``update``
+  (``{"version": k, "lease_s": s, "wait_s": w, "resume": false}``: a version not newer than the one held is a
+  409 unless ``resume``) takes the weights lock (waiting at most ``w`` s), pauses generation once the requests
+  in flight finish, starts the update and answers a ``token``; ``update``
   (``{"token": t, "update_info": ...}``) receives the broadcast; ``finish`` (``{"token": t}``) finishes it,
   empties the prefix cache, sets the version and resumes. The transfer is held under a lease of ``s`` seconds
   between the trainer's calls; past it, on a failed update, or at the trainer's ``abort`` (``{"token": t,
@@ -39,6 +45,7 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
 from grouprl.serve.lease import TransferRefused, Transfers
+from grouprl.serve.pushes import PushRefused, check_adapter, check_full, version_refusal, within_root
 
 router = APIRouter(prefix="/grouprl")
 
@@ -67,6 +74,18 @@ class ServerState:
     weights half-loaded, those of no version."""
     transfers: Transfers | None = None
     """The collective transfers and their leases (made on the first call, with the engine client)."""
+    weights_root: Path | None = None
+    """Folder pushes come from under this folder only (None: no folder pushes)."""
+    tensors: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """The served model's weights, name -> shape, as its engine folder holds them: what a full push must hold."""
+    last_folder: Path | None = None
+    """The folder of the last complete weights (the engine folder at start, then each full folder push; None
+    after a collective push): reloaded when a reload fails midway."""
+    adapter_version: int | None = None
+    """The policy version of the LoRA adapter held (None: none)."""
+    broken: str | None = None
+    """Why this server's weights are neither the last complete ones nor a new version's (a reload failed and so
+    did the reload of the last complete folder): generation answers 503 until a complete push loads."""
 
     def describe(self) -> str:
         lora = f", LoRA up to rank {self.lora_rank}" if self.lora_rank else ""
@@ -77,15 +96,17 @@ class ServerState:
         return {"version": self.version, "weights_complete": self.weights_complete, "adapter": self.adapter,
                 "model": self.model, "dtype": self.dtype,
                 "max_model_len": self.max_model_len, "lora_rank": self.lora_rank, "facts": self.facts,
-                "weight_transfer": self.weight_transfer, "workers": self.workers}
+                "weight_transfer": self.weight_transfer, "workers": self.workers, "broken": self.broken}
 
 
 class LoadWeights(BaseModel):
     path: str
-    """A folder this server can read: ``model.safetensors`` (full) or a peft adapter (``adapter``)."""
+    """A folder under this server's weights root: ``model.safetensors`` (full) or a peft adapter (``adapter``)."""
     version: int
     """The policy version these weights are (what the trainer's optimizer steps have made of them)."""
     adapter: bool = False
+    resume: bool = False
+    """The trainer restarts a run: this version may be older than the one held."""
 
 
 @router.get("/info")
@@ -93,34 +114,80 @@ async def info(request: Request) -> dict[str, Any]:
     return request.app.state.grouprl.info()
 
 
+def _checked_folder(state: ServerState, body: LoadWeights) -> Path:
+    """The push's folder, resolved, once it passed every check that needs no lock (:mod:`grouprl.serve.pushes`)."""
+    try:
+        folder = within_root(body.path, state.weights_root)
+        if not folder.is_dir():
+            raise PushRefused(HTTPStatus.BAD_REQUEST, f"cannot see the weights folder {body.path}: trainer and "
+                              "server need shared storage (weights_dir)")
+        if body.adapter:
+            check_adapter(folder, state.tensors, state.lora_rank)
+        else:
+            check_full(folder, state.tensors)
+    except PushRefused as e:
+        raise HTTPException(e.status, f"this server ({state.address}): {e.message}") from e
+    return folder
+
+
+def _forward_only(state: ServerState, version: int, resume: bool, adapter: bool) -> None:
+    """The version rule (:func:`~grouprl.serve.pushes.version_refusal`); a resume that moves back is logged. The
+    first adapter may carry its base weights' version; each later one must be newer than the last."""
+    first_adapter = adapter and state.adapter_version is None
+    held = state.adapter_version if adapter and not first_adapter else state.version
+    refusal = version_refusal(held, version, resume, "adapter" if adapter else "weights", equal_ok=first_adapter)
+    if refusal:
+        raise HTTPException(HTTPStatus.CONFLICT, f"this server ({state.address}): {refusal}")
+    if resume and held is not None and version <= held:
+        print(f"grouprl serve: version {version} accepted after version {held}: its trainer resumes a run", flush=True)
+
+
 @router.post("/weights")
 async def load_weights(body: LoadWeights, request: Request) -> dict[str, Any]:
     state: ServerState = request.app.state.grouprl
     engine = request.app.state.engine_client
-    folder = Path(body.path)
-    if not folder.is_dir():
-        raise HTTPException(HTTPStatus.BAD_REQUEST, f"this server ({state.address}) cannot see the weights folder "
-                            f"{body.path}: trainer and server need shared storage (weights_dir)")
-    if body.adapter and not state.lora_rank:
-        raise HTTPException(HTTPStatus.BAD_REQUEST, "a LoRA adapter was sent to a server started without "
-                            "--lora_rank: start it with the trainer's lora_rank")
+    folder = _checked_folder(state, body)
     start = time.perf_counter()
     async with state.lock:
+        _forward_only(state, body.version, body.resume, body.adapter)
         await engine.pause_generation(mode="wait")
         try:
             if body.adapter:
                 await _load_adapter(request, state, str(folder), body.version)
+                state.adapter_version = body.version
             else:
-                state.weights_complete = False  # until the reload is whole
-                await engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+                await _reload(engine, state, folder)
             await engine.reset_prefix_cache()
             await engine.update_weight_version(str(body.version))
             state.version = body.version
-            if not body.adapter:  # an adapter goes on top of whatever base weights the server holds
-                state.weights_complete = True
         finally:
             await engine.resume_generation()
     return {**state.info(), "seconds": time.perf_counter() - start}
+
+
+async def _reload(engine: Any, state: ServerState, folder: Path) -> None:
+    """Reload the full weights of ``folder`` in place; if that fails midway, the last complete folder again, or
+    the server is :attr:`~ServerState.broken`."""
+    state.weights_complete = False  # until the reload is whole
+    try:
+        await engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+    except Exception as e:  # noqa: BLE001 - answered below, after the last complete weights are back
+        failure = f"the weights in {folder} did not load ({type(e).__name__}: {str(e)[:300]})"
+        last = state.last_folder
+        try:
+            if last is None or not last.is_dir():
+                raise FileNotFoundError(f"the last complete folder {last} is gone" if last else
+                                        "the last complete weights came over a transfer, not from a folder")
+            await engine.collective_rpc("reload_weights", kwargs={"weights_path": str(last)})
+        except Exception as again:  # noqa: BLE001 - the server stops generating, saying why
+            state.broken = f"{failure}, nor did the last complete weights ({type(again).__name__}: {str(again)[:200]})"
+            print(f"grouprl serve: {state.broken}; generation refused until a complete push", flush=True)
+            raise HTTPException(HTTPStatus.SERVICE_UNAVAILABLE, f"this server ({state.address}): {state.broken}") from e
+        state.weights_complete, state.broken = True, None
+        print(f"grouprl serve: {failure}; reloaded the last complete weights (version {state.version})", flush=True)
+        raise HTTPException(HTTPStatus.UNPROCESSABLE_ENTITY, f"this server ({state.address}): {failure}; it "
+                            f"serves its last complete weights again (version {state.version})") from e
+    state.weights_complete, state.broken, state.last_folder = True, None, folder
 
 
 async def _load_adapter(request: Request, state: ServerState, path: str, version: int) -> None:
@@ -130,7 +197,7 @@ async def _load_adapter(request: Request, state: ServerState, path: str, version
     name = f"policy-v{version}"
     loaded = await models.load_lora_adapter(LoadLoRAAdapterRequest(lora_name=name, lora_path=path))
     if not isinstance(loaded, str):  # vLLM's ErrorResponse
-        raise HTTPException(HTTPStatus.INTERNAL_SERVER_ERROR, f"the adapter in {path} did not load: {loaded}")
+        raise HTTPException(HTTPStatus.UNPROCESSABLE_ENTITY, f"the adapter in {path} did not load: {loaded}")
     old, old_id = state.adapter, state.adapter_id
     state.adapter, state.adapter_id = name, models.lora_requests[name].lora_int_id
     if old is not None and old != name:
@@ -150,6 +217,8 @@ class TransferStart(BaseModel):
     transfer: the trainer's rollout_server_timeout."""
     wait_s: float = Field(ge=0, allow_inf_nan=False)
     """Seconds this start may wait for the weights lock another transfer or load holds."""
+    resume: bool = False
+    """The trainer restarts a run: this version may be older than the one held."""
 
 
 class TransferToken(BaseModel):
@@ -202,7 +271,7 @@ async def transfer_shutdown(request: Request) -> dict[str, Any]:
 async def transfer_start(body: TransferStart, request: Request) -> dict[str, Any]:
     transfers = _transfers(request)
     try:
-        holder = await transfers.start(body.version, body.lease_s, body.wait_s)
+        holder = await transfers.start(body.version, body.lease_s, body.wait_s, body.resume)
     except TransferRefused as e:
         raise HTTPException(HTTPStatus.CONFLICT, f"this server ({transfers.state.address}): {e}") from e
     return {**transfers.state.info(), "token": holder.token, "lease_s": holder.lease_s}

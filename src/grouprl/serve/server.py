@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,12 @@ from torch import nn
 from grouprl.rollout.engines import model_problem, plain_class_name, require_vllm
 from grouprl.rollout.scratch import ScratchFolder
 from grouprl.rollout.vllm import kv_cache_bytes
+from grouprl.serve.guard import DEFAULT_MAX_BODY_MIB, Guard
+from grouprl.serve.parent import watch_parent
+from grouprl.serve.pushes import read_header
 from grouprl.serve.roster import SERVER_KEEP_ALIVE_S
 from grouprl.serve.routes import ServerState, router
-from grouprl.serve.transport import reading, server_transport, write_model_folder
+from grouprl.serve.transport import WEIGHTS_FILE, reading, server_transport, write_model_folder
 
 FORMATS = {"fp32": "float32", "bf16": "bfloat16"}
 """The number formats a server samples in (grouprl's name -> vLLM's)."""
@@ -70,6 +73,12 @@ class ServeOptions:
     """How trainers may send weights besides folders (``rollout_weights_transport``): auto enables vLLM's
     NCCL weight transfer on a GPU and grouprl's gloo one on a CPU (:func:`~grouprl.serve.transport.server_backend`);
     files enables neither."""
+    token: str = field(default="", repr=False)
+    """The bearer token every request but ``GET /health`` carries (:mod:`grouprl.serve.guard`)."""
+    weights_root: Path | None = None
+    """Folder pushes are read from under this folder only; None: no folder pushes."""
+    max_body_mib: float = DEFAULT_MAX_BODY_MIB
+    """Largest request body taken, in MiB (a larger one is a 413)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in FORMATS:
@@ -78,6 +87,10 @@ class ServeOptions:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {self.max_rows}")
+        if self.max_body_mib <= 0:
+            raise ValueError(f"max_body_mib must be > 0, got {self.max_body_mib}")
+        if self.weights_root is not None and not Path(self.weights_root).is_dir():
+            raise ValueError(f"weights_root {self.weights_root} is not a folder")
         server_transport(self.weight_transfer, torch.cuda.is_available())  # a bad choice named before any work
 
 
@@ -116,8 +129,14 @@ def engine_argv(folder: Path, options: ServeOptions, max_model_len: int, kv_byte
     return argv
 
 
-async def _serve(argv: list[str], state: ServerState) -> None:
-    """vLLM's ``run_server``, with grouprl's routes added to its app before it starts serving."""
+class EngineDied(RuntimeError):
+    """vLLM's engine died and its HTTP server shut down: the server failed (its process exits non-zero)."""
+
+
+async def _serve(argv: list[str], state: ServerState, options: ServeOptions) -> None:
+    """vLLM's ``run_server``, with grouprl's routes added to its app and :class:`~grouprl.serve.guard.Guard`
+    around it before it starts serving. vLLM shuts its HTTP server down when its engine dies and returns as from
+    a normal stop: that is raised here as :class:`EngineDied`."""
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.app import build_app
@@ -132,6 +151,8 @@ async def _serve(argv: list[str], state: ServerState) -> None:
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
         app.include_router(router)
+        app.add_middleware(Guard, token=options.token, state=state, max_rows=max(options.max_rows, 1),
+                           max_body_bytes=int(options.max_body_mib * 2**20))
         app.state.grouprl = state
         await init_app_state(engine, app.state, args, tasks)
         state.address = listen_address
@@ -139,10 +160,23 @@ async def _serve(argv: list[str], state: ServerState) -> None:
         print(f"grouprl serve: {state.describe()} on {listen_address}", flush=True)
         shutdown = await serve_http(app, sock=sock, host=args.host, port=args.port, log_level="warning",
                                     access_log=False, timeout_keep_alive=SERVER_KEEP_ALIVE_S)
+        # vLLM 0.32: a signal stops the engine, then cancels the HTTP server and returns its shutdown; the HTTP
+        # server ending by itself (its watchdog, or a request's handler, found the engine dead) returns a no-op
+        died = getattr(shutdown, "__name__", "") == "dummy_shutdown" and engine.errored
+        why = _engine_error(engine) if died else ""
     try:
         await shutdown
     finally:
         sock.close()
+    if died:
+        raise EngineDied(f"vLLM's engine died ({why}); the server stopped")
+
+
+def _engine_error(engine: Any) -> str:
+    error = getattr(engine, "dead_error", None)
+    cause = getattr(error, "__cause__", None)
+    said = f"{type(error).__name__}: {error}" if error is not None else "no reason given"
+    return said + (f", caused by {type(cause).__name__}: {cause}" if cause is not None else "")
 
 
 @dataclass
@@ -153,6 +187,7 @@ class Prepared:
     folder: ScratchFolder
     argv: list[str]
     state: ServerState
+    options: ServeOptions
 
 
 def model_facts(model: nn.Module) -> dict[str, Any]:
@@ -165,6 +200,8 @@ def model_facts(model: nn.Module) -> dict[str, Any]:
 def prepare(model: nn.Module, tokenizer: Any, options: ServeOptions, model_name: str = "") -> Prepared:
     """Check that vLLM can serve ``model`` here and write its engine folder; the model itself is no longer
     needed afterwards (vLLM reads the folder)."""
+    if len(options.token) < 16:
+        raise ValueError("a rollout server needs a token of at least 16 characters (grouprl.serve.guard.server_token)")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     require_vllm()
     problem = model_problem(model)
@@ -183,13 +220,18 @@ def prepare(model: nn.Module, tokenizer: Any, options: ServeOptions, model_name:
     cuda = torch.cuda.is_available()
     state = ServerState(model=model_name or str(folder.path), dtype=options.dtype, max_model_len=length,
                         lora_rank=options.lora_rank, facts=model_facts(model),
-                        weight_transfer=server_transport(options.weight_transfer, cuda).backend)
-    return Prepared(folder, engine_argv(folder.path, options, length, kv, cuda), state)
+                        weight_transfer=server_transport(options.weight_transfer, cuda).backend,
+                        weights_root=Path(options.weights_root).resolve() if options.weights_root else None,
+                        tensors=read_header(folder.path / WEIGHTS_FILE), last_folder=folder.path)
+    return Prepared(folder, engine_argv(folder.path, options, length, kv, cuda), state, options)
 
 
 def run(prepared: Prepared) -> None:
-    """Serve until SIGINT or SIGTERM (blocks); the engine folder goes when it stops."""
+    """Serve until SIGINT or SIGTERM (blocks), or until the run that started it is gone
+    (:mod:`grouprl.serve.parent`); the engine folder goes when it stops. :class:`EngineDied` when vLLM's engine
+    died."""
+    watch_parent()
     try:
-        asyncio.run(_serve(prepared.argv, prepared.state))
+        asyncio.run(_serve(prepared.argv, prepared.state, prepared.options))
     finally:
         prepared.folder.remove()

@@ -202,6 +202,8 @@ class FileWeights:
         self.staged: dict[bool, Path] = {}  # adapter? -> a folder written and not yet loaded by the servers
         self.loaded: dict[bool, tuple[Path, int]] = {}  # adapter? -> (folder, version) every server loaded last
         self.base_written, self.version = False, 0
+        self.resume = False
+        """The next push is the first of a run resumed from a checkpoint (set by the sampler): it says so."""
 
     def write(self, model: Any, read: Reading, version: int, dtype: torch.dtype) -> None:
         """``model``'s weights ``read`` (in the servers' number format: the entries :attr:`Transport.keep` asked
@@ -223,21 +225,29 @@ class FileWeights:
                                                                                             self.version)))
             self.loaded[adapter] = (path, self.version)
         self.staged.clear()
+        self.resume = False
         # with LoRA the base folder is needed again only to restart a local server: kept only where one may be
         restartable = any(s.restart is not None for s in self.pool.servers)
         self.folders.keep_only(*(path for adapter, (path, _) in self.loaded.items()
                                  if adapter or not self.lora or restartable))
 
     async def _load(self, server: Any, adapter: bool, path: Path, version: int) -> None:
-        body = {"path": str(path), "version": version, "adapter": adapter}
+        body = {"path": str(path), "version": version, "adapter": adapter, "resume": self.resume}
         answer = await self.pool.request(server, "POST", "/grouprl/weights", body)
         server.version, server.adapter = answer.get("version"), answer.get("adapter")
 
     async def rejoin(self, server: Any) -> None:
         """Bring a server that is back to the weights every server loaded last: the full weights, or with LoRA
-        the adapter alone (a returning server serves the base model it was started from, and the base is frozen)."""
+        the adapter alone (a returning server serves the base model it was started from, and the base is frozen).
+        One that already holds them whole (it answered again without a restart) loads nothing: versions only move
+        forward on a server."""
+        info = getattr(server, "info", None) or {}
         for adapter, (path, version) in sorted(self.loaded.items()):
-            if adapter or not self.lora:
+            held = info.get("adapter") == f"policy-v{version}" if adapter else \
+                info.get("version") == version and info.get("weights_complete", False)
+            if held:
+                server.version, server.adapter = info.get("version"), info.get("adapter")
+            elif adapter or not self.lora:
                 await self._load(server, adapter, path, version)
 
     def restart_folder(self, skeleton: Path) -> ScratchFolder | None:

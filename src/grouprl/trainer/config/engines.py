@@ -6,7 +6,7 @@ precision and engines, LoRA, distribution; the seed is listed under run folder).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -120,6 +120,11 @@ class EngineKeys:
     time/weight_sync. A server that fails is dropped, named, and the run goes on with the others; it rejoins
     once it answers again, given the current weights first (a local one is restarted:
     rollout_server_restarts). Empty = in this process (rollout_engine). docs/servers.md."""
+    rollout_server_token: str | None = field(default=None, repr=False, metadata={"secret": True})
+    """The bearer token the rollout servers ask for (grouprl serve's --api_key). Empty = the GROUPRL_SERVER_TOKEN
+    environment variable, which is the better place for it: a value given here or on the command line is kept
+    out of the run's saved config, but a command line is visible to every user of the machine (ps). Servers the
+    run starts itself (rollout_servers: N) get a token of their own, made for the run. docs/servers.md."""
     rollout_server_timeout: float = 600.0
     """Seconds a rollout server may take to come up, and to answer one request (a completion, a weight
     load), before it is dropped as failed."""

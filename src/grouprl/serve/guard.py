@@ -1,0 +1,228 @@
+"""Who may use a rollout server, and how much one request may ask of it: an ASGI middleware around the whole
+app (vLLM's routes and grouprl's), outermost, so nothing reaches vLLM that it refused.
+
+- A bearer token on every route but ``GET /health``: ``Authorization: Bearer <token>``, compared with
+  :func:`hmac.compare_digest`; anything else is a 401 that says which header is missing, never what was sent.
+  (vLLM's own ``--api-key`` guards only its ``/v1``, ``/inference`` ... prefixes, not ``/grouprl``,
+  ``/tokenize`` or ``/metrics``, and would put the token in the process's command line.)
+- A body cap: a request whose body is over ``max_body_bytes`` is a 413, read no further.
+- Generation limits (vLLM's generate, completions and chat routes): at most ``max_rows`` rows a request
+  (prompts x ``n``) and ``max_tokens`` at most ``max_model_len``; over either, a 400 naming the field.
+- A server whose weights could not be restored after a failed load (:attr:`ServerState.broken`) answers
+  generation with a 503 saying why, instead of sampling from half-loaded weights.
+
+The token itself: :func:`server_token` (``--api_key``, ``GROUPRL_SERVER_TOKEN``, or made and written to a file
+only its user can read, on a loopback address only).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import os
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+TOKEN_ENV = "GROUPRL_SERVER_TOKEN"
+"""The environment variable a server and a trainer read the token from."""
+OPEN_PATHS = frozenset({"/health"})
+"""Routes answered without a token (GET or HEAD only): a load balancer's or supervisor's liveness check."""
+GENERATION_PATHS = frozenset({"/inference/v1/generate", "/v1/completions", "/v1/chat/completions"})
+DEFAULT_MAX_BODY_MIB = 16
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class Refusal(Exception):
+    """A request refused before it reaches the app: its HTTP status and what to say."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is an address of this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def token_file(port: int) -> Path:
+    """Where a server on ``port`` writes the token it made: the user's runtime folder (``XDG_RUNTIME_DIR``, a
+    memory file system only the user reads), else ``~/.cache/grouprl``."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) / "grouprl" if runtime and Path(runtime).is_dir() else Path.home() / ".cache" / "grouprl"
+    return base / f"server-{port}.token"
+
+
+def write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, readable and writable by this user alone (0600; its folder 0700 if made here)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a file that existed keeps its mode through O_CREAT
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def server_token(given: str | None, host: str, port: int, echo: Callable[[str], None] = print) -> str:
+    """The token a server on ``host:port`` asks for: ``given`` (``--api_key``), else ``GROUPRL_SERVER_TOKEN``,
+    else, on a loopback address, a new one written to :func:`token_file` (its path said, never the token). On any
+    other address a server without a token given is refused: whoever reaches the port could replace the policy."""
+    token = given or os.environ.get(TOKEN_ENV) or None
+    if token is not None:
+        if len(token) < 16:
+            raise ValueError(f"the server token must be at least 16 characters (got {len(token)}): make one with "
+                             "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
+        return token
+    if not is_loopback(host):
+        raise ValueError(f"grouprl serve --host {host} listens beyond this machine and needs a token: set "
+                         f"{TOKEN_ENV} (e.g. export {TOKEN_ENV}=$(python -c 'import secrets; "
+                         "print(secrets.token_urlsafe(32))')) or pass --api_key, and give trainers the same token "
+                         f"(rollout_server_token or {TOKEN_ENV})")
+    token = secrets.token_urlsafe(32)
+    path = token_file(port)
+    write_private(path, token + "\n")
+    echo(f"grouprl serve: no token given; made one, in {path} (readable by this user only): give it to trainers as "
+         f"{TOKEN_ENV} or rollout_server_token")
+    return token
+
+
+def authorised(header: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header value carries ``token`` as a bearer token (constant-time compare)."""
+    scheme, _, given = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def _count(value: Any) -> int | None:
+    """Prompts in a ``prompt`` / ``token_ids`` value: a string or a list of ids is one, a list of those is many."""
+    if isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, int) for v in value)):
+        return 1
+    if isinstance(value, list):
+        return len(value)
+    return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def generation_problem(path: str, body: Any, max_rows: int, max_model_len: int) -> str | None:
+    """What is over this server's limits in a generation request's JSON ``body`` (None: nothing, or a body vLLM
+    will refuse itself: only well-typed fields are checked here)."""
+    if not isinstance(body, dict):
+        return None
+    params = body.get("sampling_params") if isinstance(body.get("sampling_params"), dict) else body
+    n = _int(params.get("n")) or 1
+    prompts = 1 if path.endswith("/chat/completions") else _count(body.get("token_ids", body.get("prompt")))
+    if prompts is not None and prompts * n > max_rows:
+        return (f"{prompts} prompt(s) x n={n} = {prompts * n} rows in one request; this server takes at most "
+                f"{max_rows} (its --max_rows): split the request")
+    for key in ("max_tokens", "max_completion_tokens"):
+        wanted = _int(params.get(key))
+        if wanted is not None and wanted > max_model_len:
+            return f"{key}={wanted} is over this server's max_model_len of {max_model_len} tokens"
+    return None
+
+
+class Guard:
+    """The middleware (see the module docstring). ``state`` is the server's
+    :class:`~grouprl.serve.routes.ServerState` (``broken``, ``max_model_len``); ``max_rows`` caps rows a request."""
+
+    def __init__(self, app: Any, token: str, state: Any, max_rows: int,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_MIB << 20):
+        if not token:
+            raise ValueError("a rollout server's guard needs a token")
+        self.app, self.token, self.state = app, token, state
+        self.max_rows, self.max_body_bytes = max_rows, max_body_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
+        method = scope.get("method", "GET")
+        try:
+            if path in OPEN_PATHS and method in ("GET", "HEAD"):
+                return await self.app(scope, receive, send)
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            if not authorised(headers.get("authorization"), self.token):
+                said = "a wrong bearer token" if "authorization" in headers else "no Authorization header"
+                raise Refusal(401, f"this server needs 'Authorization: Bearer <token>' on every route but /health; "
+                                   f"the request had {said} (trainers: rollout_server_token or {TOKEN_ENV})")
+            if scope["type"] == "websocket":
+                return await self.app(scope, receive, send)
+            declared = headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self.max_body_bytes:
+                raise Refusal(413, self._too_large(int(declared)))
+            if method not in ("POST", "PUT", "PATCH"):
+                return await self.app(scope, receive, send)
+            body = await self._read(receive)
+            if path in GENERATION_PATHS:
+                self._check_generation(path, body)
+        except Refusal as refusal:
+            return await self._refuse(scope, send, refusal)
+        return await self.app(scope, _replay(body, receive), send)
+
+    def _too_large(self, size: int) -> str:
+        return f"the request body is {size} bytes or more; this server takes at most {self.max_body_bytes}"
+
+    async def _read(self, receive: Receive) -> bytes:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise Refusal(400, "the client went away before its request body ended")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise Refusal(413, self._too_large(size))
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _check_generation(self, path: str, body: bytes) -> None:
+        broken = getattr(self.state, "broken", None)
+        if broken:
+            raise Refusal(503, f"this server cannot generate: {broken}; push a complete weights folder to recover")
+        try:
+            parsed = json.loads(body) if body else None
+        except ValueError:
+            return  # vLLM answers a body that is not JSON with its own 400
+        problem = generation_problem(path, parsed, self.max_rows, int(self.state.max_model_len))
+        if problem:
+            raise Refusal(400, problem)
+
+    async def _refuse(self, scope: dict[str, Any], send: Send, refusal: Refusal) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
+            return
+        payload = json.dumps({"error": refusal.message, "detail": refusal.message}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                   (b"connection", b"close")]
+        if refusal.status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the app the body already read, then what the connection says next."""
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -1,0 +1,166 @@
+"""What a rollout server checks of a weight push before vLLM is touched (:mod:`grouprl.serve.routes`), so a bad
+push is refused with a 4xx and the server keeps serving the last complete weights:
+
+- where: a folder push names a folder under the server's weights root (after resolving symlinks and ``..``);
+  anything else is a 403: a caller cannot make the server read whatever it can read.
+- which version: versions only move forward. A push whose version is not newer than the one held is a 409
+  naming both, unless it says its trainer restarts a run (``resume``): a stale or replayed push cannot roll
+  the policy back. A LoRA adapter goes on top of the base weights of its version: its version may equal the
+  base's, and must be newer than the last adapter's.
+- what: the folder holds complete, readable safetensors files (the header read, each tensor's bytes inside the
+  file) whose tensor names and shapes are the served model's (a full push: every weight, nothing else); an
+  adapter's rank is at most the server's ``lora_rank`` and its matrices fit the weights they adapt.
+
+Nothing here imports vLLM or FastAPI, nor reads a tensor's bytes; a problem is a :class:`PushRefused` with its
+HTTP status.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from grouprl.serve.transport import WEIGHTS_FILE
+
+ADAPTER_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+MAX_HEADER_BYTES = 100 << 20
+"""A safetensors header larger than this is not one (the format's own limit)."""
+SHOWN = 3
+
+
+class PushRefused(Exception):
+    """A push refused before it loads: its HTTP status and why."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def within_root(path: str, root: Path | None) -> Path:
+    """``path`` resolved (symlinks, ``..``), if it lies under ``root``; a 403 otherwise, or when the server takes no
+    folder pushes (``root`` None)."""
+    if root is None:
+        raise PushRefused(403, "this server takes no folder pushes: start it with --weights_root FOLDER (the "
+                               "trainer's rollout_weights_dir, on storage both see), or push over a weight transfer")
+    resolved = Path(path).resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise PushRefused(403, f"the weights folder {path} is outside this server's weights root {root}: a push "
+                               "names a folder under it (the trainer's rollout_weights_dir)")
+    return resolved
+
+
+def version_refusal(held: int | None, version: int, resume: bool, what: str = "weights",
+                    equal_ok: bool = False) -> str | None:
+    """Why a push of ``version`` is refused by a server holding ``held`` (None: it is not); ``equal_ok``: the same
+    version is newer enough (a first adapter on its base weights)."""
+    if held is None or version > held or resume or (equal_ok and version == held):
+        return None
+    return (f"the push of policy version {version} is not newer than the {what} version {held} this server "
+            "holds: versions only move forward (a trainer that restarts a run says so with resume)")
+
+
+def read_header(file: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from a safetensors file, checked to be whole: a header that parses and every
+    tensor's bytes inside the file (a file cut short by a copy is refused). A 422 naming the file otherwise."""
+    try:
+        with open(file, "rb") as f:
+            size = file.stat().st_size
+            head = f.read(8)
+            if len(head) < 8:
+                raise PushRefused(422, f"{file} is not a safetensors file: {size} bytes, shorter than its header")
+            (length,) = struct.unpack("<Q", head)
+            if length > min(MAX_HEADER_BYTES, size - 8):
+                raise PushRefused(422, f"{file} is not a whole safetensors file: its header says {length} bytes, "
+                                       f"the file holds {size}")
+            header = json.loads(f.read(length))
+    except OSError as e:
+        raise PushRefused(422, f"{file} cannot be read: {e.strerror or e}") from e
+    except (ValueError, UnicodeDecodeError) as e:
+        raise PushRefused(422, f"{file} is not a safetensors file: its header is not JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise PushRefused(422, f"{file} is not a safetensors file: its header is not a table of tensors")
+    shapes, end = {}, 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            shapes[name] = tuple(int(d) for d in entry["shape"])
+            end = max(end, int(entry["data_offsets"][1]))
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise PushRefused(422, f"{file}: tensor {name!r} has no shape or offsets in the header") from e
+    if 8 + length + end > size:
+        raise PushRefused(422, f"{file} is cut short: its tensors end at byte {8 + length + end}, the file at {size} "
+                               "(a copy still under way?)")
+    return shapes
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def check_full(folder: Path, served: dict[str, tuple[int, ...]]) -> None:
+    """A full push: ``folder/model.safetensors`` whole, with exactly the ``served`` tensors' names and shapes."""
+    file = folder / WEIGHTS_FILE
+    if not file.is_file():
+        raise PushRefused(422, f"the weights folder {folder} holds no {WEIGHTS_FILE}")
+    pushed = read_header(file)
+    missing = sorted(set(served) - set(pushed))
+    extra = sorted(set(pushed) - set(served))
+    if missing or extra:
+        said = "; ".join(part for part in (missing and f"missing {_listed(missing)}",
+                                           extra and f"not in the served model: {_listed(extra)}") if part)
+        raise PushRefused(422, f"{file} is not the served model's weights: {said}")
+    wrong = [f"{n} {list(pushed[n])} (served: {list(served[n])})" for n in sorted(served) if pushed[n] != served[n]]
+    if wrong:
+        raise PushRefused(422, f"{file} has other shapes than the served model: {_listed(wrong)}")
+
+
+def adapted_weight(name: str) -> tuple[str, str] | None:
+    """(the served weight a peft adapter tensor adapts, ``A`` or ``B``), for ``...<module>.lora_A.weight`` names."""
+    for side in ("A", "B"):
+        suffix = f".lora_{side}.weight"
+        if name.endswith(suffix):
+            return name.removeprefix("base_model.model.").removesuffix(suffix) + ".weight", side
+    return None
+
+
+def check_adapter(folder: Path, served: dict[str, tuple[int, ...]], max_rank: int | None) -> None:
+    """A LoRA push: peft's ``adapter_config.json`` with a rank ``r`` of at most ``max_rank`` and a whole
+    ``adapter_model.safetensors`` whose A ([r, in]) and B ([out, r]) matrices fit the served weights they adapt."""
+    if not max_rank:
+        raise PushRefused(400, "a LoRA adapter was sent to a server started without --lora_rank: start it with "
+                               "the trainer's lora_rank")
+    try:
+        config = json.loads((folder / ADAPTER_CONFIG).read_text())
+    except OSError as e:
+        raise PushRefused(422, f"the adapter folder {folder} has no readable {ADAPTER_CONFIG}: "
+                               f"{e.strerror or e}") from e
+    except ValueError as e:
+        raise PushRefused(422, f"{folder / ADAPTER_CONFIG} is not JSON ({e})") from e
+    rank = config.get("r") if isinstance(config, dict) else None
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise PushRefused(422, f"{folder / ADAPTER_CONFIG} gives no rank r (got {rank!r})")
+    if rank > max_rank:
+        raise PushRefused(422, f"the adapter's rank {rank} is over this server's lora_rank {max_rank}: start it "
+                               "with the trainer's lora_rank")
+    file = folder / ADAPTER_FILE
+    if not file.is_file():
+        raise PushRefused(422, f"the adapter folder {folder} holds no {ADAPTER_FILE}")
+    found = 0
+    for name, shape in read_header(file).items():
+        adapted = adapted_weight(name)
+        if adapted is None:
+            continue
+        base, side = adapted
+        if base not in served or len(served[base]) != 2:
+            raise PushRefused(422, f"{file}: {name} adapts {base}, which is not a matrix of the served model")
+        out, inp = served[base]
+        want = (rank, inp) if side == "A" else (out, rank)
+        if shape != want:
+            raise PushRefused(422, f"{file}: {name} is {list(shape)}; rank {rank} on {base} {[out, inp]} needs "
+                                   f"{list(want)}")
+        found += 1
+    if not found:
+        raise PushRefused(422, f"{file} holds no LoRA matrices (…lora_A.weight, …lora_B.weight)")
