@@ -15,8 +15,8 @@ DEMO: dict[str, Any] = {
     "prompts_per_step": 4,
     "group_size": 8,
     "max_new_tokens": 12,  # "2 + 4 = 6" fits; a rambling answer is cut (and earns nothing: its last number is wrong)
-    # A step of 32 completions costs 3-14 s on 2 idle cores (full fine-tuning, fp32; README). At lr 2e-5 training reward
-    # rose from 0.19 to 0.88 within 7 steps and held-out accuracy from 0.14 to 0.79 at step 10 in a
+    # A step of 32 completions costs 3-14 s on 2 idle cores (full fine-tuning, fp32; docs/benchmarks.md). At lr
+    # 2e-5 training reward rose from 0.19 to 0.88 within 7 steps and held-out accuracy from 0.14 to 0.79 at step 10 in a
     # measured run (benchmarks/results/smollm2-30-steps); at 5e-5 the entropy collapsed by step 7 and
     # accuracy fell back to 0.37.
     "total_steps": 12,
@@ -28,7 +28,7 @@ DEMO: dict[str, Any] = {
     "log_completions_every": 2,
     "output_dir": "runs/demo",
 }
-"""SmolLM2-135M-Instruct on one-digit arithmetic, sized for a 2-core CPU (README.md's results table)."""
+"""SmolLM2-135M-Instruct on one-digit arithmetic, sized for a 2-core CPU (measured: docs/benchmarks.md, the demos)."""
 
 AGENT_DEMO: dict[str, Any] = {
     "model": "smollm2-135m",
@@ -53,7 +53,7 @@ AGENT_DEMO: dict[str, Any] = {
     "log_completions_every": 5,
     "output_dir": "runs/demo-agent",
 }
-"""SmolLM2-135M-Instruct learns the number-guessing game in a multi-turn conversation (README.md's results table)."""
+"""SmolLM2-135M-Instruct learns the number-guessing game in a multi-turn conversation (measured: docs/benchmarks.md)."""
 
 QUICK_DEMO: dict[str, Any] = {
     "model": "tiny",
