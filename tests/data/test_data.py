@@ -101,7 +101,7 @@ def test_file_errors(tmp_path):
     with pytest.raises(ValueError, match="unknown prompt file format '.txt'"):
         load_records(tmp_path / "d.txt")
     (tmp_path / "plain_folder").mkdir()
-    with pytest.raises(DataError, match="not a saved `datasets` dataset"):
+    with pytest.raises(DataError, match="neither a saved `datasets` dataset"):
         load_records(tmp_path / "plain_folder")
 
 

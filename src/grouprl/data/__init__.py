@@ -1,7 +1,10 @@
-"""Prompt data: rows read from files or ``datasets`` objects, the prompt column normalised, train and
-held-out splits (:mod:`.loading`)."""
+"""Prompt data: rows read from files or ``datasets`` objects, the prompt and answer columns normalised,
+train and held-out splits (:mod:`.loading`); hub ids and folders in the hub's layout, with their configs
+and splits (:mod:`.hub`)."""
 
+from grouprl.data.hub import config_problem, load_hub
 from grouprl.data.loading import (
+    ANSWER,
     READERS,
     Row,
     check_prompt_lengths,
@@ -16,6 +19,6 @@ from grouprl.data.loading import (
 )
 from grouprl.errors import DataError, PromptTooLongError
 
-__all__ = ["READERS", "DataError", "PromptTooLongError", "Row", "check_prompt_lengths", "check_rows",
-           "context_overflow", "load_prompts", "load_records", "missing_file", "normalise_prompt", "row_places",
-           "train_eval_split"]
+__all__ = ["ANSWER", "READERS", "DataError", "PromptTooLongError", "Row", "check_prompt_lengths", "check_rows",
+           "config_problem", "context_overflow", "load_hub", "load_prompts", "load_records", "missing_file",
+           "normalise_prompt", "row_places", "train_eval_split"]

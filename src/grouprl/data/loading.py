@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from grouprl.data.hub import config_problem, is_saved_dataset, load_hub
 from grouprl.errors import DataError, PromptTooLongError
 from grouprl.registry import Registry
 from grouprl.types import to_messages
@@ -90,22 +91,26 @@ def _check_utf8(path: Path) -> None:
         raise DataError(f"{path}, line {line}: byte {raw[e.start]:#04x} is not UTF-8; save the file as UTF-8") from None
 
 
-def load_records(source: str | Path | Any, split: str | None = None) -> list[Row]:
-    """Rows from a JSONL / JSON / CSV / parquet file, a ``datasets`` folder (``save_to_disk``), a
-    ``datasets.Dataset`` or ``DatasetDict``, a Hugging Face dataset id in the local cache, or a
-    list of dicts."""
+def load_records(source: str | Path | Any, split: str | None = None, config: str | None = None) -> list[Row]:
+    """Rows from a JSONL / JSON / CSV / parquet file, a ``datasets`` folder (``save_to_disk``), a folder
+    in the Hugging Face hub's layout or a hub id (read by ``datasets.load_dataset`` with ``config``:
+    :mod:`.hub`), a ``datasets.Dataset`` or ``DatasetDict``, or a list of dicts. ``split`` picks a split
+    where the source has several (empty = train)."""
     if isinstance(source, list):
         return [dict(r) for r in source]
     if not isinstance(source, str | Path):
         return _from_datasets(source, split, type(source).__name__)
+    problem = config_problem(str(source), config)
+    if problem:
+        raise DataError(problem)
     path = Path(source).expanduser()
-    if path.is_dir():
+    if path.is_dir() and is_saved_dataset(path):
         import datasets
 
         try:
             return _from_datasets(datasets.load_from_disk(str(path)), split, str(path))
         except FileNotFoundError as e:
-            raise DataError(f"{path} is a folder but not a saved `datasets` dataset ({e})") from None
+            raise DataError(f"{path} looks like a folder written by save_to_disk but cannot be read ({e})") from None
     if path.is_file():
         reader = READERS.get(path.suffix.lower())
         if path.suffix.lower() in TEXT_FORMATS:
@@ -114,7 +119,7 @@ def load_records(source: str | Path | Any, split: str | None = None) -> list[Row
     missing = missing_file(source)
     if missing:
         raise DataError(missing)
-    return _load_hub(str(source), split)
+    return _from_datasets(load_hub(str(path) if path.is_dir() else str(source), config, split), split, str(source))
 
 
 def missing_file(source: str | Path) -> str | None:
@@ -127,14 +132,15 @@ def missing_file(source: str | Path) -> str | None:
     return f"prompt file {str(source)!r} does not exist"
 
 
-def row_places(source: str | Path | Any, count: int) -> list[str]:
+def row_places(source: str | Path | Any, count: int, split: str | None = None) -> list[str]:
     """Where each of the ``count`` rows :func:`load_records` read from ``source`` sits, for messages
     a user can act on: ``"prompts.jsonl line 7"`` (blank lines skipped, as the reader does), ``"data.csv
-    line 3"`` (a quoted field may span lines), ``"data.json item 2"``, else ``"<source> row 2"``."""
+    line 3"`` (a quoted field may span lines), ``"data.json item 2"``, else ``"<source> row 2"`` (``"<source>
+    test row 2"`` for rows of ``split``)."""
     path = Path(source).expanduser() if isinstance(source, str | Path) else None
     if path is None or not path.is_file():
         where = source if isinstance(source, str | Path) else type(source).__name__
-        return [f"{where} row {i}" for i in range(count)]
+        return [f"{where}{' ' + split if split else ''} row {i}" for i in range(count)]
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         with open(path, encoding="utf-8") as f:
@@ -152,16 +158,6 @@ def row_places(source: str | Path | Any, count: int) -> list[str]:
     else:
         places = [f"{path.name} row {i}" for i in range(count)]
     return places if len(places) == count else [f"{path.name} row {i}" for i in range(count)]
-
-
-def _load_hub(name: str, split: str | None) -> list[Row]:
-    import datasets
-
-    try:
-        data = datasets.load_dataset(name, split=split)
-    except Exception as e:  # noqa: BLE001 - offline / unknown name: say what was tried
-        raise DataError(f"{name!r} is neither a file, a folder nor a Hugging Face dataset available here: {e}") from e
-    return _from_datasets(data, split, name)
 
 
 def _as_messages(value: Any) -> list[dict[str, str]] | None:
@@ -190,27 +186,44 @@ def normalise_prompt(value: Any, row: int) -> str | list[dict[str, str]]:
     return value
 
 
-def load_prompts(source: str | Path | Any, prompt_column: str = "prompt", system_prompt: str | None = None,
-                 split: str | None = None) -> list[Row]:
-    """Prompt rows from ``source`` (see :func:`load_records`): ``prompt_column`` becomes
-    ``"prompt"`` (validated), every other column is kept. With ``system_prompt`` each prompt
-    becomes chat messages with that system message first (unless it already has one).
+ANSWER = "answer"
+"""The column name under which the gold answer reaches reward functions and the accuracy checker."""
 
-    Fails with the columns that exist when ``prompt_column`` is missing, and on an empty dataset.
+
+def load_prompts(source: str | Path | Any, prompt_column: str = "prompt", system_prompt: str | None = None,
+                 split: str | None = None, config: str | None = None, answer_column: str = ANSWER) -> list[Row]:
+    """Prompt rows from ``source`` (see :func:`load_records`, which ``split`` and ``config`` reach):
+    ``prompt_column`` becomes ``"prompt"`` (validated) and ``answer_column`` becomes ``"answer"``, both
+    renamed (the original names are gone from the rows); every other column is kept. With
+    ``system_prompt`` each prompt becomes chat messages with that system message first (unless it
+    already has one).
+
+    Fails with the columns that exist when ``prompt_column`` is missing, or ``answer_column`` when it is
+    not the default; when a renamed column's new name is taken by another column; and on an empty dataset.
     """
-    rows = load_records(source, split)
+    rows = load_records(source, split, config)
     where = source if isinstance(source, str | Path) else type(source).__name__
     if not rows:
         raise DataError(f"dataset {where} has no rows")
+    renames = {prompt_column: "prompt", answer_column: ANSWER}
     for i, row in enumerate(rows):
-        if prompt_column not in row:
+        columns = ", ".join(map(repr, row))
+        for column, key in renames.items():
+            if column == key:
+                continue
+            if column not in row:
+                field = "prompt_column" if key == "prompt" else "answer_column"
+                raise DataError(f"dataset {where}: row {i} ({row_places(source, len(rows))[i]}) has no column "
+                                f"{column!r} ({field}); columns: {columns}")
+            if key in row:
+                what = "the prompt column" if key == "prompt" else "the answer column"
+                raise DataError(f"dataset {where} has both {column!r} ({what}) and {key!r}; rename one of them")
+            row[key] = row.pop(column)
+        if "prompt" not in row:
             raise DataError(f"dataset {where}: row {i} ({row_places(source, len(rows))[i]}) has no column "
-                            f"{prompt_column!r}; columns: {', '.join(map(repr, row))}")
-        if prompt_column != "prompt" and "prompt" in row:
-            raise DataError(f"dataset {where} has both {prompt_column!r} (the prompt column) and 'prompt'; "
-                            "rename one of them")
+                            f"'prompt'; columns: {columns}")
         try:
-            prompt = normalise_prompt(row.pop(prompt_column), i)
+            prompt = normalise_prompt(row.pop("prompt"), i)
         except DataError as e:
             raise DataError(f"dataset {where}, {row_places(source, len(rows))[i]}: {e}") from None
         row["prompt"] = to_messages(prompt, system_prompt) if system_prompt else prompt
