@@ -37,7 +37,7 @@ def gold(i: int) -> int:
 
 def write_gsm8k_layout(folder: Path, train: int = 12, test: int = 4) -> Path:
     """``folder`` with config main (``train`` rows: problems 0.., ``test`` rows: the problems after them)
-    and config socratic (2 train rows), as ``huggingface-cli download --local-dir`` leaves a hub dataset."""
+    and config socratic (2 train rows), as ``hf download --repo-type dataset --local-dir`` leaves a hub dataset."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

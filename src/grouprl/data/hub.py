@@ -65,8 +65,8 @@ def how_to_fetch(name: str, config: str | None) -> str:
     """The two ways to bring hub dataset ``name`` onto a machine that cannot reach the hub."""
     folder = "data/" + name.rsplit("/", 1)[-1]
     args = f"{name!r}" + (f", {config!r}" if config else "")
-    return (f"on a machine that reaches the hub, either `huggingface-cli download --repo-type dataset {name} "
-            f"--local-dir {folder}` and copy the folder here, then set dataset: {folder} (the hub's layout: "
+    return (f"on a machine that reaches the hub, either `hf download {name} --repo-type dataset --local-dir {folder}` "
+            f"(huggingface_hub's command line) and copy the folder here, then set dataset: {folder} (the hub's layout: "
             f"dataset_config and the splits work as they do with the id), or `python -c \"import datasets; "
             f"datasets.load_dataset({args}).save_to_disk('{folder}')\"` and set dataset: {folder} with "
             "dataset_config empty. A dataset already in the local cache loads with HF_HUB_OFFLINE=1")
@@ -91,6 +91,6 @@ def load_hub(source: str, config: str | None, split: str | None) -> Any:
                             f"here ({type(e).__name__}). To use it: {how_to_fetch(source, config)}.") from e
         if not folder and isinstance(e, datasets.exceptions.DatasetNotFoundError):
             raise DataError(f"{what} is neither a file, a folder nor a dataset on the Hugging Face hub ({e}); a "
-                            "gated or private dataset needs `huggingface-cli login` first") from e
+                            "gated or private dataset needs `hf auth login` first") from e
         split_note = f", split {split!r}" if split else ""
         raise DataError(f"{what}{split_note} could not be loaded: {e}") from e
