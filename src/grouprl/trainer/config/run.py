@@ -28,24 +28,20 @@ class RunKeys:
     keep_checkpoints: int = 2
     """Keep only the newest this many checkpoints."""
     save_on_signal: bool = True
-    """On SIGTERM (how a scheduler preempts a job) or Ctrl-C, finish the step in progress and save a
-    checkpoint of it before exiting, if the step and the save end within 25 s of the signal (Slurm and
-    Kubernetes send SIGKILL 30 s after SIGTERM by default); a second signal, or the 25 s running out,
-    stops at once, keeping the checkpoints already written. Off: stop after the step without saving.
-    Either way the exit says "interrupted" with status 128 + the signal's number (143 for SIGTERM)."""
+    """On SIGTERM (a scheduler's preemption) or Ctrl-C, finish the step and save a checkpoint of it if that ends
+    within 25 s (Slurm and Kubernetes kill 30 s after SIGTERM); a second signal stops at once. Off: stop after the
+    step without saving. The exit status is 128 + the signal's number."""
     resume_from: str | None = None
-    """Resume from a checkpoint folder, or 'latest' (the newest in output_dir/checkpoints)."""
+    """Resume from a checkpoint folder, or latest (the newest in output_dir/checkpoints)."""
     loggers: tuple[str, ...] = ()
-    """Where metrics go besides the run folder's metrics.jsonl (always written): tensorboard (event
-    files in the run folder's tensorboard/), trackio (Hugging Face's local-first tracker, into its local
-    store; trackio show), wandb (Weights & Biases, into the run folder's wandb/; WANDB_MODE=offline
-    needs no network). E.g. --loggers trackio,wandb. Each is an extra, pip install 'grouprl[wandb]';
-    an unknown name or a missing package is refused before the model loads. See docs/logging.md."""
+    """Trackers besides metrics.jsonl (always written): tensorboard, trackio, wandb. trackio is Hugging Face's
+    local-first tracker; wandb writes into the run folder's wandb/ (WANDB_MODE=offline needs no network). Each is an
+    extra (pip install 'grouprl[wandb]'); a missing one is refused before the model loads. docs/logging.md."""
     tensorboard: bool = True
-    """Also write TensorBoard event files when the tensorboard package is installed (skipped without
-    a word when it is not; loggers: [tensorboard] refuses to start without it). false: never."""
+    """Also write TensorBoard event files where the tensorboard package is installed (silently skipped where not;
+    loggers: [tensorboard] requires it). false: never."""
     progress: bool = True
-    """Show each step on the console: a live bar with reward, KL and tokens/s on a terminal, one plain
-    line per step (with seconds per step) when the output is not a terminal (a file, a pipe)."""
+    """Show each step on the console: a live bar (reward, KL, throughput) on a terminal, one line per step otherwise
+    (a file, a pipe)."""
     num_threads: int = 0
     """torch intra-op threads (0 = leave PyTorch's choice)."""

@@ -35,9 +35,8 @@ class SamplingKeys:
     use_chat_template: bool = True
     """Render plain-text prompts as a user message through the tokenizer's chat template."""
     group_by: str | None = None
-    """Form groups from rows that share this dataset column's value (several phrasings of one task,
-    say) instead of one group per prompt; groups may then differ in size. Empty = each prompt's G
-    completions (or each reset's G trajectories) form a group."""
+    """Group the rows that share this dataset column's value (several phrasings of one task, say) instead of each
+    prompt's G completions; groups may then differ in size."""
     # --- agents: multi-turn environments and tools (max_new_tokens is then per turn) -----------
     max_turns: int = 8
     """Most policy turns per trajectory; a trajectory cut here is flagged truncated."""
@@ -47,10 +46,9 @@ class SamplingKeys:
     max_tool_calls: int = 4
     """Most tool calls per trajectory; later calls go to the environment as plain answers."""
     tool_parser: str = "hermes"
-    """How tool calls are read from an assistant turn: hermes (<tool_call>{"name", "arguments"}
-    </tool_call>, as Qwen and SmolLM2's templates write them), a name registered in
-    grouprl.envs.tools.TOOL_PARSERS, or the import path (file.py:function, module:function) of a
-    function (assistant text) -> list[grouprl.envs.tools.ToolCall], empty when the turn calls no tool."""
+    """How tool calls are read from an assistant turn: hermes (<tool_call>{"name", "arguments"} </tool_call>, as
+    Qwen's and SmolLM2's templates write them), a name in grouprl.envs.tools.TOOL_PARSERS, or the import path of a
+    function (text) -> list[ToolCall]."""
     tool_timeout_s: float = 10.0
     """Seconds one tool call may take before its result is an error message to the model."""
     gigpo_step_weight: float = 1.0
