@@ -50,7 +50,7 @@ def tiny_run_args(tmp_path: Path, *extra: str) -> list[str]:
 
 
 def test_help_comes_from_the_field_docstrings(capsys):
-    code, out, _ = run_main(capsys, "train", "--help")
+    code, out, _ = run_main(capsys, "train", "--help", "all")
     assert code == 0
     assert "--group_size" in out and "completions per prompt" in out  # a trainer field, inherited
     assert "--reward_functions" in out and "module:function" in out  # a run-level field

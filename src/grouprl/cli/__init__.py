@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from grouprl.cli.help import add_section_help
 from grouprl.cli.phases import announce, resolved_line
 from grouprl.config import (
     ConfigError,
@@ -35,8 +36,7 @@ from grouprl.errors import DistributedError, Interrupted, ModelLoadError, NonFin
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 VALUES = ("Values: a list is one argument, a,b,c or YAML's '[a, b]' (quoted), never space-separated; a mapping is "
-          "YAML, '{digits: 2}'; a flag is --key, --no-key or --key false; none (or '') empties an optional key. "
-          "Options are grouped by section below, the ones to set first at the top of each.")
+          "YAML, '{digits: 2}'; a flag is --key, --no-key or --key false; none (or '') empties an optional key.")
 """How values are written on the command line, said once in the help of each command that takes config keys."""
 EXAMPLE = ("example (a random tiny model, one step; --dataset prompts.jsonl instead of --task for your own "
            "prompts): grouprl train --model tiny --task countdown --reward_functions exact_match,format "
@@ -84,16 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
     _common(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def add(name: str, help_text: str, description: str, usage: str, epilog: str | None = None
-            ) -> argparse.ArgumentParser:
+    def add(name: str, help_text: str, description: str, usage: str, epilog: str | None = None,
+            sectioned: bool = False) -> argparse.ArgumentParser:
         # allow_abbrev=False: --group must not silently mean --group_size. The usage line is given:
-        # argparse would list all 70 options in it.
-        return sub.add_parser(name, help=help_text, description=description, formatter_class=_Formatter,
-                              allow_abbrev=False, usage=f"grouprl {name} {usage}", epilog=epilog)
+        # argparse would list all 70 options in it. sectioned: --help is one screen, --help SECTION or all the rest
+        command = sub.add_parser(name, help=help_text, description=description, formatter_class=_Formatter,
+                                 allow_abbrev=False, usage=f"grouprl {name} {usage}", epilog=epilog,
+                                 add_help=not sectioned)
+        if sectioned:
+            add_section_help(command)
+        return command
 
     train = add("train", "train a policy with GRPO", "Train a policy with GRPO: a run folder with the resolved "
                 "config, metrics, completions, checkpoints and report/report.html. " + VALUES,
-                "[--config YAML] [--key value ...]", epilog=EXAMPLE)
+                "[--config YAML] [--key value ...]", epilog=EXAMPLE, sectioned=True)
     _with_config(train, "train")
     groups = add_dataclass_arguments(train, TrainConfig, sections=SECTIONS, notes=SECTION_NOTES)
     groups[RUN_FOLDER].add_argument("--overwrite", action="store_true", help="replace an earlier run in output_dir "
@@ -105,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = add("demo", "the default model learns one-digit arithmetic on a CPU, in minutes",
                "SmolLM2-135M-Instruct learns one-digit arithmetic with GRPO; held-out accuracy is measured "
                "before and after, and the last line reads 'accuracy before=... after=...'. Any train option "
-               "overrides the demo's settings. " + VALUES, "[--quick] [--key value ...]")
+               "overrides the demo's settings. " + VALUES, "[--quick] [--key value ...]",
+               sectioned=True)
     _with_config(demo, "train")
     kind = demo.add_mutually_exclusive_group()
     kind.add_argument("--quick", action="store_true", help="a tiny random model on a trivial task, in under a minute")

@@ -211,8 +211,9 @@ class _CollectOverride(argparse.Action):
     """Record ``--key=value`` text in order; conversion and errors are left to parse_overrides,
     so argparse and YAML share one set of rules and messages."""
 
-    def __init__(self, option_strings: list[str], dest: str, key: str, **kwargs: Any):
+    def __init__(self, option_strings: list[str], dest: str, key: str, field: FieldInfo | None = None, **kwargs: Any):
         self.key = key
+        self.field = field  # the key's row, for the sectioned --help (grouprl.cli.help)
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
@@ -276,13 +277,13 @@ def _add_option(group: Any, row: FieldInfo, dest: str, keys: Collection[str] | N
         names = names[1:]  # only the alias is shown; the key itself still works as a leftover
     if _is_bool(row.annotation):
         group.add_argument(*names, nargs="?", const="true", metavar="BOOL", action=_CollectOverride,
-                           dest=dest, key=row.key, help=help_text)
+                           dest=dest, key=row.key, field=row, help=help_text)
         group.add_argument(f"--no-{row.key}", nargs=0, const="false", action=_CollectOverride,
                            dest=dest, key=row.key, help=argparse.SUPPRESS)
     else:
         metavar = row.type.replace(" ", "")
         group.add_argument(*names, metavar=metavar, action=_CollectOverride, dest=dest,
-                           key=row.key, help=help_text)
+                           key=row.key, field=row, help=help_text)
 
 
 def load_config(cls: type, path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Any:

@@ -66,7 +66,8 @@ SECTIONS: dict[str, str] = {
     "rollout_is": PRECISION, "rollout_is_cap": PRECISION, "icepop_low": PRECISION, "icepop_high": PRECISION,
     "sequence_mask_low": PRECISION, "sequence_mask_high": PRECISION, "logprob_chunk_size": PRECISION,
     "vllm_gpu_memory_utilization": PRECISION, "vllm_sleep": PRECISION, "vllm_compile": PRECISION,
-    "vllm_kv_cache_gib": PRECISION, "rollout_servers": PRECISION, "rollout_server_timeout": PRECISION,
+    "vllm_kv_cache_gib": PRECISION, "rollout_servers": PRECISION, "rollout_server_token": PRECISION,
+    "rollout_server_timeout": PRECISION,
     "rollout_server_restarts": PRECISION,
     "rollout_weights_dir": PRECISION, "rollout_weights_transport": PRECISION, "max_staleness": PRECISION,
     "num_threads": PRECISION, "allocator": PRECISION,
@@ -79,6 +80,10 @@ SECTIONS: dict[str, str] = {
 }
 """Field name -> its ``--help`` section, in help order (see the module docstring)."""
 
+USUAL_KEYS: tuple[str, ...] = ("model", "task", "dataset", "reward_functions", "total_steps", "prompts_per_step",
+                               "group_size", "max_new_tokens", "lr", "output_dir", "loggers", "resume_from")
+"""The keys of a usual run, which the first screen of ``grouprl train --help`` shows one line each."""
+
 SECTION_NOTES: dict[str, str] = {
     POLICY_LOSSES: "Each read only with the policy_loss its name starts with.",
     PPO: "Read only with --algo ppo; refused under another algorithm.",
@@ -87,6 +92,16 @@ SECTION_NOTES: dict[str, str] = {
     DISTRIBUTION: "train --nproc N or torchrun; unused in one process on a CPU.",
 }
 """A line under some section titles."""
+
+
+def short_name(title: str) -> str:
+    """A section's name on the command line (``grouprl train --help sampling``): its title's first word, in
+    lower case; a test holds them distinct.
+
+    >>> short_name(RUN_FOLDER)
+    'run'
+    """
+    return title.split()[0].lower()
 
 
 def section_order(names: list[str], sections: dict[str, str] = SECTIONS) -> list[tuple[str, list[str]]]:
