@@ -70,8 +70,6 @@ class ServerSampler(Handover):
             process 0 restarts ``restarts`` times each.
         down: servers known not to have come up (host:port -> why), dropped at once.
         token: the servers' bearer token (None: ``GROUPRL_SERVER_TOKEN``, if set).
-        resuming: this run restarts from a checkpoint: its first push says so (``resume``), and servers that hold
-            a later version of the run before it take the checkpoint's weights.
     """
 
     uses_live_model = False
@@ -80,7 +78,7 @@ class ServerSampler(Handover):
     def __init__(self, model: nn.Module, tokenizer: Any, servers: Sequence[str], *, timeout: float = 300.0,
                  weights_dir: str | None = None, local: Any = None, transport: str = "files", restarts: int = 0,
                  skeleton: Any = None, started_elsewhere: bool = False, down: dict[str, str] | None = None,
-                 token: str | None = None, resuming: bool = False):
+                 token: str | None = None):
         self.ranks = Ranks.current()  # several trainer processes: process 0 alone pushes (serve/ranks.py)
         self.model, self.tokenizer, self.local, self.weights_dir = model, tokenizer, local, weights_dir
         self.lora = hasattr(model, "peft_config")
@@ -102,7 +100,6 @@ class ServerSampler(Handover):
             self._check_servers()
             if self.ranks is None or self.ranks.is_main:  # how weights travel (transport.py)
                 self.sender = TRANSPORTS.get(transport).sender(self, timeout)
-                self.sender.resume = resuming
                 self._watch_returns(restarts)
             elif started_elsewhere and restarts > 0 and self.transport.backend is None:
                 self._follow_returns()

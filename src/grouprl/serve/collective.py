@@ -199,8 +199,9 @@ class CollectiveWeights:
         self.client: ServersClient | None = None
         self.sending: StagedWeights | LiveWeights | StreamedWeights = StagedWeights([])
         self.version = 0
-        self.resume = False
-        """The next push is the first of a run resumed from a checkpoint (set by the sampler)."""
+        self.resume = True
+        """The next push is this trainer's first: it (re)starts a run (as
+        :attr:`~grouprl.serve.transport.FileWeights.resume`)."""
         self._join()
 
     def _join(self) -> None:

@@ -74,7 +74,7 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
                                 weights_dir=c.rollout_weights_dir, local=local, transport=transport,
                                 restarts=c.rollout_server_restarts, skeleton=_skeleton(folder),
                                 started_elsewhere=local is None and isinstance(c.rollout_servers, int),
-                                down=down, token=token or "", resuming=bool(c.resume_from))
+                                down=down, token=token or "")
     except Exception as e:  # noqa: BLE001 - raised below (in every process, with several)
         error = e
     finally:

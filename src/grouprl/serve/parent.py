@@ -4,9 +4,9 @@ The run starts each server with ``PR_SET_PDEATHSIG`` (:mod:`grouprl.serve.local`
 when the run's process dies. That alone is not enough: a SIGTERM to a server whose engine is dead can leave
 vLLM's shutdown waiting on it forever, and a run that dies between the fork and the ``prctl`` sends nothing.
 So a server told its run's process id (``GROUPRL_PARENT_PID``) also watches it from a thread: once its parent is
-no longer that process, it says so on stderr, asks itself to stop (SIGTERM, vLLM's orderly shutdown) and, if it
-still runs :data:`STOP_GRACE_S` later, kills what is left of its process group (vLLM's engine processes, not the
-resource tracker that frees their shared memory: :func:`grouprl.serve.local.kill_group`) and exits with status 1.
+no longer that process, it says so on stderr, kills the rest of its process group (vLLM's engine processes, but
+not the resource tracker that frees their shared memory once they are gone: see :mod:`grouprl.serve.local`) and
+exits with status 1 at once. An orderly shutdown has nobody to serve: the run that would use the server is gone.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import time
 
 PARENT_ENV = "GROUPRL_PARENT_PID"
 POLL_S = 0.5
-STOP_GRACE_S = 5.0
 
 
 def parent_gone(expected: int) -> bool:
@@ -28,15 +27,11 @@ def parent_gone(expected: int) -> bool:
     return os.getppid() != expected
 
 
-def _end(expected: int, grace_s: float) -> None:
+def _end(expected: int) -> None:
     from grouprl.serve.local import group_members, is_resource_tracker
 
-    print(f"grouprl serve: the run that started this server (process {expected}) is gone; stopping", file=sys.stderr,
-          flush=True)
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(grace_s)
-    print("grouprl serve: still running after its run ended; killing its engine processes", file=sys.stderr,
-          flush=True)
+    print(f"grouprl serve: the run that started this server (process {expected}) is gone; stopping it and its "
+          "engine processes", file=sys.stderr, flush=True)
     me = os.getpid()
     if os.getpgid(0) == me:  # a group of its own (a run starts it so): only its own processes are in it
         for pid, state in group_members(me):
@@ -46,8 +41,7 @@ def _end(expected: int, grace_s: float) -> None:
     os._exit(1)
 
 
-def watch_parent(expected: int | None = None, poll_s: float = POLL_S, grace_s: float = STOP_GRACE_S
-                 ) -> threading.Thread | None:
+def watch_parent(expected: int | None = None, poll_s: float = POLL_S) -> threading.Thread | None:
     """Watch for the end of process ``expected`` (None: ``GROUPRL_PARENT_PID``, and nothing is watched where it is
     not set) from a daemon thread; see the module docstring. An expected parent already gone ends the server
     at once."""
@@ -60,7 +54,7 @@ def watch_parent(expected: int | None = None, poll_s: float = POLL_S, grace_s: f
     def watch() -> None:
         while not parent_gone(expected):
             time.sleep(poll_s)
-        _end(expected, grace_s)
+        _end(expected)
 
     thread = threading.Thread(target=watch, name="grouprl-parent-watch", daemon=True)
     thread.start()

@@ -135,7 +135,8 @@ def _forward_only(state: ServerState, version: int, resume: bool, adapter: bool)
     first adapter may carry its base weights' version; each later one must be newer than the last."""
     first_adapter = adapter and state.adapter_version is None
     held = state.adapter_version if adapter and not first_adapter else state.version
-    refusal = version_refusal(held, version, resume, "adapter" if adapter else "weights", equal_ok=first_adapter)
+    what = "adapter" if adapter and not first_adapter else "weights"
+    refusal = version_refusal(held, version, resume, what, equal_ok=first_adapter)
     if refusal:
         raise HTTPException(HTTPStatus.CONFLICT, f"this server ({state.address}): {refusal}")
     if resume and held is not None and version <= held:

@@ -151,8 +151,10 @@ async def _serve(argv: list[str], state: ServerState, options: ServeOptions) -> 
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
         app.include_router(router)
-        app.add_middleware(Guard, token=options.token, state=state, max_rows=max(options.max_rows, 1),
-                           max_body_bytes=int(options.max_body_mib * 2**20))
+        # outermost, around the stack vLLM's app has already built (so add_middleware is closed)
+        app.middleware_stack = Guard(app.middleware_stack or app.build_middleware_stack(), token=options.token,
+                                     state=state, max_rows=max(options.max_rows, 1),
+                                     max_body_bytes=int(options.max_body_mib * 2**20))
         app.state.grouprl = state
         await init_app_state(engine, app.state, args, tasks)
         state.address = listen_address

@@ -202,8 +202,9 @@ class FileWeights:
         self.staged: dict[bool, Path] = {}  # adapter? -> a folder written and not yet loaded by the servers
         self.loaded: dict[bool, tuple[Path, int]] = {}  # adapter? -> (folder, version) every server loaded last
         self.base_written, self.version = False, 0
-        self.resume = False
-        """The next push is the first of a run resumed from a checkpoint (set by the sampler): it says so."""
+        self.resume = True
+        """The next push is this trainer's first: it says the trainer (re)starts a run (``resume``), so a server
+        that served an earlier run, or this one before a resume, takes the version it starts from."""
 
     def write(self, model: Any, read: Reading, version: int, dtype: torch.dtype) -> None:
         """``model``'s weights ``read`` (in the servers' number format: the entries :attr:`Transport.keep` asked
