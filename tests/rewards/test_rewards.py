@@ -234,7 +234,8 @@ def test_reward_names():
     ("10-3=7", "7"),
     ("It drops to -5", "-5"),
     ("<answer>x = 3</answer> and later 9", "x = 3"),
-    ("<ANSWER>1</ANSWER><answer>2</answer>", "2"),
+    ("<ANSWER>2</ANSWER><answer>2.0</answer>", "2.0"),
+    ("<ANSWER>1</ANSWER><answer>2</answer>", None),
     ("\\boxed{12} and 13", "12"),
     ("nothing here", None),
 ])
@@ -268,8 +269,9 @@ def test_format_length_overlong_repetition():
 
 def test_make_reward_by_name():
     assert make_reward("exact_match") is exact_match
+    assert make_reward("accuracy") is make_reward("math_equivalence") is math_equivalence
     assert make_reward("overlong_penalty", max_length=8, cache_length=2)(None, [""], completion_ids=[[0] * 7]) == [-0.5]
-    with pytest.raises(UnknownNameError, match="valid names: code_execution, exact_match"):
+    with pytest.raises(UnknownNameError, match="valid names: accuracy, code_execution, exact_match"):
         make_reward("exact")
     with pytest.raises(TypeError, match="bad options"):
         make_reward("length_target", goal=3)

@@ -8,122 +8,71 @@ a config. Lengths are counted in generated tokens: ``len(completion_ids[i])``.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
-from fractions import Fraction
 from typing import Any
 
 from grouprl.registry import Registry
+from grouprl.rewards.answers import answer_is_correct, completion_answer, gold_answer, same_answer
 
 RewardList = list[float | None]
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-# A number: optional sign (not when the '-' is a binary minus right after a digit or a bracket),
-# thousands separators only in groups of three, optional decimals or a simple fraction.
-NUMBER = re.compile(r"(?:(?<![\w)\]])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+|/\d+)?")
 THINK_ANSWER_FORMAT = r"<think>.*?</think>\s*<answer>.*?</answer>"
 
 
-def _last_boxed(text: str) -> str | None:
-    r"""Content of the last ``\boxed{...}``, braces matched (``\boxed{\frac{1}{2}}`` works)."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 0, start + len("\\boxed")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1:j]
-    return None
-
-
 def extract_answer(text: str) -> str | None:
-    r"""The final answer a completion gives: the last ``<answer>...</answer>``, else the last
-    ``\boxed{...}``, else the last number; None if there is none of these.
+    r"""The final answer a completion gives (:func:`grouprl.rewards.answers.completion_answer`):
+    answer tags, else ``\boxed{}``, else ``#### N``, else "the answer is N", else the last number;
+    None if there is none or the completion offers several different ones.
 
     >>> extract_answer("3 + 4 = 7, so the answer is 7.")
     '7'
-    >>> extract_answer("<answer> 12 </answer> then rambling 99")
-    '12'
+    >>> extract_answer("<answer> 12 </answer> then rambling 99"), extract_answer("<answer>12 or 15</answer>")
+    ('12', None)
     >>> extract_answer(r"so $\boxed{\frac{1}{2}}$") , extract_answer("no digits")
     ('\\frac{1}{2}', None)
     """
-    tags = ANSWER_TAG.findall(text)
-    if tags:
-        return tags[-1].strip()
-    boxed = _last_boxed(text)
-    if boxed is not None:
-        return boxed.strip()
-    numbers = NUMBER.findall(text)
-    return numbers[-1] if numbers else None
-
-
-def parse_number(text: str) -> Fraction | None:
-    """``text`` as an exact number if it is one ("1,024", "-3.50", "7/2", "$12."), else None.
-
-    >>> parse_number("1,024"), parse_number("-3.50"), parse_number("seven")
-    (Fraction(1024, 1), Fraction(-7, 2), None)
-    """
-    cleaned = text.strip().strip("$").rstrip(".").replace(",", "").strip()
-    try:
-        return Fraction(cleaned)
-    except (ValueError, ZeroDivisionError):
-        return None
+    return completion_answer(text)
 
 
 def answers_match(extracted: str | None, gold: Any) -> bool:
-    """Whether an extracted answer equals the gold one: numerically when the gold answer is a
-    number (the last number inside the extracted text counts, so "<answer>x = 5</answer>" matches
-    5), else as case- and whitespace-insensitive text.
+    r"""Whether an extracted answer equals a gold value (any format of
+    :func:`~grouprl.rewards.answers.gold_answer`): exact numbers after normalisation ("x = 5",
+    "$5.00" and "5 apples" are 5), else case- and whitespace-insensitive text; no symbolic algebra.
 
     >>> answers_match("x = 5", 5), answers_match("5.0", "5"), answers_match(" Paris ", "paris")
     (True, True, True)
+    >>> answers_match("72", "She has 72 now.\n#### 72"), answers_match("1/2", "0.5")
+    (True, True)
     """
-    if extracted is None:
-        return False
-    gold_number = parse_number(str(gold))
-    if gold_number is not None:
-        numbers = NUMBER.findall(extracted)
-        return bool(numbers) and parse_number(numbers[-1]) == gold_number
-    return " ".join(extracted.split()).casefold() == " ".join(str(gold).split()).casefold()
+    return same_answer(extracted, gold_answer(gold), symbolic=False)
 
 
 def exact_match(prompts: list[Any], completions: list[str], *, answer: list[Any]) -> RewardList:
-    """1.0 where the completion's final answer (:func:`extract_answer`) equals the ``answer``
-    column (:func:`answers_match`), else 0.0; None where the row has no answer.
+    r"""1.0 where the completion's final answer (:func:`extract_answer`) equals the ``answer``
+    column (:func:`answers_match`: numbers exactly, text ignoring case and spaces; GSM8K's
+    ``#### N`` and MATH's ``\boxed{}`` golds are read), else 0.0; None where the row has no answer.
 
-    >>> exact_match(["2+2?"] * 3, ["It is 4.", "<answer>5</answer>", "four"], answer=[4, 4, None])
-    [1.0, 0.0, None]
+    >>> exact_match(["2+2?"] * 4, ["It is 4.", "<answer>5</answer>", "four", "#### 4"],
+    ...             answer=[4, 4, None, "2+2\n#### 4"])
+    [1.0, 0.0, None, 1.0]
     """
     return [None if gold is None else float(answers_match(extract_answer(c), gold))
             for c, gold in zip(completions, answer)]
 
 
 def math_equivalence(prompts: list[Any], completions: list[str], *, answer: list[Any]) -> RewardList:
-    r"""1.0 where ``math-verify`` finds the completion's answer mathematically equal to the
-    ``answer`` column (LaTeX, fractions, sets, intervals ...), else 0.0; None where there is no answer.
+    r"""1.0 where the completion's final answer equals the ``answer`` column's gold answer
+    (:func:`~grouprl.rewards.answers.answer_is_correct`: normalised numbers, then math-verify's
+    symbolic equivalence for LaTeX, fractions, sets, intervals ...), else 0.0; None where there is no
+    answer. Also registered as ``accuracy``, TRL's name for it. See docs/answers.md.
 
-    math-verify's own timeouts use SIGALRM, which works only in the main thread; elsewhere they
-    are switched off.
-
-    >>> math_equivalence(["?"] * 3, [r"$\boxed{\frac{1}{2}}$", r"$\boxed{0.5}$", r"$\boxed{\{1,2\}}$"],
-    ...                  answer=["1/2", r"$\frac{2}{4}$", r"$\{2,1\}$"])
-    [1.0, 1.0, 1.0]
+    >>> math_equivalence(["?"] * 4,
+    ...                  [r"$\boxed{\frac{1}{2}}$", r"$\boxed{0.5}$", r"$\boxed{\{1,2\}}$", "<answer>72</answer>"],
+    ...                  answer=["1/2", r"$\frac{2}{4}$", r"$\{2,1\}$", "48 + 24 = 72\n#### 72"])
+    [1.0, 1.0, 1.0, 1.0]
     """
-    from math_verify import parse, verify
-
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    scores: RewardList = []
-    for completion, gold in zip(completions, answer):
-        if gold is None:
-            scores.append(None)
-            continue
-        gold_text = str(gold)
-        gold_parsed = parse(gold_text, parsing_timeout=timeout) or parse(f"${gold_text}$", parsing_timeout=timeout)
-        pred = parse(completion, parsing_timeout=timeout)
-        ok = bool(gold_parsed and pred) and verify(gold_parsed, pred, timeout_seconds=timeout)
-        scores.append(float(ok))
-    return scores
+    return [None if gold is None else float(answer_is_correct(c, gold)) for c, gold in zip(completions, answer)]
 
 
 def format_reward(pattern: str = THINK_ANSWER_FORMAT, name: str = "format") -> Callable[..., RewardList]:
@@ -219,6 +168,7 @@ REWARDS: Registry[Callable[..., Callable[..., RewardList]]] = Registry("reward f
 """name -> factory(**options) -> reward function."""
 REWARDS.register("exact_match", lambda: exact_match)
 REWARDS.register("math_equivalence", lambda: math_equivalence)
+REWARDS.register("accuracy", lambda: math_equivalence)
 REWARDS.register("format", format_reward)
 REWARDS.register("length_target", length_target)
 REWARDS.register("overlong_penalty", overlong_penalty)
