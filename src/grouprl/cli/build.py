@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from grouprl.config import DEFAULT_TASK_EVAL_SIZE, DEFAULT_TASK_TRAIN_SIZE, TINY_MODEL, TrainConfig
+from grouprl.data.loading import ANSWER
 from grouprl.errors import ConfigError, ModelLoadError
 from grouprl.registry import import_object
 from grouprl.trainer.inputs import RunInputs
@@ -40,14 +41,22 @@ def load_rows(config: TrainConfig) -> tuple[list[Row], list[Row], Any, dict[int,
         train = task.rows("train", config.train_size or DEFAULT_TASK_TRAIN_SIZE, config.seed)
         n_eval = DEFAULT_TASK_EVAL_SIZE if config.eval_size is None else config.eval_size
         return train, task.rows("eval", n_eval, config.seed), task, {}
-    from grouprl.data import load_prompts, row_places, train_eval_split
+    from grouprl.data import config_problem, load_prompts, row_places, train_eval_split
 
-    rows = load_prompts(config.dataset, config.prompt_column, split=config.dataset_split)
-    places = dict(zip(map(id, rows), row_places(config.dataset, len(rows)), strict=True))
-    if config.eval_dataset:
-        held = load_prompts(config.eval_dataset, config.prompt_column, split=config.dataset_split)
+    def read(source: str, split: str | None) -> list[Row]:
+        # dataset_config names a config of dataset; a separate eval_dataset takes it only if it has configs too
+        name = config.dataset_config if config_problem(source, config.dataset_config) is None else None
+        rows = load_prompts(source, config.prompt_column, split=split, config=name, answer_column=config.answer_column)
+        places.update(zip(map(id, rows), row_places(source, len(rows), split), strict=True))
+        return rows
+
+    places: dict[int, str] = {}
+    rows = read(config.dataset, config.dataset_split)
+    if config.eval_dataset or config.eval_split:
         train = rows
-        places.update(zip(map(id, held), row_places(config.eval_dataset, len(held)), strict=True))
+        held = [] if config.eval_size == 0 else read(config.eval_dataset or config.dataset,
+                                                     config.eval_split or config.dataset_split)
+        held = held[: config.eval_size] if config.eval_size else held
     elif config.eval_size == 0 or (config.eval_size is None and config.eval_fraction == 0):
         train, held = rows, []
     elif config.eval_size is not None:
@@ -92,11 +101,40 @@ def load_reward_fns(config: TrainConfig, task: Any) -> tuple[list[Callable[..., 
 
 
 def answer_checker(completion: str, row: Row) -> bool:
-    """Exact match of the completion's final answer against the row's ``answer`` column."""
-    from grouprl.rewards.builtin import answers_match, extract_answer
+    """Whether the completion's final answer equals the row's gold ``answer`` (the dataset's answer_column),
+    as numbers or as math: a GSM8K ``#### 72`` or a MATH solution's last ``\\boxed{}`` is the gold
+    (:func:`grouprl.rewards.answers.answer_is_correct`)."""
+    from grouprl.rewards.answers import answer_is_correct
 
-    gold = row.get("answer")
-    return gold is not None and answers_match(extract_answer(completion), gold)
+    gold = row.get(ANSWER)
+    return gold is not None and answer_is_correct(completion, gold)
+
+
+MATH_REWARDS = frozenset({"math_equivalence", "accuracy", "exact_match"})
+"""Built-in rewards that compare a final answer with the gold answer column."""
+
+
+def check_gold_answers(config: TrainConfig, rows: list[Row], places: dict[int, str], checked: bool) -> None:
+    """Warn when some gold answers of ``rows`` do not parse as an answer (those rows can never score), and
+    fail when none does (the wrong column, most likely), naming a row; only where they are compared as
+    answers: a math reward function is listed, or ``checked`` (the default accuracy checker reads them)."""
+    if not rows or ANSWER not in rows[0] or not (checked or MATH_REWARDS & set(config.reward_functions)):
+        return
+    from grouprl.data import DataError
+    from grouprl.rewards.answers import check_golds
+
+    values = [row.get(ANSWER) for row in rows]
+    bad, example = check_golds(values)
+    if not bad:
+        return
+    at = next((i for i, v in enumerate(values) if repr(v)[:len(example or "")] == example), None)  # check_golds: a repr
+    where = "" if at is None else f" at {places.get(id(rows[at]), f'row {at}')}"
+    message = (f"{bad} of {len(values)} gold answers in answer_column {config.answer_column!r} of {config.dataset} "
+               f"give no answer to compare with (e.g.{where}: {example})")
+    if bad == len(values):
+        raise DataError(f"{message}: none does, so no completion could ever be scored right; is answer_column the "
+                        "column of gold answers (a number, GSM8K's '... #### 72', a MATH solution with \\boxed{})?")
+    warnings.warn(f"{message}: completions for those rows always score 0", stacklevel=2)
 
 
 def load_checker(config: TrainConfig, task: Any, eval_rows: list[Row]) -> Callable[[str, Row], bool] | None:
@@ -107,13 +145,16 @@ def load_checker(config: TrainConfig, task: Any, eval_rows: list[Row]) -> Callab
         return fn
     if task is not None:
         return task.is_correct
-    return answer_checker if eval_rows and "answer" in eval_rows[0] else None
+    return answer_checker if eval_rows and ANSWER in eval_rows[0] else None
 
 
 def build_inputs(config: TrainConfig) -> RunInputs:
     """Prompts (or resets), rewards, checker, environment and tools for ``config``, checked (a reward
     function that needs a column the data lacks fails here) before any model is loaded."""
     train, held, task, places = load_rows(config)
+    checker = None if config.env else load_checker(config, task, held)
+    if task is None and config.dataset:
+        check_gold_answers(config, [*train, *held], places, checked=checker is answer_checker)
     fns, weights = load_reward_fns(config, task)
     env, tools = None, []
     if config.env or config.tools:
@@ -132,7 +173,7 @@ def build_inputs(config: TrainConfig) -> RunInputs:
         judge = load_judge(config.judge, config.judge_options, load_model=lambda name: load_model(name, config.seed))
     return RunInputs(train_rows=train, eval_rows=held, reward_fns=fns, reward_weights=weights,
                      judge=judge, judge_weight=config.judge_weight,
-                     is_correct=None if env is not None else load_checker(config, task, held),
+                     is_correct=checker,
                      system_prompt=task.system_prompt if task is not None else None, env=env, tools=tools,
                      train_places=[places[id(r)] for r in train] if places else [],
                      eval_places=[places[id(r)] for r in held] if places else [])

@@ -122,7 +122,7 @@ def evaluate_command(config: TrainConfig, echo: Echo = print) -> dict[str, float
         raise ConfigError("eval_size is 0: there is nothing to evaluate; set eval_size (or eval_dataset)")
     inputs = build_inputs(config)
     if not inputs.eval_rows:
-        raise ConfigError("no held-out prompts: set eval_size, eval_fraction or eval_dataset")
+        raise ConfigError("no held-out prompts: set eval_size, eval_fraction, eval_dataset or eval_split")
     from grouprl.run.signals import interrupts
 
     with interrupts():  # SIGTERM like Ctrl-C; an environment's own KeyboardInterrupt is not taken for either
@@ -130,6 +130,7 @@ def evaluate_command(config: TrainConfig, echo: Echo = print) -> dict[str, float
         result = evaluate_model(config, inputs, policy, tokenizer)
     k = 1 if config.eval_temperature == 0 else config.eval_samples
     source = config.env or config.task or config.eval_dataset or config.dataset
+    source += f" ({config.eval_split})" if config.eval_split and not (config.env or config.task) else ""
     rows = [("model", config.model), ("prompts", f"{len(inputs.eval_rows)} held-out from {source}"),
             ("samples", f"{k} per prompt at temperature {config.eval_temperature}")]
     labels = {"eval/accuracy": "accuracy", "eval/success": "success", f"eval/pass@{k}": f"pass@{k}",

@@ -39,23 +39,37 @@ class TrainConfig(TrainerConfig):
     --task_options '{digits: 2}'. The task's class documents them (grouprl.tasks)."""
     dataset: str | None = None
     """Prompts from a file, folder or hub id instead of a task. Any of: a JSONL, JSON, CSV or parquet file, a
-    datasets folder (save_to_disk) or a Hugging Face dataset id in the local cache. Every column besides the prompt
-    reaches the reward functions as a keyword argument of the same name."""
+    datasets folder (save_to_disk), a folder in the Hugging Face hub's layout (hf download --repo-type dataset
+    --local-dir) or a hub dataset id such as openai/gsm8k (from the local cache, else downloaded where the hub can
+    be reached). Every column besides the prompt and the answer (answer_column) reaches the reward functions as a
+    keyword argument of the same name."""
+    dataset_config: str | None = None
+    """Config of a Hugging Face dataset (an id, or a folder in the hub's layout) that has several, e.g.
+    main for openai/gsm8k (empty = its only one); eval_dataset's too, when that is such a dataset."""
     dataset_split: str | None = None
     """Split of a dataset folder or id that holds several (empty = train)."""
+    eval_split: str | None = None
+    """Split that holds the held-out prompts, e.g. test: of eval_dataset, or of dataset itself when
+    eval_dataset is empty (empty = eval_dataset's dataset_split, or rows split off dataset)."""
     prompt_column: str = "prompt"
     """Dataset column holding the prompt: text, or chat messages [{role, content}, ...]."""
+    answer_column: str = "answer"
+    """Dataset column holding the gold answer (GSM8K's answer, MATH's solution). Renamed: reward
+    functions and the default accuracy checker get it as the keyword answer, never under its own name."""
     eval_dataset: str | None = None
-    """Held-out prompts from their own file (same formats as dataset); empty = split them off dataset."""
+    """Held-out prompts from their own file, folder or id (same formats as dataset); empty = split them
+    off dataset, or take eval_split of it."""
     train_size: int | None = None
     """Task: problems generated for training (empty = 1000; reshuffled every pass). Dataset: use
     only the first this many training rows (empty = all)."""
     eval_size: int | None = None
     """Held-out prompts evaluated before, during (eval_every) and after training. Task: problems
     from its separate eval stream (empty = 64). Dataset: rows held out at random (empty = use
-    eval_fraction). 0 = no evaluation."""
+    eval_fraction); with eval_dataset or eval_split, the first this many of theirs (empty = all).
+    0 = no evaluation."""
     eval_fraction: float = 0.1
-    """Dataset only, when eval_size and eval_dataset are empty: the share of rows held out (0 = none)."""
+    """Dataset only, when eval_size, eval_dataset and eval_split are empty: the share of rows held out
+    (0 = none)."""
     reward_functions: tuple[str, ...] = ()
     """Reward functions, summed with reward_weights. Built-in names, or import paths of your own (module:function,
     path/to/file.py:function); empty = the task's own."""
@@ -90,8 +104,10 @@ class TrainConfig(TrainerConfig):
     or python (a sandboxed code runner). At most max_tool_calls per trajectory."""
     accuracy_fn: str | None = None
     """Import path (module:function or file.py:function) of the held-out accuracy checker,
-    (completion, row) -> bool. Empty = the task's checker; with a dataset, exact match of the final
-    answer against an 'answer' column when there is one (else accuracy is not reported)."""
+    (completion, row) -> bool. Empty = the task's checker; with a dataset, the completion's final answer
+    against the answer column (answer_column) when there is one, equal as numbers or as math
+    (grouprl.rewards.answers: a GSM8K '#### 72' or a MATH solution's last \\boxed{} is the gold), else
+    accuracy is not reported."""
     allocator: str = "auto"
     """Memory allocator of the grouprl command's process: auto (tcmalloc, else jemalloc, where installed: apt-get
     install libtcmalloc-minimal4; else the C library's), system, tcmalloc, jemalloc or a library's path. The command
@@ -172,9 +188,11 @@ def _source_problems(c: TrainConfig) -> list[str]:
         from grouprl.data import missing_file
 
         missing = [f"{key}: {m}" for key in ("dataset", "eval_dataset") if (m := missing_file(getattr(c, key) or ""))]
-        return missing[:1]  # the file comes first: what else is wrong may depend on its columns
-    dataset_only = {"dataset_split": c.dataset_split, "eval_dataset": c.eval_dataset,
-                    "prompt_column": None if c.prompt_column == "prompt" else c.prompt_column}
+        return missing[:1] or _split_problems(c)  # the file comes first: what else is wrong may depend on its columns
+    dataset_only = {"dataset_config": c.dataset_config, "dataset_split": c.dataset_split, "eval_split": c.eval_split,
+                    "eval_dataset": c.eval_dataset,
+                    "prompt_column": None if c.prompt_column == "prompt" else c.prompt_column,
+                    "answer_column": None if c.answer_column == "answer" else c.answer_column}
     stray = [k for k, v in dataset_only.items() if v is not None]
     if stray:
         return [f"{', '.join(stray)} apply to a dataset, but no dataset is set"]
@@ -185,6 +203,27 @@ def _source_problems(c: TrainConfig) -> list[str]:
                 "env (an environment)"]
     TASKS.get(c.task)  # unknown names fail here with the closest valid ones
     c.build_task()  # bad task options fail here, naming the valid ones
+    return []
+
+
+def _split_problems(c: TrainConfig) -> list[str]:
+    """Configs, splits and columns of a dataset that can be told wrong without loading it."""
+    from grouprl.data.hub import config_problem, split_problem
+
+    problems = [config_problem(c.dataset, c.dataset_config),
+                split_problem(c.dataset, "dataset_split", c.dataset_split),
+                split_problem(c.eval_dataset or c.dataset, "eval_split", c.eval_split)]
+    if any(problems):
+        return [p for p in problems if p][:1]
+    if c.eval_split and not c.eval_dataset and c.eval_split == (c.dataset_split or "train"):
+        return [f"eval_split={c.eval_split!r} is the split trained on (dataset_split): the held-out accuracy would "
+                "be measured on training prompts; name another split (e.g. test), or leave eval_split empty to "
+                "hold out rows at random"]
+    if not c.answer_column:
+        return ["answer_column must name a column"]
+    if c.answer_column == c.prompt_column:
+        return [f"prompt_column and answer_column are both {c.prompt_column!r}: the prompt and the gold answer "
+                "need columns of their own"]
     return []
 
 

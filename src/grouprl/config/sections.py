@@ -28,7 +28,8 @@ SECTIONS: dict[str, str] = {
     # what to train, on what
     "model": MODEL_AND_DATA, "task": MODEL_AND_DATA, "dataset": MODEL_AND_DATA, "task_options": MODEL_AND_DATA,
     "prompt_column": MODEL_AND_DATA, "train_size": MODEL_AND_DATA, "eval_size": MODEL_AND_DATA,
-    "eval_dataset": MODEL_AND_DATA, "eval_fraction": MODEL_AND_DATA, "dataset_split": MODEL_AND_DATA,
+    "eval_dataset": MODEL_AND_DATA, "eval_fraction": MODEL_AND_DATA, "dataset_config": MODEL_AND_DATA,
+    "dataset_split": MODEL_AND_DATA, "eval_split": MODEL_AND_DATA, "answer_column": MODEL_AND_DATA,
     "system_prompt": MODEL_AND_DATA, "use_chat_template": MODEL_AND_DATA, "max_prompt_len": MODEL_AND_DATA,
     # for what reward
     "reward_functions": REWARDS, "reward_weights": REWARDS, "reward_options": REWARDS, "reward_model": REWARDS,
