@@ -106,7 +106,9 @@ def test_the_docs_give_a_reason_for_every_disagreement():
     trl_part, verl_part = text.split("## Against TRL", 1)[1].split("## Against verl", 1)
     assert [i for i in TRL if f"`{i}`" not in trl_part] == []
     assert [i for i in VERL_GSM8K if f"`{i}`" not in verl_part] == []
-    assert f"{len(CASES)} cases" in text
+    assert f"{len(CASES)} cases" in text and f"{len(TRL)} disagreements" in trl_part
+    assert f"{len(VERL_GSM8K)} disagreements" in verl_part
+    assert f"the {len([c for c in CASES if isinstance(c[2], str) and '####' in c[2]])} cases" in verl_part
 
 
 # ---- gold values ------------------------------------------------------------------------------

@@ -157,7 +157,7 @@ def same_answer(pred: str | None, gold: str | None, *, symbolic: bool = True) ->
 def answer_is_correct(completion: str, gold: Any) -> bool:
     r"""Whether ``completion`` gives the answer of a dataset's gold value (any format of
     :func:`gold_answer`): ``same_answer(completion_answer(completion), gold_answer(gold))``.
-    Made for held-out accuracy: ``accuracy_fn`` can name it.
+    Made for held-out accuracy, where a checker calls it with a row's gold-answer value.
 
     >>> answer_is_correct("<answer>72</answer>", "She sold 24 more.\n#### 72")
     True
