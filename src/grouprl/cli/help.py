@@ -3,8 +3,8 @@
 ``grouprl train --help`` is one screen: the keys of a usual run, one line each (the first sentence of the
 key's documentation), and the sections (:data:`grouprl.config.sections.SECTIONS`) with their first keys.
 ``--help SECTION`` (a section's short name, its title, or one of its keys) shows that section in full, and
-``--help all`` every section: each option on a line of its own with its type and default, its documentation
-under it at the terminal's width.
+``--help all`` every section: each option with its type and default, then its documentation, whose further
+lines hang under it, at the terminal's width.
 
 Options are read back from the parser, so a command's own options (``--nproc``, ``--overwrite``) are
 shown in their sections; a config key's option carries its :class:`~grouprl.config.FieldInfo`.
@@ -100,7 +100,7 @@ def full_help(parser: argparse.ArgumentParser, which: str) -> str:
     """``--help all`` (every section, with the command's description and example) or ``--help SECTION``
     (``which`` as :func:`find_section` reads it: that section alone)."""
     width, groups = _width(), _groups(parser)
-    if which == ALL:
+    if which.strip().lower() == ALL:
         lines = [parser.format_usage().rstrip(), "", *_wrapped(parser.description or "", width)]
         chosen = groups
     else:
@@ -109,7 +109,7 @@ def full_help(parser: argparse.ArgumentParser, which: str) -> str:
         chosen = [g for g in groups if g[0] == title]
     for title, description, actions in chosen:
         lines += _section(title, description, actions, width)
-    if which == ALL and parser.epilog:
+    if which.strip().lower() == ALL and parser.epilog:
         lines += ["", *_wrapped(parser.epilog, width)]
     return "\n".join(lines) + "\n"
 
