@@ -34,5 +34,8 @@ CASES = [
     ("phrase-then-rambling", "The answer is 15. Also, 3 * 5 = 15 and 100 is big.", 15, 1, "the phrase decides"),
     ("phrase-two-differ", "The answer is 14. Actually, the answer is 15.", 15, 0, "two phrases that differ"),
     ("last-number-calc", "7 + 8 = 15", 15, 1, "the result of the sum"),
+    ("phrase-introduces-reasoning", "The answer is simple: add them. 7 + 8 = 15", 15, 1,
+     "'the answer is simple' introduces reasoning; the last number is 15"),
+    ("phrase-answer-colon-sum", "Let me find the answer: 7 + 8 = 15", 15, 1, "'answer:' then a sum"),
     ("last-number-repeat-question", "What is 7 + 8?", 15, 0, "the question repeated; its last number is 8"),
 ]

@@ -36,7 +36,10 @@ NUMBER = re.compile(r"(?:(?<![\w)\]])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+|/\d+)
 _TAG = re.compile(r"<(/?)answer>", re.IGNORECASE)
 _BOX = re.compile(r"\\boxed\s*\{|\{|\}")
 _HASHES = re.compile(r"####[ \t]*([-+$\\.\d€£(][^\n]*)")  # a number follows; "#### Step 1" is a heading
-_PHRASE = re.compile(r"\banswer\s*(?:is\b\s*:?|:|=)[ \t]*([^\n]*)", re.IGNORECASE)
+# "The answer is simple: ..." introduces reasoning, not an answer.
+_PHRASE = re.compile(r"\banswer\s*(?:is\b\s*:?|:|=)(?![ \t]*(?:simple|easy|clear|straightforward|not|as follows|below|"
+                     r"that|this|to|the following|given|shown|found|computed|calculated)\b)[ \t]*([^\n]*)",
+                     re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\.(?=\s|$)|[!?;]|,\s+(?=[A-Za-z])")
 _HEDGE = re.compile(r"\b(?:or|maybe|perhaps|possibly|either)\b", re.IGNORECASE)
 _BETWEEN_HEDGED = re.compile(r"\s*,?\s*(?:(?:or|maybe|perhaps|possibly)\b\s*)+$", re.IGNORECASE)
