@@ -1,6 +1,7 @@
 r"""Final answers: read from a completion, read from a dataset's gold value, compared.
 
-A completion's answer is looked for in this order, and the first kind found decides:
+A completion's answer is read from the text after its last ``</think>`` (all of it when there is
+none), looking in this order; the first kind found decides:
 
 1. ``<answer>...</answer>`` tags (the project's format),
 2. ``\boxed{...}`` (braces matched; an unclosed one is ignored),
@@ -116,7 +117,8 @@ def check_golds(values: Iterable[Any]) -> tuple[int, str | None]:
 
 def completion_answer(text: str) -> str | None:
     r"""The final answer ``text`` gives, as written (stripped), in the order of the module's
-    docstring; None when there is none or when it offers several different candidates.
+    docstring; None when there is none or when it offers several different candidates. Only the
+    text after the last ``</think>`` is read: what a model tried while reasoning is not its answer.
 
     >>> completion_answer("3 + 4 = 7"), completion_answer("<answer> 12 </answer> then rambling 99")
     ('7', '12')
@@ -124,7 +126,11 @@ def completion_answer(text: str) -> str | None:
     ('\\frac{1}{2}', '72 dollars')
     >>> completion_answer("<answer>12 or 15</answer>"), completion_answer(r"\boxed{12} or \boxed{15}")
     (None, None)
+    >>> completion_answer(r"<think>\boxed{12}? No: \boxed{15}</think> So \boxed{15}.")
+    '15'
     """
+    end_of_thought = text.lower().rfind("</think>")
+    text = text[end_of_thought + len("</think>"):] if end_of_thought >= 0 else text
     text = text.translate(_MINUS)
     for find in (_tags, _boxes, _hashes, _phrases):
         spans = find(text)
@@ -189,9 +195,10 @@ def normalise(answer: str) -> str:
 
 
 def as_number(answer: str) -> Fraction | None:
-    r"""A normalised answer as an exact number: a plain number with optional thousands separators
-    and decimals, a simple fraction (``7/2``, ``\frac{7}{2}``), or a number followed only by words
-    (units: "72 dollars", "5 cm", "5cm"); None otherwise (expressions, words that change the value).
+    r"""A normalised answer as an exact number: a plain number with optional thousands separators,
+    decimals and exponent, a simple fraction (``7/2``, ``\frac{7}{2}``), or such a number with only
+    words around it ("It is 15", and units after it: "72 dollars", "5 cm", "5cm"); None otherwise
+    (expressions, words that change the value such as "pi" or "million").
 
     >>> as_number("1,024"), as_number("-3.50"), as_number(r"\frac{6}{4}"), as_number("3 apples"), as_number("2 pi")
     (Fraction(1024, 1), Fraction(-7, 2), Fraction(3, 2), Fraction(3, 1), None)
