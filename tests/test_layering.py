@@ -1,4 +1,4 @@
-"""The layers of DESIGN.md hold: imports only point down (or along the few same-floor edges the
+"""The layers of docs/design.md hold: imports only point down (or along the few same-floor edges the
 diagram allows), nothing but the bottom layer sits loose at the package root, and the pure-math
 layer stays pure: no transformers, no file system."""
 
@@ -20,7 +20,7 @@ LAYERS = {
     "run": 3, "trainer": 3, "control": 3, "report": 3,
     "config": 4, "cli": 4, "__main__": 4,
 }
-"""Each top-level module or package of grouprl and its floor (DESIGN.md's layer diagram)."""
+"""Each top-level module or package of grouprl and its floor (docs/design.md's layer table)."""
 ALONG = {("algos", "registry"), ("registry", "errors"), ("types", "algos"), ("rewards", "data"), ("tasks", "rewards"),
          ("envs", "rewards"), ("envs", "data"), ("models", "rollout"), ("serve", "rollout"), ("trainer", "run"),
          ("control", "run"), ("report", "run"), ("cli", "config"), ("__main__", "cli")}

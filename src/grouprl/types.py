@@ -1,6 +1,6 @@
 """Shared data that crosses layer boundaries: prompts and chat messages, sampling settings, rollouts.
 
-Shape vocabulary (DESIGN.md): P prompts, G completions per prompt, B = P*G rows, prompt-major
+Shape vocabulary (docs/design.md): P prompts, G completions per prompt, B = P*G rows, prompt-major
 (row ``p*G + g`` is sample ``g`` of prompt ``p``), Lp prompt tokens, T completion tokens.
 """
 

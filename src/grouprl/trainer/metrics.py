@@ -1,4 +1,4 @@
-"""A step's metrics and sample records, from tensors to plain numbers (names in DESIGN.md's
+"""A step's metrics and sample records, from tensors to plain numbers (names in docs/design.md's
 namespaces: ``reward/``, ``rollout/``, ``loss/``, ``policy/``, ``optim/``)."""
 
 from __future__ import annotations
