@@ -82,7 +82,10 @@ def test_the_agent_recipe_environment_agrees_with_its_tool():
     quiz = import_object("examples/agent-tools/env.py:UnitQuiz", "env")()
     convert = import_object("examples/agent-tools/tools.py:convert_units", "tool")
     for seed in range(40):  # every question kind comes up
-        question, _ = quiz.reset(seed=seed)
+        opening, _ = quiz.reset(seed=seed)
+        example_call = json.loads(re.fullmatch("<tool_call>(.*)</tool_call>", opening[1]["content"]).group(1))
+        assert convert(**example_call["arguments"]) == opening[2]["content"] == opening[3]["content"]
+        question = opening[-1]["content"]
         value, source, target = re.fullmatch(r"How many (\w+) is ([\d.]+) (\w+)\?.*", question, re.S).group(2, 3, 1)
         tool_says = convert(float(value), source, target)
         assert quiz.step(f"It is {tool_says}.")[1:4] == (1.0, True, False), (question, tool_says)
