@@ -69,124 +69,11 @@ import time
 from pathlib import Path
 
 from learning_report import FRAMEWORKS, ablations, read_records, report
-from learning_settings import demo_config, trl_config
+from learning_settings import demo_config
+from learning_workers import grouprl_worker, start_protocol, task, trl_worker
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 
 EVAL_SEED = 0  # the held-out problems and their sampling seeds, the same for every model
-
-
-# -- workers -----------------------------------------------------------------------------------------
-PROTOCOL = None  # the worker's private copy of its stdout, for its JSON lines only
-
-
-def emit(record: dict) -> None:
-    PROTOCOL.write(json.dumps(record) + "\n")
-    PROTOCOL.flush()
-
-
-def save_model(model, folder: str, base: str) -> None:
-    """``model`` as a model folder, with the base model's tokenizer (untouched by either trainer)."""
-    from transformers import AutoTokenizer
-
-    from grouprl.run.checkpoint import save_policy
-
-    save_policy(model, Path(folder), AutoTokenizer.from_pretrained(base))
-
-
-def serve(model_fn, base: str) -> None:
-    """Answer the parent's orders until 'step' (returns: the caller takes the step and emits its record):
-    'save FOLDER' saves ``model_fn()``, 'quit' reports the peak RSS and exits."""
-    from grouprl.run.logs import peak_rss_mb
-
-    while True:
-        order = sys.stdin.readline().strip() or "quit"
-        if order == "step":
-            return
-        if order.startswith("save "):
-            save_model(model_fn(), order[5:], base)
-            emit({"saved": order[5:]})
-            continue
-        emit({"peak_rss_mb": peak_rss_mb()})
-        os._exit(0)  # TRL's loop is never left otherwise
-
-
-def grouprl_worker(args: argparse.Namespace) -> None:
-    from grouprl.cli.build import build_inputs, build_trainer, load_model
-    from grouprl.models import unwrap_ddp
-    from grouprl.rollout.scratch import ScratchFolder
-
-    out = ScratchFolder("learning-grouprl-")  # the run's folder goes with the worker, which ends in os._exit
-    config = demo_config(args.seed, args.threads, str(out.path), **task(args), **args.set)
-    inputs = build_inputs(config)
-    policy, tokenizer = load_model(config.model, config.seed)
-    trainer = build_trainer(config, inputs, policy, tokenizer)
-    emit({"ready": True, "setup": {k: str(v) for k, v in trainer.setup.items()}})
-
-    def step() -> dict:
-        start = time.perf_counter()
-        metrics, _ = trainer.step()
-        seconds = time.perf_counter() - start
-        trainer.step_count += 1  # what the run loop does after each step
-        return {"seconds": seconds, "reward": metrics["reward/mean"], "len_mean": metrics["rollout/len_mean"]}
-
-    while True:
-        serve(lambda: unwrap_ddp(trainer.policy), args.base)
-        emit(step())
-
-
-def trl_worker(args: argparse.Namespace) -> None:
-    import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOTrainer
-
-    from grouprl.cli.build import build_inputs, load_model
-    from grouprl.rewards import score_rewards
-    from grouprl.rollout.scratch import ScratchFolder
-
-    scratch = ScratchFolder("learning-trl-")  # TRL's output folder goes with the worker, which ends in os._exit
-    out = str(scratch.path)
-    c = demo_config(args.seed, args.threads, out, **task(args), **args.set)  # trl_config refuses what TRL lacks
-    torch.set_num_threads(args.threads)
-    inputs = build_inputs(c)  # the rows, reward functions and weights grouprl trains with
-    model, tokenizer = load_model(c.model, c.seed)  # the same weights and tokenizer grouprl starts from
-    rows = inputs.train_rows
-    system = c.system_prompt if c.system_prompt is not None else inputs.system_prompt
-
-    def messages(prompt):
-        if isinstance(prompt, list):
-            return prompt
-        return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-
-    columns = [k for k in rows[0] if k != "prompt"]
-    data = Dataset.from_dict({"prompt": [messages(r["prompt"]) for r in rows],
-                              **{k: [r[k] for r in rows] for k in columns}})
-
-    def reward(prompts, completions, completion_ids, **kw):  # grouprl's weighted reward, called as grouprl calls it
-        texts = [x[-1]["content"] if isinstance(x, list) else x for x in completions]
-        scores = score_rewards(inputs.reward_fns, inputs.reward_weights, prompts, texts, completion_ids,
-                               {k: kw[k] for k in columns})
-        return [None if x != x else x for x in scores.total.tolist()]
-
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=trl_config(c, args.seed, out, args.trl_ckpt),
-                          train_dataset=data, processing_class=tokenizer)
-
-    class Lockstep(TrainerCallback):
-        start = 0.0
-
-        def on_step_begin(self, *a, **kw):
-            serve(lambda: trainer.accelerator.unwrap_model(trainer.model), args.base)  # until 'step'
-            self.start = time.perf_counter()
-
-        def on_step_end(self, *a, **kw):
-            seconds = time.perf_counter() - self.start
-            logged = trainer._metrics["train"]
-            emit({"seconds": seconds, "reward": logged["reward"][-1],
-                  "len_mean": logged["completions/mean_length"][-1]})
-
-    trainer.add_callback(Lockstep())
-    emit({"ready": True, "setup": {"dtype": "fp32", "gradient_checkpointing": str(args.trl_ckpt)}})
-    trainer.train()
 
 
 class Worker:
@@ -220,13 +107,13 @@ class Worker:
 
 
 # -- training and evaluation ---------------------------------------------------------------------------------
-def save_base(folder: Path) -> str:
+def save_base(folder: Path, model_name: str) -> str:
     """The base model as a model folder, once (step 0 of every framework and seed)."""
     if not (folder / "model.safetensors").is_file():
         from grouprl.cli.build import load_model
         from grouprl.run.checkpoint import save_policy
 
-        model, tokenizer = load_model("smollm2-135m", 0)
+        model, tokenizer = load_model(model_name, 0)
         tmp = folder.with_name(folder.name + ".part")
         shutil.rmtree(tmp, ignore_errors=True)
         save_policy(model, tmp, tokenizer)
@@ -294,11 +181,6 @@ def evaluator(args: argparse.Namespace):
     return evaluate
 
 
-def task(args: argparse.Namespace) -> dict:
-    """The arithmetic task's options both frameworks train on and every model is scored on (empty: the demo's)."""
-    return {"task_options": args.task_options} if args.task_options else {}
-
-
 def settings(args: argparse.Namespace) -> dict:
     return {"steps": args.steps, "save_every": args.save_every, "eval_problems": args.eval_problems,
             "eval_samples": args.eval_samples, "threads": args.threads,
@@ -317,7 +199,7 @@ def run(args: argparse.Namespace, command: str) -> None:
         raise SystemExit(f"{path} holds results of other settings ({', '.join(other)}): pass another --out")
     done = {(r["framework"], r["seed"]) for r in records if r["step"] == args.steps}
     Path(args.models_dir).mkdir(parents=True, exist_ok=True)
-    base = save_base(Path(args.models_dir) / "base")
+    base = save_base(Path(args.models_dir) / "base", demo_config(0, 1, str(out), **task(args), **args.set).model)
     evaluate = None
     for seed in args.seeds:
         names = [n for n in args.frameworks if (n, seed) not in done]
@@ -381,12 +263,21 @@ def main() -> None:
     parser.add_argument("--compare_with", help="results folder whose other frameworks' curves the report uses")
     parser.add_argument("--ablations", help="instead: summarise every ablation folder under this one against "
                         "--compare_with (ablations.md)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check that the benchmark still runs: grouprl alone (TRL need not be installed), one step "
+                        "on the tiny model, 2 held-out problems x 1 sample, into a temporary folder")
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--base", help=argparse.SUPPRESS)
     parser.add_argument("--evaluate", metavar="FOLDER", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.set = dict(args.set)
+    if args.smoke:
+        args.steps, args.save_every, args.seeds, args.eval_problems, args.eval_samples = 1, 1, [0], 2, 1
+        args.frameworks, args.set = ["grouprl"], {"model": "tiny", **args.set}
+        if not (args.worker or args.evaluate):
+            args.out = tempfile.mkdtemp(prefix="learning-smoke-")
+            args.models_dir = os.path.join(args.out, "models")
     if args.models_dir is None:
         name = hashlib.sha1(str(Path(args.out).resolve()).encode()).hexdigest()[:10]
         args.models_dir = os.path.join(tempfile.gettempdir(), f"learning-models-{name}")
@@ -400,13 +291,13 @@ def main() -> None:
         protocol.flush()
         return
     if args.worker:
-        global PROTOCOL
-        PROTOCOL = os.fdopen(os.dup(1), "w")
-        os.dup2(2, 1)  # whatever the libraries print goes to stderr, never into the protocol
+        start_protocol()
         args.trl_ckpt = args.trl_gradient_checkpointing
         (grouprl_worker if args.worker == "grouprl" else trl_worker)(args)
         return
     print(cpu_line(), flush=True)
+    if args.smoke:
+        print("smoke: grouprl alone, one step of the tiny model; without TRL both ratios are nan", flush=True)
     if args.ablations:
         return ablations(args)
     if not args.report_only:
