@@ -29,8 +29,8 @@ import time
 
 import torch
 from machine import start_under_allocator  # benchmarks/machine.py: every figure names its CPU
+from smoke import add_smoke, policy, shrink
 
-from grouprl.models import load_policy
 from grouprl.models.activations import keep_fewer_activations
 from grouprl.models.casts import lean_casts
 from grouprl.rollout.logprobs import token_logprobs
@@ -46,9 +46,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting")
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, 2 rows of 66 tokens, one round")
+    args = shrink(parser.parse_args(), rows=2, tokens=66, rounds=1, threads=1)
     start_under_allocator(args.allocator, args.threads)
-    base, _ = load_policy("smollm2-135m", dtype=torch.float32)
+    base, _ = policy("smollm2-135m", args.smoke, dtype=torch.float32)
     models = {"before": base, "casts": base, "casts+activations": copy.deepcopy(base),
               "checkpointing": copy.deepcopy(base)}
     keep_fewer_activations(models["casts+activations"])
@@ -57,8 +58,9 @@ def main() -> None:
         m.train()
     g = torch.Generator().manual_seed(0)
     completion = 64
-    prompt = torch.randint(100, 40000, (args.rows, args.tokens - completion), generator=g)
-    tokens = torch.randint(100, 40000, (args.rows, completion), generator=g)
+    vocab = min(40000, base.config.vocab_size)
+    prompt = torch.randint(100, vocab, (args.rows, args.tokens - completion), generator=g)
+    tokens = torch.randint(100, vocab, (args.rows, completion), generator=g)
     masks = torch.ones_like(prompt), torch.ones_like(tokens)
 
     def step(way: str) -> list[torch.Tensor]:

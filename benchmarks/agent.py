@@ -23,9 +23,9 @@ import time
 
 import torch
 from machine import cpu_line
+from smoke import add_smoke, policy, shrink
 
 from grouprl.envs import Episode, make_env_factory
-from grouprl.models import load_policy
 from grouprl.models.precision import resolve_formats
 from grouprl.rollout.agent import AgentSampler, ChatRenderer
 from grouprl.rollout.turns import TurnLimits
@@ -92,14 +92,16 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, one reset x 2, one turn of 4 tokens, one repeat")
+    args = shrink(parser.parse_args(), resets=1, group=2, max_new_tokens=4, max_turns=1, repeats=1, threads=1)
     print(cpu_line())
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    model, tokenizer = policy("smollm2-135m", args.smoke, dtype=torch.float32)
     model.eval()
     factory = make_env_factory(args.env, json.loads(args.options))
     renderer = ChatRenderer(tokenizer)
-    limits = TurnLimits(args.max_new_tokens, args.max_turns, args.max_new_tokens * args.max_turns + 512)
+    room = 256 if args.smoke else 512  # for the prompt; the tiny model's whole context is 512 tokens
+    limits = TurnLimits(args.max_new_tokens, args.max_turns, args.max_new_tokens * args.max_turns + room)
     sampler = AgentSampler(model, tokenizer, renderer, limits)
     rates: dict[tuple[str, str], list[float]] = {(m, f): [] for m in ("engine", "generate") for f in FORMATS}
     for r in range(args.repeats):

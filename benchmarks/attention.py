@@ -18,6 +18,7 @@ import time
 
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from smoke import add_smoke, shrink
 
 from grouprl.rollout import attention
 
@@ -45,7 +46,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
+    add_smoke(parser, "2 rows, 8 positions, fp32, 2 calls")
+    args = shrink(parser.parse_args(), rows="2", positions="8", formats="fp32", calls=2, repeats=1)
     torch.set_num_threads(args.threads)
     print(cpu_line(), f"(torch threads {args.threads})", flush=True)
     ratios: dict[str, list[float]] = {}

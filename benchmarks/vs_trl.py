@@ -77,13 +77,14 @@ def grouprl_worker(args: argparse.Namespace) -> None:
 
     import torch
 
-    from grouprl.models import load_policy
+    from grouprl.models import load_policy, tiny_causal_lm
     from grouprl.trainer.config import GRPOConfig
     from grouprl.trainer.trainer import GRPOTrainer
 
     torch.set_num_threads(args.threads)
     task, rows = task_rows(args.seed)
-    policy, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    policy, tokenizer = (tiny_causal_lm(seed=args.seed) if args.model == "tiny"
+                         else load_policy(args.model, dtype=torch.float32))
     config = GRPOConfig(prompts_per_step=PROMPTS, group_size=G, max_new_tokens=MAX_NEW, temperature=1.0,
                         beta=args.beta, mu=1, lr=LR, seed=args.seed, rollout_engine=args.grouprl_engine,
                         output_dir=tempfile.mkdtemp(prefix="vs_trl-"), progress=False, tensorboard=False,
@@ -198,7 +199,7 @@ def trl_worker(args: argparse.Namespace) -> None:
 class Worker:
     def __init__(self, name: str, framework: str, beta: float, threads: int, seed: int, python: str, trl_ckpt: bool,
                  trl_dtype: str, grouprl_engine: str, allocator: str, checkpointing: str = "default",
-                 compile_steps: str = "default", rollout_dtype: str = "auto"):
+                 compile_steps: str = "default", rollout_dtype: str = "auto", model: str = "smollm2-135m"):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
         env = preload_environ(allocator, env) or env  # as the grouprl command starts itself
@@ -207,7 +208,7 @@ class Worker:
             [python, __file__, "--worker", framework, "--beta", str(beta), "--threads", str(threads),
              "--seed", str(seed), "--trl_gradient_checkpointing", str(trl_ckpt), "--trl_dtype", trl_dtype,
              "--grouprl_engine", grouprl_engine, "--grouprl_checkpointing", checkpointing,
-             "--grouprl_compile", compile_steps, "--grouprl_rollout_dtype", rollout_dtype],
+             "--grouprl_compile", compile_steps, "--grouprl_rollout_dtype", rollout_dtype, "--model", model],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         ready = self.read()
         self.allocator, self.setup = ready["allocator"], ready.get("setup")
@@ -251,9 +252,9 @@ def run_pair(args: argparse.Namespace, beta: float, steps: int, seed: int) -> di
     specs += [(f"grouprl[ckpt={c}]", "grouprl", allocators[0], c, dtypes[0]) for c in ckpts[1:]]
     specs += [(f"grouprl[{d}]", "grouprl", allocators[0], ckpts[0], d) for d in dtypes[1:]]
     workers = [Worker(name, framework, beta, args.threads, seed, args.python, args.trl_gradient_checkpointing,
-                      args.trl_dtype, args.grouprl_engine, allocator, ckpt, args.grouprl_compile, dtype)
+                      args.trl_dtype, args.grouprl_engine, allocator, ckpt, args.grouprl_compile, dtype, args.model)
                for name, framework, allocator, ckpt, dtype in
-               [*specs, ("trl", "trl", args.trl_allocator, "default", "auto")]]
+               [*specs, *([] if args.smoke else [("trl", "trl", args.trl_allocator, "default", "auto")])]]
     for w in workers:
         print(f"  {w.name} worker's allocator: {w.allocator}", flush=True)
         if w.setup:
@@ -305,6 +306,17 @@ def summarise(beta: float, results: list[dict]) -> tuple[float, float]:
     return speedup, memory
 
 
+def smoke(args: argparse.Namespace) -> None:
+    """grouprl's worker alone on the tiny model: its step records and peak, read as the full run reads them."""
+    args.model, args.grouprl_compile = "tiny", "false"  # compiling the decode step would take most of the smoke
+    print("smoke: grouprl's worker alone on the tiny model (TRL's worker is not run), a warm-up and one timed step",
+          flush=True)
+    result = run_pair(args, 0.04, 2, args.seed)
+    timed = result["records"]["grouprl"][1:]
+    print(f"grouprl_s_per_step={median([r['seconds'] for r in timed]):.2f} "
+          f"grouprl_peak_rss_mb={result['peak_rss_mb']['grouprl']:.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=7, help="steps per framework and beta, the first a warm-up")
@@ -340,6 +352,10 @@ def main() -> None:
     parser.add_argument("--trl_dtype", choices=["auto", "fp32", "bf16"], default="auto",
                         help="TRL's number format; auto: bf16 where this machine's training-sized bf16 products are "
                              "faster (grouprl's own probe), else fp32: TRL at its best setting here")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check that the benchmark still runs: grouprl's worker alone (TRL need not be installed) "
+                        "on the tiny model, a warm-up and one timed step at beta 0.04, the decode step not compiled")
+    parser.add_argument("--model", default="smollm2-135m", help=argparse.SUPPRESS)  # the worker's; --smoke: tiny
     parser.add_argument("--worker", choices=["grouprl", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--beta", type=float, default=0.04, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -350,6 +366,8 @@ def main() -> None:
         (grouprl_worker if args.worker == "grouprl" else trl_worker)(args)
         return
     print(cpu_line(), flush=True)
+    if args.smoke:
+        return smoke(args)
     if args.trl_dtype == "auto":
         args.trl_dtype = trl_best_dtype(args.threads)
     if args.curves:

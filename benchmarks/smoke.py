@@ -1,0 +1,29 @@
+"""What a benchmark's ``--smoke`` flag changes: the smallest shapes and the tiny random model (``tiny``), so the
+whole script runs in seconds and prints its last line. Its figure means nothing then; the point is that a renamed
+field or function breaks ``tests/test_benchmarks_smoke.py``, not a command the docs publish."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_smoke(parser: argparse.ArgumentParser, what: str) -> None:
+    """The ``--smoke`` flag, its help saying ``what`` the script then runs."""
+    parser.add_argument("--smoke", action="store_true", help=f"check that the benchmark still runs: {what}")
+
+
+def shrink(args: argparse.Namespace, **values: Any) -> argparse.Namespace:
+    """With ``--smoke``, ``args`` with each of ``values`` set (the smallest shapes); else ``args`` as given."""
+    if args.smoke:
+        for key, value in values.items():
+            setattr(args, key, value)
+    return args
+
+
+def policy(name: str, smoke: bool, **options: Any) -> tuple[Any, Any]:
+    """(model, tokenizer): ``name`` through ``grouprl.models.load_policy`` with ``options``, or with ``smoke`` the
+    tiny random 2-layer model (fp32, seed 0)."""
+    from grouprl.models import load_policy, tiny_causal_lm
+
+    return tiny_causal_lm(seed=0) if smoke else load_policy(name, **options)
