@@ -158,3 +158,13 @@ def test_on_a_loopback_address_a_server_makes_a_token_and_writes_it_for_its_user
     second = server_token(None, "127.0.0.1", 8123, echo=said.append)
     assert second != first and stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert first not in json.dumps(said)
+
+
+def test_grouprl_serve_beyond_this_machine_without_a_token_stops_before_loading_anything(monkeypatch, capsys):
+    from grouprl import cli
+    from grouprl.cli import build
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.setattr(build, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert cli.main(["serve", "--host", "0.0.0.0", "--model", "tiny"]) == 2
+    assert "--host 0.0.0.0 listens beyond this machine and needs a token" in capsys.readouterr().err
