@@ -6,8 +6,9 @@ app (vLLM's routes and grouprl's), outermost, so nothing reaches vLLM that it re
   (vLLM's own ``--api-key`` guards only its ``/v1``, ``/inference`` ... prefixes, not ``/grouprl``,
   ``/tokenize`` or ``/metrics``, and would put the token in the process's command line.)
 - A body cap: a request whose body is over ``max_body_bytes`` is a 413, read no further.
-- Generation limits (vLLM's generate, completions and chat routes): at most ``max_rows`` rows a request
-  (prompts x ``n``) and ``max_tokens`` at most ``max_model_len``; over either, a 400 naming the field.
+- Generation limits (vLLM's generate, completions, chat, responses and messages routes): at most ``max_rows``
+  rows a request (prompts x ``n``) and ``max_tokens`` at most ``max_model_len``; over either, a 400 naming the
+  field.
 - A server whose weights could not be restored after a failed load (:attr:`ServerState.broken`) answers
   generation with a 503 saying why, instead of sampling from half-loaded weights.
 
@@ -30,7 +31,8 @@ TOKEN_ENV = "GROUPRL_SERVER_TOKEN"
 """The environment variable a server and a trainer read the token from."""
 OPEN_PATHS = frozenset({"/health"})
 """Routes answered without a token (GET or HEAD only): a load balancer's or supervisor's liveness check."""
-GENERATION_PATHS = frozenset({"/inference/v1/generate", "/v1/completions", "/v1/chat/completions"})
+GENERATION_PATHS = frozenset({"/inference/v1/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses",
+                              "/v1/messages"})
 DEFAULT_MAX_BODY_MIB = 16
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -123,11 +125,12 @@ def generation_problem(path: str, body: Any, max_rows: int, max_model_len: int) 
         return None
     params = body.get("sampling_params") if isinstance(body.get("sampling_params"), dict) else body
     n = _int(params.get("n")) or 1
-    prompts = 1 if path.endswith("/chat/completions") else _count(body.get("token_ids", body.get("prompt")))
+    prompts = _count(body.get("token_ids", body.get("prompt"))) if path.endswith(("/generate", "/v1/completions")) \
+        else 1
     if prompts is not None and prompts * n > max_rows:
         return (f"{prompts} prompt(s) x n={n} = {prompts * n} rows in one request; this server takes at most "
                 f"{max_rows} (its --max_rows): split the request")
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         wanted = _int(params.get(key))
         if wanted is not None and wanted > max_model_len:
             return f"{key}={wanted} is over this server's max_model_len of {max_model_len} tokens"
