@@ -18,8 +18,8 @@ from collections import Counter
 
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from smoke import add_smoke, policy, shrink
 
-from grouprl.models import load_policy
 from grouprl.rollout.prompts import render_prompt
 from grouprl.tasks import get_task
 
@@ -54,7 +54,8 @@ def main() -> None:
     parser.add_argument("--prompt-template")
     parser.add_argument("--system-prompt")
     parser.add_argument("--json", help="write figures and completions to this file")
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, 2 prompts x 2 samples of 4 tokens")
+    args = shrink(parser.parse_args(), prompts=2, group=2, max_new_tokens=4, batch_rows=4, threads=1)
     print(cpu_line(), flush=True)
 
     torch.set_num_threads(args.threads)
@@ -64,7 +65,7 @@ def main() -> None:
                if v is not None}
     task = get_task("arithmetic", **options)
     rows = task.rows("eval", args.prompts, seed=args.seed)
-    model, tokenizer = load_policy(args.model)
+    model, tokenizer = policy(args.model, args.smoke)
     texts = [render_prompt(tokenizer, r["prompt"], system_prompt=task.system_prompt) for r in rows]
 
     start = time.perf_counter()
@@ -82,7 +83,7 @@ def main() -> None:
     }
     print(json.dumps(figures, indent=1))
     for i in range(0, min(len(completions), 3 * args.group), args.group):
-        print(repr(rows[i // args.group]["prompt"]), "->", [completions[i + g][:40] for g in range(3)])
+        print(repr(rows[i // args.group]["prompt"]), "->", [completions[i + g][:40] for g in range(min(3, args.group))])
     if args.json:
         samples = [{"prompt": rows[i // args.group]["prompt"], "answer": rows[i // args.group]["answer"],
                     "completion": c, "correct": ok} for i, (c, ok) in enumerate(zip(completions, correct))]

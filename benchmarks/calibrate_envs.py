@@ -19,12 +19,16 @@ from collections import Counter
 
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from smoke import add_smoke, shrink
 
 from grouprl.cli.build import build_inputs, load_model
 from grouprl.config import TrainConfig
+from grouprl.models.precision import pinned, resolve_formats
 from grouprl.run.seeds import EVAL_STREAM, group_seeds, mix_seed
+from grouprl.trainer.rollout_plan import plan_rollout
 from grouprl.trainer.sampling import rollout_params
 from grouprl.trainer.sources import make_source
+from grouprl.trainer.trainer import with_values
 
 
 def main() -> None:
@@ -39,17 +43,23 @@ def main() -> None:
     parser.add_argument("--batch-resets", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, one reset x 2, one turn of 4 tokens")
+    args = shrink(parser.parse_args(), model="tiny", resets=1, group=2, max_new_tokens=4, max_turns=1, batch_resets=1,
+                  threads=1)
     print(cpu_line(), flush=True)
 
     torch.set_num_threads(args.threads)
     config = TrainConfig(model=args.model, env=args.env, env_options=json.loads(args.options),
                          max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, eval_size=args.resets,
-                         seed=args.seed, temperature=1.0)
+                         seed=args.seed, temperature=1.0,
+                         **({"max_trajectory_tokens": 256} if args.smoke else {}))  # the tiny model's context: 512
     config.validate()
     inputs = build_inputs(config)
     policy, tokenizer = load_model(config.model, config.seed)
-    source = make_source(config, inputs, policy, tokenizer, None, lambda n: (0, n))
+    formats = resolve_formats(config.dtype, config.ref_dtype, config.rollout_dtype)  # as grouprl eval decides them
+    config = with_values(config, pinned(formats))
+    plan = plan_rollout(config, formats, policy, None, multi_turn=True, steps=1)
+    source = make_source(config, inputs, policy, tokenizer, plan, None, lambda n: (0, n))
     collector, rows = source.eval_collector, inputs.eval_rows
     start, success, turns, tools, reasons, per_group, sample = time.perf_counter(), [], [], [], Counter(), [], None
     for first in range(0, len(rows), args.batch_resets):

@@ -24,8 +24,8 @@ import time
 
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from smoke import add_smoke, policy, shrink
 
-from grouprl.models import load_policy
 from grouprl.rollout.cpu.compiled import inductor_options
 from grouprl.rollout.runner import Runner, positions_from_mask, run_with_bf16_weights
 
@@ -33,7 +33,7 @@ from grouprl.rollout.runner import Runner, positions_from_mask, run_with_bf16_we
 def step_timer(runner: Runner, rows: int, cached: int, repeats: int):
     """(a function running one decode step after ``cached`` positions, a function timing one given it)."""
     loop, cache = runner._loop, runner.cache
-    token = torch.randint(0, 1000, (rows, 1))
+    token = torch.randint(0, min(1000, runner.model.config.vocab_size), (rows, 1))
     mask = torch.ones(rows, cached + 1, dtype=torch.long)
     position = torch.full((rows, 1), cached)
 
@@ -63,15 +63,16 @@ def main() -> None:
     parser.add_argument("--cached", type=int, default=100, help="positions in the KV cache before the step")
     parser.add_argument("--format", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, 2 rows, 4 cached positions, fp32, one timing")
+    args = shrink(parser.parse_args(), rows=2, cached=4, format="fp32", repeats=1, threads=1)
     torch.set_num_threads(args.threads)
     print(cpu_line(), f"threads {args.threads}, {args.rows} rows, {args.cached} cached positions, {args.format}",
           flush=True)
-    model, _ = load_policy("smollm2-135m", dtype=torch.float32)
+    model, _ = policy("smollm2-135m", args.smoke, dtype=torch.float32)
 
     def measure(m):
         runner = Runner(m, capacity=args.cached + 8)
-        ids = torch.randint(0, 1000, (args.rows, args.cached))
+        ids = torch.randint(0, min(1000, m.config.vocab_size), (args.rows, args.cached))
         mask = torch.ones_like(ids)
         runner.forward(ids, mask, positions_from_mask(mask))
         step, timed = step_timer(runner, args.rows, args.cached, args.repeats)
