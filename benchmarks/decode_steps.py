@@ -23,8 +23,8 @@ from collections import defaultdict
 import torch
 from machine import start_under_allocator  # benchmarks/machine.py: every figure says which CPU it came from
 from rollout import G, prompts
+from smoke import add_smoke, policy, shrink
 
-from grouprl.models import load_policy
 from grouprl.rollout import decoding
 from grouprl.rollout.runner import Runner
 from grouprl.rollout.sampler import Sampler
@@ -60,9 +60,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", type=int, default=0, help="operators to list from PyTorch's profiler (0: none)")
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, 4 rows (one prompt x G=4) of 4 new tokens, fp32, not compiled, one warm-up "
+                      "and one timing")
+    args = shrink(parser.parse_args(), format="fp32", compile="false", rows=4, new_tokens=4, warmup=1, repeats=1,
+                  threads=1)
     start_under_allocator("auto", args.threads)
-    model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    model, tokenizer = policy("smollm2-135m", args.smoke, dtype=torch.float32)
     sampler = Sampler(model, tokenizer, compile_steps=args.compile == "true")
     ids = sampler.encode(prompts(args.rows))
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, format=args.format)

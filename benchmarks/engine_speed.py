@@ -21,8 +21,8 @@ import time
 import torch
 from machine import start_under_allocator  # benchmarks/machine.py: every figure names its CPU
 from rollout import G, prompts
+from smoke import add_smoke, policy, shrink
 
-from grouprl.models import load_policy
 from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
 
@@ -37,9 +37,10 @@ def main() -> None:
     parser.add_argument("--timed", type=int, default=6)
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting")
     parser.add_argument("--compile", action="store_true", help="the compiled decode steps (rollout_compile)")
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, 4 rows (one prompt x G=4) of 4 new tokens, fp32, one warm-up and one timing")
+    args = shrink(parser.parse_args(), rows=4, new_tokens=4, format="fp32", threads=1, warmup=1, timed=1)
     start_under_allocator(args.allocator, args.threads)  # as the grouprl command starts itself
-    model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    model, tokenizer = policy("smollm2-135m", args.smoke, dtype=torch.float32)
     sampler = Sampler(model, tokenizer, compile_steps=args.compile)
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
            for p in prompts(args.rows)]

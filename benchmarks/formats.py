@@ -20,6 +20,7 @@ import time
 
 import torch
 from machine import cpu_line
+from smoke import add_smoke, shrink
 from torch.nn import functional as F
 
 from grouprl.models.precision import resolve_formats, rule_for, this_machine
@@ -60,7 +61,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timings per round and format (the best counts)")
     parser.add_argument("--decode_rows", type=int, default=16)
     parser.add_argument("--train_rows", type=int, default=2048)
-    args = parser.parse_args()
+    add_smoke(parser, "one round, one timing, 2 decode rows and 8 training rows")
+    args = shrink(parser.parse_args(), rounds=1, repeats=1, decode_rows=2, train_rows=8)
     torch.set_num_threads(args.threads)
     machine = this_machine()
     print(cpu_line(), f"threads {args.threads}", flush=True)

@@ -23,9 +23,10 @@ import time
 
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from smoke import add_smoke, shrink
+from smoke import policy as load
 from torch import nn
 
-from grouprl.models import load_policy
 from grouprl.rollout.head import score_chunks
 
 CHUNK = 256
@@ -52,10 +53,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--positions", type=int, default=656, help="completion positions scored (16 x 41 here)")
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, 8 positions, one timing")
+    args = shrink(parser.parse_args(), positions=8, repeats=1)
     torch.set_num_threads(args.threads)
     print(cpu_line(), flush=True)
-    policy, _ = load_policy("smollm2-135m", dtype=torch.float32)
+    policy, _ = load("smollm2-135m", args.smoke, dtype=torch.float32)
     weight = policy.lm_head.weight  # tied to the embedding, as in training
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     checkpointed = CheckpointedHead(weight.shape[1], weight.shape[0], bias=False)
