@@ -4,6 +4,7 @@ what happens when a reload fails anyway. No vLLM."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -214,3 +215,35 @@ def test_an_adapter_may_carry_its_bases_version_and_then_only_newer_ones():
     with pytest.raises(HTTPException, match="version 4 is not newer than the weights version 5"):
         _forward_only(ServerState(model="t", dtype="fp32", max_model_len=1, lora_rank=4, facts={}, version=5), 4,
                       False, adapter=True)
+
+
+def test_a_collective_push_made_again_tells_the_servers_that_finished_it_that_it_is_no_step_back():
+    """A push made again once a member failed at its finish: the servers that finished hold its version already."""
+    from grouprl.serve.collective import ServersClient
+    from grouprl.serve.roster import RolloutServerError, Server, ServerFailure
+
+    class Pool:
+        timeout = 30.0
+
+        def __init__(self):
+            self.sent = []
+
+        async def request(self, server, method, path, body, timeout=None):
+            self.sent.append((server.address, path.rsplit("/", 1)[1], body))
+            if server.address == "b:1" and path.endswith("/finish"):
+                raise ServerFailure(server, "connection reset")
+            return {"token": "t", "version": 5} if path.endswith("/start") else {"version": 5}
+
+        def run(self, coro):
+            return asyncio.run(coro)
+
+    pool = Pool()
+    finished, failed = Server("a:1", info={"workers": 1}), Server("b:1", info={"workers": 1}, version=4)
+    client = ServersClient(pool, [finished, failed])
+    client.version, client.resume = 5, False
+    with pytest.raises(RolloutServerError, match="rollout server b:1: connection reset"):
+        client._all("/grouprl/transfer/finish", lambda s: {"token": "t"})
+    assert (finished.version, failed.version) == (5, 4)
+    client.start_weight_update()  # the push made again
+    starts = {address: body["resume"] for address, what, body in pool.sent if what == "start"}
+    assert starts == {"a:1": True, "b:1": False}

@@ -88,7 +88,8 @@ class ServersClient:
         self.failed: dict[str, str] = {}
 
     def _all(self, path: str, body: Callable[[Server], dict[str, Any]], timeout: float | None = None) -> None:
-        """POST ``body(server)`` to every server at once; a start's answer gives the server's token."""
+        """POST ``body(server)`` to every server at once; a start's answer gives the server's token, a finish's the
+        version it holds (each as it comes: a push made again after another server failed knows who finished)."""
         async def one(server: Server) -> None:
             try:
                 answer = await self.pool.request(server, "POST", path, body(server), timeout=timeout)
@@ -96,6 +97,8 @@ class ServersClient:
                 raise RolloutServerError(f"rollout server {server.address}: {e.what}") from e
             if "token" in answer:
                 self.tokens[server.address] = str(answer["token"])
+            if path.endswith("/finish"):
+                server.version, server.adapter = answer.get("version"), None
 
         async def every() -> None:
             outcomes = await asyncio.gather(*(one(s) for s in self.servers), return_exceptions=True)
@@ -126,8 +129,11 @@ class ServersClient:
     def start_weight_update(self) -> None:
         lease = self.pool.timeout  # the wait for another lease, then the pause, each bounded by the timeout
         self.tokens.clear()
+        # a push made again after a member failed at its finish: the others that finished hold this version already,
+        # and taking it again is no step back
         self._all("/grouprl/transfer/start", lambda s: {"version": self.version, "lease_s": lease, "wait_s": lease,
-                                                        "resume": self.resume}, timeout=2 * lease)
+                                                        "resume": self.resume or s.version == self.version},
+                  timeout=2 * lease)
 
     def update_weights(self, update_info: Any) -> None:
         self._all("/grouprl/transfer/update", lambda s: {"token": self.tokens[s.address], "update_info": update_info})
