@@ -34,8 +34,9 @@ def register(subparsers: Any) -> None:
         description="Start a rollout server: vLLM (its CPU build on a CPU, its GPU build on a GPU) serving the model "
         "as grouprl loads it, behind vLLM's HTTP server: prompt token ids in, completion token ids and log-probs "
         "out (POST /inference/v1/generate), new weights from a trainer (POST /grouprl/weights) and the policy "
-        "version it holds (GET /grouprl/info). Point a run at it with --rollout_servers HOST:PORT "
-        "(docs/servers.md).", usage=USAGE, allow_abbrev=False)
+        "version it holds (GET /grouprl/info). Every route but GET /health asks for the server's token "
+        "(Authorization: Bearer). Point a run at it with --rollout_servers HOST:PORT and the token in "
+        "GROUPRL_SERVER_TOKEN (docs/servers.md).", usage=USAGE, allow_abbrev=False)
     serve.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     serve.add_argument("--config", metavar="YAML", help="YAML file of train keys: the model, precision and LoRA "
                        "keys are read (the command line wins over it)")

@@ -89,8 +89,10 @@ class ServerState:
 
     def describe(self) -> str:
         lora = f", LoRA up to rank {self.lora_rank}" if self.lora_rank else ""
-        transfer = f", weights from folders or over {self.weight_transfer}" if self.weight_transfer else ""
-        return f"{self.model} in {self.dtype}{lora}, up to {self.max_model_len} tokens a sequence{transfer}"
+        transfer = f" or over {self.weight_transfer}" if self.weight_transfer else ""
+        folders = f"folders under {self.weights_root}" if self.weights_root else "no folders"
+        return (f"{self.model} in {self.dtype}{lora}, up to {self.max_model_len} tokens a sequence, weights from "
+                f"{folders}{transfer}, a token on every route but /health")
 
     def info(self) -> dict[str, Any]:
         return {"version": self.version, "weights_complete": self.weights_complete, "adapter": self.adapter,
