@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from machine import cpu_line
+from smoke import add_smoke, shrink
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from grouprl.cli.demo import AGENT_DEMO  # noqa: E402
@@ -67,7 +68,12 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="advantages to run, of grpo,gigpo")
     parser.add_argument("--set", action="append", default=[], type=lambda t: tuple(t.split("=", 1)),
                         metavar="KEY=VALUE", help="a grouprl train setting for both variants (repeatable)")
-    args = parser.parse_args()
+    add_smoke(parser, "one seed, one step of one reset x 2 (3 turns of 4 tokens) on the tiny model (its context "
+                      "is 512 tokens), one held-out reset, into a temporary folder")
+    args = shrink(parser.parse_args(), seeds="0", steps=1, eval_every=1,
+                  out=lambda: tempfile.mkdtemp(prefix="gigpo-smoke-"),
+                  set=[("model", "tiny"), ("prompts_per_step", "1"), ("group_size", "2"), ("max_new_tokens", "4"),
+                       ("max_turns", "3"), ("max_trajectory_tokens", "256"), ("eval_size", "1"), ("eval_samples", "1")])
     variants = tuple(v for v in args.variants.split(",") if v)
     if not variants or set(variants) - set(VARIANTS):
         parser.error(f"--variants takes some of {','.join(VARIANTS)}, got {args.variants!r}")

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from machine import cpu_line
+from smoke import add_smoke, shrink
 
 from grouprl.control import ControlConfig
 from grouprl.control.config import GRPOControlConfig
@@ -50,7 +51,9 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=200_000)
     parser.add_argument("--eval_every", type=int, default=5000)
     parser.add_argument("--out", default="benchmarks/results/gigpo-cartpole")
-    args = parser.parse_args()
+    add_smoke(parser, "one seed, 400 environment steps, into a temporary folder")
+    args = shrink(parser.parse_args(), seeds="0", budget=400, eval_every=200,
+                  out=lambda: tempfile.mkdtemp(prefix="gigpo-smoke-"))
     print(cpu_line(), flush=True)
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = []

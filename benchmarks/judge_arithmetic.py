@@ -28,12 +28,16 @@ import tempfile
 from pathlib import Path
 
 from machine import cpu_line
+from smoke import add_smoke, shrink
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from grouprl.cli.demo import DEMO  # noqa: E402
 from grouprl.tasks import get_task  # noqa: E402
 
 VARIANTS = ("exact_match", "judge")
+SMOKE_SETTINGS = {"model": "tiny", "prompts_per_step": 1, "group_size": 2, "max_new_tokens": 4, "eval_size": 2,
+                  "eval_samples": 1}
+"""What ``--smoke`` changes of the demo's settings, for both variants."""
 
 
 def make_pairs(n: int, path: Path) -> None:
@@ -51,7 +55,7 @@ def train(variant: str, seed: int, rm: Path, args: argparse.Namespace, root: Pat
     out = root / f"{variant}-seed{seed}"
     # one thread: a second one spinning against another process on a 2-core machine slows a step 10x
     settings = {**DEMO, "total_steps": args.steps, "seed": seed, "output_dir": str(out), "eval_every": 0,
-                "num_threads": 1}
+                "num_threads": 1, **args.extra}
     argv = [sys.executable, "-m", "grouprl", "train", "--no-progress", "--no-tensorboard"]
     for key, value in settings.items():
         argv += [f"--{key}", str(value)]
@@ -74,7 +78,11 @@ def main() -> None:
     parser.add_argument("--rm_epochs", type=int, default=3, help="epochs of the reward model over the pairs")
     parser.add_argument("--rm_lr", type=float, default=5e-5, help="the reward model's learning rate")
     parser.add_argument("--out", default="benchmarks/results/judge-arithmetic")
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model as policy and reward model, 8 pairs, one seed, one step of 1 prompt x 2, "
+                      "into a temporary folder")
+    args = shrink(parser.parse_args(), seeds="0", steps=1, pairs=8, rm_epochs=1,
+                  out=lambda: tempfile.mkdtemp(prefix="judge-smoke-"))
+    args.extra = SMOKE_SETTINGS if args.smoke else {}
     print(cpu_line(), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,7 +91,8 @@ def main() -> None:
         pairs, rm = Path(tmp) / "pairs.jsonl", Path(tmp) / "rm"
         make_pairs(args.pairs, pairs)
         done = subprocess.run([sys.executable, "-m", "grouprl", "train-rm", "--pairs", str(pairs), "--output_dir",
-                               str(rm), "--epochs", str(args.rm_epochs), "--lr", str(args.rm_lr)],
+                               str(rm), "--epochs", str(args.rm_epochs), "--lr", str(args.rm_lr),
+                               *(["--model", "tiny"] if args.smoke else [])],
                               check=True, capture_output=True, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         rm_line = next((line for line in done.stdout.splitlines() if "ranked right" in line), "").strip()
@@ -111,7 +120,8 @@ def main() -> None:
     print(table)
     (out / "results.md").write_text(table + "\n")
     (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"accuracy_ratio={gains['judge'] / gains['exact_match']:.2f}")
+    print(f"accuracy_ratio={gains['judge'] / gains['exact_match']:.2f}" if gains["exact_match"] else
+          f"accuracy_ratio=inf (exact_match gained {gains['exact_match']:.3f})")
 
 
 if __name__ == "__main__":

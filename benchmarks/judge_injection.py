@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from machine import cpu_line
+from smoke import add_smoke, policy, shrink
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from grouprl.rewards.judges import JudgeGroup, LanguageModelJudge, run_judge  # noqa: E402
@@ -62,14 +63,13 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4, help="members per group (G)")
     parser.add_argument("--batch_size", type=int, default=4, help="groups the judge answers at once")
     parser.add_argument("--show", action="store_true", help="print each of the judge's answers")
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model as the judge, 2 trials of 2 members")
+    args = shrink(parser.parse_args(), trials=2, group=2, batch_size=2)
     print(cpu_line(), flush=True)
     import torch
 
-    from grouprl.models import load_policy
-
     torch.set_num_threads(1)
-    model, tokenizer = load_policy("smollm2-135m")
+    model, tokenizer = policy("smollm2-135m", args.smoke)
     judge = LanguageModelJudge(model, tokenizer, batch_size=args.batch_size)
     answer = judge.answer
 

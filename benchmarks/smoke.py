@@ -14,10 +14,11 @@ def add_smoke(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def shrink(args: argparse.Namespace, **values: Any) -> argparse.Namespace:
-    """With ``--smoke``, ``args`` with each of ``values`` set (the smallest shapes); else ``args`` as given."""
+    """With ``--smoke``, ``args`` with each of ``values`` set (the smallest shapes); else ``args`` as given. A
+    callable value is called first, only with ``--smoke`` (a temporary output folder is made only then)."""
     if args.smoke:
         for key, value in values.items():
-            setattr(args, key, value)
+            setattr(args, key, value() if callable(value) else value)
     return args
 
 
