@@ -86,7 +86,7 @@ def one_run(a: argparse.Namespace) -> dict:
     if served:
         config, local, folder = start_server(config, policy, tokenizer, out)
         config = dataclasses.replace(config, rollout_servers=tuple(local.addresses), max_staleness=int(a.run[1:]),
-                                     rollout_server_timeout=1800.0)
+                                     rollout_server_timeout=1800.0, rollout_server_token=local.token)
     torch.set_num_threads(config.num_threads)
     try:
         trainer = Trainer(config, policy=policy, tokenizer=tokenizer, inputs=inputs)

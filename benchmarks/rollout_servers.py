@@ -79,7 +79,7 @@ def main() -> None:
     start = time.perf_counter()
     local = LocalServers(1, folder, ["--rollout_dtype", a.dtype, "--max_model_len", str(length), "--max_rows",
                                      str(a.rows)], logs)
-    client = ServerSampler(model, tok, local.addresses, timeout=1200, local=local)
+    client = ServerSampler(model, tok, local.addresses, timeout=1200, local=local, token=local.token)
     print(f"server start: {time.perf_counter() - start:.1f} s ({a.model}, {a.dtype}; log {logs}/server-0.log)",
           flush=True)
     shutil.rmtree(folder, ignore_errors=True)
