@@ -2,20 +2,22 @@
 scorers users know run on the same table, gold formats, and hostile completions."""
 
 import re
+import shutil
 import threading
 from pathlib import Path
 
 import pytest
 
-from grouprl.rewards import exact_match, make_reward, math_equivalence
+from grouprl.rewards import exact_match, make_reward, math_equivalence, symbolic
 from grouprl.rewards.answers import (
-    MAX_SYMBOLIC_DEPTH,
     answer_is_correct,
+    answers_correct,
     check_golds,
     completion_answer,
     gold_answer,
     same_answer,
 )
+from grouprl.rewards.symbolic import MAX_DEPTH, equal_all
 from tests.rewards.answer_cases_gsm8k import CASES as GSM8K_CASES
 from tests.rewards.answer_cases_math import CASES as MATH_CASES
 from tests.rewards.answer_cases_tags import CASES as TAG_CASES
@@ -188,26 +190,61 @@ def hostile_cases():
 
 
 def score_hostile():
-    return [math_equivalence(None, [completion], answer=[gold])[0] for _, completion, gold, _ in hostile_cases()]
+    cases = hostile_cases()
+    return math_equivalence(None, [c[1] for c in cases], answer=[c[2] for c in cases])
 
 
 def test_hostile_completions_get_a_score_in_the_main_thread():
     assert score_hostile() == [expected for *_, expected in hostile_cases()]
 
 
-def test_hostile_completions_get_the_same_score_outside_the_main_thread():
-    """math-verify's timeouts (SIGALRM) are off in other threads: the length and nesting caps keep
-    these bounded there, and give the same scores as in the main thread."""
-    results = {}
-    worker = threading.Thread(target=lambda: results.update(scores=score_hostile(), symbolic=[
-        answer_is_correct(r"\boxed{0.5}", r"$\boxed{\frac{2}{4}}$"), answer_is_correct(r"\boxed{1+x^2}", "x^2+1"),
-        answer_is_correct(r"\boxed{(x+1)^2}", "x^2+2x+1")]))
+def in_a_thread(fn):
+    """``fn()`` run in a new thread: its result, or its exception raised here."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["result"] = fn()
+        except Exception as e:  # noqa: BLE001 - handed to the calling thread
+            outcome["error"] = e
+
+    worker = threading.Thread(target=run)
     worker.start()
     worker.join()
-    assert results["scores"] == [expected for *_, expected in hostile_cases()]
-    assert results["symbolic"] == [True, True, True]
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+def test_hostile_completions_get_the_same_score_outside_the_main_thread():
+    """math-verify's timeouts (SIGALRM) work only in the main thread: elsewhere the symbolic
+    comparisons of a batch run in a child process, after the same caps, and score the same."""
+    assert in_a_thread(score_hostile) == [expected for *_, expected in hostile_cases()]
+    pairs = [(r"\boxed{0.5}", r"$\boxed{\frac{2}{4}}$"), (r"\boxed{1+x^2}", "x^2+1"),
+             (r"\boxed{(x+1)^2}", "x^2+2x+1"), (r"\boxed{x^3}", "x^2")]
+    assert in_a_thread(lambda: answers_correct(*zip(*pairs))) == [True, True, True, False]
+
+
+@pytest.mark.slow
+def test_sympy_that_runs_for_minutes_is_cut_off_in_any_thread():
+    """Without a timeout, sympy compares these two for minutes (over 240 s in a worker thread here)."""
+    slow = "(a+b+c+d+e+f+g+h+1)^{12}", "(a+b+c+d+e+f+g+h+2)^{12}"
+    assert same_answer(*slow) is False
+    assert in_a_thread(lambda: same_answer(*slow)) is False
+
+
+def test_a_child_that_overruns_is_killed_and_its_pairs_score_false():
+    pairs = [("x^2+1", "1+x^2"), ("x", "x")]
+    assert in_a_thread(lambda: equal_all(pairs)) == [True, True]
+    assert in_a_thread(lambda: equal_all(pairs, child_limit=0.01)) == [False, False]
+
+
+def test_a_child_that_cannot_run_is_an_error(monkeypatch):
+    monkeypatch.setattr(symbolic.sys, "executable", shutil.which("false"))
+    with pytest.raises(RuntimeError, match="math-verify's child process failed"):
+        in_a_thread(lambda: equal_all([("x", "x")]))
 
 
 def test_nesting_up_to_the_cap_still_reaches_math_verify():
-    inner = "{" * (MAX_SYMBOLIC_DEPTH - 2) + "x^2+1" + "}" * (MAX_SYMBOLIC_DEPTH - 2)
+    inner = "{" * (MAX_DEPTH - 2) + "x^2+1" + "}" * (MAX_DEPTH - 2)
     assert answer_is_correct(r"\boxed{" + inner + "}", "1+x^2")

@@ -23,13 +23,13 @@ as a unit: "25%" equals 25 (GSM8K's and MATH's convention), not 0.25. See docs/a
 
 from __future__ import annotations
 
-import logging
 import math
 import re
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
+
+from grouprl.rewards.symbolic import equal_all, tractable
 
 # A number: optional sign (not when the '-' is a binary minus right after a digit or a bracket),
 # thousands separators only in groups of three, optional decimals or a simple fraction.
@@ -63,10 +63,6 @@ _NOT_UNITS = {"pi", "sqrt", "root", "squared", "cubed", "times", "over", "plus",
               "million", "millions", "billion", "billions", "dozen", "dozens", "i", "e", "x", "y", "z", "n", "a", "b"}
 _LEAD_WORDS = re.compile(r"^(?:(?!(?:" + "|".join(sorted(_NOT_UNITS)) + r")\b)[A-Za-z]+[ \t:]+)+(?=[+-]?\.?\d)",
                          re.IGNORECASE)
-MAX_SYMBOLIC_CHARS = 300
-"""Longest answer handed to math-verify; longer ones compare as text only."""
-MAX_SYMBOLIC_DEPTH = 8
-"""Deepest bracket nesting handed to math-verify (its parser is exponential in nested bare braces)."""
 MAX_DIGITS = 4000
 """Longest number read exactly (Python refuses to parse integers past 4300 digits)."""
 _WORDS = re.compile(r"[A-Za-z][A-Za-z ]*[A-Za-z]")
@@ -150,6 +146,27 @@ def same_answer(pred: str | None, gold: str | None, *, symbolic: bool = True) ->
     >>> same_answer("72 dollars", "72"), same_answer("73", "72"), same_answer(None, "72")
     (True, False, False)
     """
+    return same_answers([(pred, gold)], symbolic=symbolic)[0]
+
+
+def same_answers(pairs: list[tuple[str | None, str | None]], *, symbolic: bool = True) -> list[bool]:
+    """:func:`same_answer` for each ``(pred, gold)`` pair; the pairs left to symbolic algebra go to
+    math-verify together (:func:`grouprl.rewards.symbolic.equal_all`: one child process for all of
+    them outside the main thread).
+
+    >>> same_answers([("72", "72"), (r"\\sqrt{12}", r"2\\sqrt{3}"), ("Paris", "Lyon")])
+    [True, True, False]
+    """
+    verdicts = [_plain_verdict(pred, gold) for pred, gold in pairs]
+    pending = [i for i, v in enumerate(verdicts) if isinstance(v, tuple)]
+    symbolic_verdicts = equal_all([verdicts[i] for i in pending]) if symbolic else [False] * len(pending)
+    for i, verdict in zip(pending, symbolic_verdicts):
+        verdicts[i] = verdict
+    return verdicts
+
+
+def _plain_verdict(pred: str | None, gold: str | None) -> bool | tuple[str, str]:
+    """True or False where numbers or text decide; the normalised pair where only symbolic algebra can."""
     if pred is None or gold is None:
         return False
     p, g = normalise(pred), normalise(gold)
@@ -160,7 +177,10 @@ def same_answer(pred: str | None, gold: str | None, *, symbolic: bool = True) ->
         return p_number == g_number
     if _text_key(p) == _text_key(g):
         return True
-    return symbolic and _symbolic_equal(p, g)
+    # Plain words read as math are products of symbols ("sirap" would equal "paris"): text only.
+    if _WORDS.fullmatch(p) or _WORDS.fullmatch(g) or not (tractable(p) and tractable(g)):
+        return False
+    return p, g
 
 
 def answer_is_correct(completion: str, gold: Any) -> bool:
@@ -174,6 +194,15 @@ def answer_is_correct(completion: str, gold: Any) -> bool:
     (True, False)
     """
     return same_answer(completion_answer(completion), gold_answer(gold))
+
+
+def answers_correct(completions: list[str], golds: list[Any]) -> list[bool]:
+    """:func:`answer_is_correct` for a batch, its symbolic comparisons made together.
+
+    >>> answers_correct(["<answer>72</answer>", r"\\boxed{0.5}"], ["#### 72", r"$\\boxed{\\frac{1}{3}}$"])
+    [True, False]
+    """
+    return same_answers([(completion_answer(c), gold_answer(g)) for c, g in zip(completions, golds)])
 
 
 def normalise(answer: str) -> str:
@@ -312,36 +341,3 @@ def _last_number(text: str) -> str | None:
         if _BETWEEN_HEDGED.fullmatch(text[before.end():last.start()]) and _key(before.group()) != _key(last.group()):
             return None
     return last.group()
-
-
-def _symbolic_ok(answer: str) -> bool:
-    """Whether math-verify can be trusted to finish on ``answer`` in about a second (see the caps)."""
-    if len(answer) > MAX_SYMBOLIC_CHARS or re.search(r"\^\s*\{[^{}]*\^|\^\s*\d\s*\^|\^\s*\{?\d{6,}", answer):
-        return False  # power towers (9^{9^9}) and huge exponents make sympy compute giant integers
-    depth = deepest = 0
-    for char in answer:
-        depth += (char in "{([") - (char in "})]")
-        deepest = max(deepest, depth)
-    return deepest <= MAX_SYMBOLIC_DEPTH
-
-
-def _symbolic_equal(pred: str, gold: str) -> bool:
-    """math-verify's equivalence of two normalised answers, each read as LaTeX math. Its timeouts
-    rely on SIGALRM, which only the main thread receives: elsewhere they are off, and the caps of
-    :func:`_symbolic_ok` are what keep a hostile answer from running for minutes."""
-    if not (_symbolic_ok(pred) and _symbolic_ok(gold)) or _WORDS.fullmatch(pred) or _WORDS.fullmatch(gold):
-        return False  # words read as math are products of symbols: "sirap" would equal "paris"
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-
-    main = threading.current_thread() is threading.main_thread()
-    timeout = 5 if main else None
-    configs = [LatexExtractionConfig(), ExprExtractionConfig()]
-    read: Callable[[str], list[Any]] = lambda s: parse(f"${s}$", extraction_config=configs,  # noqa: E731
-                                                       parsing_timeout=timeout)
-    if not main:  # math-verify warns on every call that its timeout is off; the caps above stand in for it
-        logging.getLogger("math_verify").setLevel(logging.ERROR)
-    try:
-        gold_parsed, pred_parsed = read(gold), read(pred)
-        return bool(gold_parsed and pred_parsed) and bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
-    except Exception:  # noqa: BLE001 - sympy raises many kinds on odd input; none of them is a match
-        return False

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grouprl.registry import Registry
-from grouprl.rewards.answers import answer_is_correct, completion_answer, gold_answer, same_answer
+from grouprl.rewards.answers import answers_correct, completion_answer, gold_answer, same_answer
 
 RewardList = list[float | None]
 
@@ -63,7 +63,7 @@ def exact_match(prompts: list[Any], completions: list[str], *, answer: list[Any]
 
 def math_equivalence(prompts: list[Any], completions: list[str], *, answer: list[Any]) -> RewardList:
     r"""1.0 where the completion's final answer equals the ``answer`` column's gold answer
-    (:func:`~grouprl.rewards.answers.answer_is_correct`: normalised numbers, then math-verify's
+    (:func:`~grouprl.rewards.answers.answers_correct`: normalised numbers, then math-verify's
     symbolic equivalence for LaTeX, fractions, sets, intervals ...), else 0.0; None where there is no
     answer. Also registered as ``accuracy``, TRL's name for it. See docs/answers.md.
 
@@ -72,7 +72,9 @@ def math_equivalence(prompts: list[Any], completions: list[str], *, answer: list
     ...                  answer=["1/2", r"$\frac{2}{4}$", r"$\{2,1\}$", "48 + 24 = 72\n#### 72"])
     [1.0, 1.0, 1.0, 1.0]
     """
-    return [None if gold is None else float(answer_is_correct(c, gold)) for c, gold in zip(completions, answer)]
+    rows = [i for i, gold in enumerate(answer) if gold is not None]
+    right = iter(answers_correct([completions[i] for i in rows], [answer[i] for i in rows]))
+    return [None if gold is None else float(next(right)) for gold in answer]
 
 
 def format_reward(pattern: str = THINK_ANSWER_FORMAT, name: str = "format") -> Callable[..., RewardList]:
