@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 from setting import step_trainer
+from smoke import add_smoke, shrink
+from smoke import policy as load
 
 
 def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 5) -> tuple[float, int]:
@@ -114,13 +116,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=4, help="steps measured after one warm-up step")
     parser.add_argument("--beta", type=float, default=0.04)
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, one warm-up and one measured step")
+    args = shrink(parser.parse_args(), steps=1, threads=1)
     print(cpu_line(), flush=True)
     torch.set_num_threads(args.threads)
 
-    from grouprl.models import load_policy
-
-    policy, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    policy, tokenizer = load("smollm2-135m", args.smoke, dtype=torch.float32)
     shape = Shape.of(policy.config)
     peaks = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):

@@ -38,6 +38,8 @@ import time
 import torch
 from machine import cpu_line, start_under_allocator
 from setting import step_trainer
+from smoke import add_smoke, shrink
+from smoke import policy as load
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 CHECKPOINTING = {"default": None, "true": True, "false": False}  # --gradient_checkpointing -> the config's value
@@ -117,7 +119,8 @@ def main() -> None:
                              "config's own, on)")
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting (auto, system, ...)")
     parser.add_argument("--lora_rank", type=int, default=0, help="train LoRA adapters of this rank (0: full weights)")
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, the built-in engine, one warm-up and one measured step")
+    args = shrink(parser.parse_args(), steps=1, threads=1, engine="hf")
     from grouprl.run.allocator import running
 
     start_under_allocator(args.allocator, args.threads)
@@ -125,11 +128,10 @@ def main() -> None:
     import transformers  # noqa: F401 - counted in the first row
 
     import grouprl.trainer.trainer  # noqa: F401 - counted in the first row, not in the setup
-    from grouprl.models import load_policy
     from grouprl.run import logs
 
     rows[0] = (rows[0][0], rss_mib())
-    policy, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    policy, tokenizer = load("smollm2-135m", args.smoke, dtype=torch.float32)
     with torch.no_grad():  # page the weights in: loaded memory-mapped, they would count where first read
         for p in policy.parameters():
             p.view(-1)[::1024].sum()
