@@ -1,8 +1,16 @@
 """Reward functions: the protocol and scoring (:mod:`.base`), built-ins (:mod:`.builtin`), final
-answers read and compared (:mod:`.answers`), a sandboxed code-execution reward (:mod:`.code`) and
-learned reward models (:mod:`.reward_model`)."""
+answers read and compared (:mod:`.answers`, math-verify bounded in :mod:`.symbolic`), a sandboxed
+code-execution reward (:mod:`.code`) and learned reward models (:mod:`.reward_model`)."""
 
-from grouprl.rewards.answers import answer_is_correct, check_golds, completion_answer, gold_answer, same_answer
+from grouprl.rewards.answers import (
+    answer_is_correct,
+    answers_correct,
+    check_golds,
+    completion_answer,
+    gold_answer,
+    same_answer,
+    same_answers,
+)
 from grouprl.rewards.base import (
     RewardFn,
     RewardFunctionError,
@@ -29,8 +37,8 @@ from grouprl.rewards.sandbox import Sandbox, SandboxLimits
 
 __all__ = [
     "REWARDS", "CodeExecutionReward", "RewardFn", "RewardFunctionError", "RewardModel", "RewardScores", "Sandbox",
-    "SandboxLimits", "answer_is_correct", "check_golds", "check_reward_columns", "completion_answer", "gold_answer",
-    "same_answer", "combine", "exact_match", "extract_answer", "format_reward",
-    "length_target", "make_reward", "math_equivalence", "overlong_penalty", "repetition_penalty", "reward_name",
-    "score_rewards", "train_reward_model",
+    "SandboxLimits", "answer_is_correct", "answers_correct", "check_golds", "check_reward_columns", "combine",
+    "completion_answer", "exact_match", "extract_answer", "format_reward", "gold_answer", "length_target",
+    "make_reward", "math_equivalence", "overlong_penalty", "repetition_penalty", "reward_name", "same_answer",
+    "same_answers", "score_rewards", "train_reward_model",
 ]
