@@ -18,6 +18,7 @@ import time
 
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from smoke import add_smoke, shrink
 
 SMOLLM2_PARAMS = 134.5e6
 
@@ -37,7 +38,8 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=40)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    add_smoke(parser, "2 tensors, one timed step")
+    args = shrink(parser.parse_args(), tensors=2, steps=1, threads=1)
     from torchao.optim import AdamW8bit
 
     print(cpu_line(), flush=True)

@@ -19,8 +19,8 @@ import time
 
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from smoke import add_smoke, policy, shrink
 
-from grouprl.models import load_policy
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
@@ -40,10 +40,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, one timing")
+    args = shrink(parser.parse_args(), repeats=1)
     print(cpu_line(), flush=True)
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    model, tokenizer = policy("smollm2-135m", args.smoke, dtype=torch.float32)
     sampler = Sampler(model, tokenizer)
     batch = sampler.generate(sampler.encode(PROMPTS), G, SamplingParams(max_new_tokens=64, temperature=1.0),
                              seed=args.seed)

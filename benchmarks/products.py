@@ -25,6 +25,7 @@ import time
 
 import torch
 from machine import cpu_line
+from smoke import add_smoke, shrink
 
 from grouprl.rollout.cpu import bf16_weights
 
@@ -50,7 +51,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rows", default="2,4,8,16")
-    args = parser.parse_args()
+    add_smoke(parser, "16 rows only (the step's totals need them)")
+    args = shrink(parser.parse_args(), rows="16")
     torch.set_num_threads(args.threads)
     print(cpu_line(), f"threads {args.threads}", flush=True)
     linear, mm = torch.nn.functional.linear, torch.mm

@@ -21,6 +21,8 @@ from collections import defaultdict
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 from setting import step_trainer
+from smoke import add_smoke, shrink
+from smoke import policy as load
 from torch.profiler import ProfilerActivity, profile
 
 KINDS = {
@@ -65,13 +67,12 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--engine", choices=["auto", "hf", "vllm"], default="auto", help="grouprl's rollout_engine")
     parser.add_argument("--shapes", type=int, default=0, help="print each phase's N costliest operator-and-shape pairs")
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, the built-in engine, the first step profiled")
+    args = shrink(parser.parse_args(), steps=0, engine="hf")
     print(cpu_line(), flush=True)
     torch.set_num_threads(args.threads)
 
-    from grouprl.models import load_policy
-
-    policy, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    policy, tokenizer = load("smollm2-135m", args.smoke, dtype=torch.float32)
     trainer = step_trainer(policy, tokenizer, "profile", beta=args.beta, rollout_engine=args.engine)
     profiles, on = {}, [False]
 
