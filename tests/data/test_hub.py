@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -161,3 +162,19 @@ def test_golds_that_give_no_answer_are_counted_before_training(tmp_path):
     own = TrainConfig(dataset=str(path), eval_size=0, reward_functions=("format",),
                       accuracy_fn="grouprl.cli.demo:only_digits")
     assert len(build_inputs(own).train_rows) == 3
+
+
+def test_a_reward_function_asking_for_the_renamed_column_is_told_its_new_name(tmp_path):
+    from grouprl.errors import ConfigError
+    from tests.helpers.hub_layout import write_math_layout
+
+    rewards = tmp_path / "rewards.py"
+    rewards.write_text("def by_solution(prompts, completions, solution):\n    return [0.0] * len(completions)\n")
+    config = TrainConfig(dataset=str(write_math_layout(tmp_path / "math")), dataset_config="algebra",
+                         eval_split="test", prompt_column="problem", answer_column="solution",
+                         reward_functions=(f"{rewards}:by_solution",))
+    with pytest.raises(ConfigError, match="takes 'solution', the column that answer_column renames to 'answer'"):
+        build_inputs(config)
+    inputs = build_inputs(replace(config, reward_functions=("math_equivalence",)))
+    assert inputs.eval_rows[0]["answer"] == r"Adding 7 to both sides gives $x = \boxed{14}$."
+    assert inputs.is_correct(r"So $x = \boxed{14}$.", inputs.eval_rows[0])

@@ -137,6 +137,25 @@ def check_gold_answers(config: TrainConfig, rows: list[Row], places: dict[int, s
     warnings.warn(f"{message}: completions for those rows always score 0", stacklevel=2)
 
 
+def check_renamed_answer(config: TrainConfig, fns: list[Callable[..., Any]]) -> None:
+    """A reward function that asks for the answer column by its name in the data, which ``answer_column``
+    renamed to ``answer``, is told so (the generic message would call the column missing)."""
+    import inspect
+
+    from grouprl.rewards import reward_name
+
+    if not config.dataset or config.answer_column == ANSWER:
+        return
+    for fn in fns:
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            continue
+        if config.answer_column in params:
+            raise ConfigError(f"reward function {reward_name(fn)!r} takes {config.answer_column!r}, the column that "
+                              f"answer_column renames to 'answer': name that parameter answer")
+
+
 def load_checker(config: TrainConfig, task: Any, eval_rows: list[Row]) -> Callable[[str, Row], bool] | None:
     if config.accuracy_fn:
         fn = import_object(config.accuracy_fn, "accuracy_fn")
@@ -156,6 +175,7 @@ def build_inputs(config: TrainConfig) -> RunInputs:
     if task is None and config.dataset:
         check_gold_answers(config, [*train, *held], places, checked=checker is answer_checker)
     fns, weights = load_reward_fns(config, task)
+    check_renamed_answer(config, fns)
     env, tools = None, []
     if config.env or config.tools:
         from grouprl.envs.registry import env_tools, make_env_factory
