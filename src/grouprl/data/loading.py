@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -122,12 +123,20 @@ def load_records(source: str | Path | Any, split: str | None = None, config: str
     return _from_datasets(load_hub(str(path) if path.is_dir() else str(source), config, split), split, str(source))
 
 
+FILE_SUFFIX = re.compile(r"\.[A-Za-z]\w*")
+"""A file's suffix (.jsonl, .txt); a hub id's version number (AI-MO/NuminaMath-1.5) is not one."""
+
+
 def missing_file(source: str | Path) -> str | None:
-    """What is wrong with ``source`` when it names a file (a path, or a name with a suffix) that does not
-    exist; None when it exists or reads as a Hugging Face dataset id. Cheap: the config checks call it
-    before anything is built."""
+    """What is wrong with ``source`` when it names a file (a path, or a name with a file's suffix) that does
+    not exist; None when it exists or reads as a Hugging Face dataset id. Cheap: the config checks call it
+    before anything is built.
+
+    >>> missing_file("prompts.jsonl"), missing_file("openai/gsm8k"), missing_file("AI-MO/NuminaMath-1.5")
+    ("prompt file 'prompts.jsonl' does not exist", None, None)
+    """
     path = Path(source).expanduser()
-    if path.exists() or not (str(source).startswith(("/", ".", "~")) or path.suffix):
+    if path.exists() or not (str(source).startswith(("/", ".", "~")) or FILE_SUFFIX.fullmatch(path.suffix)):
         return None
     return f"prompt file {str(source)!r} does not exist"
 
