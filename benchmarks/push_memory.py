@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from smoke import add_smoke, shrink
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -243,7 +244,8 @@ def main() -> None:
     parser.add_argument("--seconds", action="store_true", help="time each way in one process instead")
     parser.add_argument("--collective", action="store_true",
                         help="a collective push's memory in one process instead: staged copy against live reads")
-    args = parser.parse_args()
+    add_smoke(parser, "a model of 1 layer of width 64, one repeat")
+    args = shrink(parser.parse_args(), hidden=64, layers=1, repeats=1)
     print(cpu_line())
     if args.collective:
         mib = collective(args)

@@ -42,8 +42,8 @@ from unittest import mock
 
 import torch
 from machine import start_under_allocator  # benchmarks/machine.py: every figure names its CPU
+from smoke import add_smoke, policy, shrink
 
-from grouprl.models import load_policy
 from grouprl.models.precision import resolve_formats
 from grouprl.rollout.cpu.layer_loop import LayerLoop
 from grouprl.rollout.engines import resolve_compile, resolve_engine
@@ -192,12 +192,13 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto (a GPU where there is one), cpu or cuda")
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting (auto: what the grouprl "
                         "command preloads, tcmalloc where installed; system: the C library's malloc)")
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, 4 rows x 4 new tokens, fp32, no vLLM, one rollout per method")
+    args = shrink(parser.parse_args(), repeats=1, warmup=0, threads=1, settings="4x4", formats="fp32", no_vllm=True)
     start_under_allocator(args.allocator, args.threads)  # as the grouprl command starts itself
     device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         print(f"gpu: {torch.cuda.get_device_name(device)} (torch {torch.__version__})", flush=True)
-    model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    model, tokenizer = policy("smollm2-135m", args.smoke, dtype=torch.float32)
     model.to(device)
     sampler = Sampler(model, tokenizer)
     settings = [tuple(map(int, s.split("x"))) for s in args.settings.split(",")]
