@@ -168,3 +168,14 @@ def test_grouprl_serve_beyond_this_machine_without_a_token_stops_before_loading_
     monkeypatch.setattr(build, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert cli.main(["serve", "--host", "0.0.0.0", "--model", "tiny"]) == 2
     assert "--host 0.0.0.0 listens beyond this machine and needs a token" in capsys.readouterr().err
+
+
+def test_grouprl_serve_with_a_weights_root_that_is_not_a_folder_stops_before_loading_anything(monkeypatch, capsys,
+                                                                                              tmp_path):
+    from grouprl import cli
+    from grouprl.cli import build
+
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    monkeypatch.setattr(build, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert cli.main(["serve", "--model", "tiny", "--weights_root", str(tmp_path / "unmounted")]) == 2
+    assert f"--weights_root {tmp_path / 'unmounted'} is not a folder" in capsys.readouterr().err

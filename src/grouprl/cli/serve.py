@@ -85,6 +85,8 @@ def _serve(args: argparse.Namespace, rest: list[str]) -> int:
     from grouprl.serve.transport import default_weights_root
 
     token = server_token(args.api_key, args.host, args.port)  # refused before the model loads
+    if args.weights_root is not None and not Path(args.weights_root).is_dir():
+        raise ValueError(f"--weights_root {args.weights_root} is not a folder (mount the shared storage first)")
     from grouprl.cli.build import load_model
     from grouprl.serve.server import EngineDied, ServeOptions, prepare, run
 
