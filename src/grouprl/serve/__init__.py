@@ -1,7 +1,9 @@
 """Rollouts served by separate inference server processes (docs/servers.md).
 
 - :mod:`grouprl.serve.server` and :mod:`grouprl.serve.routes`: ``grouprl serve``, vLLM's HTTP server
-  with grouprl's weight and version routes on the same app;
+  with grouprl's weight and version routes on the same app; :mod:`grouprl.serve.guard` around it (the token,
+  request limits), :mod:`grouprl.serve.pushes` (what a push is checked for before it loads: where from, which
+  version, what files), :mod:`grouprl.serve.parent` (a server a run started ends with the run);
 - :mod:`grouprl.serve.client`: :class:`ServerSampler`, the trainer's rollout engine over one or more
   servers (same interface as the in-process engines);
 - :mod:`grouprl.serve.completions`: a server's answers, as the trainer reads them;
