@@ -19,7 +19,7 @@ TRL = {
     "tag-phrase-inside": 0, "tag-assignment": 0, "tag-unclosed": 0, "tag-upper-case": 0, "tag-hedge-outside": 0,
     "tag-full-stop": 0, "tag-it-is": 0, "tag-maybe-single": 0, "phrase-final-answer": 0, "phrase-is-colon": 0,
     "phrase-then-rambling": 0, "last-number-calc": 0, "phrase-introduces-reasoning": 0, "phrase-answer-colon-sum": 0,
-    "think-phrase-inside-ignored": 0, "think-unclosed": 0,
+    "think-phrase-inside-ignored": 0, "think-unclosed": 0, "phrase-corrected": 0, "phrase-step-heading": 0,
     # LaTeX without braces (\dfrac34, \sqrt 3) that TRL's call does not turn into an expression
     "math-dfrac-nobraces": 0, "math-sqrt-spaces": 0,
     # math-verify compares floats rounded to 6 digits: 0.3333333 passes as 1/3

@@ -178,6 +178,7 @@ def hostile_cases():
         ("100 KB of prose ending in the answer", ("word 3 " * 14_000) + "<answer>72</answer>", "72", 1.0),
         ("100 KB of unclosed boxes", "\\boxed{" * 14_000 + " 72", "72", 1.0),
         ("100 KB of unclosed tags", "<answer>" * 12_000 + "72", "72", 1.0),
+        ("100 KB of answer phrases", "answer: 1. " * 9_000 + "answer: 72", "72", 1.0),
         ("100 KB of digits", "<answer>" + "9" * 100_000 + "</answer>", "9" * 99_999 + "8", 0.0),
         ("the same 100 KB number", "<answer>" + "9" * 100_000 + "</answer>", "9" * 100_000, 1.0),
         ("2000 boxes nested", nested_boxes, "7", 0.0),

@@ -9,7 +9,8 @@ none), looking in this order; the first kind found decides:
 4. "the answer is N" / "answer: N" (up to the end of the sentence),
 5. the last number in the text.
 
-Several marks of the deciding kind (two tags, two boxes ...) must agree once normalised, and one
+Several tags, boxes or ``####`` lines must agree once normalised (of "answer is" phrases, which
+also head reasoning steps and corrections, the last counts), and one
 answer must not offer alternatives ("12 or 15", "either 12 or 15", "12 or maybe 15"): otherwise the
 completion offers several candidates and has no answer, so a policy cannot earn the reward by
 hedging. For the last-number fallback, the last two numbers joined by such a word count the same way.
@@ -37,11 +38,12 @@ NUMBER = re.compile(r"(?:(?<![\w)\]])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+|/\d+)
 _TAG = re.compile(r"<(/?)answer>", re.IGNORECASE)
 _BOX = re.compile(r"\\boxed\s*\{|\{|\}")
 _HASHES = re.compile(r"####[ \t]*([-+$\\.\d€£(][^\n]*)")  # a number follows; "#### Step 1" is a heading
-# "The answer is simple: ..." introduces reasoning, not an answer.
+# "The answer is simple: ..." introduces reasoning, not an answer. The answer runs to the end of its
+# sentence (". ", "!", "?", ";", a line end, or ", " then a word: "72, since ..."), matched lazily so
+# each character is read once, however many phrases a line holds.
 _PHRASE = re.compile(r"\banswer\s*(?:is\b\s*:?|:|=)(?![ \t]*(?:simple|easy|clear|straightforward|not|as follows|below|"
-                     r"that|this|to|the following|given|shown|found|computed|calculated)\b)[ \t]*([^\n]*)",
-                     re.IGNORECASE)
-_SENTENCE_END = re.compile(r"\.(?=\s|$)|[!?;]|,\s+(?=[A-Za-z])")
+                     r"that|this|to|the following|given|shown|found|computed|calculated)\b)[ \t]*"
+                     r"([^\n]*?)(?=\.(?:\s|$)|[!?;\n]|,\s+[A-Za-z]|$)", re.IGNORECASE)
 _HEDGE = re.compile(r"\b(?:or|maybe|perhaps|possibly|either)\b", re.IGNORECASE)
 _BETWEEN_HEDGED = re.compile(r"\s*,?\s*(?:(?:or|maybe|perhaps|possibly)\b\s*)+$", re.IGNORECASE)
 _MINUS = str.maketrans({"\u2212": "-", "\uff0d": "-", "\ufe63": "-"})
@@ -128,10 +130,13 @@ def completion_answer(text: str) -> str | None:
     end_of_thought = text.lower().rfind("</think>")
     text = text[end_of_thought + len("</think>"):] if end_of_thought >= 0 else text
     text = text.translate(_MINUS)
-    for find in (_tags, _boxes, _hashes, _phrases):
+    for find in (_tags, _boxes, _hashes):
         spans = find(text)
         if spans:
             return _agreed(spans)
+    phrases = _phrases(text)
+    if phrases:  # "answer:" also heads reasoning steps, and a later "the answer is" corrects an earlier one
+        return _agreed(phrases[-1:])
     return _last_number(text)
 
 
@@ -302,7 +307,7 @@ def _hashes(text: str) -> list[str]:
 
 
 def _phrases(text: str) -> list[str]:
-    return [_SENTENCE_END.split(span, 1)[0] for span in _PHRASE.findall(text)]
+    return _PHRASE.findall(text)
 
 
 def _agreed(spans: list[str], depth: int = 0) -> str | None:
