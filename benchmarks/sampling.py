@@ -18,6 +18,7 @@ import time
 
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from smoke import add_smoke, shrink
 
 from grouprl.rollout.picking import pick_tokens
 from grouprl.types import SamplingParams
@@ -50,7 +51,8 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--vocab", type=int, default=49152, help="SmolLM2's")
     parser.add_argument("--repeats", type=int, default=200)
-    args = parser.parse_args()
+    add_smoke(parser, "4 rows, one thread, a vocabulary of 1024, 2 timings")
+    args = shrink(parser.parse_args(), rows="4", threads="1", vocab=1024, repeats=2)
     print(cpu_line(), flush=True)
     params = SamplingParams(max_new_tokens=1, temperature=1.0)
     ratios = []

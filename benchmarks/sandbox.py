@@ -15,6 +15,7 @@ import statistics
 import time
 
 from machine import cpu_line
+from smoke import add_smoke, shrink
 
 from grouprl.rewards.code import CodeExecutionReward
 from grouprl.rewards.sandbox import Sandbox
@@ -26,7 +27,8 @@ TESTS = ["assert add(2, 3) == 5", "assert add(-1, 1) == 0", "assert add(10, 0) =
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--programs", type=int, default=40)
-    args = parser.parse_args()
+    add_smoke(parser, "one program each way")
+    args = shrink(parser.parse_args(), programs=1)
     print(cpu_line())
     sandboxes = {name: Sandbox(isolation=name) for name in ("bubblewrap", "unsafe")}
     rewards = {name: CodeExecutionReward(isolation=name, workers=1) for name in ("bubblewrap", "unsafe")}

@@ -22,9 +22,23 @@ def shrink(args: argparse.Namespace, **values: Any) -> argparse.Namespace:
     return args
 
 
-def policy(name: str, smoke: bool, **options: Any) -> tuple[Any, Any]:
+def policy(name: str, smoke: bool, *, for_vllm: bool = False, **options: Any) -> tuple[Any, Any]:
     """(model, tokenizer): ``name`` through ``grouprl.models.load_policy`` with ``options``, or with ``smoke`` the
-    tiny random 2-layer model (fp32, seed 0)."""
+    tiny random 2-layer model (fp32, seed 0); ``for_vllm``: with heads of 64 dimensions, the smallest vLLM's CPU
+    attention takes."""
     from grouprl.models import load_policy, tiny_causal_lm
 
-    return tiny_causal_lm(seed=0) if smoke else load_policy(name, **options)
+    if not smoke:
+        return load_policy(name, **options)
+    return tiny_causal_lm(seed=0, hidden_size=128, num_heads=2, num_kv_heads=2) if for_vllm else tiny_causal_lm(seed=0)
+
+
+def tiny_folder(folder: str, for_vllm: bool = False) -> str:
+    """The tiny model (:func:`policy`) saved as a model folder at ``folder``, for a ``--model`` option."""
+    from pathlib import Path
+
+    from grouprl.run.checkpoint import save_policy
+
+    model, tokenizer = policy("", True, for_vllm=for_vllm)
+    save_policy(model, Path(folder), tokenizer)
+    return folder

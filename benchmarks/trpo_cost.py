@@ -21,6 +21,7 @@ from pathlib import Path
 from tempfile import mkdtemp
 
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from smoke import add_smoke, shrink
 
 
 def rss_mb() -> float:
@@ -80,7 +81,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--methods", default="grpo,ppo,trpo")
     parser.add_argument("--out", default=None, help="append the JSON lines to this file")
-    a = parser.parse_args()
+    add_smoke(parser, "the tiny model, 1 prompt x 2 samples of 4 tokens, one thread, each method")
+    a = shrink(parser.parse_args(), model="tiny", lora_rank=0, prompts=1, group=2, tokens=4, threads=1, out=None)
     print(cpu_line(), flush=True)
     args = {k: getattr(a, k) for k in ("model", "lora_rank", "prompts", "group", "tokens", "threads")}
     ctx = multiprocessing.get_context("spawn")

@@ -26,9 +26,9 @@ import time
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 from rollout import G, prompts
+from smoke import add_smoke, policy, shrink
 from torch import nn
 
-from grouprl.models import load_policy
 from grouprl.rollout.cpu.weight_only import Copies, model_linears
 from grouprl.rollout.formats import FORMATS
 from grouprl.rollout.logprobs import token_logprobs
@@ -59,10 +59,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--lr", type=float, default=1e-6, help="the Adam step's learning rate")
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model, one timing")
+    args = shrink(parser.parse_args(), repeats=1)
     torch.set_num_threads(args.threads)
     print(cpu_line(), f"threads {args.threads}", flush=True)
-    model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    model, tokenizer = policy("smollm2-135m", args.smoke, dtype=torch.float32)
     for fmt in FORMATS:
         spec = FORMATS.get(fmt).weight_only
         if spec is None:
