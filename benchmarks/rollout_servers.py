@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure names its CPU
+from smoke import add_smoke, shrink
 
 from grouprl.rollout.sampler import Sampler
 from grouprl.serve.client import ServerSampler
@@ -68,7 +69,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--syncs", type=int, default=3)
     p.add_argument("--no_in_process", action="store_true", help="skip the in-process engine")
-    a = p.parse_args()
+    add_smoke(p, "the tiny model with 64-dimension heads, one server, 2 rows x 4 tokens, one rollout and one sync, "
+              "no in-process engine")
+    a = shrink(p.parse_args(), model="tiny64", rows=2, tokens=4, repeats=1, syncs=1, no_in_process=True)
     print(cpu_line(), flush=True)
     model, tok = load(a.model)
     ids = Sampler(model, tok).encode(prompts(a.rows))

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from machine import cpu_line
+from smoke import add_smoke, shrink, tiny_folder
 
 ENGINES = ("hf", "vllm")
 PHASES = ("time/rollout", "time/logprobs", "time/update", "time/weight_push")
@@ -44,7 +45,7 @@ def inputs(root: Path) -> tuple[Path, str]:
 def run(engine: str, tokens: int, args: argparse.Namespace, root: Path) -> dict:
     out = root / f"{engine}-{tokens}"
     data, reward = inputs(root)
-    argv = [sys.executable, "-m", "grouprl", "train", "--no-progress", "--no-tensorboard", "--model", "smollm2-135m",
+    argv = [sys.executable, "-m", "grouprl", "train", "--no-progress", "--no-tensorboard", "--model", args.model,
             "--dataset", str(data), "--reward_functions", reward, "--eval_fraction", "0",
             "--prompts_per_step", str(args.prompts), "--group_size", str(args.group),
             "--max_new_tokens", str(tokens), "--total_steps", str(args.steps), "--lr", "1e-6",
@@ -66,7 +67,11 @@ def main() -> None:
     parser.add_argument("--tokens", default="128,512", help="max_new_tokens settings, comma-separated")
     parser.add_argument("--steps", type=int, default=3, help="steps per run; the first is left out of the median")
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--model", default="smollm2-135m", help="the model both engines train")
+    add_smoke(parser, "the tiny model with 64-dimension heads (as a model folder), one step of 1 prompt x 2 of 4 "
+                      "tokens per engine")
+    args = shrink(parser.parse_args(), prompts=1, group=2, tokens="4", steps=1, threads=1,
+                  model=lambda: tiny_folder(tempfile.mkdtemp(prefix="step-engines-smoke-"), for_vllm=True))
     print(cpu_line(), flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

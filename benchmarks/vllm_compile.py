@@ -24,8 +24,8 @@ import time
 import torch
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
 from rollout import G, prompts
+from smoke import add_smoke, policy, shrink
 
-from grouprl.models import load_policy
 from grouprl.rollout.sampler import Sampler
 from grouprl.types import SamplingParams
 
@@ -45,10 +45,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=4)
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model with 64-dimension heads, 4 rows x 4 new tokens, one timing")
+    args = shrink(parser.parse_args(), rows=4, new_tokens=4, repeats=1)
     torch.set_num_threads(args.threads)
     print(cpu_line(), flush=True)
-    model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    model, tokenizer = policy("smollm2-135m", args.smoke, for_vllm=True, dtype=torch.float32)
     ids = Sampler(model, tokenizer).encode(prompts(max(G, args.rows)))
     engines, starts = {}, {}
     for mode in ("eager", "compiled"):

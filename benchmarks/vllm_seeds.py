@@ -16,8 +16,7 @@ import argparse
 import torch
 from machine import start_under_allocator  # benchmarks/machine.py: every figure names its CPU
 from rollout import G, finished, prompts
-
-from grouprl.models import load_policy
+from smoke import add_smoke, policy, shrink
 
 
 def main() -> None:
@@ -27,14 +26,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--allocator", default="auto", help="as grouprl's allocator setting")
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model with 64-dimension heads, 4 rows x 4 new tokens, one timing")
+    args = shrink(parser.parse_args(), rows=4, new_tokens=4, repeats=1, threads=1)
     start_under_allocator(args.allocator, args.threads)
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from grouprl.rollout.vllm import VLLMSampler
 
-    model, tok = load_policy("smollm2-135m", dtype=torch.float32)
+    model, tok = policy("smollm2-135m", args.smoke, for_vllm=True, dtype=torch.float32)
     engine = VLLMSampler(model, tok, max_model_len=args.new_tokens + 64, dtype="bfloat16", max_rows=args.rows)
     engine.sync_weights()
     requests = [TokensPrompt(prompt_token_ids=tok(p)["input_ids"]) for p in prompts(args.rows) for _ in range(G)]
