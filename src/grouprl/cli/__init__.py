@@ -42,8 +42,9 @@ EXAMPLE = ("example (a random tiny model, one step; --dataset prompts.jsonl inst
            "prompts): grouprl train --model tiny --task countdown --reward_functions exact_match,format "
            "--total_steps 1 --output_dir runs/try")
 """The epilog of ``grouprl train --help``: one runnable line with the keys a newcomer sets first."""
-EVAL_OPTIONS = ("model", "task", "task_options", "dataset", "eval_dataset", "env", "env_options", "tools",
-                "eval_size", "eval_samples", "eval_temperature", "max_new_tokens", "reward_functions", "seed")
+EVAL_OPTIONS = ("model", "task", "task_options", "dataset", "dataset_config", "eval_dataset", "eval_split",
+                "prompt_column", "answer_column", "env", "env_options", "tools", "eval_size", "eval_samples",
+                "eval_temperature", "max_new_tokens", "reward_functions", "seed")
 """The keys ``grouprl eval --help`` lists; every other train key is accepted too."""
 
 
