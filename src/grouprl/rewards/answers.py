@@ -10,16 +10,17 @@ none), looking in this order; the first kind found decides:
 5. the last number in the text.
 
 Several tags, boxes or ``####`` lines must agree once normalised (of "answer is" phrases, which
-also head reasoning steps and corrections, the last counts), and one
-answer must not offer alternatives ("12 or 15", "either 12 or 15", "12 or maybe 15"): otherwise the
-completion offers several candidates and has no answer, so a policy cannot earn the reward by
-hedging. For the last-number fallback, the last two numbers joined by such a word count the same way.
+also head reasoning steps and corrections, the last counts), and one answer must not offer
+alternatives ("12 or 15", "either 12 or 15", "12 or maybe 15"): otherwise the completion offers
+several candidates and has no answer, so a policy cannot earn the reward by hedging. For the
+last-number fallback, the last two numbers joined by such a word count the same way.
 
 Comparison normalises both sides (LaTeX spacing and ``\left``/``\right``, ``\dfrac``, ``\text{}``,
 currency, thousands separators, degrees, percent, a leading ``x =``, units or words after a number),
 compares exact numbers exactly (``72.00`` = 72, ``0.5`` = ``\frac{1}{2}``), text case- and
-space-insensitively, and otherwise asks math-verify for symbolic equality. The percent sign is read
-as a unit: "25%" equals 25 (GSM8K's and MATH's convention), not 0.25. See docs/answers.md.
+space-insensitively, and otherwise asks math-verify for symbolic equality, bounded in any thread
+(:mod:`grouprl.rewards.symbolic`). The percent sign is read as a unit: "25%" equals 25 (GSM8K's and
+MATH's convention), not 0.25. See docs/answers.md.
 """
 
 from __future__ import annotations
