@@ -37,6 +37,7 @@ import tempfile
 import time
 
 from machine import cpu_line
+from smoke import add_smoke, shrink
 
 SHAPES = {  # hidden, layers, heads, kv heads, MLP width, tied embeddings
     "tiny": (256, 2, 4, 4, 512, True),          # head_dim 64: vLLM's CPU attention refuses 16
@@ -305,7 +306,10 @@ def main() -> None:
     parser.add_argument("--vllm", action="store_true", help="vLLM rollouts on both sides")
     parser.add_argument("--profile", default="", help="folder for one step's trace and top operators")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    add_smoke(parser, "grouprl alone (TRL need not be installed), the tiny shape, 2 prompts x 2 completions x 4 "
+                      "new tokens, a warm-up and one timed step")
+    args = shrink(parser.parse_args(), shape="tiny", frameworks="grouprl", prompts=2, group=2, new_tokens=4, steps=2,
+                  micro_batch_size=4, lora_rank=0, vllm=False, profile="")
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
     if args.worker:
         device = Device()
@@ -321,6 +325,8 @@ def main() -> None:
         rows[framework] = summary(framework, ready, steps, args, device_name)
         print(json.dumps(rows[framework]), flush=True)
     print(table(list(rows.values())))
+    if args.smoke:
+        print(f"grouprl_step_s={rows['grouprl']['step_s']:.2f} (smoke: grouprl alone, the tiny shape)")
     if {"grouprl", "trl"} <= set(rows):
         ours, theirs = rows["grouprl"], rows["trl"]
         key = "peak_reserved_gib" if "peak_reserved_gib" in ours else "peak_rss_gib"
