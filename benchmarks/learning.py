@@ -72,6 +72,7 @@ from learning_report import FRAMEWORKS, ablations, read_records, report
 from learning_settings import demo_config
 from learning_workers import grouprl_worker, start_protocol, task, trl_worker
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from smoke import add_smoke
 
 EVAL_SEED = 0  # the held-out problems and their sampling seeds, the same for every model
 
@@ -263,9 +264,8 @@ def main() -> None:
     parser.add_argument("--compare_with", help="results folder whose other frameworks' curves the report uses")
     parser.add_argument("--ablations", help="instead: summarise every ablation folder under this one against "
                         "--compare_with (ablations.md)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="check that the benchmark still runs: grouprl alone (TRL need not be installed), one step "
-                        "on the tiny model, 2 held-out problems x 1 sample, into a temporary folder")
+    add_smoke(parser, "grouprl alone (TRL need not be installed), one step on the tiny model, 2 held-out problems x 1 "
+                      "sample, into a temporary folder")
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--base", help=argparse.SUPPRESS)

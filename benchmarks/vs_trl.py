@@ -40,6 +40,7 @@ import sys
 import time
 
 from machine import cpu_line  # benchmarks/machine.py: every figure says which CPU it came from
+from smoke import add_smoke
 from vs_trl_curves import curves
 
 from grouprl.run.allocator import describe as describe_allocator
@@ -352,9 +353,8 @@ def main() -> None:
     parser.add_argument("--trl_dtype", choices=["auto", "fp32", "bf16"], default="auto",
                         help="TRL's number format; auto: bf16 where this machine's training-sized bf16 products are "
                              "faster (grouprl's own probe), else fp32: TRL at its best setting here")
-    parser.add_argument("--smoke", action="store_true",
-                        help="check that the benchmark still runs: grouprl's worker alone (TRL need not be installed) "
-                        "on the tiny model, a warm-up and one timed step at beta 0.04, the decode step not compiled")
+    add_smoke(parser, "grouprl's worker alone (TRL need not be installed) on the tiny model, a warm-up and one timed "
+                      "step at beta 0.04, the decode step not compiled")
     parser.add_argument("--model", default="smollm2-135m", help=argparse.SUPPRESS)  # the worker's; --smoke: tiny
     parser.add_argument("--worker", choices=["grouprl", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--beta", type=float, default=0.04, help=argparse.SUPPRESS)
