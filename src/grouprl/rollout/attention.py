@@ -1,27 +1,17 @@
 """Attention for decode steps: the few new queries of each row against its cached keys, head group by
 head group, with no copy of the cache.
 
-``transformers``' SDPA path expands grouped keys and values to every query head (``repeat_kv``: a copy
-of the whole cache, per layer, per step) whenever a mask is passed on a CPU, which decoding with padded
-rows always does; that copy costs several times the arithmetic. Measured on a 2-core AMD EPYC (Zen 4),
-one layer of SmolLM2 (9 query heads on 3 key/value heads, 64 wide), 32 rows, 300 cached positions, one
-query: 3.95 ms fp32 / 7.18 ms bf16 through repeat + SDPA, 0.67 / 1.50 ms here at the time. A step of the
-multi-turn engine spends a quarter of its time in attention, so this is the rollout engines' attention
-(:func:`decoding`); prefills (more than :data:`MAX_QUERIES` new positions) and every training pass keep
-``transformers``' SDPA.
+``transformers``' SDPA path expands grouped keys and values to every query head (``repeat_kv``, a copy of
+the whole cache per layer and step) whenever a mask is passed on a CPU, which padded decoding always does;
+that copy costs several times the arithmetic. So decode steps use :func:`decoding`; prefills (more than
+:data:`MAX_QUERIES` new positions) and training passes keep ``transformers``' SDPA.
 
-Two kernels, picked by format on a CPU (a GPU keeps the products). In bf16 PyTorch's SDPA reads
-grouped heads itself (``enable_gqa``, no expansion) and its fused CPU kernel reads the cache views in
-place: per layer, 2-32 rows, 90-300 positions, it takes 0.28-0.67x the time of two batched products
-around a float32 softmax, whose bf16 products copy the cache views first (their batch stride, the
-buffer's capacity, is not dense). In float32 neither wins everywhere (fused: 0.52-0.92x at 90
-positions, 0.83-0.85x at 2 rows and 300 positions, 1.15-1.31x at 16-32 rows and 300 positions, on the
-AMX Xeon and with it capped to AVX2), and the long multi-turn caches are where attention costs most, so
-float32 keeps the products. ``python benchmarks/attention.py``; logs in ``benchmarks/results/attention/``.
+On a CPU the kernel is picked by format: bf16 uses PyTorch's fused SDPA with ``enable_gqa`` (it reads the
+cache views in place); float32 uses two batched products around a softmax, which keep up on the long
+multi-turn caches where attention costs most. A GPU keeps the products.
 
 Shapes: B rows, H query heads in KV groups of g = H / KV, q new positions, L cached + new positions,
-D head width.
-"""
+D head width."""
 
 from __future__ import annotations
 

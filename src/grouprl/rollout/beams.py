@@ -4,15 +4,11 @@ Shapes: P prompts, W = G beams per prompt, pa prompts still searching, N = max_n
 V vocabulary, C candidate hypotheses that end at a step.
 
 A beam's score is the sum of its tokens' log-probs under ``log_softmax(logits / T)`` (T = 0 is read
-as 1; no length penalty), the same numbers :func:`grouprl.rollout.logprobs.token_logprobs` gives
-at that temperature. Each step keeps the W best continuations that do not stop; continuations that
-end (a stop token, or a stop string completed) join the prompt's W best finished hypotheses.
-Because every added token has log-prob <= 0, a running beam can only lose score, so a prompt is
-done, exactly, once its W-th best finished score is at least its best running score; its rows are
-then dropped from the batch. At ``max_new_tokens`` the running beams compete as truncated
-hypotheses. A running beam that completes a stop string leaves its slot empty for that step (the
-next step refills all W slots).
-"""
+as 1; no length penalty), as :func:`grouprl.rollout.logprobs.token_logprobs` gives them. Each step
+keeps the W best continuations that do not stop; those that end join the prompt's W best finished
+hypotheses. Log-probs are <= 0, so a prompt is done, exactly, once its W-th best finished score is at
+least its best running score; its rows then leave the batch. At ``max_new_tokens`` the running beams
+compete as truncated hypotheses. A beam that completes a stop string leaves its slot empty for that step."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """A KV cache that is written in place and can drop or repeat rows cheaply.
 
-``transformers``' ``DynamicLayer`` grows by ``torch.cat`` at every step, which copies the whole cache
-once per generated token (about a tenth of a decode step for SmolLM2-135M at 16 rows and ~100
-positions, and more as sequences grow). :class:`BufferLayer` preallocates ``capacity`` positions and
-writes each step's keys and values into place; the attention sees a view of the filled part.
-
-Only full-attention layers are replaced; sliding-window or linear-attention layers of hybrid
-models keep their own ``transformers`` implementation (they already support row selection).
-"""
+``transformers``' ``DynamicLayer`` grows by ``torch.cat``, copying the whole cache once per generated
+token. :class:`BufferLayer` preallocates ``capacity`` positions and writes each step's keys and values
+into place; the attention sees a view of the filled part. Only full-attention layers are replaced;
+sliding-window or linear-attention layers keep their ``transformers`` implementation."""
 
 from __future__ import annotations
 

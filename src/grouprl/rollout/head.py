@@ -8,16 +8,12 @@ gradient in place from the softmax p (log-probs of tokens x and entropies H = -s
     d logp_x / d logits = onehot(x) - p
     d H      / d logits = -p * (log p + H)
 
-so the chunk costs one exp and a few in-place passes over ``[c, V]`` instead of autograd's
-saved softmax, log-softmax and their backward kernels. Under autocast the products run in the
-autocast format, as autocast would run them (the weight cast once per pass, the log-softmax in
-float32): on SmolLM2's head in bf16, 656 positions, forward and backward take 1.28 s against 1.81 s
-through autograd with checkpointing (one thread, AMD EPYC Zen 4, ``python benchmarks/head.py``).
-Any other head (a peft-wrapped one, one with a bias) goes through :func:`chunk_scores` under
-activation checkpointing, with the same results.
+so a chunk costs one exp and a few in-place passes over ``[c, V]`` instead of autograd's saved
+softmax and its backward. Under autocast the products run in the autocast format (the weight cast
+once per pass, the log-softmax in float32). Any other head (peft-wrapped, with a bias) goes through
+:func:`chunk_scores` under activation checkpointing, with the same results.
 
-Shapes: n positions, c per chunk, H hidden size, V vocabulary.
-"""
+Shapes: n positions, c per chunk, H hidden size, V vocabulary."""
 
 from __future__ import annotations
 
@@ -70,13 +66,9 @@ class HeadScores(torch.autograd.Function):
     """(hidden [n, H], weight [V, H], tokens [n], temperature, with_entropy, chunk) -> (logp [n], entropy [n]),
     ``chunk`` positions at a time.
 
-    The products run in ``weight``'s format (``hidden`` is cast to it; its gradient comes back in
-    its own), whatever autocast says: the caller casts the weight once for the pass. Backward keeps
-    one chunk's ``[c, V]`` logits at a time and adds every chunk's weight gradient into one ``[V, H]``
-    buffer (one matrix product with accumulation per chunk), where a function per chunk would have
-    autograd hold each chunk's gradient and its running sum: at the start of the backward pass, when
-    the activations and the earlier micro-batches' gradients are all alive, that was one more
-    ``[V, H]`` (54 MiB for SmolLM2's head in bf16)."""
+    The products run in ``weight``'s format (``hidden`` is cast to it), whatever autocast says: the caller
+    casts the weight once for the pass. Backward keeps one chunk's ``[c, V]`` logits at a time and adds
+    every chunk's weight gradient into one ``[V, H]`` buffer, so autograd never holds a second ``[V, H]``."""
 
     @staticmethod
     def forward(ctx, hidden, weight, tokens, temperature, with_entropy, chunk):

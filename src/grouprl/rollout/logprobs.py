@@ -1,17 +1,14 @@
 """Per-token log-probs (and entropies) of given completions under a causal LM.
 
-The trainer scores every rollout under the policy (with grad), the old policy and the reference
-(without); this is the one function that does it. Memory is the issue: a float32
-``log_softmax`` over ``[B, T, V]`` is 3 GiB for 16 x 1024 tokens at V = 49k. So the decoder body
-runs once to hidden states ``[B, L, H]``, and the LM head, ``log_softmax`` and the gather run over
-chunks of completion positions (:mod:`grouprl.rollout.head`); backward recomputes a chunk's logits
-instead of keeping them. Padding positions are never sent through the head.
+The one function the trainer scores rollouts with (policy with grad, old policy and reference
+without). A float32 ``log_softmax`` over ``[B, T, V]`` does not fit, so the decoder body runs once to
+hidden states ``[B, L, H]`` and the LM head, ``log_softmax`` and gather run over chunks of completion
+positions (:mod:`grouprl.rollout.head`); backward recomputes a chunk's logits. Padding positions never
+go through the head.
 
-The rule for positions matches the sampler (left-padded prompts,
-``position_ids = (mask.cumsum(-1) - 1).clamp(min=0)``), so the log-probs of sampled tokens equal
-the sampler's ``sampling_logprobs`` when no filter or penalty was used. Temperature divides the
-logits, as in sampling (TRL and verl do the same); ``temperature=0`` (greedy) is scored at 1.
-"""
+Positions follow the sampler (left-padded prompts, ``position_ids = (mask.cumsum(-1) - 1).clamp(min=0)``),
+so the log-probs of sampled tokens equal the sampler's ``sampling_logprobs`` when no filter or penalty
+was used. Temperature divides the logits, as in sampling; ``temperature=0`` (greedy) is scored at 1."""
 
 from __future__ import annotations
 

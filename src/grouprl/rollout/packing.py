@@ -1,28 +1,20 @@
 """Padding-free layout of a batch of completions for the training forward passes.
 
-The padded layout runs every row as ``[prompt (left-padded to Lp) | completion (right-padded to
-T)]``: B * (Lp + T) positions. In a GRPO batch the G rows of a group share their prompt, and
-completions are much shorter than the longest one, so most of those positions are padding or
-repeats. The packed layout runs one sequence per run of rows with the same prompt::
+The padded layout runs every row as ``[prompt (left-padded to Lp) | completion (right-padded to T)]``.
+The G rows of a group share their prompt, so the packed layout runs one sequence per run of rows with
+the same prompt::
 
     [prompt | completion 1 | completion 2 | ... | completion G]
 
-under a 4D attention mask in which prompt tokens see the earlier prompt tokens and each
-completion token sees the whole prompt and the earlier tokens of its own completion, never
-another completion's. Position ids restart after the prompt for every completion, so each token
-sees exactly the keys, values and rotary positions it sees in the padded layout and its log-prob
-is the same up to float rounding; gradients flow through the one copy of the prompt into all G
-completions. A completion's last token predicts nothing and is left out. Sequences share rows as
-wide as the longest one (first-fit decreasing), each seeing only itself, so little padding is left.
-
-On SmolLM2-135M with 4 prompts of 44 tokens and G = 4 completions of ~30 tokens (at most 64),
-the padded layout runs 16 * 108 = 1728 positions, the packed one about 4 * (44 + 4 * 30) = 656
-plus what is left of padding.
+under a 4D attention mask: prompt tokens see the earlier prompt tokens, each completion token the whole
+prompt and the earlier tokens of its own completion. Position ids restart after the prompt for every
+completion, so each token's log-prob equals the padded layout's up to float rounding, and gradients
+flow through the one copy of the prompt into all G completions. A completion's last token predicts
+nothing and is left out. Sequences share rows as wide as the longest one (first-fit decreasing).
 
 Shapes: B rows, Lp prompt columns, T completion columns, S packed sequences (runs of rows with
 the same prompt), R rows they are packed into, L the longest sequence (the rows' width), n
-completion tokens that count.
-"""
+completion tokens that count."""
 
 from __future__ import annotations
 

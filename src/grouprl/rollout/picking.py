@@ -47,14 +47,9 @@ def _invert_cdf(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, t
 
     Returns (index [b] long, the row's total weight [b] float64).
 
-    Two levels, so that no running sum spans the vocabulary: the block of :data:`BLOCK` entries is
-    drawn from the blocks' float32 sums, then the entry inside it from the block's own running
-    sum, on the uniform's position within that block rescaled to the block's float64 total. Each
-    entry's share of its block is then exact to float64 rounding and each block's share of the row
-    is off by its float32 sum's rounding (~1e-7 relative), where one float32 running sum over a
-    49k vocabulary skews the draw by ~2e-4 in total variation (measured on SmolLM2) and one float64
-    running sum costs 3-17x the whole two-level draw (``benchmarks/sampling.py``).
-    """
+    Two levels, so that no float32 running sum spans the vocabulary (that skews the draw): the block of
+    :data:`BLOCK` entries is drawn from the blocks' float32 sums, then the entry from the block's own
+    running sum on the uniform's position within the block, rescaled to the block's float64 total."""
     b, k = weights.shape
     whole = k // BLOCK * BLOCK
     sums = weights[:, :whole].view(b, -1, BLOCK).sum(-1)  # [b, nb]

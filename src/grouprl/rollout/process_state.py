@@ -1,12 +1,8 @@
 """Process-wide settings that an in-process vLLM engine changes when it starts, put back afterwards.
 
-vLLM's CPU worker is written to own its process: on start it binds the process's memory to the NUMA
-node of its first CPU (``set_mempolicy(MPOL_BIND)``, "Memory allocations will be strictly bound to
-these NUMA nodes") and replaces ``torch.set_num_threads`` with a no-op. Run in the trainer's process, the
-first would confine the optimizer state, gradients and activations to one node of a multi-socket
-machine (running out of memory there while the other node is free), and the second would silently
-ignore every later thread setting. :func:`kept_process_state` restores both after the engine is built.
-"""
+vLLM's CPU worker binds the process's memory to one NUMA node and makes ``torch.set_num_threads`` a
+no-op; in the trainer's process that would confine training memory to one node and ignore later thread
+settings. :func:`kept_process_state` restores both after the engine is built."""
 
 from __future__ import annotations
 

@@ -66,11 +66,8 @@ class _WholeCall(nn.Module):
 def run_with_bf16_weights(model: nn.Module, fn: Callable[[nn.Module], Any]) -> Any:
     """``fn(model)`` with every float32 parameter replaced by a bfloat16 copy, under bf16 autocast.
 
-    Autocast alone re-casts each weight at every call under ``torch.inference_mode`` (its weight
-    cache only serves leaves that require grad outside inference mode), which made a bf16 decode
-    step several times slower than fp32. Casting once per rollout and substituting the copies with
-    ``functional_call`` keeps the live module untouched (the trainer still owns fp32 weights).
-    """
+    Autocast alone re-casts each weight at every call under ``torch.inference_mode``; casting once per
+    rollout and substituting the copies with ``functional_call`` keeps the live fp32 module untouched."""
     wrapper = _WholeCall(model)
     params = {name: p.to(torch.bfloat16) if p.dtype == torch.float32 else p for name, p in wrapper.named_parameters()}
     with torch.autocast(model_device(model).type, dtype=torch.bfloat16):
@@ -116,7 +113,6 @@ class Runner:
         weight_only = FORMATS.get(fmt).weight_only
         self.copies = Copies(weight_only) if weight_only is not None else None
         self.compiled = compiled if self.copies is None else None
-        # decode steps on a CPU skip the transformers forward's per-step glue (measured there only)
         self._loop = LayerLoop.plan(unwrap_model(model)) if model_device(model).type == "cpu" else None
         self._linears = model_linears(unwrap_model(model)) if self.copies is not None else []
         self.cache = make_cache(unwrap_model(model), capacity)

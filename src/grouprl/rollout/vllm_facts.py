@@ -1,12 +1,9 @@
 """What the installed vLLM can serve (its model architectures, the head sizes of its CPU attention), read once
 per installed vLLM and kept in ``$XDG_CACHE_HOME/grouprl/vllm-facts.json`` (or ``~/.cache/grouprl``).
 
-Asking costs an import of vLLM (9 s of a loaded 2-core Xeon); a run whose model vLLM cannot serve (the bundled
-``tiny`` model: head size 16, which vLLM's CPU attention does not take) would pay it at every start to learn
-what the last start learnt. The facts are the installed package's, not a measurement: they are keyed by where
-vLLM is installed and when its files were written, so another version or a reinstall asks again. A cache that
-cannot be read or written is asked around, never an error.
-"""
+Asking costs an import of vLLM, which a run whose model vLLM cannot serve would pay at every start. The
+facts are keyed by where vLLM is installed and when its files were written, so another version or a
+reinstall asks again. A cache that cannot be read or written is asked around, never an error."""
 
 from __future__ import annotations
 

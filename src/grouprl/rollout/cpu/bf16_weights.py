@@ -1,30 +1,15 @@
 """Decode steps on bf16 copies of the weights with fp32 activations: the ``bf16-weights`` rollout format,
 for CPUs without bf16 units.
 
-On an AVX2 CPU (AMD Zen 3, Intel without AMX exposed, or any CPU with its kernels capped to AVX2), bf16 matrix
-products run tens of times slower than fp32 at a training step's sizes and still slower at a decode step's,
-while a decode step of a few rows is held up by reading every fp32 weight once: a step of 3 rows moves
-540 MB for SmolLM2-135M and spends most of its time waiting for them. Half the bytes, read in bf16 and widened
-to fp32 in the registers (a shift), halve that wait without bf16 arithmetic: the products here run on
-panels of bf16 weights with fp32 inputs and fp32 sums (:file:`few_rows.cpp`, built on first use by
-:mod:`grouprl.rollout.cpu.native`). The only rounding is the weights' to bf16; activations, norms, attention, the
-KV cache and the sampling stay fp32, so the rollout's log-probs sit closer to the fp32 trainer's than bf16
-autocast's (every product's inputs rounded to bf16) do.
+On an AVX2 CPU bf16 matrix products are slower than fp32, while a decode step of a few rows waits on
+reading every fp32 weight. Half the bytes, read in bf16 and widened to fp32 in the registers, halve that
+wait without bf16 arithmetic: the products run on panels of bf16 weights with fp32 inputs and sums
+(:file:`few_rows.cpp`, built on first use by :mod:`grouprl.rollout.cpu.native`). The only rounding is the
+weights' to bf16, so the rollout's log-probs sit closer to the fp32 trainer's than bf16 autocast's do.
 
-On a 2-core Intel Xeon with its kernels capped to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2``),
-one thread, SmolLM2-135M's weights streamed from memory (``python benchmarks/products.py --threads 1 --rows
-1,2,4,8,16``, log ``benchmarks/results/products/xeon-avx2-capped-bf16-weights.log``): the 49k x 576 LM head at
-1 / 2 / 4 / 8 / 16 rows took 2.8 / 3.0 / 4.0 / 7.2 / 11.5 ms against 6.7 / 9.1 / 13.3 / 16.0 / 15.4 for the
-fastest of the fp32 layouts the engine then learnt to choose, a 16-row step's products 56.3 ms against 69.8.
-Whole rollouts of 16 x 64 (``python benchmarks/rollout.py --threads 1 --formats fp32,bf16-weights
---no_vllm --settings 16x64 --repeats 3 --warmup 1``, log
-``benchmarks/results/rollout/xeon-avx2-capped-bf16-weights.log``, taken with int8 beside them): 117.8 tokens/s
-against 65.5 in fp32, 3.26x ``model.generate`` (36.2, fp32).
-
-Only one-token decode steps are rerouted; prefills (many rows, where the BLAS is efficient) stay fp32. The
-bf16 copies are made per decode loop on first use (the weights change between rollouts): 270 MB for
-SmolLM2-135M. Products whose output width is not a multiple of 16 or input width is odd stay fp32.
-"""
+Only one-token decode steps are rerouted; prefills stay fp32. The bf16 copies are made per decode loop on
+first use (the weights change between rollouts). Products whose output width is not a multiple of 16 or
+input width is odd stay fp32."""
 
 from __future__ import annotations
 

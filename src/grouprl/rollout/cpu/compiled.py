@@ -1,26 +1,18 @@
 """Compiled decode steps: the layer loop's one-token step as one ``torch.compile`` graph.
 
-On a CPU whose matrix units make a small model's products fast (bf16 on AMX or AVX-512 BF16), more than
-half of a decode step is the few thousand small operators around the products (norms, rotary embedding,
-attention, residual adds, casts), each a dispatch of a few microseconds on a handful of numbers. Inductor
-fuses them into a few dozen C++ loops. Compiling per layer instead (one compiled call per layer) was
-measured to lose most of the gain: a compiled call costs ~25 us of guards and wrappers, as much as the
-small operators it replaces. So the whole step is one graph, and its inputs are plain tensors (the
-weights of this rollout, the cache buffers), not modules: a later rollout's fresh bf16 copies and a
-cache rebuilt for fewer rows reuse the compiled graph instead of retracing it.
+Where the matrix units make a small model's products fast, most of a decode step is the small operators
+around them (norms, rotary embedding, attention, casts); inductor fuses them into a few C++ loops. The
+whole step is one graph, since a compiled call per layer costs as much in guards as it saves; its inputs
+are plain tensors (this rollout's weights, the cache buffers), not modules, so fresh weight copies and a
+cache rebuilt for fewer rows reuse the graph instead of retracing it.
 
-The step is compiled at the first step it can take (2 or more rows, a few cached positions) and kept for
-the sampler's life. Rows and cache length are dynamic: one graph serves every later step of 2 or more rows
-(a step of one row, which would be compiled anew, runs eagerly). Compiling takes tens of
-seconds on the first rollout (inductor's on-disk cache shortens later runs', one entry per vector width:
-:func:`inductor_options`), reported as :attr:`CompiledStep.compile_seconds`.
-
-The graph computes what the eager loop computes, in the same formats; inductor fuses and orders the sums
-its own way, so the logits agree to the format's rounding, not bit for bit (tested).
+The step is compiled at the first step it can take (2 or more rows) and kept for the sampler's life; rows
+and cache length are dynamic, and a one-row step runs eagerly. The compile time of the first rollout is
+:attr:`CompiledStep.compile_seconds`. The logits agree with the eager loop's to the format's rounding,
+not bit for bit (inductor orders sums its own way).
 
 Shapes: b rows, L cached + new positions, E hidden size, H query heads, KV key/value heads, D head width,
-V vocabulary.
-"""
+V vocabulary."""
 
 from __future__ import annotations
 
@@ -256,14 +248,10 @@ def problem(loop: LayerLoop | None) -> str | None:
 def inductor_options() -> dict[str, int]:
     """``torch.compile`` options for inductor on a CPU: the vector width it writes its C++ for, stated.
 
-    Inductor picks that width from the CPU, capped by ``ATEN_CPU_CAPABILITY`` (512 bits on an AVX-512 CPU, 256
-    under ``ATEN_CPU_CAPABILITY=avx2``), but leaves it out of its on-disk FX graph cache key (torch 2.13; the thread
-    count, which the C++ also depends on, is in it), while the C++ is built for the width of the process that
-    loads it. So a graph compiled under the AVX2 cap and loaded by an AVX-512 run stored 32 floats per 16-float
-    step and wrote 64 bytes past its logits (glibc: "corrupted size vs. prev_size"); the other way round its
-    logits came out NaN. ``cpp.simdlen`` set to the width inductor would pick anyway changes no code, and as an
-    inductor option it is part of the key: each width gets its own entry. (tests/rollout/cpu/test_compiled_isa.py)
-    """
+    Inductor leaves the vector width (capped by ``ATEN_CPU_CAPABILITY``) out of its on-disk graph cache key,
+    so a graph compiled under one width and loaded under another corrupts memory or yields NaN logits.
+    Setting ``cpp.simdlen`` to the width inductor would pick anyway changes no code but puts the width in
+    the key: each width gets its own entry."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     return {"cpp.simdlen": pick_vec_isa().bit_width()}  # 0 where it vectorises nothing (then it picks none)

@@ -1,26 +1,17 @@
 """Decode steps of Llama-family models as a plain loop over their layers' modules.
 
-A ``transformers`` model's forward wraps each step in work that a one-token decode step does not need:
-the causal mask built afresh, the attention function looked up per layer, keyword arguments and
-output objects passed through every layer. On a CPU, where a 135M model's decode step is a few tens
-of milliseconds, that glue is a share worth taking: on a 2-core AMD EPYC Zen 4, ``python
-benchmarks/rollout.py --warmup 1`` (the ``engine`` against the ``engine, transformers forward`` column, log
-``benchmarks/results/rollout/zen4-layer-loop.log``) gave 1.10x the tokens/s in fp32 and 1.09x in bf16 at
-16 rows x 64 new tokens, where most steps have a few rows, and no difference at 64 x 128 (0.99x, 0.98x),
-where the products outweigh the glue.
+A ``transformers`` forward wraps each step in work a one-token decode step does not need (the causal
+mask built afresh, the attention function looked up per layer, keyword arguments and output objects),
+a share worth taking on a CPU when few rows are decoding.
 
 For the families whose layers are the plain pre-norm block (:data:`FAMILIES`, full attention only),
-:class:`LayerLoop` runs the step itself: the same modules (embedding, RMSNorms, projections, rotary
-embedding, activation, LM head) called in the same order on the same tensors, with the attention of
-:mod:`grouprl.rollout.attention` (what the engine's decode steps use in the ``transformers`` forward
-too) on the cache's own layers. Since every number goes through the same operations, the logits are
-the forward's bit for bit (tested). Models of other families, sliding-window layers, a cache the model
-built itself, and prefills (more than one new position per row) go through the ``transformers``
-forward. LoRA layers that peft injected are modules like any other and are called as such.
+:class:`LayerLoop` runs the step itself: the same modules called in the same order on the same tensors,
+with the attention of :mod:`grouprl.rollout.attention` on the cache's own layers, so the logits are the
+forward's bit for bit (tested). Other families, sliding-window layers, a cache the model built itself and
+prefills go through the ``transformers`` forward. peft's LoRA layers are called like any other module.
 
 Shapes: b rows, L cached + new positions, E hidden size, H query heads, KV key/value heads, D head
-width, I MLP width, V vocabulary.
-"""
+width, I MLP width, V vocabulary."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """Rollout formats whose one-token decode steps multiply other copies of the fp32 weights, everything else
-staying fp32: ``bf16-weights`` (weights rounded to bf16, fp32 activations and sums:
-:mod:`grouprl.rollout.cpu.bf16_weights`). int8 copies were removed: opt-in, 0.96-1.02x a GRPO step
-(``benchmarks/results/vs_trl/xeon-avx2-capped-int8-fp32-repeats2.log``), and held-out accuracy behind fp32
-rollouts' at every saved step (``benchmarks/results/int8-rollouts/``). A decode loop makes each weight's copy on
-first use and keeps it to the loop's end (the weights change between rollouts); prefills, environment replies and
-everything between the products run on the fp32 model.
-"""
+staying fp32: ``bf16-weights`` (:mod:`grouprl.rollout.cpu.bf16_weights`). A decode loop makes each
+weight's copy on first use and keeps it to the loop's end (the weights change between rollouts)."""
 
 from __future__ import annotations
 
