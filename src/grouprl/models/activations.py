@@ -1,25 +1,16 @@
 """Fewer activations kept for the backward pass of a Llama-family decoder, with the same numbers.
 
-A training pass keeps, per token and decoder layer, what autograd needs for the backward pass. Two
-parts keep far more than they need, and both are cheap to run again:
+Two parts keep far more than they need, and both are cheap to run again:
 
-- an RMSNorm keeps its float32 input, its normalised float32 output and the product by its weight
-  (autograd saves the operands of each elementwise step): run under a checkpoint it keeps its
-  input alone and recomputes the rest (a few elementwise passes over the hidden size) in backward;
+- an RMSNorm keeps its float32 input, its normalised output and the product by its weight: under a
+  checkpoint it keeps its input alone and recomputes the rest in backward;
 - SwiGLU's ``act(gate) * up`` keeps ``act(gate)`` beside ``gate`` and ``up``: checkpointed it keeps
-  ``gate`` and ``up`` and recomputes the activation (one elementwise pass over the intermediate size).
+  ``gate`` and ``up`` and recomputes the activation.
 
-On SmolLM2-135M under bf16 autocast that is 7.5 KiB less per token and layer (two norms' outputs of
-576 floats, one activation of 1536 bf16): 191 MiB of the 670 MiB an update of two 8-row micro-batches
-of 108 tokens kept with the casts already lean (``python benchmarks/activations.py``, AMD EPYC Zen 4,
-AVX-512 BF16). The recomputation runs the same kernels on the same inputs, so the gradients are
-bitwise those of the plain model; a full checkpoint of each decoder layer (``gradient_checkpointing``)
-keeps less still, for a second forward pass.
-
-Only module classes whose forward is known are changed (:data:`NORMS`, :data:`MLPS`); any other
-model trains as it is. Passes without grad (rollouts, reference and old log-probs) run the modules'
-own forward.
-"""
+The recomputation runs the same kernels on the same inputs, so the gradients are bitwise those of the
+plain model; ``gradient_checkpointing`` (a full checkpoint per decoder layer) keeps less still, for a
+second forward pass. Only module classes whose forward is known are changed (:data:`NORMS`,
+:data:`MLPS`); passes without grad run the modules' own forward."""
 
 from __future__ import annotations
 

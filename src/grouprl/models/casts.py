@@ -1,24 +1,17 @@
 """Training under autocast without keeping casts the backward pass can have again for free.
 
-Under bf16 autocast every fp32 weight is cast to bf16 for its product, and autograd saves that cast
-for the backward pass (``grad_input = grad_output @ W``). So from a micro-batch's forward to the end
-of its backward the pass holds a bf16 copy of every weight: half the fp32 model (257 MiB for
-SmolLM2-135M), more than the activations of an 8-row micro-batch of a hundred tokens. And a float32
-activation entering several products (a norm's output entering the q, k and v projections) is cast
-once per product, each cast saved: three bf16 copies of the same values.
+Under bf16 autocast every fp32 weight is cast to bf16 for its product and autograd saves that cast,
+so a micro-batch holds a bf16 copy of every weight until its backward ends; and an activation entering
+several products (a norm's output into q, k and v) is cast and saved once per product.
 
-:func:`lean_casts` keeps a reference to the fp32 weight instead of its cast and casts it again when
-the backward pass needs it, and keeps one of several alike casts of the same tensor: the same values
-(a cast is exact and deterministic), so the same gradients, with one weight's cast alive at a time.
-What it costs is one more cast of each weight per micro-batch (reading the fp32 weights once more).
-Autocast's own cache, which would keep every weight's cast until the autocast region ends, is turned
-off for such a pass (``cache_enabled=False``): each weight is used once per forward, except a tied LM
-head, which the head's pass casts once itself.
+:func:`lean_casts` keeps a reference to the fp32 weight instead of its cast and casts it again in
+backward, and keeps one of several alike casts of the same tensor: a cast is exact and deterministic,
+so the gradients are the same, at the cost of one more cast per weight per micro-batch. Autocast's own
+cache is turned off for such a pass (``cache_enabled=False``): each weight is used once per forward,
+except a tied LM head, which the head's pass casts once itself.
 
-Only casts of trainable leaf weights are made again (their ``grad_fn`` is the cast, whose next node
-accumulates into the weight); a frozen weight's cast (LoRA's base) has no such trace and is saved as
-usual.
-"""
+Only casts of trainable leaf weights are made again (their ``grad_fn`` is the cast); a frozen weight's
+cast (LoRA's base) has no such trace and is saved as usual."""
 
 from __future__ import annotations
 

@@ -56,12 +56,10 @@ def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def store_frozen_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
-    """Store the frozen weights of ``model``'s linear layers (a LoRA model's base) in ``dtype``; returns
-    how many. Under bf16 autocast a linear layer runs on a bf16 cast of its weight, made at every pass
-    and saved for the backward pass: stored in bf16, the frozen weights take half the memory and the
-    casts none, for the same products. A weight shared with another kind of module (an output head
-    tied to the embedding, looked up outside autocast) and the biases keep their format, copied out of
-    the memory-mapped file the model may have been loaded from, so that the file's pages are let go."""
+    """Store the frozen weights of ``model``'s linear layers (a LoRA model's base) in ``dtype``; returns how
+    many. In bf16 they take half the memory and autocast's per-pass casts none, for the same products. A
+    weight shared with another kind of module (a tied output head) and the biases keep their format, copied
+    out of the memory-mapped file the model may have come from, so the file's pages are let go."""
     shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
     converted = set()
     for module in model.modules():

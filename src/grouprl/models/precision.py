@@ -2,43 +2,18 @@
 machine is, never from a timing.
 
 ``dtype: auto`` looks the machine up in :data:`RULES`, an ordered registry whose first matching row wins. A
-row names the CPU (or GPU) features it needs, the format of each phase and the committed measurement behind it
-(files under ``benchmarks/results/``). A CPU's features are the ones its kernels may actually use: the flags of
-``/proc/cpuinfo`` capped by ``ATEN_CPU_CAPABILITY`` (read back from ``torch.backends.cpu.get_cpu_capability()``)
-and ``ONEDNN_MAX_CPU_ISA``; an AMX CPU whose kernels are capped to AVX2 multiplies bf16 as slowly as an AVX2 CPU
-(``benchmarks/results/products/xeon-avx2-capped.log``). The rows:
+row names the CPU (or GPU) features it needs, the format of each phase, the reason, and the committed
+measurement behind it (``Rule.measured``). A CPU's features are the ones its kernels may use: the flags of
+``/proc/cpuinfo`` capped by ``ATEN_CPU_CAPABILITY`` and ``ONEDNN_MAX_CPU_ISA`` (an AMX CPU capped to AVX2
+multiplies bf16 as slowly as an AVX2 CPU). In short: bf16 everywhere on GPUs with bf16 units, AMX and AMD's
+AVX-512 BF16; fp32 everywhere else, including Intel's AVX-512 BF16 without AMX (bf16 no faster there) and
+AVX2 CPUs (bf16 products much slower; the ``bf16-weights`` rollouts, faster there, trail fp32 in held-out
+accuracy, so they are left to ``rollout_dtype: bf16-weights``).
 
-- ``gpu-bf16`` / ``gpu``: a CUDA GPU with bf16 units runs every phase in bf16, one without in fp32. At a
-  training step's sizes bf16 units run every product at least as fast as fp32 (tf32 included) with half the
-  bytes moved (the H100 / H200 runs in ``benchmarks/results/gpu-h100``, ``gpu-h200``).
-- ``amx``: AMX bf16 tiles (Intel Sapphire Rapids and later) -> bf16 everywhere. A 16-row decode step's products
-  took 25.6 ms in bf16 against 52.6 in fp32 (``x @ W.T``; ``products/xeon-amx.log``), and GRPO steps in bf16 ran
-  3.75-4.65x TRL's (``vs_trl/xeon-amx-hf-repeats3.log``, ``xeon-amx-fc64bd1.log``).
-- ``avx512-bf16-amd``: AVX-512 BF16 on an AMD CPU (Zen 4 and later) -> bf16 everywhere. A 16-row decode step's
-  products 54.5 ms in bf16 against 96.2 in fp32 (``products/zen4.log``); on the demo's task bf16 learnt within
-  the seeds' spread of fp32, 1.39x faster per second (``dtype-auto/README.md``), and on the agent demo too
-  (40 steps, seeds 0-2, held-out success 0.276 against 0.268; ``formats-learning/README.md``).
-- ``avx512-bf16-no-amx``: AVX-512 BF16 without usable AMX on any other CPU -> fp32 everywhere. On an Intel Xeon
-  that exposes avx512_bf16 but no AMX, training-sized bf16 products ran at 0.55x fp32's speed (0.41-0.81x over 9
-  rounds) and decode-sized ones at 1.00x (0.92-1.33x) (``python benchmarks/formats.py --rounds 9``, log
-  ``formats/xeon-avx512-bf16-no-amx.log``; a 16-row decode step's products 232.6 ms in bf16 against 238.5 in
-  fp32 in ``products/xeon-avx512-bf16-no-amx.log``), where a Zen 4 with the same flag gained 1.8-2.1x: the flag
-  alone does not make bf16 fast. Training gains nothing, and bf16 rollouts beside fp32 training are the mixed
-  setting whose rollouts trail (as ``bf16-weights-rollouts/README.md`` found), for no measured gain.
-- ``avx2``: an x86 CPU whose kernels may use AVX2 but no bf16 units (AMD Zen 3, or any CPU capped to AVX2) ->
-  fp32 everywhere. bf16 products there run 2.5x slower than fp32 at a 16-row decode step
-  (``products/xeon-avx2-capped.log``, ``products/zen4-avx2-capped.log``) and 65-260x slower at training sizes
-  on a Zen 3. bf16-weights rollouts would be 1.8x faster there (``rollout/xeon-avx2-capped-bf16-weights.log``)
-  but trail fp32 rollouts in held-out accuracy at step 4 on all 4 seeds (by 0.06-0.20,
-  ``bf16-weights-rollouts/README.md``), so they are left to ``rollout_dtype: bf16-weights``.
-- ``other``: anything else (no AVX2, another architecture): fp32, the format every kernel has; not measured.
-
-The decision is made once per run, by the first process, and every process takes it from there (see
-:func:`grouprl.trainer.trainer.Trainer`); the run records it in ``summary.json``, in its checkpoints, and in
-its ``config.yaml`` as explicit ``dtype`` / ``ref_dtype`` / ``rollout_dtype``, so a rerun of that file or a
-resume repeats it on any machine. ``dtype: fp32`` or ``bf16``, ``ref_dtype`` and ``rollout_dtype`` force a
-format; ``python benchmarks/products.py`` measures the products behind a row on purpose (a run never does).
-"""
+The decision is made once per run, by the first process, and every process takes it from there; the run
+records it in ``summary.json``, its checkpoints and its ``config.yaml`` (as explicit ``dtype`` / ``ref_dtype``
+/ ``rollout_dtype``), so a rerun or a resume repeats it on any machine. ``dtype: fp32`` or ``bf16``,
+``ref_dtype`` and ``rollout_dtype`` force a format."""
 
 from __future__ import annotations
 
