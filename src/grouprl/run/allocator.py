@@ -1,22 +1,15 @@
 """The process's memory allocator: which one runs, and a faster one to load before anything else.
 
-PyTorch on a CPU takes every tensor from the C library's ``malloc``, and a run allocates and frees
-tensors of changing shapes at every step: a rollout's KV cache and logits, the log-prob chunks, the
-update's activations, each sized by that step's completion lengths. glibc's malloc serves blocks
-above its mmap threshold with fresh pages that are faulted in and zeroed at first touch and unmapped
-on free, and it keeps freed heap blocks that the next shapes do not fit (0.3-0.9 GiB at the update's
-peak: ``benchmarks/memory.py`` prints it). tcmalloc and jemalloc keep freed pages for reuse across
-sizes. On SmolLM2-135M at ``benchmarks/vs_trl.py``'s settings both lowered the peak by 200-280 MiB,
-and tcmalloc alone also made steps 1.09-1.26x faster; docs/performance.md gives the figures.
+A run allocates and frees CPU tensors of changing shapes at every step (KV caches, logits, log-prob
+chunks, activations). glibc's malloc zeroes fresh pages for large blocks and keeps freed heap blocks the
+next shapes do not fit; tcmalloc and jemalloc reuse freed pages across sizes, lowering the peak and, for
+tcmalloc, the step time (docs/performance.md).
 
-An allocator cannot be swapped in a running process: the library has to be loaded first, through
-``LD_PRELOAD``. So the ``grouprl`` command starts itself again, once, with ``LD_PRELOAD`` naming the
-library that the ``allocator`` setting picks (:func:`preload_environ`), before it loads a model;
-PyTorch's own CPU launcher (``torch.backends.xeon.run_cpu``) preloads the same way, and vLLM's CPU
-build asks for tcmalloc so. A process started otherwise (a script using the Python API) keeps its
-malloc; the trainer reports at start which one runs and, where a faster one is installed, how to
-start with it (:func:`describe`).
-"""
+An allocator cannot be swapped in a running process: it has to be loaded first, through ``LD_PRELOAD``.
+So the ``grouprl`` command starts itself again, once, with ``LD_PRELOAD`` naming the library the
+``allocator`` setting picks (:func:`preload_environ`), before it loads a model. A process started
+otherwise (a script using the Python API) keeps its malloc; the trainer reports at start which one runs
+and, where a faster one is installed, how to start with it (:func:`describe`)."""
 
 from __future__ import annotations
 

@@ -2,16 +2,11 @@
 accuracy shows it. The progress bar names an active sign, the log prints each the step it first
 fires, and the report lists them (replayed from ``metrics.jsonl`` by the same rules).
 
-What was seen before a fall, in grouprl's own runs of SmolLM2-135M on arithmetic: at lr 5e-5 the
-entropy of the policy's tokens fell to a fifth of its start by step 7 and held-out accuracy fell back
-to 0.37; at lr 2e-5 per-token KL jumped to 3-5x its recent median (steps 12 and 22 of
-``benchmarks/results/smollm2-30-steps``) before accuracy went from 0.85 back to 0.76. A step where
-nearly every group's rewards are equal teaches nothing (zero advantage), and several in a row mean
-the task is too easy or too hard for the policy as it now is. A masking rollout correction (``icepop``,
-``sequence-mask``) whose band is narrower than the rollout engine's mismatch drops most of the batch:
-verl's geometric band [0.999, 1.001] against SmolLM2-135M's bf16 rollouts and fp32 training dropped
-93-100% of the tokens a step, and held-out accuracy stayed at the base model's.
-"""
+The signs: the entropy of the policy's tokens collapsing against its start; per-token KL jumping
+against its recent median; several steps in a row where nearly every group's rewards are equal (zero
+advantage: the task is too easy or too hard for the policy as it now is); a masking rollout
+correction (``icepop``, ``sequence-mask``) dropping most of the batch because its band is narrower
+than the rollout engine's mismatch."""
 
 from __future__ import annotations
 
