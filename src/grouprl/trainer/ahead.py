@@ -1,35 +1,27 @@
 """Collecting ahead of the trainer (``max_staleness: k``, k > 0): rollouts sampled by the servers while the
 trainer updates, each consumed at most k policy versions after the one that sampled it (docs/async.md).
 
-A background thread runs the step's collector (:class:`~grouprl.trainer.collect.GroupCollector` or the
-environments' one) for the next steps, one batch at a time, rewards included; the rollout servers are other
-processes, so the thread mostly waits on HTTP. The trainer takes the finished batches in order.
+A background thread runs the step's collector for the next steps, one batch at a time, rewards included
+(the servers are other processes, so it mostly waits on HTTP); the trainer takes the batches in order.
 
-- Versions: the policy version is the number of weight hand-overs the trainer made (one per update, one on
-  resume). Every row carries the version the server sampled it with, as the server reported it (``None``:
-  the weights a server started with, version 0); a batch's staleness is the trainer's version when it takes
-  the batch minus that version, per row (``async/staleness`` the mean, ``async/staleness_max`` the most).
-- The bound: a batch is started only when it will be consumed at most k versions after the version the
-  servers will sample it with (the newest its next push can carry; counting the batches ahead of it); a
-  batch that still arrives staler than k (a server that did not take a push) is dropped and counted
-  (``async/dropped``), and another is sampled.
-- Pushes: the trainer writes its weights at the start of each step (between updates, in its own thread);
-  the rollout thread has the servers load them before it starts its next batch. Requests already in flight
-  finish on the version they started with (the server's weight route also waits for them), so every
-  completion comes from one version, the one it reports. A new version therefore reaches a rollout that is
-  already running only at its next batch: the wait PipelineRL avoids by swapping weights mid-sequence.
-  An agent's trajectory is one request per turn, so a push may land between two of its turns (each turn
-  still from one version); its rows count as the version its batch started with, the oldest of its turns.
-- Resume: the checkpoint records the prompt stream's position after the last batch the trainer consumed;
-  batches sampled ahead and not consumed are sampled again.
-- Stopping: the thread exits once every batch of the run is consumed; :meth:`AheadCollector.close` (the
-  trainer's ``close``: normal end, error, interrupt) cancels the requests in flight and joins it, and it is a
-  daemon thread, so nothing keeps a process alive. An error in the thread is raised in the trainer.
+- Versions: the number of weight hand-overs the trainer made (one per update, one on resume). Every row
+  carries the version the server reported sampling it with (``None``: the server's starting weights,
+  version 0); a batch's staleness is the trainer's version when it takes the batch minus that, per row
+  (``async/staleness`` the mean, ``async/staleness_max`` the most).
+- The bound: a batch starts only when it will be consumed at most k versions after the version the
+  servers will sample it with; one that still arrives staler (a server that missed a push) is dropped,
+  counted (``async/dropped``) and sampled again.
+- Pushes: the trainer writes its weights at the start of each step; the rollout thread has the servers
+  load them before its next batch. Requests in flight finish on their version, so every completion
+  comes from one version. An agent's trajectory is one request per turn, so a push may land between
+  turns; its rows count as the version its batch started with.
+- Resume: the checkpoint records the prompt stream's position after the last consumed batch; batches
+  sampled ahead and not consumed are sampled again.
+- Stopping: the thread exits once every batch is consumed; :meth:`AheadCollector.close` cancels the
+  requests in flight and joins it (a daemon thread). An error in the thread is raised in the trainer.
 
-``timeline.jsonl`` in the run folder records, per step, when each consumed or dropped batch was sampled and
-when the trainer ran its own phases (log-probs, update), in seconds from the first batch: the overlap of
-rollouts and updates can be read off it.
-"""
+``timeline.jsonl`` in the run folder records, per step, when each batch was sampled and when the
+trainer ran its own phases, in seconds from the first batch: the overlap can be read off it."""
 
 from __future__ import annotations
 

@@ -8,19 +8,14 @@
 The KL is exact over the vocabulary at every completion position (not a sampled-token estimate),
 so F is the true Fisher matrix of the per-token distributions and is positive semi-definite.
 
-Cost, honestly: every CG iteration is one backward pass through the double-backprop graph of the
-Fisher rows, about a forward+backward of the model each, and that graph (activations plus
-first-order gradients of the whole Fisher batch) stays in memory for the whole solve; the line
-search adds one forward pass per trial step, and the old policy's full log-softmax ``[tokens, V]``
-is kept for the exact KL. Measured on one update of the same rollout (2-core CPU, one thread,
-``benchmarks/results/trpo_cost.md``), with ``cg_iters=10``: SmolLM2-135M with LoRA rank 8 takes
-307 s against GRPO's 31 s (10x) at 2.5x GRPO's peak memory; fully fine-tuned, 585 s (19x) and
-9.9 GiB peak (3.2x). ``fisher_stride`` (OpenAI baselines used every 5th sample for the Fisher)
-and LoRA are the levers.
+Cost: every CG iteration is about a forward+backward of the model, and the double-backprop graph of
+the Fisher batch stays in memory for the whole solve; the line search adds a forward pass per trial
+step, and the old policy's full log-softmax ``[tokens, V]`` is kept for the exact KL. So an update
+costs several GRPO updates (``benchmarks/results/trpo_cost.md``); ``fisher_stride`` (OpenAI
+baselines used every 5th sample for the Fisher) and LoRA are the levers.
 
 Departures: the surrogate is GRPO's aggregation of rho * A (not a plain mean over tokens), so the
-two optimise the same objective up to the clip; there is no value function and no optimizer.
-"""
+two optimise the same objective up to the clip; there is no value function and no optimizer."""
 
 from __future__ import annotations
 

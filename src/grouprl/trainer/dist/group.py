@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,8 +119,3 @@ def broadcast_module(module: nn.Module) -> None:
     with torch.no_grad():
         for t in [*module.parameters(), *module.buffers()]:
             dist.broadcast(t.data, src=0)
-
-
-def sum_floats(values: Sequence[float]) -> list[float]:
-    """Element-wise sum over processes of a few numbers (float64)."""
-    return sum_tensor(torch.tensor(list(values), dtype=torch.float64)).tolist()

@@ -1,33 +1,26 @@
 """The trainer's process component across the processes of a torchrun run: N processes on P/N
 prompts each take exactly the step one process takes on all P prompts.
 
-What each process does, and what is shared:
-
 - prompts: every process walks the same seeded prompt stream and takes its own contiguous slice of
-  each step's P prompts; groups never straddle processes, so group statistics need no
-  communication. Each row's random draws depend on its place in the whole batch
-  (:mod:`grouprl.run.seeds`), not on which process draws it;
+  each step's prompts; groups never straddle processes, and each row's draws depend on its place in
+  the whole batch (:mod:`grouprl.run.seeds`), not on the process;
 - rollout: under FSDP the whole policy is gathered once per rollout
-  (:func:`~grouprl.trainer.dist.sharding.gathered_weights`), so rows may stop at different lengths
-  in different processes; a sampler with its own copy of the weights (vLLM) gets them pushed once
-  at the start of the rollout instead (its ``phase()``); rollout servers get them from process 0
+  (:func:`~grouprl.trainer.dist.sharding.gathered_weights`); a sampler with its own weights (vLLM) gets
+  them pushed at the start of the rollout (its ``phase()``); rollout servers get them from process 0
   alone, and every process waits for that push (:mod:`grouprl.serve.ranks`);
-- rewards: computed where the rows were generated; a reward function that raises in one process
-  stops every process with that error (no process is left waiting);
-- advantages: per group, locally; with ``advantage_scale=batch`` the batch std's sums are
-  all-reduced;
-- loss: each minibatch's denominators (rows, tokens) are summed over processes and the gradients of
-  the processes' shares are added up, so the update is the one-process update on the whole batch;
-- logs: rewards, rollout statistics and sample completions are gathered with object collectives;
-  process 0 alone writes metrics, completions, TensorBoard and the summary; evaluation splits the
-  held-out prompts between the processes and combines their results;
-- checkpoints: sharded for resuming with the same number of processes, plus the policy gathered
-  into ``model/`` (:mod:`grouprl.trainer.dist.checkpoint`).
+- rewards: computed where the rows were generated; a reward function that raises in one process stops
+  every process with that error;
+- advantages: per group, locally; with ``advantage_scale=batch`` the batch std's sums are all-reduced;
+- loss: each minibatch's denominators are summed over processes and the processes' gradients added, so
+  the update is the one-process update on the whole batch;
+- logs: gathered with object collectives; process 0 alone writes them; evaluation splits the held-out
+  prompts between the processes;
+- checkpoints: sharded for resuming with the same number of processes, plus the policy gathered into
+  ``model/`` (:mod:`grouprl.trainer.dist.checkpoint`).
 
-With several minibatches per step each process shuffles its own groups and every minibatch takes
-``minibatch_size / N`` rows from each process, so the update equals the one-process update only in
-distribution, not draw for draw (one minibatch, the default, is exact).
-"""
+With several minibatches per step each minibatch takes ``minibatch_size / N`` rows from each process,
+so the update equals the one-process update in distribution, not draw for draw (one minibatch, the
+default, is exact)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,13 @@
 """Sharding a model over processes: FSDP2 or DDP, and the whole model gathered for a rollout.
 
-Each process's loss is its share of the loss of the whole batch (its own numerators over the
-global denominators), so the gradient of the whole batch is the *sum* of the processes' gradients.
-DDP and FSDP average them, so the trainer multiplies its loss by the number of processes. (Making
-DDP sum instead, with a communication hook, would be wrong under gradient accumulation: DDP
-all-reduces the accumulated gradient at every backward, and an average is the only reduction
-for which re-reducing the already reduced part is harmless.)
+Each process's loss is its share of the whole batch's loss (its numerators over the global
+denominators), so the batch's gradient is the *sum* of the processes' gradients; DDP and FSDP average,
+so the trainer multiplies its loss by the number of processes (a summing communication hook would be
+wrong under gradient accumulation).
 
-FSDP2 keeps each decoder layer's parameters sharded and gathers them only while the layer runs,
-which needs every process to run the same number of forward passes. Generation cannot promise
-that (rows stop at different lengths), so :func:`gathered_weights` gathers the whole model once
-for a rollout or an evaluation, and the decode loop then runs with no communication at all.
-"""
+FSDP2 gathers each decoder layer's parameters only while it runs, which needs every process to run the
+same number of forwards; generation cannot promise that, so :func:`gathered_weights` gathers the whole
+model once for a rollout or an evaluation, and decoding runs without communication."""
 
 from __future__ import annotations
 
