@@ -5,8 +5,8 @@ The knobs that mean what a ``grouprl train`` knob means carry its name (prompts_
 minibatch_size, eps_low, whiten_advantages); the earlier names (groups_per_step, epochs,
 minibatches, clip, normalize_advantages) are still accepted, with a deprecation warning.
 
-Defaults are the settings that solve CartPole-v1 within the budgets stated in docs/algorithms.md (seeded,
-on a 2-core CPU); where they differ from CleanRL's or Spinning Up's the field says so.
+Defaults are the settings that solve CartPole-v1 within the budgets stated in docs/algorithms.md; where they
+differ from CleanRL's or Spinning Up's the field says so.
 """
 
 from __future__ import annotations

@@ -7,24 +7,20 @@ messages that answer it, or None when the trajectory is over:
 - a turn with tool calls (read by the configured parser) is answered by the tools, one ``tool``
   message per call, and the environment does not step; after ``max_tool_calls`` calls, a turn's
   text goes to the environment as a plain answer;
-- any other turn is the environment's action: ``step(action)``; its reward is added to the
-  return, and its observation is the next user turn unless the episode terminated or was truncated;
-- an environment that misbehaves ends the trajectory with reason ``error`` (the trainer drops it and
-  its group is one smaller; ``env/ended_error`` counts it); the error, naming the environment and the
-  seed, is kept in ``error``. Misbehaving is anything: ``reset`` or ``step`` raising (``SystemExit``
-  and ``KeyboardInterrupt`` included: only a signal to the run, :class:`grouprl.errors.Interrupted`,
-  stops it), returning something that is not the protocol's tuple, an observation that is neither
-  text nor chat messages, a reward that is not a finite number. Nothing an environment does stops
-  the run; :class:`grouprl.rollout.agent.AgentSampler` stops it (an :class:`grouprl.errors.EnvError`)
-  only when no trajectory of a batch could be played;
-- tool calls never raise (:mod:`grouprl.envs.tools`), nor does a parser: one that raises answers the
-  turn with an error message. :func:`respond_all` answers a batch of turns: every trajectory's tool
-  calls run at once, the environments step one after another.
+- any other turn is the environment's action: ``step(action)``; its reward is added to the return,
+  and its observation is the next user turn unless the episode terminated or was truncated;
+- an environment that misbehaves (``reset`` or ``step`` raising, ``SystemExit`` included; a return
+  that is not the protocol's tuple; an observation neither text nor chat messages; a reward that is
+  not a finite number) ends the trajectory with reason ``error`` (``env/ended_error``; the trainer drops
+  it), keeping the error, with the environment and seed, in ``error``. Only a signal to the run
+  (:class:`grouprl.errors.Interrupted`) stops it; :class:`grouprl.rollout.agent.AgentSampler` raises
+  :class:`grouprl.errors.EnvError` only when no trajectory of a batch could be played;
+- tool calls and parsers never raise (a parser that raises answers the turn with an error message).
+  :func:`respond_all` answers a batch of turns: all tool calls at once, the environments in turn.
 
 Per policy turn it records the reward the turn earned and the key of the state the turn started
-from (``info["state_key"]`` when the environment gives one, else the observation text as the
-environment returned it; None after a tool reply), for step-level grouping.
-"""
+from (``info["state_key"]``, else the observation text; None after a tool reply), for step-level
+grouping."""
 
 from __future__ import annotations
 

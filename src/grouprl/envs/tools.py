@@ -1,29 +1,25 @@
 """Tools the policy may call: plain Python callables described by their type hints and docstring.
 
-A tool is any function with type hints and a Google-style docstring (``Args:`` naming each
-argument); its JSON schema comes from ``transformers.utils.get_json_schema``, the form chat templates
-take as ``tools=``. A template that ignores ``tools=`` (SmolLM2's does) gets the tools described in
-the system message by :func:`tools_system_prompt`, in the Hermes format below.
+A tool is any function with type hints and a Google-style docstring (``Args:`` naming each argument);
+its JSON schema comes from ``transformers.utils.get_json_schema``, the form chat templates take as
+``tools=``. A template that ignores ``tools=`` (SmolLM2's does) gets the tools described in the system
+message by :func:`tools_system_prompt`, in the Hermes format below.
 
 Calls are read from an assistant turn by a parser of :data:`TOOL_PARSERS` (default ``hermes``)::
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "23 * 47"}}</tool_call>
 
-Every call is answered with one ``tool`` message, never an exception: a result (turned to text), or
-an error the model can read (malformed JSON, an unknown tool, bad arguments, a tool that raised, a
-call that ran past ``timeout_s``). Whatever a tool does, the run goes on: a ``SystemExit`` or
-``KeyboardInterrupt`` it raises, an ``os._exit``, a crash or a hang become that call's error message.
+Every call is answered with one ``tool`` message, never an exception: a result (as text), or an error
+the model can read (malformed JSON, an unknown tool, bad arguments, a tool that raised, exited, crashed
+or ran past ``timeout_s``).
 
-Each call runs in a process of its own, forked from the trainer (so a tool needs no pickling and sees
-the state of the moment) and leading its own process group: at the call's deadline the group is
-killed, so a tool that never returns holds up neither the other calls nor the run's exit, and no
-process a tool started outlives its call. Calls run concurrently, those of one turn and, through
-:meth:`ToolRunner.start`, those of every trajectory of a batch: a batch's tool calls take about as
-long as its slowest call, not the sum. What a tool changes in its process (a global, a cache) is gone
-with it; a tool that must keep state keeps it outside the process (a file, a server). A forked process
-must not use the accelerator or torch's thread pools: tools are for text work; untrusted code goes to
-the ``python`` tool, whose sandbox isolates it further.
-"""
+Each call runs in a process forked from the trainer (no pickling; it sees the state of the moment) that
+leads its own process group, killed at the call's deadline, so a hung tool holds up neither the other
+calls nor the run's exit. Calls run concurrently, those of one turn and, through :meth:`ToolRunner.start`,
+those of every trajectory of a batch. What a tool changes in its process is gone with it; a tool that must
+keep state keeps it outside (a file, a server). A forked process must not use the accelerator or torch's
+thread pools: tools are for text work; untrusted code goes to the ``python`` tool, whose sandbox isolates
+it further."""
 
 from __future__ import annotations
 

@@ -7,10 +7,8 @@ counts as 7; "1,024" as 1024). It is strict about the value. Because a completio
 repeats the question ends in its last operand, problems whose answer equals an operand
 (``7 + 0``, ``6 - 3``) are never generated.
 
-The default (one-digit operands, + and -) was calibrated on SmolLM2-135M-Instruct: sampled at
-temperature 1 with G = 8 and 64 new tokens, the base model is right on 25% of samples and 7 of 32
-groups (22%) are all-equal (all wrong). See ``docs/calibration.md`` and
-``benchmarks/calibrate_arithmetic.py``.
+The default (one-digit operands, + and -) is calibrated so that the default model is right on a
+minority of samples and few groups are all-equal (``docs/calibration.md``).
 """
 
 from __future__ import annotations
