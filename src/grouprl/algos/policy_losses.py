@@ -55,11 +55,8 @@ def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
     Where no weight is clipped the gradient is the importance-weighted REINFORCE gradient, and on-policy
     (rho = 1) exactly REINFORCE's.
 
-    Bounds: MiniMax-M1 sets no lower bound (``eps_low=None``: the weight may fall to 0) and tunes only the
-    upper one. TRL's ``loss_type="cispo"`` caps the weight at ``epsilon_high`` itself (``min(rho, 5.0)`` in its
-    ScaleRL recipe: ``eps_high=4.0`` here, the default); verl's ``cispo`` reuses its PPO clip ratios (0.2 /
-    0.28 by default), a far tighter band. We follow the paper's ``1 + eps`` form, so one knob means one
-    thing across variants, with TRL's recommended cap as the default.
+    The bounds take the paper's ``1 + eps`` form, so one knob means one thing across variants (the defaults
+    and how TRL and verl set them: the ``cispo_eps_*`` config keys).
 
     Args:
         logp: ``[B,T]`` policy log-probs of the sampled tokens (with grad).
@@ -111,9 +108,7 @@ def sapo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     in the advantage's direction, the gate damps both sides. The paper sets tau_neg > tau_pos because
     negative updates spread probability over the whole vocabulary and destabilise sooner.
 
-    Same formula and defaults (1.0, 1.05) as the paper, TRL's ``loss_type="sapo"``
-    (``sapo_temperature_pos`` / ``_neg``) and verl's ``sapo`` (``tau_pos`` / ``tau_neg``); A = 0 takes
-    tau_neg in all three (its loss is 0 anyway).
+    A = 0 takes tau_neg, as in the paper, TRL and verl (its loss is 0 anyway).
 
     Args:
         logp, old_logp, advantages, mask: as in :func:`cispo_loss`.
