@@ -55,13 +55,13 @@ def start_server(config, policy, tokenizer, out: Path):
     from grouprl.models.precision import pinned, resolve_formats
     from grouprl.serve.from_config import serve_options
     from grouprl.serve.local import LocalServers
-    from grouprl.serve.transport import write_model_folder
+    from grouprl.serve.transport import reading, write_model_folder
 
     formats = resolve_formats(config.dtype, config.ref_dtype, config.rollout_dtype, None)
     config = dataclasses.replace(config, **pinned(formats))
     folder = Path(tempfile.mkdtemp(prefix="bench-model-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
     try:
-        write_model_folder(policy, tokenizer, folder, None)
+        write_model_folder(policy, tokenizer, folder, reading(policy))
         local = LocalServers(1, folder, serve_options(config, 512), out / "servers", cores=[0])
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)

@@ -32,7 +32,7 @@ from smoke import add_smoke, shrink
 from grouprl.rollout.sampler import Sampler
 from grouprl.serve.client import ServerSampler
 from grouprl.serve.local import LocalServers
-from grouprl.serve.transport import write_model_folder
+from grouprl.serve.transport import reading, write_model_folder
 from grouprl.types import SamplingParams
 
 G = 4
@@ -69,15 +69,15 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--syncs", type=int, default=3)
     p.add_argument("--no_in_process", action="store_true", help="skip the in-process engine")
-    add_smoke(p, "the tiny model with 64-dimension heads, one server, 2 rows x 4 tokens, one rollout and one sync, "
-              "no in-process engine")
-    a = shrink(p.parse_args(), model="tiny64", rows=2, tokens=4, repeats=1, syncs=1, no_in_process=True)
+    add_smoke(p, "the tiny model with 64-dimension heads, one server, 4 rows (one prompt x G=4) x 4 tokens, one "
+              "rollout and one sync, no in-process engine")
+    a = shrink(p.parse_args(), model="tiny64", rows=4, tokens=4, repeats=1, syncs=1, no_in_process=True)
     print(cpu_line(), flush=True)
     model, tok = load(a.model)
     ids = Sampler(model, tok).encode(prompts(a.rows))
     length = max(map(len, ids)) + a.tokens
     folder = Path(tempfile.mkdtemp(prefix="bench-model-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
-    write_model_folder(model, tok, folder, None)
+    write_model_folder(model, tok, folder, reading(model))
     logs = Path(tempfile.mkdtemp(prefix="bench-servers-"))
     start = time.perf_counter()
     local = LocalServers(1, folder, ["--rollout_dtype", a.dtype, "--max_model_len", str(length), "--max_rows",

@@ -82,7 +82,7 @@ def main() -> None:
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05 * p.abs().mean())
     for engine in engines.values():
-        engine.mark_stale()
+        engine.update_weights(model)  # pushed before its next rollout
     after = answers()
     own = Sampler(model, tokenizer).generate(ids[:1], 1, greedy, seed=0)
     own = own.completion_ids[0, : int(own.lengths[0])].tolist()
