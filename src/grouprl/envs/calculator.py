@@ -1,11 +1,8 @@
-"""A tool task: two-digit arithmetic with a calculator tool. The bundled SmolLM2-135M alone is right
-about 2% of the time at two-digit sums; calling ``calculator`` and copying its result solves them.
-One answer (a turn without a tool call) ends the episode: reward 1 when it holds the result. Each
-game opens with one solved example as chat turns: told the call format, the bundled model wins 1% of
-games at temperature 1; shown it answered, 38%.
-
-Calibrated on the bundled SmolLM2-135M in ``docs/calibration.md``.
-"""
+"""A tool task: two-digit arithmetic with a calculator tool: calling ``calculator`` and copying its result
+solves what the bundled model alone rarely gets right. One answer (a turn without a tool call) ends the
+episode: reward 1 when it holds the result. Each game opens with one solved example as chat turns,
+since a model shown the exchange answered wins far more often than one only told the call format
+(``docs/calibration.md``)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,18 @@
-"""What serves a run's rollouts, and why: the number format the run decided, the engine and whether the
-built-in engine compiles its decode steps, and the rollout correction that follows from them, each with its
-reason, decided once at start (:func:`plan_rollout`) and recorded as a :class:`RolloutPlan` (printed at start,
-in summary.json's ``setup`` and in every checkpoint); then :func:`build_rollout` builds that engine.
-
-The two steps are apart because the trainer needs the plan before it places the policy (a LoRA policy's
-frozen base is stored in bf16 only where no pass reads it in fp32, which depends on the engine), and the engine
-is built after the prompts are encoded (a vLLM engine is sized for the longest prompt).
+"""What serves a run's rollouts, and why: the number format, the engine, whether the built-in engine
+compiles its decode steps, and the rollout correction that follows, each with its reason, decided once at
+start (:func:`plan_rollout`) and recorded as a :class:`RolloutPlan` (printed at start, in summary.json's
+``setup`` and in every checkpoint); then :func:`build_rollout` builds that engine. The plan comes first
+because placing the policy depends on it (a LoRA base is stored in bf16 only where no pass reads it in
+fp32), and the engine comes after the prompts are encoded (vLLM is sized for the longest prompt).
 
 The engines, by name (:data:`ENGINES`):
 
 - ``hf``: the built-in KV-cache engine on the live policy (:mod:`grouprl.rollout.sampler`, and for
-  environments :class:`~grouprl.rollout.agent.AgentSampler` decoding itself);
-- ``vllm``: a vLLM engine colocated in this process, weights pushed after every update
-  (:mod:`grouprl.rollout.vllm`);
-- ``servers``: separate ``grouprl serve`` processes (``rollout_servers``; :mod:`grouprl.serve`), which the
-  config's servers setting picks whatever ``rollout_engine`` says;
-- a sampler passed to the trainer, named by its class.
-"""
+  environments :class:`~grouprl.rollout.agent.AgentSampler`);
+- ``vllm``: a vLLM engine in this process, weights pushed after every update (:mod:`grouprl.rollout.vllm`);
+- ``servers``: separate ``grouprl serve`` processes (``rollout_servers``; :mod:`grouprl.serve`), whatever
+  ``rollout_engine`` says;
+- a sampler passed to the trainer, named by its class."""
 
 from __future__ import annotations
 
