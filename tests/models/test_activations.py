@@ -10,7 +10,7 @@ import torch
 
 from grouprl.models import tiny_causal_lm
 from grouprl.models.activations import keep_fewer_activations
-from tests.helpers.memory import peak_tensor_bytes as peak_bytes
+from grouprl.run.logs import peak_tensor_bytes as peak_bytes
 
 
 def qwen2(seed=0):

@@ -11,7 +11,7 @@ import torch
 from grouprl.models import tiny_causal_lm
 from grouprl.models.casts import _cast_source, lean_casts
 from grouprl.rollout.logprobs import token_logprobs
-from tests.helpers.memory import peak_tensor_bytes as peak_bytes
+from grouprl.run.logs import peak_tensor_bytes as peak_bytes
 
 
 def batch(seed=0, rows=4, prompt=6, completion=10):

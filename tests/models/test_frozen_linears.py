@@ -11,7 +11,7 @@ import torch
 from grouprl.models import LoraSettings, apply_lora, merge_and_save, store_frozen_linears, tiny_causal_lm
 from grouprl.models.casts import lean_casts
 from grouprl.rollout.logprobs import token_logprobs
-from tests.helpers.memory import peak_tensor_bytes
+from grouprl.run.logs import peak_tensor_bytes
 
 TARGETS = ("q_proj", "v_proj", "gate_proj")
 
