@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -36,7 +37,7 @@ import time
 from pathlib import Path
 
 from machine import cpu_line  # benchmarks/machine.py: every figure names its CPU
-from smoke import add_smoke, shrink
+from smoke import add_smoke, shrink, tiny_folder
 
 RUNS = ("colocated", "k0", "k1")
 PHASES = ("rollout", "reward", "logprobs", "update", "weight_write", "weight_sync", "trainer_idle")
@@ -135,10 +136,11 @@ def main() -> None:
     p.add_argument("--only", default=",".join(RUNS), help="which runs, of " + ", ".join(RUNS))
     p.add_argument("--run", choices=RUNS, help=argparse.SUPPRESS)  # a child process: this run only
     p.add_argument("--out", help=argparse.SUPPRESS)
-    add_smoke(p, "the colocated run alone (the served ones need vLLM), the tiny model, 1 prompt x 2 samples x 4 "
-              "tokens, "
-              "one warm-up and one measured step")
-    a = shrink(p.parse_args(), model="tiny", prompts=1, group=2, tokens=4, warmup=1, steps=1, only="colocated")
+    add_smoke(p, "colocated and k1 (colocated alone where vLLM is not installed), the tiny model with 64-dimension "
+              "heads, 1 prompt x 2 samples x 4 tokens, one warm-up and one measured step")
+    served = importlib.util.find_spec("vllm") is not None
+    a = shrink(p.parse_args(), model=lambda: tiny_folder(tempfile.mkdtemp(prefix="async-smoke-"), for_vllm=True),
+               prompts=1, group=2, tokens=4, warmup=1, steps=1, only="colocated,k1" if served else "colocated")
     if a.warmup < 1 or a.steps < 1:
         p.error("--warmup and --steps must be >= 1 (the first step fills the pipeline)")
     if a.run:
