@@ -10,17 +10,13 @@ Shapes: E trajectories (episodes), K steps (turns) at most per trajectory, padde
                                                                    trajectories whose state key is equal
     A(i, t)      = A_episode(i) + step_weight * A_step(i, t)
 
-How this reads the paper's choices, and the traps it avoids:
-
-- episode statistics are taken over trajectories, one value each, never over step rows (a long
-  trajectory does not weigh more in its group's mean);
-- a step whose state occurs once in its reset's trajectories (a singleton anchor group), or whose
-  key is missing (``-1``), gets ``A_step = 0``: there is nothing to compare it with. Likewise an
-  anchor group whose returns are all equal;
+- episode statistics are over trajectories, one value each, never over step rows (a long trajectory
+  does not weigh more in its group's mean);
+- a step alone in its anchor group, or without a key (``-1``), gets ``A_step = 0``, as does an anchor
+  group whose returns are all equal;
 - anchor groups never span resets: the state keys are combined with the episode group;
-- ``scale``: ``"group"`` divides by the anchor group's (and the episode group's) population std
-  (the paper's mean-and-std normalisation), ``"none"`` only centres (its mean normalisation).
-"""
+- ``scale``: ``"group"`` divides by the anchor (and episode) group's population std (the paper's
+  mean-and-std normalisation), ``"none"`` only centres (its mean normalisation)."""
 
 from __future__ import annotations
 

@@ -10,22 +10,17 @@ Layout of ``<output_dir>/checkpoints/step-000010/``::
     state.json        step, data position, controller states, the config
     manifest.json     every other file's size and SHA-256, written last
 
-What a kill can and cannot do:
-
-- a checkpoint folder exists under its final name only once every file in it is written and fsynced
-  (the manifest last); a kill during the write leaves a ``.tmp-*`` folder that the next save removes;
-- a step already saved is not written again (the final save right after a periodic one of the same
-  step): the checkpoint that is there stays whole;
-- old checkpoints are renamed to ``.delete-*`` before they are removed, so a kill inside the
-  removal never leaves a half-deleted ``step-*``;
-- a save that fails (a full disk, an interrupt) removes its ``.tmp-*`` folder before the error goes
-  on, and the checkpoints already there stay as they were; a full disk is said as such, with how much
-  the checkpoint needs and how much is free (:class:`~grouprl.errors.CheckpointError`), whether the
-  writer reported ``ENOSPC`` or only a short write (torch's zip writer says "unexpected pos");
-- ``latest`` picks the newest complete checkpoint (its manifest matches its files' sizes) and says so
-  when it skips a newer incomplete one; loading checks every file against the manifest's digest and
-  names a damaged file, and the checkpoint before it.
-"""
+- a checkpoint folder has its final name only once every file is written and fsynced (the manifest
+  last); a kill mid-write leaves a ``.tmp-*`` folder that the next save removes;
+- a step already saved is not written again, so the checkpoint there stays whole;
+- old checkpoints are renamed to ``.delete-*`` before removal, so a kill never leaves a half-deleted
+  ``step-*``;
+- a failed save (full disk, interrupt) removes its ``.tmp-*`` folder and leaves the others as they were;
+  a full disk is said as such, with what the checkpoint needs and what is free
+  (:class:`~grouprl.errors.CheckpointError`), whether the writer reported ``ENOSPC`` or only a short
+  write (torch's zip writer says "unexpected pos");
+- ``latest`` picks the newest complete checkpoint (manifest sizes match) and says when it skips a newer
+  incomplete one; loading checks every file's digest and names a damaged file, and the checkpoint before it."""
 
 from __future__ import annotations
 

@@ -2,15 +2,12 @@
 where PPO's advantages come from, and its part of the loss.
 
 Token rewards are the outcome reward on each completion's last token minus beta * KL_t to the
-reference on every token (with the KL in the reward, PPO-RLHF's placement); the critic's values
-give GAE(gamma, lambda) advantages and returns, whitened over the batch's tokens. The critic is a
-value head on a copy of the policy's decoder (``critic_model: copy``) or on a separate model; it has
-its own AdamW (``critic_lr``) while the gradient norm is clipped over policy and critic together, so
-c_v sets the value loss's share of that norm. Policy and critic share no parameters, so unlike a
-shared-trunk PPO, c_v does not trade the two objectives off. Completions are still drawn G per
-prompt, but nothing here looks at the groups: the baseline is the critic. Rows whose reward is None
-(no reward function applied) are left out of the loss.
-"""
+reference on every token (PPO-RLHF's placement of the KL); the critic's values give GAE(gamma, lambda)
+advantages and returns, whitened over the batch's tokens. The critic is a value head on a copy of the
+policy's decoder (``critic_model: copy``) or on a separate model, with its own AdamW (``critic_lr``);
+the gradient norm is clipped over policy and critic together, so c_v sets the value loss's share of
+that norm (no shared parameters, so it trades no objectives off). Nothing here looks at the groups:
+the baseline is the critic. Rows whose reward is None are left out of the loss."""
 
 from __future__ import annotations
 
