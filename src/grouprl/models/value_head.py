@@ -1,12 +1,9 @@
 """PPO's critic for language models: a scalar value head on a transformer body.
 
-The body is either a copy of the policy's own decoder (the InstructGPT / TRL setup: the critic
-starts from the same features, at the cost of a second full model and its optimizer state) or
-the decoder of a separate, usually smaller, model that reads the same token ids. The value of
-completion position t is read from the hidden state that predicts token t, i.e. the state after
-the prompt and the first t completion tokens, aligned with the log-probs of
-:func:`grouprl.rollout.logprobs.token_logprobs`.
-"""
+The body is a copy of the policy's decoder (the InstructGPT / TRL setup: same features, at the cost of
+a second model and its optimizer state) or the decoder of a separate, usually smaller, model reading
+the same token ids. The value of completion position t is read from the hidden state that predicts
+token t, aligned with the log-probs of :func:`grouprl.rollout.logprobs.token_logprobs`."""
 
 from __future__ import annotations
 

@@ -2,17 +2,14 @@
 template, decoded together on one KV cache (:mod:`grouprl.rollout.turns`), assembled into a
 :class:`~grouprl.types.RolloutBatch` whose environment tokens are context only.
 
-Token in, token out: the policy's sampled ids are kept as they were sampled; only what the
-environment adds is tokenized. Chat templates are not append-only (ChatML ends an assistant turn
-with ``<|im_end|>`` and a newline the model never generates), so the text that joins the policy's
-last token to the next turn is found by rendering the conversation twice, with the new messages and
-without, and taking the difference; a template that rewrites earlier turns (the second render does
-not extend the first) ends the trajectory with reason ``template`` rather than realigning tokens.
+Token in, token out: the policy's sampled ids are kept as sampled; only what the environment adds is
+tokenized. Chat templates are not append-only (ChatML closes an assistant turn with ``<|im_end|>`` and a
+newline the model never generates), so the text joining the policy's last token to the next turn is the
+difference of two renders, with the new messages and without; a template that rewrites earlier turns
+ends the trajectory with reason ``template`` rather than realigning tokens.
 
-What the environment, the tools and the data add is text: a special-token string in an observation or
-a tool result is tokenized as its characters, so it cannot close the turn or open one for the policy
-(:mod:`grouprl.data.templates`); only the template's own markers are special.
-"""
+Text from the environment, tools and data is tokenized as its characters, so a special-token string in it
+cannot close a turn or open one for the policy (:mod:`grouprl.data.templates`)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Turning user prompts (plain text or chat messages) into token ids.
 
-A prompt is either a string or a list of ``{"role": ..., "content": ...}`` messages. Chat
-messages always go through the tokenizer's chat template; a plain string is wrapped as one user
-message when ``use_chat_template`` is on (the right thing for instruct models) and used verbatim
-otherwise. An optional system prompt is prepended as a system message.
-
-The prompt's text reaches the model as text: a special-token string in it (``<|im_end|>``) is
-tokenized as the characters it is, never as the token; only the template's own markers are special
-(:mod:`grouprl.data.templates`).
-"""
+A prompt is a string or a list of ``{"role": ..., "content": ...}`` messages. Chat messages always go
+through the tokenizer's chat template; a plain string is wrapped as one user message when
+``use_chat_template`` is on and used verbatim otherwise. An optional system prompt is prepended. A
+special-token string in a prompt is tokenized as its characters (:mod:`grouprl.data.templates`)."""
 
 from __future__ import annotations
 

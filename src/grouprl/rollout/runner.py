@@ -97,16 +97,13 @@ def _contiguous_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ..
 class Runner:
     """Prefill and single-token decode steps of ``model`` on a preallocated cache.
 
-    The cache is a ``transformers`` ``DynamicCache`` whose full-attention layers are
-    :class:`~grouprl.rollout.cache.BufferLayer` s of ``capacity`` positions; rows are dropped or
-    repeated with :meth:`select_rows` / :meth:`repeat_rows`. ``compiled`` (:mod:`grouprl.rollout.cpu.compiled`),
-    kept across rollouts by its sampler, runs the layer loop's steps as one compiled graph. ``fmt``: a format with
-    weight-only products (bf16-weights: :mod:`grouprl.rollout.cpu.weight_only`) multiplies copies of the fp32
-    weights in one-token steps, eagerly (not compiled); any other format runs the model as it is. The weights must
-    not change while the runner lives: the converted copies the steps read are made once and kept until it goes.
-    On a CPU, one-token steps of the model families :mod:`grouprl.rollout.cpu.layer_loop` covers run through
-    its layer loop rather than the model's forward (the same logits, without the forward's per-step glue).
-    """
+    The cache is a ``DynamicCache`` whose full-attention layers are
+    :class:`~grouprl.rollout.cache.BufferLayer` s of ``capacity`` positions; rows are dropped or repeated
+    with :meth:`select_rows` / :meth:`repeat_rows`. ``compiled`` (:mod:`grouprl.rollout.cpu.compiled`,
+    kept across rollouts by its sampler) runs the layer loop's steps as one graph. ``fmt``: a format with
+    weight-only products (:mod:`grouprl.rollout.cpu.weight_only`) multiplies copies of the fp32 weights in
+    one-token steps, eagerly; the weights must not change while the runner lives. On a CPU, one-token steps
+    of the families :mod:`grouprl.rollout.cpu.layer_loop` covers run through its layer loop."""
 
     def __init__(self, model: nn.Module, capacity: int, compiled: CompiledStep | None = None, fmt: str = "fp32"):
         self.model = model

@@ -196,15 +196,12 @@ SHOWN_WHEN_PRESENT = (("env/success", "success", "{:.2f}"), ("env/turns_mean", "
 
 
 class Progress:
-    """Each step on the console: step, reward, KL, a rate (tokens/s by default), and an agent's success
-    rate and turns when the run has them. On a terminal a live rich bar; otherwise (output piped to a
-    file or a pager, a job scheduler's log) one plain line per step, printed as the step ends, since a
-    bar there shows nothing until the run ends and then only one line cut at the console's width.
-    Silent when disabled.
+    """Each step on the console: step, reward, KL, a rate (tokens/s by default), and an agent's success rate
+    and turns when the run has them: a live rich bar on a terminal, otherwise (a pipe, a scheduler's log)
+    one plain line per step as it ends. Silent when disabled.
 
-    ``label`` names the run; ``rate`` is (metric key, unit) of the rate shown, so a classic-control run
-    shows environment steps per second instead of tokens. ``console``: the rich console to draw on
-    (default: standard output's); whether it is a terminal picks the bar or the lines."""
+    ``label`` names the run; ``rate`` is (metric key, unit) of the rate shown (a classic-control run shows
+    environment steps per second). ``console``: the rich console to draw on (default: standard output's)."""
 
     def __init__(self, total: int, start: int, enabled: bool, label: str = "grpo",
                  rate: tuple[str, str] = ("throughput/tokens_per_s", "tok/s"), console: Any = None):

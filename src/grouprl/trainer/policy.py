@@ -54,12 +54,10 @@ def bf16_base_fits(policy: nn.Module, config: Any, processes: Any, own_weights: 
 
 
 def micro_batches(rows: torch.Tensor, live: torch.Tensor | None, size: int, in_step: bool) -> list[torch.Tensor]:
-    """``rows`` (``[n]`` row indices) in passes of at most ``size``, each pass keeping only the rows whose
-    ``live`` (``[B]`` bool, None = all) is true. The split is made before the rows are left out, so a
-    pass holds the same rows however the batch is shared between processes (one process's pass i is a
-    process's pass i of its share when that share is ``size`` rows): the same arithmetic, the same
-    numbers. A pass left with no row is skipped in one process; with ``in_step`` (several processes,
-    which must make the same passes to stay in step) it keeps its first row, whose part is 0 anyway."""
+    """``rows`` (``[n]`` row indices) in passes of at most ``size``, each keeping only the rows whose ``live``
+    (``[B]`` bool, None = all) is true. The split comes before rows are left out, so a pass holds the same
+    rows however the batch is shared between processes. An empty pass is skipped in one process; with
+    ``in_step`` (several processes, which must make the same passes) it keeps its first row, whose part is 0."""
     out = []
     for chunk in rows.split(size):
         kept = chunk if live is None else chunk[live[chunk].to(chunk.device)]

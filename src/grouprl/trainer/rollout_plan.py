@@ -128,13 +128,11 @@ def _rollout_is(config: Any, own_weights: bool) -> str:
 
 def plan_rollout(config: Any, formats: Any, policy: nn.Module, device: torch.device | None, *, multi_turn: bool,
                  sampler: Any = None, steps: int | None = None) -> RolloutPlan:
-    """The run's :class:`RolloutPlan`. ``config`` has its formats decided (``rollout_dtype`` explicit); ``formats``
-    is what decided them; ``device``: where the run computes (None: where ``policy`` is); ``multi_turn``: the
-    rollouts are trajectories in environments; ``sampler``: one passed in, which serves as it is; ``steps``: the
-    rounds of rollouts the engine will serve, which decide whether compiling pays (None: ``total_steps``). An
-    explicit request the run cannot honour (rollout_engine=vllm on an unsupported model, rollout_compile=true where
-    it cannot compile, rollout_weights_transport=nccl with the policy off CUDA) is a ConfigError, before any engine
-    starts."""
+    """The run's :class:`RolloutPlan`. ``config`` has its formats decided (``rollout_dtype`` explicit);
+    ``formats`` is what decided them; ``device``: where the run computes (None: where ``policy`` is);
+    ``multi_turn``: trajectories in environments; ``sampler``: one passed in, used as it is; ``steps``: the
+    rounds of rollouts, which decide whether compiling pays (None: ``total_steps``). An explicit request the
+    run cannot honour is a ConfigError, before any engine starts."""
     c = config
     if sampler is not None:  # one with its own copy of the weights is compared with the trainer like vLLM
         own = not getattr(sampler, "uses_live_model", True)

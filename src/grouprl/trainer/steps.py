@@ -1,17 +1,12 @@
 """GiGPO for agents: each policy turn its own advantage, from the episode's group and from the turns of
 the reset's trajectories that started in the same state (:mod:`grouprl.algos.gigpo`).
 
-What the trajectories give, per policy turn (from :class:`grouprl.envs.episode.Episode`): the reward
-the turn earned and the key of the state it started from (the environment's ``info["state_key"]``,
-else the observation text as it returned it; none after a tool reply, which makes the turn a
-singleton). Reward functions over the final answer are added to the last turn's reward, so a
-trajectory's turn rewards add up to its reward. ``gigpo_similarity`` groups text keys whose
-``difflib`` ratio reaches it (greedy: a key joins the first earlier key of its reset it is close to),
-instead of equal keys only.
-
-The turn of each policy token is read from the completion mask: every maximal run of policy tokens
-is one turn (environment tokens always separate two turns).
-"""
+Per policy turn (from :class:`grouprl.envs.episode.Episode`): the reward the turn earned and the key of
+the state it started from (``info["state_key"]``, else the observation text; none after a tool reply,
+which makes the turn a singleton). Reward functions over the final answer are added to the last turn's
+reward. ``gigpo_similarity`` groups text keys whose ``difflib`` ratio reaches it (a key joins the first
+earlier key of its reset it is close to) instead of equal keys only. Each maximal run of policy tokens
+in the completion mask is one turn."""
 
 from __future__ import annotations
 

@@ -1,26 +1,19 @@
 """The trainer: one step loop in the paper's order for every language-model algorithm.
 
 One step (DeepSeekMath, section 4, for GRPO): sample P prompts -> G completions each from pi_old ->
-rewards -> advantages -> update -> metrics. The parts that differ between algorithms are passed in
-or built from :data:`~grouprl.trainer.algorithms.ALGORITHMS` by ``config.algo``:
+rewards -> advantages -> update -> metrics. What differs between algorithms is passed in or built from
+:data:`~grouprl.trainer.algorithms.ALGORITHMS` by ``config.algo``: the baseline (the group,
+:class:`~grouprl.trainer.advantages.GroupBaseline`, or PPO's :class:`~grouprl.trainer.critic.Critic`),
+the update rule (:data:`~grouprl.trainer.rules.UPDATE_RULES`), beta's controller, and the process group
+(:mod:`grouprl.trainer.dist.processes`).
 
-- the baseline: the group (:class:`~grouprl.trainer.advantages.GroupBaseline`: GRPO, RLOO,
-  REINFORCE, TRPO) or a learned critic (:class:`~grouprl.trainer.critic.Critic`: PPO);
-- the update rule: the clipped surrogate by minibatch SGD, or a trust-region natural-gradient step
-  (:data:`~grouprl.trainer.rules.UPDATE_RULES`);
-- beta's controller, fixed or adaptive;
-- the process group: one process, or a torchrun run's (:mod:`grouprl.trainer.dist.processes`).
-
-Where this departs from the paper, and why:
-- Outcome supervision only (one reward per completion, broadcast to its tokens); the paper's
-  process supervision needs a step-level reward model that users rarely have.
-- When the update is on-policy (mu = 1, one minibatch) no old-policy forward is run: the ratio
-  is ``exp(logp - logp.detach())``, 1 in value with exactly the REINFORCE gradient.
-- The aggregation, the advantage scale and the importance level are knobs (the paper's choices
-  are the defaults), because later work (DAPO, Dr. GRPO, GSPO) showed the paper's choices are
-  not always the best; see :class:`~grouprl.trainer.config.TrainerConfig`.
-- Rewards of ``None`` (a function that does not apply to a row) are excluded from the group
-  statistics instead of being counted as 0.
+Departures from the paper:
+- outcome supervision only (one reward per completion, broadcast to its tokens);
+- on-policy updates (mu = 1, one minibatch) run no old-policy forward: the ratio is
+  ``exp(logp - logp.detach())``, 1 in value with exactly the REINFORCE gradient;
+- aggregation, advantage scale and importance level are knobs (defaults: the paper's), after DAPO,
+  Dr. GRPO and GSPO (:class:`~grouprl.trainer.config.TrainerConfig`);
+- ``None`` rewards (a function that does not apply to a row) are left out of the group statistics.
 
 Example::
 
@@ -29,8 +22,7 @@ Example::
     policy, tok = load_policy("smollm2-135m")
     def short(prompts, completions, **_): return [-len(c) / 100 for c in completions]
     Trainer(TrainerConfig(algo="grpo", total_steps=10), policy=policy, tokenizer=tok, reward_fns=[short],
-            train_data=[{"prompt": "Say hi."}] * 8).train()
-"""
+            train_data=[{"prompt": "Say hi."}] * 8).train()"""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
-"""Native kernels of the rollout engine: C++ sources beside this file, built, cached and loaded as Python
-extension modules by :func:`torch.utils.cpp_extension.load` on first use (it rebuilds where the source or
-flags changed, and lets processes that start together share one build).
+"""Native kernels of the rollout engine: C++ sources beside this file, built, cached and loaded by
+:func:`torch.utils.cpp_extension.load` on first use (rebuilt where source or flags changed).
 
-The kernels are x86 AVX2 + FMA code (every x86-64 CPU of the last decade: AMD Zen, Intel Haswell and
-later); a call releases the GIL, and OpenMP's runtime is the one PyTorch already loaded (``libgomp.so.1``),
-so threads are shared, not doubled. Where they cannot run (another architecture, a CPU without AVX2 and
-FMA, no C++ compiler, no ninja, a failed build) :func:`load` raises :class:`KernelUnavailable` saying why,
-and the format that needs them is refused before any work.
-"""
+The kernels are x86 AVX2 + FMA code; a call releases the GIL and shares the OpenMP runtime PyTorch
+loaded. Where they cannot run (another architecture, no AVX2 and FMA, no C++ compiler or ninja, a failed
+build) :func:`load` raises :class:`KernelUnavailable` saying why, and the format that needs them is
+refused before any work."""
 
 from __future__ import annotations
 
