@@ -1,16 +1,11 @@
 """Small MLP policies and critics for classic control.
 
-A policy maps observations ``[N, D]`` to a ``torch.distributions`` distribution over actions:
-categorical for a ``Discrete`` action space, a diagonal Gaussian with a state-independent learned
-log-std for a ``Box`` one (Schulman et al. 2015's TRPO and the PPO paper's MuJoCo setup). The
-algorithms need only :meth:`distribution` (log-probs, entropy, and the analytic KL that TRPO's
-Fisher matrix and the ``policy/kl`` metric use); sampling takes an explicit generator so a
-seeded run is reproducible.
-
-Hidden layers use orthogonal init (gain sqrt 2) and the output layers a small gain (0.01 for the
-policy, so the first policy is near uniform; 1 for the critic), as in the PPO implementation
-details that make these tasks train reliably.
-"""
+A policy maps observations ``[N, D]`` to a ``torch.distributions`` distribution: categorical for a
+``Discrete`` action space, a diagonal Gaussian with a state-independent learned log-std for a ``Box``
+one (the TRPO and PPO papers' MuJoCo setup). The algorithms need only :meth:`distribution` (log-probs,
+entropy, the analytic KL); sampling takes an explicit generator so a seeded run is reproducible.
+Hidden layers use orthogonal init (gain sqrt 2), the output layers a small gain (0.01 for the policy,
+so it starts near uniform; 1 for the critic), as in the PPO implementation details."""
 
 from __future__ import annotations
 

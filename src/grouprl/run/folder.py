@@ -1,16 +1,13 @@
 """A run folder: what a run writes into it, who may write into it, and what is never touched.
 
 - A run claims its folder before any expensive work, with a lock file naming its process; a second
-  run into the same folder is refused while the first is alive, and a lock left by a dead process is
-  taken over (with a note).
-- A run never mixes into an earlier one (its metrics log would be appended to, and every table and
-  plot read from it would blend the two runs): a folder holding a run is refused unless resuming it,
-  or replaced with ``overwrite``, which removes only the files runs write.
-- A run never touches what it did not write: a folder holding anything else (a user's file beside
-  the logs, inside ``checkpoints/`` or ``report/``) is refused, with or without ``overwrite``.
-- An earlier start that never finished a training step (it failed at its first rollout, say) is not
-  a run to protect: its files are replaced, and a resume of it starts afresh.
-"""
+  run into the folder is refused while the first lives, and a dead process's lock is taken over.
+- A run never mixes into an earlier one: a folder holding a run is refused unless resuming it, or
+  replaced with ``overwrite``, which removes only the files runs write.
+- A run never touches what it did not write: a folder holding anything else (a user's file beside the
+  logs, inside ``checkpoints/`` or ``report/``) is refused, with or without ``overwrite``.
+- An earlier start that never finished a training step is not a run to protect: its files are
+  replaced, and a resume of it starts afresh."""
 
 from __future__ import annotations
 

@@ -1,19 +1,13 @@
 """The language-model algorithms by name: what each one is made of and which keys it reads.
 
-Every algorithm runs the same step (:class:`grouprl.trainer.trainer.Trainer`): rollout -> rewards
--> advantages -> update -> metrics. What differs is written down here, as data:
-
-- where the advantage comes from: the group (an estimator of :data:`grouprl.algos.ADVANTAGES`)
-  or a learned critic with GAE;
-- the update rule (:data:`grouprl.trainer.rules.UPDATE_RULES`): minibatch SGD on the clipped
-  surrogate, or a natural-gradient step in a KL trust region;
-- the defaults it gives the keys it shares with the others (where the KL penalty goes, whether
-  beta adapts), the keys it defines (rloo *is* GRPO's update with the leave-one-out estimator),
-  and the keys it owns (PPO's critic, TRPO's trust region), which are refused under another
-  algorithm when set.
-
-``grouprl train --algo NAME``, ``grouprl compare`` and the Python API all look algorithms up here.
-"""
+Every algorithm runs the same step (:class:`grouprl.trainer.trainer.Trainer`): rollout -> rewards ->
+advantages -> update -> metrics. What differs is data here: where the advantage comes from (an
+estimator of :data:`grouprl.algos.ADVANTAGES`, or a critic with GAE); the update rule
+(:data:`grouprl.trainer.rules.UPDATE_RULES`: clipped-surrogate SGD or a trust-region natural-gradient
+step); the defaults it gives shared keys (where the KL penalty goes, whether beta adapts), the keys it
+defines (rloo *is* GRPO's update with the leave-one-out estimator), and the keys it owns (PPO's critic,
+TRPO's trust region), refused under another algorithm when set. ``grouprl train --algo NAME``,
+``grouprl compare`` and the Python API all look algorithms up here."""
 
 from __future__ import annotations
 
