@@ -4,11 +4,13 @@ command the docs publish. The figures themselves mean nothing at these shapes an
 
 from __future__ import annotations
 
+import getpass
 import importlib.util
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -82,11 +84,15 @@ def test_no_benchmark_script_passes_the_size_limit():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(FIGURES))
-def test_smoke_run_prints_its_figure(script):
+def test_smoke_run_prints_its_figure(script, tmp_path):
     needed = NEEDS.get(script)
     if needed and importlib.util.find_spec(needed) is None:
         pytest.skip(f"benchmarks/{script}.py needs {needed}, not installed here")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    # the scripts' temporary folders go with the test's; torch's compile cache stays where it is shared
+    compile_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(tempfile.gettempdir(),
+                                                                               f"torchinductor_{getpass.getuser()}")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+           "TMPDIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": compile_cache}
     done = subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), "--smoke"], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     tail = done.stdout[-3000:]
