@@ -45,6 +45,7 @@ FIGURES = {
     "profile_step": rf"^rollout_products={NUMBER} update_products={NUMBER}$",
     "push_memory": rf"^streamed_mib={NUMBER} whole_mib={NUMBER} ratio={NUMBER} model_mib={NUMBER}$",
     "rollout": rf"^speedup={NUMBER}$",
+    "rollout_cpu_seconds": rf"^run tokens={NUMBER} tok_per_cpu_s={NUMBER} tok_per_wall_s={NUMBER}$",
     "rollout_servers": rf"^weight sync \(tiny64, fp32\): .* s; mean {NUMBER} s$",
     "sampling": rf"^speedup={NUMBER}$",
     "sandbox": rf"^overhead_ms={NUMBER}$",
