@@ -179,3 +179,28 @@ def test_grouprl_serve_with_a_weights_root_that_is_not_a_folder_stops_before_loa
     monkeypatch.setattr(build, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert cli.main(["serve", "--model", "tiny", "--weights_root", str(tmp_path / "unmounted")]) == 2
     assert f"--weights_root {tmp_path / 'unmounted'} is not a folder" in capsys.readouterr().err
+
+
+def test_a_refused_requests_unread_body_is_read_and_dropped_after_the_answer_so_the_answer_arrives():
+    """A connection closed on unread data is reset, and the client may lose the answer: the guard reads what is
+    left (bounded) after answering, and keeps none of it."""
+    chunks = [{"type": "http.request", "body": b"x" * 1000, "more_body": True} for _ in range(5)]
+    chunks[-1]["more_body"] = False
+    sent: list[dict] = []
+
+    async def receive():
+        return chunks.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/grouprl/weights", "method": "POST", "headers": [(b"content-length", b"5000")]}
+    guard = Guard(App(), TOKEN, SimpleNamespace(max_model_len=256, broken=None), max_rows=8, max_body_bytes=100000)
+    asyncio.run(guard(scope, receive, send))
+    assert sent[0]["status"] == 401 and chunks == []  # answered, then the whole body read and dropped
+    scope["headers"] = [(b"authorization", f"Bearer {TOKEN}".encode()), (b"content-length", b"10000000")]
+    chunks[:] = [{"type": "http.request", "body": b"y" * 1000, "more_body": True} for _ in range(1000)]
+    sent.clear()
+    small = Guard(App(), TOKEN, SimpleNamespace(max_model_len=256, broken=None), max_rows=8, max_body_bytes=100)
+    asyncio.run(small(scope, receive, send))
+    assert sent[0]["status"] == 413 and len(chunks) == 999  # one chunk read: past 4x the cap of 100 bytes, it stops

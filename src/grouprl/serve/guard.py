@@ -34,6 +34,9 @@ OPEN_PATHS = frozenset({"/health"})
 GENERATION_PATHS = frozenset({"/inference/v1/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses",
                               "/v1/messages"})
 DEFAULT_MAX_BODY_MIB = 16
+DRAIN_FACTOR = 4
+"""A refused request's unread body is read and dropped up to this many times the body cap, then the connection
+is closed."""
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -153,6 +156,7 @@ class Guard:
             return await self.app(scope, receive, send)
         path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
         method = scope.get("method", "GET")
+        read = False  # whether the request's body has been read to its end
         try:
             if path in OPEN_PATHS and method in ("GET", "HEAD"):
                 return await self.app(scope, receive, send)
@@ -169,10 +173,11 @@ class Guard:
             if method not in ("POST", "PUT", "PATCH"):
                 return await self.app(scope, receive, send)
             body = await self._read(receive)
+            read = True
             if path in GENERATION_PATHS:
                 self._check_generation(path, body)
         except Refusal as refusal:
-            return await self._refuse(scope, send, refusal)
+            return await self._refuse(scope, send, refusal, None if read else receive)
         return await self.app(scope, _replay(body, receive), send)
 
     def _too_large(self, size: int) -> str:
@@ -204,7 +209,9 @@ class Guard:
         if problem:
             raise Refusal(400, problem)
 
-    async def _refuse(self, scope: dict[str, Any], send: Send, refusal: Refusal) -> None:
+    async def _refuse(self, scope: dict[str, Any], send: Send, refusal: Refusal, unread: Receive | None) -> None:
+        """Answer ``refusal``; then, if the body is ``unread``, read it to its end (up to :data:`DRAIN_FACTOR` times
+        the cap) and drop it: a connection closed on unread data is reset, and the client may lose the answer."""
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
             return
@@ -215,6 +222,12 @@ class Guard:
             headers.append((b"www-authenticate", b"Bearer"))
         await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+        drained = 0
+        while unread is not None and drained <= DRAIN_FACTOR * self.max_body_bytes:
+            message = await unread()
+            drained += len(message.get("body", b""))
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
