@@ -34,8 +34,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from grouprl.serve.guard import TOKEN_ENV
-from grouprl.serve.parent import PARENT_ENV
 
+PARENT_ENV = "GROUPRL_PARENT_PID"
+"""The run's process id, in a local server's environment: the server watches it (:mod:`grouprl.serve.parent`)."""
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
 KILL_ROUNDS = 5
@@ -124,7 +125,8 @@ class LocalServers:
     """``count`` ``grouprl serve`` processes on ``model`` (a model folder); see the module docstring.
 
     ``options``: further ``grouprl serve`` arguments (``--rollout_dtype bf16``, ``--lora_rank 8``, ...);
-    ``weights_root``: the folder the run's pushes are written under (each server reads pushes from there only);
+    ``weights_root``: the folder the run's pushes are written under (each server reads pushes from there only;
+    None: ``grouprl serve``'s default, where a run writes when ``rollout_weights_dir`` is empty);
     ``token``: the servers' bearer token (None: a new one), handed over in their environment, never their command
     line (which every user of the machine sees)."""
 
@@ -133,10 +135,8 @@ class LocalServers:
                  token: str | None = None):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"rollout_servers: a number of local servers must be >= 1, got {count!r}")
-        from grouprl.serve.transport import default_weights_root
-
         self.token = token or secrets.token_urlsafe(32)
-        self.weights_root = Path(weights_root) if weights_root is not None else default_weights_root()
+        self.root_argv = ["--weights_root", str(weights_root)] if weights_root is not None else []
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         shares = core_shares(sorted(cores if cores is not None else os.sched_getaffinity(0)), count)
@@ -159,7 +159,7 @@ class LocalServers:
                "OMP_NUM_THREADS": str(len(share)), "PYTHONUNBUFFERED": "1", TOKEN_ENV: self.token,
                PARENT_ENV: str(os.getpid())}
         cmd = [sys.executable, "-m", "grouprl", "serve", "--model", str(model), "--host", self.host, "--port", port,
-               "--weights_root", str(self.weights_root), *self.options]
+               *self.root_argv, *self.options]
         # appending: a killed server's resource tracker may still write its farewell after the restart's first lines
         with open(self.log_path(i), "ab") as log:  # the child holds its own copy of the file
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,

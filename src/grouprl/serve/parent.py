@@ -18,7 +18,8 @@ import sys
 import threading
 import time
 
-PARENT_ENV = "GROUPRL_PARENT_PID"
+from grouprl.serve.local import PARENT_ENV, group_members, is_resource_tracker
+
 POLL_S = 0.5
 
 
@@ -28,8 +29,6 @@ def parent_gone(expected: int) -> bool:
 
 
 def _end(expected: int) -> None:
-    from grouprl.serve.local import group_members, is_resource_tracker
-
     print(f"grouprl serve: the run that started this server (process {expected}) is gone; stopping it and its "
           "engine processes", file=sys.stderr, flush=True)
     me = os.getpid()
