@@ -18,6 +18,7 @@ from grouprl.cli.launch import one_gpu_problem, torchrun_command
 from grouprl.config import TrainConfig, load_config
 from grouprl.report.data import read_jsonl
 from tests.helpers.trainer import tiny_args
+from tests.helpers.vllm import needs_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,6 +87,7 @@ def test_train_nproc_2_through_vllm_on_the_cpu(tmp_path):
     assert max((after[k] - before[k]).abs().max().item() for k in before if k in after) > 0
 
 
+@needs_vllm  # one of the page's commands samples with vLLM, refused by name where it is not installed
 def test_the_readme_scaling_out_commands_resolve(tmp_path, monkeypatch, capsys):
     """Every `grouprl train` and `torchrun ... -m grouprl train` line of the docs' scaling-out page, up to its
     first section, resolves its config (nothing is loaded or started)."""

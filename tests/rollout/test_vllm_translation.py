@@ -115,6 +115,7 @@ def test_auto_picks_vllm_only_where_it_can_serve_the_model():
                                                                           "groups only")
 
 
+@needs_vllm  # rollout_engine=vllm is refused by name where vLLM is not installed
 def test_vllm_compile_reaches_the_engine(monkeypatch):
     from grouprl.rollout import vllm as vllm_module
     from grouprl.trainer.rollout_plan import vllm_engine
