@@ -210,11 +210,18 @@ class Guard:
             raise Refusal(400, problem)
 
     async def _refuse(self, scope: dict[str, Any], send: Send, refusal: Refusal, unread: Receive | None) -> None:
-        """Answer ``refusal``; then, if the body is ``unread``, read it to its end (up to :data:`DRAIN_FACTOR` times
-        the cap) and drop it: a connection closed on unread data is reset, and the client may lose the answer."""
+        """Answer ``refusal``, having first read an ``unread`` body to its end (up to :data:`DRAIN_FACTOR` times the
+        cap) and dropped it: a connection closed on unread data is reset, and the client may lose the answer. The
+        body is read before the answer because once an answer is complete the server hands the app no more of it."""
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
             return
+        drained = 0
+        while unread is not None and drained <= DRAIN_FACTOR * self.max_body_bytes:
+            message = await unread()
+            drained += len(message.get("body", b""))
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
         payload = json.dumps({"error": refusal.message, "detail": refusal.message}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
                    (b"connection", b"close")]
@@ -222,12 +229,6 @@ class Guard:
             headers.append((b"www-authenticate", b"Bearer"))
         await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
-        drained = 0
-        while unread is not None and drained <= DRAIN_FACTOR * self.max_body_bytes:
-            message = await unread()
-            drained += len(message.get("body", b""))
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                return
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -254,11 +254,30 @@ def _transfers(request: Request) -> Transfers:
     return state.transfers
 
 
+def init_info_problem(backend: str, init_info: dict[str, Any]) -> str | None:
+    """Why ``init_info`` is not init info of vLLM's ``backend`` engine (missing or unknown fields), told here:
+    once inside vLLM's workers the same mistake is an internal error (a 500), not a bad request."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    import grouprl.serve.gloo  # noqa: F401 - its import registers the gloo backend in this process too
+
+    engine_class = WeightTransferEngineFactory._registry.get(backend)
+    if engine_class is None:
+        return None
+    try:
+        engine_class().init_info_cls(**init_info)
+    except (TypeError, ValueError) as e:
+        return f"init_info is not the {backend} weight transfer's: {e}"
+    return None
+
+
 @router.post("/transfer/init")
 async def transfer_init(body: TransferInit, request: Request) -> dict[str, Any]:
     from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
     state, engine = _transfer(request)
+    if (problem := init_info_problem(state.weight_transfer, body.init_info)) is not None:
+        raise HTTPException(HTTPStatus.UNPROCESSABLE_ENTITY, problem)
     await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=body.init_info))
     return state.info()
 
