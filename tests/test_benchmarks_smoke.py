@@ -94,6 +94,8 @@ def test_smoke_run_prints_its_figure(script, tmp_path):
                                                                                f"torchinductor_{getpass.getuser()}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
            "TMPDIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": compile_cache}
+    if script == "sandbox":  # the sandbox's user (nobody) must reach its folder: pytest's are its owner's alone
+        env["TMPDIR"] = tempfile.gettempdir()
     done = subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), "--smoke"], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     tail = done.stdout[-3000:]
