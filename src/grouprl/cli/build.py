@@ -121,14 +121,14 @@ def check_gold_answers(config: TrainConfig, rows: list[Row], places: dict[int, s
     if not rows or ANSWER not in rows[0] or not (checked or MATH_REWARDS & set(config.reward_functions)):
         return
     from grouprl.data import DataError
-    from grouprl.rewards.answers import check_golds
+    from grouprl.rewards.answers import check_golds, gold_answer
 
     values = [row.get(ANSWER) for row in rows]
     bad, example = check_golds(values)
     if not bad:
         return
-    at = next((i for i, v in enumerate(values) if repr(v)[:len(example or "")] == example), None)  # check_golds: a repr
-    where = "" if at is None else f" at {places.get(id(rows[at]), f'row {at}')}"
+    at = next(i for i, v in enumerate(values) if gold_answer(v) is None)
+    where = f" at {places.get(id(rows[at]), f'row {at}')}"
     message = (f"{bad} of {len(values)} gold answers in answer_column {config.answer_column!r} of {config.dataset} "
                f"give no answer to compare with (e.g.{where}: {example})")
     if bad == len(values):
