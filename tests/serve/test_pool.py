@@ -1,7 +1,6 @@
 """The trainer's connections to rollout servers (grouprl.serve.pool) against small HTTP servers on
 127.0.0.1 that answer, fail (500), refuse a request (400), hang past the timeout or are not there at
-all; and what a server's answer becomes (grouprl.serve.client.parse_completion), hostile answers
-included. The real servers (vLLM) are in test_servers.py."""
+all. What a server's answer becomes is in test_completions.py, the real servers (vLLM) in test_servers.py."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from grouprl.serve.completions import parse_completion
 from grouprl.serve.local import free_port
 from grouprl.serve.pool import ServerPool
 from grouprl.serve.roster import RolloutServerError, parse_address
@@ -194,34 +192,6 @@ def test_pool_settings_are_checked_before_anything_starts():
     with pytest.raises(ValueError, match="give at least one"):
         ServerPool([], timeout=5)
     assert parse_address(" 10.1.2.3:0080 ") == "10.1.2.3:80"
-
-
-def answer(token_ids, logprobs, spans=(("3", 0, 2),), finish="stop"):
-    content = [{"token_id": t, "logprob": lp} for t, lp in zip(token_ids, logprobs)]
-    return {"choices": [{"token_ids": token_ids, "logprobs": {"content": content}, "finish_reason": finish,
-                         "weight_versions": [{"version": v, "start": a, "end": b} for v, a, b in spans]}]}
-
-
-def test_a_servers_answer_becomes_a_completion_with_its_policy_version():
-    c = parse_completion(answer([5, 9], [-0.5, -1.25]), "h:1")
-    assert c.token_ids == [5, 9] and [e[t].logprob for e, t in zip(c.logprobs, c.token_ids)] == [-0.5, -1.25]
-    assert c.version == 3 and c.finish_reason == "stop"
-    # drawn across a weight load: the oldest version counts (the staleness of the whole completion)
-    assert parse_completion(answer([5, 9], [-0.5, -1.0], spans=(("4", 0, 1), ("5", 1, 2))), "h:1").version == 4
-    assert parse_completion(answer([5], [-0.5], spans=(("default", 0, 1),)), "h:1").version is None  # before a push
-
-
-@pytest.mark.parametrize("bad", [
-    {},
-    {"choices": []},
-    {"choices": [{"token_ids": ["x"], "logprobs": {"content": [{"logprob": 0.0}]}}]},
-    {"choices": [{"token_ids": [1], "logprobs": {"content": [{"logprob": "nan?"}]}}]},
-    {"choices": [{"token_ids": [1, 2], "logprobs": {"content": [{"logprob": -1.0}]}}]},
-    "not a dict",
-])
-def test_an_answer_of_another_shape_is_an_error_naming_the_server(bad):
-    with pytest.raises(RolloutServerError, match="rollout server h:1"):
-        parse_completion(bad, "h:1")
 
 
 def test_closing_the_pool_ends_every_wait_on_it_even_one_its_cancellation_misses():
