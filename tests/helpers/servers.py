@@ -34,6 +34,15 @@ def write_tiny64(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (read from /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def auth(token: str | None = None) -> dict[str, str]:
     """The Authorization header of a request to the servers of :func:`started` (or with ``token``)."""
     return {"Authorization": f"Bearer {token or os.environ[TOKEN_ENV]}"}

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from grouprl.run.logs import JsonlLog
+from tests.helpers.servers import running
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None or torch.cuda.is_available(),
@@ -66,14 +67,6 @@ def servers_of(pid: int) -> list[int]:
             if int(stat[stat.rindex(")") + 2:].split()[1]) == pid and b"serve" in cmd and b"grouprl" in cmd:
                 out.append(int(entry.name))
     return out
-
-
-def running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def checkpoints(out: Path) -> list[str]:

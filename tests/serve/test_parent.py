@@ -15,6 +15,7 @@ import pytest
 
 from grouprl.serve.local import group_members
 from grouprl.serve.parent import PARENT_ENV, parent_gone, watch_parent
+from tests.helpers.servers import running
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux's /proc")
 GONE_WITHIN_S = 30.0
@@ -39,14 +40,6 @@ server = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess
 print(server.stdout.readline().decode().strip(), flush=True)
 time.sleep(600)
 """
-
-
-def running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def wait_gone(pids: list[int]) -> list[int]:
