@@ -121,8 +121,8 @@ def test_every_outcome_becomes_a_tool_message_and_the_run_goes_on():
 
 def test_a_slow_tool_times_out_as_an_error_message():
     start = time.perf_counter()
-    results = runner(timeout_s=0.2).run([call("sleepy", seconds=2.0), call("add", a=1, b=1)])
-    assert time.perf_counter() - start < 1.5
+    results = runner(timeout_s=0.2).run([call("sleepy", seconds=30.0), call("add", a=1, b=1)])
+    assert time.perf_counter() - start < 15  # not the tool's 30 s: a bound that holds on a loaded machine
     assert results == [("sleepy", "error: sleepy took longer than 0.2 s", True), ("add", "2", False)]
 
 
