@@ -1,5 +1,5 @@
-"""Process 0's memory while it makes a rollout-server push under FSDP (``grouprl/serve/stream_write.py``,
-``grouprl/serve/collective.py``). ``--push files``: the file written one tensor at a time, as grouprl writes it,
+"""Process 0's memory while it makes a rollout-server push under FSDP (``grouprl/serve/weights/stream_write.py``,
+``grouprl/serve/client/collective.py``). ``--push files``: the file written one tensor at a time, as grouprl writes it,
 against every tensor gathered and cast first and then written by ``safetensors.torch.save_file``, which takes the
 whole state dict at once. ``--push broadcast``: a collective (nccl, gloo) push's tensors, each gathered as the
 broadcast takes it (a synchronous run, as grouprl sends it), against a copy staged at the write (what sampling
@@ -92,7 +92,7 @@ def sharded_model(hidden: int, layers: int, env) -> torch.nn.Module:
 
 
 def streamed(model, folder: Path, dtype: torch.dtype, rank: int) -> None:
-    from grouprl.serve.transport import reading, write_weights_file
+    from grouprl.serve.weights.transport import reading, write_weights_file
 
     read = reading(model, dtype=dtype)
     with read.through():
@@ -117,8 +117,8 @@ def whole(model, folder: Path, dtype: torch.dtype, rank: int) -> None:
 def broadcast_streamed(model, folder: Path, dtype: torch.dtype, rank: int) -> None:
     """A collective push as a synchronous FSDP run makes it: each tensor gathered as the broadcast takes it
     (taken here as vLLM's engine takes them, without the broadcast)."""
-    from grouprl.serve.sent import StreamedWeights
-    from grouprl.serve.transport import reading
+    from grouprl.serve.weights.sent import StreamedWeights
+    from grouprl.serve.weights.transport import reading
 
     read = reading(model, dtype=dtype)
     with read.through():
@@ -129,8 +129,8 @@ def broadcast_streamed(model, folder: Path, dtype: torch.dtype, rank: int) -> No
 
 def broadcast_staged(model, folder: Path, dtype: torch.dtype, rank: int) -> None:
     """The same push from a copy staged at the write, as sampling ahead (and LoRA) make it under FSDP."""
-    from grouprl.serve.collective import CollectiveWeights
-    from grouprl.serve.transport import reading
+    from grouprl.serve.client.collective import CollectiveWeights
+    from grouprl.serve.weights.transport import reading
 
     read = reading(model, dtype=dtype)
     with read.through():
@@ -163,7 +163,7 @@ def worker(rank: int, world: int, store: str, kind: str, way: str, hidden: int, 
     dist.barrier()
     with tempfile.TemporaryDirectory(dir="/dev/shm") as folder, Peak() as peak:
         push(model, Path(folder), getattr(torch, dtype), rank)
-    from grouprl.serve.transport import reading
+    from grouprl.serve.weights.transport import reading
 
     size = sum(e.nbytes for e in reading(model, dtype=getattr(torch, dtype)).entries)
     if rank == 0:
@@ -208,8 +208,8 @@ def collective(args: argparse.Namespace) -> dict[str, float]:
     FSDP), against ``live``, the model read as it is sent (a synchronous run)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grouprl.serve.collective import CollectiveWeights
-    from grouprl.serve.transport import reading
+    from grouprl.serve.client.collective import CollectiveWeights
+    from grouprl.serve.weights.transport import reading
 
     config = LlamaConfig(hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
                          num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 64,

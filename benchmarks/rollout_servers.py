@@ -30,9 +30,9 @@ from machine import cpu_line  # benchmarks/machine.py: every figure names its CP
 from smoke import add_smoke, shrink
 
 from grouprl.rollout.sampler import Sampler
-from grouprl.serve.client import ServerSampler
-from grouprl.serve.local import LocalServers
-from grouprl.serve.transport import reading, write_model_folder
+from grouprl.serve.client.launch import LocalServers
+from grouprl.serve.client.sampler import ServerSampler
+from grouprl.serve.weights.transport import reading, write_model_folder
 from grouprl.types import SamplingParams
 
 G = 4

@@ -178,8 +178,8 @@ def _pushes(trainer: Any, rank: int) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     from grouprl.models.lora import unwrap_ddp
-    from grouprl.serve.sent import tensors_to_send
-    from grouprl.serve.transport import WEIGHTS_FILE, plain_name, reading, write_weights_file
+    from grouprl.serve.weights.sent import tensors_to_send
+    from grouprl.serve.weights.transport import WEIGHTS_FILE, plain_name, reading, write_weights_file
 
     policy = unwrap_ddp(trainer.policy)  # as the rollout servers' sampler follows it
     read = reading(policy, dtype=torch.float32)
@@ -205,7 +205,7 @@ def _failing_write(policy: Any, folder: Path) -> str:
     """Process 0's write of a push that fails at its fourth tensor (the disk full): what it raised."""
     import dataclasses
 
-    from grouprl.serve.transport import reading, write_weights_file
+    from grouprl.serve.weights.transport import reading, write_weights_file
 
     read = reading(policy)
 

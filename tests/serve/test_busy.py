@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from grouprl.serve import pool as pool_module
-from grouprl.serve.pool import ServerPool
+from grouprl.serve.client import pool as pool_module
+from grouprl.serve.client.pool import ServerPool
 
 
 class Clock:

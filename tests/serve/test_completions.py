@@ -1,12 +1,12 @@
-"""What a rollout server's answer becomes on the trainer's side (grouprl.serve.completions.parse_completion):
+"""What a rollout server's answer becomes on the trainer's side (grouprl.serve.client.completions.parse_completion):
 a completion with its tokens, log-probs and policy version, and hostile answers refused naming the server."""
 
 from __future__ import annotations
 
 import pytest
 
-from grouprl.serve.completions import parse_completion
-from grouprl.serve.roster import RolloutServerError
+from grouprl.serve.client.completions import parse_completion
+from grouprl.serve.client.servers import RolloutServerError
 
 
 def answer(token_ids, logprobs, spans=(("3", 0, 2),), finish="stop"):

@@ -12,8 +12,8 @@ import torch
 
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.sampler import Sampler
-from grouprl.serve.client import ServerSampler
-from grouprl.serve.collective import CollectiveWeights
+from grouprl.serve.client.collective import CollectiveWeights
+from grouprl.serve.client.sampler import ServerSampler
 from grouprl.types import SamplingParams
 from tests.helpers.servers import TINY64, started
 
@@ -89,7 +89,7 @@ def own_server(tmp_path):
     import subprocess
     import sys
 
-    from grouprl.serve.local import free_port
+    from grouprl.serve.client.launch import free_port
     from tests.helpers.servers import write_tiny64
 
     folder = write_tiny64(tmp_path / "model", seed=0)
@@ -110,8 +110,8 @@ def test_a_server_that_dies_during_a_push_is_dropped_and_the_push_made_again_wit
     """The server dies once every server has started the transfer: the broadcast fails, the trainer gives the
     transfer up on the living server, drops the dead one (named) and pushes again in a group without it; the
     living server then samples the trainer's weights."""
-    import grouprl.serve.collective as collective
-    from grouprl.serve.local import kill_group
+    import grouprl.serve.client.collective as collective
+    from grouprl.serve.client.launch import kill_group
 
     port, serve = own_server(tmp_path)
     mine = serve()
@@ -155,8 +155,8 @@ def test_a_server_that_comes_back_joins_the_group_at_the_next_push(servers, tmp_
     the next push forms the group with it again, and it samples the trainer's weights."""
     import time
 
-    import grouprl.serve.roster as roster
-    from grouprl.serve.local import kill_group
+    import grouprl.serve.client.servers as roster
+    from grouprl.serve.client.launch import kill_group
 
     monkeypatch.setattr(roster, "RETURN_POLL_S", 0.5)
     port, serve = own_server(tmp_path)

@@ -1,4 +1,4 @@
-"""The guard around a rollout server's app (grouprl.serve.guard), on a stand-in app: who gets through, what is
+"""The guard around a rollout server's app (grouprl.serve.server.guard), on a stand-in app: who gets through, what is
 refused before the app sees it, and where a server's token comes from. No vLLM."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from grouprl.serve.guard import TOKEN_ENV, Guard, authorised, generation_problem, is_loopback, server_token
+from grouprl.serve.server.guard import TOKEN_ENV, Guard, authorised, generation_problem, is_loopback, server_token
 
 TOKEN = "s3cret-token-of-the-servers-0123"
 

@@ -1,4 +1,4 @@
-"""The lease over a server's collective weight transfers (grouprl.serve.lease), without vLLM: the engine is
+"""The lease over a server's collective weight transfers (grouprl.serve.server.leases), without vLLM: the engine is
 an object that records which of vLLM's engine-client calls the server made, and the lease's time is a clock
 the test moves by hand (no test here waits on the wall clock). tests/serve/test_lease_server.py runs the same
 story on a real CPU server."""
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from grouprl.serve.lease import REMEMBERED, TransferRefused, Transfers
+from grouprl.serve.server.leases import REMEMBERED, TransferRefused, Transfers
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grouprl.serve.local import LocalServers, group_members, is_resource_tracker, kill_group
+from grouprl.serve.client.launch import LocalServers, group_members, is_resource_tracker, kill_group
 
 GONE_WITHIN_S = 60.0
 """A deadline for processes to exit and a resource tracker to clean up, not a speed claim."""
@@ -68,7 +68,7 @@ def test_local_servers_for_a_model_vllm_cannot_serve_are_refused_before_any_star
 
     from grouprl.errors import ConfigError
     from grouprl.models import tiny_causal_lm
-    from grouprl.serve import from_config
+    from grouprl.serve.client import from_config
     from tests.helpers.trainer import base_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU's attention rules, on any machine

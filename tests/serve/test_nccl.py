@@ -1,4 +1,4 @@
-"""The weight transports (grouprl.serve.transport, collective, gloo) without a GPU: the choice and its messages,
+"""The weight transports (grouprl.serve.weights.transport, collective, gloo) without a GPU: the choice and its messages,
 what a server enables, the tensors a push sends (names, tied head, LoRA merged, format), the packing both sides
 of the gloo wire agree on, and a server that cannot join named with the timeout. The real pushes are in
 test_gloo.py (CPU servers) and at the end here (NCCL, two GPUs)."""
@@ -23,11 +23,11 @@ import torch
 from grouprl.errors import ConfigError
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.vllm_weights import base_weight_name
-from grouprl.serve.collective import CollectiveWeights, rank_offsets
-from grouprl.serve.local import kill_group
-from grouprl.serve.sent import LiveWeights, StagedWeights, merged_lora_tensors, staged_copy, tensors_to_send
-from grouprl.serve.server import ServeOptions, engine_argv
-from grouprl.serve.transport import TRANSPORTS, reading, resolve_transport, server_transport
+from grouprl.serve.client.collective import CollectiveWeights, rank_offsets
+from grouprl.serve.client.launch import kill_group
+from grouprl.serve.server.app import ServeOptions, engine_argv
+from grouprl.serve.weights.sent import LiveWeights, StagedWeights, merged_lora_tensors, staged_copy, tensors_to_send
+from grouprl.serve.weights.transport import TRANSPORTS, reading, resolve_transport, server_transport
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -98,7 +98,7 @@ def test_a_server_enables_what_its_machine_runs_and_tells_vllm():
 
     cpu = argv("auto", False)
     assert json.loads(cpu["--weight-transfer-config"]) == {"backend": "gloo"}
-    assert cpu["--worker-extension-cls"] == "grouprl.serve.gloo.GlooWorkerExtension"  # registers it in the worker
+    assert cpu["--worker-extension-cls"] == "grouprl.serve.weights.gloo.GlooWorkerExtension"  # registers it there
     gpu = argv("auto", True)
     assert json.loads(gpu["--weight-transfer-config"]) == {"backend": "nccl"} and "--worker-extension-cls" not in gpu
     assert "--weight-transfer-config" not in argv("files", True)
@@ -209,7 +209,7 @@ def test_each_server_gets_its_own_ranks_after_the_trainers():
 
 @pytest.mark.skipif(not HAS_VLLM, reason="the gloo backend is vLLM's weight-transfer engine")
 def test_both_sides_of_the_gloo_wire_cut_and_read_chunks_alike():
-    from grouprl.serve.gloo import as_bytes, chunk_bounds, from_bytes
+    from grouprl.serve.weights.gloo import as_bytes, chunk_bounds, from_bytes
 
     # sizes 8, 6, 12, 2 bytes under a limit of 10: 8 -> 14 passes it (chunk 0-1), 12 passes alone, 2 is left
     assert chunk_bounds([8, 6, 12, 2], 10) == [(0, 2), (2, 3), (3, 4)]
@@ -270,8 +270,8 @@ class FakeServer:
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_VLLM, reason="the group is formed by vLLM's trainer engine")
 def test_a_server_that_does_not_join_in_time_is_named_with_the_timeout():
-    from grouprl.serve.client import ServerSampler
-    from grouprl.serve.roster import RolloutServerError
+    from grouprl.serve.client.sampler import ServerSampler
+    from grouprl.serve.client.servers import RolloutServerError
 
     model, tok = tiny_causal_lm()
     server = FakeServer("gloo")
@@ -288,8 +288,8 @@ def test_a_server_that_does_not_join_in_time_is_named_with_the_timeout():
 
 
 def test_a_server_without_the_transport_is_named_before_any_push():
-    from grouprl.serve.client import ServerSampler
-    from grouprl.serve.roster import RolloutServerError
+    from grouprl.serve.client.sampler import ServerSampler
+    from grouprl.serve.client.servers import RolloutServerError
 
     model, tok = tiny_causal_lm()
     server = FakeServer(None, join_s=0)
@@ -310,8 +310,8 @@ def test_a_server_without_the_transport_is_named_before_any_push():
                            "vLLM's GPU build")
 def test_an_nccl_push_makes_the_server_sample_the_trainers_greedy_completions(tmp_path):
     from grouprl.rollout.sampler import Sampler
-    from grouprl.serve.client import ServerSampler
-    from grouprl.serve.local import free_port
+    from grouprl.serve.client.launch import free_port
+    from grouprl.serve.client.sampler import ServerSampler
     from grouprl.types import SamplingParams
     from tests.helpers.servers import TINY64, write_tiny64
 

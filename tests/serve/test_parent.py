@@ -1,4 +1,4 @@
-"""A server started by a run stops when the run's process goes, however it goes (grouprl.serve.parent): on
+"""A server started by a run stops when the run's process goes, however it goes (grouprl.serve.server.parent): on
 stand-in processes, a "run" that starts a "server" (its own process group, with an "engine" child) and is then
 SIGKILLed. Linux's /proc."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from grouprl.serve.local import group_members
-from grouprl.serve.parent import PARENT_ENV, parent_gone, watch_parent
+from grouprl.serve.client.launch import group_members
+from grouprl.serve.server.parent import PARENT_ENV, parent_gone, watch_parent
 from tests.helpers.servers import running
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux's /proc")
@@ -25,7 +25,7 @@ GONE_WITHIN_S = 30.0
 # server whose orderly shutdown waits on a dead engine is.
 SERVER = """
 import os, signal, subprocess, sys, time
-from grouprl.serve.parent import watch_parent
+from grouprl.serve.server.parent import watch_parent
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 watch_parent(poll_s=0.1)

@@ -1,4 +1,4 @@
-"""The trainer's connections to rollout servers (grouprl.serve.pool) against small HTTP servers on
+"""The trainer's connections to rollout servers (grouprl.serve.client.pool) against small HTTP servers on
 127.0.0.1 that answer, fail (500), refuse a request (400), hang past the timeout or are not there at
 all. What a server's answer becomes is in test_completions.py, the real servers (vLLM) in test_servers.py."""
 
@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from grouprl.serve.local import free_port
-from grouprl.serve.pool import ServerPool
-from grouprl.serve.roster import RolloutServerError, parse_address
+from grouprl.serve.client.launch import free_port
+from grouprl.serve.client.pool import ServerPool
+from grouprl.serve.client.servers import RolloutServerError, parse_address
 
 
 class Stub:
@@ -165,7 +165,7 @@ class KeepAliveStub:
 def test_a_connection_left_idle_is_not_sent_on_again_near_the_servers_keep_alive():
     """A request sent on a connection the server is closing fails as if the server had dropped it: the pool
     reuses a connection only while it is idle well inside the server's keep-alive, and opens a new one after."""
-    from grouprl.serve import roster
+    from grouprl.serve.client import servers as roster
 
     assert roster.IDLE_REUSE_S <= roster.SERVER_KEEP_ALIVE_S / 2
     stub = KeepAliveStub()
@@ -240,7 +240,7 @@ RETURN_WITHIN_S = 60.0
 
 def returning_pool(monkeypatch, addresses, timeout=5.0):
     """A pool that takes returns, polling fast; ``loaded`` lists the servers its rejoin gave weights to."""
-    import grouprl.serve.roster as roster
+    import grouprl.serve.client.servers as roster
 
     monkeypatch.setattr(roster, "RETURN_POLL_S", 0.05)
     monkeypatch.setattr(roster, "READY_POLL_S", 0.05)
@@ -369,7 +369,7 @@ def test_a_server_whose_weights_fail_to_load_when_back_is_dropped_again_and_watc
     async def rejoin(s):
         tries.append(s.address)
         if len(tries) == 1:
-            from grouprl.serve.roster import ServerFailure
+            from grouprl.serve.client.servers import ServerFailure
 
             raise ServerFailure(s, "POST /grouprl/weights answered 500")
 

@@ -1,5 +1,5 @@
-"""What a rollout server checks of a weight push before vLLM is touched (grouprl.serve.pushes), and its weights
-route in order (grouprl.serve.routes) on a stand-in engine: where from, which version, what is in the folder, and
+"""What a rollout server checks of a weight push before vLLM is touched (grouprl.serve.server.pushes), and its weights
+route in order (grouprl.serve.server.routes) on a stand-in engine: where from, which version, what is in the folder, and
 what happens when a reload fails anyway. No vLLM."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
-from grouprl.serve.pushes import (
+from grouprl.serve.server.pushes import (
     PushRefused,
     check_adapter,
     check_full,
@@ -21,8 +21,8 @@ from grouprl.serve.pushes import (
     version_refusal,
     within_root,
 )
-from grouprl.serve.routes import ServerState, router
-from grouprl.serve.transport import WEIGHTS_FILE, reading, write_model_folder, write_weights_file
+from grouprl.serve.server.routes import ServerState, router
+from grouprl.serve.weights.transport import WEIGHTS_FILE, reading, write_model_folder, write_weights_file
 
 
 def served_folder(root: Path, **shape) -> Path:
@@ -204,7 +204,7 @@ def test_when_the_last_complete_folder_cannot_be_reloaded_either_generation_is_r
 def test_an_adapter_may_carry_its_bases_version_and_then_only_newer_ones():
     from fastapi import HTTPException
 
-    from grouprl.serve.routes import _forward_only
+    from grouprl.serve.server.routes import _forward_only
 
     state = ServerState(model="tiny", dtype="fp32", max_model_len=256, lora_rank=4, facts={}, version=5)
     _forward_only(state, 5, False, adapter=True)  # the first adapter on base version 5
@@ -219,8 +219,8 @@ def test_an_adapter_may_carry_its_bases_version_and_then_only_newer_ones():
 
 def test_a_collective_push_made_again_tells_the_servers_that_finished_it_that_it_is_no_step_back():
     """A push made again once a member failed at its finish: the servers that finished hold its version already."""
-    from grouprl.serve.collective import ServersClient
-    from grouprl.serve.roster import RolloutServerError, Server, ServerFailure
+    from grouprl.serve.client.collective import ServersClient
+    from grouprl.serve.client.servers import RolloutServerError, Server, ServerFailure
 
     class Pool:
         timeout = 30.0

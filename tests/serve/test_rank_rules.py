@@ -23,9 +23,9 @@ def test_a_server_process_0_readmitted_rejoins_on_every_process_and_one_it_dropp
 
     import pytest
 
-    from grouprl.serve import ranks as ranks_module
-    from grouprl.serve.pool import ServerPool
-    from grouprl.serve.roster import ServerFailure
+    from grouprl.serve.client import ranks as ranks_module
+    from grouprl.serve.client.pool import ServerPool
+    from grouprl.serve.client.servers import ServerFailure
 
     pool = ServerPool(["127.0.0.1:8001", "127.0.0.1:8002"], timeout=5)
     back, fine = pool.servers
@@ -53,8 +53,8 @@ def test_a_server_process_0_readmitted_rejoins_on_every_process_and_one_it_dropp
 def test_every_process_names_the_adapter_process_0_loaded_in_its_requests(monkeypatch):
     """With LoRA a request names the adapter its server holds (each push loads one under a new name): the other
     processes take the names from process 0's broadcast, or they would sample from the base or an older one."""
-    from grouprl.serve import ranks as ranks_module
-    from grouprl.serve.pool import ServerPool
+    from grouprl.serve.client import ranks as ranks_module
+    from grouprl.serve.client.pool import ServerPool
 
     pool = ServerPool(["127.0.0.1:8001", "127.0.0.1:8002"], timeout=5)
     first, second = pool.servers
@@ -79,9 +79,9 @@ def test_a_server_process_0_gave_up_restarting_is_no_longer_asked_after_on_the_o
     import time
     import warnings
 
-    from grouprl.serve import ranks as ranks_module
-    from grouprl.serve.pool import ServerPool
-    from grouprl.serve.roster import ServerFailure
+    from grouprl.serve.client import ranks as ranks_module
+    from grouprl.serve.client.pool import ServerPool
+    from grouprl.serve.client.servers import ServerFailure
 
     pool = ServerPool(["127.0.0.1:9", "127.0.0.1:8002"], timeout=5)  # port 9: nothing answers
     gone, fine = pool.servers

@@ -17,8 +17,8 @@ import torch
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler
-from grouprl.serve.client import ServerSampler
-from grouprl.serve.roster import RolloutServerError
+from grouprl.serve.client.sampler import ServerSampler
+from grouprl.serve.client.servers import RolloutServerError
 from grouprl.types import SamplingParams
 from tests.helpers.servers import TINY64, started
 
@@ -196,7 +196,7 @@ def distinct_share(prompts, completions, **_):
 
 
 def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
-    from grouprl.serve.from_config import server_sampler
+    from grouprl.serve.client.from_config import server_sampler
     from grouprl.trainer.trainer import Trainer
     from tests.helpers.trainer import PROMPTS, base_config
 
@@ -271,7 +271,7 @@ def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
 def test_a_local_server_killed_mid_run_is_restarted_and_samples_the_current_weights(tmp_path):
     """The run's only server dies after step 1's rollout: the next push finds it gone, waits for its restart,
     gives it the weights and goes on; afterwards it samples exactly what the trainer's own policy does."""
-    from grouprl.serve.from_config import server_sampler
+    from grouprl.serve.client.from_config import server_sampler
     from grouprl.trainer.trainer import Trainer
     from tests.helpers.trainer import PROMPTS, base_config, digit_share
 

@@ -1,6 +1,6 @@
-"""A weights file written one tensor at a time (grouprl.serve.stream_write) and the reading it is written from
-(grouprl.serve.transport.Reading): the file safetensors reads back, in the layout it expects, with one whole tensor
-in memory at a time, and a reading every process reads to its end."""
+"""A weights file written one tensor at a time (grouprl.serve.weights.stream_write) and the reading it is written
+from (grouprl.serve.weights.transport.Reading): the file safetensors reads back, in the layout it expects, with one
+whole tensor in memory at a time, and a reading every process reads to its end."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from grouprl.serve.stream_write import Entry, aligned, write_streamed
-from grouprl.serve.transport import WEIGHTS_FILE, Reading, write_weights_file
+from grouprl.serve.weights.stream_write import Entry, aligned, write_streamed
+from grouprl.serve.weights.transport import WEIGHTS_FILE, Reading, write_weights_file
 
 TENSORS = {
     "embed.weight": torch.randn(5, 3),
@@ -96,7 +96,7 @@ def test_a_tensor_other_than_the_layout_says_is_an_error_naming_it(tmp_path):
 
 
 def test_a_format_safetensors_lacks_is_named():
-    from grouprl.serve.stream_write import header
+    from grouprl.serve.weights.stream_write import header
 
     with pytest.raises(TypeError, match="w: safetensors holds no torch.complex64"):
         header([Entry("w", (2,), torch.complex64)])

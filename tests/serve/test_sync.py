@@ -5,8 +5,8 @@ import types
 
 import torch
 
-from grouprl.serve.client import ServerSampler
-from grouprl.serve.transport import TRANSPORTS, WeightFolders
+from grouprl.serve.client.sampler import ServerSampler
+from grouprl.serve.weights.transport import TRANSPORTS, WeightFolders
 
 
 class FolderSender:
@@ -83,7 +83,7 @@ class Readings:
     """``reading`` counted: how many each process made and how many tensors it read of each."""
 
     def __init__(self, monkeypatch):
-        from grouprl.serve import handover
+        from grouprl.serve.client import handover
 
         self.made, real = [], handover.reading
 

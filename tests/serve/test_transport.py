@@ -1,4 +1,4 @@
-"""How weights travel to rollout servers (grouprl.serve.transport), and the pieces of the server and the
+"""How weights travel to rollout servers (grouprl.serve.weights.transport), and the pieces of the server and the
 local launcher that need no server: vLLM's arguments, the cores each local server gets, a run's options."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
-from grouprl.serve.from_config import serve_options, server_problems
-from grouprl.serve.local import core_shares
-from grouprl.serve.server import ServeOptions, engine_argv
-from grouprl.serve.transport import WEIGHTS_FILE, WeightFolders, reading, write_model_folder
+from grouprl.serve.client.from_config import serve_options, server_problems
+from grouprl.serve.client.launch import core_shares
+from grouprl.serve.server.app import ServeOptions, engine_argv
+from grouprl.serve.weights.transport import WEIGHTS_FILE, WeightFolders, reading, write_model_folder
 from grouprl.trainer.config import TrainerConfig
 
 
@@ -77,7 +77,7 @@ def test_a_killed_trainers_pushes_do_not_stay_in_memory(tmp_path):
 
     code = ("import time\n"
             "from grouprl.models import tiny_causal_lm\n"
-            "from grouprl.serve.transport import WeightFolders, reading\n"
+            "from grouprl.serve.weights.transport import WeightFolders, reading\n"
             f"folders = WeightFolders({str(tmp_path)!r})\n"
             "model = tiny_causal_lm(seed=1)[0]\n"
             "folders.write_full(model, reading(model), 1)\n"
@@ -171,7 +171,7 @@ def test_a_restarted_server_starts_from_the_weights_every_server_loaded_last(tmp
     import asyncio
     import types
 
-    from grouprl.serve.transport import FileWeights
+    from grouprl.serve.weights.transport import FileWeights
 
     loads = []
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from grouprl.config import TrainConfig, add_dataclass_arguments, load_config
-from grouprl.serve.guard import DEFAULT_MAX_BODY_MIB, TOKEN_ENV
+from grouprl.serve.server.guard import DEFAULT_MAX_BODY_MIB, TOKEN_ENV
 
 EXIT_OK = 0
 EXIT_ENGINE_DIED = 3
@@ -81,14 +81,14 @@ def server_format(config: TrainConfig, model: Any, rows: int) -> str:
 
 def _serve(args: argparse.Namespace, rest: list[str]) -> int:
     config = load_config(TrainConfig, args.config, [*args.overrides, *rest])
-    from grouprl.serve.guard import server_token
-    from grouprl.serve.transport import default_weights_root
+    from grouprl.serve.server.guard import server_token
+    from grouprl.serve.weights.transport import default_weights_root
 
     token = server_token(args.api_key, args.host, args.port)  # refused before the model loads
     if args.weights_root is not None and not Path(args.weights_root).is_dir():
         raise ValueError(f"--weights_root {args.weights_root} is not a folder (mount the shared storage first)")
     from grouprl.cli.build import load_model
-    from grouprl.serve.server import EngineDied, ServeOptions, prepare, run
+    from grouprl.serve.server.app import EngineDied, ServeOptions, prepare, run
 
     model, tokenizer = load_model(config.model, config.seed)
     options = ServeOptions(host=args.host, port=args.port, dtype=server_format(config, model, args.max_rows),

@@ -1,20 +1,8 @@
-"""Rollouts served by separate inference server processes (docs/servers.md).
+"""Rollouts served by separate inference server processes (docs/servers.md), in three parts by where they run:
 
-- :mod:`grouprl.serve.server` and :mod:`grouprl.serve.routes`: ``grouprl serve``, vLLM's HTTP server
-  with grouprl's weight and version routes on the same app; :mod:`grouprl.serve.guard` around it (the token,
-  request limits), :mod:`grouprl.serve.pushes` (what a push is checked for before it loads: where from, which
-  version, what files), :mod:`grouprl.serve.parent` (a server a run started ends with the run);
-- :mod:`grouprl.serve.client`: :class:`ServerSampler`, the trainer's rollout engine over one or more
-  servers (same interface as the in-process engines);
-- :mod:`grouprl.serve.completions`: a server's answers, as the trainer reads them;
-- :mod:`grouprl.serve.pool`: the HTTP connections, timeouts and fault handling, over the servers of
-  :mod:`grouprl.serve.roster`; :mod:`grouprl.serve.returns`: a dropped server coming back;
-- :mod:`grouprl.serve.transport`: how weights travel: safetensors folders, one per policy version, or a
-  broadcast (:mod:`grouprl.serve.collective`, :mod:`grouprl.serve.gloo`; a server's side in
-  :mod:`grouprl.serve.lease`);
-- :mod:`grouprl.serve.local`: N servers started on this machine for one run, pinned to cores;
-- :mod:`grouprl.serve.from_config`: a run's servers from its config (``rollout_servers``);
-- :mod:`grouprl.serve.ranks`: servers shared by the processes of a torchrun trainer (process 0 pushes).
+- :mod:`grouprl.serve.server`: the server process, ``grouprl serve`` (vLLM's HTTP app with grouprl's routes);
+- :mod:`grouprl.serve.client`: the trainer's side (the rollout engine over servers, connections, weight hand-over);
+- :mod:`grouprl.serve.weights`: how weights travel between the two (folders of safetensors files, or a broadcast).
 
 Nothing here imports ``vllm`` except the server itself.
 """
@@ -27,10 +15,10 @@ from typing import Any
 # Imported on first use: the config's checks read serve.transport's registry, and the command line would
 # otherwise load the rollout engines (transformers, torch's compiler) before it says anything.
 _LAZY = {
-    "RolloutServerError": "grouprl.serve.roster",
-    "ServerSampler": "grouprl.serve.client",
-    "server_problems": "grouprl.serve.from_config",
-    "server_sampler": "grouprl.serve.from_config",
+    "RolloutServerError": "grouprl.serve.client.servers",
+    "ServerSampler": "grouprl.serve.client.sampler",
+    "server_problems": "grouprl.serve.client.from_config",
+    "server_sampler": "grouprl.serve.client.from_config",
 }
 
 

@@ -116,7 +116,7 @@ class AheadCollector:
         max_staleness: k >= 1.
         total_steps: the run's steps (nothing is sampled for a step beyond them).
         timeline: where the timeline goes (None: nowhere).
-        ranks: with several trainer processes, the rollout thread's :class:`~grouprl.serve.ranks.Ranks`, on a
+        ranks: with several trainer processes, the rollout thread's :class:`~grouprl.serve.client.ranks.Ranks`, on a
             process group of its own (None: one process).
     """
 

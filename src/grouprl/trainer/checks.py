@@ -16,7 +16,7 @@ from grouprl.registry import Registry
 from grouprl.rollout.formats import FORMATS
 from grouprl.run.loggers import logger_problems
 from grouprl.run.optim import LR_SCHEDULES
-from grouprl.serve.transport import TRANSPORTS
+from grouprl.serve.weights.transport import TRANSPORTS
 from grouprl.trainer.algorithms import ALGORITHMS, KEY_GROUPS, KL_CONTROLLERS, Algorithm, owners
 from grouprl.trainer.loss_variants import variant_problems
 

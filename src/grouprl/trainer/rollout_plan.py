@@ -50,7 +50,7 @@ class RolloutPlan:
     own_weights: bool
     """The engine samples from its own copy of the weights, pushed after each update (not the live module)."""
     weights_transport: str = ""
-    """How the weights reach rollout servers (a :data:`grouprl.serve.transport.TRANSPORTS` name); empty
+    """How the weights reach rollout servers (a :data:`grouprl.serve.weights.transport.TRANSPORTS` name); empty
     without servers."""
     weights_transport_reason: str = ""
 
@@ -142,7 +142,7 @@ def plan_rollout(config: Any, formats: Any, policy: nn.Module, device: torch.dev
     servers = getattr(c, "rollout_servers", None)
     transport = ("", "")
     if servers:
-        from grouprl.serve.transport import resolve_transport
+        from grouprl.serve.weights.transport import resolve_transport
 
         engine, why = "servers", f"rollout_servers={servers if isinstance(servers, int) else ','.join(servers)}"
         compiles, compile_why = False, "the rollout servers run vLLM"

@@ -7,7 +7,7 @@ prompts each take exactly the step one process takes on all P prompts.
 - rollout: under FSDP the whole policy is gathered once per rollout
   (:func:`~grouprl.trainer.dist.sharding.gathered_weights`); a sampler with its own weights (vLLM) gets
   them pushed at the start of the rollout (its ``phase()``); rollout servers get them from process 0
-  alone, and every process waits for that push (:mod:`grouprl.serve.ranks`);
+  alone, and every process waits for that push (:mod:`grouprl.serve.client.ranks`);
 - rewards: computed where the rows were generated; a reward function that raises in one process stops
   every process with that error;
 - advantages: per group, locally; with ``advantage_scale=batch`` the batch std's sums are all-reduced;

@@ -1,6 +1,6 @@
-"""The weights half of :class:`~grouprl.serve.client.ServerSampler`: the trainer's model handed over as policy
-versions, written once each (:mod:`grouprl.serve.transport`) and pushed to every server, by process 0 alone of
-several, the others waiting for its outcome (:mod:`grouprl.serve.ranks`).
+"""The weights half of :class:`~grouprl.serve.client.sampler.ServerSampler`: the trainer's model handed over as policy
+versions, written once each (:mod:`grouprl.serve.weights.transport`) and pushed to every server, by process 0 alone of
+several, the others waiting for its outcome (:mod:`grouprl.serve.client.ranks`).
 
 A version is written from the thread that updates the weights, between updates; it is pushed at the start of the
 next rollout (or, sampling ahead, of the next batch the rollout thread samples). Under FSDP every process takes
@@ -15,12 +15,12 @@ import time
 
 from torch import nn
 
-from grouprl.serve.ranks import Ranks
-from grouprl.serve.transport import Reading, reading
+from grouprl.serve.client.ranks import Ranks
+from grouprl.serve.weights.transport import Reading, reading
 
 
 class Handover:
-    """Writes and pushes for a :class:`~grouprl.serve.client.ServerSampler`, which sets what these read: ``model``,
+    """Writes and pushes for a :class:`~.sampler.ServerSampler`, which sets what these read: ``model``,
     ``pool``, ``sender`` (None in a process other than 0), ``transport``, ``sharded``, ``lora``, ``dtype``,
     ``ranks``, ``ahead``, ``sampling_ahead``, the counts ``version``, ``written``, ``pushed``, ``gathered``, the
     ``weights_lock`` and the seconds ``sync_seconds``, ``write_seconds``; and ``_difference`` (why a server that is
@@ -61,7 +61,7 @@ class Handover:
         """Send the weights to every server if they changed since the last push. With several trainer
         processes a collective (every process calls it at the start of a rollout, or its rollout thread at the
         start of each batch it samples ahead): process 0 pushes, the others wait for its outcome
-        (:meth:`grouprl.serve.ranks.Ranks.after_push`). A streamed push (:attr:`streams_pushes`) that lost a server
+        (:meth:`.ranks.Ranks.after_push`). A streamed push (:attr:`streams_pushes`) that lost a server
         mid-way is made again by every process."""
         ranks = self._ranks()
         while True:

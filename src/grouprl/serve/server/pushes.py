@@ -1,4 +1,4 @@
-"""What a rollout server checks of a weight push before vLLM is touched (:mod:`grouprl.serve.routes`), so a bad
+"""What a rollout server checks of a weight push before vLLM is touched (:mod:`grouprl.serve.server.routes`), so a bad
 push is refused with a 4xx and the server keeps serving the last complete weights:
 
 - where: a folder push names a folder under the server's weights root (after resolving symlinks and ``..``);
@@ -21,7 +21,7 @@ import json
 import struct
 from pathlib import Path
 
-from grouprl.serve.transport import WEIGHTS_FILE
+from grouprl.serve.weights.transport import WEIGHTS_FILE
 
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"

@@ -1,4 +1,4 @@
-"""grouprl's routes on a rollout server's vLLM app (:mod:`grouprl.serve.server`):
+"""grouprl's routes on a rollout server's vLLM app (:mod:`grouprl.serve.server.app`):
 
 - ``GET /grouprl/info``: the policy version the server holds (None before the first push; the last one
   completed), whether its weights are that version's (``weights_complete``: false once a collective transfer
@@ -6,20 +6,20 @@
   adapter's name to put in a request's ``model`` (None: the base weights), the serving format and
   context, and the model's architecture and shapes (a trainer checks its policy against them).
 - ``POST /grouprl/weights`` ``{"path": folder, "version": k, "adapter": false}``: load the weights a
-  trainer wrote to ``folder`` (:mod:`grouprl.serve.transport`) and label what is sampled from now on with
+  trainer wrote to ``folder`` (:mod:`grouprl.serve.weights.transport`) and label what is sampled from now on with
   ``k``. In order: generation paused once the requests in flight finish (each completion comes from
   one version), the weights reloaded in place (vLLM's ``reload_weights`` from a path) or the adapter
   loaded as a new LoRA request (the previous one removed), the prefix cache emptied (its keys and values
   came from the old weights), vLLM's weight version set to ``k`` (every output then carries it),
   generation resumed. A folder the server cannot see is a 400 that says so (the storage must be shared).
-  Before anything is paused the push is checked (:mod:`grouprl.serve.pushes`): a folder outside the weights
+  Before anything is paused the push is checked (:mod:`.pushes`): a folder outside the weights
   root is a 403, one whose files are not the served model's weights a 422, a version not newer than the one
   held a 409 (unless ``"resume": true``: a trainer restarting a run, logged). A reload that fails anyway
   reloads the last complete folder (a 422 that says so); if that fails too, generation answers 503 naming why
   until a complete push loads.
 - ``POST /grouprl/transfer/{init,start,update,finish,abort,shutdown}``: the same load over vLLM's weight transfer
   (a server started with one: ``nccl`` or ``gloo``), the four calls of vLLM's trainer engine
-  (:mod:`grouprl.serve.collective`) on vLLM's engine client as its own RL routes make them, with this
+  (:mod:`grouprl.serve.client.collective`) on vLLM's engine client as its own RL routes make them, with this
   server's order around them: ``init`` joins the trainer's group (``{"init_info": ...}``); ``start``
   (``{"version": k, "lease_s": s, "wait_s": w, "resume": false}``: a version not newer than the one held is a
   409 unless ``resume``) takes the weights lock (waiting at most ``w`` s), pauses generation once the requests
@@ -28,7 +28,7 @@
   empties the prefix cache, sets the version and resumes. The transfer is held under a lease of ``s`` seconds
   between the trainer's calls; past it, on a failed update, or at the trainer's ``abort`` (``{"token": t,
   "why": ...}``: it cannot complete the transfer), the server abandons it and resumes, and the late calls get a
-  409 (:mod:`grouprl.serve.lease`). (vLLM's own routes come only with its development mode, which
+  409 (:mod:`grouprl.serve.server.leases`). (vLLM's own routes come only with its development mode, which
   opens arbitrary RPCs.)
 """
 
@@ -44,8 +44,8 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from grouprl.serve.lease import TransferRefused, Transfers
-from grouprl.serve.pushes import PushRefused, check_adapter, check_full, version_refusal, within_root
+from grouprl.serve.server.leases import TransferRefused, Transfers
+from grouprl.serve.server.pushes import PushRefused, check_adapter, check_full, version_refusal, within_root
 
 router = APIRouter(prefix="/grouprl")
 
@@ -117,7 +117,7 @@ async def info(request: Request) -> dict[str, Any]:
 
 
 def _checked_folder(state: ServerState, body: LoadWeights) -> Path:
-    """The push's folder, resolved, once it passed every check that needs no lock (:mod:`grouprl.serve.pushes`)."""
+    """The push's folder, resolved, once it passed every check that needs no lock (:mod:`.pushes`)."""
     try:
         folder = within_root(body.path, state.weights_root)
         if not folder.is_dir():
@@ -133,7 +133,7 @@ def _checked_folder(state: ServerState, body: LoadWeights) -> Path:
 
 
 def _forward_only(state: ServerState, version: int, resume: bool, adapter: bool) -> None:
-    """The version rule (:func:`~grouprl.serve.pushes.version_refusal`); a resume that moves back is logged. The
+    """The version rule (:func:`~grouprl.serve.server.pushes.version_refusal`); a resume that moves back is logged. The
     first adapter may carry its base weights' version; each later one must be newer than the last."""
     first_adapter = adapter and state.adapter_version is None
     held = state.adapter_version if adapter and not first_adapter else state.version
@@ -259,7 +259,7 @@ def init_info_problem(backend: str, init_info: dict[str, Any]) -> str | None:
     once inside vLLM's workers the same mistake is an internal error (a 500), not a bad request."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    import grouprl.serve.gloo  # noqa: F401 - its import registers the gloo backend in this process too
+    import grouprl.serve.weights.gloo  # noqa: F401 - its import registers the gloo backend in this process too
 
     engine_class = WeightTransferEngineFactory._registry.get(backend)
     if engine_class is None:

@@ -1,4 +1,4 @@
-"""What a push over a collective transport sends (:mod:`grouprl.serve.collective`): the trainer's tensors as
+"""What a push over a collective transport sends (:mod:`grouprl.serve.client.collective`): the trainer's tensors as
 the servers load them, staged as a copy or read as the broadcast reaches each one.
 
 Names: the plain model's state dict, a tied output head under its own name too (as the files transport; the
@@ -125,7 +125,7 @@ class LiveWeights:
 
 
 class StreamedWeights:
-    """A push's tensors read from a :class:`~grouprl.serve.transport.Reading` as they are sent, once: each FSDP
+    """A push's tensors read from a :class:`~grouprl.serve.weights.transport.Reading` as they are sent, once: each FSDP
     shard gathered (every process takes part) and cast to the servers' format as the broadcast reaches it."""
 
     def __init__(self, read: Any, dtype: torch.dtype):

@@ -6,12 +6,12 @@
   server's prefix cache), groups round-robin over the servers left; each row carries its own seed, so a
   completion depends on (seed, step, prompt, sample index) and not on which server drew it.
 - Weights: after every optimizer step the trainer hands over its model (``update_weights``); before the
-  next request the new weights are written once (:mod:`grouprl.serve.transport`) and every server loads
+  next request the new weights are written once (:mod:`grouprl.serve.weights.transport`) and every server loads
   them (``POST /grouprl/weights``) under the next policy version. With LoRA, the base weights go once and
   then only the adapter. The time is logged as ``time/weight_sync``. The two halves are apart
   (``write_weights``, ``push_weights``) for an asynchronous trainer (:mod:`grouprl.trainer.ahead`), which
   writes in its training thread between updates and has the servers load them from its rollout thread
-  (:mod:`grouprl.serve.handover`).
+  (:mod:`grouprl.serve.client.handover`).
 - Versions: ``version`` counts the hand-overs (0: the weights the sampler was made with). Every
   completion carries the version of the weights that drew it, as the server's vLLM reported it
   (``batch.info["policy_version"]``); ``rollout/policy_lag`` is the most any row of the last rollout
@@ -21,7 +21,7 @@
   token out) to the server of its group, as the in-process engine's ``conversations`` does.
 - Several trainer processes (torchrun, DDP or FSDP): each samples its own groups, interleaved over the servers;
   process 0 alone writes and pushes, the others wait for its push at the start of each rollout
-  (:mod:`grouprl.serve.ranks`). Under FSDP every process takes part in gathering the shards process 0 writes.
+  (:mod:`grouprl.serve.client.ranks`). Under FSDP every process takes part in gathering the shards process 0 writes.
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ from grouprl.rollout.sampler import check_params
 from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
-from grouprl.serve.completions import GENERATE, Completion, PendingBatch, parse_completion
-from grouprl.serve.guard import TOKEN_ENV
-from grouprl.serve.handover import Handover
-from grouprl.serve.pool import ServerPool
-from grouprl.serve.ranks import Ranks
-from grouprl.serve.roster import RolloutServerError, Server, ServerFailure
-from grouprl.serve.transport import TRANSPORTS, is_sharded
+from grouprl.serve.client.completions import GENERATE, Completion, PendingBatch, parse_completion
+from grouprl.serve.client.handover import Handover
+from grouprl.serve.client.pool import ServerPool
+from grouprl.serve.client.ranks import Ranks
+from grouprl.serve.client.servers import RolloutServerError, Server, ServerFailure
+from grouprl.serve.server.guard import TOKEN_ENV
+from grouprl.serve.weights.transport import TRANSPORTS, is_sharded
 from grouprl.types import RolloutBatch, SamplingParams
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -62,7 +62,7 @@ class ServerSampler(Handover):
         timeout: seconds a request (a completion, a weight load) may take before its server is dropped.
         weights_dir: where pushes are written (a folder every server can read); None: /dev/shm, else the
             system's temporary folder (servers on this machine).
-        local: servers this sampler started (:class:`grouprl.serve.local.LocalServers`): stopped by ``close``.
+        local: servers this sampler started (:class:`grouprl.serve.client.launch.LocalServers`): stopped by ``close``.
         restarts: how many times each of the ``local`` servers is restarted once dropped (files transport).
         skeleton: the policy's model folder without its weights (config, tokenizer), to restart a local server
             from with the weights every server loaded last; removed by ``close``.
@@ -79,7 +79,7 @@ class ServerSampler(Handover):
                  weights_dir: str | None = None, local: Any = None, transport: str = "files", restarts: int = 0,
                  skeleton: Any = None, started_elsewhere: bool = False, down: dict[str, str] | None = None,
                  token: str | None = None):
-        self.ranks = Ranks.current()  # several trainer processes: process 0 alone pushes (serve/ranks.py)
+        self.ranks = Ranks.current()  # several trainer processes: process 0 alone pushes (serve/client/ranks.py)
         self.model, self.tokenizer, self.local, self.weights_dir = model, tokenizer, local, weights_dir
         self.lora = hasattr(model, "peft_config")
         self.skeleton = skeleton

@@ -1,14 +1,14 @@
-"""A dropped rollout server coming back, the part of :class:`~grouprl.serve.pool.ServerPool` that watches for it.
+"""A dropped rollout server coming back, the part of :class:`~grouprl.serve.client.pool.ServerPool` that watches for it.
 
 When the pool is told to take them back (``takes_returns``), a dropped server is watched on the pool's loop.
 One started by the run is restarted (its ``restart``, while ``restarts_left``); any other is asked every
-:data:`~grouprl.serve.roster.RETURN_POLL_S` seconds whether it answers again. One that answers is *back*
+:data:`~grouprl.serve.client.servers.RETURN_POLL_S` seconds whether it answers again. One that answers is *back*
 (:meth:`Returns.back_servers`): at the sampler's next weight sync it is given the current weights and put back
 in the rotation: through ``rejoin`` (the files transport, :meth:`Returns.rejoin_back`), or as a member of the
 group the next push forms (a collective transport). With ``rejoin``, a rollout that finds no server left waits
 for one the run is restarting (up to the timeout) and loads its weights itself: no push can run meanwhile, as
 the pushing thread is the one waiting on the rollout. In a trainer process other than 0, a server process 0
-started is :attr:`~grouprl.serve.roster.Server.restarted_elsewhere`: it is back once it answers holding the
+started is :attr:`~grouprl.serve.client.servers.Server.restarted_elsewhere`: it is back once it answers holding the
 weights this process samples with (``holds_weights``: process 0 restarted it and gave them), and ``rejoin``
 takes it back without loading anything; once process 0 gives up on it (its restarts spent), the next push's
 broadcast says so and it is no longer asked after.
@@ -22,12 +22,12 @@ import time
 import warnings
 from typing import Any
 
-from grouprl.serve import roster
-from grouprl.serve.roster import Server, ServerFailure
+from grouprl.serve.client import servers as roster
+from grouprl.serve.client.servers import Server, ServerFailure
 
 
 class Returns:
-    """:class:`~grouprl.serve.pool.ServerPool`'s returns (a part of it: it reads the pool's ``servers``, ``loop``,
+    """:class:`~.pool.ServerPool`'s returns (a part of it: it reads the pool's ``servers``, ``loop``,
     ``timeout``, ``setting``, ``takes_returns``, ``rejoin``, ``holds_weights``, ``watchers``, ``came_back``,
     ``roster_changes`` and calls its ``request``, ``alive`` and ``living``)."""
 

@@ -8,7 +8,7 @@ value; the rows it had not returned go to the servers left, and the run goes on,
 server left the call raises :class:`RolloutServerError`. A 4xx answer is the request's fault, not the
 server's: it raises at once with the server's message.
 
-A dropped server may come back: :mod:`grouprl.serve.returns`.
+A dropped server may come back: :mod:`grouprl.serve.client.rejoin`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 
 import httpx
 
-from grouprl.serve import roster
-from grouprl.serve.returns import Returns
-from grouprl.serve.roster import RolloutServerError, Server, ServerFailure, parse_address
+from grouprl.serve.client import servers as roster
+from grouprl.serve.client.rejoin import Returns
+from grouprl.serve.client.servers import RolloutServerError, Server, ServerFailure, parse_address
 
 
 class ServerPool(Returns):

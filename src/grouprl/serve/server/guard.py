@@ -142,7 +142,7 @@ def generation_problem(path: str, body: Any, max_rows: int, max_model_len: int) 
 
 class Guard:
     """The middleware (see the module docstring). ``state`` is the server's
-    :class:`~grouprl.serve.routes.ServerState` (``broken``, ``max_model_len``); ``max_rows`` caps rows a request."""
+    :class:`~.routes.ServerState` (``broken``, ``max_model_len``); ``max_rows`` caps rows a request."""
 
     def __init__(self, app: Any, token: str, state: Any, max_rows: int,
                  max_body_bytes: int = DEFAULT_MAX_BODY_MIB << 20):

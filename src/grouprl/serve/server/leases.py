@@ -1,5 +1,5 @@
 """A rollout server's collective weight transfers (``/grouprl/transfer/{start,update,finish}``,
-:mod:`grouprl.serve.routes`), each held under a lease, so a trainer that goes away in the middle of one
+:mod:`grouprl.serve.server.routes`), each held under a lease, so a trainer that goes away in the middle of one
 (killed, crashed, its network gone) cannot leave the server paused with its weights lock held.
 
 - ``start`` (version k, ``lease_s``, ``wait_s``) waits at most ``wait_s`` for the weights lock (another
@@ -16,7 +16,7 @@
 
 Nothing here imports vLLM or FastAPI: the engine is vLLM's engine client (or any object with its async
 ``pause_generation``, ``start_weight_update``, ``finish_weight_update``, ``reset_prefix_cache``,
-``update_weight_version``, ``resume_generation``), the state a :class:`~grouprl.serve.routes.ServerState`.
+``update_weight_version``, ``resume_generation``), the state a :class:`~grouprl.serve.server.routes.ServerState`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from grouprl.serve.pushes import version_refusal
+from grouprl.serve.server.pushes import version_refusal
 
 REMEMBERED = 16
 """Abandoned transfers kept, to tell their late holders why they were refused."""

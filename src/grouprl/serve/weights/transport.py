@@ -4,7 +4,7 @@ policy version, written under a temporary name and renamed whole, so a server ne
 
 A full push is the model's state dict in the servers' number format (``model.safetensors``, a tied
 output head included under its own name), written as it is read, one tensor at a time
-(:mod:`grouprl.serve.stream_write`): under FSDP each shard is gathered as the file reaches it, so the trainer
+(:mod:`grouprl.serve.weights.stream_write`): under FSDP each shard is gathered as the file reaches it, so the trainer
 never holds a second whole copy of the model; a LoRA push is the adapter alone
 (``adapter_model.safetensors`` and ``adapter_config.json``, peft's layout, which vLLM loads as a LoRA
 request). The server reloads a full push in place (vLLM's ``reload_weights`` from a path).
@@ -28,7 +28,7 @@ import torch
 from grouprl.errors import ConfigError
 from grouprl.registry import Registry
 from grouprl.rollout.scratch import ScratchFolder
-from grouprl.serve.stream_write import Entry, aligned, write_streamed
+from grouprl.serve.weights.stream_write import Entry, aligned, write_streamed
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -71,7 +71,7 @@ def reading(model: Any, keep: Callable[[str], bool] = lambda name: True, dtype: 
     """The entries of ``model``'s state dict whose name ``keep`` accepts, whole (an FSDP shard gathered on the
     training device, one tensor at a time; other tensors not copied), floating ones to travel in ``dtype``
     (None: as they are), in the order a weights file holds them
-    (:func:`~grouprl.serve.stream_write.aligned`)."""
+    (:func:`~grouprl.serve.weights.stream_write.aligned`)."""
     from grouprl.rollout.vllm_weights import whole
 
     state = model.state_dict()
@@ -187,13 +187,13 @@ class FileWeights:
     With LoRA the base goes once, then the adapter alone, as a LoRA request on the servers.
 
     The folders every server loaded last stay until the next push: a server that comes back
-    (:mod:`grouprl.serve.pool`) loads them (:meth:`rejoin`), and a local server restarts from them
+    (:mod:`grouprl.serve.client.pool`) loads them (:meth:`rejoin`), and a local server restarts from them
     (:meth:`restart_folder`)."""
 
     def __init__(self, pool: Any, lora: bool, weights_dir: str | None):
         for s in pool.alive:
             if lora and not s.info.get("lora_rank"):
-                from grouprl.serve.roster import RolloutServerError
+                from grouprl.serve.client.servers import RolloutServerError
 
                 raise RolloutServerError(f"rollout server {s.address} was started without --lora_rank and the "
                                          "policy has LoRA adapters: start it with the run's lora_rank")
@@ -311,14 +311,14 @@ def _nccl_info(host: str, port: int, world_size: int, timeout: float) -> Any:
 
 
 def _gloo_info(host: str, port: int, world_size: int, timeout: float) -> Any:
-    from grouprl.serve.gloo import GlooTrainerInitInfo  # its import registers the backend with vLLM
+    from grouprl.serve.weights.gloo import GlooTrainerInitInfo  # its import registers the backend with vLLM
 
     return GlooTrainerInitInfo(master_address=host, master_port=port, world_size=world_size, rank=0, timeout_s=timeout)
 
 
 def _collective_sender(backend: str, init_info: Callable[[str, int, int, float], Any]) -> Callable[[Any, float], Any]:
     def make(sampler: Any, timeout: float) -> Any:
-        from grouprl.serve.collective import CollectiveWeights
+        from grouprl.serve.client.collective import CollectiveWeights
 
         return CollectiveWeights(sampler.pool, backend, init_info, timeout, sampler.pool.setting,
                                  stages=lambda: sampler.stages_pushes)
@@ -336,7 +336,7 @@ class Transport:
     problem: Callable[[torch.device | None], str | None]
     """Why a trainer whose policy is on this device cannot send this way (None: it can)."""
     sender: Callable[[Any, float], Any]
-    """(the :class:`~grouprl.serve.client.ServerSampler`, rollout_server_timeout) -> its sender
+    """(the :class:`~grouprl.serve.client.sampler.ServerSampler`, rollout_server_timeout) -> its sender
     (``write(model, read, version, dtype)``, which reads the :class:`Reading` to its end, ``push()``,
     ``close()``), once the servers answer."""
     server_argv: tuple[str, ...] = ()
@@ -359,7 +359,7 @@ TRANSPORTS.register("nccl", Transport("NCCL broadcast from the trainer's GPU to 
 TRANSPORTS.register("gloo", Transport("gloo (TCP) broadcast from the trainer to the servers' workers, no GPU needed",
                                       "gloo", _needs_vllm, _collective_sender("gloo", _gloo_info),
                                       # imported in each worker process, it registers the backend there
-                                      ("--worker-extension-cls", "grouprl.serve.gloo.GlooWorkerExtension")))
+                                      ("--worker-extension-cls", "grouprl.serve.weights.gloo.GlooWorkerExtension")))
 SETTING = "rollout_weights_transport"
 
 

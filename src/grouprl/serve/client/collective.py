@@ -8,23 +8,23 @@ receive and reload layer by layer). Nothing touches storage.
   offset: the group is rank 0 (the trainer) then server 0's workers, server 1's, ... A server that has not
   joined within ``rollout_server_timeout`` is named with that timeout. The group is formed again, without
   it, once a server has been dropped, and with it at the first push after it came back
-  (:mod:`grouprl.serve.pool`); a server back that fails to join is dropped again and the group formed without it.
+  (:mod:`grouprl.serve.client.pool`); a server back that fails to join is dropped again and the group formed without it.
   A push that fails is given up on every server that started it (``/grouprl/transfer/abort``), the group torn
   down, and the servers that no longer answer dropped; the push is then made again without them.
-- A push: the trainer's tensors as the servers' format (:func:`~grouprl.serve.sent.tensors_to_send`, on the policy's
-  device). In a synchronous run they are read as the broadcast reaches each one, with no copy of the model: from the
-  model (:class:`LiveWeights`), or under FSDP gathered then, every process taking part (:class:`StreamedWeights`; a
-  push that loses a server mid-way is made again by every process). Sampling ahead, where the trainer may update
-  while the push runs, and for FSDP with LoRA, whose merge reads each base weight with its adapters, they are staged
-  as a copy when the weights are written (:class:`StagedWeights`). Then vLLM's engine sends them:
-  ``/grouprl/transfer/start`` (each server pauses once its requests in flight finish), ``/grouprl/transfer/update``
-  alongside the broadcast, ``/grouprl/transfer/finish`` (prefix cache emptied, the version set, generation
-  resumed), the last two with the token each server's start answered.
+- A push: the trainer's tensors as the servers' format (:func:`~grouprl.serve.weights.sent.tensors_to_send`, on the
+  policy's device). In a synchronous run they are read as the broadcast reaches each one, with no copy of the model:
+  from the model (:class:`LiveWeights`), or under FSDP gathered then, every process taking part
+  (:class:`StreamedWeights`; a push that loses a server mid-way is made again by every process). Sampling ahead, where
+  the trainer may update while the push runs, and for FSDP with LoRA, whose merge reads each base weight with its
+  adapters, they are staged as a copy when the weights are written (:class:`StagedWeights`). Then vLLM's engine sends
+  them: ``/grouprl/transfer/start`` (each server pauses once its requests in flight finish),
+  ``/grouprl/transfer/update`` alongside the broadcast, ``/grouprl/transfer/finish`` (prefix cache emptied, the
+  version set, generation resumed), the last two with the token each server's start answered.
 - The lease: each start asks for ``rollout_server_timeout`` as its lease (a server abandons a transfer whose
-  trainer sent no call for that long: :mod:`grouprl.serve.lease`; every call of a live trainer to any server
+  trainer sent no call for that long: :mod:`grouprl.serve.server.leases`; every call of a live trainer to any server
   ends within it, so the next one comes in time) and waits as long for a lease another trainer holds: a
   trainer restarted after a crash, with the same timeout, outwaits its dead predecessor's lease.
-- What a push sends (names, formats, LoRA merged, staged or read live): :mod:`grouprl.serve.sent`.
+- What a push sends (names, formats, LoRA merged, staged or read live): :mod:`grouprl.serve.weights.sent`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from grouprl.serve.roster import RolloutServerError, Server, ServerFailure
-from grouprl.serve.sent import LiveWeights, StagedWeights, StreamedWeights, staged_copy
+from grouprl.serve.client.servers import RolloutServerError, Server, ServerFailure
+from grouprl.serve.weights.sent import LiveWeights, StagedWeights, StreamedWeights, staged_copy
 
 JOIN_POLL_S = 0.2
 
@@ -182,7 +182,7 @@ class CollectiveWeights:
     """The trainer's sender for a collective transport; see the module docstring.
 
     Args:
-        pool: the servers (:class:`~grouprl.serve.pool.ServerPool`).
+        pool: the servers (:class:`~grouprl.serve.client.pool.ServerPool`).
         backend: vLLM's weight-transfer backend the servers must have enabled (nccl, gloo).
         init_info: (rendezvous host, port, group size, timeout) -> vLLM's trainer init info for ``backend``
             (its class selects vLLM's trainer engine).
@@ -207,7 +207,7 @@ class CollectiveWeights:
         self.version = 0
         self.resume = True
         """The next push is this trainer's first: it (re)starts a run (as
-        :attr:`~grouprl.serve.transport.FileWeights.resume`)."""
+        :attr:`~grouprl.serve.weights.transport.FileWeights.resume`)."""
         self._join()
 
     def _join(self) -> None:
@@ -215,7 +215,7 @@ class CollectiveWeights:
         routes), or a RolloutServerError naming each server that did not join in time."""
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
-        from grouprl.serve.local import free_port
+        from grouprl.serve.client.launch import free_port
 
         servers = self.pool.living()
         client = ServersClient(self.pool, servers)
@@ -246,10 +246,10 @@ class CollectiveWeights:
         self.readmits = {s.address: s.readmits for s in servers}
 
     def write(self, model: nn.Module, read: Any, version: int, dtype: torch.dtype) -> None:
-        """What the next push sends as ``version``: a copy of ``read`` (:class:`~grouprl.serve.transport.Reading`,
-        whole on the policy's device) as the servers load it, where :attr:`stages` says so; else the model
-        itself, read as the broadcast reaches each tensor (``read`` left to its reader: without shards it costs
-        nothing). Either can be sent again if a push fails."""
+        """What the next push sends as ``version``: a copy of ``read``
+        (:class:`~grouprl.serve.weights.transport.Reading`, whole on the policy's device) as the servers load it,
+        where :attr:`stages` says so; else the model itself, read as the broadcast reaches each tensor (``read`` left
+        to its reader: without shards it costs nothing). Either can be sent again if a push fails."""
         if self.stages():  # each tensor cast (and copied, if the model's own) as it is read
             self.sending = StagedWeights(staged_copy(model, dtype, read.tensors))
         else:
@@ -263,7 +263,7 @@ class CollectiveWeights:
             pass
 
     def stream(self, read: Any, version: int, dtype: torch.dtype) -> bool:
-        """Push ``version`` read from ``read`` (:class:`~grouprl.serve.transport.Reading`, in ``dtype``) as the
+        """Push ``version`` read from ``read`` (:class:`~grouprl.serve.weights.transport.Reading`, in ``dtype``) as the
         broadcast reaches each tensor: FSDP shards gathered then, every process taking part, so no copy of the
         model is staged. Once: False when a member stopped answering mid-way (it is dropped; the push is to be
         made again with a new reading, by every process)."""

@@ -1,6 +1,6 @@
 """A rollout server: vLLM's own OpenAI-compatible HTTP server (its FastAPI app, engine client and uvicorn
 launcher, from ``vllm.entrypoints.launchers``) with grouprl's two routes added to the same app
-(:mod:`grouprl.serve.routes`), started on the model grouprl resolves as ``train`` does.
+(:mod:`grouprl.serve.server.routes`), started on the model grouprl resolves as ``train`` does.
 
 What a trainer uses of it:
 
@@ -35,12 +35,12 @@ from torch import nn
 from grouprl.rollout.engines import model_problem, plain_class_name, require_vllm
 from grouprl.rollout.scratch import ScratchFolder
 from grouprl.rollout.vllm import kv_cache_bytes
-from grouprl.serve.guard import DEFAULT_MAX_BODY_MIB, Guard
-from grouprl.serve.parent import watch_parent
-from grouprl.serve.pushes import read_header
-from grouprl.serve.roster import SERVER_KEEP_ALIVE_S
-from grouprl.serve.routes import ServerState, router
-from grouprl.serve.transport import WEIGHTS_FILE, reading, server_transport, write_model_folder
+from grouprl.serve.client.servers import SERVER_KEEP_ALIVE_S
+from grouprl.serve.server.guard import DEFAULT_MAX_BODY_MIB, Guard
+from grouprl.serve.server.parent import watch_parent
+from grouprl.serve.server.pushes import read_header
+from grouprl.serve.server.routes import ServerState, router
+from grouprl.serve.weights.transport import WEIGHTS_FILE, reading, server_transport, write_model_folder
 
 FORMATS = {"fp32": "float32", "bf16": "bfloat16"}
 """The number formats a server samples in (grouprl's name -> vLLM's)."""
@@ -71,10 +71,10 @@ class ServeOptions:
     gpu_memory_utilization: float = 0.9
     weight_transfer: str = "auto"
     """How trainers may send weights besides folders (``rollout_weights_transport``): auto enables vLLM's
-    NCCL weight transfer on a GPU and grouprl's gloo one on a CPU (:func:`~grouprl.serve.transport.server_backend`);
+    NCCL weight transfer on a GPU and grouprl's gloo one on a CPU (:func:`~.transport.server_backend`);
     files enables neither."""
     token: str = field(default="", repr=False)
-    """The bearer token every request but ``GET /health`` carries (:mod:`grouprl.serve.guard`)."""
+    """The bearer token every request but ``GET /health`` carries (:mod:`grouprl.serve.server.guard`)."""
     weights_root: Path | None = None
     """Folder pushes are read from under this folder only; None: no folder pushes."""
     max_body_mib: float = DEFAULT_MAX_BODY_MIB
@@ -106,7 +106,7 @@ def context_of(model: nn.Module, requested: int | None) -> int:
 
 
 def engine_argv(folder: Path, options: ServeOptions, max_model_len: int, kv_bytes: int, on_gpu: bool) -> list[str]:
-    """vLLM's server arguments for a model folder written by :func:`~grouprl.serve.transport.write_model_folder`."""
+    """vLLM's server arguments for a model folder written by :func:`~.transport.write_model_folder`."""
     o = options
     transport = server_transport(o.weight_transfer, on_gpu)
     argv = ["--model", str(folder), "--tokenizer", str(folder), "--served-model-name", SERVED_NAME,
@@ -134,7 +134,7 @@ class EngineDied(RuntimeError):
 
 
 async def _serve(argv: list[str], state: ServerState, options: ServeOptions) -> None:
-    """vLLM's ``run_server``, with grouprl's routes added to its app and :class:`~grouprl.serve.guard.Guard`
+    """vLLM's ``run_server``, with grouprl's routes added to its app and :class:`~grouprl.serve.server.guard.Guard`
     around it before it starts serving. vLLM shuts its HTTP server down when its engine dies and returns as from
     a normal stop: that is raised here as :class:`EngineDied`."""
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -203,7 +203,7 @@ def prepare(model: nn.Module, tokenizer: Any, options: ServeOptions, model_name:
     """Check that vLLM can serve ``model`` here and write its engine folder; the model itself is no longer
     needed afterwards (vLLM reads the folder)."""
     if len(options.token) < 16:
-        raise ValueError("a rollout server needs a token of at least 16 characters (grouprl.serve.guard.server_token)")
+        raise ValueError("a rollout server needs a token of at least 16 characters (guard.server_token)")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     require_vllm()
     problem = model_problem(model)
@@ -230,7 +230,7 @@ def prepare(model: nn.Module, tokenizer: Any, options: ServeOptions, model_name:
 
 def run(prepared: Prepared) -> None:
     """Serve until SIGINT or SIGTERM (blocks), or until the run that started it is gone
-    (:mod:`grouprl.serve.parent`); the engine folder goes when it stops. :class:`EngineDied` when vLLM's engine
+    (:mod:`grouprl.serve.server.parent`); the engine folder goes when it stops. :class:`EngineDied` when vLLM's engine
     died."""
     watch_parent()
     try:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from grouprl.serve.roster import RolloutServerError
+from grouprl.serve.client.servers import RolloutServerError
 from grouprl.types import RolloutBatch
 
 GENERATE = "/inference/v1/generate"

@@ -7,11 +7,11 @@ They never outlive the run: :meth:`LocalServers.stop` (the sampler's ``close``, 
 ends each server's whole process group (the server and vLLM's engine processes), SIGTERM then SIGKILL;
 the kernel sends each server SIGTERM when the process that started it dies in any way, a SIGKILL
 included (``PR_SET_PDEATHSIG``, Linux); and each server watches that process itself, killing its own group
-if a SIGTERM did not stop it within seconds (:mod:`grouprl.serve.parent`). They take requests carrying the
+if a SIGTERM did not stop it within seconds (:mod:`grouprl.serve.server.parent`). They take requests carrying the
 run's own token only (made here, passed in their environment) and pushes from the run's weights folder only.
 Each server's output goes to ``server-<i>.log`` in ``log_dir``. A
 server the run dropped can be started again on its address and cores (:meth:`LocalServers.restart`, driven
-by :mod:`grouprl.serve.pool`).
+by :mod:`grouprl.serve.client.pool`).
 
 Nor does what they leave: vLLM's engine processes talk through shared memory in /dev/shm (two rings of
 160 and 240 MiB a server), which Python's multiprocessing resource tracker, a process of the server's
@@ -33,10 +33,10 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from grouprl.serve.guard import TOKEN_ENV
+from grouprl.serve.server.guard import TOKEN_ENV
 
 PARENT_ENV = "GROUPRL_PARENT_PID"
-"""The run's process id, in a local server's environment: the server watches it (:mod:`grouprl.serve.parent`)."""
+"""The run's process id, in a local server's environment: the server watches it (:mod:`grouprl.serve.server.parent`)."""
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
 KILL_ROUNDS = 5

@@ -1,5 +1,5 @@
 """A run's rollout servers from its config: the given addresses, or N servers started here on the policy
-as the run starts (:class:`~grouprl.serve.local.LocalServers`), each told the run's rollout format, LoRA
+as the run starts (:class:`~grouprl.serve.client.launch.LocalServers`), each told the run's rollout format, LoRA
 rank, seed, longest sequence and rows so it samples what the trainer expects."""
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from torch import nn
 
 from grouprl.errors import ConfigError
 from grouprl.rollout.scratch import ScratchFolder
-from grouprl.serve.client import ServerSampler
-from grouprl.serve.guard import TOKEN_ENV
-from grouprl.serve.local import LocalServers
-from grouprl.serve.pool import ServerPool
-from grouprl.serve.ranks import Ranks
-from grouprl.serve.transport import Reading, default_weights_root, is_sharded, reading, write_model_folder
+from grouprl.serve.client.launch import LocalServers
+from grouprl.serve.client.pool import ServerPool
+from grouprl.serve.client.ranks import Ranks
+from grouprl.serve.client.sampler import ServerSampler
+from grouprl.serve.server.guard import TOKEN_ENV
+from grouprl.serve.weights.transport import Reading, default_weights_root, is_sharded, reading, write_model_folder
 
 
 def server_problems(servers: Any, timeout: float) -> list[str]:
     """What is wrong with ``rollout_servers`` and ``rollout_server_timeout`` (empty when usable), without
     starting or asking anything."""
-    from grouprl.serve.roster import parse_address
+    from grouprl.serve.client.servers import parse_address
 
     out = []
     if timeout <= 0:
@@ -62,7 +62,7 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
                    transport: str = "files") -> ServerSampler:
     """The run's :class:`ServerSampler` (``config.rollout_servers`` set): local servers are started on the
     policy first (written once to a folder they load, removed once they are up); their logs go to
-    ``output_dir/servers``. With several trainer processes (:mod:`grouprl.serve.ranks`) process 0 alone starts
+    ``output_dir/servers``. With several trainer processes (:mod:`grouprl.serve.client.ranks`) process 0 alone starts
     them and the others receive their addresses; a process that cannot reach the servers stops every one."""
     c, ranks, local, folder, down = config, Ranks.current(), None, None, {}
     addresses, token = c.rollout_servers, c.rollout_server_token or os.environ.get(TOKEN_ENV)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 READY_POLL_S = 1.0
-"""How often :meth:`~grouprl.serve.pool.ServerPool.wait_ready` asks a server that does not answer yet."""
+"""How often :meth:`~grouprl.serve.client.pool.ServerPool.wait_ready` asks a server that does not answer yet."""
 EXIT_SETTLE_S = 2.0
 """How long a dropped local server's process is given to finish exiting, so the message names its exit status."""
 RETURN_POLL_S = 10.0
@@ -72,7 +72,7 @@ class Server:
     """Requests of this pool it is answering now."""
     busy_s: float = 0.0
     """Seconds with a request in flight since the busy clock was last read
-    (:meth:`~grouprl.serve.pool.ServerPool.busy_shares`)."""
+    (:meth:`~grouprl.serve.client.pool.ServerPool.busy_shares`)."""
     busy_from: float = 0.0
     """When the current stretch of requests in flight (or the clock) started."""
 
