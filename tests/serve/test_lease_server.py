@@ -12,7 +12,7 @@ import torch
 
 from grouprl.models import tiny_causal_lm
 from grouprl.rollout.sampler import Sampler
-from grouprl.serve.client.sampler import ServerSampler
+from grouprl.serve.client.server_sampler import ServerSampler
 from grouprl.types import SamplingParams
 from tests.helpers.servers import TINY64, auth, started
 from tests.serve.test_gloo import nudge, prompts

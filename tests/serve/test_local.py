@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grouprl.serve.client.launch import LocalServers, group_members, is_resource_tracker, kill_group
+from grouprl.serve.client.local_servers import LocalServers, group_members, is_resource_tracker, kill_group
 
 GONE_WITHIN_S = 60.0
 """A deadline for processes to exit and a resource tracker to clean up, not a speed claim."""

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from grouprl.serve.client.launch import free_port
+from grouprl.serve.client.local_servers import free_port
 from grouprl.serve.client.pool import ServerPool
 from grouprl.serve.client.servers import RolloutServerError, parse_address
 

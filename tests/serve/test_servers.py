@@ -17,7 +17,7 @@ import torch
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.rollout.sampler import Sampler
-from grouprl.serve.client.sampler import ServerSampler
+from grouprl.serve.client.server_sampler import ServerSampler
 from grouprl.serve.client.servers import RolloutServerError
 from grouprl.types import SamplingParams
 from tests.helpers.servers import TINY64, started

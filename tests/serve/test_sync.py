@@ -5,7 +5,7 @@ import types
 
 import torch
 
-from grouprl.serve.client.sampler import ServerSampler
+from grouprl.serve.client.server_sampler import ServerSampler
 from grouprl.serve.weights.transport import TRANSPORTS, WeightFolders
 
 

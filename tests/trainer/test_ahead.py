@@ -262,7 +262,7 @@ def test_sampling_ahead_has_collective_pushes_send_a_copy_made_at_the_write(tmp_
     """The trainer updates while a push runs: the servers' sampler is told, and stages what it sends (as it does
     for FSDP shards, which every process gathers only at the write); a synchronous run reads the model as it
     sends."""
-    from grouprl.serve.client.sampler import ServerSampler
+    from grouprl.serve.client.server_sampler import ServerSampler
 
     sampler = ServerSampler.__new__(ServerSampler)
     sampler.sharded, sampler.sampling_ahead = False, False

@@ -16,7 +16,7 @@ from typing import Any
 # otherwise load the rollout engines (transformers, torch's compiler) before it says anything.
 _LAZY = {
     "RolloutServerError": "grouprl.serve.client.servers",
-    "ServerSampler": "grouprl.serve.client.sampler",
+    "ServerSampler": "grouprl.serve.client.server_sampler",
     "server_problems": "grouprl.serve.client.from_config",
     "server_sampler": "grouprl.serve.client.from_config",
 }

@@ -215,7 +215,7 @@ class CollectiveWeights:
         routes), or a RolloutServerError naming each server that did not join in time."""
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
-        from grouprl.serve.client.launch import free_port
+        from grouprl.serve.client.local_servers import free_port
 
         servers = self.pool.living()
         client = ServersClient(self.pool, servers)

@@ -1,5 +1,5 @@
 """A run's rollout servers from its config: the given addresses, or N servers started here on the policy
-as the run starts (:class:`~grouprl.serve.client.launch.LocalServers`), each told the run's rollout format, LoRA
+as the run starts (:class:`~grouprl.serve.client.local_servers.LocalServers`), each told the run's rollout format, LoRA
 rank, seed, longest sequence and rows so it samples what the trainer expects."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from torch import nn
 
 from grouprl.errors import ConfigError
 from grouprl.rollout.scratch import ScratchFolder
-from grouprl.serve.client.launch import LocalServers
+from grouprl.serve.client.local_servers import LocalServers
 from grouprl.serve.client.pool import ServerPool
 from grouprl.serve.client.ranks import Ranks
-from grouprl.serve.client.sampler import ServerSampler
+from grouprl.serve.client.server_sampler import ServerSampler
 from grouprl.serve.server.guard import TOKEN_ENV
 from grouprl.serve.weights.transport import Reading, default_weights_root, is_sharded, reading, write_model_folder
 

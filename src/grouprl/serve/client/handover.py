@@ -1,6 +1,6 @@
-"""The weights half of :class:`~grouprl.serve.client.sampler.ServerSampler`: the trainer's model handed over as policy
-versions, written once each (:mod:`grouprl.serve.weights.transport`) and pushed to every server, by process 0 alone of
-several, the others waiting for its outcome (:mod:`grouprl.serve.client.ranks`).
+"""The weights half of :class:`~grouprl.serve.client.server_sampler.ServerSampler`: the trainer's model handed over as
+policy versions, written once each (:mod:`grouprl.serve.weights.transport`) and pushed to every server, by process 0
+alone of several, the others waiting for its outcome (:mod:`grouprl.serve.client.ranks`).
 
 A version is written from the thread that updates the weights, between updates; it is pushed at the start of the
 next rollout (or, sampling ahead, of the next batch the rollout thread samples). Under FSDP every process takes
@@ -20,7 +20,7 @@ from grouprl.serve.weights.transport import Reading, reading
 
 
 class Handover:
-    """Writes and pushes for a :class:`~.sampler.ServerSampler`, which sets what these read: ``model``,
+    """Writes and pushes for a :class:`~.server_sampler.ServerSampler`, which sets what these read: ``model``,
     ``pool``, ``sender`` (None in a process other than 0), ``transport``, ``sharded``, ``lora``, ``dtype``,
     ``ranks``, ``ahead``, ``sampling_ahead``, the counts ``version``, ``written``, ``pushed``, ``gathered``, the
     ``weights_lock`` and the seconds ``sync_seconds``, ``write_seconds``; and ``_difference`` (why a server that is

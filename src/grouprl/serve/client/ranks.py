@@ -8,8 +8,8 @@ model), so one copy reaching the servers is enough:
   server. Its group g goes to the server of key ``g * N + rank`` (``N`` processes), so the processes' groups
   interleave over the servers instead of all starting at the first one.
 - Weights: process 0 alone writes and pushes each version (under FSDP every process takes part in gathering the
-  shards it writes: :meth:`~grouprl.serve.client.sampler.ServerSampler.write_weights`); every process then receives the
-  version the servers hold and which servers serve (:meth:`Ranks.after_push`, a broadcast), so no process
+  shards it writes: :meth:`~grouprl.serve.client.server_sampler.ServerSampler.write_weights`); every process then
+  receives the version the servers hold and which servers serve (:meth:`Ranks.after_push`, a broadcast), so no process
   samples for step t + 1 before the push of version t completed, a server process 0 found dead is dropped,
   and named, on every process, and one that came back and was given the weights by process 0 rejoins on
   every process. A push that failed raises on every process.

@@ -1,12 +1,13 @@
 """A rollout server started by a run ends with that run, however the run ends.
 
-The run starts each server with ``PR_SET_PDEATHSIG`` (:mod:`grouprl.serve.client.launch`): the kernel sends it SIGTERM
-when the run's process dies. That alone is not enough: a SIGTERM to a server whose engine is dead can leave
+The run starts each server with ``PR_SET_PDEATHSIG`` (:mod:`grouprl.serve.client.local_servers`): the kernel sends it
+SIGTERM when the run's process dies. That alone is not enough: a SIGTERM to a server whose engine is dead can leave
 vLLM's shutdown waiting on it forever, and a run that dies between the fork and the ``prctl`` sends nothing.
 So a server told its run's process id (``GROUPRL_PARENT_PID``) also watches it from a thread: once its parent is
 no longer that process, it says so on stderr, kills the rest of its process group (vLLM's engine processes, but
-not the resource tracker that frees their shared memory once they are gone: see :mod:`grouprl.serve.client.launch`) and
-exits with status 1 at once. An orderly shutdown has nobody to serve: the run that would use the server is gone.
+not the resource tracker that frees their shared memory once they are gone: see
+:mod:`grouprl.serve.client.local_servers`) and exits with status 1 at once. An orderly shutdown has nobody to serve:
+the run that would use the server is gone.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import threading
 import time
 
-from grouprl.serve.client.launch import PARENT_ENV, group_members, is_resource_tracker
+from grouprl.serve.client.local_servers import PARENT_ENV, group_members, is_resource_tracker
 
 POLL_S = 0.5
 

@@ -336,7 +336,7 @@ class Transport:
     problem: Callable[[torch.device | None], str | None]
     """Why a trainer whose policy is on this device cannot send this way (None: it can)."""
     sender: Callable[[Any, float], Any]
-    """(the :class:`~grouprl.serve.client.sampler.ServerSampler`, rollout_server_timeout) -> its sender
+    """(the :class:`~grouprl.serve.client.server_sampler.ServerSampler`, rollout_server_timeout) -> its sender
     (``write(model, read, version, dtype)``, which reads the :class:`Reading` to its end, ``push()``,
     ``close()``), once the servers answer."""
     server_argv: tuple[str, ...] = ()

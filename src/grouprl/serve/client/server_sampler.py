@@ -62,8 +62,8 @@ class ServerSampler(Handover):
         timeout: seconds a request (a completion, a weight load) may take before its server is dropped.
         weights_dir: where pushes are written (a folder every server can read); None: /dev/shm, else the
             system's temporary folder (servers on this machine).
-        local: servers this sampler started (:class:`grouprl.serve.client.launch.LocalServers`): stopped by ``close``.
-        restarts: how many times each of the ``local`` servers is restarted once dropped (files transport).
+        local: servers this sampler started (:class:`grouprl.serve.client.local_servers.LocalServers`): stopped by
+        ``close``. restarts: how many times each of the ``local`` servers is restarted once dropped (files transport).
         skeleton: the policy's model folder without its weights (config, tokenizer), to restart a local server
             from with the weights every server loaded last; removed by ``close``.
         started_elsewhere: the servers are process 0's local servers (this is another trainer process), which
