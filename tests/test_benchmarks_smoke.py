@@ -27,8 +27,6 @@ FIGURES = {
     "calibrate_arithmetic": rf'^ "accuracy": {NUMBER},$',
     "calibrate_envs": rf"^success {NUMBER}  all-equal groups 1/1",
     "compiled_step": rf"^compiled_speedup={NUMBER}$",
-    "decode_steps": rf"^tokens_per_s={NUMBER}$",
-    "engine_speed": rf"^tokens_per_s={NUMBER}$",
     "formats": rf"^training: 8 rows x 1 weight\(s\) .*: bf16 {NUMBER}x fp32",
     "gigpo_agent": rf"^success_gain_ratio={NUMBER}",
     "gigpo_cartpole": rf"^steps_ratio={NUMBER}$",
@@ -45,7 +43,6 @@ FIGURES = {
     "profile_step": rf"^rollout_products={NUMBER} update_products={NUMBER}$",
     "push_memory": rf"^streamed_mib={NUMBER} whole_mib={NUMBER} ratio={NUMBER} model_mib={NUMBER}$",
     "rollout": rf"^speedup={NUMBER}$",
-    "rollout_cpu_seconds": rf"^run tokens={NUMBER} tok_per_cpu_s={NUMBER} tok_per_wall_s={NUMBER}$",
     "rollout_servers": rf"^weight sync \(tiny64, fp32\): .* s; mean {NUMBER} s$",
     "sampling": rf"^speedup={NUMBER}$",
     "sandbox": rf"^overhead_ms={NUMBER}$",
@@ -54,7 +51,6 @@ FIGURES = {
     "vllm_compile": rf"^compiled_speedup={NUMBER} extra_start_s={NUMBER} push_followed=(true|false)$",
     "vllm_seeds": rf"^seeded_over_unseeded={NUMBER} eos_over_ignore_eos={NUMBER}$",
     "vs_trl": rf"^grouprl_s_per_step={NUMBER} grouprl_peak_rss_mb={NUMBER}$",
-    "weight_copies": rf"^bf16_gap_before={NUMBER}(e-?\d+)? bf16_gap_after={NUMBER}(e-?\d+)?$",
 }
 """Script -> the line (a regular expression, matched against each line of its output) its smoke run must print."""
 
