@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import torch
 from torch import nn
 
@@ -86,6 +87,8 @@ class ServersClient:
         """The push restarts a run (the servers take its version even if they hold a later one)."""
         self.joined: set[str] = set()
         self.failed: dict[str, str] = {}
+        self.broken: set[str] = set()
+        """The servers whose join failed on the wire (a reset connection, a 5xx), not by refusal or timeout."""
 
     def _all(self, path: str, body: Callable[[Server], dict[str, Any]], timeout: float | None = None) -> None:
         """POST ``body(server)`` to every server at once; a start's answer gives the server's token, a finish's the
@@ -121,6 +124,8 @@ class ServersClient:
             for server, outcome in zip(self.servers, outcomes):
                 if isinstance(outcome, ServerFailure):
                     self.failed[server.address] = outcome.what
+                    if not isinstance(outcome.__cause__, httpx.TimeoutException):
+                        self.broken.add(server.address)
                 elif isinstance(outcome, BaseException):
                     self.failed[server.address] = str(outcome)
 
@@ -210,9 +215,11 @@ class CollectiveWeights:
         :attr:`~grouprl.serve.weights.transport.FileWeights.resume`)."""
         self._join()
 
-    def _join(self) -> None:
+    def _join(self, again: bool = True) -> None:
         """Form the group with the living servers (vLLM's trainer engine; the servers join through their
-        routes), or a RolloutServerError naming each server that did not join in time."""
+        routes), or a RolloutServerError naming each server that did not join in time. A server whose join failed
+        on the wire and that no longer answers is dropped and the group formed without it; if every such server
+        still answers (a connection reset, not a dead server), the group is formed once more (``again``)."""
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
         from grouprl.serve.client.local_servers import free_port
@@ -239,8 +246,20 @@ class CollectiveWeights:
             said = "; ".join(f"{a}: {why}" for a, why in client.failed.items())
             late = [s.address for s in servers if s.address not in client.joined and s.address not in client.failed]
             late_said = (f"{', '.join(late)} did not join within {self.timeout:g} s ({self.setting})") if late else ""
-            raise RolloutServerError(f"the {self.backend} weight-transfer group (trainer at {host}:{info.master_port}) "
-                                     f"did not form: {'; '.join(x for x in (said, late_said) if x)}")
+            whys = "; ".join(x for x in (said, late_said) if x)
+            failure = RolloutServerError(f"the {self.backend} weight-transfer group (trainer at {host}:"
+                                         f"{info.master_port}) did not form: {whys}")
+            broken = [s for s in servers if s.address in client.broken]
+            if late or not broken or len(broken) < len(client.failed):  # a refusal or a timeout is not retried
+                raise failure
+            gone = ServersClient(self.pool, broken).silent()
+            for server, why in gone:
+                self.pool.drop(ServerFailure(server, f"it stopped answering while the weight-transfer group formed "
+                                                     f"({client.failed[server.address]}; then {why})"))
+            if not gone and not again:
+                raise failure
+            ServersClient(self.pool, [s for s in broken if s.alive]).shutdown()  # a half-made join is undone
+            return self._join(again=again and bool(gone))
         self.engine, self.client, self.members = done.result(), client, list(servers)
         self.roster = self.pool.roster_changes
         self.readmits = {s.address: s.readmits for s in servers}
