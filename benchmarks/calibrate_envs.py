@@ -24,7 +24,7 @@ from smoke import add_smoke, shrink
 from grouprl.cli.build import build_inputs, load_model
 from grouprl.config import TrainConfig
 from grouprl.models.precision import pinned, resolve_formats
-from grouprl.run.seeds import EVAL_STREAM, group_seeds, mix_seed
+from grouprl.run.seed_streams import EVAL_STREAM, group_seeds, mix_seed
 from grouprl.trainer.rollout_plan import plan_rollout
 from grouprl.trainer.sampling import rollout_params
 from grouprl.trainer.sources import make_source

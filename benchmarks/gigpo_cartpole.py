@@ -26,7 +26,7 @@ from smoke import add_smoke, shrink
 
 from grouprl.control import ControlConfig
 from grouprl.control.config import GRPOControlConfig
-from grouprl.control.trainer import ControlTrainer
+from grouprl.control.training import ControlTrainer
 
 VARIANTS = {"grpo": {"advantage": "grpo"}, "gigpo": {"advantage": "gigpo"}}
 

@@ -112,7 +112,7 @@ def save_base(folder: Path, model_name: str) -> str:
     """The base model as a model folder, once (step 0 of every framework and seed)."""
     if not (folder / "model.safetensors").is_file():
         from grouprl.cli.build import load_model
-        from grouprl.run.checkpoint import save_policy
+        from grouprl.run.checkpoint_files import save_policy
 
         model, tokenizer = load_model(model_name, 0)
         tmp = folder.with_name(folder.name + ".part")

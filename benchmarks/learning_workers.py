@@ -33,7 +33,7 @@ def save_model(model, folder: str, base: str) -> None:
     """``model`` as a model folder, with the base model's tokenizer (untouched by either trainer)."""
     from transformers import AutoTokenizer
 
-    from grouprl.run.checkpoint import save_policy
+    from grouprl.run.checkpoint_files import save_policy
 
     save_policy(model, Path(folder), AutoTokenizer.from_pretrained(base))
 

@@ -37,7 +37,7 @@ def tiny_folder(folder: str, for_vllm: bool = False) -> str:
     """The tiny model (:func:`policy`) saved as a model folder at ``folder``, for a ``--model`` option."""
     from pathlib import Path
 
-    from grouprl.run.checkpoint import save_policy
+    from grouprl.run.checkpoint_files import save_policy
 
     model, tokenizer = policy("", True, for_vllm=for_vllm)
     save_policy(model, Path(folder), tokenizer)

@@ -125,7 +125,7 @@ def trl_worker(args: argparse.Namespace) -> None:
 
     from grouprl.models import bundled_model_folder
     from grouprl.rewards import score_rewards
-    from grouprl.run.seeds import PromptStream
+    from grouprl.run.seed_streams import PromptStream
 
     torch.set_num_threads(args.threads)
     task, rows = task_rows(args.seed)

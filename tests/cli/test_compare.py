@@ -7,7 +7,7 @@ import pytest
 from grouprl.cli import main
 from grouprl.cli.compare import CompareConfig, lm_algorithm_config
 from grouprl.config import TrainConfig
-from grouprl.report.compare import comparison_table
+from grouprl.report.comparison_table import comparison_table
 
 
 def test_every_algorithm_gets_the_shared_settings_and_its_own_definition():
@@ -46,7 +46,8 @@ def test_a_folder_holding_earlier_runs_is_refused_before_any_run_or_replaced(tmp
     args = ["compare", "--algos", "grpo,rloo", "--model", "tiny", "--total_steps", "1", "--output_dir", str(out)]
     started = []
     monkeypatch.setattr("grouprl.cli.compare._in_child", lambda target, run, *rest: started.append(run.output_dir))
-    monkeypatch.setattr("grouprl.report.compare.summarize_runs", lambda *a, **k: pytest.fail("no table expected"))
+    monkeypatch.setattr("grouprl.report.comparison_table.summarize_runs",
+                        lambda *a, **k: pytest.fail("no table expected"))
 
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -92,8 +93,8 @@ def test_table_averages_seeds_with_their_spread():
 def test_table_and_plots_from_real_control_runs(tmp_path):
     pytest.importorskip("gymnasium")
     from grouprl.control import ControlConfig, GRPOControlConfig
-    from grouprl.control.trainer import ControlTrainer
-    from grouprl.report.compare import summarize_runs, write_comparison
+    from grouprl.control.training import ControlTrainer
+    from grouprl.report.comparison_table import summarize_runs, write_comparison
 
     jobs = []
     for algo in ("grpo", "vpg"):

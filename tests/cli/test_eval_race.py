@@ -9,7 +9,7 @@ import torch
 from grouprl.cli import build
 from grouprl.errors import ModelLoadError
 from grouprl.models import tiny_causal_lm
-from grouprl.run.checkpoint import save_checkpoint
+from grouprl.run.checkpoint_files import save_checkpoint
 
 
 def save(root, step, keep=2):

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("gymnasium")
 
 from grouprl.control import ControlConfig  # noqa: E402
-from grouprl.control.trainer import ControlTrainer  # noqa: E402
+from grouprl.control.training import ControlTrainer  # noqa: E402
 
 BUDGETS = {"ppo": 100_000, "trpo": 100_000, "vpg": 150_000, "grpo": 200_000}
 """Environment steps each algorithm gets; measured steps-to-solve at seeds 0-3 are in the README."""

@@ -11,10 +11,10 @@ import torch
 pytest.importorskip("gymnasium")
 
 from grouprl.control import ControlConfig  # noqa: E402
-from grouprl.control.trainer import ControlTrainer  # noqa: E402
+from grouprl.control.training import ControlTrainer  # noqa: E402
 from grouprl.report import write_report  # noqa: E402
 from grouprl.report.data import read_jsonl  # noqa: E402
-from grouprl.run.checkpoint import checkpoint_dirs  # noqa: E402
+from grouprl.run.checkpoint_files import checkpoint_dirs  # noqa: E402
 
 SMALL = {"grpo": {"prompts_per_step": 2, "group_size": 2, "minibatch_size": 4},
          "ppo": {"num_envs": 2, "steps_per_env": 32}, "trpo": {"num_envs": 2, "steps_per_env": 32},

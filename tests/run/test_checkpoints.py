@@ -11,7 +11,7 @@ import pytest
 
 from grouprl.cli import main
 from grouprl.errors import CheckpointError
-from grouprl.run import checkpoint as ckpt
+from grouprl.run import checkpoint_files as ckpt
 from grouprl.run.logs import JsonlLog
 from tests.helpers.trainer import make_trainer
 
@@ -96,7 +96,7 @@ def test_pruning_never_leaves_a_half_deleted_step_folder(tmp_path, monkeypatch):
         removed.append(Path(path).name)
         raise KeyboardInterrupt  # the kill lands inside the removal
 
-    monkeypatch.setattr("grouprl.run.checkpoint.shutil.rmtree", killed_midway)
+    monkeypatch.setattr("grouprl.run.checkpoint_files.shutil.rmtree", killed_midway)
     with pytest.raises(KeyboardInterrupt):
         ckpt.retire(root / "step-000001")
     assert removed[0].startswith(".delete-step-000001")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grouprl.errors import CheckpointError, ConfigError
-from grouprl.run import checkpoint as ckpt
+from grouprl.run import checkpoint_files as ckpt
 from grouprl.run.folder import LOCK, FolderLock
 
 Usage = namedtuple("Usage", "total used free")

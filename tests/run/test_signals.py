@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grouprl.errors import Interrupted
-from grouprl.run.checkpoint import latest_complete, verify_checkpoint
+from grouprl.run.checkpoint_files import latest_complete, verify_checkpoint
 from grouprl.run.folder import LOCK
 from grouprl.run.signals import StopOnSignal, interrupts
 

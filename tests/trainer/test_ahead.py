@@ -12,7 +12,7 @@ import torch
 
 from grouprl.errors import ConfigError
 from grouprl.run.logs import JsonlLog, PhaseTimer
-from grouprl.run.seeds import PromptStream
+from grouprl.run.seed_streams import PromptStream
 from grouprl.trainer.ahead import AheadCollector, collect_ahead, row_versions
 from grouprl.trainer.collect import Collected
 from grouprl.trainer.config import TrainerConfig

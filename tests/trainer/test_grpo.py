@@ -12,7 +12,7 @@ from grouprl.models import tiny_causal_lm
 from grouprl.report.data import read_jsonl
 from grouprl.rewards import RewardFunctionError
 from grouprl.rollout.logprobs import token_logprobs
-from grouprl.run.checkpoint import checkpoint_dirs
+from grouprl.run.checkpoint_files import checkpoint_dirs
 from grouprl.run.logs import PhaseTimer
 from grouprl.trainer.trainer import Trainer
 from tests.helpers.trainer import (

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grouprl.run.checkpoint import checkpoint_dirs
+from grouprl.run.checkpoint_files import checkpoint_dirs
 from tests.helpers.trainer import RESUME_SETTINGS, make_trainer
 
 RESUME_SCRIPT = textwrap.dedent(
@@ -54,7 +54,7 @@ def test_a_kill_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch)
     def dies(*args, **kwargs):
         raise KeyboardInterrupt("killed while writing the optimizer state")
 
-    monkeypatch.setattr("grouprl.run.checkpoint.torch.save", dies)
+    monkeypatch.setattr("grouprl.run.checkpoint_files.torch.save", dies)
     trainer.step_count = 1  # pretend a later step, then save with a process that dies mid-write
     with pytest.raises(KeyboardInterrupt):
         trainer.save()
@@ -69,7 +69,7 @@ def test_a_kill_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch)
 
 def test_a_non_finite_gradient_stops_the_run_naming_the_step_and_keeps_the_checkpoints(tmp_path):
     from grouprl.errors import NonFiniteError
-    from grouprl.run.checkpoint import is_complete
+    from grouprl.run.checkpoint_files import is_complete
 
     trainer = make_trainer(tmp_path, lr=1e30, max_grad_norm=0, total_steps=4, save_every=1, beta=0.0)
     with pytest.raises(NonFiniteError, match=r"step \d: the gradient norm is nan: the update was not applied"):

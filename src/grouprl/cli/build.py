@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from grouprl.config import DEFAULT_TASK_EVAL_SIZE, DEFAULT_TASK_TRAIN_SIZE, TINY_MODEL, TrainConfig
-from grouprl.data.loading import ANSWER
+from grouprl.data.prompt_sets import ANSWER
 from grouprl.errors import ConfigError, ModelLoadError
 from grouprl.registry import import_object
 from grouprl.trainer.inputs import RunInputs
@@ -178,7 +178,7 @@ def build_inputs(config: TrainConfig) -> RunInputs:
     check_renamed_answer(config, fns)
     env, tools = None, []
     if config.env or config.tools:
-        from grouprl.envs.registry import env_tools, make_env_factory
+        from grouprl.envs.factory import env_tools, make_env_factory
         from grouprl.envs.tools import Tool, load_tools, resolve_tool_parser
 
         resolve_tool_parser(config.tool_parser)
@@ -206,7 +206,7 @@ def resolve_model_path(spec: str) -> str:
     """A run folder or a checkpoint folder stands for the policy it saved last, once its files match
     the manifest; anything else is passed on unchanged (bundled name, model folder, .gguf file, Hugging
     Face id). A run folder without a complete checkpoint is a :class:`ModelLoadError`, not a model."""
-    from grouprl.run.checkpoint import latest_complete, verify_checkpoint
+    from grouprl.run.checkpoint_files import latest_complete, verify_checkpoint
 
     path = Path(spec).expanduser()
     if (path / "state.json").is_file() and (path / "model").is_dir():
@@ -233,7 +233,7 @@ def load_newest_model(spec: str, seed: int, echo: Callable[[str], None] = print)
     small) may remove the checkpoint just picked before it is read: then the newest one is picked again,
     and ``echo`` says so; after :data:`EVAL_PICKS` such removals a :class:`ModelLoadError` says what
     happened. Any other failure is raised as it is."""
-    from grouprl.run.checkpoint import latest_complete, verify_checkpoint
+    from grouprl.run.checkpoint_files import latest_complete, verify_checkpoint
 
     run = Path(spec).expanduser()
     if (run / "state.json").is_file() or not (run.is_dir() and (run / "checkpoints").is_dir()):

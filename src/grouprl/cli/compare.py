@@ -101,7 +101,7 @@ def _train_lm(run: Any, algo: str, options: dict[str, Any], wall_budget_s: float
 
 def _train_control(run: Any, algo: str, options: dict[str, Any], wall_budget_s: float | None) -> None:
     """Child process: train ``algo`` on the control config ``run`` and write its report."""
-    from grouprl.control.trainer import ControlTrainer
+    from grouprl.control.training import ControlTrainer
     from grouprl.report import write_report
 
     trainer = ControlTrainer(replace(run, algo=algo))
@@ -155,7 +155,8 @@ def run_compare(compare: CompareConfig, base: Any, echo: Callable[[str], None] =
         for algo, seed, run in jobs:
             echo(f"compare: {algo} seed {seed} -> {run.output_dir}")
             _in_child(target, run, algo, compare.algo_options.get(algo, {}), compare.wall_budget_s)
-    from grouprl.report.compare import summarize_runs, write_comparison  # matplotlib: only once there is a table
+    # matplotlib: only once there is a table
+    from grouprl.report.comparison_table import summarize_runs, write_comparison
 
     runs = summarize_runs([(algo, seed, Path(run.output_dir)) for algo, seed, run in jobs], control=bool(compare.env))
     table = write_comparison(runs, out, control=bool(compare.env))

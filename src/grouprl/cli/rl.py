@@ -79,7 +79,7 @@ def _rl(args: argparse.Namespace, rest: list[str]) -> int:
     config = load_config(ControlConfig, args.config, [*args.overrides, *rest])
     if args.print_config:
         return _print(config)
-    from grouprl.control.trainer import ControlTrainer
+    from grouprl.control.training import ControlTrainer
     from grouprl.report import write_report
     from grouprl.run.folder import claimed
 

@@ -22,7 +22,7 @@ TINY_MODEL = "tiny"
 @dataclasses.dataclass
 class TrainConfig(TrainerConfig):
     BUILT_IN: ClassVar[dict[str, str]] = {"task": "grouprl.tasks:TASKS", "reward_functions": "grouprl.rewards:REWARDS",
-                                          "env": "grouprl.envs.registry:ENVIRONMENTS"}
+                                          "env": "grouprl.envs.factory:ENVIRONMENTS"}
     """Fields whose documentation ends with the names of a registry, generated from it (so --help and the
     docs' reference list every built-in): field -> the registry's import path."""
 
@@ -248,7 +248,7 @@ def _env_problem(spec: str) -> str | None:
     """What is wrong with an ``env`` value that can be told without making the environment."""
     import importlib.util
 
-    from grouprl.envs.registry import ENVIRONMENTS, GEM_PREFIX
+    from grouprl.envs.factory import ENVIRONMENTS, GEM_PREFIX
 
     if spec.startswith(GEM_PREFIX):
         if importlib.util.find_spec("gem") is None:

@@ -2,10 +2,10 @@
 algorithms (GRPO, PPO, TRPO, VPG) on the math core shared with the language-model trainers.
 
 Needs ``gymnasium`` (``pip install 'grouprl[rl]'``). The run folder, metrics and report come from
-:class:`grouprl.control.trainer.ControlTrainer` (``grouprl rl``).
+:class:`grouprl.control.training.ControlTrainer` (``grouprl rl``).
 """
 
-from grouprl.control.algorithms import ALGORITHMS
+from grouprl.control.algorithm_registry import ALGORITHMS
 from grouprl.control.base import ControlAlgorithm
 from grouprl.control.batch import EnvBatch
 from grouprl.control.config import (
@@ -15,8 +15,8 @@ from grouprl.control.config import (
     TRPOControlConfig,
     VPGControlConfig,
 )
-from grouprl.control.critic import CRITIC_ADVANTAGES, critic_advantages, fit_critic
-from grouprl.control.evaluate import eval_seeds, evaluate_policy
+from grouprl.control.critic_fit import CRITIC_ADVANTAGES, critic_advantages, fit_critic
+from grouprl.control.eval_episodes import eval_seeds, evaluate_policy
 from grouprl.control.grpo import ControlGRPO
 from grouprl.control.policies import POLICIES, Agent, CategoricalPolicy, GaussianPolicy, Policy, ValueNet, make_policy
 from grouprl.control.ppo import ControlPPO

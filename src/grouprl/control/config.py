@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from grouprl.algos import ADVANTAGES, AGGREGATIONS, SCALES
-from grouprl.control.algorithms import ALGORITHMS
-from grouprl.control.critic import CRITIC_ADVANTAGES
+from grouprl.control.algorithm_registry import ALGORITHMS
+from grouprl.control.critic_fit import CRITIC_ADVANTAGES
 from grouprl.control.policies import ACTIVATIONS
 from grouprl.registry import Registry
 from grouprl.run.loggers import logger_problems

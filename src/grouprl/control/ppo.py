@@ -14,7 +14,7 @@ import torch
 
 from grouprl.algos import clipped_surrogate_loss, value_loss, whiten
 from grouprl.control.base import Averager, SegmentAlgorithm
-from grouprl.control.critic import critic_advantages
+from grouprl.control.critic_fit import critic_advantages
 from grouprl.control.rollout import Trajectories
 from grouprl.run.optim import clip_and_step
 

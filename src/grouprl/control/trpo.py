@@ -14,7 +14,7 @@ from torch.distributions import kl_divergence
 
 from grouprl.algos import fisher_vector_product, flat_grad, trpo_step, whiten
 from grouprl.control.base import SegmentAlgorithm
-from grouprl.control.critic import critic_advantages, fit_critic
+from grouprl.control.critic_fit import critic_advantages, fit_critic
 from grouprl.control.rollout import Trajectories
 
 

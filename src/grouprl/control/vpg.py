@@ -13,7 +13,7 @@ import torch
 
 from grouprl.algos import grpo_loss, whiten
 from grouprl.control.base import SegmentAlgorithm
-from grouprl.control.critic import critic_advantages, fit_critic
+from grouprl.control.critic_fit import critic_advantages, fit_critic
 from grouprl.control.rollout import Trajectories
 from grouprl.run.optim import clip_and_step
 

@@ -3,7 +3,7 @@ train and held-out splits (:mod:`.loading`); hub ids and folders in the hub's la
 and splits (:mod:`.hub`)."""
 
 from grouprl.data.hub import config_problem, load_hub
-from grouprl.data.loading import (
+from grouprl.data.prompt_sets import (
     ANSWER,
     READERS,
     Row,

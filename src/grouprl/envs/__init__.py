@@ -4,7 +4,7 @@ side of the conversation (:mod:`.episode`), the built-in environments and the GE
 
 from grouprl.envs.base import ENVIRONMENTS, Message, Observation, TextEnv, as_messages, transcript
 from grouprl.envs.episode import Episode
-from grouprl.envs.registry import make_env_factory
+from grouprl.envs.factory import make_env_factory
 from grouprl.envs.tools import TOOL_PARSERS, Tool, load_tools
 
 __all__ = ["ENVIRONMENTS", "Episode", "Message", "Observation", "TOOL_PARSERS", "TextEnv", "Tool", "as_messages",

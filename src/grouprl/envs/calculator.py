@@ -12,8 +12,8 @@ import operator
 import random
 from typing import Any
 
-from grouprl.envs.answers import last_integer
 from grouprl.envs.base import ENVIRONMENTS
+from grouprl.envs.last_integer import last_integer
 
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
              ast.USub: operator.neg, ast.UAdd: operator.pos}

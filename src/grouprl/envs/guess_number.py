@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from grouprl.envs.answers import last_integer
 from grouprl.envs.base import ENVIRONMENTS
+from grouprl.envs.last_integer import last_integer
 
 
 class GuessNumber:

@@ -4,9 +4,9 @@ value head of a critic (:mod:`.value_head`)."""
 
 from grouprl.errors import ModelLoadError
 from grouprl.models.bundled import BUNDLED, bundled_model_folder
+from grouprl.models.frozen_reference import make_reference, reference_context
 from grouprl.models.loading import context_length, ensure_pad_token, load_policy, resolve_dtype
 from grouprl.models.lora import LoraSettings, apply_lora, is_peft, merge_and_save, store_frozen_linears, unwrap_ddp
-from grouprl.models.reference import make_reference, reference_context
 from grouprl.models.tiny import tiny_causal_lm, tiny_llama_config, tiny_tokenizer
 
 __all__ = [

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from grouprl.data import load_records
-from grouprl.data.loading import normalise_prompt
+from grouprl.data.prompt_sets import normalise_prompt
 from grouprl.data.templates import Rendered, render, text_ids
 from grouprl.errors import ConfigError, DataError
 from grouprl.types import to_messages

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from grouprl.data.loading import context_overflow
+from grouprl.data.prompt_sets import context_overflow
 from grouprl.data.templates import Rendered, render
 from grouprl.envs.episode import respond_all
 from grouprl.errors import EnvError, PromptTooLongError

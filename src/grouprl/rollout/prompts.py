@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from grouprl.data.loading import context_overflow
+from grouprl.data.prompt_sets import context_overflow
 from grouprl.data.templates import render, text_ids
 from grouprl.errors import PromptTooLongError
 from grouprl.types import Prompt, to_messages

@@ -12,7 +12,7 @@ import torch
 from grouprl.algos import constant_groups
 from grouprl.rewards import score_rewards
 from grouprl.run.logs import PhaseTimer
-from grouprl.run.seeds import PromptStream, group_seeds, mix_seed
+from grouprl.run.seed_streams import PromptStream, group_seeds, mix_seed
 from grouprl.trainer.judging import apply_judge
 from grouprl.trainer.sampling import rollout_params
 from grouprl.types import RolloutBatch

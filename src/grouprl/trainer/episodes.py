@@ -14,7 +14,7 @@ from grouprl.envs import transcript
 from grouprl.rewards import score_rewards
 from grouprl.rewards.base import combine, unique_names
 from grouprl.run.logs import PhaseTimer
-from grouprl.run.seeds import EVAL_STREAM, PromptStream, group_seeds, mix_seed
+from grouprl.run.seed_streams import EVAL_STREAM, PromptStream, group_seeds, mix_seed
 from grouprl.trainer.collect import Collected
 from grouprl.trainer.evaluate import EVAL_BATCH
 from grouprl.trainer.judging import apply_judge

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from grouprl.rewards import score_rewards
-from grouprl.run.seeds import EVAL_STREAM, group_seeds, mix_seed
+from grouprl.run.seed_streams import EVAL_STREAM, group_seeds, mix_seed
 from grouprl.types import SamplingParams
 
 EVAL_BATCH = 8

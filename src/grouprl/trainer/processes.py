@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from grouprl.run import checkpoint as ckpt
+from grouprl.run import checkpoint_files as ckpt
 
 
 class OneProcess:
@@ -71,7 +71,7 @@ class OneProcess:
         return metrics
 
     def save(self, root: Path, step: int, **parts: Any) -> Path:
-        """Checkpoint ``step`` (see :func:`grouprl.run.checkpoint.save_checkpoint` for ``parts``)."""
+        """Checkpoint ``step`` (see :func:`grouprl.run.checkpoint_files.save_checkpoint` for ``parts``)."""
         return ckpt.save_checkpoint(root, step, **parts)
 
     def load(self, folder: Path, **parts: Any) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from grouprl.errors import NonFiniteError
 from grouprl.models import store_frozen_linears, unwrap_ddp
 from grouprl.models.precision import Formats, pinned, resolve_formats
 from grouprl.rewards.base import unique_names
-from grouprl.run import checkpoint as ckpt
+from grouprl.run import checkpoint_files as ckpt
 from grouprl.run.allocator import describe as describe_allocator
 from grouprl.run.files import as_plain
 from grouprl.run.health import HealthWatch, replay

@@ -21,7 +21,7 @@ import torch
 
 from grouprl.algos import entropy_threshold, grpo_loss, top_entropy_weights
 from grouprl.run.optim import build_optimizer, clip_and_step
-from grouprl.run.seeds import SHUFFLE_STREAM, generator
+from grouprl.run.seed_streams import SHUFFLE_STREAM, generator
 from grouprl.trainer.loss_variants import policy_options, rollout_correction
 from grouprl.trainer.metrics import MetricAverager
 from grouprl.trainer.policy import PolicyPasses, micro_batches

@@ -10,7 +10,7 @@ Layout of ``<output_dir>/checkpoints/step-000010/``::
     rng/rank-N.pt   each process's random state
     state.json      step, data position, world size, config
 
-Written like the one-process checkpoints (:mod:`grouprl.run.checkpoint`): into a temporary folder
+Written like the one-process checkpoints (:mod:`grouprl.run.checkpoint_files`): into a temporary folder
 that is published once every process has finished writing, so a kill leaves the previous checkpoint
 intact. On several machines the run folder must be on storage they all see. Resuming needs the same
 number of processes.
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from grouprl.models.lora import unwrap_ddp
-from grouprl.run.checkpoint import publish, rng_state, set_rng_state, temporary_folder, verify_checkpoint
+from grouprl.run.checkpoint_files import publish, rng_state, set_rng_state, temporary_folder, verify_checkpoint
 from grouprl.trainer.dist.group import DistEnv
 
 SHARDED = "optimizer"
@@ -97,7 +97,7 @@ def save_dist_checkpoint(root: Path, step: int, *, env: DistEnv, policy: nn.Modu
                          stateful: dict[str, Any] | None = None, modules: dict[str, nn.Module] | None = None,
                          keep: int = 2) -> Path:
     """Write checkpoint ``step`` from every process (a collective); returns its folder. The parts
-    are those of :func:`grouprl.run.checkpoint.save_checkpoint`."""
+    are those of :func:`grouprl.run.checkpoint_files.save_checkpoint`."""
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_model
 

@@ -3,7 +3,7 @@ prompts each take exactly the step one process takes on all P prompts.
 
 - prompts: every process walks the same seeded prompt stream and takes its own contiguous slice of
   each step's prompts; groups never straddle processes, and each row's draws depend on its place in
-  the whole batch (:mod:`grouprl.run.seeds`), not on the process;
+  the whole batch (:mod:`grouprl.run.seed_streams`), not on the process;
 - rollout: under FSDP the whole policy is gathered once per rollout
   (:func:`~grouprl.trainer.dist.sharding.gathered_weights`); a sampler with its own weights (vLLM) gets
   them pushed at the start of the rollout (its ``phase()``); rollout servers get them from process 0

@@ -13,7 +13,7 @@ KL(pi || pi_0) over the batch's states, ``eval/mean_reward`` the mean held-out r
 Example::
 
     from grouprl.control import ControlConfig
-    from grouprl.control.trainer import ControlTrainer
+    from grouprl.control.training import ControlTrainer
     summary = ControlTrainer(ControlConfig(env="CartPole-v1", algo="ppo", total_env_steps=100_000,
                                            stop_at_return=475, output_dir="runs/ppo")).train()
     print(summary["solved_at_env_steps"])"""
@@ -40,12 +40,12 @@ from grouprl.control import (
     make_policy,
 )
 from grouprl.control.rollout import Trajectories
-from grouprl.run import checkpoint as ckpt
+from grouprl.run import checkpoint_files as ckpt
 from grouprl.run.files import as_plain, write_text_atomic
 from grouprl.run.logs import JsonlLog, PhaseTimer, Progress
 from grouprl.run.loop import run_loop
 from grouprl.run.optim import build_optimizer
-from grouprl.run.seeds import EVAL_STREAM, generator, mix_seed
+from grouprl.run.seed_streams import EVAL_STREAM, generator, mix_seed
 
 
 class _EnvStepProgress(Progress):
