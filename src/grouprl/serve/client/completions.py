@@ -1,5 +1,5 @@
-"""What a rollout server answers a completion request with, as the trainer reads it: one :class:`Completion` per
-row (tokens, their log-probs, the policy version that drew them), and :class:`PendingBatch`, a rollout in flight."""
+"""A rollout server's completions as the trainer reads them (:class:`Completion`, one a row) and
+:class:`PendingBatch`, a rollout in flight."""
 
 from __future__ import annotations
 
@@ -29,8 +29,7 @@ class Completion:
     logprobs: list[dict[int, Logprob]]
     finish_reason: str
     version: int | None
-    """The oldest policy version among the weights that drew its tokens (None: the server's own weights,
-    before any push)."""
+    """The oldest policy version that drew its tokens (None: before any push)."""
 
 
 def parse_completion(answer: dict[str, Any], address: str) -> Completion:
@@ -52,8 +51,7 @@ def parse_completion(answer: dict[str, Any], address: str) -> Completion:
 
 @dataclass
 class PendingBatch:
-    """A rollout in flight: its completions arrive on the pool's loop; the batch is assembled (texts
-    decoded) in the thread that asks for it, the tokenizer's own."""
+    """A rollout in flight: completions arrive on the pool's loop, the batch is assembled in the caller's thread."""
 
     completions: concurrent.futures.Future
     assemble: Callable[[list[Completion]], RolloutBatch]

@@ -1,22 +1,11 @@
-"""Rollout servers started on this machine for one run (``rollout_servers: N``): N ``grouprl serve``
-processes on the policy as the run starts, each pinned to its own share of this process's cores
-(``os.sched_setaffinity`` before it starts, inherited by vLLM's engine process; vLLM's own OpenMP threads
-bound to the same cores through ``VLLM_CPU_OMP_THREADS_BIND``), listening on 127.0.0.1 only.
+"""Rollout servers started on this machine for one run (``rollout_servers: N``): N ``grouprl serve`` processes,
+each pinned to its own share of this process's cores (affinity and ``VLLM_CPU_OMP_THREADS_BIND``), on 127.0.0.1,
+taking the run's own token (in their environment) and pushes from its weights folder only.
 
-They never outlive the run: :meth:`LocalServers.stop` (the sampler's ``close``, and an ``atexit`` hook)
-ends each server's whole process group (the server and vLLM's engine processes), SIGTERM then SIGKILL;
-the kernel sends each server SIGTERM when the process that started it dies in any way, a SIGKILL
-included (``PR_SET_PDEATHSIG``, Linux); and each server watches that process itself, killing its own group
-if a SIGTERM did not stop it within seconds (:mod:`grouprl.serve.server.parent`). They take requests carrying the
-run's own token only (made here, passed in their environment) and pushes from the run's weights folder only.
-Each server's output goes to ``server-<i>.log`` in ``log_dir``. A
-server the run dropped can be started again on its address and cores (:meth:`LocalServers.restart`, driven
-by :mod:`grouprl.serve.client.pool`).
-
-Nor does what they leave: vLLM's engine processes talk through shared memory in /dev/shm (two rings of
-160 and 240 MiB a server), which Python's multiprocessing resource tracker, a process of the server's
-group, removes once they have exited. It ignores SIGTERM for that reason, and a SIGKILL to the whole
-group would take it too and leave the memory taken until reboot: :func:`kill_group` spares it.
+They never outlive the run: :meth:`LocalServers.stop` (and ``atexit``) ends each process group, SIGTERM then
+SIGKILL; ``PR_SET_PDEATHSIG`` signals them if the run dies any way; each also watches the run itself
+(:mod:`grouprl.serve.server.parent`). Nor does what they leave: vLLM's engine processes share memory in /dev/shm
+that Python's resource tracker, in the server's group, removes once they exit, so :func:`kill_group` spares it.
 """
 
 from __future__ import annotations
@@ -36,7 +25,6 @@ from pathlib import Path
 from grouprl.serve.server.guard import TOKEN_ENV
 
 PARENT_ENV = "GROUPRL_PARENT_PID"
-"""The run's process id, in a local server's environment: the server watches it (:mod:`grouprl.serve.server.parent`)."""
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
 KILL_ROUNDS = 5
@@ -44,8 +32,7 @@ LOG_TAIL_CHARS = 600
 
 
 def core_shares(cores: Sequence[int], count: int) -> list[list[int]]:
-    """``cores`` cut into ``count`` contiguous shares as equal as can be; with fewer cores than servers,
-    servers share cores round-robin.
+    """``cores`` cut into ``count`` contiguous shares as equal as can be (round-robin if fewer cores than servers).
 
     >>> core_shares([0, 1, 2, 3, 4], 2), core_shares([0, 1], 3)
     ([[0, 1, 2], [3, 4]], [[0], [1], [0]])
@@ -70,8 +57,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def group_members(pgid: int) -> list[tuple[int, str]]:
-    """The processes of process group ``pgid`` not yet reaped, as ``(pid, state)`` (``stat``'s one-letter state,
-    ``Z`` for a zombie); Linux's /proc."""
+    """The processes of group ``pgid`` not yet reaped, as ``(pid, state)`` (``Z``: a zombie), from /proc."""
     out = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -85,8 +71,7 @@ def group_members(pgid: int) -> list[tuple[int, str]]:
 
 
 def is_resource_tracker(pid: int) -> bool:
-    """Whether ``pid`` is Python's multiprocessing resource tracker (``python -c 'from
-    multiprocessing.resource_tracker import main; main(fd)'``)."""
+    """Whether ``pid`` is Python's multiprocessing resource tracker."""
     try:
         return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -94,9 +79,7 @@ def is_resource_tracker(pid: int) -> bool:
 
 
 def kill_group(pgid: int) -> None:
-    """SIGKILL every process of group ``pgid`` but multiprocessing's resource trackers, which then remove the
-    shared memory the killed processes registered and exit (see the module docstring). Where there is no
-    /proc, the whole group."""
+    """SIGKILL every process of group ``pgid`` but the resource trackers (where there is no /proc, all of it)."""
     if not Path("/proc/self/stat").exists():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
@@ -122,13 +105,8 @@ def _child_setup(cores: list[int], parent: int) -> Callable[[], None]:
 
 
 class LocalServers:
-    """``count`` ``grouprl serve`` processes on ``model`` (a model folder); see the module docstring.
-
-    ``options``: further ``grouprl serve`` arguments (``--rollout_dtype bf16``, ``--lora_rank 8``, ...);
-    ``weights_root``: the folder the run's pushes are written under (each server reads pushes from there only;
-    None: ``grouprl serve``'s default, where a run writes when ``rollout_weights_dir`` is empty);
-    ``token``: the servers' bearer token (None: a new one), handed over in their environment, never their command
-    line (which every user of the machine sees)."""
+    """``count`` ``grouprl serve`` processes on the model folder ``model``, with further arguments ``options``;
+    ``token`` (None: a new one) goes in their environment, never their command line, which every user sees."""
 
     def __init__(self, count: int, model: str | Path, options: Sequence[str], log_dir: str | Path,
                  cores: Sequence[int] | None = None, host: str = "127.0.0.1", weights_root: str | Path | None = None,
@@ -166,8 +144,7 @@ class LocalServers:
                                     preexec_fn=_child_setup(share, os.getpid()))
 
     def restart(self, i: int, model: str | Path) -> None:
-        """Start server ``i`` again (after :meth:`kill`), on its address and cores, from the model folder ``model``;
-        its log goes on in the same file."""
+        """Start server ``i`` again (after :meth:`kill`) on its address and cores, from the model folder ``model``."""
         if self.processes[i].poll() is None:
             raise RuntimeError(f"local rollout server {i} ({self.addresses[i]}) is still running")
         with open(self.log_path(i), "ab") as log:
@@ -178,8 +155,7 @@ class LocalServers:
         return self.log_dir / f"server-{i}.log"
 
     def describe(self, i: int, settle: float = 0.0) -> str:
-        """Server ``i``'s process: running, or its exit status and the end of its log. ``settle``: seconds to wait
-        for it to exit (a killed server's connections close before its process is gone)."""
+        """Server ``i``'s process: running, or its exit status and log's end, waiting ``settle`` s for an exit."""
         try:
             code = self.processes[i].wait(timeout=settle) if settle > 0 else self.processes[i].poll()
         except subprocess.TimeoutExpired:
@@ -190,8 +166,7 @@ class LocalServers:
         return f"process {self.processes[i].pid} exited with status {code}; end of {self.log_path(i)}: {tail}"
 
     def kill(self, i: int) -> None:
-        """End server ``i``'s whole process group at once (a server the run dropped: hung, or dead with its
-        engine process left behind)."""
+        """End server ``i``'s whole process group at once."""
         kill_group(self.processes[i].pid)
         self.processes[i].wait()
 

@@ -1,14 +1,9 @@
-"""The trainer's connections to its rollout servers: one ``httpx.AsyncClient`` on an event loop of its own
-(a daemon thread), so requests stay in flight while the caller's thread does other work
-(:meth:`ServerPool.submit` returns a future), every request bounded by a timeout.
+"""The trainer's connections to its rollout servers: one ``httpx.AsyncClient`` on an event loop in a daemon thread,
+so requests stay in flight while the caller works (:meth:`ServerPool.submit`), each bounded by a timeout.
 
-Faults: a server that refuses a connection, drops one, answers with a server error (5xx) or does not
-answer within the timeout is dropped with a message naming it (host:port), what failed and the timeout
-value; the rows it had not returned go to the servers left, and the run goes on, saying so. With no
-server left the call raises :class:`RolloutServerError`. A 4xx answer is the request's fault, not the
-server's: it raises at once with the server's message.
-
-A dropped server may come back: :mod:`grouprl.serve.client.rejoin`.
+A server that refuses or drops a connection, answers 5xx or times out is dropped with a message naming it and
+what failed; its rows go to the servers left, and with none left the call raises :class:`RolloutServerError`. A
+4xx is the request's fault: it raises at once. A dropped server may come back (:mod:`.rejoin`).
 """
 
 from __future__ import annotations
@@ -30,15 +25,8 @@ from grouprl.serve.client.servers import RolloutServerError, Server, ServerFailu
 
 
 class ServerPool(Returns):
-    """Requests to several rollout servers; see the module docstring.
-
-    Args:
-        addresses: host:port of each server.
-        timeout: seconds one request may take (a completion, or a weight load) before its server is
-            dropped; also how long :meth:`wait_ready` waits for a server to come up.
-        setting: the config field that sets ``timeout``, named in messages.
-        token: the servers' bearer token, sent with every request (never logged; None: none sent).
-    """
+    """Requests to several rollout servers: ``timeout`` bounds each request (and :meth:`wait_ready`), ``setting``
+    names it in messages; ``token`` is the servers' bearer token (never logged)."""
 
     def __init__(self, addresses: Sequence[str], timeout: float, setting: str = "rollout_server_timeout",
                  token: str | None = None):
@@ -50,16 +38,12 @@ class ServerPool(Returns):
         if len({s.address for s in self.servers}) != len(self.servers):
             raise ValueError(f"rollout_servers names a server twice: {', '.join(addresses)}")
         self.timeout, self.setting = float(timeout), setting
-        self.roster_changes = 0
-        """How many times a server was dropped or readmitted (a collective forms its group again after one)."""
-        self.takes_returns = False
-        """Whether a dropped server is watched for its return (see the module docstring)."""
+        self.roster_changes = 0  # drops and readmissions: a collective forms its group again after one
+        self.takes_returns = False  # whether a dropped server is watched for its return
+        # loads the current weights into a server that is back (None: the sampler's next push gives them)
         self.rejoin: Callable[[Server], Coroutine[Any, Any, None]] | None = None
-        """Loads the current weights into a server that is back, on the loop (None: the sampler gives them at
-        its next push)."""
+        # whether a server process 0 restarts holds this process's weights yet (it answers before it does)
         self.holds_weights: Callable[[Server], bool] = lambda server: True
-        """Whether a server process 0 restarts (:attr:`Server.restarted_elsewhere`), answering again, holds the
-        weights this process samples with (its ``info``): it answers before process 0 gave them."""
         self.watchers: set[asyncio.Task] = set()
         self.came_back = asyncio.Event()  # set on the loop when a server is back; used only there
         self.clock_from = time.monotonic()
@@ -80,9 +64,8 @@ class ServerPool(Returns):
 
     # -- running coroutines on the pool's loop ------------------------------------------------------
     def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
-        """Run ``coro`` on the pool's loop; its future, at once. A future the loop has not settled when the pool
-        closes raises :class:`RolloutServerError` (a thread waiting on it would otherwise wait forever, and a
-        process whose non-daemon thread waits never exits)."""
+        """Run ``coro`` on the pool's loop; its future, at once (failed by :meth:`close` if still unsettled, so no
+        thread waits forever)."""
         with self.waiting_lock:
             if self.closing:
                 coro.close()
@@ -101,7 +84,7 @@ class ServerPool(Returns):
         return self.submit(coro).result()
 
     def cancel(self) -> None:
-        """Cancel every coroutine running on the loop: the futures of :meth:`submit` raise CancelledError."""
+        """Cancel every coroutine running on the loop."""
         if self.loop.is_closed():
             return
 
@@ -112,8 +95,7 @@ class ServerPool(Returns):
         self.loop.call_soon_threadsafe(cancel_all)
 
     def close(self) -> None:
-        """Cancel what still runs on the loop, close the HTTP client, stop the loop, and fail every future
-        the loop left unsettled."""
+        """Cancel what runs, close the HTTP client, stop the loop, fail every future left unsettled."""
         if self.loop.is_closed():
             return
         self.cancel()
@@ -164,8 +146,7 @@ class ServerPool(Returns):
 
     async def request(self, server: Server, method: str, path: str, body: dict[str, Any] | None = None,
                       timeout: float | None = None) -> dict[str, Any]:
-        """One JSON request; :class:`ServerFailure` when the server fails, :class:`RolloutServerError`
-        when it refuses the request (4xx)."""
+        """One JSON request; :class:`ServerFailure` when the server fails, :class:`RolloutServerError` on a 4xx."""
         limit = self.timeout if timeout is None else timeout
         self._clock(server, +1)
         try:
@@ -193,8 +174,7 @@ class ServerPool(Returns):
             server.in_flight += change
 
     def busy_shares(self) -> list[float]:
-        """Each server's share of the time since the last call (or the pool's start) with a request of this
-        pool in flight (generating, or loading weights); the clock restarts."""
+        """Each server's share of the time since the last call with a request of this pool in flight."""
         with self.clock_lock:
             now = time.monotonic()
             window = max(now - self.clock_from, 1e-9)
@@ -209,7 +189,7 @@ class ServerPool(Returns):
             return shares
 
     async def wait_ready(self) -> None:
-        """Ask every living server for its info until it answers (or ``timeout`` passes: it is dropped)."""
+        """Ask every living server for its info until it answers, or drop it after ``timeout``."""
         await asyncio.gather(*(self._ready(s) for s in self.alive))
         self.living()
 
@@ -230,9 +210,8 @@ class ServerPool(Returns):
     # -- the work -----------------------------------------------------------------------------------
     async def spread(self, work: Callable[[Server, int], Coroutine[Any, Any, Any]], items: int,
                      groups: Sequence[int]) -> list[Any]:
-        """``work(server, i)`` for every item ``i``; item ``i`` runs on the server of its group
-        ``groups[i]`` (group g on the g-th server left, modulo their number), and again on another one
-        when its server fails. Results in item order."""
+        """``work(server, i)`` for every item, on the server of its group ``groups[i]`` (modulo the servers left),
+        again elsewhere when that one fails; results in item order."""
         results: list[Any] = [None] * items
         done = [False] * items
         while not all(done):
@@ -253,8 +232,7 @@ class ServerPool(Returns):
         return results
 
     async def everywhere(self, work: Callable[[Server], Coroutine[Any, Any, Any]]) -> None:
-        """``work(server)`` on every living server at once; a server that fails is dropped. With none left, on
-        the first one the run restarts that comes back in time (:meth:`_serving`)."""
+        """``work(server)`` on every living server at once; a server that fails is dropped."""
         done: set[Server] = set()
         while True:
             servers = [s for s in await self._serving() if s not in done]

@@ -1,17 +1,11 @@
-"""A dropped rollout server coming back, the part of :class:`~grouprl.serve.client.pool.ServerPool` that watches for it.
+"""A dropped rollout server coming back: the part of :class:`~.pool.ServerPool` that watches for it.
 
-When the pool is told to take them back (``takes_returns``), a dropped server is watched on the pool's loop.
-One started by the run is restarted (its ``restart``, while ``restarts_left``); any other is asked every
-:data:`~grouprl.serve.client.servers.RETURN_POLL_S` seconds whether it answers again. One that answers is *back*
-(:meth:`Returns.back_servers`): at the sampler's next weight sync it is given the current weights and put back
-in the rotation: through ``rejoin`` (the files transport, :meth:`Returns.rejoin_back`), or as a member of the
-group the next push forms (a collective transport). With ``rejoin``, a rollout that finds no server left waits
-for one the run is restarting (up to the timeout) and loads its weights itself: no push can run meanwhile, as
-the pushing thread is the one waiting on the rollout. In a trainer process other than 0, a server process 0
-started is :attr:`~grouprl.serve.client.servers.Server.restarted_elsewhere`: it is back once it answers holding the
-weights this process samples with (``holds_weights``: process 0 restarted it and gave them), and ``rejoin``
-takes it back without loading anything; once process 0 gives up on it (its restarts spent), the next push's
-broadcast says so and it is no longer asked after.
+Where the pool takes returns, a dropped server the run started is restarted (while ``restarts_left``), any other
+asked every :data:`~.servers.RETURN_POLL_S` s whether it answers. One that answers is *back*: at the next weight
+sync it is given the current weights (``rejoin`` for files, or the group the next collective push forms) and
+readmitted. With ``rejoin``, a rollout that finds no server left waits for one the run restarts and loads its
+weights itself (the pushing thread is the one waiting). In trainer processes but 0, a server process 0 restarts
+is back once it holds this process's weights (``holds_weights``).
 """
 
 from __future__ import annotations
@@ -27,9 +21,7 @@ from grouprl.serve.client.servers import Server, ServerFailure
 
 
 class Returns:
-    """:class:`~.pool.ServerPool`'s returns (a part of it: it reads the pool's ``servers``, ``loop``,
-    ``timeout``, ``setting``, ``takes_returns``, ``rejoin``, ``holds_weights``, ``watchers``, ``came_back``,
-    ``roster_changes`` and calls its ``request``, ``alive`` and ``living``)."""
+    """:class:`~.pool.ServerPool`'s returns (it also calls the pool's ``request``, ``alive`` and ``living``)."""
 
     servers: list[Server]
     loop: asyncio.AbstractEventLoop
@@ -43,7 +35,7 @@ class Returns:
     holds_weights: Any
 
     def _watch(self, server: Server) -> str:
-        """Watch the dropped ``server`` for its return (where the pool takes returns); what will happen, said."""
+        """Watch the dropped ``server`` for its return; what will happen, said."""
         if not self.takes_returns or self.loop.is_closed():
             return ""
         server.returning, server.back = True, False
@@ -61,7 +53,7 @@ class Returns:
         return f"; restarting it ({server.restarts_left} restart(s) left)" if server.restarts_left > 0 else ""
 
     def watch_returning(self) -> None:
-        """Watch again every dropped server still expected back (after :meth:`cancel` ended the watchers)."""
+        """Watch again every dropped server still expected back (after a cancel ended the watchers)."""
         for server in self.servers:
             if server.returning and not server.alive and not server.back:
                 self._watch(server)
@@ -75,8 +67,7 @@ class Returns:
         self._watch(server)
 
     async def _await_return(self, server: Server) -> None:
-        """Until ``server`` answers again (then it is :attr:`Server.back`) or cannot come back (its restarts
-        spent: ``returning`` ends, its ``why`` says so)."""
+        """Until ``server`` is back, or its restarts are spent (``returning`` ends, its ``why`` says so)."""
         while True:
             local = server.restart is not None
             if local:
@@ -113,11 +104,9 @@ class Returns:
                 server.stop()
 
     def back_servers(self) -> list[Server]:
-        """The dropped servers answering again, to be given the current weights and readmitted."""
         return [s for s in self.servers if s.back and not s.alive]
 
     def readmit(self, server: Server) -> None:
-        """``server`` holds the current weights: back in the rotation, said."""
         server.alive, server.back, server.returning = True, False, False
         server.readmits += 1
         self.roster_changes += 1
@@ -126,8 +115,7 @@ class Returns:
                       f"{len(self.alive)} of {len(self.servers)} servers", stacklevel=2)
 
     async def rejoin_back(self) -> None:
-        """Every server that is back given the current weights (``rejoin``) and readmitted; one whose load fails
-        is dropped again."""
+        """Give every server that is back the current weights and readmit it; drop again one whose load fails."""
         for server in self.back_servers():
             try:
                 await self.rejoin(server)
@@ -137,9 +125,8 @@ class Returns:
             self.readmit(server)
 
     async def _serving(self) -> list[Server]:
-        """The servers serving; with none left, the first one the run restarts that comes back within the
-        timeout, its weights loaded here, or by process 0 for a server process 0 restarts (see the module
-        docstring). A server the run did not start is not waited for: someone has to start it again."""
+        """The servers serving; with none left, the first one the run restarts that comes back within the timeout
+        (one the run did not start is not waited for)."""
         deadline = time.monotonic() + self.timeout
         while not self.alive and self.rejoin is not None and time.monotonic() < deadline \
                 and any(s.returning and s.restarted_by_run for s in self.servers):  # one the run restarts

@@ -1,4 +1,2 @@
-"""The rollout server process, ``grouprl serve``: vLLM's HTTP app (:mod:`.app`) with grouprl's routes (:mod:`.routes`:
-versions, weight pushes, collective transfers held under leases, :mod:`.leases`), behind :mod:`.guard` (the token,
-request limits); :mod:`.pushes` checks a push before vLLM sees it; :mod:`.parent` ends a server with the run that
-started it."""
+"""The rollout server process, ``grouprl serve``: vLLM's app (:mod:`.app`) with grouprl's routes (:mod:`.routes`,
+:mod:`.leases`, :mod:`.pushes`) behind :mod:`.guard`; :mod:`.parent` ends it with its run."""

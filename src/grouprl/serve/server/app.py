@@ -1,23 +1,10 @@
-"""A rollout server: vLLM's own OpenAI-compatible HTTP server (its FastAPI app, engine client and uvicorn
-launcher, from ``vllm.entrypoints.launchers``) with grouprl's two routes added to the same app
-(:mod:`grouprl.serve.server.routes`), started on the model grouprl resolves as ``train`` does.
+"""A rollout server: vLLM's OpenAI-compatible HTTP server with grouprl's routes (:mod:`.routes`) added to its app,
+behind :mod:`.guard`. A trainer samples with ``POST /inference/v1/generate`` (token ids in and out, per-request seed;
+``processed_logprobs``: log-probs under the distribution actually sampled from, as the in-process engine's).
 
-What a trainer uses of it:
-
-- ``POST /inference/v1/generate`` (vLLM's token-in, token-out route, on with ``--enable-scale-out``): prompt
-  token ids and a full ``vllm.SamplingParams`` (per-request seed, temperature, top_p, max_tokens,
-  stop_token_ids, n, logprobs) in; completion token ids, the log-prob of each sampled token, why it
-  stopped and the weight versions that sampled it out. Log-probs are the *processed* ones
-  (``--logprobs-mode processed_logprobs``): under the distribution actually sampled from, as the
-  in-process engine's.
-- ``POST /grouprl/weights`` and ``GET /grouprl/info``: new weights from a folder (in place, or a LoRA
-  adapter) labelled with a policy version, and what the server holds.
-
-The model is loaded by grouprl (bundled names, folders, GGUF files, run folders, ``tiny``), written once
-as safetensors with its tokenizer into a private folder in the serving format, and vLLM loads that. CPU
-settings follow :class:`grouprl.rollout.vllm.VLLMSampler`'s: eager mode unless compiled, no chunked
-prefill (a prompt prefilled in chunks makes vLLM rewind a seeded CPU generator, which it cannot), a KV
-cache sized to ``max_rows`` rows at ``max_model_len`` tokens unless given.
+grouprl loads the model as ``train`` does and writes it once, in the serving format, to a private folder that vLLM
+loads. On a CPU: eager unless compiled, and no chunked prefill (vLLM cannot rewind a seeded CPU generator over a
+prompt prefilled in chunks).
 """
 
 from __future__ import annotations
@@ -43,42 +30,35 @@ from grouprl.serve.server.routes import ServerState, router
 from grouprl.serve.weights.transport import WEIGHTS_FILE, reading, server_transport, write_model_folder
 
 FORMATS = {"fp32": "float32", "bf16": "bfloat16"}
-"""The number formats a server samples in (grouprl's name -> vLLM's)."""
+"""grouprl's name -> vLLM's, of the formats a server samples in."""
 SERVED_NAME = "policy"
-"""The base model's name on the server (the ``model`` of a request without a LoRA adapter)."""
+"""The ``model`` of a request without a LoRA adapter."""
 DEFAULT_MAX_MODEL_LEN = 4096
-"""Longest prompt + completion when neither the command nor a shorter model context says."""
 
 
 @dataclass
 class ServeOptions:
-    """How a server runs, besides the model: where it listens and how vLLM is sized."""
+    """Where a server listens and how vLLM is sized."""
 
     host: str = "127.0.0.1"
     port: int = 8000
     dtype: str = "fp32"
-    """fp32 or bf16: the format the server samples in (the trainer writes pushed weights in it)."""
     max_model_len: int | None = None
     """Longest prompt + completion; None: the model's context, at most :data:`DEFAULT_MAX_MODEL_LEN`."""
     max_rows: int = 64
-    """Sequences decoded at once; the KV cache sized by default holds them all at their longest."""
+    """Sequences decoded at once; the default KV cache holds them all at their longest."""
     kv_cache_gib: float | None = None
     lora_rank: int | None = None
-    """Serve LoRA adapters of up to this rank (pushed by the trainer); None: full weights only."""
+    """Serve LoRA adapters of up to this rank; None: full weights only."""
     seed: int = 0
     compiled: bool = False
-    """CPU: let vLLM compile the model (slower start, faster decoding)."""
     gpu_memory_utilization: float = 0.9
     weight_transfer: str = "auto"
-    """How trainers may send weights besides folders (``rollout_weights_transport``): auto enables vLLM's
-    NCCL weight transfer on a GPU and grouprl's gloo one on a CPU (:func:`~.transport.server_backend`);
-    files enables neither."""
+    """How trainers may send weights besides folders (:func:`~grouprl.serve.weights.transport.server_transport`)."""
     token: str = field(default="", repr=False)
-    """The bearer token every request but ``GET /health`` carries (:mod:`grouprl.serve.server.guard`)."""
     weights_root: Path | None = None
     """Folder pushes are read from under this folder only; None: no folder pushes."""
     max_body_mib: float = DEFAULT_MAX_BODY_MIB
-    """Largest request body taken, in MiB (a larger one is a 413)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in FORMATS:
@@ -95,8 +75,7 @@ class ServeOptions:
 
 
 def context_of(model: nn.Module, requested: int | None) -> int:
-    """``requested``, or the model's context capped at :data:`DEFAULT_MAX_MODEL_LEN`; a request beyond
-    the model's context is an error."""
+    """``requested`` (at most the model's context), or that context capped at :data:`DEFAULT_MAX_MODEL_LEN`."""
     context = getattr(model.config, "max_position_embeddings", None)
     if requested is None:
         return min(int(context or DEFAULT_MAX_MODEL_LEN), DEFAULT_MAX_MODEL_LEN)
@@ -134,9 +113,8 @@ class EngineDied(RuntimeError):
 
 
 async def _serve(argv: list[str], state: ServerState, options: ServeOptions) -> None:
-    """vLLM's ``run_server``, with grouprl's routes added to its app and :class:`~grouprl.serve.server.guard.Guard`
-    around it before it starts serving. vLLM shuts its HTTP server down when its engine dies and returns as from
-    a normal stop: that is raised here as :class:`EngineDied`."""
+    """vLLM's ``run_server`` with grouprl's routes and :class:`~.guard.Guard` added; :class:`EngineDied` where vLLM
+    returns as from a normal stop because its engine died."""
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.app import build_app
@@ -183,8 +161,7 @@ def _engine_error(engine: Any) -> str:
 
 @dataclass
 class Prepared:
-    """A server ready to start: its engine folder (removed by :func:`run`, or by the folder's watcher if the
-    server is killed) and vLLM's arguments."""
+    """A server ready to start: its engine folder (removed by :func:`run`, or by its watcher) and vLLM's arguments."""
 
     folder: ScratchFolder
     argv: list[str]
@@ -200,8 +177,7 @@ def model_facts(model: nn.Module) -> dict[str, Any]:
 
 
 def prepare(model: nn.Module, tokenizer: Any, options: ServeOptions, model_name: str = "") -> Prepared:
-    """Check that vLLM can serve ``model`` here and write its engine folder; the model itself is no longer
-    needed afterwards (vLLM reads the folder)."""
+    """Check that vLLM can serve ``model`` here and write its engine folder (the model is not needed after)."""
     if len(options.token) < 16:
         raise ValueError("a rollout server needs a token of at least 16 characters (guard.server_token)")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -229,9 +205,8 @@ def prepare(model: nn.Module, tokenizer: Any, options: ServeOptions, model_name:
 
 
 def run(prepared: Prepared) -> None:
-    """Serve until SIGINT or SIGTERM (blocks), or until the run that started it is gone
-    (:mod:`grouprl.serve.server.parent`); the engine folder goes when it stops. :class:`EngineDied` when vLLM's engine
-    died."""
+    """Serve until SIGINT, SIGTERM or the end of the run that started it (:mod:`.parent`), then remove the engine
+    folder."""
     watch_parent()
     try:
         asyncio.run(_serve(prepared.argv, prepared.state, prepared.options))

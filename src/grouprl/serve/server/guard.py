@@ -1,19 +1,12 @@
-"""Who may use a rollout server, and how much one request may ask of it: an ASGI middleware around the whole
-app (vLLM's routes and grouprl's), outermost, so nothing reaches vLLM that it refused.
+"""Who may use a rollout server and how much one request may ask: an ASGI middleware outermost around the whole
+app, so nothing reaches vLLM that it refused. Whoever reaches the port could otherwise replace the policy.
 
-- A bearer token on every route but ``GET /health``: ``Authorization: Bearer <token>``, compared with
-  :func:`hmac.compare_digest`; anything else is a 401 that says which header is missing, never what was sent.
-  (vLLM's own ``--api-key`` guards only its ``/v1``, ``/inference`` ... prefixes, not ``/grouprl``,
-  ``/tokenize`` or ``/metrics``, and would put the token in the process's command line.)
-- A body cap: a request whose body is over ``max_body_bytes`` is a 413, read no further.
-- Generation limits (vLLM's generate, completions, chat, responses and messages routes): at most ``max_rows``
-  rows a request (prompts x ``n``) and ``max_tokens`` at most ``max_model_len``; over either, a 400 naming the
-  field.
-- A server whose weights could not be restored after a failed load (:attr:`ServerState.broken`) answers
-  generation with a 503 saying why, instead of sampling from half-loaded weights.
-
-The token itself: :func:`server_token` (``--api_key``, ``GROUPRL_SERVER_TOKEN``, or made and written to a file
-only its user can read, on a loopback address only).
+- A bearer token on every route but ``GET /health`` (constant-time compare; a 401 never echoes what was sent).
+  vLLM's own ``--api-key`` guards neither ``/grouprl`` nor ``/tokenize`` nor ``/metrics``, and puts the token in
+  the process's command line.
+- A body over ``max_body_bytes`` is a 413, read no further.
+- Generation: at most ``max_rows`` rows a request and ``max_tokens`` at most ``max_model_len`` (else a 400); a
+  server whose weights could not be restored (``ServerState.broken``) answers 503 rather than sample them.
 """
 
 from __future__ import annotations
@@ -28,22 +21,20 @@ from pathlib import Path
 from typing import Any
 
 TOKEN_ENV = "GROUPRL_SERVER_TOKEN"
-"""The environment variable a server and a trainer read the token from."""
 OPEN_PATHS = frozenset({"/health"})
-"""Routes answered without a token (GET or HEAD only): a load balancer's or supervisor's liveness check."""
+"""Answered without a token (GET or HEAD only): a supervisor's liveness check."""
 GENERATION_PATHS = frozenset({"/inference/v1/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses",
                               "/v1/messages"})
 DEFAULT_MAX_BODY_MIB = 16
 DRAIN_FACTOR = 4
-"""A refused request's unread body is read and dropped up to this many times the body cap, then the connection
-is closed."""
+"""A refused request's unread body is dropped up to this many times the body cap, then the connection closed."""
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class Refusal(Exception):
-    """A request refused before it reaches the app: its HTTP status and what to say."""
+    """A request refused before it reaches the app."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -61,15 +52,15 @@ def is_loopback(host: str) -> bool:
 
 
 def token_file(port: int) -> Path:
-    """Where a server on ``port`` writes the token it made: the user's runtime folder (``XDG_RUNTIME_DIR``, a
-    memory file system only the user reads), else ``~/.cache/grouprl``."""
+    """Where a server on ``port`` writes the token it made: ``XDG_RUNTIME_DIR`` (memory only the user reads), else
+    ``~/.cache/grouprl``."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = Path(runtime) / "grouprl" if runtime and Path(runtime).is_dir() else Path.home() / ".cache" / "grouprl"
     return base / f"server-{port}.token"
 
 
 def write_private(path: Path, text: str) -> None:
-    """``text`` into ``path``, readable and writable by this user alone (0600; its folder 0700 if made here)."""
+    """``text`` into ``path``, mode 0600 (its folder 0700 if made here)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -80,9 +71,8 @@ def write_private(path: Path, text: str) -> None:
 
 
 def server_token(given: str | None, host: str, port: int, echo: Callable[[str], None] = print) -> str:
-    """The token a server on ``host:port`` asks for: ``given`` (``--api_key``), else ``GROUPRL_SERVER_TOKEN``,
-    else, on a loopback address, a new one written to :func:`token_file` (its path said, never the token). On any
-    other address a server without a token given is refused: whoever reaches the port could replace the policy."""
+    """The token a server on ``host:port`` asks for: ``given``, else ``GROUPRL_SERVER_TOKEN``, else on a loopback
+    address a new one written to :func:`token_file` (its path said, never the token); elsewhere none is an error."""
     token = given or os.environ.get(TOKEN_ENV) or None
     if token is not None:
         if len(token) < 16:
@@ -103,7 +93,7 @@ def server_token(given: str | None, host: str, port: int, echo: Callable[[str], 
 
 
 def authorised(header: str | None, token: str) -> bool:
-    """Whether an ``Authorization`` header value carries ``token`` as a bearer token (constant-time compare)."""
+    """Whether an ``Authorization`` header value carries ``token`` as a bearer token."""
     scheme, _, given = (header or "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
@@ -122,8 +112,8 @@ def _int(value: Any) -> int | None:
 
 
 def generation_problem(path: str, body: Any, max_rows: int, max_model_len: int) -> str | None:
-    """What is over this server's limits in a generation request's JSON ``body`` (None: nothing, or a body vLLM
-    will refuse itself: only well-typed fields are checked here)."""
+    """What is over this server's limits in a generation request's JSON ``body``; ill-typed fields are vLLM's to
+    refuse."""
     if not isinstance(body, dict):
         return None
     params = body.get("sampling_params") if isinstance(body.get("sampling_params"), dict) else body
@@ -141,8 +131,7 @@ def generation_problem(path: str, body: Any, max_rows: int, max_model_len: int) 
 
 
 class Guard:
-    """The middleware (see the module docstring). ``state`` is the server's
-    :class:`~.routes.ServerState` (``broken``, ``max_model_len``); ``max_rows`` caps rows a request."""
+    """The middleware; ``state`` is the server's :class:`~.routes.ServerState`."""
 
     def __init__(self, app: Any, token: str, state: Any, max_rows: int,
                  max_body_bytes: int = DEFAULT_MAX_BODY_MIB << 20):
@@ -210,9 +199,8 @@ class Guard:
             raise Refusal(400, problem)
 
     async def _refuse(self, scope: dict[str, Any], send: Send, refusal: Refusal, unread: Receive | None) -> None:
-        """Answer ``refusal``, having first read an ``unread`` body to its end (up to :data:`DRAIN_FACTOR` times the
-        cap) and dropped it: a connection closed on unread data is reset, and the client may lose the answer. The
-        body is read before the answer because once an answer is complete the server hands the app no more of it."""
+        """Answer ``refusal`` after dropping an ``unread`` body (up to :data:`DRAIN_FACTOR` caps): a connection closed
+        on unread data is reset and the client may lose the answer; after the answer the app is given no more."""
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
             return
@@ -232,7 +220,7 @@ class Guard:
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that gives the app the body already read, then what the connection says next."""
+    """A ``receive`` that gives the body already read, then the connection's next message."""
     sent = False
 
     async def replay() -> dict[str, Any]:

@@ -1,22 +1,12 @@
-"""A rollout server's collective weight transfers (``/grouprl/transfer/{start,update,finish}``,
-:mod:`grouprl.serve.server.routes`), each held under a lease, so a trainer that goes away in the middle of one
-(killed, crashed, its network gone) cannot leave the server paused with its weights lock held.
+"""A rollout server's collective weight transfers (``/grouprl/transfer/...``), each held under a lease, so a trainer
+that goes away mid-transfer cannot leave the server paused with its weights lock held.
 
-- ``start`` (version k, ``lease_s``, ``wait_s``) waits at most ``wait_s`` for the weights lock (another
-  transfer, or a folder push, may hold it); past that it is refused with the holder's remaining lease. Then
-  generation pauses once the requests in flight finish, vLLM's worker starts its update, and the caller gets
-  a token that its ``update`` and ``finish`` must carry: a stale trainer cannot finish someone else's transfer.
-- The lease: the server waits at most ``lease_s`` for the holder's next call, counted from the end of its last
-  one (a call that runs is bounded by the transport's own timeout, not by the lease). When it passes, the
-  transfer is abandoned: vLLM's update session closed (layers that received nothing keep their old values,
-  the others may be half-written), the prefix cache emptied, generation resumed, the lock released, a line
-  logged. The version stays the last one completed, and the weights are marked incomplete
-  (``weights_complete``) until the next completed push; the late holder's calls are refused, saying the
-  lease expired after ``lease_s`` seconds. A failing ``update`` abandons its transfer the same way.
-
-Nothing here imports vLLM or FastAPI: the engine is vLLM's engine client (or any object with its async
-``pause_generation``, ``start_weight_update``, ``finish_weight_update``, ``reset_prefix_cache``,
-``update_weight_version``, ``resume_generation``), the state a :class:`~grouprl.serve.server.routes.ServerState`.
+``start`` waits at most ``wait_s`` for the weights lock, pauses generation, starts vLLM's update and answers a
+token that ``update`` and ``finish`` must carry (a stale trainer cannot finish another's transfer). The server
+then waits at most ``lease_s`` for the holder's next call, counted from the end of its last. Past it, or when an
+``update`` fails, the transfer is abandoned: update closed (layers may be half-written), prefix cache emptied,
+generation resumed, lock released, weights marked incomplete until the next push; the version stays the last
+completed, and late calls are refused saying why. Nothing here imports vLLM or FastAPI.
 """
 
 from __future__ import annotations
@@ -36,7 +26,7 @@ REMEMBERED = 16
 
 
 class TransferRefused(Exception):
-    """A transfer call the server refuses (its route answers 409 with this message)."""
+    """A transfer call the server refuses (a 409)."""
 
 
 def _say(line: str) -> None:
@@ -51,23 +41,14 @@ class Holder:
     version: int
     lease_s: float
     deadline: float | None = None
-    """When the lease runs out (the clock's time); None while one of the holder's calls runs."""
+    """When the lease runs out; None while one of the holder's calls runs."""
     calls: int = 0
-    """The holder's calls running now."""
     last: str = "start"
-    """The holder's last call (or the one running)."""
     expiry: asyncio.Task | None = None
 
 
 class Transfers:
-    """The transfers of one server; see the module docstring.
-
-    Args:
-        state: the server's state (``lock``, ``version``, ``adapter``, ``weights_complete``).
-        engine: vLLM's engine client.
-        log: where the line of an abandoned transfer goes.
-        clock, sleep: the time the lease is counted in, and the wait until it runs out.
-    """
+    """The transfers of one server: ``state`` a :class:`~.routes.ServerState`, ``engine`` vLLM's engine client."""
 
     def __init__(self, state: Any, engine: Any, log: Callable[[str], None] = _say,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep):
@@ -77,8 +58,7 @@ class Transfers:
         self.tasks: set[asyncio.Task] = set()  # expiries and abandonments running (the loop keeps weak references)
 
     async def start(self, version: int, lease_s: float, wait_s: float, resume: bool = False) -> Holder:
-        """Take the weights lock (waiting at most ``wait_s``), pause, start vLLM's update; the new holder. A
-        ``version`` not newer than the one held is refused unless ``resume`` (the trainer restarts a run)."""
+        """Take the weights lock, pause, start vLLM's update; the new holder."""
         if not (0 < lease_s < math.inf):
             raise ValueError(f"lease_s must be a positive number of seconds, got {lease_s}")
         if not (0 <= wait_s < math.inf):
@@ -109,8 +89,7 @@ class Transfers:
         return holder
 
     async def update(self, token: str, receive: Callable[[], Awaitable[Any]]) -> None:
-        """Run ``receive`` (vLLM's update, alongside the trainer's broadcast) for the holder of ``token``; a
-        failure abandons the transfer."""
+        """Run ``receive`` (vLLM's update) for the holder of ``token``; a failure abandons the transfer."""
         holder = self._began(token, "update")
         try:
             await receive()
@@ -120,8 +99,7 @@ class Transfers:
         self._ended(holder)
 
     async def finish(self, token: str) -> int:
-        """Finish the transfer of ``token``: vLLM's update finished, the prefix cache emptied, its version set and
-        the weights complete, generation resumed, the lock released; the version."""
+        """Finish the transfer of ``token`` and release the lock; its version."""
         holder = self._began(token, "finish")
         self.holder = None
         try:
@@ -135,8 +113,8 @@ class Transfers:
         return holder.version
 
     async def abort(self, token: str, why: str) -> bool:
-        """The trainer gives the transfer of ``token`` up (it cannot complete it): abandoned now if no call of it
-        runs (one that runs fails with the trainer's group and abandons it); whether it was."""
+        """Abandon the transfer of ``token`` unless a call of it runs (that one fails with the trainer's group);
+        whether it was."""
         holder = self.holder
         if holder is None or not secrets.compare_digest(holder.token, str(token)) or holder.calls:
             return False

@@ -1,13 +1,7 @@
-"""A rollout server started by a run ends with that run, however the run ends.
-
-The run starts each server with ``PR_SET_PDEATHSIG`` (:mod:`grouprl.serve.client.local_servers`): the kernel sends it
-SIGTERM when the run's process dies. That alone is not enough: a SIGTERM to a server whose engine is dead can leave
-vLLM's shutdown waiting on it forever, and a run that dies between the fork and the ``prctl`` sends nothing.
-So a server told its run's process id (``GROUPRL_PARENT_PID``) also watches it from a thread: once its parent is
-no longer that process, it says so on stderr, kills the rest of its process group (vLLM's engine processes, but
-not the resource tracker that frees their shared memory once they are gone: see
-:mod:`grouprl.serve.client.local_servers`) and exits with status 1 at once. An orderly shutdown has nobody to serve:
-the run that would use the server is gone.
+"""A rollout server started by a run ends with that run. ``PR_SET_PDEATHSIG`` alone is not enough: a SIGTERM to a
+server whose engine is dead can leave vLLM's shutdown waiting forever, and a run dying before the ``prctl`` sends
+nothing. So a server told its run's pid (``GROUPRL_PARENT_PID``) watches it from a thread and, once it is gone,
+kills its own process group (not the resource tracker that frees their shared memory) and exits 1.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ POLL_S = 0.5
 
 
 def parent_gone(expected: int) -> bool:
-    """Whether this process's parent is no longer process ``expected`` (it died: the process was re-parented)."""
+    """Whether this process was re-parented away from ``expected``."""
     return os.getppid() != expected
 
 
@@ -42,9 +36,7 @@ def _end(expected: int) -> None:
 
 
 def watch_parent(expected: int | None = None, poll_s: float = POLL_S) -> threading.Thread | None:
-    """Watch for the end of process ``expected`` (None: ``GROUPRL_PARENT_PID``, and nothing is watched where it is
-    not set) from a daemon thread; see the module docstring. An expected parent already gone ends the server
-    at once."""
+    """Watch for the end of process ``expected`` (None: ``GROUPRL_PARENT_PID``, if set) from a daemon thread."""
     if expected is None:
         text = os.environ.get(PARENT_ENV, "")
         if not text.isdigit():

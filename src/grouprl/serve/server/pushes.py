@@ -1,18 +1,8 @@
-"""What a rollout server checks of a weight push before vLLM is touched (:mod:`grouprl.serve.server.routes`), so a bad
-push is refused with a 4xx and the server keeps serving the last complete weights:
-
-- where: a folder push names a folder under the server's weights root (after resolving symlinks and ``..``);
-  anything else is a 403: a caller cannot make the server read whatever it can read.
-- which version: versions only move forward. A push whose version is not newer than the one held is a 409
-  naming both, unless it says its trainer restarts a run (``resume``): a stale or replayed push cannot roll
-  the policy back. A LoRA adapter goes on top of the base weights of its version: its version may equal the
-  base's, and must be newer than the last adapter's.
-- what: the folder holds complete, readable safetensors files (the header read, each tensor's bytes inside the
-  file) whose tensor names and shapes are the served model's (a full push: every weight, nothing else); an
-  adapter's rank is at most the server's ``lora_rank`` and its matrices fit the weights they adapt.
-
-Nothing here imports vLLM or FastAPI, nor reads a tensor's bytes; a problem is a :class:`PushRefused` with its
-HTTP status.
+"""What a rollout server checks of a weight push before vLLM is touched, so a bad push is a 4xx and the server
+keeps its last complete weights: the folder lies under the weights root (else 403: a caller cannot make the
+server read whatever it can read); versions only move forward unless the trainer resumes a run (else 409: a
+replayed push cannot roll the policy back); the files are whole safetensors with the served model's names and
+shapes, an adapter's rank within ``lora_rank`` (else 422). No tensor's bytes are read.
 """
 
 from __future__ import annotations
@@ -25,13 +15,12 @@ from grouprl.serve.weights.transport import WEIGHTS_FILE
 
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
-MAX_HEADER_BYTES = 100 << 20
-"""A safetensors header larger than this is not one (the format's own limit)."""
+MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own limit
 SHOWN = 3
 
 
 class PushRefused(Exception):
-    """A push refused before it loads: its HTTP status and why."""
+    """A push refused before it loads."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -39,8 +28,7 @@ class PushRefused(Exception):
 
 
 def within_root(path: str, root: Path | None) -> Path:
-    """``path`` resolved (symlinks, ``..``), if it lies under ``root``; a 403 otherwise, or when the server takes no
-    folder pushes (``root`` None)."""
+    """``path`` resolved (symlinks, ``..``) if it lies under ``root``, else a 403."""
     if root is None:
         raise PushRefused(403, "this server takes no folder pushes: start it with --weights_root FOLDER (the "
                                "trainer's rollout_weights_dir, on storage both see), or push over a weight transfer")
@@ -53,8 +41,7 @@ def within_root(path: str, root: Path | None) -> Path:
 
 def version_refusal(held: int | None, version: int, resume: bool, what: str = "weights",
                     equal_ok: bool = False) -> str | None:
-    """Why a push of ``version`` is refused by a server holding ``held`` (None: it is not); ``equal_ok``: the same
-    version is newer enough (a first adapter on its base weights)."""
+    """Why a push of ``version`` is refused by a server holding ``held`` (None: it is not)."""
     if held is None or version > held or resume or (equal_ok and version == held):
         return None
     return (f"the push of policy version {version} is not newer than the {what} version {held} this server "
@@ -62,8 +49,7 @@ def version_refusal(held: int | None, version: int, resume: bool, what: str = "w
 
 
 def read_header(file: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from a safetensors file, checked to be whole: a header that parses and every
-    tensor's bytes inside the file (a file cut short by a copy is refused). A 422 naming the file otherwise."""
+    """Tensor name -> shape from a safetensors file whose header parses and whose tensors lie inside it; else a 422."""
     try:
         with open(file, "rb") as f:
             size = file.stat().st_size
@@ -118,7 +104,7 @@ def check_full(folder: Path, served: dict[str, tuple[int, ...]]) -> None:
 
 
 def adapted_weight(name: str) -> tuple[str, str] | None:
-    """(the served weight a peft adapter tensor adapts, ``A`` or ``B``), for ``...<module>.lora_A.weight`` names."""
+    """(the served weight a peft adapter tensor adapts, ``A`` or ``B``); None for other names."""
     for side in ("A", "B"):
         suffix = f".lora_{side}.weight"
         if name.endswith(suffix):
@@ -127,8 +113,7 @@ def adapted_weight(name: str) -> tuple[str, str] | None:
 
 
 def check_adapter(folder: Path, served: dict[str, tuple[int, ...]], max_rank: int | None) -> None:
-    """A LoRA push: peft's ``adapter_config.json`` with a rank ``r`` of at most ``max_rank`` and a whole
-    ``adapter_model.safetensors`` whose A ([r, in]) and B ([out, r]) matrices fit the served weights they adapt."""
+    """A LoRA push: rank ``r`` <= ``max_rank``, A [r, in] and B [out, r] fitting the served weights they adapt."""
     if not max_rank:
         raise PushRefused(400, "a LoRA adapter was sent to a server started without --lora_rank: start it with "
                                "the trainer's lora_rank")

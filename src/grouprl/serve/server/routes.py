@@ -1,41 +1,16 @@
-"""grouprl's routes on a rollout server's vLLM app (:mod:`grouprl.serve.server.app`):
-
-- ``GET /grouprl/info``: the policy version the server holds (None before the first push; the last one
-  completed), whether its weights are that version's (``weights_complete``: false once a collective transfer
-  started, until one finishes or a full folder push loads), the LoRA
-  adapter's name to put in a request's ``model`` (None: the base weights), the serving format and
-  context, and the model's architecture and shapes (a trainer checks its policy against them).
-- ``POST /grouprl/weights`` ``{"path": folder, "version": k, "adapter": false}``: load the weights a
-  trainer wrote to ``folder`` (:mod:`grouprl.serve.weights.transport`) and label what is sampled from now on with
-  ``k``. In order: generation paused once the requests in flight finish (each completion comes from
-  one version), the weights reloaded in place (vLLM's ``reload_weights`` from a path) or the adapter
-  loaded as a new LoRA request (the previous one removed), the prefix cache emptied (its keys and values
-  came from the old weights), vLLM's weight version set to ``k`` (every output then carries it),
-  generation resumed. A folder the server cannot see is a 400 that says so (the storage must be shared).
-  Before anything is paused the push is checked (:mod:`.pushes`): a folder outside the weights
-  root is a 403, one whose files are not the served model's weights a 422, a version not newer than the one
-  held a 409 (unless ``"resume": true``: a trainer restarting a run, logged). A reload that fails anyway
-  reloads the last complete folder (a 422 that says so); if that fails too, generation answers 503 naming why
-  until a complete push loads.
-- ``POST /grouprl/transfer/{init,start,update,finish,abort,shutdown}``: the same load over vLLM's weight transfer
-  (a server started with one: ``nccl`` or ``gloo``), the four calls of vLLM's trainer engine
-  (:mod:`grouprl.serve.client.collective`) on vLLM's engine client as its own RL routes make them, with this
-  server's order around them: ``init`` joins the trainer's group (``{"init_info": ...}``); ``start``
-  (``{"version": k, "lease_s": s, "wait_s": w, "resume": false}``: a version not newer than the one held is a
-  409 unless ``resume``) takes the weights lock (waiting at most ``w`` s), pauses generation once the requests
-  in flight finish, starts the update and answers a ``token``; ``update``
-  (``{"token": t, "update_info": ...}``) receives the broadcast; ``finish`` (``{"token": t}``) finishes it,
-  empties the prefix cache, sets the version and resumes. The transfer is held under a lease of ``s`` seconds
-  between the trainer's calls; past it, on a failed update, or at the trainer's ``abort`` (``{"token": t,
-  "why": ...}``: it cannot complete the transfer), the server abandons it and resumes, and the late calls get a
-  409 (:mod:`grouprl.serve.server.leases`). (vLLM's own routes come only with its development mode, which
-  opens arbitrary RPCs.)
+"""grouprl's routes on a rollout server's vLLM app (the contract: docs/servers.md): ``GET /grouprl/info``,
+``POST /grouprl/weights`` (a folder push: checked first, :mod:`.pushes`; generation paused while it loads, prefix
+cache emptied, version set) and ``POST /grouprl/transfer/{init,start,update,finish,abort,shutdown}`` (the same load
+over vLLM's weight transfer, held under a lease: :mod:`.leases`). vLLM's own weight routes are not used: they come
+only with its development mode, which opens arbitrary RPCs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -61,31 +36,27 @@ class ServerState:
     facts: dict[str, Any]
     version: int | None = None
     adapter: str | None = None
-    """The LoRA request's name in vLLM's model registry (a request's ``model``), None: base weights."""
+    """The LoRA request's name (a request's ``model``); None: base weights."""
     adapter_id: int | None = None
     weight_transfer: str | None = None
-    """vLLM's weight-transfer backend this server enabled (``--weight-transfer-config``); None: folders only."""
+    """vLLM's weight-transfer backend enabled; None: folders only."""
     workers: int = 1
-    """vLLM workers (tensor x pipeline x data parallel): each is a rank of a trainer's weight-transfer group."""
+    """vLLM workers: each is a rank of a trainer's weight-transfer group."""
     address: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     weights_complete: bool = True
-    """False from a collective transfer's start until a push completes: an abandoned transfer may leave the
-    weights half-loaded, those of no version."""
+    """False from a transfer's start until a push completes: an abandoned one may leave the weights half-loaded."""
     transfers: Transfers | None = None
-    """The collective transfers and their leases (made on the first call, with the engine client)."""
     weights_root: Path | None = None
     """Folder pushes come from under this folder only (None: no folder pushes)."""
     tensors: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """The served model's weights, name -> shape, as its engine folder holds them: what a full push must hold."""
+    """The served weights, name -> shape: what a full push must hold."""
     last_folder: Path | None = None
-    """The folder of the last complete weights (the engine folder at start, then each full folder push; None
-    after a collective push): reloaded when a reload fails midway."""
+    """The last complete weights' folder (None after a transfer): reloaded when a reload fails midway."""
     adapter_version: int | None = None
-    """The policy version of the LoRA adapter held (None: none)."""
     broken: str | None = None
-    """Why this server's weights are neither the last complete ones nor a new version's (a reload failed and so
-    did the reload of the last complete folder): generation answers 503 until a complete push loads."""
+    """Why the weights are neither the last complete ones nor a new version's: generation answers 503 until a
+    complete push loads."""
 
     def describe(self) -> str:
         lora = f", LoRA up to rank {self.lora_rank}" if self.lora_rank else ""
@@ -103,9 +74,7 @@ class ServerState:
 
 class LoadWeights(BaseModel):
     path: str
-    """A folder under this server's weights root: ``model.safetensors`` (full) or a peft adapter (``adapter``)."""
     version: int
-    """The policy version these weights are (what the trainer's optimizer steps have made of them)."""
     adapter: bool = False
     resume: bool = False
     """The trainer restarts a run: this version may be older than the one held."""
@@ -117,7 +86,7 @@ async def info(request: Request) -> dict[str, Any]:
 
 
 def _checked_folder(state: ServerState, body: LoadWeights) -> Path:
-    """The push's folder, resolved, once it passed every check that needs no lock (:mod:`.pushes`)."""
+    """The push's folder, resolved, once it passed the checks that need no lock."""
     try:
         folder = within_root(body.path, state.weights_root)
         if not folder.is_dir():
@@ -133,8 +102,7 @@ def _checked_folder(state: ServerState, body: LoadWeights) -> Path:
 
 
 def _forward_only(state: ServerState, version: int, resume: bool, adapter: bool) -> None:
-    """The version rule (:func:`~grouprl.serve.server.pushes.version_refusal`); a resume that moves back is logged. The
-    first adapter may carry its base weights' version; each later one must be newer than the last."""
+    """:func:`~.pushes.version_refusal`; the first adapter may carry its base's version, later ones must be newer."""
     first_adapter = adapter and state.adapter_version is None
     held = state.adapter_version if adapter and not first_adapter else state.version
     what = "adapter" if adapter and not first_adapter else "weights"
@@ -169,8 +137,7 @@ async def load_weights(body: LoadWeights, request: Request) -> dict[str, Any]:
 
 
 async def _reload(engine: Any, state: ServerState, folder: Path) -> None:
-    """Reload the full weights of ``folder`` in place; if that fails midway, the last complete folder again, or
-    the server is :attr:`~ServerState.broken`."""
+    """Reload ``folder`` in place; if that fails midway, the last complete folder, or the server is broken."""
     state.weights_complete = False  # until the reload is whole
     try:
         await engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
@@ -210,33 +177,27 @@ async def _load_adapter(request: Request, state: ServerState, path: str, version
 
 class TransferInit(BaseModel):
     init_info: dict[str, Any]
-    """vLLM's worker init info for the backend (rendezvous address and port, group size, rank offset)."""
 
 
 class TransferStart(BaseModel):
     version: int
     lease_s: float = Field(gt=0, allow_inf_nan=False)
-    """Seconds the server waits for the trainer's next call (from the end of its last) before it abandons the
-    transfer: the trainer's rollout_server_timeout."""
+    """Seconds the server waits for the trainer's next call before it abandons the transfer."""
     wait_s: float = Field(ge=0, allow_inf_nan=False)
-    """Seconds this start may wait for the weights lock another transfer or load holds."""
+    """Seconds this start may wait for the weights lock."""
     resume: bool = False
-    """The trainer restarts a run: this version may be older than the one held."""
 
 
 class TransferToken(BaseModel):
     token: str
-    """What this transfer's start answered."""
 
 
 class TransferAbort(TransferToken):
     why: str = ""
-    """What the trainer could not do (logged with the abandonment)."""
 
 
 class TransferUpdate(TransferToken):
     update_info: dict[str, Any] | list[dict[str, Any]]
-    """vLLM's update info: the names, dtypes and shapes of the tensors the broadcast carries."""
 
 
 def _transfer(request: Request) -> tuple[ServerState, Any]:
@@ -254,9 +215,17 @@ def _transfers(request: Request) -> Transfers:
     return state.transfers
 
 
+@contextlib.contextmanager
+def _conflict(state: ServerState) -> Iterator[None]:
+    """A transfer call the lease refuses is a 409."""
+    try:
+        yield
+    except TransferRefused as e:
+        raise HTTPException(HTTPStatus.CONFLICT, f"this server ({state.address}): {e}") from e
+
+
 def init_info_problem(backend: str, init_info: dict[str, Any]) -> str | None:
-    """Why ``init_info`` is not init info of vLLM's ``backend`` engine (missing or unknown fields), told here:
-    once inside vLLM's workers the same mistake is an internal error (a 500), not a bad request."""
+    """Why ``init_info`` is not vLLM's ``backend`` init info: inside vLLM's workers it would be a 500."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     import grouprl.serve.weights.gloo  # noqa: F401 - its import registers the gloo backend in this process too
@@ -292,10 +261,8 @@ async def transfer_shutdown(request: Request) -> dict[str, Any]:
 @router.post("/transfer/start")
 async def transfer_start(body: TransferStart, request: Request) -> dict[str, Any]:
     transfers = _transfers(request)
-    try:
+    with _conflict(transfers.state):
         holder = await transfers.start(body.version, body.lease_s, body.wait_s, body.resume)
-    except TransferRefused as e:
-        raise HTTPException(HTTPStatus.CONFLICT, f"this server ({transfers.state.address}): {e}") from e
     return {**transfers.state.info(), "token": holder.token, "lease_s": holder.lease_s}
 
 
@@ -305,10 +272,8 @@ async def transfer_update(body: TransferUpdate, request: Request) -> dict[str, A
 
     transfers = _transfers(request)
     update = WeightTransferUpdateRequest(update_info=body.update_info)
-    try:
+    with _conflict(transfers.state):
         await transfers.update(body.token, lambda: transfers.engine.update_weights(request=update))
-    except TransferRefused as e:
-        raise HTTPException(HTTPStatus.CONFLICT, f"this server ({transfers.state.address}): {e}") from e
     return transfers.state.info()
 
 
@@ -321,8 +286,6 @@ async def transfer_abort(body: TransferAbort, request: Request) -> dict[str, Any
 @router.post("/transfer/finish")
 async def transfer_finish(body: TransferToken, request: Request) -> dict[str, Any]:
     transfers = _transfers(request)
-    try:
+    with _conflict(transfers.state):
         await transfers.finish(body.token)
-    except TransferRefused as e:
-        raise HTTPException(HTTPStatus.CONFLICT, f"this server ({transfers.state.address}): {e}") from e
     return transfers.state.info()

@@ -1,20 +1,7 @@
-"""vLLM's weight-transfer protocol over gloo (TCP), for servers without a GPU: the CPU counterpart of vLLM's
-``nccl`` backend, registered in vLLM's own engine factories under :data:`BACKEND`.
-
-vLLM 0.32 has no weight-transfer backend that runs on a CPU: its ``nccl`` and ``ipc`` engines need CUDA
-(``PyNcclCommunicator``, CUDA streams, ``torch.accelerator``), and the CPU worker, which inherits the GPU
-worker's weight-transfer methods, would build them all the same. Here only the group and the broadcast
-change; the rest is vLLM's: its worker runs ``start_weight_update`` / ``update_weights`` /
-``finish_weight_update`` (a layerwise reload, as ``reload_weights``), its trainer engine
-(:class:`~vllm.distributed.weight_transfer.nccl_engine.NCCLTrainerWeightTransferEngine`) drives the round
-trip. The group is formed as vLLM forms its NCCL one: a TCPStore rendezvous on the trainer (rank 0), each
-worker at ``rank_offset`` + its rank in its server.
-
-Weights travel packed: consecutive tensors as one byte buffer per chunk (:func:`chunk_bounds`, the same
-rule on both sides), one broadcast per chunk.
-
-A vLLM worker imports this module through ``--worker-extension-cls`` (:class:`GlooWorkerExtension`), which
-registers the backend in the worker's process whether vLLM forks or spawns it.
+"""vLLM's weight-transfer protocol over gloo (TCP), for servers without a GPU, registered in vLLM's engine factories
+as :data:`BACKEND`. vLLM 0.32's own backends need CUDA; here only the group and the broadcast change, the rest
+(worker update calls, trainer round trip, TCPStore rendezvous, packed chunks) is vLLM's NCCL engine's. Workers
+import this module through ``--worker-extension-cls`` (:class:`GlooWorkerExtension`), forked or spawned.
 """
 
 from __future__ import annotations
@@ -38,14 +25,12 @@ from vllm.distributed.weight_transfer.nccl_engine import (
 )
 
 BACKEND = "gloo"
-DEFAULT_CHUNK_BYTES = 256 * 2**20
-"""Bytes a chunk holds before it is sent (one tensor larger than that goes alone)."""
 DEFAULT_TIMEOUT_S = 600.0
 
 
 def chunk_bounds(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
-    """Tensors ``[start, stop)`` of each chunk: tensors join a chunk until its bytes pass ``limit`` (the
-    tensor that passes it included), the rule of vLLM's packed NCCL producer and consumer.
+    """Tensors ``[start, stop)`` of each chunk: tensors join a chunk until its bytes pass ``limit`` (that one
+    included), the rule of vLLM's packed NCCL producer and consumer.
 
     >>> chunk_bounds([4, 4, 4, 10, 1], 7)
     [(0, 2), (2, 4), (4, 5)]
@@ -70,8 +55,7 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 def from_bytes(buffer: torch.Tensor, dtypes: Sequence[torch.dtype],
                shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    """Split a uint8 ``buffer`` back into tensors of ``dtypes`` and ``shapes``: views of it, or copies where a
-    tensor starts at an offset its element size does not divide (an int64 after 6 bytes of bf16)."""
+    """Split a uint8 ``buffer`` into tensors of ``dtypes`` and ``shapes``: views, or copies where misaligned."""
     sizes = [math.prod(s) * d.itemsize for d, s in zip(dtypes, shapes)]
     if sum(sizes) != buffer.numel():
         raise ValueError(f"a chunk of {buffer.numel()} bytes cannot hold tensors of {sum(sizes)} bytes")
@@ -81,9 +65,7 @@ def from_bytes(buffer: torch.Tensor, dtypes: Sequence[torch.dtype],
 
 
 class GlooGroup:
-    """A gloo group of ``world_size`` processes outside ``torch.distributed``'s global state (vLLM's
-    TCPStore rendezvous, rank 0 hosting the store), with the ``broadcast`` / ``destroy`` a vLLM weight-transfer
-    engine calls on its communicator."""
+    """A gloo group outside ``torch.distributed``'s global state, with the communicator calls vLLM's engine makes."""
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S):
         from torch.distributed import PrefixStore
@@ -108,7 +90,7 @@ class GlooGroup:
 
 @dataclass(kw_only=True)
 class GlooInitInfo(NCCLWeightTransferInitInfo):
-    """A worker's side of the handshake: NCCL's fields, and how long gloo waits for its peers."""
+    """A worker's side of the handshake: NCCL's fields and gloo's timeout."""
 
     timeout_s: float = DEFAULT_TIMEOUT_S
 
@@ -145,15 +127,14 @@ class GlooWeightTransferEngine(NCCLWeightTransferEngine):
 
 @dataclass
 class GlooTrainerInitInfo(NCCLTrainerInitInfo):
-    """The trainer's side: NCCL's fields (rank 0 sends), and how long gloo waits for its peers."""
+    """The trainer's side: NCCL's fields (rank 0 sends) and gloo's timeout."""
 
     backend: ClassVar[str] = BACKEND
     timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 class GlooTrainerWeightTransferEngine(NCCLTrainerWeightTransferEngine):
-    """The trainer's engine: vLLM's NCCL one (metadata, the concurrent update request, finish), sending
-    over a :class:`GlooGroup`."""
+    """The trainer's engine: vLLM's NCCL one, sending over a :class:`GlooGroup`."""
 
     init_info_cls = GlooTrainerInitInfo
 
@@ -192,12 +173,11 @@ class GlooTrainerWeightTransferEngine(NCCLTrainerWeightTransferEngine):
 
 
 class GlooWorkerExtension:
-    """Named in vLLM's ``--worker-extension-cls`` so that every worker process imports this module (and
-    with it the backend's registration); it adds no method to the worker."""
+    """Named in ``--worker-extension-cls`` so that every worker imports this module; it adds no method."""
 
 
 def register() -> None:
-    """Add :data:`BACKEND` to vLLM's worker and trainer engine factories (once per process)."""
+    """Add :data:`BACKEND` to vLLM's engine factories (once per process)."""
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, GlooWeightTransferEngine)
     if BACKEND not in WeightTransferTrainerFactory._registry:

@@ -1,10 +1,6 @@
-"""What a push over a collective transport sends (:mod:`grouprl.serve.client.collective`): the trainer's tensors as
-the servers load them, staged as a copy or read as the broadcast reaches each one.
-
-Names: the plain model's state dict, a tied output head under its own name too (as the files transport; the
-servers' vLLM loads whichever its model keeps). LoRA: the adapters merged into the base weights (W + scale * B A,
-:func:`merged_lora_tensors`), every push the whole model, sampled as the base model: vLLM's weight transfer loads
-base weights only (its LoRA requests load adapters from files).
+"""What a collective push sends: the plain model's tensors in the servers' format (a tied head under each of its
+names), staged as a copy or read as the broadcast reaches each. With LoRA the adapters are merged into the base
+(vLLM's weight transfer loads base weights only).
 """
 
 from __future__ import annotations
@@ -20,9 +16,8 @@ from grouprl.rollout.vllm_weights import base_weight_name
 
 
 def lora_delta(module: Any, adapter: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """A peft LoRA linear layer's ``adapter`` as a change of its base weight, from the adapter's matrices ``a``
-    (rank x in) and ``b`` (out x rank): ``scale * B A`` (transposed for a ``fan_in_fan_out`` layer), peft's
-    ``get_delta_weight`` on the given matrices (half formats multiplied in fp32 on the CPU, as peft does)."""
+    """``scale * B A`` of a peft LoRA layer's ``adapter`` from ``a`` [r, in] and ``b`` [out, r], as peft's
+    ``get_delta_weight`` computes it."""
     from peft.utils.other import transpose
 
     half = a.device.type == "cpu" and a.dtype in (torch.float16, torch.bfloat16)
@@ -32,10 +27,8 @@ def lora_delta(module: Any, adapter: str, a: torch.Tensor, b: torch.Tensor) -> t
 
 def merged_lora_tensors(model: nn.Module, state: dict[str, torch.Tensor] | None = None
                         ) -> Iterator[tuple[str, torch.Tensor]]:
-    """A peft LoRA model's weights with each active adapter merged in (``W + scale * B A``, as peft's
-    ``merge_and_unload`` computes it), under the plain model's names; ``state``: the model's whole state dict
-    (gathered, where the model is sharded; None: read from it). Each base weight's change is made as it is
-    reached, so one merged weight at a time takes memory. The model is left as it is."""
+    """A peft model's weights with its active adapters merged in, under the plain names, one merged weight at a
+    time; ``state``: its whole state dict (None: read from it). The model is left as it is."""
     from peft.tuners.lora import LoraLayer
 
     state = model.state_dict() if state is None else state
@@ -60,11 +53,9 @@ def merged_lora_tensors(model: nn.Module, state: dict[str, torch.Tensor] | None 
 def tensors_to_send(model: nn.Module, dtype: torch.dtype,
                     state: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None
                     ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``model``'s weights as the servers load them (``state``: its whole state dict, gathered where the model
-    is sharded, or for a model without LoRA its (name, tensor) pairs as they are read; None: read from it), one
-    at a time: plain names (LoRA merged in), floating tensors in ``dtype``, contiguous, on the model's device (a
-    tied head included twice, under each of its names). A tensor that needs no change is the model's own, not a
-    copy."""
+    """``model``'s weights as the servers load them, one at a time: plain names (LoRA merged), floating ones in
+    ``dtype``, contiguous; unchanged tensors are the model's own. ``state``: its whole state dict, or (without
+    LoRA) its (name, tensor) pairs; None: read from it."""
     state = model.state_dict() if state is None else state
     if hasattr(model, "peft_config"):
         named = merged_lora_tensors(model, dict(state))  # each base weight merged with its adapters
@@ -79,8 +70,7 @@ def tensors_to_send(model: nn.Module, dtype: torch.dtype,
 def staged_copy(model: nn.Module, dtype: torch.dtype,
                 state: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None
                 ) -> list[tuple[str, torch.Tensor]]:
-    """:func:`tensors_to_send`, each its own copy (the model may change before they are sent): the model's own
-    tensors copied; the cast, merged or gathered ones (FSDP) already are, and are kept as they are."""
+    """:func:`tensors_to_send`, each its own copy (the model may change before they are sent)."""
     held = set()
     for t in itertools.chain(model.parameters(), model.buffers()):
         local = t.to_local() if hasattr(t, "to_local") else t  # an FSDP shard: its process's part
@@ -103,10 +93,8 @@ class StagedWeights:
 
 
 class LiveWeights:
-    """A push's tensors read from the model as they are sent (:func:`tensors_to_send`), again at each push: one
-    cast or merged tensor at a time takes memory, not a copy of the model. For a model that does not change
-    between the write and the push (a synchronous run: the trainer waits for the rollout that the push
-    starts)."""
+    """A push's tensors read from the model as they are sent, at each push: for a model that does not change
+    between the write and the push (a synchronous run)."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype):
         self.model, self.dtype = model, dtype
@@ -125,8 +113,7 @@ class LiveWeights:
 
 
 class StreamedWeights:
-    """A push's tensors read from a :class:`~grouprl.serve.weights.transport.Reading` as they are sent, once: each FSDP
-    shard gathered (every process takes part) and cast to the servers' format as the broadcast reaches it."""
+    """A push's tensors read once from a :class:`~.transport.Reading` as they are sent (FSDP gathers included)."""
 
     def __init__(self, read: Any, dtype: torch.dtype):
         self.read, self.dtype = read, dtype

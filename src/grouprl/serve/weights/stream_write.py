@@ -1,15 +1,7 @@
-"""A safetensors file written one tensor at a time, so that writing a model for the rollout servers holds at most
-one whole tensor in memory besides the model, whatever the model's size.
-
-``safetensors.torch.save_file`` takes every tensor at once: under FSDP that is the whole gathered model in process
-0, and for a policy on a GPU a whole CPU copy of it. The file's layout depends only on each tensor's name, shape
-and number format, which the model knows before any tensor is read, so the header goes first and each tensor is
-read (an FSDP gather), cast, copied to the CPU and written as it comes.
-
-The layout is safetensors' own (https://huggingface.co/docs/safetensors): an 8-byte little-endian header length,
-the JSON header (each tensor's ``dtype``, ``shape`` and ``data_offsets`` into the data that follows, padded with
-spaces to a multiple of 8 bytes), then the tensors' bytes back to back. Tensors go largest element first so that
-each starts at a multiple of its element size (safetensors' own writer orders them so too).
+"""A safetensors file written one tensor at a time, so writing a model for the servers holds at most one whole
+tensor besides the model (``safetensors.torch.save_file`` takes all at once: under FSDP the whole gathered model).
+The layout depends only on names, shapes and formats, so the header goes first and each tensor is written as it
+is read. Tensors go largest element first, so each starts at a multiple of its element size.
 """
 
 from __future__ import annotations
@@ -26,12 +18,11 @@ import torch
 DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
           torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
-"""torch's number formats by their safetensors names."""
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One tensor of the file: its name, shape and number format there."""
+    """One tensor of the file."""
 
     name: str
     shape: tuple[int, ...]
@@ -43,8 +34,7 @@ class Entry:
 
 
 def aligned(entries: Iterable[Entry]) -> list[Entry]:
-    """``entries`` in the order the file holds them: largest element first, in their order otherwise, so every
-    tensor starts at a multiple of its element size.
+    """``entries`` in the file's order: largest element first, stable otherwise.
 
     >>> [e.name for e in aligned([Entry("a", (3,), torch.bfloat16), Entry("b", (1,), torch.int64),
     ...                           Entry("c", (2,), torch.bfloat16)])]
@@ -73,10 +63,8 @@ def header(entries: list[Entry], metadata: dict[str, str] | None = None) -> byte
 
 def write_streamed(path: Path, entries: list[Entry], tensors: Iterable[tuple[str, torch.Tensor]],
                    metadata: dict[str, str] | None = None) -> int:
-    """Write ``tensors`` ((name, tensor), in ``entries``' order, each of its entry's shape) to ``path``, each cast
-    to its entry's number format where it lies (a GPU casts its own) and copied to the CPU only then, one at a
-    time. A tensor out of order, of another shape, missing or extra is an error (the file would lie about it).
-    Returns the bytes of tensor data written."""
+    """Write ``tensors`` ((name, tensor) in ``entries``' order) to ``path``, each cast where it lies, then copied to
+    the CPU; one out of order, of another shape, missing or extra is an error. Returns the data bytes written."""
     it = iter(tensors)
     with open(path, "wb") as f:
         f.write(header(entries, metadata))

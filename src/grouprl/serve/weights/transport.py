@@ -1,13 +1,8 @@
-"""How weights travel from the trainer to rollout servers: safetensors files in a folder both sides see
-(same machine: /dev/shm or a folder under the run; several machines: a shared mount), one folder per
-policy version, written under a temporary name and renamed whole, so a server never reads half a file.
-
-A full push is the model's state dict in the servers' number format (``model.safetensors``, a tied
-output head included under its own name), written as it is read, one tensor at a time
-(:mod:`grouprl.serve.weights.stream_write`): under FSDP each shard is gathered as the file reaches it, so the trainer
-never holds a second whole copy of the model; a LoRA push is the adapter alone
-(``adapter_model.safetensors`` and ``adapter_config.json``, peft's layout, which vLLM loads as a LoRA
-request). The server reloads a full push in place (vLLM's ``reload_weights`` from a path).
+"""How weights travel from the trainer to rollout servers (:data:`TRANSPORTS`): safetensors folders both sides see
+(/dev/shm, a folder under the run, or a shared mount), one per policy version, renamed whole once written so a
+server never reads half a file; or a broadcast (nccl, gloo: :mod:`grouprl.serve.client.collective`). A full push
+is the state dict in the servers' format, written as it is read (under FSDP one gathered tensor at a time); a
+LoRA push is peft's adapter folder, loaded as a LoRA request.
 """
 
 from __future__ import annotations
@@ -34,31 +29,28 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 def default_weights_root() -> Path:
-    """Where pushes go when nobody said: /dev/shm (memory, no disk writes) when it exists, else the
-    system's temporary folder."""
+    """/dev/shm (memory, no disk writes) where writable, else the system's temporary folder."""
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
 @dataclass
 class Reading:
-    """One version of the policy's weights as a push reads them: ``entries`` (state-dict names, whole shapes,
-    the number format each travels in) in the order ``tensors`` yields them, each tensor whole and read only as
-    it is taken (under FSDP a gather: every process takes part in each, in this order, so whoever is given a
-    reading reads it to its end: :meth:`through`)."""
+    """One version of the policy's weights: ``entries`` in the order ``tensors`` yields them, each read whole as it
+    is taken (under FSDP a gather every process joins, so a reading is read to its end: :meth:`through`)."""
 
     entries: list[Entry]
     tensors: Iterator[tuple[str, torch.Tensor]]
 
     def drain(self) -> None:
-        """Read what is left (a process that only takes part in the gathers: all of it)."""
+        """Read what is left."""
         for _ in self.tensors:
             pass
 
     @contextlib.contextmanager
     def through(self) -> Iterator[Reading]:
-        """Around the use of the reading: what it left unread is read after it, after an error too (the other
-        processes would wait in a gather), but not after an interrupt (the run is going)."""
+        """Around the use of the reading: the rest is read after it, after an error too (other processes would
+        wait in a gather), but not after an interrupt."""
         try:
             yield self
         except Exception:
@@ -68,10 +60,8 @@ class Reading:
 
 
 def reading(model: Any, keep: Callable[[str], bool] = lambda name: True, dtype: torch.dtype | None = None) -> Reading:
-    """The entries of ``model``'s state dict whose name ``keep`` accepts, whole (an FSDP shard gathered on the
-    training device, one tensor at a time; other tensors not copied), floating ones to travel in ``dtype``
-    (None: as they are), in the order a weights file holds them
-    (:func:`~grouprl.serve.weights.stream_write.aligned`)."""
+    """The entries of ``model``'s state dict that ``keep`` accepts, whole, floating ones to travel in ``dtype``
+    (None: as they are), in a weights file's order."""
     from grouprl.rollout.vllm_weights import whole
 
     state = model.state_dict()
@@ -81,8 +71,7 @@ def reading(model: Any, keep: Callable[[str], bool] = lambda name: True, dtype: 
 
 
 def plain_name(model: Any) -> Callable[[str], str | None]:
-    """State-dict name -> the plain model's name: a peft LoRA model's base weights (None for the adapters),
-    anything else's as it is."""
+    """State-dict name -> the plain model's name (None for a LoRA adapter's tensors)."""
     if not hasattr(model, "peft_config"):
         return lambda name: name
     from grouprl.rollout.vllm_weights import base_weight_name
@@ -92,10 +81,9 @@ def plain_name(model: Any) -> Callable[[str], str | None]:
 
 def write_weights_file(model: Any, read: Reading, folder: Path, adapters: dict[str, torch.Tensor] | None = None
                        ) -> int:
-    """``folder/model.safetensors``: the plain model's weights of ``read`` (a LoRA model's base, under the plain
-    model's names; a tied output head under each of its names: vLLM 0.32's CPU build reloads its own head
-    matrix only from ``lm_head.weight``), written as they are read; a LoRA model's adapter entries met on the
-    way go into ``adapters`` (on the CPU). Returns the bytes of weights written."""
+    """``folder/model.safetensors``: the plain model's weights of ``read`` (a tied head under each of its names:
+    vLLM 0.32's CPU build reloads its head only from ``lm_head.weight``); adapter entries met on the way go into
+    ``adapters`` (on the CPU). Returns the bytes written."""
     plain = plain_name(model)
     entries = [dataclasses.replace(e, name=name) for e in read.entries if (name := plain(e.name)) is not None]
 
@@ -113,17 +101,14 @@ def write_weights_file(model: Any, read: Reading, folder: Path, adapters: dict[s
 
 
 def is_sharded(model: Any) -> bool:
-    """Whether ``model``'s parameters are FSDP shards (DTensors): reading its whole weights is then a collective
-    of every trainer process."""
+    """Whether ``model``'s parameters are FSDP shards: reading its whole weights is then a collective."""
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def write_model_folder(model: Any, tokenizer: Any, folder: Path, read: Reading) -> None:
-    """A model folder that ``transformers`` and vLLM both load: config (with the ``transformers`` class as
-    its architecture), tokenizer and the weights ``read`` (:func:`reading`, in the number format the servers
-    load; a LoRA model's base)."""
+    """A model folder that ``transformers`` and vLLM both load: config, tokenizer and the weights ``read``."""
     from grouprl.rollout.engines import plain_class_name
 
     with read.through():
@@ -136,8 +121,8 @@ def write_model_folder(model: Any, tokenizer: Any, folder: Path, read: Reading) 
 
 
 class WeightFolders:
-    """Versioned push folders (``v<version>``) under a :class:`~grouprl.rollout.scratch.ScratchFolder` in ``root``, each
-    complete once it has its name; all of them go with the trainer process, a killed one included."""
+    """Versioned push folders under a :class:`~grouprl.rollout.scratch.ScratchFolder` in ``root``, each complete
+    once it has its name; they go with the trainer process, a killed one included."""
 
     def __init__(self, root: str | Path | None = None):
         base = Path(root) if root is not None else default_weights_root()
@@ -151,12 +136,10 @@ class WeightFolders:
 
     def write_full(self, model: Any, read: Reading, version: int, adapters: dict[str, torch.Tensor] | None = None
                    ) -> Path:
-        """``model``'s weights ``read`` as version ``version`` (:func:`write_weights_file`, ``adapters`` as
-        there); returns its folder."""
+        """:func:`write_weights_file` as version ``version``; its folder."""
         return self._publish(self.path(version), lambda tmp: write_weights_file(model, read, tmp, adapters))
 
     def write_adapter(self, model: Any, state: dict[str, torch.Tensor], version: int) -> Path:
-        """A peft model's adapter weights ``state`` (its ``.lora_`` entries) as version ``version``."""
         return self._publish(self.path(version, adapter=True), lambda tmp: model.save_pretrained(str(tmp),
                                                                                                    state_dict=state))
 
@@ -171,7 +154,7 @@ class WeightFolders:
         return path
 
     def keep_only(self, *paths: Path) -> None:
-        """Remove every version but the folders ``paths`` (each server has loaded them)."""
+        """Remove every version but the folders ``paths``."""
         keep = {p.name for p in paths}
         for entry in self.root.iterdir():
             if entry.name not in keep:
@@ -182,13 +165,9 @@ class WeightFolders:
 
 
 class FileWeights:
-    """The trainer's side of the ``files`` transport: each version written once as a folder
-    (:class:`WeightFolders` under ``weights_dir``), then loaded by every server (``POST /grouprl/weights``).
-    With LoRA the base goes once, then the adapter alone, as a LoRA request on the servers.
-
-    The folders every server loaded last stay until the next push: a server that comes back
-    (:mod:`grouprl.serve.client.pool`) loads them (:meth:`rejoin`), and a local server restarts from them
-    (:meth:`restart_folder`)."""
+    """The trainer's side of the ``files`` transport: each version written once, then loaded by every server; with
+    LoRA the base once, then the adapter alone. The folders loaded last stay until the next push, for a server
+    that comes back (:meth:`rejoin`) or restarts (:meth:`restart_folder`)."""
 
     def __init__(self, pool: Any, lora: bool, weights_dir: str | None):
         for s in pool.alive:
@@ -202,13 +181,9 @@ class FileWeights:
         self.staged: dict[bool, Path] = {}  # adapter? -> a folder written and not yet loaded by the servers
         self.loaded: dict[bool, tuple[Path, int]] = {}  # adapter? -> (folder, version) every server loaded last
         self.base_written, self.version = False, 0
-        self.resume = True
-        """The next push is this trainer's first: it says the trainer (re)starts a run (``resume``), so a server
-        that served an earlier run, or this one before a resume, takes the version it starts from."""
+        self.resume = True  # the first push may go back: a server of an earlier run takes the version we resume from
 
     def write(self, model: Any, read: Reading, version: int, dtype: torch.dtype) -> None:
-        """``model``'s weights ``read`` (in the servers' number format: the entries :attr:`Transport.keep` asked
-        for) as ``version``: the whole model, or with LoRA the base once and then the adapter alone."""
         adapters: dict[str, torch.Tensor] = {}
         if not self.lora or not self.base_written:
             # under LoRA the base goes under the plain model's names; the adapters follow as a LoRA request
@@ -238,10 +213,8 @@ class FileWeights:
         server.version, server.adapter = answer.get("version"), answer.get("adapter")
 
     async def rejoin(self, server: Any) -> None:
-        """Bring a server that is back to the weights every server loaded last: the full weights, or with LoRA
-        the adapter alone (a returning server serves the base model it was started from, and the base is frozen).
-        One that already holds them whole (it answered again without a restart) loads nothing: versions only move
-        forward on a server."""
+        """Bring a server that is back to the weights loaded last (with LoRA the adapter alone: the base is frozen);
+        one that still holds them loads nothing."""
         info = getattr(server, "info", None) or {}
         for adapter, (path, version) in sorted(self.loaded.items()):
             held = info.get("adapter") == f"policy-v{version}" if adapter else \
@@ -252,9 +225,8 @@ class FileWeights:
                 await self._load(server, adapter, path, version)
 
     def restart_folder(self, skeleton: Path) -> ScratchFolder | None:
-        """A model folder to restart a local server from: ``skeleton``'s files (config, tokenizer) and the full
-        weights every server loaded last (linked, not copied, where they share a file system); None before
-        the first push."""
+        """A model folder to restart a local server from: ``skeleton``'s config and tokenizer, and the weights loaded
+        last (linked where possible); None before the first push."""
         if False not in self.loaded or not self.loaded[False][0].is_dir():
             return None
         folder = ScratchFolder("grouprl-restart-", self.folders.root.parent)
@@ -276,8 +248,7 @@ class FileWeights:
 
 
 def vllm_has(module: str) -> bool:
-    """Whether the installed vLLM has ``module`` (a path under its package, ``distributed/...py``), found
-    without importing vLLM (seconds of imports)."""
+    """Whether the installed vLLM has ``module`` (a path under its package), without importing vLLM."""
     spec = importlib.util.find_spec("vllm")
     return spec is not None and any((Path(p) / module).is_file() for p in spec.submodule_search_locations or [])
 
@@ -332,20 +303,17 @@ class Transport:
 
     summary: str
     backend: str | None
-    """vLLM's weight-transfer backend the servers start with (``--weight-transfer-config``); None: none."""
+    """vLLM's weight-transfer backend the servers start with; None: none."""
     problem: Callable[[torch.device | None], str | None]
-    """Why a trainer whose policy is on this device cannot send this way (None: it can)."""
+    """Why a policy on this device cannot send this way (None: it can)."""
     sender: Callable[[Any, float], Any]
-    """(the :class:`~grouprl.serve.client.server_sampler.ServerSampler`, rollout_server_timeout) -> its sender
-    (``write(model, read, version, dtype)``, which reads the :class:`Reading` to its end, ``push()``,
-    ``close()``), once the servers answer."""
+    """(the ServerSampler, rollout_server_timeout) -> its sender (``write``, ``push``, ``close``)."""
     server_argv: tuple[str, ...] = ()
-    """Further vLLM arguments of a server that enables it."""
     adapters_alone: bool = False
-    """With LoRA, every push after the first carries the adapters alone (the base is frozen, the servers keep it)."""
+    """With LoRA, every push after the first carries the adapters alone."""
 
     def keep(self, lora: bool, first: bool) -> Callable[[str], bool]:
-        """Which entries of the policy's state dict a push reads (``first``: the run's first push)."""
+        """Which entries of the policy's state dict a push reads."""
         if lora and self.adapters_alone and not first:
             return lambda name: ".lora_" in name
         return lambda name: True
@@ -364,10 +332,8 @@ SETTING = "rollout_weights_transport"
 
 
 def resolve_transport(requested: str, device: torch.device | None, local_servers: bool = False) -> tuple[str, str]:
-    """(transport name, why) for ``rollout_weights_transport`` = ``requested`` with the policy on ``device``:
-    auto is nccl where it can run (the policy on a CUDA device, vLLM's NCCL engine installed, the servers not
-    started here: ``local_servers`` share the trainer's GPU, and NCCL takes one rank per GPU), files
-    otherwise. A transport named explicitly that cannot run here is a ConfigError saying why."""
+    """(transport name, why) for ``rollout_weights_transport`` = ``requested``: auto is nccl where it can run (not
+    with ``local_servers``: NCCL takes one rank per GPU), else files; a named one that cannot run is a ConfigError."""
     shared = "the servers started here share the trainer's GPU, and NCCL takes one rank per GPU"
     if requested == "auto":
         problem = TRANSPORTS.get("nccl").problem(device) or (shared if local_servers else None)
@@ -386,9 +352,8 @@ def resolve_transport(requested: str, device: torch.device | None, local_servers
 
 
 def server_transport(requested: str, cuda: bool) -> Transport:
-    """The transport a server started with ``rollout_weights_transport`` = ``requested`` enables besides
-    folders (which every server takes: files enables nothing more). auto enables the one this machine can
-    run, nccl on a GPU and gloo on a CPU: it costs nothing until a trainer joins."""
+    """The transport a server enables besides folders: auto is nccl on a GPU, gloo on a CPU (free until a trainer
+    joins)."""
     if requested == "auto":
         requested = "nccl" if cuda else "gloo"
     if requested not in TRANSPORTS:
