@@ -1,17 +1,9 @@
-"""Attention for decode steps: the few new queries of each row against its cached keys, head group by
-head group, with no copy of the cache.
+"""Attention for decode steps: the few new queries of each row against its cached keys, head group by head group,
+with no copy of the cache (``transformers``' SDPA path copies the whole cache per layer and step through
+``repeat_kv`` whenever a mask is passed on a CPU). Prefills and training passes keep SDPA. On a CPU, bf16 uses
+fused SDPA with ``enable_gqa``; fp32 two batched products around a softmax. A GPU keeps the products.
 
-``transformers``' SDPA path expands grouped keys and values to every query head (``repeat_kv``, a copy of
-the whole cache per layer and step) whenever a mask is passed on a CPU, which padded decoding always does;
-that copy costs several times the arithmetic. So decode steps use :func:`decoding`; prefills (more than
-:data:`MAX_QUERIES` new positions) and training passes keep ``transformers``' SDPA.
-
-On a CPU the kernel is picked by format: bf16 uses PyTorch's fused SDPA with ``enable_gqa`` (it reads the
-cache views in place); float32 uses two batched products around a softmax, which keep up on the long
-multi-turn caches where attention costs most. A GPU keeps the products.
-
-Shapes: B rows, H query heads in KV groups of g = H / KV, q new positions, L cached + new positions,
-D head width."""
+Shapes: B rows, H query heads in KV groups of g = H / KV, q new positions, L cached + new positions, D head width."""
 
 from __future__ import annotations
 
@@ -24,7 +16,6 @@ from torch import nn
 from torch.nn import functional as F
 
 NAME = "grouprl_decode"
-"""The name this attention is registered under in ``transformers``' attention interfaces."""
 MAX_QUERIES = 16
 """New positions per row up to which a call is a decode step; longer ones go to SDPA."""
 
@@ -33,17 +24,9 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                       scaling: float) -> torch.Tensor:
     """softmax(q k^T * scaling + mask) v, with the query heads of a key/value head taken together.
 
-    Args:
-        query: ``[B, H, q, D]``; head ``h`` reads key/value head ``h // g`` (``repeat_kv``'s order).
-        key, value: ``[B, KV, L, D]`` (views of a larger cache are fine: nothing is copied).
-        mask: ``[B, 1, q, L]`` bool (True = attend) or additive float, or None: the q queries are the
-            last q of the L positions and each sees the positions up to its own.
-        scaling: the factor on the scores (1 / sqrt(D) for most models).
-
-    Returns:
-        ``[B, q, H, D]`` (the layout ``transformers`` attention functions return), in ``query``'s dtype.
-        The softmax runs in float32. A query with nothing to attend to (a padding query) gets finite
-        values, never NaNs that the next layer would spread.
+    query ``[B, H, q, D]`` (head ``h`` reads key/value head ``h // g``), key and value ``[B, KV, L, D]`` (views are
+    fine), mask ``[B, 1, q, L]`` bool or additive (None: causal over the last q positions) -> ``[B, q, H, D]`` in
+    ``query``'s dtype. A query with nothing to attend to gets finite values, never NaNs.
     """
     q, length = query.shape[2], key.shape[2]
     if mask is None and q > 1:
@@ -88,8 +71,7 @@ def _products(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask:
 def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """A ``transformers`` attention function: :func:`grouped_attention` for decode steps, SDPA otherwise
-    (and for what it does not do: dropout, logit soft-capping, attention sinks)."""
+    """:func:`grouped_attention` for decode steps; SDPA otherwise and for dropout, soft-capping and sinks."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     special = dropout or kwargs.get("softcap") or kwargs.get("s_aux") is not None or \
@@ -120,9 +102,7 @@ def sdpa_configs(model: nn.Module) -> list[Any]:
 
 @contextlib.contextmanager
 def decoding(configs: list[Any]) -> Iterator[None]:
-    """Within the block, models of ``configs`` (:func:`sdpa_configs`) decode with :func:`_attention`; their
-    setting is SDPA again afterwards. Models on another implementation (eager, flash, flex) have no
-    such configs and are left as they are."""
+    """Within the block, models of ``configs`` (:func:`sdpa_configs`) decode with :func:`_attention`."""
     if not configs:
         yield
         return

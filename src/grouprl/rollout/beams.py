@@ -1,14 +1,11 @@
-"""Beam search that returns the G best beams of each prompt as its group.
+"""Beam search returning the G best beams of each prompt as its group.
 
-Shapes: P prompts, W = G beams per prompt, pa prompts still searching, N = max_new_tokens,
-V vocabulary, C candidate hypotheses that end at a step.
+A beam's score is the sum of its tokens' log-probs under ``log_softmax(logits / T)`` (T = 0 read as 1; no length
+penalty). Log-probs are <= 0, so a prompt is done, exactly, once its W-th best finished score is at least its best
+running score. At ``max_new_tokens`` the running beams compete as truncated hypotheses.
 
-A beam's score is the sum of its tokens' log-probs under ``log_softmax(logits / T)`` (T = 0 is read
-as 1; no length penalty), as :func:`grouprl.rollout.logprobs.token_logprobs` gives them. Each step
-keeps the W best continuations that do not stop; those that end join the prompt's W best finished
-hypotheses. Log-probs are <= 0, so a prompt is done, exactly, once its W-th best finished score is at
-least its best running score; its rows then leave the batch. At ``max_new_tokens`` the running beams
-compete as truncated hypotheses. A beam that completes a stop string leaves its slot empty for that step."""
+Shapes: P prompts, W = G beams per prompt, pa prompts still searching, N = max_new_tokens, V vocabulary,
+C candidates that end at a step."""
 
 from __future__ import annotations
 
@@ -61,11 +58,8 @@ def check_beam_request(params: SamplingParams, group_size: int, vocab: int, n_st
 
 def _stop_candidates(logp: torch.Tensor, beam_score: torch.Tensor, hist_tok: torch.Tensor, hist_lp: torch.Tensor,
                      stop_ids: torch.Tensor, step: int) -> tuple[torch.Tensor, ...]:
-    """Every running beam extended by every stop token, as finished candidates (C = W * n_stop).
-
-    logp [pa, W, V]; beam_score [pa, W]; hist_* [pa, W, N] -> score [pa, C], tokens / logprobs
-    [pa, C, N], length [pa, C].
-    """
+    """Every running beam extended by every stop token (C = W * n_stop): logp [pa, W, V], beam_score [pa, W],
+    hist_* [pa, W, N] -> score [pa, C], tokens / logprobs [pa, C, N], length [pa, C]."""
     pa, w, n = hist_tok.shape
     k = stop_ids.numel()
     stop_lp = logp[:, :, stop_ids]  # [pa, W, k]
@@ -93,8 +87,7 @@ def beam_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     logp = torch.log_softmax(logits / temp, -1).repeat_interleave(w, 0)  # [P*W, V]
 
     active = torch.arange(p, device=device)  # [pa]
-    # Only beam 0 is live at the start: the W copies of the prompt would otherwise propose W
-    # copies of the same continuation.
+    # only beam 0 is live at the start, or the W copies of the prompt would propose one continuation W times
     beam_score = torch.full((p, w), NEG_INF, device=device)
     beam_score[:, 0] = 0.0
     hist_tok = torch.full((p, w, n), pad_id, dtype=torch.long, device=device)  # running beams, by active prompt

@@ -1,9 +1,5 @@
-"""A KV cache that is written in place and can drop or repeat rows cheaply.
-
-``transformers``' ``DynamicLayer`` grows by ``torch.cat``, copying the whole cache once per generated
-token. :class:`BufferLayer` preallocates ``capacity`` positions and writes each step's keys and values
-into place; the attention sees a view of the filled part. Only full-attention layers are replaced;
-sliding-window or linear-attention layers keep their ``transformers`` implementation."""
+"""A KV cache written in place that can drop or repeat rows cheaply: ``transformers``' ``DynamicLayer`` grows by
+``torch.cat``, copying the whole cache every token. Only full-attention layers are replaced."""
 
 from __future__ import annotations
 
@@ -13,12 +9,8 @@ from transformers.cache_utils import DynamicLayer
 
 
 class BufferLayer(DynamicLayer):
-    """One layer's keys and values in a preallocated ``[b, heads, capacity, head_dim]`` buffer (grown
-    by doubling when a conversation outruns it).
-
-    ``keys`` / ``values`` are views ``[b, heads, n, head_dim]`` of the first ``n`` filled positions,
-    so code that reads ``layer.keys.shape[-2]`` (as ``transformers`` does) sees the usual layout.
-    """
+    """One layer's keys and values in a preallocated ``[b, heads, capacity, head_dim]`` buffer, doubled when
+    outrun; ``keys`` / ``values`` are views ``[b, heads, n, head_dim]`` of the ``n`` filled positions."""
 
     def __init__(self, capacity: int):
         super().__init__()
@@ -60,8 +52,6 @@ class BufferLayer(DynamicLayer):
         self._expose()
 
     def _grow(self, needed: int) -> None:
-        """Reallocate to at least ``needed`` positions (doubling, so a long multi-turn conversation
-        pays a logarithmic number of copies)."""
         self.capacity = max(needed, 2 * self.capacity)
         for name in ("_kbuf", "_vbuf"):
             old = getattr(self, name)
@@ -73,8 +63,7 @@ class BufferLayer(DynamicLayer):
         return self.length
 
     def _rebuild(self, rows: torch.Tensor) -> None:
-        # Copy only the filled positions of the kept rows into a fresh buffer: after a few rows
-        # finish, the survivors are contiguous again and the attention reads no dead rows.
+        # a fresh buffer of the kept rows: the attention reads no dead rows
         if not self.is_initialized:
             return
         n = self.length
@@ -113,11 +102,8 @@ class BufferLayer(DynamicLayer):
 
 
 def make_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
-    """A ``DynamicCache`` for ``model`` whose full-attention layers hold ``capacity`` positions in place.
-
-    Falls back to plain ``DynamicLayer`` growth for models whose config does not describe its
-    layers (the cache then creates layers lazily).
-    """
+    """A ``DynamicCache`` for ``model`` whose full-attention layers hold ``capacity`` positions in place (plain
+    layers where the config does not describe them)."""
     config = getattr(model, "config", None)
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
     if cache.layers:

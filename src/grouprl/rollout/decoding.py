@@ -1,15 +1,9 @@
-"""The sampling decode loop: G independent samples per prompt on a shared prefill.
+"""The sampling decode loop: G independent samples per prompt on a shared prefill. Finished rows leave the batch and
+the cache at once (down to the rows a compiled step needs); a step is a fixed handful of tensor operations whatever
+the rows, with one host sync ("did any row finish").
 
-Shapes: P prompts, G samples each, B = P*G rows (prompt-major), Lp padded prompt length,
-N = max_new_tokens, b rows still running at a step, V vocabulary.
-
-- each prompt is prefilled once (batch P) and its cache repeated to its G rows;
-- finished rows leave the batch and the KV cache at once, so a step costs what the running rows cost,
-  down to the two rows a compiled step needs (the last running row keeps a finished one beside it);
-- the KV cache is written in place (:mod:`grouprl.rollout.cache`);
-- a step is a fixed handful of tensor operations whatever b is: stop tokens through one ``isin``, stop
-  strings through a vocabulary table (:mod:`grouprl.rollout.stops`), one uniform per row
-  (:mod:`grouprl.rollout.picking`); the one host sync per step is "did any row finish"."""
+Shapes: P prompts, G samples each, B = P*G rows (prompt-major), Lp padded prompt length, N = max_new_tokens, b rows
+still running, V vocabulary."""
 
 from __future__ import annotations
 
@@ -27,7 +21,7 @@ from grouprl.types import SamplingParams
 
 @dataclass
 class DecodeRequest:
-    """Everything one decode loop needs; built and validated by :class:`~grouprl.rollout.sampler.Sampler`."""
+    """Everything one decode loop needs, validated by :class:`~grouprl.rollout.sampler.Sampler`."""
 
     model: nn.Module
     prompt_ids: torch.Tensor
@@ -40,13 +34,11 @@ class DecodeRequest:
     """[n_stop] long: EOS ids and ``params.stop_token_ids``."""
     matcher: StopStringMatcher | None
     uniforms: torch.Tensor | None
-    """[B, N] float64: row b's uniform draw for its n-th token (see :func:`row_uniforms`); None when greedy."""
+    """[B, N] float64: row b's uniform for its n-th token; None when greedy."""
     share_prefill: bool = True
-    """Prefill each prompt once and repeat its cache G times (False: prefill all B rows)."""
     compact: bool = True
-    """Drop finished rows from the batch (False: keep decoding them and discard their tokens)."""
+    """Drop finished rows from the batch (False: decode on and discard their tokens)."""
     compiled: CompiledStep | None = None
-    """The compiled decode step, kept across rollouts (None: decode eagerly)."""
 
 
 @dataclass
@@ -64,8 +56,7 @@ class Decoded:
 
 
 def row_uniforms(row_seeds: list[int], steps: int, device: torch.device) -> torch.Tensor:
-    """``[B, steps]`` float64 uniforms in [0, 1), row b drawn from a generator seeded with
-    ``row_seeds[b]``: the same row seed gives the same draws in any batch."""
+    """``[B, steps]`` float64 uniforms in [0, 1), row b's from ``row_seeds[b]`` alone, whatever the batch."""
     out = torch.empty(len(row_seeds), steps, dtype=torch.float64)
     for b, seed in enumerate(row_seeds):
         out[b] = torch.rand(steps, generator=torch.Generator().manual_seed(int(seed)), dtype=torch.float64)
@@ -103,10 +94,8 @@ def finish(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, ended_at: torch
 
 
 def rows_to_keep(running: torch.Tensor, fewest: int) -> torch.Tensor:
-    """Indices [b'] of the batch rows to go on decoding: the running ones (``running`` [b] bool), topped up
-    with finished ones to ``fewest`` where the batch has them. A finished row decodes on only to keep the
-    step compiled (see :attr:`~grouprl.rollout.cpu.compiled.CompiledStep.FEWEST_ROWS`); :func:`finish` cuts what
-    it draws past its end."""
+    """Indices [b'] of the rows to go on decoding: the ``running`` [b] ones, topped up with finished ones to
+    ``fewest`` (a compiled step's minimum; :func:`finish` cuts what they draw past their end)."""
     keep = running.nonzero().flatten()
     short = fewest - len(keep)
     if short > 0:
@@ -138,8 +127,6 @@ def sample_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     ended_at = torch.zeros(b_all, dtype=torch.long, device=device)  # 0 while running, else length
     step = 0
     for step in range(n):
-        # Each row's uniforms were drawn from its own seed before decoding: a row's draw never depends
-        # on which rows were dropped, nor on which other rows share its batch.
         u = req.uniforms[rows, step] if req.uniforms is not None else None
         tokens, logprobs = pick_tokens(logits, params, u, seen)  # [b], [b]
         out_tokens[rows, step] = tokens

@@ -1,17 +1,13 @@
-"""The LM head's part of a log-prob pass: logits of a chunk of positions, the log-prob of the
-given token and the entropy there, never keeping a chunk's ``[c, V]`` logits for backward.
+"""The LM head's part of a log-prob pass: logits of a chunk of positions, the given token's log-prob and the entropy
+there, never keeping a chunk's ``[c, V]`` logits for backward.
 
-For a plain bias-free linear head outside autocast, :class:`HeadScores` has its backward written
-out: it saves only the chunk's hidden states, recomputes the logits once, and forms the logits'
-gradient in place from the softmax p (log-probs of tokens x and entropies H = -sum p log p):
+For a plain bias-free linear head, :class:`HeadScores` writes its backward out: it saves only the hidden states,
+recomputes the logits once, and forms their gradient in place from the softmax p:
 
     d logp_x / d logits = onehot(x) - p
     d H      / d logits = -p * (log p + H)
 
-so a chunk costs one exp and a few in-place passes over ``[c, V]`` instead of autograd's saved
-softmax and its backward. Under autocast the products run in the autocast format (the weight cast
-once per pass, the log-softmax in float32). Any other head (peft-wrapped, with a bias) goes through
-:func:`chunk_scores` under activation checkpointing, with the same results.
+Any other head (peft-wrapped, with a bias) goes through :func:`chunk_scores` under activation checkpointing.
 
 Shapes: n positions, c per chunk, H hidden size, V vocabulary."""
 
@@ -42,8 +38,7 @@ def chunk_scores(head: Callable[[torch.Tensor], torch.Tensor], temperature: floa
     return logp, entropy
 
 
-# Rows per reduction over a chunk's logits: logsumexp and the entropy's p * log p make a temporary the
-# size of their input, which for a whole chunk would be one more [c, V] at the backward pass's peak.
+# rows per reduction: logsumexp and p * log p make a temporary the size of their input, for a chunk one more [c, V]
 REDUCE_ROWS = 32
 
 
@@ -64,16 +59,12 @@ def _entropy(logq: torch.Tensor) -> torch.Tensor:
 
 class HeadScores(torch.autograd.Function):
     """(hidden [n, H], weight [V, H], tokens [n], temperature, with_entropy, chunk) -> (logp [n], entropy [n]),
-    ``chunk`` positions at a time.
-
-    The products run in ``weight``'s format (``hidden`` is cast to it), whatever autocast says: the caller
-    casts the weight once for the pass. Backward keeps one chunk's ``[c, V]`` logits at a time and adds
-    every chunk's weight gradient into one ``[V, H]`` buffer, so autograd never holds a second ``[V, H]``."""
+    ``chunk`` positions at a time, the products in ``weight``'s format; backward adds every chunk's weight
+    gradient into one ``[V, H]`` buffer."""
 
     @staticmethod
     def forward(ctx, hidden, weight, tokens, temperature, with_entropy, chunk):
-        # Saved as given (a view of the pass's features) and cast again in backward, so that no copy
-        # stays alive until then.
+        # saved as given and cast again in backward, so that no copy stays alive until then
         ctx.save_for_backward(hidden, weight, tokens)
         ctx.temperature, ctx.chunk = temperature, chunk
         logp = hidden.new_empty(hidden.shape[0], dtype=torch.promote_types(weight.dtype, torch.float32))

@@ -1,14 +1,7 @@
-"""Per-token log-probs (and entropies) of given completions under a causal LM.
-
-The one function the trainer scores rollouts with (policy with grad, old policy and reference
-without). A float32 ``log_softmax`` over ``[B, T, V]`` does not fit, so the decoder body runs once to
-hidden states ``[B, L, H]`` and the LM head, ``log_softmax`` and gather run over chunks of completion
-positions (:mod:`grouprl.rollout.head`); backward recomputes a chunk's logits. Padding positions never
-go through the head.
-
-Positions follow the sampler (left-padded prompts, ``position_ids = (mask.cumsum(-1) - 1).clamp(min=0)``),
-so the log-probs of sampled tokens equal the sampler's ``sampling_logprobs`` when no filter or penalty
-was used. Temperature divides the logits, as in sampling; ``temperature=0`` (greedy) is scored at 1."""
+"""Per-token log-probs (and entropies) of given completions under a causal LM: what the trainer scores rollouts
+with. The decoder body runs once to hidden states and the LM head runs over chunks of completion positions
+(:mod:`.head`), so no float32 ``[B, T, V]`` exists. Positions follow the sampler's rule, so the log-probs of sampled
+tokens equal its ``sampling_logprobs`` when no filter or penalty was used; ``temperature=0`` is scored at 1."""
 
 from __future__ import annotations
 
@@ -21,8 +14,7 @@ from grouprl.rollout.head import score_chunks
 from grouprl.rollout.packing import MASK_FORMS, pack_groups
 from grouprl.rollout.runner import positions_from_mask, unwrap_model
 
-# Positions per chunk are chosen so a chunk's float32 logits hold about this many numbers (64 MiB).
-CHUNK_ELEMENTS = 1 << 24
+CHUNK_ELEMENTS = 1 << 24  # a chunk's float32 logits: 64 MiB
 
 
 def _head_is_plain(model: nn.Module) -> bool:
@@ -45,8 +37,7 @@ def _prompt_learning(model: nn.Module) -> bool:
 
 
 def _attention_implementation(model: nn.Module) -> str | None:
-    """The ``transformers`` attention implementation inside whole-forward, DistributedDataParallel and
-    peft wrappers."""
+    """The ``transformers`` attention implementation inside DDP and peft wrappers."""
     while isinstance(getattr(model, "module", None), nn.Module):
         model = model.module
     inner = unwrap_model(model)
@@ -54,12 +45,8 @@ def _attention_implementation(model: nn.Module) -> str | None:
 
 
 def split_model(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
-    """(decoder body, LM head) of ``model``, or None where calling them apart is not safe.
-
-    Works through peft LoRA wrappers (the adapters live inside the modules); prompt-learning peft
-    methods change the forward itself, and a DistributedDataParallel wrapper must run its own
-    forward to synchronise gradients, so both take the whole-model path.
-    """
+    """(decoder body, LM head) of ``model`` (through peft LoRA wrappers), or None where calling them apart is not
+    safe: prompt learning changes the forward, and DDP must run its own to synchronise gradients."""
     if _prompt_learning(model):
         return None
     hf = unwrap_model(model)
@@ -100,9 +87,8 @@ def _packed_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: to
                      completion_ids: torch.Tensor, completion_mask: torch.Tensor,
                      sequence_mask: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], int] | None:
-    """The same as :func:`_padded_features` from the padding-free layout of
-    :mod:`grouprl.rollout.packing`, or None where the model cannot take it (its attention takes no
-    custom 4D mask, or a prompt-learning adapter changes its forward)."""
+    """:func:`_padded_features` from the padding-free layout (:mod:`.packing`), or None where the model cannot
+    take it."""
     impl = _attention_implementation(model)
     if impl not in MASK_FORMS or _prompt_learning(model):
         return None
@@ -124,14 +110,10 @@ def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
                    sequence_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every completion token under ``model``, and optionally the entropy there.
 
-    prompt_ids / prompt_mask [B, Lp] (left-padded), completion_ids / completion_mask [B, T]
-    (right-padded) -> (logp [B, T] float32, entropy [B, T] float32 or None), both 0 where
-    ``completion_mask`` is 0. Differentiable when grad is enabled; ``chunk_size`` is the number of
-    positions per LM-head chunk (default: about 16M logits per chunk). ``packed`` runs the
-    padding-free layout of :mod:`grouprl.rollout.packing` (each run of rows with the same prompt as
-    one sequence) where the model allows it. ``sequence_mask`` [B, T] marks every token of a
-    multi-turn trajectory (the environment's too, which are attended but not scored); the packed
-    layout needs it (or ``completion_mask`` when it is None) to be a prefix mask.
+    prompt_ids / prompt_mask [B, Lp] (left-padded), completion_ids / completion_mask [B, T] (right-padded) ->
+    (logp [B, T] float32, entropy [B, T] float32 or None), 0 where ``completion_mask`` is 0. ``packed``: the
+    padding-free layout where the model allows it; ``sequence_mask`` [B, T] marks every token of a multi-turn
+    trajectory (the environment's are attended, not scored) and must then be a prefix mask.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")

@@ -1,20 +1,11 @@
-"""Padding-free layout of a batch of completions for the training forward passes.
+"""Padding-free layout of a batch of completions for the training forward passes: the G rows of a group share their
+prompt, so each run of rows with the same prompt is one sequence ``[prompt | completion 1 | ... | completion G]``
+under a 4D mask (prompt tokens see earlier prompt tokens, each completion token the prompt and its own earlier
+tokens). Positions restart after the prompt for every completion, so log-probs equal the padded layout's up to
+rounding. Sequences share rows as wide as the longest one (first-fit decreasing).
 
-The padded layout runs every row as ``[prompt (left-padded to Lp) | completion (right-padded to T)]``.
-The G rows of a group share their prompt, so the packed layout runs one sequence per run of rows with
-the same prompt::
-
-    [prompt | completion 1 | completion 2 | ... | completion G]
-
-under a 4D attention mask: prompt tokens see the earlier prompt tokens, each completion token the whole
-prompt and the earlier tokens of its own completion. Position ids restart after the prompt for every
-completion, so each token's log-prob equals the padded layout's up to float rounding, and gradients
-flow through the one copy of the prompt into all G completions. A completion's last token predicts
-nothing and is left out. Sequences share rows as wide as the longest one (first-fit decreasing).
-
-Shapes: B rows, Lp prompt columns, T completion columns, S packed sequences (runs of rows with
-the same prompt), R rows they are packed into, L the longest sequence (the rows' width), n
-completion tokens that count."""
+Shapes: B rows, Lp prompt columns, T completion columns, S sequences, R rows they are packed into, L the rows'
+width, n completion tokens that count."""
 
 from __future__ import annotations
 
@@ -39,8 +30,7 @@ class Packed:
     allowed: torch.Tensor
     """[R, L, L] bool: query position i may attend key position j."""
     predictor: torch.Tensor
-    """[n] long, flat index into R * L: the position whose output predicts each completion token,
-    in the order of ``completion_mask.reshape(-1).nonzero()``."""
+    """[n] long, flat index into R * L of the position predicting each completion token (mask order)."""
 
 
 def _segments(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
@@ -55,13 +45,9 @@ def _segments(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tens
 
 def pack_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                 completion_mask: torch.Tensor, sequence_mask: torch.Tensor | None = None) -> Packed:
-    """The packed layout of left-padded prompts ``[B, Lp]`` and right-padded completions ``[B, T]``.
-
-    ``sequence_mask`` (default: ``completion_mask``) must be a prefix mask (1 on the first ``len``
-    tokens of each row), which is what every rollout engine returns: it says which tokens are laid
-    out; ``completion_mask`` (1 on a subset of them: a trajectory's policy tokens) says which are
-    scored. A row of length 0 adds nothing.
-    """
+    """The packed layout of left-padded prompts ``[B, Lp]`` and right-padded completions ``[B, T]``:
+    ``sequence_mask`` (default ``completion_mask``), a prefix mask, says which tokens are laid out,
+    ``completion_mask`` which are scored."""
     device = prompt_ids.device
     b, lp_cols = prompt_ids.shape
     seg = _segments(prompt_ids, prompt_mask)  # [B]
@@ -110,8 +96,7 @@ def pack_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_
 
 
 def _first_fit(lengths: list[int]) -> tuple[list[int], list[int], int]:
-    """Sequences into rows as wide as the longest, longest first, each into the first row with room
-    (first-fit decreasing): (row of each sequence, its offset in the row, the width)."""
+    """First-fit decreasing into rows as wide as the longest: (row of each sequence, its offset, the width)."""
     width = max(lengths)
     free: list[int] = []  # room left in each row
     row_of, offset = [0] * len(lengths), [0] * len(lengths)
@@ -135,7 +120,6 @@ def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 MASK_FORMS: Registry[Callable[[torch.Tensor, torch.dtype], torch.Tensor]] = Registry("attention implementation")
-"""``transformers`` attention implementation -> the 4D mask it accepts as given. Implementations
-missing here (flash attention, flex attention) take the padded layout instead."""
+"""Attention implementation -> the 4D mask it takes; others (flash, flex) take the padded layout."""
 MASK_FORMS.register("sdpa", _bool_mask)
 MASK_FORMS.register("eager", _additive_mask)

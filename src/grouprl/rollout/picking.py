@@ -1,17 +1,8 @@
-"""Choosing the next token from a row of logits: penalty, temperature, filters, draw.
-
-The order follows ``transformers``: repetition penalty on the raw logits, then temperature, then
-top-k, top-p and min-p (each on the distribution left by the previous one).
-
-Each row draws with ONE uniform number by inverting its cumulative distribution. That makes a
-row's token depend only on its own logits and its own uniform, not on which other rows are still
-in the batch: dropping finished rows (compaction) or prefilling prompts once per group cannot
-change what a seeded run samples.
-
-``sampling_logprobs`` are the log-probabilities under the distribution actually sampled from:
-``log_softmax(penalised_logits / T)`` restricted to the tokens the filters keep and renormalised
-over them. Without a penalty or filters this equals :func:`grouprl.rollout.logprobs.token_logprobs`
-at the same temperature. Greedy rows (T = 0) report ``log_softmax(logits)`` at T = 1.
+"""Choosing the next token from a row of logits, in ``transformers``' order: repetition penalty, temperature,
+top-k, top-p, min-p. Each row draws with ONE uniform by inverting its CDF, so its token depends only on its own
+logits and uniform, never on which other rows share the batch. ``sampling_logprobs`` are log-probs under the
+distribution actually sampled from (renormalised over the tokens the filters keep); greedy rows report
+``log_softmax(logits)``.
 """
 
 from __future__ import annotations
@@ -22,10 +13,7 @@ from grouprl.types import SamplingParams
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """CTRL penalty: seen tokens' positive logits divided by ``penalty``, negative ones multiplied.
-
-    logits [b, V] float32, seen [b, V] bool -> [b, V].
-    """
+    """CTRL penalty on seen tokens: logits [b, V] float32, seen [b, V] bool -> [b, V]."""
     penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
     return torch.where(seen, penalised, logits)
 
@@ -35,21 +23,13 @@ BLOCK = 256
 
 
 def _last_with_mass(cdf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``index`` [b, 1] moved back to the last entry of ``cdf`` [b, K] that adds mass.
-
-    ``u * total`` can round up to the total; a draw must never step past the last entry with mass.
-    """
+    """``index`` [b, 1] moved back to the last entry of ``cdf`` [b, K] that adds mass (``u * total`` may round up)."""
     return torch.minimum(index, (cdf < cdf[:, -1:]).sum(-1, keepdim=True))
 
 
 def _invert_cdf(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Index drawn from each row of unnormalised ``weights`` [b, K] float32 with uniforms ``u`` [b].
-
-    Returns (index [b] long, the row's total weight [b] float64).
-
-    Two levels, so that no float32 running sum spans the vocabulary (that skews the draw): the block of
-    :data:`BLOCK` entries is drawn from the blocks' float32 sums, then the entry from the block's own
-    running sum on the uniform's position within the block, rescaled to the block's float64 total."""
+    """(index [b] long, total weight [b] float64) drawn from unnormalised ``weights`` [b, K] with uniforms ``u`` [b],
+    in two levels (a block, then the entry in it) so no float32 running sum spans the vocabulary."""
     b, k = weights.shape
     whole = k // BLOCK * BLOCK
     sums = weights[:, :whole].view(b, -1, BLOCK).sum(-1)  # [b, nb]
@@ -68,8 +48,7 @@ def _invert_cdf(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 def _keep_sorted(sorted_weights: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Which of the descending unnormalised probabilities ``sorted_weights`` [b, K] the top-p / min-p
-    filters keep -> [b, K] bool."""
+    """[b, K] bool: which of the descending ``sorted_weights`` [b, K] top-p and min-p keep."""
     keep = torch.ones_like(sorted_weights, dtype=torch.bool)
     if params.top_p < 1.0:
         mass = sorted_weights / sorted_weights.sum(-1, keepdim=True)
@@ -83,14 +62,10 @@ def _keep_sorted(sorted_weights: torch.Tensor, params: SamplingParams) -> torch.
 
 def pick_tokens(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None,
                 seen: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token of every row and its log-prob under the distribution it was drawn from.
-
-    logits [b, V] float32; u [b] uniforms in [0, 1), ideally float64 (ignored when greedy); seen [b, V] bool (tokens
-    already in the prompt or completion, used by the repetition penalty) -> (tokens [b] long,
-    logprobs [b] float32).
+    """Next token of every row and its log-prob: logits [b, V] float32, u [b] uniforms (ignored when greedy),
+    seen [b, V] bool (for the repetition penalty) -> (tokens [b] long, logprobs [b] float32).
     """
-    # The head's learnt layout can hand over column-major logits; a row's sums must run in one order
-    # whatever the layout, or a seeded run would draw differently once the layout is relearnt.
+    # a row's sums must run in one order whatever the head's layout, or a seeded run could draw differently
     logits = logits.contiguous()
     if seen is not None and params.repetition_penalty != 1.0:
         logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)

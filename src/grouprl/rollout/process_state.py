@@ -1,8 +1,5 @@
-"""Process-wide settings that an in-process vLLM engine changes when it starts, put back afterwards.
-
-vLLM's CPU worker binds the process's memory to one NUMA node and makes ``torch.set_num_threads`` a
-no-op; in the trainer's process that would confine training memory to one node and ignore later thread
-settings. :func:`kept_process_state` restores both after the engine is built."""
+"""vLLM's CPU worker binds the process's memory to one NUMA node and makes ``torch.set_num_threads`` a no-op:
+:func:`kept_process_state` puts both back after an in-process engine is built."""
 
 from __future__ import annotations
 
@@ -27,9 +24,7 @@ def _libc():
 
 
 def memory_policy() -> tuple[int, tuple[int, ...]] | None:
-    """(mode with its flags, node mask words) of the calling thread's NUMA memory policy (the kernel keeps
-    one per thread; new threads inherit it), or None where it cannot be read (not Linux on x86_64 /
-    aarch64, or the call is refused)."""
+    """(mode, node mask words) of the calling thread's NUMA memory policy, or None where it cannot be read."""
     libc, calls = _libc()
     if libc is None:
         return None
@@ -40,8 +35,7 @@ def memory_policy() -> tuple[int, tuple[int, ...]] | None:
 
 
 def set_memory_policy(policy: tuple[int, tuple[int, ...]]) -> bool:
-    """Make ``policy`` (as :func:`memory_policy` returned it) the calling thread's memory policy; False if
-    refused."""
+    """Make ``policy`` the calling thread's memory policy; False if refused."""
     libc, calls = _libc()
     if libc is None:
         return False
@@ -54,8 +48,7 @@ def set_memory_policy(policy: tuple[int, tuple[int, ...]]) -> bool:
 
 @contextlib.contextmanager
 def kept_process_state() -> Iterator[None]:
-    """Whatever runs inside may change the memory policy and ``torch.set_num_threads``; both are as
-    before afterwards (the policy best effort: where it cannot be read it is left alone)."""
+    """The memory policy (best effort) and ``torch.set_num_threads`` as before, afterwards."""
     set_threads, policy = torch.set_num_threads, memory_policy()
     try:
         yield

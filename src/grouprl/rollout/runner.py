@@ -1,8 +1,5 @@
-"""Running a Hugging Face causal LM one decode step at a time on its KV cache.
-
-Shared by the sampler and beam search. Prompts are left-padded, so every call passes explicit
-``position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)`` as ``model.generate`` does; the
-log-prob code (:mod:`grouprl.rollout.logprobs`) uses the same rule, so recomputed log-probs match.
+"""Running a Hugging Face causal LM one decode step at a time on its KV cache, for the sampler and beam search.
+Every call passes ``position_ids`` that skip left padding, as ``model.generate`` and :mod:`.logprobs` do.
 """
 
 from __future__ import annotations
@@ -64,10 +61,8 @@ class _WholeCall(nn.Module):
 
 
 def run_with_bf16_weights(model: nn.Module, fn: Callable[[nn.Module], Any]) -> Any:
-    """``fn(model)`` with every float32 parameter replaced by a bfloat16 copy, under bf16 autocast.
-
-    Autocast alone re-casts each weight at every call under ``torch.inference_mode``; casting once per
-    rollout and substituting the copies with ``functional_call`` keeps the live fp32 module untouched."""
+    """``fn(model)`` with every float32 parameter replaced by a bfloat16 copy, under bf16 autocast (which alone would
+    re-cast each weight at every call under ``torch.inference_mode``)."""
     wrapper = _WholeCall(model)
     params = {name: p.to(torch.bfloat16) if p.dtype == torch.float32 else p for name, p in wrapper.named_parameters()}
     with torch.autocast(model_device(model).type, dtype=torch.bfloat16):
@@ -75,9 +70,7 @@ def run_with_bf16_weights(model: nn.Module, fn: Callable[[nn.Module], Any]) -> A
 
 
 def run_in_format(fmt: str, model: nn.Module, fn: Callable[[nn.Module], Any]) -> Any:
-    """``fn(model)`` as a decode loop runs in rollout format ``fmt`` (:data:`~grouprl.rollout.formats.FORMATS`):
-    on copies of the weights for the whole loop where the format makes them, else on the model as it is (a
-    weight-only format's :class:`Runner` reroutes its one-token products itself)."""
+    """``fn(model)`` as a decode loop runs in rollout format ``fmt``: on weight copies where the format makes them."""
     return run_with_bf16_weights(model, fn) if FORMATS.get(fmt).copy_dtype is torch.bfloat16 else fn(model)
 
 
@@ -95,15 +88,9 @@ def _contiguous_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ..
 
 
 class Runner:
-    """Prefill and single-token decode steps of ``model`` on a preallocated cache.
-
-    The cache is a ``DynamicCache`` whose full-attention layers are
-    :class:`~grouprl.rollout.cache.BufferLayer` s of ``capacity`` positions; rows are dropped or repeated
-    with :meth:`select_rows` / :meth:`repeat_rows`. ``compiled`` (:mod:`grouprl.rollout.cpu.compiled`,
-    kept across rollouts by its sampler) runs the layer loop's steps as one graph. ``fmt``: a format with
-    weight-only products (:mod:`grouprl.rollout.cpu.weight_only`) multiplies copies of the fp32 weights in
-    one-token steps, eagerly; the weights must not change while the runner lives. On a CPU, one-token steps
-    of the families :mod:`grouprl.rollout.cpu.layer_loop` covers run through its layer loop."""
+    """Prefill and single-token decode steps of ``model`` on a cache of ``capacity`` positions. On a CPU, one-token
+    steps of the families :mod:`.cpu.layer_loop` covers run through its loop (``compiled``: as one graph); a
+    weight-only ``fmt`` multiplies weight copies in one-token steps (the weights must not change meanwhile)."""
 
     def __init__(self, model: nn.Module, capacity: int, compiled: CompiledStep | None = None, fmt: str = "fp32"):
         self.model = model
@@ -124,10 +111,8 @@ class Runner:
         self._head = head if isinstance(head, nn.Module) else None
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """Append ``ids`` [b, q] to the cache; returns the last position's logits, [b, V] float32.
-
-        ``attention_mask`` is [b, n + q] over the cached and new positions; ``position_ids`` [b, q].
-        """
+        """Append ``ids`` [b, q] (``attention_mask`` [b, n + q], ``position_ids`` [b, q]); the last position's
+        logits [b, V] float32."""
         one_token = ids.shape[1] == 1
         products = weight_only_products(self._linears, self.copies) if self.copies is not None and one_token else \
             contextlib.nullcontext()
@@ -138,9 +123,8 @@ class Runner:
                     return logits
             with products:
                 return self._loop.step(ids, attention_mask, position_ids, self.cache)
-        # A prefill's last positions (logits_to_keep) are a strided slice of its hidden states, which
-        # torch.matmul cannot fold into one matrix product: it would expand the LM head's weight to every
-        # row (29 rows x 576 x 49k copied per call, a second for a 135M model). A contiguous input folds.
+        # a prefill's last positions are a strided slice, which torch.matmul cannot fold into one product: it
+        # would expand the LM head's weight to every row. A contiguous input folds.
         hook = self._head.register_forward_pre_hook(_contiguous_input) if self._head is not None else None
         with decoding(self._sdpa), products, contextlib.ExitStack() as stack:
             if hook is not None:
@@ -155,13 +139,12 @@ class Runner:
             )
         returned = getattr(out, self._cache_name)
         if returned is not None and returned is not self.cache:
-            # Models that build their own cache object hand it back; keep using theirs.
             self.cache = returned
         return float_rows(out.logits[:, -1, :])
 
     @property
     def fewest_rows(self) -> int:
-        """Rows worth keeping in a step even when fewer are running (see :attr:`CompiledStep.FEWEST_ROWS`)."""
+        """Rows worth keeping in a step even when fewer are running."""
         return self.compiled.fewest_rows if self.compiled is not None else 1
 
     def select_rows(self, rows: torch.Tensor) -> None:

@@ -1,11 +1,6 @@
-"""Temporary folders that go with the process that made them, however it ends.
-
-Weight pushes to rollout servers (in /dev/shm by default) and vLLM's model folders are large. ``finally``
-and ``atexit`` remove them on a normal end, an error or a handled signal, but not on SIGKILL. So each
-:class:`ScratchFolder` also has a watcher: a small process in its own session (signals to the run's
-process group miss it) that blocks reading a pipe whose only writer is the owner, and removes the folder
-when the kernel closes the pipe at the owner's exit. A fork of the owner holds the pipe too, so the
-folder then lasts until the fork exits as well."""
+"""Temporary folders that go with the process that made them, however it ends. ``finally`` and ``atexit`` miss a
+SIGKILL, so each :class:`ScratchFolder` has a watcher: a process in its own session that blocks reading a pipe whose
+only writer is the owner, and removes the folder when the kernel closes it (a fork of the owner holds it too)."""
 
 from __future__ import annotations
 
@@ -18,17 +13,14 @@ import weakref
 from pathlib import Path
 
 WATCHER_EXIT_S = 5.0
-"""How long :meth:`ScratchFolder.remove` waits for the watcher to see its pipe close and exit."""
 
 _WATCH = ("import os, shutil, sys; os.chdir('/'); sys.stdin.buffer.read(); "
           "shutil.rmtree(sys.argv[1], ignore_errors=True)")
-"""The watcher: ``read()`` returns once every holder of the pipe's other end has closed it or exited."""
 
 
 class ScratchFolder:
-    """A new empty folder ``<parent>/<prefix>XXXXXXXX`` (``parent`` None: the system's temporary folder),
-    removed by :meth:`remove`, when this object is collected, at interpreter exit, or by its watcher once
-    this process has ended without doing it (see the module docstring)."""
+    """A new empty folder ``<parent>/<prefix>XXXXXXXX``, removed by :meth:`remove`, on collection, at exit, or by its
+    watcher."""
 
     def __init__(self, prefix: str, parent: str | Path | None = None):
         self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))

@@ -1,6 +1,5 @@
-"""Seeds of rollouts: one seed from several integers (the mixer every layer uses: run folders, evaluation, the
-engines' per-row and per-turn seeds) and the row seeds a ``generate`` call samples with. A completion's
-randomness depends on its own seed only, never on what else is in the batch."""
+"""Seeds of rollouts: one seed from several integers, and the row seeds a ``generate`` call samples with. A
+completion's randomness depends on its own seed only, never on what else is in the batch."""
 
 from __future__ import annotations
 
@@ -9,12 +8,10 @@ from collections.abc import Sequence
 import torch
 
 MODULUS = 2**62
-"""Seeds stay below this (torch generators take any 64-bit value)."""
 
 
 def mix_seed(*parts: int) -> int:
-    """One seed from several integers, e.g. (seed, step, round): a polynomial hash, so (1, 2) and
-    (2, 1) differ and a resumed run derives the same seeds as an uninterrupted one.
+    """One seed from several integers, e.g. (seed, step, round), by a polynomial hash: order matters.
 
     >>> mix_seed(3, 5) == 3 * 1_000_003 + 5, mix_seed(3, 5) != mix_seed(5, 3)
     (True, True)
@@ -26,8 +23,7 @@ def mix_seed(*parts: int) -> int:
 
 
 def resolve_row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int]:
-    """``rows`` row seeds from what a caller of ``generate`` passed: the seeds themselves, one int
-    that seeds their draw, or None (fresh randomness)."""
+    """``rows`` row seeds from the seeds themselves, one int that seeds their draw, or None (fresh randomness)."""
     if seed is not None and not isinstance(seed, int):
         seeds = [int(s) for s in seed]
         if len(seeds) != rows:

@@ -1,11 +1,6 @@
-"""Stop strings: ending a completion at the token that completes the first stop string.
-
-A table over the vocabulary marks the tokens that can complete a stop string (their text contains the
-last character of one, or is not a whole character); a step looks the new tokens up in one tensor
-operation, and only rows that drew such a token are decoded and searched. The row ends at the token that
-finishes the stop string: the mask stops there and the text is cut right after the stop string.
-
-Texts are decoded with ``skip_special_tokens=True``; stop on special tokens with ``stop_token_ids``."""
+"""Stop strings: a completion ends at the token that completes the first one. A vocabulary table marks the tokens
+that can (their text holds a stop string's last character, or a partial character), so only rows that drew one are
+decoded and searched. Texts are decoded without special tokens: stop on those with ``stop_token_ids``."""
 
 from __future__ import annotations
 
@@ -44,10 +39,7 @@ def _candidate_table(tokenizer: Any, stop_strings: tuple[str, ...], vocab_size: 
 
 
 class StopStringMatcher:
-    """Finds rows whose newest token completed a stop string.
-
-    Built once per (tokenizer, stop strings) and reused across rollouts; ``table`` is [V] bool.
-    """
+    """Finds rows whose newest token completed a stop string; ``table`` is [V] bool."""
 
     def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...], vocab_size: int):
         if any(not s for s in stop_strings):
@@ -58,11 +50,8 @@ class StopStringMatcher:
         self._tables = {self.table.device: self.table}  # one copy per device the sampler runs on
 
     def completed(self, history: torch.Tensor, rows: torch.Tensor, step: int, new_tokens: torch.Tensor) -> torch.Tensor:
-        """[b] bool: which active rows end with a stop string after ``step``'s token.
-
-        history [B, max_new_tokens] long, the tokens so far indexed by original row; rows [b] long,
-        the original row of each active row; new_tokens [b] long, the tokens just drawn.
-        """
+        """[b] bool: which active rows end with a stop string after ``step``'s token: history [B, N] long by
+        original row, rows [b] long original rows, new_tokens [b] long."""
         if new_tokens.device not in self._tables:
             self._tables[new_tokens.device] = self.table.to(new_tokens.device)
         table = self._tables[new_tokens.device]

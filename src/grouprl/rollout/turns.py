@@ -1,21 +1,11 @@
-"""Multi-turn decoding on one KV cache: the policy's turns and the environment's replies, token in,
-token out, for a batch of trajectories at once.
+"""Multi-turn decoding on one KV cache, token in, token out, for a batch of trajectories at once. Each prompt is
+prefilled once and repeated to its G rows. In a turn every running row samples until a stop token or a budget; a
+row whose turn ended feeds a masked hole (its positions do not advance), so no row waits. ``respond`` turns each
+row's tokens into the environment's reply ids, prefilled onto the same cache with its last sampled token. Ended
+trajectories leave the batch (down to the rows a compiled step needs: passengers, masked). Each row draws from its
+own seed, so a trajectory is the same whatever shares its batch.
 
-Shapes: P initial prompts, G trajectories each (they start from the same reset), B = P * G rows,
-b rows still running, V vocabulary.
-
-- each initial prompt is prefilled once and its cache repeated to its G rows;
-- a turn: every running row samples until a stop token, the turn's ``max_new_tokens`` or the
-  trajectory's token budget. A row whose turn ended while others decode feeds a masked padding
-  column (its position ids do not advance), so the batch keeps one column index and no row waits;
-- between turns ``respond`` turns each row's sampled tokens into the environment's reply as token ids
-  (or ends the trajectory); the replies are left-padded and prefilled onto the same cache with each
-  row's last sampled token. Ended trajectories leave the batch, down to the two rows a compiled step
-  needs (an ended one stays as a passenger: masked, never shown to ``respond``);
-- the policy's tokens are never decoded and re-encoded, and each keeps its sampling log-prob.
-
-Each row draws from its own seed, indexed by how many tokens it has sampled, so a trajectory is the
-same whatever else shares its batch."""
+Shapes: P initial prompts, G trajectories each, B = P * G rows, b rows still running, V vocabulary."""
 
 from __future__ import annotations
 
@@ -27,7 +17,7 @@ import torch
 from grouprl.rollout.cpu.compiled import CompiledStep
 from grouprl.rollout.decoding import row_uniforms, rows_to_keep
 from grouprl.rollout.picking import pick_tokens
-from grouprl.rollout.runner import Runner, positions_from_mask
+from grouprl.rollout.runner import Runner, left_pad, positions_from_mask
 from grouprl.types import SamplingParams
 
 
@@ -40,7 +30,7 @@ class TurnLimits:
     max_turns: int
     """Most policy turns."""
     max_tokens: int
-    """Most tokens after the initial prompt, the policy's and the environment's together."""
+    """Most tokens after the initial prompt, the environment's included."""
 
 
 @dataclass
@@ -50,7 +40,6 @@ class Reply:
     tokens: list[int] | None
     """Token ids to append as context (None: the trajectory is over)."""
     reason: str = "env"
-    """Why the trajectory ended, when ``tokens`` is None (env, error, template, ...)."""
 
 
 Respond = Callable[[list[int], list[list[int]], list[bool]], list[Reply]]
@@ -64,14 +53,11 @@ class Conversations:
     tokens: list[list[int]]
     """Per row: the policy's and the environment's tokens, in order."""
     from_policy: list[list[bool]]
-    """Per row and token: sampled by the policy (True) or context added by the environment."""
     logprobs: list[list[float]]
     """Per row and token: the sampling log-prob (0.0 on environment tokens)."""
     turns: list[int] = field(default_factory=list)
-    """Policy turns per row."""
     end_reason: list[str] = field(default_factory=list)
-    """Why each trajectory ended: env (the environment ended it), length (the token budget),
-    turns (``max_turns``), or the reason a ``Reply`` gave (error, template, ...)."""
+    """env, length (the token budget), turns (``max_turns``), or the reason a ``Reply`` gave."""
 
     @property
     def truncated(self) -> list[bool]:
@@ -79,8 +65,8 @@ class Conversations:
         return [r in ("length", "turns") for r in self.end_reason]
 
     def add_reply(self, row: int, reply: Reply, used: int, limits: TurnLimits) -> bool:
-        """Count ``row``'s policy turn and append the environment's ``reply`` to it; False when the
-        trajectory ends after this turn instead (its reason recorded). ``used``: its tokens after the prompt."""
+        """Count ``row``'s turn and append ``reply``; False when the trajectory ends instead (``used``: its tokens
+        after the prompt)."""
         self.turns[row] += 1
         reason = _ended(reply, used, self.turns[row], limits)
         if reason is not None:
@@ -93,9 +79,7 @@ class Conversations:
 
 
 class _Batch:
-    """The running rows' decoding state: which original row each is, whether its trajectory goes on (else
-    a passenger, kept only so the batch has the rows a compiled step needs), its attention columns, its
-    next position and how many tokens it has sampled and holds after the prompt."""
+    """The running rows' decoding state."""
 
     def __init__(self, rows: torch.Tensor, attn: torch.Tensor, device: torch.device):
         self.rows = rows  # [b] original row of each running row
@@ -107,8 +91,7 @@ class _Batch:
         self.device = device
 
     def keep(self, going: torch.Tensor, runner: Runner) -> list[int]:
-        """Keep the rows whose trajectories go on (``going`` [b] bool), topped up with passengers to the runner's
-        fewest rows, dropping the others from the cache; returns the kept rows' former indices."""
+        """Keep the ``going`` [b] rows, topped up with passengers; the kept rows' former indices."""
         keep = rows_to_keep(going, runner.fewest_rows)  # [b']
         if len(keep) < len(self.rows):
             runner.select_rows(keep)
@@ -130,12 +113,8 @@ def decode_conversations(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
                          group_size: int, params: SamplingParams, limits: TurnLimits, respond: Respond,
                          row_seeds: list[int], stop_ids: torch.Tensor, pad_id: int,
                          compiled: CompiledStep | None = None) -> Conversations:
-    """Decode G conversations for each of P left-padded prompts ``[P, Lp]``; see the module docstring.
-
-    ``respond`` is called once per turn with the rows whose turn just ended; ``row_seeds`` are B
-    seeds; ``stop_ids`` [n_stop] end a turn; ``compiled`` as for
-    :class:`~grouprl.rollout.runner.Runner`.
-    """
+    """Decode G conversations for each of P left-padded prompts ``[P, Lp]``; ``respond`` is called once per turn
+    with the rows whose turn just ended, ``row_seeds`` are B seeds, ``stop_ids`` [n_stop] end a turn."""
     if params.repetition_penalty != 1.0:
         raise ValueError("repetition_penalty is not available for multi-turn rollouts (the environment's tokens "
                          "would count as repetitions)")
@@ -167,7 +146,7 @@ def decode_conversations(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
         kept = batch.keep(going.to(device), runner)
         fed = [blocks.get(i, []) for i in kept]  # a passenger is fed a masked hole
         batch.used += torch.tensor([max(len(blk) - 1, 0) for blk in fed], dtype=torch.long, device=device)
-        ids, mask = _left_padded(fed, pad_id, device)
+        ids, mask = left_pad(fed, pad_id, device)
         logits = batch.feed(runner, ids, mask)
     return out
 
@@ -186,8 +165,8 @@ def _ended(reply: Reply, used: int, turns: int, limits: TurnLimits) -> str | Non
 def _decode_turn(runner: Runner, batch: _Batch, logits: torch.Tensor, params: SamplingParams, limits: TurnLimits,
                  uniforms: torch.Tensor | None, stop_ids: torch.Tensor, pad_id: int,
                  out: Conversations) -> tuple[list[list[int]], list[bool], torch.Tensor]:
-    """One policy turn of every running row: (each row's sampled tokens, whether it ended on a stop
-    token, the logits after the last fed column). The last sampled token of each row is not fed."""
+    """One turn of every running row: (its sampled tokens, whether it ended on a stop token, the logits after the
+    last fed column); the last sampled token is not fed."""
     b = len(batch.rows)
     turn_tokens: list[list[int]] = [[] for _ in range(b)]
     in_turn = batch.live.clone()  # a passenger's draws are discarded
@@ -208,19 +187,7 @@ def _decode_turn(runner: Runner, batch: _Batch, logits: torch.Tensor, params: Sa
         going = in_turn & ~is_stop & (batch.used < limits.max_tokens)
         if step == limits.max_new_tokens - 1 or not going.any():
             break
-        # Rows whose turn ended feed a masked hole; their last token waits for the reply block.
         logits = batch.feed(runner, torch.where(going, tokens, torch.full_like(tokens, pad_id)).unsqueeze(1),
                             going.long().unsqueeze(1))
         in_turn = going
     return turn_tokens, stopped.tolist(), logits
-
-
-def _left_padded(blocks: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token blocks of different lengths, right-aligned: ``([b, k] ids, [b, k] long mask)``."""
-    width = max(len(blk) for blk in blocks)
-    ids = torch.full((len(blocks), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(blocks), width, dtype=torch.long)
-    for i, blk in enumerate(blocks):
-        ids[i, width - len(blk):] = torch.tensor(blk, dtype=torch.long)
-        mask[i, width - len(blk):] = 1
-    return ids.to(device), mask.to(device)

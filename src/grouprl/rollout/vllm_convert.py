@@ -1,6 +1,5 @@
-"""Between grouprl's sampling types and vLLM's: the ``vllm.SamplingParams`` of one row, and a
-:class:`~grouprl.types.RolloutBatch` from vLLM's completions (decoded and cut at stop strings as the
-built-in sampler does). Pure functions of their arguments; nothing here imports ``vllm``."""
+"""Between grouprl's sampling types and vLLM's: one row's ``vllm.SamplingParams`` and a
+:class:`~grouprl.types.RolloutBatch` from vLLM's completions. Nothing here imports ``vllm``."""
 
 from __future__ import annotations
 
@@ -34,10 +33,8 @@ def vllm_sampling_kwargs(params: SamplingParams, stop_token_ids: Sequence[int], 
 def outputs_to_batch(completions: Sequence[Any], prompt_ids: list[list[int]], group_size: int, tokenizer: Any,
                      pad_id: int, stop_strings: tuple[str, ...], prompts: list | None = None,
                      extras: dict[str, list] | None = None) -> RolloutBatch:
-    """A prompt-major :class:`~grouprl.types.RolloutBatch` from B = P * G vLLM ``CompletionOutput`` s in
-    row order (each with ``token_ids``, ``logprobs``: one ``{token_id: Logprob}`` per token, and
-    ``finish_reason``). Texts are decoded and cut at stop strings exactly as the built-in sampler
-    does, so reward functions see the same strings."""
+    """A prompt-major :class:`~grouprl.types.RolloutBatch` from B = P * G vLLM ``CompletionOutput`` s in row order,
+    texts decoded and cut at stop strings as the built-in sampler does."""
     if len(completions) != len(prompt_ids) * group_size:
         raise ValueError(f"{len(completions)} completions for {len(prompt_ids)} prompts x {group_size}")
     tokens = [list(c.token_ids) for c in completions]
@@ -70,11 +67,9 @@ def play_conversations(prompt_rows: list[list[int]], group_size: int, params: Sa
                        respond: Callable[[list[int], list[list[int]], list[bool]], list[Reply]], seeds: list[int],
                        stop_ids: list[int], complete: Callable[[list[int], list[list[int]], list[dict]], list[Any]]
                        ) -> Conversations:
-    """Multi-turn trajectories, G per initial prompt (rows group-major), token in, token out, as
-    :func:`grouprl.rollout.turns.decode_conversations` returns them, for an engine that samples whole turns:
-    ``complete(rows, sequences, kwargs)`` samples one turn for each running row (its whole token sequence so far,
-    its vLLM sampling kwargs) and returns vLLM-style completion outputs; the environment answers through
-    ``respond``. Each turn draws with the row's seed mixed with its turn number."""
+    """:func:`grouprl.rollout.turns.decode_conversations` for an engine that samples whole turns:
+    ``complete(rows, sequences, kwargs)`` samples one turn per running row and returns vLLM-style outputs; each
+    turn draws with the row's seed mixed with its turn number."""
     b = len(prompt_rows) * group_size
     seqs = [list(prompt_rows[i // group_size]) for i in range(b)]
     out = Conversations(tokens=[[] for _ in range(b)], from_policy=[[] for _ in range(b)],

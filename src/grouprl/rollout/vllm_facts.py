@@ -1,9 +1,6 @@
-"""What the installed vLLM can serve (its model architectures, the head sizes of its CPU attention), read once
-per installed vLLM and kept in ``$XDG_CACHE_HOME/grouprl/vllm-facts.json`` (or ``~/.cache/grouprl``).
-
-Asking costs an import of vLLM, which a run whose model vLLM cannot serve would pay at every start. The
-facts are keyed by where vLLM is installed and when its files were written, so another version or a
-reinstall asks again. A cache that cannot be read or written is asked around, never an error."""
+"""What the installed vLLM can serve (architectures, CPU attention head sizes), asked once per install (an import of
+vLLM) and kept in ``$XDG_CACHE_HOME/grouprl/vllm-facts.json``, keyed by vLLM's files' paths and times. A cache
+that cannot be read or written is asked around, never an error."""
 
 from __future__ import annotations
 
@@ -17,7 +14,6 @@ from typing import Any
 
 FILE = "vllm-facts.json"
 SOURCES = ("__init__.py", "model_executor/models/registry.py", "v1/attention/backends/cpu_attn.py")
-"""vLLM's files whose path and time of writing name the installed version (the facts come from the last two)."""
 
 
 def cache_file() -> Path:
@@ -62,8 +58,7 @@ def _write(path: Path, key: str, facts: dict[str, Any]) -> None:
 
 
 def fact(name: str, ask: Callable[[], Any]) -> Any:
-    """The installed vLLM's fact ``name`` (JSON data), from the cache, else ``ask()`` (which imports vLLM)
-    and kept for the next start."""
+    """The installed vLLM's fact ``name`` (JSON data), from the cache, else ``ask()``, kept."""
     key = installed_key()
     if key is None:
         return ask()

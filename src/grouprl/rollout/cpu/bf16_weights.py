@@ -1,15 +1,7 @@
-"""Decode steps on bf16 copies of the weights with fp32 activations: the ``bf16-weights`` rollout format,
-for CPUs without bf16 units.
-
-On an AVX2 CPU bf16 matrix products are slower than fp32, while a decode step of a few rows waits on
-reading every fp32 weight. Half the bytes, read in bf16 and widened to fp32 in the registers, halve that
-wait without bf16 arithmetic: the products run on panels of bf16 weights with fp32 inputs and sums
-(:file:`few_rows.cpp`, built on first use by :mod:`grouprl.rollout.cpu.native`). The only rounding is the
-weights' to bf16, so the rollout's log-probs sit closer to the fp32 trainer's than bf16 autocast's do.
-
-Only one-token decode steps are rerouted; prefills stay fp32. The bf16 copies are made per decode loop on
-first use (the weights change between rollouts). Products whose output width is not a multiple of 16 or
-input width is odd stay fp32."""
+"""The ``bf16-weights`` rollout format, for CPUs without bf16 units: a decode step of a few rows waits on reading
+every fp32 weight, so its products read bf16 copies (half the bytes) widened to fp32 in registers, with fp32 inputs
+and sums (:file:`few_rows.cpp`). The only rounding is the weights', so log-probs sit closer to the fp32 trainer's
+than bf16 autocast's. Only one-token steps are rerouted; widths the kernel does not take stay fp32."""
 
 from __future__ import annotations
 
@@ -20,8 +12,7 @@ from torch import nn
 
 from grouprl.rollout.cpu.native import KernelUnavailable, load
 
-PANEL = 16
-"""Output columns of one panel of the packed weight."""
+PANEL = 16  # output columns of one panel of the packed weight
 
 
 def _library() -> ModuleType:
@@ -29,7 +20,7 @@ def _library() -> ModuleType:
 
 
 def unavailable() -> str | None:
-    """Why the bf16-weights kernels cannot run here (the CPU, the compiler), or None where they can."""
+    """Why the bf16-weights kernels cannot run here, or None."""
     try:
         _library()
     except KernelUnavailable as e:
@@ -38,8 +29,7 @@ def unavailable() -> str | None:
 
 
 def takes(out_features: int, in_features: int) -> bool:
-    """Whether the kernel takes a weight of this shape: whole panels of outputs, and an even input width (it steps
-    two inputs, one cache line of a panel, at a time)."""
+    """Whether the kernel takes this shape: whole panels of outputs, an even input width (two inputs a step)."""
     return out_features % PANEL == 0 and in_features % 2 == 0
 
 
@@ -51,9 +41,8 @@ def supported(module: nn.Module) -> bool:
 
 
 def pack(weight: torch.Tensor) -> tuple[torch.Tensor]:
-    """``weight`` [out, in] fp32 rounded to bf16 (to nearest even, as ``weight.bfloat16()``) in panels:
-    ``(panels,)``, [out / 16, in, 16] int16 holding the bf16 bits, panel p's row k the 16 weights of outputs
-    16p .. 16p + 15 at input k."""
+    """``weight`` [out, in] fp32 rounded to bf16 as ``(panels,)``, [out / 16, in, 16] int16 of bf16 bits: panel p's
+    row k the weights of outputs 16p .. 16p + 15 at input k."""
     n, k = weight.shape
     if weight.dtype != torch.float32 or not takes(n, k):
         raise ValueError(f"pack takes an fp32 [out, in] weight with out a multiple of {PANEL} and in even, got "

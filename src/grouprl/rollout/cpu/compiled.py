@@ -1,15 +1,8 @@
-"""Compiled decode steps: the layer loop's one-token step as one ``torch.compile`` graph.
-
-Where the matrix units make a small model's products fast, most of a decode step is the small operators
-around them (norms, rotary embedding, attention, casts); inductor fuses them into a few C++ loops. The
-whole step is one graph, since a compiled call per layer costs as much in guards as it saves; its inputs
-are plain tensors (this rollout's weights, the cache buffers), not modules, so fresh weight copies and a
-cache rebuilt for fewer rows reuse the graph instead of retracing it.
-
-The step is compiled at the first step it can take (2 or more rows) and kept for the sampler's life; rows
-and cache length are dynamic, and a one-row step runs eagerly. The compile time of the first rollout is
-:attr:`CompiledStep.compile_seconds`. The logits agree with the eager loop's to the format's rounding,
-not bit for bit (inductor orders sums its own way).
+"""The layer loop's one-token step as one ``torch.compile`` graph: inductor fuses the small operators around the
+products (norms, rotary embedding, attention, casts). Its inputs are plain tensors, not modules, so fresh weight
+copies and a cache rebuilt for fewer rows reuse the graph. It compiles at the first step of 2 or more rows (rows and
+cache length dynamic) and is kept for the sampler's life; logits agree with the eager loop's to the format's
+rounding.
 
 Shapes: b rows, L cached + new positions, E hidden size, H query heads, KV key/value heads, D head width,
 V vocabulary."""
@@ -55,7 +48,6 @@ class Plan:
     head_dim: int
     scaling: float
     eps: float
-    """The RMSNorms' epsilon (the same for all of them)."""
     head_norms: bool
     """Qwen3's per-head query and key norms."""
     activation: str
@@ -81,17 +73,9 @@ def decode_step(plan: Plan, ids: torch.Tensor, attention_mask: torch.Tensor, cos
                 embed: torch.Tensor, layers: list[list[torch.Tensor | None]], final_norm: torch.Tensor,
                 head: torch.Tensor, head_bias: torch.Tensor | None, keys: list[torch.Tensor],
                 values: list[torch.Tensor]) -> torch.Tensor:
-    """One decode step, written into the cache buffers; what :meth:`LayerLoop.step` computes.
-
-    Args:
-        ids: ``[b, 1]`` long.
-        attention_mask: ``[b, L]`` (nonzero = attend); the cached positions are ``L - 1``.
-        cos, sin: ``[b, 1, D]``, the rotary embedding of the new positions.
-        embed: ``[V, E]``; layers: :func:`layer_tensors`; final_norm ``[E]``; head ``[V, E]`` and its bias.
-        keys, values: per layer ``[b, KV, capacity, D]`` buffers; position ``L - 1`` is written.
-
-    Returns:
-        ``[b, V]`` float32.
+    """What :meth:`LayerLoop.step` computes, written into the cache buffers: ids ``[b, 1]``, attention_mask
+    ``[b, L]``, cos and sin ``[b, 1, D]``, embed ``[V, E]``, head ``[V, E]``, keys and values per layer
+    ``[b, KV, capacity, D]`` (position ``L - 1`` written) -> logits ``[b, V]`` float32.
     """
     b, n = ids.shape[0], attention_mask.shape[1] - 1
     d, eps = plan.head_dim, plan.eps
@@ -119,42 +103,34 @@ def decode_step(plan: Plan, ids: torch.Tensor, attention_mask: torch.Tensor, cos
 
 
 class CompiledStep:
-    """The compiled decode step of one sampler's model, kept across its rollouts.
-
-    :meth:`run` returns None where a step is to run eagerly: for one row, before a few positions are cached,
-    for a model the graph does not cover, and where the cache must grow."""
+    """The compiled decode step of one sampler's model, kept across its rollouts."""
 
     FEWEST_ROWS = 2
-    """Rows a compiled step needs: dynamo specialises a dimension of size 1, so a 1-row step would need a
-    graph of its own. A decode loop keeps this many rows (a finished one decoding on, its tokens cut) rather
-    than run its last row's steps eagerly, which cost more than a compiled step of any row count."""
+    """Dynamo specialises a dimension of size 1, so a decode loop keeps this many rows (a finished one decoding
+    on) rather than run its last row eagerly."""
 
     def __init__(self) -> None:
         self.plan: Plan | None = None
         self._fn: Callable | None = None
         self.compile_seconds = 0.0
-        """Time spent in the first compiled call (tracing and compiling), 0 until then."""
-        self.unsupported: str | None = None
-        """Why this model's steps run eagerly, once found."""
+        self.unsupported: str | None = None  # why this model's steps run eagerly, once found
         self.steps = 0
-        """Steps run through the compiled graph."""
-        self.refused = 0
-        """Steps the compiled graph's guards refused (run eagerly instead of compiling a second graph)."""
+        self.refused = 0  # steps the graph's guards refused (run eagerly rather than compile a second graph)
         self._logged = 0.0
 
     @property
     def fewest_rows(self) -> int:
-        """Rows a decode loop should keep running for its steps to go through the graph (1: they never will)."""
         return 1 if self.unsupported is not None else self.FEWEST_ROWS
 
     def metrics(self) -> dict[str, float]:
-        """``time/compile``: seconds spent compiling since the last call (the step that compiled shows them)."""
+        """``time/compile``: seconds spent compiling since the last call."""
         out, self._logged = {"time/compile": self.compile_seconds - self._logged}, self.compile_seconds
         return out
 
     def run(self, loop: LayerLoop, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
             cache: object) -> torch.Tensor | None:
-        """The step's ``[b, V]`` float32 logits with the cache advanced, or None (run it eagerly)."""
+        """The step's ``[b, V]`` float32 logits with the cache advanced, or None: run it eagerly (one row, a short
+        or full cache, a model the graph does not cover)."""
         b, n = ids.shape[0], attention_mask.shape[1] - 1
         layers = cache.layers
         if self.unsupported is not None or b < self.FEWEST_ROWS or n < 2 or \
@@ -182,8 +158,7 @@ class CompiledStep:
         return logits
 
     def _compile(self, args: tuple) -> torch.Tensor | None:
-        """The first call: trace and compile, the dimensions that change from step to step dynamic. A failure
-        (a compiler error, an operator inductor lacks) leaves the run decoding eagerly, with a warning."""
+        """The first call: trace and compile; a failure leaves the run decoding eagerly, with a warning."""
         ids, attention_mask, cos, sin, keys, values = args[0], args[1], args[2], args[3], args[9], args[10]
         for t, dims in ((ids, (0,)), (attention_mask, (0, 1)), (cos, (0,)), (sin, (0,)),
                         *((t, (0, 2)) for t in (*keys, *values))):
@@ -201,8 +176,7 @@ class CompiledStep:
         return logits
 
     def _call(self, args: tuple) -> torch.Tensor | None:
-        """A later call, through the compiled graph only: a step its guards refuse (another format) runs eagerly
-        rather than compiling a second graph."""
+        """A later call, through the compiled graph only (a step its guards refuse runs eagerly)."""
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
                 return self._fn(*args)
@@ -246,12 +220,8 @@ def problem(loop: LayerLoop | None) -> str | None:
 
 
 def inductor_options() -> dict[str, int]:
-    """``torch.compile`` options for inductor on a CPU: the vector width it writes its C++ for, stated.
-
-    Inductor leaves the vector width (capped by ``ATEN_CPU_CAPABILITY``) out of its on-disk graph cache key,
-    so a graph compiled under one width and loaded under another corrupts memory or yields NaN logits.
-    Setting ``cpp.simdlen`` to the width inductor would pick anyway changes no code but puts the width in
-    the key: each width gets its own entry."""
+    """Inductor's CPU vector width, stated: it is not otherwise in the on-disk graph cache key, and a graph compiled
+    under one width and loaded under another corrupts memory or yields NaN logits."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     return {"cpp.simdlen": pick_vec_isa().bit_width()}  # 0 where it vectorises nothing (then it picks none)

@@ -1,17 +1,11 @@
-"""Decode steps of Llama-family models as a plain loop over their layers' modules.
+"""Decode steps of Llama-family models as a plain loop over their layers' modules, skipping the work a
+``transformers`` forward does that a one-token step does not need (a fresh causal mask, per-layer lookups, output
+objects). The same modules run in the same order on the same tensors, with :mod:`grouprl.rollout.attention` on the
+cache's own layers, so the logits are the forward's bit for bit. Other families, sliding windows and prefills go
+through the forward.
 
-A ``transformers`` forward wraps each step in work a one-token decode step does not need (the causal
-mask built afresh, the attention function looked up per layer, keyword arguments and output objects),
-a share worth taking on a CPU when few rows are decoding.
-
-For the families whose layers are the plain pre-norm block (:data:`FAMILIES`, full attention only),
-:class:`LayerLoop` runs the step itself: the same modules called in the same order on the same tensors,
-with the attention of :mod:`grouprl.rollout.attention` on the cache's own layers, so the logits are the
-forward's bit for bit (tested). Other families, sliding-window layers, a cache the model built itself and
-prefills go through the ``transformers`` forward. peft's LoRA layers are called like any other module.
-
-Shapes: b rows, L cached + new positions, E hidden size, H query heads, KV key/value heads, D head
-width, I MLP width, V vocabulary."""
+Shapes: b rows, L cached + new positions, E hidden size, H query heads, KV key/value heads, D head width,
+V vocabulary."""
 
 from __future__ import annotations
 
@@ -23,22 +17,16 @@ from grouprl.rollout.attention import grouped_attention
 from grouprl.rollout.cache import BufferLayer
 
 FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
-"""``config.model_type`` values whose decoder layer is the block :meth:`LayerLoop.step` computes (Qwen3's
-per-head query and key norms included; the four apply rotary embeddings alike); each model's layers are
-checked as well."""
+"""``config.model_type`` values whose decoder layer is the block :meth:`LayerLoop.step` computes."""
 
 
 def float_rows(logits: torch.Tensor) -> torch.Tensor:
-    """``[b, V]`` logits as float32 rows. A transposed head hands over column-major logits, which the sampler
-    needs as rows: one kernel casts and reorders them, where a cast then a copy would pass over them twice."""
+    """``[b, V]`` logits as float32 rows, cast and reordered in one kernel (a transposed head gives columns)."""
     return logits.to(torch.float32, memory_format=torch.contiguous_format)
 
 
 class LayerLoop:
-    """One-token decode steps of ``model`` (a ``transformers`` causal LM, LoRA layers injected or not).
-
-    Build it with :meth:`plan`, which returns None for a model it does not cover.
-    """
+    """One-token decode steps of a ``transformers`` causal LM; build it with :meth:`plan`."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -70,26 +58,15 @@ class LayerLoop:
         return cls(model)
 
     def covers(self, cache: object, ids: torch.Tensor) -> bool:
-        """Whether :meth:`step` can take this call: one new position per row, on a cache of
-        :class:`~grouprl.rollout.cache.BufferLayer` s, one per layer, with the model in eval mode (the loop
-        has no attention dropout)."""
+        """Whether :meth:`step` can take this call: one new position per row, a BufferLayer per layer, eval mode."""
         layers = getattr(cache, "layers", None)
         return ids.shape[1] == 1 and not self.model.training and layers is not None and \
             len(layers) == len(self.base.layers) and all(type(c) is BufferLayer for c in layers)
 
     def step(self, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
              cache: object) -> torch.Tensor:
-        """Append one position per row to ``cache``; returns its logits.
-
-        Args:
-            ids: ``[b, 1]`` long.
-            attention_mask: ``[b, L]`` (nonzero = attend) over the cached positions and the new one.
-            position_ids: ``[b, 1]`` long.
-            cache: a ``DynamicCache`` that :meth:`covers` accepts.
-
-        Returns:
-            ``[b, V]`` float32.
-        """
+        """Append one position per row to ``cache``: ids ``[b, 1]``, attention_mask ``[b, L]``, position_ids
+        ``[b, 1]`` -> logits ``[b, V]`` float32."""
         b = ids.shape[0]
         h = self.base.embed_tokens(ids)                                   # [b, 1, E]
         cos, sin = self.base.rotary_emb(h, position_ids)                  # [b, 1, D] each

@@ -1,10 +1,6 @@
-"""Native kernels of the rollout engine: C++ sources beside this file, built, cached and loaded by
-:func:`torch.utils.cpp_extension.load` on first use (rebuilt where source or flags changed).
-
-The kernels are x86 AVX2 + FMA code; a call releases the GIL and shares the OpenMP runtime PyTorch
-loaded. Where they cannot run (another architecture, no AVX2 and FMA, no C++ compiler or ninja, a failed
-build) :func:`load` raises :class:`KernelUnavailable` saying why, and the format that needs them is
-refused before any work."""
+"""Native kernels: C++ sources beside this file, built and loaded by :func:`torch.utils.cpp_extension.load` on first
+use. They are x86 AVX2 + FMA code; where they cannot run :func:`load` raises :class:`KernelUnavailable` saying why,
+and the format that needs them is refused before any work."""
 
 from __future__ import annotations
 
@@ -16,11 +12,10 @@ from types import ModuleType
 
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 CPU_FLAGS = ("avx2", "fma")
-"""What the kernels' instructions need from the CPU (``/proc/cpuinfo``'s names)."""
 
 
 class KernelUnavailable(RuntimeError):
-    """A native kernel cannot run here; the message says why (the CPU, the compiler, the build)."""
+    """A native kernel cannot run here; the message says why."""
 
 
 def _cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
@@ -63,9 +58,7 @@ _LOADED: dict[str, ModuleType | KernelUnavailable] = {}
 
 
 def load(name: str) -> ModuleType:
-    """The extension built from ``<name>.cpp`` beside this file (built now where torch's extension cache has no
-    build of this source); raises :class:`KernelUnavailable` saying why where it cannot be built or run (once per
-    process: the answer is kept)."""
+    """The extension built from ``<name>.cpp`` beside this file, or :class:`KernelUnavailable` (kept per process)."""
     if name not in _LOADED:
         try:
             _LOADED[name] = _build(name)

@@ -1,6 +1,5 @@
-"""Rollout formats whose one-token decode steps multiply other copies of the fp32 weights, everything else
-staying fp32: ``bf16-weights`` (:mod:`grouprl.rollout.cpu.bf16_weights`). A decode loop makes each
-weight's copy on first use and keeps it to the loop's end (the weights change between rollouts)."""
+"""Rollout formats whose one-token steps multiply other copies of the fp32 weights (``bf16-weights``), everything
+else fp32. A decode loop copies each weight on first use and keeps it to the loop's end."""
 
 from __future__ import annotations
 
@@ -18,24 +17,21 @@ Copy = tuple[torch.Tensor, ...]
 
 @dataclass(frozen=True)
 class WeightOnly:
-    """How one weight-only format multiplies: which modules it takes, the copy it makes of a weight, and the
-    product on that copy (x [..., in] -> [..., out] fp32)."""
+    """How one weight-only format multiplies: the modules it takes, a weight's copy, the product on it
+    (x [..., in] -> [..., out] fp32)."""
 
     supported: Callable[[nn.Module], bool]
     copy: Callable[[torch.Tensor], Copy]
     linear: Callable[[nn.Module, torch.Tensor, Copy], torch.Tensor]
     unavailable: Callable[[], str | None]
-    """Why the format cannot run on this machine, or None."""
 
 
 BF16_WEIGHTS = WeightOnly(bf16_weights.supported, bf16_weights.pack, bf16_weights.bf16_weights_linear,
                           lambda: bf16_weights.unavailable())
-"""bf16-weights' products (the ``bf16-weights`` entry of :data:`grouprl.rollout.formats.FORMATS`)."""
 
 
 class Copies:
-    """The copies one decode loop reads for the weight-only products ``fmt`` (weights do not change within it),
-    made on first use and kept until the loop ends."""
+    """The weight copies one decode loop reads, made on first use."""
 
     def __init__(self, fmt: WeightOnly) -> None:
         self.format = fmt
@@ -61,8 +57,7 @@ def weight_only_products(linears: list[nn.Module], copies: Copies) -> contextlib
 
 @contextlib.contextmanager
 def rerouted(linears: list[nn.Module], product: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> Iterator[None]:
-    """Inside, each of ``linears`` computes ``product(module, x)`` when called (an instance attribute shadows the
-    class's forward); their own forwards are back afterwards, whatever happened inside."""
+    """Inside, each of ``linears`` computes ``product(module, x)`` (an instance attribute shadows the forward)."""
     for m in linears:
         m.forward = lambda x, m=m: product(m, x)
     try:
@@ -73,5 +68,5 @@ def rerouted(linears: list[nn.Module], product: Callable[[nn.Module, torch.Tenso
 
 
 def model_linears(model: nn.Module) -> list[nn.Linear]:
-    """The ``nn.Linear`` modules of ``model`` (peft's LoRA layers wrap theirs: the wrapped ones count)."""
+    """The plain ``nn.Linear`` modules of ``model`` (inside peft's LoRA layers too)."""
     return [m for m in model.modules() if type(m) is nn.Linear]
