@@ -38,15 +38,11 @@ def core_shares(cores: Sequence[int], count: int) -> list[list[int]]:
     ([[0, 1, 2], [3, 4]], [[0], [1], [0]])
     """
     cores = list(cores)
-    if count <= len(cores):
-        size, extra = divmod(len(cores), count)
-        out, start = [], 0
-        for i in range(count):
-            stop = start + size + (1 if i < extra else 0)
-            out.append(cores[start:stop])
-            start = stop
-        return out
-    return [[cores[i % len(cores)]] for i in range(count)]
+    if count > len(cores):
+        return [[cores[i % len(cores)]] for i in range(count)]
+    size, extra = divmod(len(cores), count)
+    bounds = [i * size + min(i, extra) for i in range(count + 1)]
+    return [cores[bounds[i]:bounds[i + 1]] for i in range(count)]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

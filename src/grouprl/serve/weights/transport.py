@@ -253,10 +253,6 @@ def vllm_has(module: str) -> bool:
     return spec is not None and any((Path(p) / module).is_file() for p in spec.submodule_search_locations or [])
 
 
-def _any_device(device: torch.device | None) -> str | None:
-    return None
-
-
 def _needs_cuda(device: torch.device | None) -> str | None:
     if device is None or device.type != "cuda":
         return f"the policy is on {device or 'the CPU'}, not a CUDA device"
@@ -269,10 +265,6 @@ def _needs_vllm(device: torch.device | None) -> str | None:
     if not vllm_has("distributed/weight_transfer/nccl_engine.py"):
         return "vLLM with its weight-transfer engines (vllm.distributed.weight_transfer) is not installed here"
     return None
-
-
-def _files_sender(sampler: Any, timeout: float) -> FileWeights:
-    return FileWeights(sampler.pool, sampler.lora, sampler.weights_dir)
 
 
 def _nccl_info(host: str, port: int, world_size: int, timeout: float) -> Any:
@@ -320,8 +312,9 @@ class Transport:
 
 
 TRANSPORTS: Registry[Transport] = Registry("rollout weights transport")
-TRANSPORTS.register("files", Transport("safetensors folders on storage trainer and servers share", None, _any_device,
-                                       _files_sender, adapters_alone=True))
+TRANSPORTS.register("files", Transport("safetensors folders on storage trainer and servers share", None,
+                                       lambda device: None, adapters_alone=True,
+                                       sender=lambda s, timeout: FileWeights(s.pool, s.lora, s.weights_dir)))
 TRANSPORTS.register("nccl", Transport("NCCL broadcast from the trainer's GPU to the servers' GPU workers", "nccl",
                                       _needs_cuda, _collective_sender("nccl", _nccl_info)))
 TRANSPORTS.register("gloo", Transport("gloo (TCP) broadcast from the trainer to the servers' workers, no GPU needed",
