@@ -1,15 +1,10 @@
-"""Outcome-reward advantages computed within groups of completions (or trajectories) that share a
-prompt, a reset or any other key.
+"""Outcome-reward advantages within groups of completions (or trajectories) that share a prompt, a reset
+or any other key.
 
-Rewards arrive as one float per row, ``[B]``. The grouping is equal contiguous groups of G rows
-(prompt-major, the common case) or any partition by ``group_ids [B]`` (:mod:`grouprl.algos.groups`),
-with one implementation of each estimator over both. A NaN reward means "no reward function applied
-to this row" (a function returned ``None``): it is left out of its group's statistics and gets
-advantage 0.
-
-Every estimator is two steps: subtract a baseline within the group, then divide by a scale
-(:data:`SCALES`). All arithmetic runs in float32 whatever the input dtype, and the result is
-float32.
+Rewards are ``[B]``, grouped in equal contiguous groups of G or by ``group_ids [B]``
+(:mod:`grouprl.algos.groups`). A NaN reward (no reward function applied) is left out of its group's
+statistics and gets advantage 0. Every estimator subtracts a baseline within the group, then divides by a
+scale (:data:`SCALES`), in float32.
 """
 
 from __future__ import annotations
@@ -96,12 +91,9 @@ def _scale_group_sample(centred: torch.Tensor, valid: torch.Tensor, groups: Grou
 
 @SCALES.register("batch")
 def _scale_batch(centred: torch.Tensor, valid: torch.Tensor, groups: Groups, reduce: Reduce) -> torch.Tensor:
-    """Population std of every valid reward in the batch around its group mean: a scalar.
-
-    Centring stays per group; only the divisor is shared (as in Dr. GRPO's discussion and
-    verl's batch-std option), so prompts with low-variance groups are not inflated. Summed in
-    float64 so the split over processes changes nothing but rounding.
-    """
+    """Population std of every valid reward in the batch around its group mean: a scalar. Only the divisor
+    is shared (Dr. GRPO's discussion, verl's batch std), so low-variance groups are not inflated; float64 sums
+    make the split over processes change nothing but rounding."""
     sums = reduce(torch.stack([centred.double().square().sum(), valid.sum().double()]))
     return (sums[0] / sums[1].clamp(min=1)).sqrt().to(centred.dtype)
 
@@ -159,20 +151,10 @@ def completion_estimators() -> list[str]:
 def compute_advantages(name: str, rewards: torch.Tensor, group_size: int | None = None, scale: str | None = None,
                        eps: float = 0.0, reduce: Reduce = _local,
                        group_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Advantages ``[B]`` of ``rewards [B]`` by estimator ``name`` (:data:`ADVANTAGES`).
-
-    Args:
-        rewards: ``[B]``, NaN where no reward applied.
-        group_size: G, for equal contiguous groups (prompt-major); or
-        group_ids: ``[B]`` ids, for any grouping (groups of different sizes, formed by a key).
-        scale: ``"group"`` (population std of the group), ``"group-sample"`` (its sample std),
-            ``"batch"`` (std of the whole batch) or ``"none"``; None = the estimator's own (:attr:`Estimator.scale`).
-        eps: added to the divisor. 0 by default: all-equal groups are handled exactly, so eps is
-            only for users who want to damp near-constant groups (TRL uses 1e-4).
-        reduce: sums over the processes that share a batch scale (see :data:`SCALES`).
-
-    Returns:
-        ``[B]`` float32. A group whose valid rewards are all equal gets exactly 0; NaN rows get 0.
+    """Advantages ``[B]`` float32 of ``rewards [B]`` (NaN: no reward) by estimator ``name`` (:data:`ADVANTAGES`),
+    grouped by ``group_size`` (equal contiguous groups) or ``group_ids [B]``. ``scale`` None is the estimator's
+    own. ``eps`` (added to the divisor) only damps near-constant groups (TRL uses 1e-4): all-equal groups get
+    exactly 0 anyway. ``reduce`` sums over the processes that share a batch scale.
     """
     estimator = ADVANTAGES.get(name)
     if estimator.fn is None:

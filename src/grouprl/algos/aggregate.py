@@ -12,16 +12,11 @@ The paper's per-sequence mean divides each row by its own length, so a long wron
 penalised per token less than a short one (the length bias Dr. GRPO points out); token-mean
 and the constant-norm mode remove that bias.
 
-``group-sum`` sums the G rows of a group (the 1/G of the paper's formula left out), and
-``group-sqrt`` divides that sum by sqrt(G): a group's contribution then grows like sqrt(G), the
-rate at which the noise of a sum of G zero-mean advantages grows, so the per-group signal
-neither shrinks (1/G) nor explodes (1) as G gets large. Both are the seq-mean-token-mean
-value times a constant (G, sqrt(G)); under Adam a constant loss scale changes little beyond the
-epsilon and the gradient-clipping threshold, under SGD it is a learning-rate change.
+``group-sqrt`` scales a group's contribution like sqrt(G), the rate at which the noise of a sum of G
+zero-mean advantages grows; both ``group-*`` modes are seq-mean-token-mean times a constant (G, sqrt(G)).
 
-Micro-batching: pass ``num_rows`` / ``num_tokens`` (the totals of the whole minibatch) so that
-the sum of the micro-batch losses equals the loss of the minibatch in one piece; each mode uses
-only sums over rows and these global denominators, so the decomposition is exact.
+Micro-batches pass the whole minibatch's ``num_rows`` / ``num_tokens``, so their losses sum exactly to the
+minibatch's.
 """
 
 from __future__ import annotations
@@ -79,16 +74,9 @@ def _group_sqrt(values, mask, *, num_rows, num_tokens, max_tokens, group_size):
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None,
               group_size: int | None = None, num_rows: float | None = None,
               num_tokens: float | None = None) -> torch.Tensor:
-    """Reduce per-token ``values [B,T]`` under ``mask [B,T]`` to a scalar with aggregation ``mode``.
-
-    Args:
-        values: ``[B,T]`` per-token values (a loss).
-        mask: ``[B,T]`` 0/1, same shape.
-        mode: a name in :data:`AGGREGATIONS`.
-        max_tokens: the constant L of ``seq-mean-token-sum-norm`` (usually max_new_tokens).
-        group_size: G, for the ``group-*`` modes.
-        num_rows: number of rows of the whole minibatch this piece belongs to (default: B).
-        num_tokens: number of valid tokens of the whole minibatch (default: ``mask.sum()``).
+    """Reduce per-token ``values [B,T]`` under ``mask [B,T]`` to a scalar with aggregation ``mode``
+    (:data:`AGGREGATIONS`); ``max_tokens`` is seq-mean-token-sum-norm's L, ``group_size`` the ``group-*`` modes'
+    G; ``num_rows`` / ``num_tokens`` default to this piece's.
 
     >>> v = torch.tensor([[1., 2., 3.], [4., 0., 0.]]); m = torch.tensor([[1., 1., 1.], [1., 0., 0.]])
     >>> aggregate(v, m, "seq-mean-token-mean").item(), aggregate(v, m, "token-mean").item()

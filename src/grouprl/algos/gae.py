@@ -97,15 +97,8 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     """Generalised advantage estimation (Schulman et al. 2016).
 
     ``delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)``, ``A_t = delta_t + gamma * lam * A_{t+1}``,
-    returns ``= A + V``. With ``gamma = lam = 1`` the advantage is the Monte Carlo return minus
-    the value.
-
-    Args:
-        rewards, values, mask: ``[B,T]``.
-        last_values: ``[B]`` value after the last step of each row, for rows cut off (default 0).
-
-    Returns:
-        ``(advantages [B,T], returns [B,T])``, 0 on padding.
+    returns ``= A + V`` (``gamma = lam = 1``: the Monte Carlo return minus the value). ``rewards``, ``values``,
+    ``mask`` are ``[B,T]``, ``last_values [B]`` bootstraps cut rows. ``(advantages [B,T], returns [B,T])``.
     """
     mask = mask.to(rewards.dtype)
     if bool((mask[:, 1:] > mask[:, :-1]).any()):  # a gap inside a row: run over the steps alone

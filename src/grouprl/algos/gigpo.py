@@ -52,20 +52,10 @@ def gigpo_advantages(episode_returns: torch.Tensor, episode_groups: torch.Tensor
                      eps: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-step advantages ``[E, K]`` (0 off the mask) and the anchor groups' statistics.
 
-    Args:
-        episode_returns: ``[E]`` each trajectory's return (its reward, as the episode level sees it).
-        episode_groups: ``[E]`` ids of the trajectories' groups (the reset each started from).
-        step_rewards: ``[E, K]`` the reward each step earned.
-        step_keys: ``[E, K]`` long ids of the state each step started from (equal ids = the same
-            state); -1 = no key.
-        step_mask: ``[E, K]`` 1 on real steps.
-        gamma: discount of the step returns (0.95 in every published GiGPO run).
-        step_weight: w in ``A_episode + w * A_step`` (1 in the paper).
-        scale: ``"group"`` or ``"none"`` (see the module docstring); eps is added to the divisor.
-
-    Returns:
-        (advantages ``[E, K]``, ``{"gigpo/step_groups": anchor groups of two or more steps,
-        "gigpo/step_group_size_mean": their mean size, "gigpo/singleton_frac": share of steps alone}``).
+    ``episode_returns [E]``, ``episode_groups [E]`` (the reset each started from), ``step_rewards [E, K]``,
+    ``step_keys [E, K]`` (state ids, -1 = no key), ``step_mask [E, K]``. ``gamma`` discounts the step returns
+    (0.95 in every published GiGPO run); ``step_weight`` is w (1 in the paper). Metrics: ``gigpo/step_groups``
+    (anchor groups of two or more), ``gigpo/step_group_size_mean``, ``gigpo/singleton_frac``.
     """
     mask = step_mask.float()
     a_episode = compute_advantages("grpo", episode_returns.float(), scale=scale, eps=eps,

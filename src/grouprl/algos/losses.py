@@ -43,23 +43,15 @@ def clipped_surrogate_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantage
                            mask: torch.Tensor, eps_low: float = 0.2, eps_high: float | None = None,
                            dual_clip: float | None = None,
                            level: str = "token") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token loss ``-min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A)``.
+    """Per-token loss ``[B,T]`` ``-min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A)``.
 
-    Args:
-        logp: ``[B,T]`` log-probs of the sampled tokens under the policy being optimised (with grad).
-        old_logp: ``[B,T]`` the same under the policy that sampled them (no grad).
-        advantages: ``[B]`` (one per sequence, broadcast over tokens) or ``[B,T]``.
-        mask: ``[B,T]`` 0/1, used for the metrics and the sequence-level ratio.
-        eps_low, eps_high: clip range; ``eps_high=None`` means symmetric (DAPO's clip-higher
-            sets eps_high > eps_low, e.g. 0.28, to keep low-probability tokens explorable).
-        dual_clip: ``c > 1`` bounds the loss of negative-advantage tokens at ``c * |A|`` (Ye et al.
-            2020, dual-clip PPO): a huge ratio on a bad token cannot produce a huge gradient.
-        level: ``"token"`` (PPO/GRPO) or ``"sequence"`` (GSPO).
-
-    Returns:
-        ``(loss [B,T], metrics)``; metrics: ``clip_low`` / ``clip_high`` (fraction of valid tokens
-        where the lower / upper clip is the active term), ``clip_dual``, ``ratio_mean``,
-        ``approx_kl`` (mean of (log rho)^2 / 2 to the sampling policy).
+    ``logp [B,T]`` (with grad) and ``old_logp [B,T]`` (the sampling policy's) are the sampled tokens' log-probs;
+    ``advantages`` is ``[B]`` (broadcast over tokens) or ``[B,T]``; ``mask [B,T]`` serves the metrics and the
+    sequence-level ratio. ``eps_high=None`` is symmetric (DAPO's clip-higher sets eps_high > eps_low, e.g. 0.28,
+    to keep low-probability tokens explorable). ``dual_clip`` ``c > 1`` bounds a negative-advantage token's loss
+    at ``c * |A|`` (Ye et al. 2020, dual-clip PPO). ``level``: ``"token"`` (PPO/GRPO) or ``"sequence"`` (GSPO).
+    Metrics: ``clip_low`` / ``clip_high`` (share of valid tokens where that clip is active), ``clip_dual``,
+    ``ratio_mean``, ``approx_kl`` (mean of (log rho)^2 / 2 to the sampling policy).
     """
     eps_high = eps_low if eps_high is None else eps_high
     if advantages.dim() == 1:
@@ -99,25 +91,13 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor | None, ref_logp: torch
     ``agg[ L_pg(rho, A) + beta * KL_k(pi || pi_ref) - c_H * H ]``, with the paper's
     ``L_pg = -min(rho*A, clip(rho)*A)`` by default (``policy_loss="clip"``).
 
-    Args:
-        logp: ``[B,T]`` policy log-probs of the sampled tokens (with grad).
-        old_logp: ``[B,T]`` sampling-policy log-probs, or None when on-policy: then
-            ``rho = exp(logp - logp.detach())`` is 1 in value with the REINFORCE gradient.
-        ref_logp: ``[B,T]`` reference log-probs; may be None when ``beta == 0``.
-        advantages: ``[B]`` or ``[B,T]``.
-        mask: ``[B,T]`` 0/1.
-        entropy: ``[B,T]`` per-token policy entropy (with grad) when ``entropy_coef != 0``.
-        policy_loss: the policy-gradient term, a name in :data:`POLICY_LOSSES` (clip, cispo, sapo, gmpo).
-        policy_options: that term's own knobs, by its keyword names: clip's ``eps_low``, ``eps_high``,
-            ``dual_clip``, ``level`` (:func:`clipped_surrogate_loss`); cispo's ``eps_low``, ``eps_high``;
-            sapo's ``tau_pos``, ``tau_neg``; gmpo's ``eps_low``, ``eps_high``. A knob the term does not
-            take is a TypeError naming it.
-        The rest as in :func:`~grouprl.algos.aggregate.aggregate`.
-
-    Returns:
-        ``(loss scalar, metrics)`` with ``loss/policy``, ``loss/kl`` (the beta-weighted term),
-        ``policy/kl`` (token mean of the KL estimate), the term's metrics under ``policy/`` (for clip:
-        ``clip_low|high``), ``policy/ratio_mean``, ``policy/approx_kl_old`` and ``policy/entropy`` when given.
+    ``logp``, ``old_logp``, ``ref_logp``, ``mask`` and ``entropy`` are ``[B,T]``, ``advantages`` ``[B]`` or
+    ``[B,T]``. ``old_logp`` None is on-policy: ``rho = exp(logp - logp.detach())`` is 1 with the REINFORCE
+    gradient; ``ref_logp`` may be None when ``beta == 0``. ``policy_loss`` names the term in
+    :data:`POLICY_LOSSES`, ``policy_options`` its own knobs (a knob it does not take is a TypeError); the
+    aggregation keywords are :func:`~grouprl.algos.aggregate.aggregate`'s. Returns ``(loss scalar, metrics)``:
+    ``loss/policy``, ``loss/kl`` (beta-weighted), ``policy/kl`` (token mean), the term's metrics under
+    ``policy/``, ``policy/approx_kl_old`` and ``policy/entropy`` when given.
     """
     if old_logp is None:
         old_logp = logp.detach()

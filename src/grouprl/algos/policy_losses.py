@@ -55,20 +55,9 @@ def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
     Where no weight is clipped the gradient is the importance-weighted REINFORCE gradient, and on-policy
     (rho = 1) exactly REINFORCE's.
 
-    The bounds take the paper's ``1 + eps`` form, so one knob means one thing across variants (the defaults
-    and how TRL and verl set them: the ``cispo_eps_*`` config keys).
-
-    Args:
-        logp: ``[B,T]`` policy log-probs of the sampled tokens (with grad).
-        old_logp: ``[B,T]`` the sampling policy's log-probs (no grad).
-        advantages: ``[B]`` or ``[B,T]``.
-        mask: ``[B,T]`` 0/1, for the metrics.
-        eps_low: lower bound ``1 - eps_low`` of the weight; None = no lower bound.
-        eps_high: upper bound ``1 + eps_high`` of the weight (>= 0).
-
-    Returns:
-        ``(loss [B,T], metrics)``: ``clip_low`` / ``clip_high`` (share of valid tokens whose weight sits at
-        the lower / upper bound), ``ratio_mean``, ``approx_kl``.
+    The bounds take the paper's ``1 + eps`` form (``eps_low`` None: no lower bound), so one knob means one thing
+    across variants. Metrics: ``clip_low`` / ``clip_high`` (share of valid tokens whose weight sits at that
+    bound), ``ratio_mean``, ``approx_kl``.
     """
     if eps_high < 0 or (eps_low is not None and not 0 <= eps_low <= 1):
         raise ValueError(f"cispo needs eps_high >= 0 and eps_low in [0, 1] or None, got {eps_low}, {eps_high}")
@@ -108,15 +97,8 @@ def sapo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     in the advantage's direction, the gate damps both sides. The paper sets tau_neg > tau_pos because
     negative updates spread probability over the whole vocabulary and destabilise sooner.
 
-    A = 0 takes tau_neg, as in the paper, TRL and verl (its loss is 0 anyway).
-
-    Args:
-        logp, old_logp, advantages, mask: as in :func:`cispo_loss`.
-        tau_pos, tau_neg: gate temperatures (> 0) for positive and for other advantages.
-
-    Returns:
-        ``(loss [B,T], metrics)``: ``gate`` (mean of the gradient weight sech^2, 1 = on-policy),
-        ``ratio_mean``, ``approx_kl``.
+    A = 0 takes tau_neg, as in the paper, TRL and verl (its loss is 0 anyway). Metrics: ``gate`` (mean of the
+    gradient weight sech^2, 1 = on-policy), ``ratio_mean``, ``approx_kl``.
     """
     if not (tau_pos > 0 and tau_neg > 0 and math.isfinite(tau_pos) and math.isfinite(tau_neg)):
         raise ValueError(f"sapo needs finite tau_pos > 0 and tau_neg > 0, got {tau_pos}, {tau_neg}")
@@ -151,15 +133,8 @@ def gmpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     default seq-mean-token-mean the loss is ``-(1/G) sum_i A_i R_i``, the paper's; verl averages over
     sequences whatever its ``loss_agg_mode``; token-mean weighs each sequence by its length.
 
-    Args:
-        logp, old_logp, advantages, mask: as in :func:`cispo_loss`.
-        eps_low, eps_high: the log-space clip range ``[-eps_low, eps_high]`` (>= 0); eps_high None =
-            eps_low.
-
-    Returns:
-        ``(loss [B,T], metrics)``: ``clip_low`` / ``clip_high`` (share of valid tokens whose clipped log-ratio
-        is the one kept: A < 0 below -eps_low, A > 0 above eps_high), ``geo_ratio_mean`` (mean of R_i over
-        rows with tokens), ``ratio_mean``, ``approx_kl``.
+    ``eps_high`` None = ``eps_low``. Metrics: ``clip_low`` / ``clip_high`` (share of valid tokens whose clipped
+    log-ratio is kept), ``geo_ratio_mean`` (mean R_i over rows with tokens), ``ratio_mean``, ``approx_kl``.
     """
     eps_high = eps_low if eps_high is None else eps_high
     if not (eps_low >= 0 and eps_high >= 0):

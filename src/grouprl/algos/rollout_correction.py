@@ -96,17 +96,9 @@ def _sequence_mask(log_ratio: torch.Tensor, mask: torch.Tensor, *, low: float = 
 
 def rollout_mismatch(train_logp: torch.Tensor, rollout_logp: torch.Tensor,
                      mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """KL(pi_rollout || pi_train) estimated on the sampled tokens, as 0-dim tensors.
-
-    Args:
-        train_logp: ``[B,T]`` log-probs of the sampled tokens under the trainer's copy of the
-            policy that sampled them (pi_old).
-        rollout_logp: ``[B,T]`` the same tokens' log-probs as the rollout engine reported them.
-        mask: ``[B,T]`` 0/1.
-
-    Returns:
-        ``rollout/mismatch_kl`` (k3, token mean) and ``rollout/mismatch_k1`` (token mean).
-    """
+    """KL(pi_rollout || pi_train) on the sampled tokens: ``rollout/mismatch_kl`` (k3) and ``rollout/mismatch_k1``,
+    token means, from ``train_logp [B,T]`` (pi_old, the trainer's), ``rollout_logp [B,T]`` (the engine's) and
+    ``mask [B,T]``."""
     log_ratio = (train_logp - rollout_logp).float()  # log r, r = pi_train / pi_rollout
     k3 = torch.expm1(log_ratio) - log_ratio  # r - 1 - log r, exact near r = 1
     return {"rollout/mismatch_kl": masked_mean(k3, mask).detach(),
@@ -115,19 +107,10 @@ def rollout_mismatch(train_logp: torch.Tensor, rollout_logp: torch.Tensor,
 
 def rollout_is_weights(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, *,
                        level: str = "token", **knobs: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The correction weights of ``level`` (a name in :data:`ROLLOUT_IS_LEVELS`) with its ``knobs``.
-
-    Args:
-        train_logp: ``[B,T]`` trainer log-probs of the sampled tokens (pi_old; no grad needed).
-        rollout_logp: ``[B,T]`` the rollout engine's log-probs of the same tokens.
-        mask: ``[B,T]`` 0/1; weights are 0 where it is 0.
-        level: token, sequence (truncated: knob ``cap``), icepop, sequence-mask (masked: ``low``, ``high``).
-
-    Returns:
-        ``(weights [B,T] float32, metrics)``: ``rollout/is_weight_mean`` (token mean of the weights),
-        ``rollout/is_capped_frac`` (truncation: share of tokens whose weight hit the cap) or
-        ``rollout/is_masked_frac`` (masking: share of tokens given weight 0), and the
-        :func:`rollout_mismatch` estimates.
+    """``(weights [B,T] float32, 0 off the mask, metrics)`` of ``level`` (:data:`ROLLOUT_IS_LEVELS`) with its
+    ``knobs``, for the trainer's (pi_old) and the engine's log-probs ``[B,T]`` of the sampled tokens. Metrics:
+    ``rollout/is_weight_mean``, ``rollout/is_capped_frac`` (share at the cap) or ``rollout/is_masked_frac``
+    (share given weight 0), and :func:`rollout_mismatch`'s.
 
     >>> w, m = rollout_is_weights(torch.tensor([[0.0, -1.0, -3.0]]), torch.tensor([[-1.0, -1.0, -1.0]]),
     ...                           torch.ones(1, 3), level="icepop", low=0.5, high=5.0)

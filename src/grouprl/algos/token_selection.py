@@ -1,18 +1,15 @@
 """Which tokens carry the policy gradient: the high-entropy minority (Wang et al. 2025, "Beyond the 80/20
 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM Reasoning", arXiv 2506.01939).
 
-A few tokens of a chain of thought are "forks" where the policy is unsure what comes next; RL with
-verifiable rewards mostly changes those, and the paper trains Qwen3 models on only the top 20% of tokens by
-the policy's entropy, matching or beating full-gradient updates. Here the selection is a 0/1 weight on
-each token's policy-gradient term:
+RL with verifiable rewards mostly changes the few "fork" tokens where the policy is unsure; the paper trains
+on only the top 20% of tokens by entropy. Here the selection is a 0/1 weight on each policy-gradient term:
 
     tau = quantile_{1-q}( H_t over the batch's policy tokens )      (linear interpolation)
     w_t = 1[ H_t >= tau ]
 
 As in the paper and TRL's ``top_entropy_quantile``, the weight multiplies the policy-gradient term only: the
-KL penalty, the entropy bonus and the aggregation's denominators still count every token. q = 1 keeps every
-token (tau is the minimum). TRL takes the quantile over each micro-batch (gathered over processes); the
-trainer here takes it over the whole minibatch, so the micro-batch size still changes only memory and speed.
+KL penalty, the entropy bonus and the aggregation's denominators still count every token. Unlike TRL (per
+micro-batch) the quantile is the whole minibatch's, so the micro-batch size changes only memory and speed.
 """
 
 from __future__ import annotations
@@ -21,16 +18,9 @@ import torch
 
 
 def entropy_threshold(entropies: torch.Tensor, quantile: float) -> torch.Tensor:
-    """The entropy at or above which a token is among the top ``quantile`` share of ``entropies``.
-
-    Args:
-        entropies: ``[N]`` the entropies of the batch's policy tokens (every process's), any order.
-        quantile: q in (0, 1], the share of tokens to keep.
-
-    Returns:
-        0-dim float32: the ``1 - q`` quantile with linear interpolation between order statistics (what
-        ``torch.quantile`` computes; written out because torch.quantile refuses more than 2^24 values);
-        ``-inf`` for no tokens or q = 1, so that every token is kept.
+    """The entropy at or above which a token is among the top ``quantile`` (q in (0, 1]) of ``entropies [N]``:
+    0-dim float32, the ``1 - q`` quantile interpolated as ``torch.quantile`` does (which refuses more than 2^24
+    values); ``-inf`` for no tokens or q = 1.
 
     >>> round(float(entropy_threshold(torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0]), 0.2)), 4)  # 0.8 * 4 = 3.2
     3.2

@@ -17,14 +17,8 @@ import torch
 
 def conjugate_gradient(fvp: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iters: int = 10,
                        tol: float = 1e-10) -> torch.Tensor:
-    """Solve ``A x = b`` for symmetric positive-definite ``A`` given only ``v -> A v``.
-
-    Args:
-        fvp: the matrix-vector product, ``[N] -> [N]``.
-        b: ``[N]``.
-        iters: at most this many iterations (N iterations solve exactly in exact arithmetic).
-        tol: stop once the squared residual norm falls below it.
-    """
+    """Solve ``A x = b [N]`` for symmetric positive-definite ``A`` given only ``fvp: v [N] -> A v [N]``, in at
+    most ``iters`` iterations, stopping once the squared residual norm is under ``tol``."""
     x = torch.zeros_like(b)
     r = b.clone()
     p = b.clone()
@@ -79,19 +73,9 @@ def backtracking_line_search(evaluate: Callable[[torch.Tensor], tuple[float, flo
                              expected_improve: float, max_kl: float, max_backtracks: int = 10,
                              shrink: float = 0.5,
                              accept_ratio: float = 0.1) -> tuple[torch.Tensor, dict[str, float]]:
-    """Try ``full_step * shrink^k`` for k = 0.. until a step is accepted.
-
-    Args:
-        evaluate: ``step [N] -> (surrogate improvement, KL)`` measured with the parameters
-            moved by ``step`` from theta_old (the caller restores them).
-        full_step: ``[N]`` the natural-gradient step at the trust-region edge.
-        expected_improve: the first-order improvement of ``full_step``, ``g . full_step``.
-        max_kl: delta.
-        accept_ratio: the actual improvement must be at least this fraction of the first-order
-            prediction (and positive), with ``KL <= delta``.
-
-    Returns:
-        ``(step, metrics)``: the accepted step, or zeros if none was (the update is skipped).
+    """Try ``full_step [N] * shrink^k`` for k = 0.. until ``evaluate(step) -> (surrogate improvement, KL)`` shows
+    ``KL <= max_kl`` (delta) and a positive improvement of at least ``accept_ratio`` times the first-order
+    prediction (``expected_improve = g . full_step``). ``(step, metrics)``; the step is zeros if none was accepted.
     """
     frac = 1.0
     for k in range(max_backtracks):
@@ -128,17 +112,9 @@ def trpo_step(params: Sequence[torch.Tensor], grad: torch.Tensor, fvp: Callable[
     """One TRPO update of ``params`` in place: solve ``F x = g`` by conjugate gradient, scale ``x`` to
     the trust-region edge, backtrack until the surrogate improves within the KL radius.
 
-    Args:
-        params: the parameters being stepped (their flat order is ``grad``'s, ``[N]``).
-        grad: ``[N]`` gradient of the surrogate at theta_old.
-        fvp: ``v [N] -> (F + damping I) v``.
-        evaluate: ``step [N] -> (surrogate improvement, KL)`` with the parameters at theta_old + step
-            (it may leave them there: this function sets them afterwards).
-        solved: called once the direction is known, before the line search (to free the memory
-            the Fisher-vector products held).
-
-    Returns:
-        ``(step [N], metrics)``: the step taken (zeros when no trial was accepted).
+    ``grad [N]`` is the surrogate's gradient at theta_old in ``params``' flat order; ``fvp: v -> (F + damping I) v``;
+    ``evaluate(step) -> (surrogate improvement, KL)`` at theta_old + step; ``solved()`` runs once the direction is
+    known (to free what the Fisher-vector products held). Returns ``(step [N], metrics)``, zeros if none accepted.
     """
     direction = conjugate_gradient(fvp, grad, cg_iters)
     full_step = natural_step_size(direction, fvp(direction), max_kl) * direction
