@@ -1,26 +1,8 @@
-r"""Final answers: read from a completion, read from a dataset's gold value, compared.
+"""Final answers: read from a completion, read from a dataset's gold value, compared.
 
-A completion's answer is read from the text after its last ``</think>`` (all of it when there is
-none), looking in this order; the first kind found decides:
-
-1. ``<answer>...</answer>`` tags (the project's format),
-2. ``\boxed{...}`` (braces matched; an unclosed one is ignored),
-3. ``#### N`` (GSM8K's format; the rest of the line),
-4. "the answer is N" / "answer: N" (up to the end of the sentence),
-5. the last number in the text.
-
-Several tags, boxes or ``####`` lines must agree once normalised (of "answer is" phrases, which
-also head reasoning steps and corrections, the last counts), and one answer must not offer
-alternatives ("12 or 15", "either 12 or 15", "12 or maybe 15"): otherwise the completion offers
-several candidates and has no answer, so a policy cannot earn the reward by hedging. For the
-last-number fallback, the last two numbers joined by such a word count the same way.
-
-Comparison normalises both sides (LaTeX spacing and ``\left``/``\right``, ``\dfrac``, ``\text{}``,
-currency, thousands separators, degrees, percent, a leading ``x =``, units or words after a number),
-compares exact numbers exactly (``72.00`` = 72, ``0.5`` = ``\frac{1}{2}``), text case- and
-space-insensitively, and otherwise asks math-verify for symbolic equality, bounded in any thread
-(:mod:`grouprl.rewards.symbolic`). The percent sign is read as a unit: "25%" equals 25 (GSM8K's and
-MATH's convention), not 0.25. See docs/answers.md.
+docs/answers.md states the reading order (tags, boxes, ``####``, "the answer is", the last number),
+why a hedged answer has none, and the normalisation; symbolic equality is math-verify's, bounded
+(:mod:`grouprl.rewards.symbolic`).
 """
 
 from __future__ import annotations
@@ -73,10 +55,8 @@ _AMBIGUOUS = object()
 
 
 def gold_answer(value: Any) -> str | None:
-    r"""The gold answer in a dataset value: the last ``<answer>`` tag's text, else the text after
-    GSM8K's last ``####``, else the last ``\boxed{}`` of a MATH solution, else the value itself as
-    text; None when there is none (None, NaN, an empty string, a solution whose only box is
-    unclosed, a list or other container).
+    r"""The gold answer in a dataset value (tag, ``####``, ``\boxed{}``, else the value as text); None
+    when there is none (None, NaN, an empty string, an unclosed box, a container).
 
     >>> gold_answer("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72"), gold_answer(r"So $\boxed{\frac{1}{2}}$.")
     ('72', '\\frac{1}{2}')
@@ -104,8 +84,7 @@ def gold_answer(value: Any) -> str | None:
 
 
 def check_golds(values: Iterable[Any]) -> tuple[int, str | None]:
-    """How many gold values have no answer (:func:`gold_answer` is None), and the first of them
-    (its ``repr``, cut to 120 characters), for a check when a dataset is loaded.
+    """How many gold values have no answer, and the first of them (``repr``, 120 characters at most).
 
     >>> check_golds(["#### 72", 5, None, "So $\\\\boxed{3", "x"])
     (2, 'None')
@@ -115,9 +94,8 @@ def check_golds(values: Iterable[Any]) -> tuple[int, str | None]:
 
 
 def completion_answer(text: str) -> str | None:
-    r"""The final answer ``text`` gives, as written (stripped), in the order of the module's
-    docstring; None when there is none or when it offers several different candidates. Only the
-    text after the last ``</think>`` is read: what a model tried while reasoning is not its answer.
+    r"""The final answer ``text`` gives after its last ``</think>``, as written (stripped); None when
+    there is none or it offers several different candidates.
 
     >>> completion_answer("3 + 4 = 7"), completion_answer("<answer> 12 </answer> then rambling 99")
     ('7', '12')
@@ -142,8 +120,8 @@ def completion_answer(text: str) -> str | None:
 
 
 def same_answer(pred: str | None, gold: str | None, *, symbolic: bool = True) -> bool:
-    r"""Whether two answers are the same: exact numbers after normalisation, else case- and
-    space-insensitive text, else (with ``symbolic``) math-verify's equivalence.
+    r"""Same exact number after normalisation, else same text ignoring case and spaces, else (with
+    ``symbolic``) math-verify's equivalence.
 
     >>> same_answer("$1,024.00", "1024"), same_answer("25%", "25"), same_answer("−5", "-5")
     (True, True, True)
@@ -157,8 +135,7 @@ def same_answer(pred: str | None, gold: str | None, *, symbolic: bool = True) ->
 
 def same_answers(pairs: list[tuple[str | None, str | None]], *, symbolic: bool = True) -> list[bool]:
     """:func:`same_answer` for each ``(pred, gold)`` pair; the pairs left to symbolic algebra go to
-    math-verify together (:func:`grouprl.rewards.symbolic.equal_all`: one child process for all of
-    them outside the main thread).
+    math-verify in one call.
 
     >>> same_answers([("72", "72"), (r"\\sqrt{12}", r"2\\sqrt{3}"), ("Paris", "Lyon")])
     [True, True, False]
@@ -190,9 +167,7 @@ def _plain_verdict(pred: str | None, gold: str | None) -> bool | tuple[str, str]
 
 
 def answer_is_correct(completion: str, gold: Any) -> bool:
-    r"""Whether ``completion`` gives the answer of a dataset's gold value (any format of
-    :func:`gold_answer`): ``same_answer(completion_answer(completion), gold_answer(gold))``.
-    Made for held-out accuracy, where a checker calls it with a row's gold-answer value.
+    r"""``same_answer(completion_answer(completion), gold_answer(gold))``: held-out accuracy's check.
 
     >>> answer_is_correct("<answer>72</answer>", "She sold 24 more.\n#### 72")
     True
@@ -212,10 +187,7 @@ def answers_correct(completions: list[str], golds: list[Any]) -> list[bool]:
 
 
 def normalise(answer: str) -> str:
-    r"""``answer`` with what does not change its value taken out: unicode minus, LaTeX spacing,
-    ``\left``/``\right``, ``\text{}`` wrappers, ``\dfrac``/``\tfrac``, currency and percent signs,
-    degrees, a trailing full stop, whatever comes before the last ``=`` when that is a variable (``x =``)
-    or plain words and arithmetic (``pages = 12 * 52 =``).
+    r"""``answer`` without what does not change its value (docs/answers.md lists it).
 
     >>> normalise(r"\$1{,}000"), normalise(r"x = \dfrac{1}{2}"), normalise(r"45^\circ"), normalise("3 + 4 = 7.")
     ('1,000', '\\frac{1}{2}', '45', '7')
@@ -230,10 +202,8 @@ def normalise(answer: str) -> str:
 
 
 def as_number(answer: str) -> Fraction | None:
-    r"""A normalised answer as an exact number: a plain number with optional thousands separators,
-    decimals and exponent, a simple fraction (``7/2``, ``\frac{7}{2}``), or such a number with only
-    words around it ("It is 15", and units after it: "72 dollars", "5 cm", "5cm"); None otherwise
-    (expressions, words that change the value such as "pi" or "million").
+    r"""A normalised answer as an exact number (a number or simple fraction, with only words or units
+    around it); None for expressions and for words that change the value ("pi", "million").
 
     >>> as_number("1,024"), as_number("-3.50"), as_number(r"\frac{6}{4}"), as_number("3 apples"), as_number("2 pi")
     (Fraction(1024, 1), Fraction(-7, 2), Fraction(3, 2), Fraction(3, 1), None)
@@ -287,8 +257,7 @@ def _tags(text: str) -> list[str]:
 
 
 def _boxes(text: str) -> list[str]:
-    r"""Contents of the outermost ``\boxed{...}``, braces matched, in one pass (no rescans, so a
-    text full of unclosed boxes stays linear)."""
+    r"""Contents of the outermost ``\boxed{...}``, in one pass: unclosed boxes cannot make it quadratic."""
     spans, stack = [], []
     for match in _BOX.finditer(text):
         token = match.group()

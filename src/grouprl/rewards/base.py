@@ -1,18 +1,10 @@
 """The reward-function protocol, calling a list of them on a batch, and combining their scores.
 
-A reward function is any callable ``fn(prompts, completions, *, completion_ids, **columns)`` that
-returns one ``float`` or ``None`` per row. ``columns`` are the dataset's other columns for those
-rows (e.g. ``answer``); a function may name only the ones it needs (its signature is inspected and
-only accepted keywords are passed, unless it takes ``**kwargs``). A function whose signature names
-``completions`` gets its inputs by name instead, in any order, ``prompts`` only if it takes it
-(``def reward_len(completions, **kwargs)``); one that could take neither call is refused before
-training starts. ``None`` means "does not apply
-to this row": it is excluded from the weighted total and from group statistics. An ``async``
-function is awaited concurrently with the other async ones.
-
-A reward function that raises, returns the wrong number of values, or returns NaN/inf/a
-non-number is reported as :class:`RewardFunctionError` naming the function, the row and the
-completion text; ``None`` is the way to skip a row.
+A reward function is any callable ``fn(prompts, completions, *, completion_ids, **columns)`` returning
+one ``float`` per row, or ``None`` where it does not apply (left out of the total and the group
+statistics). It gets only the dataset columns its signature names (all with ``**kwargs``); one that
+names ``completions`` gets its inputs by keyword. ``async`` functions are awaited together. A failure
+is a :class:`RewardFunctionError` naming the function, the row and the completion.
 """
 
 from __future__ import annotations
@@ -38,10 +30,8 @@ class RewardFn(Protocol):
 
 
 def reward_name(fn: Callable[..., Any]) -> str:
-    """The name a reward function's metrics are logged under.
-
-    An explicit ``name`` attribute wins (reward-model objects, configured factories), then
-    ``__name__``, then the wrapped function of a ``functools.partial``, then the class name.
+    """The name a reward function's metrics are logged under: its ``name`` attribute, ``__name__``, a
+    partial's function's name, or its class name.
 
     >>> def exact(prompts, completions): ...
     >>> reward_name(exact), reward_name(functools.partial(exact))
@@ -118,11 +108,8 @@ def _call(fn: Callable[..., Any], prompts: list[Any], completions: list[str], kw
 
 
 def check_reward_columns(reward_fns: Sequence[Callable[..., Any]], column_names: Sequence[str]) -> None:
-    """Fail before any generation if a reward function needs a column the data lacks, or cannot be
-    called with prompts and completions at all.
-
-    ``completion_ids`` is always provided and need not be a column.
-    """
+    """Fail before any generation if a reward function needs a column the data lacks (``completion_ids``
+    is always there), or cannot be called with prompts and completions at all."""
     available = set(column_names) | {"completion_ids"}
     for fn in reward_fns:
         params = _params(fn)
@@ -269,15 +256,8 @@ def _check_inputs(reward_fns: Sequence[Any], weights: Sequence[float] | None, pr
 def score_rewards(reward_fns: Sequence[Callable[..., Any]], weights: Sequence[float] | None, prompts: list[Any],
                   completions: list[str], completion_ids: list[list[int]] | None = None,
                   columns: dict[str, list[Any]] | None = None) -> RewardScores:
-    """Call every reward function on B rows and combine them.
-
-    Args:
-        reward_fns: F callables following the protocol in this module's docstring.
-        weights: F floats (None: all 1.0).
-        prompts, completions: B prompts (text or messages) and B completion texts.
-        completion_ids: B lists of generated token ids (no padding), passed as ``completion_ids``.
-        columns: dataset columns, each a list of B values, passed as keyword arguments.
-    """
+    """Call F reward functions (``weights``: F floats, None for 1.0) on B rows and combine them;
+    ``completion_ids`` (B unpadded id lists) and ``columns`` (each B values) go as keywords."""
     columns = dict(columns or {})
     weights = _check_inputs(reward_fns, weights, prompts, completions, completion_ids, columns)
     names = unique_names(reward_fns)

@@ -1,9 +1,5 @@
-"""Built-in reward functions, and a registry of them by name.
-
-Each follows the protocol of :mod:`grouprl.rewards.base`. Functions that need options (a regex,
-a target length) are made by a factory; ``make_reward(name, **options)`` builds any of them from
-a config. Lengths are counted in generated tokens: ``len(completion_ids[i])``.
-"""
+"""Built-in reward functions (the protocol of :mod:`grouprl.rewards.base`) and their registry;
+those with options are made by a factory. Lengths are counted in generated tokens."""
 
 from __future__ import annotations
 
@@ -21,24 +17,17 @@ THINK_ANSWER_FORMAT = r"<think>.*?</think>\s*<answer>.*?</answer>"
 
 
 def extract_answer(text: str) -> str | None:
-    r"""The final answer a completion gives (:func:`grouprl.rewards.answers.completion_answer`):
-    answer tags, else ``\boxed{}``, else ``#### N``, else "the answer is N", else the last number;
-    None if there is none or the completion offers several different ones.
+    """:func:`grouprl.rewards.answers.completion_answer`.
 
-    >>> extract_answer("3 + 4 = 7, so the answer is 7.")
-    '7'
-    >>> extract_answer("<answer> 12 </answer> then rambling 99"), extract_answer("<answer>12 or 15</answer>")
-    ('12', None)
-    >>> extract_answer(r"so $\boxed{\frac{1}{2}}$") , extract_answer("no digits")
-    ('\\frac{1}{2}', None)
+    >>> extract_answer("3 + 4 = 7, so the answer is 7."), extract_answer("no digits")
+    ('7', None)
     """
     return completion_answer(text)
 
 
 def answers_match(extracted: str | None, gold: Any) -> bool:
-    r"""Whether an extracted answer equals a gold value (any format of
-    :func:`~grouprl.rewards.answers.gold_answer`): exact numbers after normalisation ("x = 5",
-    "$5.00" and "5 apples" are 5), else case- and whitespace-insensitive text; no symbolic algebra.
+    r"""Whether an extracted answer equals a gold value (read by
+    :func:`~grouprl.rewards.answers.gold_answer`), without symbolic algebra.
 
     >>> answers_match("x = 5", 5), answers_match("5.0", "5"), answers_match(" Paris ", "paris")
     (True, True, True)
@@ -49,9 +38,8 @@ def answers_match(extracted: str | None, gold: Any) -> bool:
 
 
 def exact_match(prompts: list[Any], completions: list[str], *, answer: list[Any]) -> RewardList:
-    r"""1.0 where the completion's final answer (:func:`extract_answer`) equals the ``answer``
-    column (:func:`answers_match`: numbers exactly, text ignoring case and spaces; GSM8K's
-    ``#### N`` and MATH's ``\boxed{}`` golds are read), else 0.0; None where the row has no answer.
+    r"""1.0 where :func:`answers_match` holds for the completion's answer and the ``answer`` column,
+    else 0.0; None where the row has no answer.
 
     >>> exact_match(["2+2?"] * 4, ["It is 4.", "<answer>5</answer>", "four", "#### 4"],
     ...             answer=[4, 4, None, "2+2\n#### 4"])
@@ -62,10 +50,8 @@ def exact_match(prompts: list[Any], completions: list[str], *, answer: list[Any]
 
 
 def math_equivalence(prompts: list[Any], completions: list[str], *, answer: list[Any]) -> RewardList:
-    r"""1.0 where the completion's final answer equals the ``answer`` column's gold answer
-    (:func:`~grouprl.rewards.answers.answers_correct`: normalised numbers, then math-verify's
-    symbolic equivalence for LaTeX, fractions, sets, intervals ...), else 0.0; None where there is no
-    answer. Also registered as ``accuracy``, TRL's name for it. See docs/answers.md.
+    r""":func:`exact_match` with math-verify's symbolic equivalence as the last resort
+    (:func:`~grouprl.rewards.answers.answers_correct`). Also registered as ``accuracy``, TRL's name.
 
     >>> math_equivalence(["?"] * 4,
     ...                  [r"$\boxed{\frac{1}{2}}$", r"$\boxed{0.5}$", r"$\boxed{\{1,2\}}$", "<answer>72</answer>"],
@@ -78,8 +64,7 @@ def math_equivalence(prompts: list[Any], completions: list[str], *, answer: list
 
 
 def format_reward(pattern: str = THINK_ANSWER_FORMAT, name: str = "format") -> Callable[..., RewardList]:
-    r"""A reward of 1.0 where the whole completion (stripped) matches ``pattern`` (``.`` matches
-    newlines), else 0.0. The default asks for ``<think>...</think>`` then ``<answer>...</answer>``.
+    r"""1.0 where the whole stripped completion matches ``pattern`` (``.`` matches newlines), else 0.0.
 
     >>> fmt = format_reward()
     >>> fmt([None] * 2, ["<think>2+2</think>\n<answer>4</answer>", "4"])
@@ -101,8 +86,7 @@ def _lengths(completion_ids: list[list[int]] | None, who: str) -> list[int]:
 
 
 def length_target(target: int, name: str = "length_target") -> Callable[..., RewardList]:
-    """A reward of 1 at exactly ``target`` tokens, falling linearly to 0 at 0 and 2 * target
-    tokens (and staying 0 beyond): ``max(0, 1 - |L - target| / target)``.
+    """``max(0, 1 - |L - target| / target)`` for a completion of L tokens.
 
     >>> near_10 = length_target(10)
     >>> near_10([None] * 4, [""] * 4, completion_ids=[[0] * 10, [0] * 5, [0] * 13, [0] * 25])
@@ -119,11 +103,8 @@ def length_target(target: int, name: str = "length_target") -> Callable[..., Rew
 
 
 def overlong_penalty(max_length: int, cache_length: int, name: str = "overlong_penalty") -> Callable[..., RewardList]:
-    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to the task reward:
-    0 up to ``max_length - cache_length`` tokens, then falling linearly to -1 at ``max_length``,
-    and -1 beyond. It tells the policy that a long answer costs, before truncation cuts it.
-
-    With max_length=20, cache_length=8 the soft zone is 12..20 tokens: 16 tokens -> (12-16)/8 = -0.5.
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to ``max_length - cache_length``
+    tokens, then linear to -1 at ``max_length``, -1 beyond; a long answer costs before truncation cuts it.
 
     >>> pen = overlong_penalty(max_length=20, cache_length=8)
     >>> pen([None] * 4, [""] * 4, completion_ids=[[0] * 12, [0] * 16, [0] * 20, [0] * 25])
@@ -142,10 +123,8 @@ def overlong_penalty(max_length: int, cache_length: int, name: str = "overlong_p
 
 def repetition_penalty(n: int = 3, max_penalty: float = -1.0,
                        name: str = "repetition_penalty") -> Callable[..., RewardList]:
-    """``max_penalty * (1 - distinct / total)`` over the word ``n``-grams of each completion
-    (0 for a completion with fewer than ``n`` words): a text that loops earns close to max_penalty.
-
-    "a b a b a b" has the 2-grams ab ba ab ba ab: 2 distinct of 5, so -1 * (1 - 2/5) = -0.6.
+    """``max_penalty * (1 - distinct / total)`` over each completion's word ``n``-grams (0 under ``n``
+    words): "a b a b a b" has 2 distinct 2-grams of 5, so -0.6.
 
     >>> rep = repetition_penalty(n=2)
     >>> rep([None] * 3, ["a b a b a b", "one two three", "hi"])
@@ -178,11 +157,7 @@ REWARDS.register("repetition_penalty", repetition_penalty)
 
 
 def make_reward(name: str, **options: Any) -> Callable[..., RewardList]:
-    """The built-in reward function ``name`` configured with ``options``.
-
-    >>> make_reward("length_target", target=8).__name__
-    'length_target'
-    """
+    """The built-in reward function ``name`` configured with ``options``."""
     factory = REWARDS.get(name)
     try:
         return factory(**options)

@@ -1,20 +1,9 @@
-"""A reward that runs generated Python against test cases in an OS sandbox, and scores it outside.
+"""A reward that runs generated Python against a row's ``tests`` in an OS sandbox, and scores it outside.
 
-The program runs in :class:`grouprl.rewards.sandbox.Sandbox` (bubblewrap: fresh namespaces, uid 65534,
-read-only system, rlimits, a timeout that kills every process it started). The score is computed
-here, in the trainer's process, from what the program produced; the expected values never enter
-the sandbox, so no code inside can forge them. Test cases, per row (the ``tests`` column):
-
-- stdin/stdout: ``{"input": "2 3\\n", "output": "5"}``: one run per case, the output compared line
-  by line (trailing whitespace ignored);
-- function calls: ``{"call": "add", "args": [2, 3], "kwargs": {}, "expected": 5}``, or the same as an
-  assert, ``"assert add(2, 3) == 5"`` (literal arguments and result): the program runs once, then
-  the sandbox calls each function with the arguments and reports the ``repr`` of what it returned,
-  which is read back with ``ast.literal_eval`` (never ``eval``) and compared with ``==``.
-
-An assert of any other form cannot be scored outside the program and is refused with the row's
-test quoted. The reward is the fraction of a row's cases passed: 0.0 for code that does not run,
-times out or is missing; None for a row without tests.
+The expected values never enter the sandbox (:mod:`grouprl.rewards.sandbox`), so no code inside can forge
+them. A case is stdin/stdout (``{"input": "2 3\\n", "output": "5"}``, lines compared without trailing
+whitespace) or a call (``{"call": "add", "args": [2, 3], "expected": 5}`` or ``"assert add(2, 3) == 5"``,
+the result read back with ``ast.literal_eval``). The reward is the fraction of cases passed; None without tests.
 """
 
 from __future__ import annotations

@@ -1,28 +1,7 @@
-"""Group judges: score the G members of a group side by side instead of each alone.
+"""Group judges: score the G members of a group side by side (OpenPipe ART's RULER); docs/grouping.md.
 
-GRPO only uses scores relative to the group, and ranking candidates next to each other is easier than
-scoring one in isolation (OpenPipe ART's RULER). A judge receives one group and returns G scores:
-
-    def my_judge(prompt, completions, **columns) -> list[float] | None
-
-``prompt`` is the group's prompt (text or chat messages) or, for agents, the reset's first
-observation; ``completions`` the G completion (or trajectory) texts; ``columns`` the row's dataset
-columns, one value each (the group shares its row). ``None`` drops the group: its members get no
-reward and so no advantage, and ``judge/dropped_groups`` counts it. A judge that can score many groups
-at once defines ``judge_groups(groups: list[JudgeGroup]) -> list[list[float] | None]``; the trainer
-always hands it every group of a step in one call.
-
-Built in (``judge:`` in the config):
-
-- ``reward_model:<folder>``: a model from ``grouprl train-rm``. Bradley-Terry says member i beats
-  member j with probability sigmoid(r_i - r_j); each member's score is its mean win probability over
-  the other G - 1, in [0, 1]. The G(G-1) pairs need only the G scores: one forward pass per member.
-- ``lm:<model>``: a local causal LM (bundled name, folder or cached hub id) asked once per group. The
-  prompt and the members' common prefix are stated once, the members follow, each quoted as a JSON
-  string and labelled with a code drawn from a hash of the whole group (no member can write a line of
-  the prompt or its own label: see :func:`judge_prompt`), and the answer must be exactly G lines
-  ``<label>: <score 0-10>``; anything else drops the group (:func:`parse_scores`).
-- ``module:function``: your own, as above (an object with ``judge_groups`` too).
+A judge is ``judge(prompt, completions, **columns) -> list[float] | None`` (None drops the group), or an
+object with ``judge_groups(groups: list[JudgeGroup])``, which gets every group of a step in one call.
 """
 
 from __future__ import annotations
@@ -129,9 +108,8 @@ def member_labels(group: JudgeGroup) -> list[str]:
 
 
 def parse_scores(answer: str, count: int, labels: Sequence[str] | None = None) -> list[float] | None:
-    """The judge's answer -> ``count`` scores in [0, 1], or None unless it is exactly one line
-    ``<label>: <score>`` for each label in order (default labels: 1..count), scores within 0..10
-    (blank lines ignored).
+    """The judge's answer -> ``count`` scores in [0, 1]; None unless it is exactly one line
+    ``<label>: <score 0-10>`` per label, in order (default labels 1..count; blank lines ignored).
 
     >>> parse_scores("1: 7\\n2: 10\\n", 2), parse_scores("kqz: 3\\nbbt: 9", 2, ["kqz", "bbt"])
     ([0.7, 1.0], [0.3, 0.9])
@@ -171,16 +149,11 @@ def quoted(text: str) -> str:
 
 
 def judge_prompt(group: JudgeGroup) -> str:
-    """The question put to an LM judge: the task once, the shared prefix once, the numbered members.
+    """The question put to an LM judge: the task once, the shared prefix once, the labelled members.
 
-    Members' texts are the policy's: one may write a block headed like the next member's, or the score
-    lines the judge is asked for. So each member is quoted as a JSON string on one line (line breaks and
-    quotes escaped: nothing it writes can end its quote or start a line), the members are labelled by
-    :func:`member_labels` (a member cannot know its label, which hashes its own text, so a forged score
-    list names no member), the judge is told to score content alone and that scores or instructions
-    inside a response are part of it, and only the judge's own answer is parsed, strictly
-    (:func:`parse_scores`). In the judge's tokens a member's text is text: a special-token string in it
-    is not a turn marker (:mod:`grouprl.data.templates`)."""
+    Members' texts are the policy's and may forge the next member's header or the score lines: each is
+    quoted as one JSON line and labelled by :func:`member_labels` (a hash of its own text, so a forged
+    score list names no member), and only the judge's own answer is parsed, strictly."""
     task = group.prompt if isinstance(group.prompt, str) else "\n".join(
         f"{m['role']}: {m['content']}" for m in group.prompt)
     prefix = common_prefix(group.completions)

@@ -1,13 +1,6 @@
-"""Learned reward models: scoring with one, and training one on preference pairs.
-
-A reward model is an ``AutoModelForSequenceClassification`` with one output (``num_labels=1``)
-reading the whole conversation, prompt and completion, rendered through the chat template. The
-transformers head reads the score at the last token that is not padding; scoring pads on the
-left itself, so the tokenizer's padding side does not matter.
-
-Training uses the Bradley-Terry model of preferences (Ouyang et al. 2022, eq. 1):
-P(chosen > rejected) = sigmoid(r(chosen) - r(rejected)), so the loss is
--log sigmoid(r_chosen - r_rejected), averaged over pairs.
+"""Learned reward models: an ``AutoModelForSequenceClassification`` with ``num_labels=1`` reading the chat-
+rendered conversation (scoring pads on the left itself), and training one on preference pairs with the
+Bradley-Terry loss ``-log sigmoid(r_chosen - r_rejected)`` (Ouyang et al. 2022, eq. 1).
 """
 
 from __future__ import annotations

