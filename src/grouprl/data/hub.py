@@ -1,12 +1,7 @@
-"""Datasets as the Hugging Face hub lays them out, read through the ``datasets`` library: a hub id
-(``openai/gsm8k``) or a local folder in the hub's layout (a ``README.md`` whose YAML front matter lists
-``configs:``, each with ``config_name`` and ``data_files`` per split, beside the data files it names),
-with a config name (``main``) and a split (``train``, ``test``).
-
-A folder written by ``save_to_disk`` is a different layout (Arrow files and ``dataset_info.json``), read
-by ``datasets.load_from_disk``; it holds no configs. What cannot be loaded is one :class:`DataError` that
-names the dataset, its config and split; an unreachable hub says how to fetch the dataset on a machine
-that reaches it.
+"""Datasets as the Hugging Face hub lays them out, through the ``datasets`` library: a hub id
+(``openai/gsm8k``) or a local folder in the hub's layout, with a config name and a split; or a
+``save_to_disk`` folder (``datasets.load_from_disk``). A failure is one :class:`DataError` naming the
+dataset, config and split.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Prompt datasets: reading rows from files or ``datasets`` objects, normalising the prompt
-column, splitting train/eval, and checking prompt lengths before any generation.
-
-A row is a dict with ``"prompt"`` (text, or chat messages ``[{"role", "content"}, ...]``) and
-every other column of the source unchanged; those columns reach the reward functions as keyword
-arguments. Rendering through the chat template happens later, in :mod:`grouprl.rollout.prompts`.
+"""Prompt datasets: rows read from files or ``datasets`` objects, the prompt column normalised, train/eval
+split, prompt lengths checked before any generation. A row is ``"prompt"`` (text or chat messages) plus the
+source's other columns unchanged, which reach the reward functions as keywords.
 """
 
 from __future__ import annotations
@@ -142,10 +139,8 @@ def missing_file(source: str | Path) -> str | None:
 
 
 def row_places(source: str | Path | Any, count: int, split: str | None = None) -> list[str]:
-    """Where each of the ``count`` rows :func:`load_records` read from ``source`` sits, for messages
-    a user can act on: ``"prompts.jsonl line 7"`` (blank lines skipped, as the reader does), ``"data.csv
-    line 3"`` (a quoted field may span lines), ``"data.json item 2"``, else ``"<source> row 2"`` (``"<source>
-    test row 2"`` for rows of ``split``)."""
+    """Where each of the ``count`` rows :func:`load_records` read from ``source`` sits, for messages:
+    ``"prompts.jsonl line 7"``, ``"data.csv line 3"``, ``"data.json item 2"``, else ``"<source> row 2"``."""
     path = Path(source).expanduser() if isinstance(source, str | Path) else None
     if path is None or not path.is_file():
         where = source if isinstance(source, str | Path) else type(source).__name__
@@ -170,8 +165,7 @@ def row_places(source: str | Path | Any, count: int, split: str | None = None) -
 
 
 def _as_messages(value: Any) -> list[dict[str, str]] | None:
-    """``value`` as chat messages if it is a list of role/content dicts (or such a list as JSON
-    text, the way CSV stores it), else None."""
+    """``value`` as chat messages if it is a list of dicts (or one as JSON text, as CSV stores it), else None."""
     if isinstance(value, str) and value.lstrip().startswith("["):
         try:
             value = json.loads(value)
@@ -201,15 +195,9 @@ ANSWER = "answer"
 
 def load_prompts(source: str | Path | Any, prompt_column: str = "prompt", system_prompt: str | None = None,
                  split: str | None = None, config: str | None = None, answer_column: str = ANSWER) -> list[Row]:
-    """Prompt rows from ``source`` (see :func:`load_records`, which ``split`` and ``config`` reach):
-    ``prompt_column`` becomes ``"prompt"`` (validated) and ``answer_column`` becomes ``"answer"``, both
-    renamed (the original names are gone from the rows); every other column is kept. With
-    ``system_prompt`` each prompt becomes chat messages with that system message first (unless it
-    already has one).
-
-    Fails with the columns that exist when ``prompt_column`` is missing, or ``answer_column`` when it is
-    not the default; when a renamed column's new name is taken by another column; and on an empty dataset.
-    """
+    """Prompt rows from ``source`` (:func:`load_records`): ``prompt_column`` renamed ``"prompt"`` (validated) and
+    ``answer_column`` renamed ``"answer"``, every other column kept; with ``system_prompt`` each prompt becomes
+    chat messages with that system message first (unless it has one)."""
     rows = load_records(source, split, config)
     where = source if isinstance(source, str | Path) else type(source).__name__
     if not rows:
@@ -241,9 +229,8 @@ def load_prompts(source: str | Path | Any, prompt_column: str = "prompt", system
 
 def train_eval_split(rows: Sequence[Row], eval_fraction: float | None = None, eval_size: int | None = None,
                      seed: int = 0) -> tuple[list[Row], list[Row]]:
-    """Split rows at random (``seed``) into train and eval; each keeps the original order.
-
-    Give exactly one of ``eval_fraction`` (of the rows, at least 1) or ``eval_size``.
+    """Split rows at random (``seed``) into train and eval, each in the original order; give exactly one of
+    ``eval_fraction`` (at least 1 row) or ``eval_size``.
 
     >>> train, held = train_eval_split([{"prompt": str(i)} for i in range(10)], eval_size=3, seed=0)
     >>> len(train), len(held)
@@ -280,10 +267,9 @@ def check_prompt_lengths(token_lists: Sequence[Sequence[int]], max_len: int, row
 
 def context_overflow(row: str, prompt_len: int, context: int, budget_key: str, budget: int,
                      longest: int | None = None, shorten: str = "shorten the prompt or drop the row") -> str:
-    """The message for a prompt of ``prompt_len`` tokens (``row`` says which) that leaves less than ``budget``
-    tokens (the value of ``budget_key``: max_new_tokens, max_trajectory_tokens) of the model's ``context``.
-    Lowering the budget helps only when the prompt itself fits; the bound named is the room the longest
-    prompt of the batch (``longest``) leaves when that one fits too, else the room this one leaves."""
+    """The message for a prompt of ``prompt_len`` tokens that leaves less than ``budget`` (``budget_key``'s
+    value) of the model's ``context``; the bound it names is the room the batch's ``longest`` prompt leaves
+    when that one fits, else the room this one leaves."""
     fix = shorten[:1].upper() + shorten[1:]
     if prompt_len >= context:
         return (f"{row}: the prompt alone is {prompt_len} tokens after the chat template and the model's context is "

@@ -1,22 +1,10 @@
 """Chat templates to token ids with only the template's own markers special.
 
-A tokenizer reads the string ``<|im_end|>`` as the end-of-turn token wherever it appears, so a prompt,
-an observation, a tool result or a completion that contains it would forge turn boundaries: a
-dataset row holding ``<|im_end|>\\n<|im_start|>assistant\\n...`` would open an assistant turn the
-policy never wrote. Text from data, environments, tools and the policy reaches the model as text;
-only what the template itself writes is special.
-
-How: every message's content is replaced by a placeholder no text holds, the template is rendered,
-and the content is put back where the placeholders landed, remembered as spans of the text. The text
-is cut at the template's special tokens (outside the spans); each piece between them, template text
-and content together, is tokenized with special-token parsing off (``split_special_tokens``). A
-tokenizer splits at special tokens before anything else, so text without special-token strings
-gets exactly the ids of ordinary tokenization.
-
-A template that changes content as it inserts it (``trim``, or Qwen3 dropping earlier ``<think>``
-blocks) is probed one field at a time: the field's real value rendered among placeholders shows what
-the template made of it. A template whose output depends on the content in a way that cannot be
-separated from its markers gets each content inserted as the probes showed it, with a warning.
+Text from data, environments, tools and the policy must reach the model as text: a row holding
+``<|im_end|>\\n<|im_start|>assistant\\n`` would otherwise open a turn the policy never wrote. So contents
+are rendered as placeholders, put back as spans, and every piece between the template's special tokens
+is tokenized with ``split_special_tokens``. A template that changes content as it inserts it (``trim``,
+Qwen3 dropping earlier ``<think>`` blocks) is probed one field at a time.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The text-environment protocol: the gymnasium/GEM shape with text actions, so existing environments
-plug in unchanged.
-
-An environment is any object with
+plug in unchanged:
 
     reset(*, seed: int | None = None, options: dict | None = None) -> (observation, info)
     step(action: str) -> (observation, reward, terminated, truncated, info)
 
-where an observation is text (one user turn) or a list of chat messages ``{"role", "content"}`` to
-append to the conversation, ``options`` carries the dataset row for environments made per row, and
-the reward of a trajectory is the sum of its step rewards. ``info`` may say ``success`` (a bool: the
-``env/success`` metric) and ``state_key`` (a hashable name of the state the next observation shows,
-for step-level grouping). Environments are named by the :data:`ENVIRONMENTS` registry, by an import
-path (``my_module:MyEnv``) or by a GEM id (``gem:game:GuessTheNumber-v0-easy``).
+An observation is text (one user turn) or chat messages; ``options`` carries the dataset row; ``info`` may
+hold ``success`` and ``state_key`` (docs/agents.md).
 """
 
 from __future__ import annotations

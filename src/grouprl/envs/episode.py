@@ -1,26 +1,11 @@
 """One trajectory's side of the conversation: an environment, the tools, and what happened.
 
-An :class:`Episode` is what the multi-turn engine talks to. ``start()`` resets the environment and
-gives the opening messages; ``respond(action)`` takes one assistant turn (text) and returns the
-messages that answer it, or None when the trajectory is over:
-
-- a turn with tool calls (read by the configured parser) is answered by the tools, one ``tool``
-  message per call, and the environment does not step; after ``max_tool_calls`` calls, a turn's
-  text goes to the environment as a plain answer;
-- any other turn is the environment's action: ``step(action)``; its reward is added to the return,
-  and its observation is the next user turn unless the episode terminated or was truncated;
-- an environment that misbehaves (``reset`` or ``step`` raising, ``SystemExit`` included; a return
-  that is not the protocol's tuple; an observation neither text nor chat messages; a reward that is
-  not a finite number) ends the trajectory with reason ``error`` (``env/ended_error``; the trainer drops
-  it), keeping the error, with the environment and seed, in ``error``. Only a signal to the run
-  (:class:`grouprl.errors.Interrupted`) stops it; :class:`grouprl.rollout.agent.AgentSampler` raises
-  :class:`grouprl.errors.EnvError` only when no trajectory of a batch could be played;
-- tool calls and parsers never raise (a parser that raises answers the turn with an error message).
-  :func:`respond_all` answers a batch of turns: all tool calls at once, the environments in turn.
-
-Per policy turn it records the reward the turn earned and the key of the state the turn started
-from (``info["state_key"]``, else the observation text; None after a tool reply), for step-level
-grouping."""
+The multi-turn engine calls ``start()`` (reset, the opening messages) and ``respond(action)`` per assistant
+turn: tool calls are answered by the tools (the environment does not step), any other turn is the
+environment's ``step``. An environment that misbehaves ends its trajectory with reason ``error`` (the trainer
+drops it) rather than the run; tools and parsers never raise. Per policy turn it records the reward and the
+key of the state the turn started from, for step-level grouping.
+"""
 
 from __future__ import annotations
 
@@ -46,17 +31,9 @@ def _state_key(observation: Any, info: dict[str, Any]) -> Any:
 
 
 class Episode:
-    """One trajectory in ``env``; see the module docstring.
-
-    Args:
-        env: a text environment (``reset(*, seed, options)``, ``step(action)``).
-        tools: the tools the policy may call.
-        seed / options: the reset's seed and options (the dataset row).
-        max_tool_calls: tool calls allowed over the trajectory.
-        tool_parser: a name of :data:`~grouprl.envs.tools.TOOL_PARSERS`, an import path of a parser, or
-            the parser itself (``text -> list[ToolCall]``).
-        tool_timeout_s: seconds one tool call may take.
-    """
+    """One trajectory in ``env``, reset with ``seed`` and ``options`` (the dataset row); ``max_tool_calls``
+    counts over the trajectory; ``tool_parser`` is a :data:`~grouprl.envs.tools.TOOL_PARSERS` name, an
+    import path or the parser itself."""
 
     def __init__(self, env: Any, tools: Sequence[Tool] = (), *, seed: int | None = None,
                  options: dict[str, Any] | None = None, max_tool_calls: int = 4,

@@ -1,25 +1,12 @@
-"""Tools the policy may call: plain Python callables described by their type hints and docstring.
-
-A tool is any function with type hints and a Google-style docstring (``Args:`` naming each argument);
-its JSON schema comes from ``transformers.utils.get_json_schema``, the form chat templates take as
-``tools=``. A template that ignores ``tools=`` (SmolLM2's does) gets the tools described in the system
-message by :func:`tools_system_prompt`, in the Hermes format below.
-
-Calls are read from an assistant turn by a parser of :data:`TOOL_PARSERS` (default ``hermes``)::
+"""Tools the policy may call: plain Python callables described by their type hints and docstring
+(``transformers.utils.get_json_schema``), read from a turn by a parser of :data:`TOOL_PARSERS`::
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "23 * 47"}}</tool_call>
 
-Every call is answered with one ``tool`` message, never an exception: a result (as text), or an error
-the model can read (malformed JSON, an unknown tool, bad arguments, a tool that raised, exited, crashed
-or ran past ``timeout_s``).
-
-Each call runs in a process forked from the trainer (no pickling; it sees the state of the moment) that
-leads its own process group, killed at the call's deadline, so a hung tool holds up neither the other
-calls nor the run's exit. Calls run concurrently, those of one turn and, through :meth:`ToolRunner.start`,
-those of every trajectory of a batch. What a tool changes in its process is gone with it; a tool that must
-keep state keeps it outside (a file, a server). A forked process must not use the accelerator or torch's
-thread pools: tools are for text work; untrusted code goes to the ``python`` tool, whose sandbox isolates
-it further."""
+Every call gets one ``tool`` message, never an exception. Each call runs in a process forked from the
+trainer, leading its own process group and killed at its deadline, so a hung tool holds up neither the
+other calls nor the run's exit; a forked process must not use the accelerator or torch's thread pools.
+"""
 
 from __future__ import annotations
 

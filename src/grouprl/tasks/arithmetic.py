@@ -1,14 +1,9 @@
-"""The ``arithmetic`` task: procedurally generated sums, seeded, with difficulty set by the
-number of digits, the operations and the number of operands.
+"""The ``arithmetic`` task: seeded sums whose difficulty is set by digits, operations and operands.
 
-The checker is lenient in one way only: it reads the final answer wherever the model put it,
-the last ``<answer>...</answer>`` tag if any, else the last number in the completion ("3 + 4 = 7"
-counts as 7; "1,024" as 1024). It is strict about the value. Because a completion that only
-repeats the question ends in its last operand, problems whose answer equals an operand
-(``7 + 0``, ``6 - 3``) are never generated.
-
-The default (one-digit operands, + and -) is calibrated so that the default model is right on a
-minority of samples and few groups are all-equal (``docs/calibration.md``).
+The checker reads the last ``<answer>`` tag, else the last number, and is strict about the value. A
+completion that only repeats the question ends in its last operand, so problems whose answer equals an
+operand (``7 + 0``) are never generated. The default is calibrated so that groups disagree
+(docs/calibration.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The ``countdown`` task: reach a target number from given numbers with + - * / and parentheses,
-using each given number at most once (TinyZero's countdown game).
-
-Every generated problem is solvable: the target is the value of a random expression over some
-of the numbers (division only where exact). The checker reads the last ``<answer>...</answer>``
-tag, or else the last non-empty line, and accepts any stretch of it made of digits, operators
-and parentheses ("I think 5 * (25 - 13) = 60" counts); the numbers used must be available.
-Expressions are evaluated exactly (fractions) by walking their ``ast``; nothing is executed.
+"""The ``countdown`` task (TinyZero's): reach a target from given numbers with + - * / and parentheses,
+each number used at most once. Every problem is solvable (the target is a random expression's value). The
+checker reads the last ``<answer>`` tag or else the last line, accepts any arithmetic stretch of it, and
+evaluates it exactly by walking its ``ast``; nothing is executed.
 """
 
 from __future__ import annotations
