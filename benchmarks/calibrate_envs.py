@@ -53,7 +53,6 @@ def main() -> None:
                          max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, eval_size=args.resets,
                          seed=args.seed, temperature=1.0,
                          **({"max_trajectory_tokens": 256} if args.smoke else {}))  # the tiny model's context: 512
-    config.validate()
     inputs = build_inputs(config)
     policy, tokenizer = load_model(config.model, config.seed)
     formats = resolve_formats(config.dtype, config.ref_dtype, config.rollout_dtype)  # as grouprl eval decides them

@@ -16,7 +16,7 @@ import yaml
 from grouprl.cli import main
 from grouprl.cli.build import answer_checker, build_inputs, resolve_model_path
 from grouprl.cli.commands import before_after
-from grouprl.config import ConfigError, TrainConfig, load_config, save_yaml
+from grouprl.config import ConfigError, TrainConfig, check, load_config, save_yaml
 from grouprl.errors import CheckpointError
 from grouprl.registry import import_object
 from grouprl.rewards import reward_name
@@ -111,7 +111,7 @@ def test_a_dataset_replaces_the_task():
 ])
 def test_run_config_validation_names_the_problem(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        TrainConfig(**kwargs)
+        check(TrainConfig(**kwargs))
 
 
 # --------------------------------------------------------------------------- errors and exit codes

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from grouprl.algos.advantages import ADVANTAGES, COMPLETION, STEP, Estimator, completion_estimators
-from grouprl.config import TrainConfig
+from grouprl.config import TrainConfig, check
 from grouprl.trainer.advantages import GroupBaseline, make_baseline
 from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.steps import StepGroupBaseline
@@ -30,18 +30,18 @@ def test_a_new_per_step_estimator_is_treated_as_one_by_its_entry_alone(monkeypat
     config = TrainerConfig(advantage="turnwise", advantage_scale="none")
     assert type(make_baseline(config, None)) is StepGroupBaseline
     with pytest.raises(ValueError, match=r"advantage_scale='group': advantage=turnwise takes none$"):
-        TrainerConfig(advantage="turnwise", advantage_scale="group")
+        check(TrainerConfig(advantage="turnwise", advantage_scale="group"))
     with pytest.raises(ValueError, match="advantage=turnwise apply to an environment's trajectories"):
-        TrainConfig(advantage="turnwise", advantage_scale="none")
+        check(TrainConfig(advantage="turnwise", advantage_scale="none"))
 
 
 def test_gigpo_scales_come_from_its_entry():
     assert ADVANTAGES.get("gigpo").scales == ("group", "none")
-    TrainerConfig(advantage="gigpo", advantage_scale="none")  # accepted
+    check(TrainerConfig(advantage="gigpo", advantage_scale="none"))  # accepted
     with pytest.raises(ValueError, match=r"advantage_scale='batch': advantage=gigpo takes group or none"):
-        TrainerConfig(advantage="gigpo", advantage_scale="batch")
+        check(TrainerConfig(advantage="gigpo", advantage_scale="batch"))
     with pytest.raises(ValueError, match="not one of: gigpo, grpo, rank, reinforce, rloo"):
-        TrainerConfig(advantage="gipgo")
+        check(TrainerConfig(advantage="gipgo"))
 
 
 def test_classic_control_reads_the_same_entries():

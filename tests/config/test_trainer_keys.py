@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from grouprl.config import field_docs, load_yaml, save_yaml, to_dict
-from grouprl.config.run import TrainConfig
+from grouprl.config import check, field_docs, load_yaml, save_yaml, to_dict
+from grouprl.config.train_config import TrainConfig
 from grouprl.trainer.config import (
     AlgorithmKeys,
     EngineKeys,
@@ -65,11 +65,11 @@ def test_flat_access_replace_and_validation_span_the_groups():
     copy = dataclasses.replace(config, temperature=0.7)
     assert type(copy) is TrainerConfig and copy.temperature == 0.7 and copy.max_staleness == 1
     with pytest.raises(ValueError, match="max_staleness"):
-        dataclasses.replace(config, rollout_servers=None)  # staleness needs rollout servers: checks still run
+        check(dataclasses.replace(config, rollout_servers=None))  # staleness needs rollout servers
     with pytest.raises(ValueError, match="group_size"):
-        TrainerConfig(group_size=1)
+        check(TrainerConfig(group_size=1))
     with pytest.raises(ValueError, match="rollout_server_restarts=-1 must be >= 0"):
-        TrainerConfig(rollout_servers=1, rollout_server_restarts=-1)
+        check(TrainerConfig(rollout_servers=1, rollout_server_restarts=-1))
 
 
 def test_yaml_round_trip_keeps_the_key_order_across_groups(tmp_path):

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from grouprl.cli.build import answer_checker, build_inputs
-from grouprl.config import TrainConfig
+from grouprl.config import TrainConfig, check
 from grouprl.data import DataError, load_prompts
 from tests.helpers.hub_layout import gold, problem, write_gsm8k_layout
 
@@ -100,20 +100,20 @@ def test_eval_split_holds_out_the_same_folder_and_the_checker_reads_gsm8k_golds(
 ])
 def test_dataset_keys_that_cannot_work_are_refused_before_loading(gsm8k, kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        config_of(gsm8k, **kwargs)
+        check(config_of(gsm8k, **kwargs))
 
 
 def test_dataset_keys_need_a_dataset_and_files_have_no_configs_or_splits(tmp_path):
     for key, value in (("dataset_config", "main"), ("eval_split", "test"), ("answer_column", "solution")):
         with pytest.raises(ValueError, match=f"{key} apply to a dataset, but no dataset is set"):
-            TrainConfig(**{key: value})
+            check(TrainConfig(**{key: value}))
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"prompt": "1+1?", "answer": 2}) + "\n")
     base = {"dataset": str(path), "reward_functions": ("exact_match",)}
     with pytest.raises(ValueError, match="dataset_config='main' names a config of a hub dataset, but .* is a file"):
-        TrainConfig(**base, dataset_config="main")
+        check(TrainConfig(**base, dataset_config="main"))
     with pytest.raises(ValueError, match="eval_split='test' picks a split of a dataset folder or hub id, but"):
-        TrainConfig(**base, eval_split="test")
+        check(TrainConfig(**base, eval_split="test"))
 
 
 def test_system_prompt_comes_before_each_dataset_prompt_in_the_chat_template(gsm8k):
@@ -143,8 +143,8 @@ def test_a_saved_dataset_dict_gives_its_splits_and_has_no_configs(tmp_path):
     assert (len(inputs.train_rows), len(inputs.eval_rows)) == (5, 3)
     assert inputs.eval_rows[0]["prompt"] == problem(5)["question"]
     with pytest.raises(ValueError, match="written by save_to_disk, which holds one config already"):
-        TrainConfig(dataset=str(folder), dataset_config="main", prompt_column="question",
-                    reward_functions=("math_equivalence",))
+        check(TrainConfig(dataset=str(folder), dataset_config="main", prompt_column="question",
+                          reward_functions=("math_equivalence",)))
 
 
 def test_golds_that_give_no_answer_are_counted_before_training(tmp_path):

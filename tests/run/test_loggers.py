@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from grouprl.config import check
 from grouprl.report.data import read_jsonl
 from grouprl.run.folder import foreign_entries, remove_run_files
 from grouprl.run.loggers import chosen, logger_problems, run_folders
@@ -30,7 +31,7 @@ def test_an_unknown_logger_is_refused_with_the_valid_names():
     message = ("loggers: unknown logger 'wandbb' (did you mean 'wandb'?); valid names: jsonl, tensorboard, "
                "trackio, wandb")
     with pytest.raises(ValueError, match=re.escape(message)):
-        TrainerConfig(loggers=("wandbb",))
+        check(TrainerConfig(loggers=("wandbb",)))
     with pytest.raises(ValueError, match=re.escape(message)):
         ControlConfig(loggers=("wandbb",))
 
@@ -41,7 +42,7 @@ def test_a_missing_package_names_its_extra_before_any_model_loads(tmp_path, monk
     monkeypatch.setitem(sys.modules, "trackio", None)  # importlib then finds no trackio
     with pytest.raises(ValueError, match=re.escape("loggers: trackio needs the trackio package, which is not "
                                                    "installed: pip install 'grouprl[trackio]'")):
-        TrainerConfig(loggers=("trackio",))
+        check(TrainerConfig(loggers=("trackio",)))
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model loaded before the config was checked")

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grouprl.config import check
 from grouprl.errors import ConfigError
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.vllm_weights import base_weight_name
@@ -61,7 +62,7 @@ def test_a_bad_transport_in_the_config_is_named_before_anything_loads():
     from grouprl.trainer.config import TrainerConfig
 
     with pytest.raises(ValueError, match="rollout_weights_transport='udp': choose auto, files, gloo, nccl"):
-        TrainerConfig(rollout_weights_transport="udp")
+        check(TrainerConfig(rollout_weights_transport="udp"))
 
 
 def test_the_plan_records_the_transport_only_for_servers(tmp_path):

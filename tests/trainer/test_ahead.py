@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from grouprl.config import check
 from grouprl.errors import ConfigError
 from grouprl.run.logs import JsonlLog, PhaseTimer
 from grouprl.run.seed_streams import PromptStream
@@ -240,12 +241,12 @@ def test_the_live_model_engine_cannot_sample_ahead(tmp_path):
 
 def test_the_config_refuses_sampling_ahead_without_servers_or_without_the_correction():
     with pytest.raises(ValueError, match="max_staleness=1 .* set rollout_servers"):
-        TrainerConfig(max_staleness=1)
+        check(TrainerConfig(max_staleness=1))
     with pytest.raises(ValueError, match="max_staleness=2 .* rollout_is must correct"):
-        TrainerConfig(max_staleness=2, rollout_servers=("127.0.0.1:8000",), rollout_is="none")
+        check(TrainerConfig(max_staleness=2, rollout_servers=("127.0.0.1:8000",), rollout_is="none"))
     with pytest.raises(ValueError, match="max_staleness=-1 must be a whole number >= 0"):
-        TrainerConfig(max_staleness=-1)
-    TrainerConfig(max_staleness=1, rollout_servers=("127.0.0.1:8000",), rollout_is="token")  # accepted
+        check(TrainerConfig(max_staleness=-1))
+    check(TrainerConfig(max_staleness=1, rollout_servers=("127.0.0.1:8000",), rollout_is="token"))  # accepted
 
 
 def test_a_batch_beyond_total_steps_is_an_error_not_a_wait(tmp_path):

@@ -1,5 +1,6 @@
 import pytest
 
+from grouprl.config import check
 from grouprl.trainer.config import GRPOConfig
 from grouprl.trainer.sampling import eval_params, rollout_params
 
@@ -23,7 +24,7 @@ from grouprl.trainer.sampling import eval_params, rollout_params
 )
 def test_invalid_settings_say_what_to_change(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        GRPOConfig(**kwargs)
+        check(GRPOConfig(**kwargs))
 
 
 def test_off_policy_detection():
@@ -50,7 +51,7 @@ def test_every_bad_value_is_refused_by_its_key(key, value):
     from grouprl.trainer.config import TrainerConfig
 
     with pytest.raises(ValueError, match=rf"{key}={value}"):
-        TrainerConfig(**{key: value})
+        check(TrainerConfig(**{key: value}))
 
 
 def test_gradient_checkpointing_is_on_unless_set_off_or_the_update_differentiates_twice():
@@ -73,7 +74,7 @@ def test_weight_only_rollouts_are_the_built_in_engines(monkeypatch, fmt):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
     with pytest.raises(ValueError, match=f"rollout_dtype={fmt} is the built-in engine's"):
-        GRPOConfig(rollout_dtype=fmt, rollout_engine="vllm")
+        check(GRPOConfig(rollout_dtype=fmt, rollout_engine="vllm"))
 
 
 def test_bf16_weights_rollouts_sample_and_evaluate_in_bf16_weights():

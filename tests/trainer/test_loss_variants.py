@@ -10,6 +10,7 @@ import torch
 
 from grouprl.algos import POLICY_LOSSES
 from grouprl.algos.rollout_correction import ROLLOUT_IS_LEVELS, rollout_is_weights
+from grouprl.config import check
 from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.loss_variants import POLICY_LOSS_KEYS, ROLLOUT_IS_KEYS, policy_options
 from tests.helpers.agents import make_agent_trainer
@@ -50,7 +51,7 @@ def test_the_key_tables_name_every_registered_variant():
 ])
 def test_a_variants_keys_are_refused_under_another_naming_the_owner(settings, message):
     with pytest.raises(ValueError, match=message):
-        TrainerConfig(**settings)
+        check(TrainerConfig(**settings))
 
 
 def test_a_variants_own_keys_are_accepted():

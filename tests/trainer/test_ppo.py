@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from grouprl.algos import gae
+from grouprl.config import check
 from grouprl.models import tiny_causal_lm
 from grouprl.models.value_head import make_critic
 from grouprl.trainer.config import TrainerConfig
@@ -144,9 +145,9 @@ def test_resume_restores_critic_and_controller(tmp_path):
 
 def test_config_errors():
     with pytest.raises(ValueError, match="kl_controller='pid'"):
-        TrainerConfig(algo="ppo", kl_controller="pid")
+        check(TrainerConfig(algo="ppo", kl_controller="pid"))
     with pytest.raises(ValueError, match="gae_lambda"):
-        TrainerConfig(algo="ppo", gae_lambda=1.5)
+        check(TrainerConfig(algo="ppo", gae_lambda=1.5))
     # beta = 0 leaves nothing to place in the reward
     assert not TrainerConfig(algo="ppo", beta=0.0).kl_penalty_in_reward
     assert TrainerConfig(algo="ppo").kl_penalty_in_reward

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from grouprl.algos import aggregate, group_advantages
+from grouprl.config import check
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.trainer import Trainer
@@ -124,7 +125,7 @@ def test_fisher_stride_uses_fewer_rows_and_keeps_the_trust_region(tmp_path):
 ])
 def test_config_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
-        TrainerConfig(algo="trpo", **overrides)
+        check(TrainerConfig(algo="trpo", **overrides))
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grouprl.config import DEFAULT_TASK_EVAL_SIZE, DEFAULT_TASK_TRAIN_SIZE, TINY_MODEL, TrainConfig
+from grouprl.config import DEFAULT_TASK_EVAL_SIZE, DEFAULT_TASK_TRAIN_SIZE, TINY_MODEL, TrainConfig, check
 from grouprl.data.prompt_sets import ANSWER
 from grouprl.errors import ConfigError, ModelLoadError
 from grouprl.registry import import_object
@@ -168,8 +168,10 @@ def load_checker(config: TrainConfig, task: Any, eval_rows: list[Row]) -> Callab
 
 
 def build_inputs(config: TrainConfig) -> RunInputs:
-    """Prompts (or resets), rewards, checker, environment and tools for ``config``, checked (a reward
-    function that needs a column the data lacks fails here) before any model is loaded."""
+    """Prompts (or resets), rewards, checker, environment and tools for ``config`` (checked first, as a config
+    made in Python was not), checked (a reward function that needs a column the data lacks fails here) before
+    any model is loaded."""
+    check(config)
     train, held, task, places = load_rows(config)
     checker = None if config.env else load_checker(config, task, held)
     if task is None and config.dataset:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from grouprl.config import check
 from grouprl.errors import ConfigError
 from grouprl.run.files import as_plain, write_text_atomic
 from grouprl.run.folder import claimed, holds_run
@@ -80,7 +81,9 @@ def lm_algorithm_config(run: Any, algo: str, options: dict[str, Any]) -> Any:
     if unknown:
         raise ValueError(f"algo_options.{algo}: {', '.join(sorted(unknown))} is not a train option")
     try:
-        return replace(run, algo=algo, **options)
+        config = replace(run, algo=algo, **options)
+        check(config)
+        return config
     except ValueError as e:
         raise ValueError(f"{algo}: {e}") from None
 

@@ -18,8 +18,10 @@ paragraph naming the key at fault and, for an unknown key, the closest valid one
 
 Modules: :mod:`~grouprl.config.fields` (types, field docs, key suggestions),
 :mod:`~grouprl.config.convert` (values, dicts and YAML), :mod:`~grouprl.config.options` (command
-line, ``--help``, resolution), :mod:`~grouprl.config.reference` (the docs' reference page) and
-:mod:`~grouprl.config.run` (the run-level configs).
+line, ``--help``, resolution), :mod:`~grouprl.config.reference` (the docs' reference page),
+:mod:`~grouprl.config.train_config` (the run-level configs) and :mod:`~grouprl.config.run_checks` (:func:`check`).
+A config read from a mapping (YAML, the command line) is checked as it is read; one built in Python is checked by
+the Trainer that takes it.
 """
 
 from grouprl.config.convert import from_dict, read_yaml_mapping, save_yaml, to_dict
@@ -35,7 +37,8 @@ from grouprl.config.options import (
     parse_overrides,
 )
 from grouprl.config.reference import README_BEGIN, README_END, check_readme, config_reference_markdown, sync_readme
-from grouprl.config.run import (
+from grouprl.config.run_checks import check
+from grouprl.config.train_config import (
     DEFAULT_TASK_EVAL_SIZE,
     DEFAULT_TASK_TRAIN_SIZE,
     TINY_MODEL,
@@ -48,7 +51,8 @@ from grouprl.errors import ConfigError
 __all__ = [
     "DEFAULT_TASK_EVAL_SIZE", "DEFAULT_TASK_TRAIN_SIZE", "README_BEGIN", "README_END", "TINY_MODEL",
     "ConfigError", "FieldInfo", "RewardModelConfig", "TrainConfig",
-    "add_dataclass_arguments", "apply_overrides", "check_readme", "config_reference_markdown", "describe_fields",
-    "field_docs", "format_value", "from_dict", "is_import_path", "load_config", "load_yaml", "parse_overrides",
+    "add_dataclass_arguments", "apply_overrides", "check", "check_readme", "config_reference_markdown",
+    "describe_fields", "field_docs", "format_value", "from_dict", "is_import_path", "load_config", "load_yaml",
+    "parse_overrides",
     "read_yaml_mapping", "save_yaml", "sync_readme", "to_dict", "type_name",
 ]

@@ -24,7 +24,9 @@ from grouprl.config.fields import (
     apply_renames,
     type_name,
 )
+from grouprl.config.run_checks import check
 from grouprl.run.files import as_plain, write_text_atomic
+from grouprl.trainer.config import TrainerConfig
 
 TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})
@@ -245,11 +247,15 @@ def from_dict(cls: type, data: Mapping[str, Any]) -> Any:
     """Build dataclass ``cls`` (and its nested sections) from a plain mapping such as loaded YAML.
 
     Values are converted to the annotated types; keys not given keep their defaults; an unknown
-    key, a bad value or a missing required key raises :class:`ConfigError`.
+    key, a bad value or a missing required key raises :class:`ConfigError`, and so does a trainer's config
+    that :func:`~grouprl.config.check` refuses.
     """
     if not _is_dataclass_type(cls):
         raise TypeError(f"from_dict needs a dataclass type, got {cls!r}")
-    return _build(cls, data, "", cls)
+    config = _build(cls, data, "", cls)
+    if isinstance(config, TrainerConfig):
+        check(config)
+    return config
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

@@ -123,14 +123,14 @@ def check_readme(readme_path: str | os.PathLike, cls: type, begin_marker: str = 
 def sync_page(root: str | os.PathLike = ".") -> bool:
     """Rewrite the docs' reference page under the repository ``root`` from ``TrainConfig``, grouped as
     ``--help`` groups it. Returns whether the page changed."""
-    from grouprl.config.run import TrainConfig  # the run-level config imports this package
+    from grouprl.config.train_config import TrainConfig  # it imports this package
 
     return sync_readme(Path(root) / REFERENCE_PAGE, TrainConfig, sections=SECTIONS, notes=SECTION_NOTES)
 
 
 def check_page(root: str | os.PathLike = ".") -> str:
     """"" when the docs' reference page under ``root`` matches ``TrainConfig``; otherwise what differs."""
-    from grouprl.config.run import TrainConfig
+    from grouprl.config.train_config import TrainConfig
 
     return check_readme(Path(root) / REFERENCE_PAGE, TrainConfig, sections=SECTIONS, notes=SECTION_NOTES)
 

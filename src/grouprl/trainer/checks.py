@@ -1,17 +1,19 @@
-"""Every check of a :class:`~grouprl.trainer.config.TrainerConfig`, run on construction: names against
-the registries (with suggestions), numbers in range, settings that contradict each other, and keys
-the chosen algorithm does not read. Each problem is one sentence naming the key and what to change;
-nothing is loaded, so a mistake costs milliseconds, not a model load."""
+"""Every check of a :class:`~grouprl.trainer.config.TrainerConfig`: names against the registries (with
+suggestions), numbers in range, settings that contradict each other, and keys the chosen algorithm does not
+read. Each problem is one sentence naming the key and what to change; nothing is loaded, so a mistake costs
+milliseconds, not a model load. :func:`check` runs them (the Trainer does, on taking its config)."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from grouprl.algos import ADVANTAGES, AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMATORS, SCALES
 from grouprl.algos.rollout_correction import ROLLOUT_IS_LEVELS
+from grouprl.errors import ConfigError
 from grouprl.registry import Registry
 from grouprl.rollout.formats import FORMATS
 from grouprl.run.loggers import logger_problems
@@ -20,7 +22,23 @@ from grouprl.serve.weights.transport import TRANSPORTS
 from grouprl.trainer.algorithms import ALGORITHMS, KEY_GROUPS, KL_CONTROLLERS, Algorithm, owners
 from grouprl.trainer.loss_variants import variant_problems
 
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
+
 ZERO_STD_POLICIES = ("keep", "drop")
+
+
+def check(config: TrainerConfig, *more: Callable[[Any], list[str]]) -> None:
+    """Raise :class:`ConfigError` naming every problem of ``config``, its trainer keys' and those each of ``more``
+    finds (:func:`grouprl.config.check` adds the run's); return when it can run."""
+    try:
+        found = problems(config) + [p for extra in more for p in extra(config)]
+    except ConfigError:
+        raise
+    except ValueError as e:  # a registry's unknown name, a task's unknown option
+        raise ConfigError(str(e)) from e
+    if found:
+        raise ConfigError("; ".join(found))
 
 
 def problems(c: Any) -> list[str]:

@@ -6,10 +6,21 @@ config class takes these as its methods."""
 
 from __future__ import annotations
 
-import torch
+from typing import Any
 
-from grouprl.rollout.formats import FORMATS
-from grouprl.trainer.algorithms import ALGORITHMS
+
+# The registries are imported when a value is asked for: the config class that takes these methods imports
+# neither torch nor the trainer.
+def _algorithm(name: str) -> Any:
+    from grouprl.trainer.algorithms import ALGORITHMS
+
+    return ALGORITHMS.get(name)
+
+
+def _format(name: str) -> Any:
+    from grouprl.rollout.formats import FORMATS
+
+    return FORMATS.get(name)
 
 
 class ResolvedSettings:
@@ -24,7 +35,9 @@ class ResolvedSettings:
     @property
     def rollout_bf16(self) -> bool:
         """Rollouts sample from bf16 weights."""
-        return FORMATS.get(self.rollout_format).copy_dtype is torch.bfloat16
+        import torch
+
+        return _format(self.rollout_format).copy_dtype is torch.bfloat16
 
     @property
     def train_bf16(self) -> bool:
@@ -41,7 +54,7 @@ class ResolvedSettings:
         """``gradient_checkpointing`` with empty resolved: on, except for a trust-region update."""
         if self.gradient_checkpointing is not None:
             return self.gradient_checkpointing
-        return ALGORITHMS.get(self.algo).update != "trust-region"
+        return _algorithm(self.algo).update != "trust-region"
 
     @property
     def rollout_is_level(self) -> str:
@@ -53,7 +66,7 @@ class ResolvedSettings:
         # Only fp32 on both sides with the built-in engine computes the same numbers: a bf16 rollout runs on
         # bf16 weights with a bf16 residual stream, a bf16-weights one on bf16 copies, a bf16 training pass
         # under autocast on fp32 ones.
-        exact = self.rollout_engine != "vllm" and FORMATS.get(self.rollout_format).exact and not self.train_bf16
+        exact = self.rollout_engine != "vllm" and _format(self.rollout_format).exact and not self.train_bf16
         return "none" if exact else "token"
 
     @property
@@ -87,22 +100,22 @@ class ResolvedSettings:
         log-probs: on-policy, pi_old is the policy the update's first pass runs, so that pass (detached)
         gives pi_old and no separate pass is needed."""
         return (self.rollout_is_level != "none" and not self.off_policy and not self.kl_penalty_in_reward
-                and ALGORITHMS.get(self.algo).update == "clipped")
+                and _algorithm(self.algo).update == "clipped")
 
     # -- what an empty algorithm-dependent key stands for (the field keeps what the user wrote, so a
     # config copied with another algo gets that algorithm's defaults) --------------------------------
     @property
     def advantage_estimator(self) -> str:
         """``advantage``, or the algorithm's own estimator when it is empty."""
-        return self.advantage or ALGORITHMS.get(self.algo).advantage
+        return self.advantage or _algorithm(self.algo).advantage
 
     @property
     def kl_penalty_in_reward(self) -> bool:
         """``kl_in_reward``, or the algorithm's own placement when it is empty (never without a KL)."""
-        own = ALGORITHMS.get(self.algo).kl_in_reward
+        own = _algorithm(self.algo).kl_in_reward
         return bool(self.beta > 0 and (own if self.kl_in_reward is None else self.kl_in_reward))
 
     @property
     def kl_controller_name(self) -> str:
         """``kl_controller``, or the algorithm's own when it is empty."""
-        return self.kl_controller or ALGORITHMS.get(self.algo).kl_controller
+        return self.kl_controller or _algorithm(self.algo).kl_controller

@@ -51,6 +51,7 @@ from grouprl.run.loop import run_loop
 from grouprl.trainer.advantages import make_baseline
 from grouprl.trainer.ahead import collect_ahead
 from grouprl.trainer.algorithms import ALGORITHMS, KL_CONTROLLERS
+from grouprl.trainer.checks import check
 from grouprl.trainer.collect import Collected, combine_metrics
 from grouprl.trainer.critic import Critic
 from grouprl.trainer.inputs import RunInputs
@@ -92,6 +93,7 @@ class Trainer:
                  is_correct: Callable[[str, dict], bool] | None = None, system_prompt: str | None = None,
                  inputs: RunInputs | None = None, reference: torch.nn.Module | None = None, sampler: Any = None,
                  run_config: Any = None, processes: Any = None, critic_backbone: torch.nn.Module | None = None):
+        check(config)  # a config read from YAML or the command line was checked on reading; one made in Python here
         self.config = c = config
         if c.num_threads:
             torch.set_num_threads(c.num_threads)

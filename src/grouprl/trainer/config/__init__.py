@@ -1,5 +1,6 @@
-"""The trainer's configuration: every knob of every language-model algorithm, documented once,
-validated on construction (the checks are :mod:`grouprl.trainer.checks`).
+"""The trainer's configuration: every knob of every language-model algorithm, documented once. Importing it
+imports neither torch nor the trainer; :func:`grouprl.config.check` checks a config (the CLI on reading it, the
+Trainer on taking it).
 
 :class:`TrainerConfig` is one flat dataclass (``config.max_staleness``, ``dataclasses.replace``, one
 mapping in config.yaml) assembled from the groups of keys defined beside it, each documented where it is
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grouprl.trainer.checks import problems
 from grouprl.trainer.config.algorithm import AlgorithmKeys
 from grouprl.trainer.config.engines import EngineKeys
 from grouprl.trainer.config.objective import ObjectiveKeys
@@ -33,16 +33,7 @@ from grouprl.trainer.resolved import ResolvedSettings
 @dataclass
 class TrainerConfig(RunKeys, EngineKeys, SamplingKeys, ObjectiveKeys, AlgorithmKeys, ResolvedSettings):
     """The trainer's configuration: the keys of its bases, flat, with the derived values of
-    :class:`~grouprl.trainer.resolved.ResolvedSettings`; invalid settings are refused on construction."""
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Reject impossible or contradictory settings, and keys the algorithm does not read, with a
-        message saying what to change."""
-        for msg in problems(self):
-            raise ValueError(msg)
+    :class:`~grouprl.trainer.resolved.ResolvedSettings`."""
 
 
 GRPOConfig = TrainerConfig
