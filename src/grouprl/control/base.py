@@ -1,11 +1,5 @@
-"""The interface every classic-control algorithm implements, and the segment collection the
-critic-based ones share.
-
-An algorithm is built from its config section, the :class:`~grouprl.control.policies.Agent` (policy,
-and critic if :attr:`ControlAlgorithm.needs_critic`) and an :class:`~grouprl.control.batch.EnvBatch`
-of :meth:`ControlAlgorithm.num_envs` environments. The trainer owns the optimizer (so checkpoints
-and the learning-rate schedule are the trainer package's) and calls :meth:`collect` then
-:meth:`update` once per iteration.
+"""The interface every classic-control algorithm implements, and the segment collection the critic-based
+ones share. The trainer owns the optimizer and calls :meth:`collect` then :meth:`update` once per iteration.
 """
 
 from __future__ import annotations

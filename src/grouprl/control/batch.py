@@ -1,12 +1,10 @@
 """N gymnasium environments stepped together, each reset with its own seed.
 
-gymnasium's vector environments reset a finished sub-environment themselves (with a seed nobody chose)
-or keep stepping it; GRPO needs G episodes from the *same* seed, each run to its own end, and evaluation
-needs fixed held-out seeds. So this batch resets exactly the environments it is told to, with the given
-seeds, and steps only the running ones; the policy acts on all live observations in one forward pass.
-
-Observations are float32 ``[k, D]``; discrete actions are ints, continuous ones are clipped to the
-action space's bounds here, so the policy's log-probs stay those of the unclipped sample."""
+gymnasium's vector environments reset a finished one themselves, with a seed nobody chose; GRPO needs G
+episodes from the same seed and evaluation fixed seeds. So this batch resets exactly what it is told, with
+the given seeds, and steps only the running ones. Continuous actions are clipped here, so the policy's
+log-probs stay those of the unclipped sample.
+"""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""GRPO for classic control: the general form of GRPO with an environment in place of a prompt.
+"""GRPO for classic control: a prompt is a reset seed, its group G episodes from that seed.
 
-A prompt is a reset seed; its group is G episodes started from that seed, sampled with the same
-policy. The advantage of every step of episode i is its episode's group-normalised return
-``(R_i - mean(R_group)) / std(R_group)``, exactly the language-model outcome advantage, and the
-loss is :func:`grouprl.algos.grpo_loss` over the ``[B, T]`` step rows: clipped ratio to the
-sampling policy, optional k3 KL to the initial policy, aggregation over steps. No critic.
-
-With ``advantage: gigpo`` each step's advantage adds a step-level term (GiGPO): its discounted return
-against those of the group's steps from the same rounded state (``state_key_decimals``).
-
-Departures: the default aggregation is ``token-mean`` (every step weighs the same), because the
-paper's per-sequence mean gives each step of a 500-step episode 1/50 of the weight of a step of a
-10-step one; and the KL coefficient defaults to 0 (see the config).
+Every step of episode i gets ``(R_i - mean(R_group)) / std(R_group)`` (with ``advantage: gigpo``, plus a
+step-level term over the group's steps from the same rounded state); the loss is
+:func:`grouprl.algos.grpo_loss` over the step rows. No critic. The default aggregation is ``token-mean``:
+the paper's per-sequence mean would give a step of a 500-step episode 1/50 the weight of a 10-step one's.
 """
 
 from __future__ import annotations

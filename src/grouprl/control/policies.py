@@ -33,9 +33,8 @@ class MLP(nn.Module):
     """Linear layers ``sizes[0] -> ... -> sizes[-1]`` with ``activation`` between them: ``[..., sizes[0]]``
     -> ``[..., sizes[-1]]``.
 
-    The forward calls ``F.linear`` on each layer's weights instead of calling the layers as
-    modules: acting runs one forward per environment step on a handful of rows, where the
-    per-module call overhead (about 30 us each on this CPU) would cost more than the arithmetic.
+    The forward calls ``F.linear`` instead of the layers as modules: acting runs one forward per environment
+    step on a handful of rows, where per-module call overhead would cost more than the arithmetic.
     """
 
     def __init__(self, sizes: Sequence[int], activation: str, out_gain: float):

@@ -1,11 +1,7 @@
-"""PPO for classic control (Schulman et al. 2017), in the order of CleanRL's ``ppo.py``.
-
-Per iteration: T steps from each of N environments -> GAE(gamma, lambda) advantages with the
-critic (bootstrapping cut rows) -> whiten -> mu passes of shuffled minibatches minimising
-``clip loss + c_v * value loss - c_H * entropy`` with one Adam optimizer over policy and critic.
-
-Departure from CleanRL: no learning-rate annealing by default (a constant rate reaches the
-CartPole budget sooner here) and the value loss is unclipped by default (``vf_clip``).
+"""PPO for classic control (Schulman et al. 2017), in the order of CleanRL's ``ppo.py``: T steps from N
+environments -> GAE(gamma, lambda) -> whiten -> mu passes of minibatches minimising
+``clip loss + c_v * value loss - c_H * entropy``. Unlike CleanRL: no learning-rate annealing and an
+unclipped value loss by default (a constant rate reaches the CartPole budget sooner).
 """
 
 from __future__ import annotations

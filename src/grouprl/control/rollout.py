@@ -1,17 +1,8 @@
-"""Collecting experience from an :class:`~grouprl.control.batch.EnvBatch` into trajectory rows.
-
-Experience uses the language-model layout of the math core: ``[B, T]`` right-padded rows with a
-``mask``, one row per trajectory piece (an episode, or the part of one that fell inside a
-collection window), so ``grouprl.algos`` (GAE, returns, losses, aggregation) applies unchanged.
-
-Two collectors:
-
-- :func:`run_episodes` plays one episode per environment from given reset seeds to its end;
-  rows are the episodes in seed order. GRPO passes each seed G times (prompt-major groups) and
-  evaluation passes fixed held-out seeds.
-- :class:`SegmentCollector` runs every environment for a fixed number of steps per iteration
-  (PPO/TRPO/VPG), resetting finished episodes with fresh seeds and carrying unfinished ones over
-  to the next iteration; each episode boundary starts a new row.
+"""Collecting experience from an :class:`~grouprl.control.batch.EnvBatch` into ``[B, T]`` right-padded rows
+with a ``mask`` (one row per episode or per piece of one inside a collection window), the language-model
+layout, so ``grouprl.algos`` applies unchanged. :func:`run_episodes` plays whole episodes from given seeds
+(GRPO's groups, evaluation); :class:`SegmentCollector` runs a fixed number of steps per iteration (PPO, TRPO,
+VPG), carrying unfinished episodes over.
 """
 
 from __future__ import annotations

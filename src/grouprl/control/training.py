@@ -1,22 +1,9 @@
-"""Classic-control trainer: one of the :mod:`grouprl.control` algorithms inside the same run folder,
-metrics log, evaluation schedule, checkpoints and report as the language-model trainers.
+"""Classic-control trainer: a :mod:`grouprl.control` algorithm in the same run folder, metrics log,
+evaluation schedule, checkpoints and report as the language-model trainers.
 
-The budget is counted in environment steps (``total_env_steps``), since iterations of GRPO (P x G
-whole episodes) and PPO (N x T steps) differ in size; evaluation runs after the first iteration past
-each multiple of ``eval_every_env_steps``, and ``stop_at_return`` ends the run at the first evaluation
-that reaches it (the steps-to-solve).
-
-Metric names follow the language-model trainers: ``reward/mean`` is the mean return of the episodes
-that finished in the iteration, ``rollout/len_mean`` their mean length, ``policy/kl`` the exact mean
-KL(pi || pi_0) over the batch's states, ``eval/mean_reward`` the mean held-out return.
-
-Example::
-
-    from grouprl.control import ControlConfig
-    from grouprl.control.training import ControlTrainer
-    summary = ControlTrainer(ControlConfig(env="CartPole-v1", algo="ppo", total_env_steps=100_000,
-                                           stop_at_return=475, output_dir="runs/ppo")).train()
-    print(summary["solved_at_env_steps"])"""
+The budget is counted in environment steps, since GRPO's iterations (P x G whole episodes) and PPO's
+(N x T steps) differ in size; ``stop_at_return`` ends the run at the first evaluation that reaches it.
+"""
 
 from __future__ import annotations
 
