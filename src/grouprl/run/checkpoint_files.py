@@ -10,17 +10,8 @@ Layout of ``<output_dir>/checkpoints/step-000010/``::
     state.json        step, data position, controller states, the config
     manifest.json     every other file's size and SHA-256, written last
 
-- a checkpoint folder has its final name only once every file is written and fsynced (the manifest
-  last); a kill mid-write leaves a ``.tmp-*`` folder that the next save removes;
-- a step already saved is not written again, so the checkpoint there stays whole;
-- old checkpoints are renamed to ``.delete-*`` before removal, so a kill never leaves a half-deleted
-  ``step-*``;
-- a failed save (full disk, interrupt) removes its ``.tmp-*`` folder and leaves the others as they were;
-  a full disk is said as such, with what the checkpoint needs and what is free
-  (:class:`~grouprl.errors.CheckpointError`), whether the writer reported ``ENOSPC`` or only a short
-  write (torch's zip writer says "unexpected pos");
-- ``latest`` picks the newest complete checkpoint (manifest sizes match) and says when it skips a newer
-  incomplete one; loading checks every file's digest and names a damaged file, and the checkpoint before it."""
+A folder gets its ``step-*`` name only once whole; old ones are renamed ``.delete-*`` before removal; a failed
+save removes its ``.tmp-*`` folder. What a kill or a full disk leaves: docs/guarantees.md."""
 
 from __future__ import annotations
 

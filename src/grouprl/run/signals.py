@@ -1,17 +1,10 @@
-"""SIGTERM (how schedulers preempt a job) and SIGINT (Ctrl-C) end a run the same way: with a message,
-the run folder released, and, during training, a checkpoint of the last whole step when one can be
-written in time.
+"""SIGTERM (a scheduler's preemption) and SIGINT end a run the same way: a message, the run folder released,
+and, while training, a checkpoint of the last whole step when one can be written in time.
 
-- While a run holds its folder (:func:`interrupts`), either signal raises
-  :class:`~grouprl.errors.Interrupted` at once: the folder's lock is released on the way out and the
-  command line says "interrupted" and exits 128 + the signal's number (130, 143).
-- While it trains (:class:`StopOnSignal`), the first signal asks the loop to stop after the step it is
-  in; the loop then saves a checkpoint of that step (``save_on_signal``) and raises ``Interrupted``.
-  A step or a save still going :data:`SIGNAL_GRACE_S` after the signal, or a second signal, is
-  interrupted where it is: no checkpoint then, and the earlier ones stay whole (a save is atomic).
-
-Signals reach Python's main thread only: elsewhere (a run driven from another thread) nothing is
-installed and the signals keep their defaults.
+While a run holds its folder (:func:`interrupts`) a signal raises :class:`~grouprl.errors.Interrupted` (exit
+128 + signal). While it trains (:class:`StopOnSignal`) the first signal stops the loop after its step and
+saves; a second signal, or :data:`SIGNAL_GRACE_S` passing, interrupts where it is. Only the main thread
+installs handlers.
 """
 
 from __future__ import annotations
