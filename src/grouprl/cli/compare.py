@@ -1,15 +1,8 @@
 """``grouprl compare``: several algorithms on the same task, model, seeds and budget, measured.
 
-Language models: every algorithm gets the same :class:`~grouprl.config.TrainConfig` (model, task,
-prompts per step, group size, steps, seeds) with its ``algo`` set and its own options on top
-(:data:`grouprl.trainer.algorithms.ALGORITHMS`, the registry ``grouprl train --algo`` uses).
-Classic control: every algorithm gets the same :class:`~grouprl.control.ControlConfig`
-(environment, env-step budget, seeds).
-
-Each (algorithm, seed) trains in its own spawned process, so ``memory/peak_rss_mb`` is that run's
-own peak (a process's peak resident memory never goes down) and no state leaks between runs. The
-output folder holds one run folder per (algorithm, seed) with its usual report, plus
-``comparison.md`` (the table), ``comparison.json`` (the numbers) and ``plots/*.png``.
+Each (algorithm, seed) trains in its own spawned process, so ``memory/peak_rss_mb`` is that run's own peak
+and no state leaks between runs. The output folder holds one run folder per (algorithm, seed), plus
+``comparison.md``, ``comparison.json`` and ``plots/*.png``.
 """
 
 from __future__ import annotations

@@ -15,12 +15,8 @@ DEMO: dict[str, Any] = {
     "prompts_per_step": 4,
     "group_size": 8,
     "max_new_tokens": 12,  # "2 + 4 = 6" fits; a rambling answer is cut (and earns nothing: its last number is wrong)
-    # A step of 32 completions costs 3-14 s on 2 idle cores (full fine-tuning, fp32; docs/benchmarks.md). At lr
-    # 2e-5 training reward rose from 0.19 to 0.88 within 7 steps and held-out accuracy from 0.14 to 0.79 at step 10 in a
-    # measured run (benchmarks/results/smollm2-30-steps); at 5e-5 the entropy collapsed by step 7 and
-    # accuracy fell back to 0.37.
-    "total_steps": 12,
-    "lr": 2e-5,  # large for RL fine-tuning (TRL's default is 1e-6), so that a few steps move the policy
+    "total_steps": 12,  # enough at lr 2e-5 for held-out accuracy to rise well past its start (docs/benchmarks.md)
+    "lr": 2e-5,  # large for RL fine-tuning (TRL's is 1e-6) so a few steps move the policy; at 5e-5 entropy collapses
     "beta": 0.04,
     "eval_size": 32,
     "eval_samples": 4,  # accuracy is the mean over 4 samples per problem: less noisy than one
@@ -28,22 +24,16 @@ DEMO: dict[str, Any] = {
     "log_completions_every": 2,
     "output_dir": "runs/demo",
 }
-"""SmolLM2-135M-Instruct on one-digit arithmetic, sized for a 2-core CPU (measured: docs/benchmarks.md, the demos)."""
+"""SmolLM2-135M-Instruct on one-digit arithmetic, sized for a 2-core CPU (docs/benchmarks.md)."""
 
 AGENT_DEMO: dict[str, Any] = {
     "model": "smollm2-135m",
-    # Guess a number from 1 to 8 in 3 guesses, told "higher" or "lower" after each: the base model
-    # wins 9% of games (44% of groups all-lost; docs/calibration.md); guessing at random wins 3 in 8,
-    # and halving the interval 7 in 8.
-    "env": "guess-number",
+    "env": "guess-number",  # 1 to 8 in 3 guesses: the base model wins 9% of games (docs/calibration.md)
     "prompts_per_step": 4,
     "group_size": 8,
     "max_new_tokens": 12,  # per turn: a guess is a few tokens; a rambling turn is cut and costs its guess
     "max_turns": 3,
-    # 40 steps: held-out success 0.078 -> 0.21-0.38 over seeds 0-2 (benchmarks/results/formats-learning), about
-    # 20 s a step on 2 idle cores; a run whose policy learns to answer with the number alone (one seed in six
-    # there, and benchmarks/results/smollm2-agent-40-steps: 0.773) shortens its steps several times over.
-    "total_steps": 40,
+    "total_steps": 40,  # what held-out success reaches by then: docs/agents.md
     "lr": 2e-5,
     "beta": 0.0,  # no reference pass: a third of the step's time, and 20 steps at this lr stay near the start
     "eval_size": 32,
@@ -53,7 +43,7 @@ AGENT_DEMO: dict[str, Any] = {
     "log_completions_every": 5,
     "output_dir": "runs/demo-agent",
 }
-"""SmolLM2-135M-Instruct learns the number-guessing game in a multi-turn conversation (measured: docs/benchmarks.md)."""
+"""SmolLM2-135M-Instruct learns the number-guessing game in a multi-turn conversation (docs/benchmarks.md)."""
 
 QUICK_DEMO: dict[str, Any] = {
     "model": "tiny",
@@ -63,7 +53,7 @@ QUICK_DEMO: dict[str, Any] = {
     "prompts_per_step": 4,
     "group_size": 8,
     "max_new_tokens": 4,
-    "total_steps": 16,  # reward reaches ~1 by step 13 on a 2-core CPU (about 1 s per step)
+    "total_steps": 16,
     "lr": 1e-2,  # a random 2-layer model tolerates (and needs) a large step
     "beta": 0.0,
     "eval_size": 16,
@@ -72,9 +62,7 @@ QUICK_DEMO: dict[str, Any] = {
     "log_completions_every": 5,
     "print_completions": 0,
     "tensorboard": False,
-    # One thread: a 64-wide model gains nothing from two, and on a busy CPU a second thread waiting for
-    # its partner made the 16 steps take 2 minutes instead of 7 seconds.
-    "num_threads": 1,
+    "num_threads": 1,  # a 64-wide model gains nothing from two, and on a busy CPU waiting for the second costs much
     "output_dir": "runs/demo-quick",
 }
 """A random 2-layer model learns to answer in digits only: the whole pipeline in under a minute."""

@@ -2,14 +2,9 @@
 
     grouprl train --nproc 4 ...                                   4 processes on this machine
     torchrun --nproc-per-node 4 -m grouprl train ...              the same, started by hand
-    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d \\
-        --rdzv-endpoint host0:29500 --rdzv-id run1 -m grouprl train ...   (on each machine, its rank)
 
-``--nproc`` checks the config first (its errors come before any process starts), writes it,
-resolved, to a temporary YAML file and runs torchrun on it, so every process trains with exactly
-the same settings. Under torchrun each process joins the process group (:func:`join_run`) and
-builds its trainer with that group (:func:`grouprl.cli.build.build_trainer`); only the first process
-writes the report and prints the closing lines.
+``--nproc`` checks the config first, writes it resolved to a temporary YAML file and runs torchrun on it,
+so every process trains with exactly the same settings; only the first process writes the report.
 """
 
 from __future__ import annotations

@@ -2,10 +2,6 @@
 
     grouprl rl --env CartPole-v1 --algo grpo|ppo|trpo|vpg [--key value ...]   classic control: run folder + report
     grouprl compare --algos grpo,rloo,ppo,trpo [--seeds 0,1] [train options]   language models, side by side
-    grouprl compare --env CartPole-v1 --algos grpo,ppo,trpo,vpg [rl options]    classic control, side by side
-
-:func:`register` adds both to the ``grouprl`` parser; handlers follow its protocol
-``(args, leftover options) -> exit status`` and raise ValueError/ConfigError for bad input.
 """
 
 from __future__ import annotations

@@ -2,10 +2,6 @@
 
     grouprl serve --model smollm2-135m [--port 8000] [--host 127.0.0.1] [--dtype fp32] [--lora_rank 8]
     grouprl serve --config run.yaml --port 8001        the model, precision and LoRA of a run's config
-    GROUPRL_SERVER_TOKEN=... grouprl serve --model M --host 0.0.0.0 --weights_root /mnt/shared/weights
-
-:func:`register` adds it to the ``grouprl`` parser; the handler follows its protocol
-``(args, leftover options) -> exit status``.
 """
 
 from __future__ import annotations
