@@ -1,9 +1,7 @@
 """Name -> function registries, and objects named by import path.
 
-Every family of variants (advantage estimators, policy losses, KL estimators, aggregation
-modes, tasks, ...) is a :class:`Registry`. Callers look variants up by the name a user wrote in
-a config; an unknown name fails with the list of valid ones, so no trainer needs an
-``if mode == ...`` chain. A user's own functions and classes are named by import path,
+Every family of variants (advantage estimators, losses, tasks, ...) is a :class:`Registry`: an unknown name
+fails with the valid ones, so no trainer needs an ``if mode == ...`` chain. A user's own objects are named
 ``module:attr`` or ``path/to/file.py:attr`` (:func:`import_object`).
 """
 

@@ -62,23 +62,17 @@ class SamplingParams:
     mode: str = "sample"
     """"sample" draws G independent samples per prompt; "beam" returns the G best beams."""
     format: str = "fp32"
-    """Number format of the decode steps (built-in engine; vLLM samples in its own dtype): fp32, the model's
-    weights as they are; bf16, a bfloat16 copy of the weights made for the rollout, under bf16 autocast
-    (fast where the CPU multiplies bf16 natively: AMX, AVX512-BF16); bf16-weights, one-token steps multiply
-    bf16 copies of the fp32 weights with fp32 activations and sums (x86 CPUs with AVX2: fast where bf16
-    arithmetic is not, grouprl.rollout.cpu.bf16_weights)."""
+    """Number format of the built-in engine's decode steps: fp32 (the weights as they are), bf16 (a bfloat16
+    copy under bf16 autocast) or bf16-weights (bf16 weights times fp32 activations, for AVX2 CPUs)."""
 
 
 @dataclass
 class RolloutBatch:
-    """G completions (or trajectories) for each of P prompts (or resets), prompt-major.
+    """G completions (or trajectories) for each of P prompts (or resets), prompt-major, on the engine's device.
 
-    Tensors live on the device the engine ran on. ``completion_ids`` is right-padded with
-    ``pad_token_id``. For one turn, ``completion_mask`` is 1 on every generated token up to and
-    including the one that ended the row (EOS / stop token, or the last token of a stop string).
-    For a multi-turn trajectory the completion part holds the policy's turns and the environment's
-    replies in order: ``sequence_mask`` is 1 on all of them, ``completion_mask`` only on the
-    policy's tokens, the only ones that carry loss, KL and entropy.
+    A trajectory's completion part holds the policy's turns and the environment's replies in order:
+    ``sequence_mask`` is 1 on all of them, ``completion_mask`` only on the policy's tokens (up to and including
+    the one that ended the row), the only ones that carry loss, KL and entropy.
     """
 
     prompt_ids: torch.Tensor
