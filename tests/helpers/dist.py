@@ -29,18 +29,15 @@ SETTINGS = {"prompts_per_step": 4, "group_size": 4, "micro_batch_size": 4, "tota
             "log_completions_every": 1, "eval_every": 0}
 
 
-class PromptSeededSampler:
-    """Draws each prompt's group from a seed of (training step, prompt tokens) and pads every
-    batch to fixed widths, so a prompt's completions are the same whichever process, and whichever
+class PromptSeededSampler(Sampler):
+    """The built-in engine drawing each prompt's group from a seed of (training step, prompt tokens) and padding
+    every batch to fixed widths, so a prompt's completions are the same whichever process, and whichever
     batch, draws them: 2 processes x half the prompts then see exactly the rollouts of 1 process x
     all of them, and the test measures the training, not the sampler's batch-dependent draws."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any):
-        self.inner = Sampler(model, tokenizer)
+        super().__init__(model, tokenizer)
         self.trainer: Any = None  # set once the trainer exists: its step count seeds the draws
-
-    def update_weights(self, model: torch.nn.Module) -> None:
-        self.inner.update_weights(model)
 
     def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
                  seed: int | None = None, prompts: list | None = None,
@@ -48,9 +45,9 @@ class PromptSeededSampler:
         parts = []
         for i, ids in enumerate(prompt_ids):
             one_seed = hash((self.trainer.step_count, tuple(ids))) % (2**31)
-            parts.append(self.inner.generate([ids], group_size, params, seed=one_seed,
-                                             prompts=None if prompts is None else [prompts[i]],
-                                             extras={k: [v[i]] for k, v in (extras or {}).items()}))
+            parts.append(super().generate([ids], group_size, params, seed=one_seed,
+                                          prompts=None if prompts is None else [prompts[i]],
+                                          extras={k: [v[i]] for k, v in (extras or {}).items()}))
         batch = RolloutBatch.cat(parts)
         pad = params.max_new_tokens - batch.completion_ids.shape[1]
         wide = torch.nn.functional.pad

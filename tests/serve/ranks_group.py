@@ -79,8 +79,9 @@ def served_run(out: Path, servers: Any, processes: Any = None, kill_first: bool 
         # whole under FSDP too (a collective: every process gathers)
         weights = {k: v.clone() for k, v in full_tensors(trainer.policy, torch.device("cpu"))}
         return {"weights": {k.removeprefix("module."): v for k, v in weights.items()}, "versions": versions,
-                "pushes": sampler.sender is not None, "version": sampler.version, "pushed": sampler.pushed,
-                "streams": sampler.streams_pushes,
+                "pushes": sampler.handover.sender is not None, "version": sampler.handover.version,
+                "pushed": sampler.handover.pushed,
+                "streams": sampler.handover.streams_pushes,
                 "addresses": [s.address for s in sampler.pool.servers], "local": sampler.local is not None,
                 "local_pids": [p.pid for p in sampler.local.processes] if sampler.local is not None else [],
                 "dropped": [(s.address, s.why) for s in sampler.pool.servers if not s.alive],

@@ -46,8 +46,8 @@ def test_pushes_over_gloo_make_both_servers_sample_the_trainers_greedy_completio
     model, tok = tiny_causal_lm(seed=3, **TINY64)
     client = ServerSampler(model, tok, servers["addresses"], timeout=300, transport="gloo")
     try:
-        assert isinstance(client.sender, CollectiveWeights)
-        assert client.sender.client.world_size == 3  # the trainer and one worker per server
+        assert isinstance(client.handover.sender, CollectiveWeights)
+        assert client.handover.sender.client.world_size == 3  # the trainer and one worker per server
         ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
         for version in (1, 2):  # the second push reuses the group
             nudge(model, seed=version)
@@ -138,7 +138,7 @@ def test_a_server_that_dies_during_a_push_is_dropped_and_the_push_made_again_wit
         with pytest.warns(UserWarning, match=rf"rollout server 127.0.0.1:{port} dropped: it stopped answering "
                                              rf"during a weight push \(GET /grouprl/info failed"):
             got = client.generate(ids, 2, greedy, seed=0)
-        assert not armed and client.sender.client.world_size == 2 and client.pushed == 1
+        assert not armed and client.handover.sender.client.world_size == 2 and client.handover.pushed == 1
         assert [s.alive for s in client.pool.servers] == [False, True] and client.pool.servers[1].version == 1
         assert got.completion_ids[::2].tolist() == want.completion_ids.tolist()  # every row on the living one
         assert got.completion_ids[1::2].tolist() == want.completion_ids.tolist()
@@ -182,7 +182,7 @@ def test_a_server_that_comes_back_joins_the_group_at_the_next_push(servers, tmp_
         want = Sampler(model, tok).generate(ids, 1, greedy, seed=0)
         with pytest.warns(UserWarning, match=rf"rollout server 127.0.0.1:{port} is back"):
             got = client.generate(ids, 2, greedy, seed=0)  # the push forms the group of three again
-        assert client.sender.client.world_size == 3 and [s.version for s in client.pool.servers] == [1, 1]
+        assert client.handover.sender.client.world_size == 3 and [s.version for s in client.pool.servers] == [1, 1]
         # prompts 0 and 2 on the server that came back, 1 and 3 on the other; both rows of each the trainer's
         assert got.completion_ids[::2].tolist() == want.completion_ids.tolist()
         assert got.completion_ids[1::2].tolist() == want.completion_ids.tolist()

@@ -78,7 +78,7 @@ def test_after_an_update_and_a_sync_greedy_completions_are_the_trainers(servers)
         assert got.completion_ids.tolist() == after.completion_ids.tolist()  # both servers follow it
         assert got.info["policy_version"] == [1] * 4
         assert [s.version for s in client.pool.servers] == [1, 1]
-        assert [p.name for p in client.folders.root.iterdir()] == ["v1"]  # older pushes removed
+        assert [p.name for p in client.handover.sender.folders.root.iterdir()] == ["v1"]  # older pushes removed
         metrics = client.metrics()
         assert metrics["time/weight_sync"] > 0 and metrics["rollout/policy_lag"] == 0
         assert metrics["rollout/servers"] == 2
@@ -211,9 +211,10 @@ def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
                       sampler=client)
     client.update_weights(trainer.policy)
     pushed = []
-    write_full, write_adapter = client.folders.write_full, client.folders.write_adapter
-    client.folders.write_full = lambda *a, **k: pushed.append("full") or write_full(*a, **k)
-    client.folders.write_adapter = lambda *a, **k: pushed.append("adapter") or write_adapter(*a, **k)
+    folders = client.handover.sender.folders
+    write_full, write_adapter = folders.write_full, folders.write_adapter
+    folders.write_full = lambda *a, **k: pushed.append("full") or write_full(*a, **k)
+    folders.write_adapter = lambda *a, **k: pushed.append("adapter") or write_adapter(*a, **k)
     adapters = {k: v.clone() for k, v in trainer.policy.state_dict().items() if ".lora_B" in k}
     pgid = restarted = client.local.processes[0].pid
     try:
@@ -233,9 +234,10 @@ def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
         base_gap = float((base_logp - batch.sampling_logprobs)[mask].abs().max())
         assert gap < 1e-4 and base_gap > 1e-2, (gap, base_gap)  # fp32 rounding against the adapter's effect
         ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
-        sent = {p.name for p in client.folders.path(client.version, adapter=True).iterdir()}
-        base = client.sender.loaded[False][0]  # kept: a restarted server starts from it
-        assert sorted(p.name for p in client.folders.root.iterdir()) == sorted([base.name, f"v{client.version}-lora"])
+        version = client.handover.version
+        sent = {p.name for p in folders.path(version, adapter=True).iterdir()}
+        base = client.handover.sender.loaded[False][0]  # kept: a restarted server starts from it
+        assert sorted(p.name for p in folders.root.iterdir()) == sorted([base.name, f"v{version}-lora"])
         assert {"adapter_config.json", "adapter_model.safetensors"} <= sent and "model.safetensors" not in sent
 
         # the one server dies: the run restarts it from the base it served, gives it the adapter, and it samples
@@ -264,7 +266,7 @@ def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
     finally:
         trainer.close()
     assert wait_gone([pgid, restarted]) == []  # the run's close stopped its server
-    assert not [p for p in Path(client.folders.root).parent.glob("grouprl-*") if p.name.startswith(
+    assert not [p for p in Path(client.handover.sender.folders.root).parent.glob("grouprl-*") if p.name.startswith(
         ("grouprl-restart-", "grouprl-skeleton-", "grouprl-weights-"))]
 
 
@@ -302,7 +304,7 @@ def test_a_local_server_killed_mid_run_is_restarted_and_samples_the_current_weig
         got = client.generate(ids, 1, greedy, seed=0)
         want = Sampler(trainer.policy, tok).generate(ids, 1, greedy, seed=0)
         assert got.completion_ids.tolist() == want.completion_ids.cpu().tolist()
-        assert got.info["policy_version"] == [client.version] * 4
+        assert got.info["policy_version"] == [client.handover.version] * 4
     finally:
         trainer.close()
     assert wait_gone([first, client.local.processes[0].pid]) == []

@@ -5,8 +5,8 @@ import types
 
 import torch
 
-from grouprl.serve.client.server_sampler import ServerSampler
-from grouprl.serve.weights.transport import TRANSPORTS, WeightFolders
+from grouprl.serve.client.handover import WeightHandover
+from grouprl.serve.weights.transport import WeightFolders
 
 
 class FolderSender:
@@ -39,26 +39,31 @@ class MainRanks:
         return version, again
 
 
+def handover_of(model, sender, ranks=None, transport="files", sharded=False, dtype=None):
+    """A :class:`WeightHandover` with ``sender`` and no servers (none dropped, none back); ``sharded``: as FSDP."""
+    pool = types.SimpleNamespace(back_servers=lambda: [], rejoin=None)
+    handover = WeightHandover(model, pool, transport, ranks=ranks, dtype=dtype, lora=False, timeout=1.0,
+                              weights_dir=None, difference=lambda server: "", sender=sender)
+    handover.sharded = sharded  # the test's Linear stands for FSDP shards
+    return handover
+
+
 def test_a_version_written_during_process_0s_broadcast_is_written_once(tmp_path):
     model = torch.nn.Linear(2, 2)
-    sampler = ServerSampler.__new__(ServerSampler)
-    sampler.model, sampler.sender = model, FolderSender(tmp_path)
-    sampler.pool = types.SimpleNamespace(back_servers=lambda: [], rejoin=None)  # no server dropped, none back
-    sampler.version, sampler.written, sampler.pushed, sampler.gathered, sampler.dtype = 1, None, None, None, None
-    sampler.sharded, sampler.lora, sampler.transport = False, False, TRANSPORTS.get("files")
-    sampler.weights_lock, sampler.sync_seconds, sampler.write_seconds = threading.Lock(), 0.0, 0.0
+    handover = handover_of(model, FolderSender(tmp_path))
+    handover.follow(model)
 
     def trainer_updates():  # the trainer thread: the next version, written between updates
-        sampler.update_weights(model)
-        sampler.write_weights()
+        handover.follow(model)
+        handover.write_weights()
 
-    sampler.ahead = (threading.get_ident(), MainRanks(trainer_updates))
-    sampler.sync_weights()  # pushes version 1; version 2 is written while process 0 broadcasts
-    assert (sampler.pushed, sampler.written) == (1, 2)
-    sampler.ahead = (threading.get_ident(), MainRanks(lambda: None))
-    sampler.sync_weights()  # the rollout thread's next batch: version 2 pushed, not written again
-    assert sampler.sender.writes == [1, 2] and (sampler.pushed, sampler.written) == (2, 2)
-    assert [p.name for p in sampler.sender.folders.root.iterdir()] == ["v2"]
+    handover.ahead = (threading.get_ident(), MainRanks(trainer_updates))
+    handover.sync_weights()  # pushes version 1; version 2 is written while process 0 broadcasts
+    assert (handover.pushed, handover.written) == (1, 2)
+    handover.ahead = (threading.get_ident(), MainRanks(lambda: None))
+    handover.sync_weights()  # the rollout thread's next batch: version 2 pushed, not written again
+    assert handover.sender.writes == [1, 2] and (handover.pushed, handover.written) == (2, 2)
+    assert [p.name for p in handover.sender.folders.root.iterdir()] == ["v2"]
 
 
 class StreamingSender:
@@ -103,15 +108,12 @@ class Readings:
         monkeypatch.setattr(handover, "reading", counted)
 
 
-def streaming_sampler(model, ranks, sender):
-    sampler = ServerSampler.__new__(ServerSampler)
-    sampler.model, sampler.sender, sampler.ranks, sampler.ahead = model, sender, ranks, None
-    sampler.pool = types.SimpleNamespace(back_servers=lambda: [], rejoin=None)
-    sampler.version, sampler.written, sampler.pushed, sampler.gathered, sampler.dtype = 1, None, 0, None, torch.float32
-    sampler.sharded, sampler.lora, sampler.sampling_ahead = True, False, False  # FSDP, synchronous: streamed
-    sampler.transport = TRANSPORTS.get("gloo")
-    sampler.weights_lock, sampler.sync_seconds, sampler.write_seconds = threading.Lock(), 0.0, 0.0
-    return sampler
+def streaming_handover(model, ranks, sender):
+    """FSDP, synchronous, over a collective transport: a streamed push."""
+    handover = handover_of(model, sender, ranks, transport="gloo", sharded=True, dtype=torch.float32)
+    handover.follow(model)
+    handover.pushed = 0
+    return handover
 
 
 class Outcomes:
@@ -133,19 +135,18 @@ def test_a_streamed_push_that_lost_a_server_is_made_again_by_every_process_each_
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))  # 4 tensors
     readings = Readings(monkeypatch)
     sender = StreamingSender()
-    sampler = streaming_sampler(model, None, sender)
-    assert sampler.streams_pushes
-    sampler.sync_weights()  # one process (FSDP on one GPU): the same loop without a broadcast
+    handover = streaming_handover(model, None, sender)
+    assert handover.streams_pushes
+    handover.sync_weights()  # one process (FSDP on one GPU): the same loop without a broadcast
     assert sender.pushes == [2, 4] and [box[0] for box in readings.made] == [4, 4]
-    assert (sampler.written, sampler.pushed) == (1, 1)
-    sampler.sync_weights()  # nothing new: no reading, no push
+    assert (handover.written, handover.pushed) == (1, 1)
+    handover.sync_weights()  # nothing new: no reading, no push
     assert len(readings.made) == 2
     # another process: it reads the weights once per round process 0 says, each to its end
-    other = streaming_sampler(model, Outcomes([(0, True), (1, False)]), None)
+    other = streaming_handover(model, Outcomes([(0, True), (1, False)]), None)
     readings.made.clear()
     other.sync_weights()
     assert [box[0] for box in readings.made] == [4, 4] and other.pushed == 1
     # not streamed (sampling ahead: a copy is staged at the write): nothing read in the sync
-    ahead = streaming_sampler(model, None, sender)
-    ahead.sampling_ahead = True
-    assert not ahead.streams_pushes
+    ahead = streaming_handover(model, None, sender)
+    assert ahead.sample_ahead() is ahead and not ahead.streams_pushes

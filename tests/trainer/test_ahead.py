@@ -49,6 +49,9 @@ class FakeServers:
     def pushable(self) -> int:
         return self.version  # the rollout thread's push writes the newest version first
 
+    def enter_rollout_thread(self) -> None:
+        self.rollout_thread = threading.current_thread().name
+
     def cancel(self) -> None:
         self.cancelled.set()
 
@@ -237,6 +240,8 @@ def test_the_live_model_engine_cannot_sample_ahead(tmp_path):
     config.max_staleness = 1  # past the config's own check, as a sampler passed in from Python would be
     with pytest.raises(ConfigError, match="max_staleness=1 needs rollout servers.*Sampler"):
         collect_ahead(object(), Sampler(model, tok), config)
+    config.max_staleness = 0
+    assert collect_ahead(object(), Sampler(model, tok), config) is None  # nothing sampled ahead
 
 
 def test_the_config_refuses_sampling_ahead_without_servers_or_without_the_correction():
@@ -260,16 +265,20 @@ def test_a_batch_beyond_total_steps_is_an_error_not_a_wait(tmp_path):
 
 
 def test_sampling_ahead_has_collective_pushes_send_a_copy_made_at_the_write(tmp_path):
-    """The trainer updates while a push runs: the servers' sampler is told, and stages what it sends (as it does
+    """The trainer updates while a push runs: the servers' hand-over is told, and stages what it sends (as it does
     for FSDP shards, which every process gathers only at the write); a synchronous run reads the model as it
-    sends."""
-    from grouprl.serve.client.server_sampler import ServerSampler
+    sends. The rollout thread the collector starts is the one the hand-over knows as such."""
+    import types
 
-    sampler = ServerSampler.__new__(ServerSampler)
-    sampler.sharded, sampler.sampling_ahead = False, False
+    from grouprl.serve.client.handover import WeightHandover
+
+    pool = types.SimpleNamespace(alive=[], setting="rollout_server_timeout")
+    handover = WeightHandover(torch.nn.Linear(2, 2), pool, "files", ranks=None, dtype=torch.float32, lora=False,
+                              timeout=1.0, weights_dir=str(tmp_path), difference=lambda server: "")
+    engine = types.SimpleNamespace(sample_ahead=handover.sample_ahead)
     config = TrainerConfig(output_dir=str(tmp_path), rollout_servers=("127.0.0.1:8000",), rollout_is="token")
-    assert collect_ahead("collector", sampler, config) == "collector" and not sampler.stages_pushes
+    assert collect_ahead("collector", engine, config) is None and not handover.stages_pushes
     config.max_staleness = 1
-    assert isinstance(collect_ahead("collector", sampler, config), AheadCollector) and sampler.stages_pushes
-    sampler.sharded, sampler.sampling_ahead = True, False
-    assert sampler.stages_pushes
+    ahead = collect_ahead("collector", engine, config)
+    assert isinstance(ahead, AheadCollector) and ahead.handover is handover and handover.stages_pushes
+    handover.close()

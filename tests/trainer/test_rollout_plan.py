@@ -64,7 +64,7 @@ def test_a_passed_sampler_is_named_and_kept(tmp_path):
     assert not plan.own_weights and plan.rollout_is == "none" and plan.compile is False
 
     class OwnCopy:
-        uses_live_model = False
+        uses_live_model, compiles = False, False
 
     own = _plan(base_config(tmp_path), model, sampler=OwnCopy())
     assert own.own_weights and own.rollout_is == "token"  # its numbers are not the trainer's

@@ -13,6 +13,7 @@ cannot close a turn or open one for the policy (:mod:`grouprl.data.templates`)."
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,13 +108,24 @@ class AgentSampler:
 
     def phase(self) -> Any:
         """Around a rollout or an evaluation with a vLLM engine: one weight push at its start."""
-        return self.engine.phase()
+        return self.engine.phase() if self.engine is not None else contextlib.nullcontext()
+
+    @property
+    def compiles(self) -> bool:
+        return self.compiled is not None
 
     def rest(self) -> None:
         """Between the rollout and the update: see :meth:`grouprl.rollout.vllm.VLLMSampler.rest`."""
-        rest = getattr(self.engine, "rest", None)  # rollout servers hold nothing here to free
-        if rest is not None:
-            rest()
+        if self.engine is not None:
+            self.engine.rest()
+
+    def sample_ahead(self) -> Any:
+        """The engine's (rollout servers sample ahead; the live model cannot)."""
+        return self.engine.sample_ahead() if self.engine is not None else None
+
+    def cancel(self) -> None:
+        if self.engine is not None:
+            self.engine.cancel()
 
     def metrics(self) -> dict[str, float]:
         if self.engine is not None:

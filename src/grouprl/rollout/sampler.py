@@ -14,6 +14,7 @@ formed: ``"sample"`` (G independent samples) or ``"beam"`` (the G best beams).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -121,10 +122,32 @@ class Sampler:
         """The compiled decode step (``compile_steps``: :mod:`grouprl.rollout.cpu.compiled`), kept across rollouts."""
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
 
+    # -- the engine protocol (grouprl.rollout.protocol): nothing to copy, free, cancel or sample ahead --------
+    uses_live_model = True
+
+    @property
+    def compiles(self) -> bool:
+        return self.compiled is not None
+
     def update_weights(self, model: nn.Module) -> None:
         """Nothing to copy: this engine samples from the live module. A different module object
         (for example the policy unwrapped from a distributed wrapper) replaces the one held."""
         self.model = model
+
+    def phase(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def rest(self) -> None:
+        return None
+
+    def cancel(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def sample_ahead(self) -> None:
+        return None
 
     def metrics(self) -> dict[str, float]:
         """``time/compile`` (with ``compile_steps``): see :meth:`grouprl.rollout.cpu.compiled.CompiledStep.metrics`."""

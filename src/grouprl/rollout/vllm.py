@@ -111,6 +111,8 @@ class VLLMSampler:
 
     uses_live_model = False
     """The trainer need not gather its own weights for a rollout: the engine holds a copy."""
+    compiles = False
+    """No built-in decode steps to compile (vLLM compiles its own: ``compiled``)."""
     _sleeper: weakref.ref[VLLMSampler] | None = None
     """The engine of this process that holds vLLM's sleep-mode allocator."""
 
@@ -235,6 +237,13 @@ class VLLMSampler:
 
             destroy_model_parallel()
             destroy_distributed_environment()  # vLLM's groups, then the run's own
+
+    def cancel(self) -> None:
+        """Nothing to cancel: a generation runs in the caller's thread."""
+
+    def sample_ahead(self) -> None:
+        """None: the engine samples in the trainer's process, so it cannot sample while the trainer updates."""
+        return None
 
     def metrics(self) -> dict[str, float]:
         """``time/weight_push`` since the last call (seconds spent pushing weights)."""

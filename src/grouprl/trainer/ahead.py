@@ -34,8 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from grouprl.errors import ConfigError
+from grouprl.rollout.protocol import RolloutEngine, SamplesAhead
 from grouprl.run.logs import JsonlLog, PhaseTimer
 from grouprl.trainer.collect import Collected
+from grouprl.trainer.config import TrainerConfig
+from grouprl.trainer.processes import OneProcess
 
 POLL_S = 0.05
 """How often a waiting thread looks again (it is also woken at once by the other)."""
@@ -110,20 +113,18 @@ class AheadCollector:
 
     Args:
         inner: the step's collector (``collect(step, timer)``, ``stream``).
-        sampler: the rollout engine with its own weights: ``version``, ``pushable`` (the newest version its next
-            push can carry), ``pushed``, ``write_weights``, ``sync_weights`` and ``cancel``
-            (:class:`~grouprl.serve.ServerSampler`).
+        handover: the engine's weight hand-over as a rollout thread drives it
+            (:class:`~grouprl.rollout.protocol.SamplesAhead`).
         max_staleness: k >= 1.
         total_steps: the run's steps (nothing is sampled for a step beyond them).
         timeline: where the timeline goes (None: nowhere).
-        ranks: with several trainer processes, the rollout thread's :class:`~grouprl.serve.client.ranks.Ranks`, on a
-            process group of its own (None: one process).
+        processes: the trainer's processes (:mod:`grouprl.trainer.processes`; default: one).
     """
 
-    def __init__(self, inner: Any, sampler: Any, max_staleness: int, total_steps: int, timeline: Path | None,
-                 ranks: Any = None):
-        self.inner, self.sampler, self.k, self.total_steps = inner, sampler, max_staleness, total_steps
-        self.ranks = ranks
+    def __init__(self, inner: Any, handover: SamplesAhead, max_staleness: int, total_steps: int,
+                 timeline: Path | None, processes: Any = None):
+        self.inner, self.handover, self.k, self.total_steps = inner, handover, max_staleness, total_steps
+        self.processes = processes if processes is not None else OneProcess()
         self.stream = ConsumedStream(self)
         self.timeline = JsonlLog(timeline) if timeline is not None else None
         self.cond = threading.Condition()
@@ -137,7 +138,7 @@ class AheadCollector:
 
     # -- the rollout thread -------------------------------------------------------------------------
     def _start(self, step: int) -> None:
-        self.first_step, self.base_version = step, self.sampler.version
+        self.first_step, self.base_version = step, self.handover.version
         self.position, self.t0 = self.inner.stream.position, time.perf_counter()
         if self.timeline is not None:
             self.timeline.truncate_after(step)  # a resumed run: what a killed one logged past its checkpoint
@@ -150,11 +151,10 @@ class AheadCollector:
         queued = len(self.ready)
         if self.consumed + queued >= self.total_steps - self.first_step:
             return False
-        return self.base_version + self.consumed + queued - self.sampler.pushable <= self.k
+        return self.base_version + self.consumed + queued - self.handover.pushable <= self.k
 
     def _run(self) -> None:
-        if self.ranks is not None:
-            self.sampler.sample_ahead_in(self.ranks)
+        self.handover.enter_rollout_thread()
         while True:
             with self.cond:
                 while not self.stopping and not self._may_start():
@@ -176,8 +176,8 @@ class AheadCollector:
                 return
 
     def _sample(self, step: int) -> None:
-        self.sampler.sync_weights()  # the newest version the trainer wrote, loaded before any request
-        version, timer, start = self.sampler.pushed, PhaseTimer(), time.perf_counter()
+        self.handover.sync_weights()  # the newest version the trainer wrote, loaded before any request
+        version, timer, start = self.handover.pushed, PhaseTimer(), time.perf_counter()
         got = self.inner.collect(step, timer)
         rows = got.batch.batch_size
         batch = Ahead(got, step, timer, start, time.perf_counter(), self.inner.stream.position,
@@ -196,7 +196,7 @@ class AheadCollector:
     def collect(self, step: int, timer: PhaseTimer) -> Collected:
         """The next batch at most k versions behind the trainer (waiting for it if none is ready); its
         rollout's phase times go into ``timer`` with ``trainer_idle``, the wait."""
-        self.sampler.write_weights()  # between updates: the rollout thread may load them at once
+        self.handover.write_weights()  # between updates: the rollout thread may load them at once
         if self.thread is None:
             self._start(step)
         with self.cond:
@@ -237,7 +237,7 @@ class AheadCollector:
                 self._most_of_all(None)  # the other processes learn of it, and raise with this one
                 raise self.error
             batch = self.ready.popleft()
-            version = self.sampler.version
+            version = self.handover.version
         mean, most = behind(version, batch.versions)
         most = self._most_of_all(most)
         with self.cond:
@@ -251,15 +251,10 @@ class AheadCollector:
         """The most versions behind of the batches every process takes now (None: this process's rollout
         thread failed): one process's stale batch is dropped by all, so every rollout thread samples the same
         number of batches and their pushes pair up; a failure in one is raised in every process."""
-        if self.ranks is None:
-            return most
-        import torch.distributed as dist
-
-        every: list[Any] = [None] * self.ranks.world
-        dist.all_gather_object(every, most)  # the trainer's group: every process takes its batch in step
+        every = self.processes.gather(most)  # the trainer's group: every process takes its batch in step
         failed = [r for r, m in enumerate(every) if m is None]
         if most is not None and failed:
-            raise RuntimeError(f"the rollout thread of process {failed[0]} of {self.ranks.world} failed (its own "
+            raise RuntimeError(f"the rollout thread of process {failed[0]} of {len(every)} failed (its own "
                                "error is raised there)")
         return None if most is None else max(every)
 
@@ -292,40 +287,26 @@ class AheadCollector:
         if self.thread is None:
             return
         deadline = time.monotonic() + STOP_WITHIN_S
-        cancel = getattr(self.sampler, "cancel", None)
         while self.thread.is_alive() and time.monotonic() < deadline:
-            if callable(cancel):
-                cancel()  # again each round: a batch may send requests after the last cancel
+            self.handover.cancel()  # again each round: a batch may send requests after the last cancel
             self.thread.join(0.5)
         if self.thread.is_alive():
             warnings.warn(f"the rollout thread did not stop within {STOP_WITHIN_S:g} s of the run's end (a reward "
                           "function still running?); it is a daemon thread and ends with the process", stacklevel=2)
 
 
-def engine_of(sampler: Any) -> Any:
-    """The engine that holds its own weights behind a sampler (an environment run's sampler wraps it)."""
-    inner = getattr(sampler, "engine", None)
-    return inner if inner is not None else sampler
-
-
-def collect_ahead(collector: Any, sampler: Any, config: Any) -> Any:
-    """``collector`` as it is (``max_staleness`` 0), or wrapped in an :class:`AheadCollector`; an engine that
-    samples from the live training weights cannot sample ahead: a ConfigError naming the field."""
-    k = getattr(config, "max_staleness", 0)
+def collect_ahead(collector: Any, sampler: RolloutEngine, config: TrainerConfig, processes: Any = None
+                  ) -> AheadCollector | None:
+    """An :class:`AheadCollector` around ``collector`` (``max_staleness`` > 0), or None (0); an engine that cannot
+    sample ahead (it samples in this process) is a ConfigError naming the field. Every process calls it together."""
+    k = config.max_staleness
     if not k:
-        return collector
-    engine = engine_of(sampler)
-    if getattr(engine, "uses_live_model", True) or not callable(getattr(engine, "write_weights", None)):
+        return None
+    ahead = sampler.sample_ahead()
+    if ahead is None:
         raise ConfigError(f"max_staleness={k} needs rollout servers (rollout_servers), whose weights are copies the "
-                          f"trainer pushes; this run's rollout engine, {type(engine).__name__}, samples in this "
+                          f"trainer pushes; this run's rollout engine, {type(sampler).__name__}, samples in this "
                           "process (set max_staleness 0)")
-    engine.sampling_ahead = True  # a push may run while the trainer updates: it sends a copy of the weights
-    ranks = getattr(engine, "ranks", None)
-    if ranks is not None:  # the rollout threads' own group, made here, where every process comes in step
-        import dataclasses
-
-        import torch.distributed as dist
-
-        ranks = dataclasses.replace(ranks, group=dist.new_group(backend="gloo"))
-    timeline = Path(config.output_dir) / "timeline.jsonl" if ranks is None or ranks.is_main else None  # process 0's
-    return AheadCollector(collector, engine, k, config.total_steps, timeline, ranks)
+    processes = processes if processes is not None else OneProcess()
+    timeline = Path(config.output_dir) / "timeline.jsonl" if processes.is_main else None  # process 0's
+    return AheadCollector(collector, ahead, k, config.total_steps, timeline, processes)

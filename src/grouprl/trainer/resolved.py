@@ -58,16 +58,9 @@ class ResolvedSettings:
 
     @property
     def rollout_is_level(self) -> str:
-        """``rollout_is`` with auto resolved (see the field) as for the engine ``rollout_engine`` names, auto
-        counting as the built-in one. A trainer's config has it resolved for the engine its rollout plan chose
-        (:func:`grouprl.trainer.rollout_plan.plan_rollout`)."""
-        if self.rollout_is != "auto":
-            return self.rollout_is
-        # Only fp32 on both sides with the built-in engine computes the same numbers: a bf16 rollout runs on
-        # bf16 weights with a bf16 residual stream, a bf16-weights one on bf16 copies, a bf16 training pass
-        # under autocast on fp32 ones.
-        exact = self.rollout_engine != "vllm" and _format(self.rollout_format).exact and not self.train_bf16
-        return "none" if exact else "token"
+        """``rollout_is`` with auto resolved (:func:`rollout_is_for`). A trainer's config has it resolved for the
+        engine its rollout plan chose; otherwise as for ``rollout_engine`` (auto counting as the built-in one)."""
+        return rollout_is_for(self, own_weights=self.rollout_engine == "vllm")
 
     @property
     def rollout_rows(self) -> int:
@@ -119,3 +112,14 @@ class ResolvedSettings:
     def kl_controller_name(self) -> str:
         """``kl_controller``, or the algorithm's own when it is empty."""
         return self.kl_controller or _algorithm(self.algo).kl_controller
+
+
+def rollout_is_for(config: ResolvedSettings, own_weights: bool) -> str:
+    """``rollout_is`` with auto resolved for an engine that samples from its own copy of the weights
+    (``own_weights``) or from the live module: only fp32 on both sides through the live module computes the
+    trainer's numbers (a bf16 rollout runs on bf16 weights with a bf16 residual stream, a bf16-weights one on bf16
+    copies, a bf16 training pass under autocast on fp32 ones), so only that pairing goes uncorrected."""
+    if config.rollout_is != "auto":
+        return config.rollout_is
+    exact = not own_weights and _format(config.rollout_format).exact and not config.train_bf16
+    return "none" if exact else "token"

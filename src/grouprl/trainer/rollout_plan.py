@@ -27,7 +27,9 @@ from grouprl.models import unwrap_ddp
 from grouprl.registry import Registry
 from grouprl.rollout.engines import resolve_compile, resolve_engine
 from grouprl.rollout.formats import FORMATS
+from grouprl.rollout.protocol import RolloutEngine
 from grouprl.trainer.evaluate import EVAL_BATCH
+from grouprl.trainer.resolved import rollout_is_for
 
 
 @dataclass(frozen=True)
@@ -116,18 +118,8 @@ def vllm_engine(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: i
                        compiled=c.vllm_compile)
 
 
-def _rollout_is(config: Any, own_weights: bool) -> str:
-    """``rollout_is`` with auto resolved for an engine: only fp32 on both sides through the live module computes
-    the same numbers (a bf16 rollout runs on bf16 weights with a bf16 residual stream, a bf16-weights one on
-    bf16 copies, a bf16 training pass under autocast on fp32 ones)."""
-    if config.rollout_is != "auto":
-        return config.rollout_is
-    exact = not own_weights and FORMATS.get(config.rollout_format).exact and not config.train_bf16
-    return "none" if exact else "token"
-
-
 def plan_rollout(config: Any, formats: Any, policy: nn.Module, device: torch.device | None, *, multi_turn: bool,
-                 sampler: Any = None, steps: int | None = None) -> RolloutPlan:
+                 sampler: RolloutEngine | None = None, steps: int | None = None) -> RolloutPlan:
     """The run's :class:`RolloutPlan`. ``config`` has its formats decided (``rollout_dtype`` explicit);
     ``formats`` is what decided them; ``device``: where the run computes (None: where ``policy`` is);
     ``multi_turn``: trajectories in environments; ``sampler``: one passed in, used as it is; ``steps``: the
@@ -135,10 +127,10 @@ def plan_rollout(config: Any, formats: Any, policy: nn.Module, device: torch.dev
     run cannot honour is a ConfigError, before any engine starts."""
     c = config
     if sampler is not None:  # one with its own copy of the weights is compared with the trainer like vLLM
-        own = not getattr(sampler, "uses_live_model", True)
+        own = not sampler.uses_live_model
         why = f"a {type(sampler).__name__} was passed in"
-        return RolloutPlan(formats.describe(), c.rollout_format, type(sampler).__name__, why,
-                           getattr(sampler, "compiled", None) is not None, why, _rollout_is(c, own), own)
+        return RolloutPlan(formats.describe(), c.rollout_format, type(sampler).__name__, why, sampler.compiles, why,
+                           rollout_is_for(c, own), own)
     servers = getattr(c, "rollout_servers", None)
     transport = ("", "")
     if servers:
@@ -155,8 +147,8 @@ def plan_rollout(config: Any, formats: Any, policy: nn.Module, device: torch.dev
         engine, why = resolve_engine(c.rollout_engine, policy, c.rollout_mode, multi_turn=multi_turn,
                                      compile_steps=compiles, rollout_format=c.rollout_format)
     own = ENGINES.get(engine).own_weights
-    return RolloutPlan(formats.describe(), c.rollout_format, engine, why, compiles, compile_why, _rollout_is(c, own),
-                       own, *transport)
+    return RolloutPlan(formats.describe(), c.rollout_format, engine, why, compiles, compile_why,
+                       rollout_is_for(c, own), own, *transport)
 
 
 def _device_of(policy: nn.Module) -> torch.device | None:
@@ -164,15 +156,13 @@ def _device_of(policy: nn.Module) -> torch.device | None:
 
 
 def build_rollout(config: Any, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, *, longest: int,
-                  multi_turn: bool = False, sampler: Any = None) -> Any:
+                  multi_turn: bool = False, sampler: RolloutEngine | None = None) -> RolloutEngine | None:
     """The rollout engine ``plan`` names, on ``policy`` (as the trainer placed it): a sampler, or for
     environments the engine playing the turns (None: the multi-turn sampler decodes on the live policy).
     ``longest``: the longest sequence (prompt and completion) it must hold. A ``sampler`` passed in is
-    returned as it is; a built-in one follows the placed policy."""
-    from grouprl.rollout.sampler import Sampler
-
-    if isinstance(sampler, Sampler):
-        sampler.update_weights(unwrap_ddp(policy))  # decode through the root (FSDP) or the module inside DDP
+    returned as it is; one on the live model follows the placed policy."""
     if sampler is not None:
+        if sampler.uses_live_model:
+            sampler.update_weights(unwrap_ddp(policy))  # decode through the root (FSDP) or the module inside DDP
         return sampler
     return ENGINES.get(plan.engine).build(config, plan, policy, tokenizer, longest, multi_turn)

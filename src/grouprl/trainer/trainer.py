@@ -81,7 +81,7 @@ class Trainer:
         system_prompt: the task's system prompt (``config.system_prompt`` wins when set).
         inputs: all of the above at once, as :func:`grouprl.cli.build.build_inputs` makes them (checked).
         reference: a frozen reference model; by default a copy of the policy (none with LoRA).
-        sampler: a rollout engine with ``generate`` (default: the built-in KV-cache engine).
+        sampler: a rollout engine (:class:`~grouprl.rollout.protocol.RolloutEngine`; default: the plan's).
         run_config: what the run folder's config.yaml records (default: ``config``).
         processes: the process group (default: one process).
         critic_backbone: for a critic, the model whose decoder carries the value head.
@@ -133,7 +133,8 @@ class Trainer:
         self.kl = KL_CONTROLLERS.get(c.kl_controller_name)(c)
         self.source = make_source(c, inputs, policy, tokenizer, self.rollout_plan, sampler, self.processes.share)
         self.sampler, self.collector, self.tokenizer = self.source.sampler, self.source.collector, tokenizer
-        self.collector = collect_ahead(self.collector, self.sampler, c)  # max_staleness > 0: sampled ahead
+        self.ahead = collect_ahead(self.collector, self.sampler, c, self.processes)  # max_staleness > 0
+        self.collector = self.ahead or self.collector
         self.step_count, self.time_budget_s = 0, None
         self.out = Path(c.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -161,9 +162,7 @@ class Trainer:
         """One iteration, in the paper's order. Returns (metrics, sample completions)."""
         c, timer, t0 = self.config, PhaseTimer(), time.perf_counter()
         got = self.collect(timer)                                                    # o_i ~ pi_old(.|q), r_i
-        rest = getattr(self.sampler, "rest", None)  # an engine with its own copy of the weights, rewritten
-        if rest is not None:                        # by the next push, can free it for the update
-            rest()
+        self.sampler.rest()  # an engine's copy of the weights, rewritten by the next push, is freed for the update
         mask = got.batch.completion_mask.clone()
         if c.mask_truncated:
             mask = mask * (~got.batch.truncated).unsqueeze(-1).to(mask.dtype)
@@ -191,7 +190,7 @@ class Trainer:
     def collect(self, timer: PhaseTimer) -> Collected:
         """The step's rollout and rewards; a failure in any process stops every process with it."""
         result, error = None, None
-        with self.processes.rollout(self.sampler, self.policy, ahead=self.collector is not self.source.collector):
+        with self.processes.rollout(self.sampler, self.policy, ahead=self.ahead is not None):
             try:
                 result = self.collector.collect(self.step_count, timer)
             except Exception as e:  # noqa: BLE001 - re-raised below, in every process
@@ -227,9 +226,8 @@ class Trainer:
         rewards = torch.cat([p[0] for p in parts])
         per_fn = {k: torch.cat([p[1][k] for p in parts]) for k in got.per_fn}
         constant = None if constant is None else torch.cat([p[2] for p in parts])
-        engine = getattr(self.sampler, "metrics", None)  # an engine with its own weights: time/weight_push
         collected = combine_metrics([p[4] for p in parts], absent_is_zero=True)  # each process's equal share
-        metrics = {**reward_metrics(rewards, per_fn, constant), **collected, **(engine() if callable(engine) else {}),
+        metrics = {**reward_metrics(rewards, per_fn, constant), **collected, **self.sampler.metrics(),
                    **rollout_metrics(RolloutBatch.cat([p[3] for p in parts]), got.rounds), **metrics,
                    **timer.metrics(), "time/step": time.perf_counter() - t0}
         tokens = float(got.batch.completion_mask.sum())
@@ -248,10 +246,9 @@ class Trainer:
     def close(self) -> None:
         """Stop what collects ahead of the trainer (its rollout thread), then release what the rollout engine
         holds beyond this process's memory (vLLM's process groups, rollout servers)."""
-        for part in (self.collector, self.sampler):
-            close = getattr(part, "close", None)
-            if callable(close):
-                close()
+        if self.ahead is not None:
+            self.ahead.close()
+        self.sampler.close()
 
     # -- the run loop's hooks -----------------------------------------------------------------------
     def finished(self) -> bool:

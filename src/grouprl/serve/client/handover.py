@@ -1,35 +1,92 @@
-"""The weights half of :class:`~grouprl.serve.client.server_sampler.ServerSampler`: the trainer's model handed over as
-policy versions, written once each (:mod:`grouprl.serve.weights.transport`) and pushed to every server, by process 0
-alone of several, the others waiting for its outcome (:mod:`grouprl.serve.client.ranks`).
+"""One owner of the weight hand-over to rollout servers: :class:`WeightHandover` keeps the policy versions (made,
+written, pushed), the lock between the thread that writes a version and the one that pushes it, and the
+transport's sender (:mod:`grouprl.serve.weights.transport`: files, or a broadcast over NCCL or gloo).
 
-A version is written from the thread that updates the weights, between updates; it is pushed at the start of the
-next rollout (or, sampling ahead, of the next batch the rollout thread samples). Under FSDP every process takes
-part in each gather: at the write, or during a streamed push (:attr:`Handover.streams_pushes`).
+A version is written by the thread that updates the weights, between updates, and pushed at the start of the next
+rollout (sampling ahead: of the next batch). Of several trainer processes process 0 alone writes and pushes
+(:mod:`grouprl.serve.client.ranks`); under FSDP every process takes part in each gather.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
+import torch
 from torch import nn
 
 from grouprl.serve.client.ranks import Ranks
-from grouprl.serve.weights.transport import Reading, reading
+from grouprl.serve.weights.transport import TRANSPORTS, Reading, is_sharded, reading
 
 
-class Handover:
-    """Writes and pushes for a :class:`~.server_sampler.ServerSampler`, which sets what these read: ``model``,
-    ``pool``, ``sender`` (None in a process other than 0), ``transport``, ``sharded``, ``lora``, ``dtype``,
-    ``ranks``, ``ahead``, ``sampling_ahead``, the counts ``version``, ``written``, ``pushed``, ``gathered``, the
-    ``weights_lock`` and the seconds ``sync_seconds``, ``write_seconds``; and ``_difference`` (why a server that is
-    back cannot rejoin)."""
+class WeightHandover:
+    """The trainer's model handed to the servers of ``pool`` as policy versions; implements
+    :class:`~grouprl.rollout.protocol.SamplesAhead`.
 
-    def sample_ahead_in(self, ranks: Ranks) -> None:
-        """From now on the calling thread samples ahead of the trainer (``max_staleness`` > 0) and pushes and
-        receives weights on ``ranks``' own process group; the trainer's thread keeps the trainer's group."""
-        self.ahead = (threading.get_ident(), ranks)
+    Args:
+        model: the policy, followed from one version to the next (:meth:`follow`).
+        pool: the servers (:class:`~grouprl.serve.client.pool.ServerPool`).
+        transport: a :data:`~grouprl.serve.weights.transport.TRANSPORTS` name.
+        ranks: the trainer's processes (None: one process); process 0 alone sends.
+        dtype: the servers' number format; lora: the policy has LoRA adapters.
+        timeout: seconds the servers may take (``rollout_server_timeout``).
+        weights_dir: where the files transport writes (None: its default).
+        difference: why a server that is back cannot take the weights ("" if it can).
+        sender: what writes and sends the versions (None: the transport's own; in a process other than 0 none).
+    """
+
+    def __init__(self, model: nn.Module, pool: Any, transport: str, *, ranks: Ranks | None, dtype: torch.dtype,
+                 lora: bool, timeout: float, weights_dir: str | None, difference: Callable[[Any], str],
+                 sender: Any = None):
+        self.model, self.pool, self.ranks, self.dtype, self.lora = model, pool, ranks, dtype, lora
+        self.weights_dir, self.difference = weights_dir, difference
+        self.transport = TRANSPORTS.get(transport)
+        self.sharded = ranks is not None and is_sharded(model)
+        """FSDP shards: every process takes part in gathering each version process 0 writes."""
+        self.version, self.written, self.pushed, self.gathered = 0, None, None, None
+        self.lock = threading.Lock()  # one writer or pusher at a time (an asynchronous run has two threads)
+        self.sync_seconds = self.write_seconds = 0.0
+        self.sampling_ahead = False
+        """The trainer updates while pushes run (:meth:`sample_ahead`)."""
+        self.ahead_ranks: Ranks | None = None
+        self.ahead: tuple[int, Ranks] | None = None  # (the rollout thread, its Ranks): :meth:`enter_rollout_thread`
+        if sender is None and (ranks is None or ranks.is_main):
+            sender = self.transport.sender(self, timeout)
+        self.sender = sender
+
+    # -- versions -----------------------------------------------------------------------------------
+    def follow(self, model: nn.Module) -> None:
+        """``model`` is the next policy version, sent before the next request."""
+        self.model = model
+        self.version += 1
+
+    def sample_ahead(self) -> WeightHandover:
+        """From now on the trainer may update while a push runs; the rollout threads of several processes get a
+        process group of their own, made here, where every process comes in step."""
+        self.sampling_ahead = True
+        if self.ranks is not None:
+            import torch.distributed as dist
+
+            self.ahead_ranks = dataclasses.replace(self.ranks, group=dist.new_group(backend="gloo"))
+        return self
+
+    def enter_rollout_thread(self) -> None:
+        """The calling thread samples ahead, pushing and receiving on its own process group."""
+        if self.ahead_ranks is not None:
+            self.ahead = (threading.get_ident(), self.ahead_ranks)
+
+    def cancel(self) -> None:
+        self.pool.cancel()
+
+    def check_pushed(self) -> None:
+        """With several processes a rollout samples only a version every process has pushed (inside ``phase``)."""
+        if self.ranks is not None and self.ahead is None and self.pushed != self.version:
+            raise RuntimeError(f"process {self.ranks.rank} samples with policy version {self.version} not pushed "
+                               "yet: with several trainer processes, sample inside phase()")
 
     def _ranks(self) -> Ranks | None:
         """The processes' Ranks for a collective made by the calling thread."""
@@ -37,92 +94,80 @@ class Handover:
             return self.ahead[1]
         return self.ranks
 
-    def update_weights(self, model: nn.Module) -> None:
-        """Follow ``model`` from now on: it is the next policy version, sent before the next request."""
-        self.model = model
-        self.version += 1
-
     @property
     def stages_pushes(self) -> bool:
-        """Whether a collective push sends a copy made at the write: the trainer may update before it is sent
-        (sampling ahead), or the weights are FSDP shards, gathered by every process only at the write."""
+        """A collective push sends a copy made at the write (the trainer may update before it is sent, or FSDP
+        shards are gathered only at the write)."""
         return self.sharded or self.sampling_ahead
 
     @property
+    def streams_pushes(self) -> bool:
+        """A push gathers each tensor as the broadcast reaches it, every process taking part, instead of staging a
+        copy: FSDP shards over a collective transport, synchronous, without LoRA (whose merge reads each base
+        weight with its adapters)."""
+        return self.sharded and not self.sampling_ahead and not self.lora and self.transport.backend is not None
+
+    @property
     def pushable(self) -> int:
-        """The newest version the next push can carry: the followed model's, which a push writes first, but under
-        FSDP, sampling ahead, the trainer threads' last gather (the rollout thread writes nothing, and between an
-        update and the next step's write the trainer is a version ahead of what it gathered)."""
+        """The followed model's version (a push writes it first); under FSDP sampling ahead, the trainer threads'
+        last gather (the rollout thread writes nothing)."""
         if self.sharded and self.ahead is not None and self.gathered is not None:
             return self.gathered
         return self.version
 
+    def take_seconds(self) -> tuple[float, float]:
+        """(writing and loading, writing alone) seconds since the last call."""
+        out = (self.sync_seconds, self.write_seconds)
+        self.sync_seconds = self.write_seconds = 0.0
+        return out
+
+    # -- writing and pushing ------------------------------------------------------------------------
     def sync_weights(self) -> None:
-        """Send the weights to every server if they changed since the last push. With several trainer
-        processes a collective (every process calls it at the start of a rollout, or its rollout thread at the
-        start of each batch it samples ahead): process 0 pushes, the others wait for its outcome
-        (:meth:`.ranks.Ranks.after_push`). A streamed push (:attr:`streams_pushes`) that lost a server
-        mid-way is made again by every process."""
-        ranks = self._ranks()
-        while True:
-            streamed = self._streamed_reading()
-            if ranks is None:
-                with streamed.through() if streamed is not None else contextlib.nullcontext():
-                    self.write_weights()
-                    again = self.push_weights(streamed)
-                if not again:
-                    return
-                continue
-            error, again = None, False
-            if ranks.is_main:
+        """Send the weights to every server if they changed since the last push. Of several processes a
+        collective: process 0 pushes, the others take its outcome (:meth:`.ranks.Ranks.after_push`); a streamed
+        push that lost a server mid-way is made again by every process."""
+        ranks, again = self._ranks(), True
+        while again:
+            streamed, error, again = self._streamed_reading(), None, False
+            if ranks is None or ranks.is_main:
                 try:
                     with streamed.through() if streamed is not None else contextlib.nullcontext():
                         self.write_weights()
                         again = self.push_weights(streamed)
                 except Exception as e:  # noqa: BLE001 - raised by after_push, in every process
+                    if ranks is None:
+                        raise
                     error = e
             else:
                 self.write_weights()  # under FSDP, its part of process 0's gather
                 if streamed is not None:
                     streamed.drain()  # its part of each gather of process 0's streamed push
+            if ranks is None:
+                continue
             pushed, again = ranks.after_push(self.pool, self.pushed, error, again)
-            # Sampling ahead, process 0's trainer may be a version ahead of this process's. Process 0 keeps its
-            # own counts: its trainer thread may have written the next version during the broadcast, and setting
-            # ``written`` back would write that version a second time.
+            # Process 0 keeps its own counts: sampling ahead, its trainer thread may have written the next version
+            # during the broadcast, and setting ``written`` back would write that version a second time.
             if not ranks.is_main:
                 self.written = self.pushed = pushed
-            if not again:
-                break
-        if self.ahead is None and pushed != self.version:
+        if ranks is not None and self.ahead is None and pushed != self.version:
             raise RuntimeError(f"process {ranks.rank} is at policy version {self.version} but process 0 pushed "
                                f"{pushed}: the processes updated their weights a different number of times")
 
-    @property
-    def streams_pushes(self) -> bool:
-        """Whether a push gathers each tensor as the broadcast reaches it, every process reading the weights
-        during the push instead of process 0 staging a copy at the write: FSDP shards sent over a collective
-        transport in a synchronous run, without LoRA (whose merge reads each base weight with its adapters)."""
-        return self.sharded and not self.sampling_ahead and not self.lora and self.transport.backend is not None
-
     def _streamed_reading(self) -> Reading | None:
-        """The weights a streamed push of a new version reads, made by every process alike (each takes part in
-        every gather of it); None where no such push comes."""
+        """What a streamed push of a new version reads (made by every process alike), or None."""
         if self.streams_pushes and self.pushed != self.version:
             return reading(self.model, dtype=self.dtype)
         return None
 
     def write_weights(self) -> None:
-        """Write the followed model's weights as its version, once (process 0 alone, of several). The write reads
-        every parameter: call it from the thread that updates them, between updates (an asynchronous run does,
-        at the start of each step). Under FSDP a collective of the trainer threads: every process gathers the
-        shards one tensor at a time and process 0 writes each into the file as it comes (files) or stages it on
-        its device (nccl, gloo); a rollout thread sampling ahead writes nothing then: the trainer threads have
-        written what it pushes."""
+        """Write the followed model's weights as its version, once (process 0 alone), between updates. Under FSDP a
+        collective of the trainer threads, each tensor gathered as process 0 writes or stages it; a rollout thread
+        then writes nothing."""
         if self.sender is None and not self.sharded:
             return
         if self.sharded and self.ahead is not None and self.ahead[0] == threading.get_ident():
             return
-        with self.weights_lock:
+        with self.lock:
             if self.gathered == self.version:
                 return
             if self.streams_pushes:  # the push gathers, every process taking part then (sync_weights)
@@ -130,8 +175,7 @@ class Handover:
                 self.gathered = self.version
                 return
             start = time.perf_counter()
-            keep = self.transport.keep(self.lora, first=self.gathered is None)
-            read = reading(self.model, keep, self.dtype)
+            read = reading(self.model, self.transport.keep(self.lora, first=self.gathered is None), self.dtype)
             with read.through():  # the other processes take part in each gather: read to the end, failing or not
                 if self.sender is not None:
                     self.sender.write(self.model, read, self.version, self.dtype)
@@ -142,16 +186,14 @@ class Handover:
             self.sync_seconds += seconds
 
     def push_weights(self, streamed: Reading | None = None) -> bool:
-        """Have every server load the newest written version (each waits for its requests in flight), and any
-        server that is back load it too before it serves again; ``streamed``: the push reads the weights from it as
-        it sends (:attr:`streams_pushes`). True when that push lost a server mid-way and must be made again with a
-        new reading."""
-        with self.weights_lock:
+        """Have every server, and any that is back, load the newest written version (``streamed``: read as it is
+        sent). True when the push lost a server mid-way and is to be made again with a new reading."""
+        with self.lock:
             start = time.perf_counter()
             if self.pushed != self.written:
                 if self.pool.rejoin is None:  # a collective: a server that is back is in the group this push forms
                     for server in self.pool.back_servers():
-                        difference = self._difference(server)
+                        difference = self.difference(server)
                         if difference:
                             self.pool.drop_again(server, difference)
                         else:
@@ -166,3 +208,7 @@ class Handover:
                 self.pool.run(self.pool.rejoin_back())
             self.sync_seconds += time.perf_counter() - start
             return False
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()

@@ -1,27 +1,17 @@
-"""The trainer's side of rollout servers: :class:`ServerSampler`, a rollout engine with the interface of
-:class:`grouprl.rollout.vllm.VLLMSampler` (``generate``, ``conversations``, ``update_weights``,
-``phase``, ``metrics``, ``close``) whose completions come from ``grouprl serve`` processes.
+"""The trainer's side of rollout servers: :class:`ServerSampler`, a rollout engine
+(:class:`~grouprl.rollout.protocol.ConversationEngine`) whose completions come from ``grouprl serve`` processes.
 
-- Spread: the G rows of a group go to one server (its prompt is then prefilled once, through that
-  server's prefix cache), groups round-robin over the servers left; each row carries its own seed, so a
-  completion depends on (seed, step, prompt, sample index) and not on which server drew it.
-- Weights: after every optimizer step the trainer hands over its model (``update_weights``); before the
-  next request the new weights are written once (:mod:`grouprl.serve.weights.transport`) and every server loads
-  them (``POST /grouprl/weights``) under the next policy version. With LoRA, the base weights go once and
-  then only the adapter. The time is logged as ``time/weight_sync``. The two halves are apart
-  (``write_weights``, ``push_weights``) for an asynchronous trainer (:mod:`grouprl.trainer.ahead`), which
-  writes in its training thread between updates and has the servers load them from its rollout thread
-  (:mod:`grouprl.serve.client.handover`).
-- Versions: ``version`` counts the hand-overs (0: the weights the sampler was made with). Every
-  completion carries the version of the weights that drew it, as the server's vLLM reported it
-  (``batch.info["policy_version"]``); ``rollout/policy_lag`` is the most any row of the last rollout
-  lagged behind. Requests run on the pool's own event loop (:meth:`ServerSampler.submit` returns a
-  future), so a later asynchronous trainer can keep them in flight while it updates.
-- Agents: the environment loop stays here; each turn sends every running trajectory's tokens (token in,
-  token out) to the server of its group, as the in-process engine's ``conversations`` does.
-- Several trainer processes (torchrun, DDP or FSDP): each samples its own groups, interleaved over the servers;
-  process 0 alone writes and pushes, the others wait for its push at the start of each rollout
-  (:mod:`grouprl.serve.client.ranks`). Under FSDP every process takes part in gathering the shards process 0 writes.
+- Spread: the G rows of a group go to one server (its prompt prefilled once, through that server's prefix cache),
+  groups round-robin over the servers left; each row carries its own seed, so a completion does not depend on
+  which server drew it.
+- Weights: handed over after every optimizer step and sent before the next request
+  (:class:`~grouprl.serve.client.handover.WeightHandover`); ``time/weight_sync`` logs the time.
+- Versions: every completion carries the policy version that drew it, as the server reported it
+  (``batch.info["policy_version"]``); ``rollout/policy_lag`` is the most any row of the last rollout lagged.
+  Requests run on the pool's own event loop (:meth:`ServerSampler.submit` returns a future).
+- Agents: the environment loop stays here; each turn sends every running trajectory's tokens to its group's server.
+- Several trainer processes: each samples its own groups, interleaved over the servers; process 0 alone writes and
+  pushes (:mod:`grouprl.serve.client.ranks`).
 """
 
 from __future__ import annotations
@@ -29,7 +19,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -41,49 +30,52 @@ from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
 from grouprl.serve.client.completions import GENERATE, Completion, PendingBatch, parse_completion
-from grouprl.serve.client.handover import Handover
+from grouprl.serve.client.handover import WeightHandover
 from grouprl.serve.client.pool import ServerPool
 from grouprl.serve.client.ranks import Ranks
 from grouprl.serve.client.servers import RolloutServerError, Server, ServerFailure
 from grouprl.serve.server.guard import TOKEN_ENV
-from grouprl.serve.weights.transport import TRANSPORTS, is_sharded
 from grouprl.types import RolloutBatch, SamplingParams
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-class ServerSampler(Handover):
-    """Rollouts from ``grouprl serve`` servers; see the module docstring.
+class ServerSampler:
+    """Rollouts from ``grouprl serve`` servers; see the module docstring. Implements
+    :class:`~grouprl.rollout.protocol.ConversationEngine`; its weights go through a
+    :class:`~grouprl.serve.client.handover.WeightHandover` (:attr:`handover`).
 
     Args:
         model: the policy being trained (plain or peft LoRA), in this process.
         tokenizer: its tokenizer.
         servers: host:port of each server.
         timeout: seconds a request (a completion, a weight load) may take before its server is dropped.
-        weights_dir: where pushes are written (a folder every server can read); None: /dev/shm, else the
-            system's temporary folder (servers on this machine).
-        local: servers this sampler started (:class:`grouprl.serve.client.local_servers.LocalServers`): stopped by
-        ``close``. restarts: how many times each of the ``local`` servers is restarted once dropped (files transport).
-        skeleton: the policy's model folder without its weights (config, tokenizer), to restart a local server
-            from with the weights every server loaded last; removed by ``close``.
-        started_elsewhere: the servers are process 0's local servers (this is another trainer process), which
-            process 0 restarts ``restarts`` times each.
+        weights_dir: where the files transport writes (a folder every server can read); None: /dev/shm, else the
+            system's temporary folder.
+        local: servers this sampler started (:class:`~grouprl.serve.client.local_servers.LocalServers`), stopped by
+            ``close``; ``restarts``: how many times each is restarted once dropped (files transport).
+        transport: how weights travel (:data:`~grouprl.serve.weights.transport.TRANSPORTS`).
+        skeleton: the local servers' model folder without its weights, to restart one from with the weights every
+            server loaded last; removed by ``close``.
+        started_elsewhere: the servers are process 0's local servers (this is another trainer process).
         down: servers known not to have come up (host:port -> why), dropped at once.
         token: the servers' bearer token (None: ``GROUPRL_SERVER_TOKEN``, if set).
     """
 
     uses_live_model = False
     """The trainer need not gather its weights for a rollout: the servers hold copies."""
+    compiles = False
 
     def __init__(self, model: nn.Module, tokenizer: Any, servers: Sequence[str], *, timeout: float = 300.0,
                  weights_dir: str | None = None, local: Any = None, transport: str = "files", restarts: int = 0,
                  skeleton: Any = None, started_elsewhere: bool = False, down: dict[str, str] | None = None,
                  token: str | None = None):
         self.ranks = Ranks.current()  # several trainer processes: process 0 alone pushes (serve/client/ranks.py)
-        self.model, self.tokenizer, self.local, self.weights_dir = model, tokenizer, local, weights_dir
+        self.tokenizer, self.local, self.skeleton = tokenizer, local, skeleton
         self.lora = hasattr(model, "peft_config")
-        self.skeleton = skeleton
         self.pool = ServerPool(servers, timeout, token=token if token is not None else os.environ.get(TOKEN_ENV))
+        self.handover: WeightHandover | None = None
+        self.lag = 0
         for server in self.pool.servers:  # found down already (by process 0, for its local servers)
             if server.address in (down or {}):
                 self.pool.drop(ServerFailure(server, down[server.address]))
@@ -91,34 +83,27 @@ class ServerSampler(Handover):
             for i, server in enumerate(self.pool.servers):
                 server.describe_exit = lambda settle, i=i: local.describe(i, settle)
                 server.stop = lambda i=i: local.kill(i)
-        self.sender: Any = None
-        self.transport = TRANSPORTS.get(transport)
-        self.sharded = self.ranks is not None and is_sharded(model)
-        """FSDP shards: every process takes part in gathering each version process 0 writes."""
         try:
             self.pool.run(self.pool.wait_ready())
-            self._check_servers()
-            if self.ranks is None or self.ranks.is_main:  # how weights travel (transport.py)
-                self.sender = TRANSPORTS.get(transport).sender(self, timeout)
-                self._watch_returns(restarts)
-            elif started_elsewhere and restarts > 0 and self.transport.backend is None:
+            self._check_servers(model)
+            self.handover = WeightHandover(model, self.pool, transport, ranks=self.ranks, dtype=self.dtype,
+                                           lora=self.lora, timeout=timeout, weights_dir=weights_dir,
+                                           difference=self._difference)
+            files = self.handover.transport.backend is None
+            if self.handover.sender is not None:
+                self._watch_returns(restarts if files else None)
+            elif started_elsewhere and restarts > 0 and files:
                 self._follow_returns()
         except BaseException:
             self.close()
             raise
-        self.version, self.written, self.pushed, self.gathered = 0, None, None, None
-        self.weights_lock = threading.Lock()  # one writer or pusher at a time (an asynchronous run has two threads)
-        self.sync_seconds, self.write_seconds, self.lag = 0.0, 0.0, 0
-        self.ahead: tuple[int, Ranks] | None = None  # (thread, its Ranks): see sample_ahead_in
-        self.sampling_ahead = False
-        """Set for a run that samples ahead (``max_staleness`` > 0): the trainer updates while pushes run."""
 
-    def _watch_returns(self, restarts: int) -> None:
-        """Dropped servers that answer again rejoin: given the weights by the files transport (at the next sync,
-        or at once with no server left), or by a collective transport's next push. With files, the local ones
-        are restarted ``restarts`` times each, from :meth:`FileWeights.restart_folder`."""
+    def _watch_returns(self, restarts: int | None) -> None:
+        """Dropped servers that answer again rejoin: given the weights by the files transport (``restarts`` not
+        None: at the next sync, or at once with no server left; the local ones restarted ``restarts`` times each),
+        or by a collective transport's next push."""
         self.pool.takes_returns = True
-        if not hasattr(self.sender, "rejoin"):
+        if restarts is None:
             return
         self.pool.rejoin = self._rejoin
         if self.local is None or self.skeleton is None:
@@ -128,11 +113,11 @@ class ServerSampler(Handover):
 
     def _follow_returns(self) -> None:
         """A process other than 0, on servers process 0 started and restarts (files): with no server left, a
-        rollout here waits for one to answer again holding the version this process samples with (process 0
-        gives it the weights), and takes it back."""
+        rollout here waits for one to answer again holding the version this process samples with, and takes it
+        back."""
         self.pool.takes_returns = True
         self.pool.rejoin = self._taken_back
-        self.pool.holds_weights = lambda server: (server.info or {}).get("version") == self.pushed \
+        self.pool.holds_weights = lambda server: (server.info or {}).get("version") == self.handover.pushed \
             and (server.info or {}).get("weights_complete", True)
         for server in self.pool.servers:
             server.restarted_elsewhere = True
@@ -142,7 +127,7 @@ class ServerSampler(Handover):
         server.version, server.adapter = server.info.get("version"), server.info.get("adapter")
 
     def _restart(self, i: int, server: Server) -> None:
-        folder = self.sender.restart_folder(self.skeleton.path)
+        folder = self.handover.sender.restart_folder(self.skeleton.path)
         if folder is None:
             raise RuntimeError("no weights were pushed yet to restart it from")
         if server.restarted_from is not None:
@@ -162,20 +147,15 @@ class ServerSampler(Handover):
         difference = self._difference(server)
         if difference:
             raise ServerFailure(server, difference)
-        await self.sender.rejoin(server)
+        await self.handover.sender.rejoin(server)
         if server.restarted_from is not None:  # the server has its own engine folder now
             server.restarted_from.remove()
             server.restarted_from = None
 
-    @property
-    def folders(self) -> Any:
-        """The push folders of the files transport."""
-        return self.sender.folders
-
-    def _check_servers(self) -> None:
-        """Each server serves a model of the policy's shape, in one number format, with LoRA where the
-        policy has it; a mismatch is an error naming the server, before any rollout."""
-        inner = self.model.get_base_model() if self.lora else self.model
+    def _check_servers(self, model: nn.Module) -> None:
+        """Each server serves a model of the policy's shape, in one number format; a mismatch is an error naming
+        the server, before any rollout."""
+        inner = model.get_base_model() if self.lora else model
         config = inner.config.get_text_config() if hasattr(inner.config, "get_text_config") else inner.config
         mine = {"vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
                 "num_hidden_layers": config.num_hidden_layers}
@@ -196,30 +176,40 @@ class ServerSampler(Handover):
         """What every server serves (a server that comes back must serve the same)."""
         self.max_model_len = min(int(s.info.get("max_model_len", 0)) for s in self.pool.alive)
 
+    # -- the engine protocol (grouprl.rollout.protocol) ----------------------------------------------
+    def update_weights(self, model: nn.Module) -> None:
+        """Follow ``model``: the next policy version, sent before the next request."""
+        self.handover.follow(model)
+
+    def sample_ahead(self) -> WeightHandover:
+        return self.handover.sample_ahead()
+
     def cancel(self) -> None:
         """Give up on the requests in flight (the run is stopping): whoever waits on one gets CancelledError."""
         self.pool.cancel()
 
+    def rest(self) -> None:
+        """Nothing to free: the servers hold the weights."""
+
     @contextlib.contextmanager
     def phase(self) -> Iterator[None]:
         """Around a rollout or an evaluation: the weights sent once at its start."""
-        self.sync_weights()
+        self.handover.sync_weights()
         yield
 
     def metrics(self) -> dict[str, float]:
         """Since the last call: ``time/weight_sync`` (writing and loading weights; ``time/weight_write`` the
         writing alone) and each server's ``server/<i>/busy`` (its share of the time with a request of this
         sampler in flight); the last rollout's ``rollout/policy_lag`` (versions); how many servers serve."""
-        out = {"time/weight_sync": self.sync_seconds, "time/weight_write": self.write_seconds,
-               "rollout/policy_lag": float(self.lag), "rollout/servers": float(len(self.pool.alive)),
-               **{f"server/{i}/busy": share for i, share in enumerate(self.pool.busy_shares())}}
-        self.sync_seconds = self.write_seconds = 0.0
-        return out
+        sync, write = self.handover.take_seconds()
+        return {"time/weight_sync": sync, "time/weight_write": write, "rollout/policy_lag": float(self.lag),
+                "rollout/servers": float(len(self.pool.alive)),
+                **{f"server/{i}/busy": share for i, share in enumerate(self.pool.busy_shares())}}
 
     def close(self) -> None:
         """Close the connections, remove the pushed weights, stop the servers started here."""
-        if self.sender is not None:
-            self.sender.close()
+        if self.handover is not None:
+            self.handover.close()
         self.pool.close()
         if self.local is not None:
             self.local.stop()
@@ -260,18 +250,16 @@ class ServerSampler(Handover):
         ``groups[i]``), after a weight push if one is due; a future of the completions, in order."""
         self._check_lengths(sequences, [k["max_tokens"] for k in kwargs])
         if self.ranks is None:
-            self.sync_weights()
+            self.handover.sync_weights()
         else:  # the push is a collective, made at the start of the rollout (phase) or of a batch sampled ahead
-            if self.ahead is None and self.pushed != self.version:
-                raise RuntimeError(f"process {self.ranks.rank} samples with policy version {self.version} not pushed "
-                                   "yet: with several trainer processes, sample inside phase()")
+            self.handover.check_pushed()
             groups = self.ranks.route(groups)
         return self.pool.submit(self._complete(sequences, kwargs, groups))
 
     def _record_lag(self, completions: Sequence[Completion]) -> list[int | None]:
         versions = [c.version for c in completions]
         known = [v for v in versions if v is not None]
-        self.lag = max((self.version - v for v in known), default=0)
+        self.lag = max((self.handover.version - v for v in known), default=0)
         return versions
 
     def submit(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from grouprl.rollout.protocol import RolloutEngine
 from grouprl.trainer.dist import checkpoint as dckpt
 from grouprl.trainer.dist.group import (
     DistEnv,
@@ -130,11 +131,11 @@ class Processes:
         return float(self.world_size)
 
     @contextlib.contextmanager
-    def rollout(self, sampler: Any, policy: nn.Module, ahead: bool = False) -> Iterator[None]:
+    def rollout(self, sampler: RolloutEngine, policy: nn.Module, ahead: bool = False) -> Iterator[None]:
         """Around a rollout or an evaluation (every process enters together): the policy gathered for
         a sampler that runs the live model, or the weights pushed into one that keeps its own copy; nothing
         for a step's batch sampled ahead (``ahead``: the rollout threads pushed before sampling it)."""
-        if getattr(sampler, "uses_live_model", True):
+        if sampler.uses_live_model:
             with gathered_weights(policy):
                 yield
         elif ahead:

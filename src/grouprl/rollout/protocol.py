@@ -1,0 +1,124 @@
+"""What the trainer may ask of a rollout engine, declared once: :class:`RolloutEngine` (every engine),
+:class:`ConversationEngine` (an engine that also plays an agent's turns for
+:class:`~grouprl.rollout.agent.AgentSampler`) and :class:`SamplesAhead` (an engine that can sample while the
+trainer updates, ``max_staleness`` > 0).
+
+The built-in engine (:class:`~grouprl.rollout.sampler.Sampler`), in-process vLLM
+(:class:`~grouprl.rollout.vllm.VLLMSampler`), rollout servers (:class:`~grouprl.serve.ServerSampler`) and the
+agent sampler implement them structurally; an optional capability is a declared member with a neutral answer
+(``cancel`` does nothing where nothing is in flight, ``sample_ahead`` is None where the engine cannot), so the
+trainer never probes an engine for an attribute. An engine passed to the trainer implements the same members.
+
+Shapes: P prompts, G completions per prompt, B = P * G rows, group-major (row ``p*G + g``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol, runtime_checkable
+
+from torch import nn
+
+from grouprl.rollout.turns import Conversations, Reply, TurnLimits
+from grouprl.types import RolloutBatch, SamplingParams
+
+
+@runtime_checkable
+class SamplesAhead(Protocol):
+    """An engine's weight hand-over as a rollout thread sampling ahead of the trainer drives it
+    (:mod:`grouprl.trainer.ahead`). A version is one hand-over of the trainer's weights (``update_weights``)."""
+
+    @property
+    def version(self) -> int:
+        """The hand-overs made so far (0: the weights the engine started with)."""
+
+    @property
+    def pushed(self) -> int | None:
+        """The version the engine samples with now (None: none pushed yet)."""
+
+    @property
+    def pushable(self) -> int:
+        """The newest version the next :meth:`sync_weights` can carry."""
+
+    def write_weights(self) -> None:
+        """Copy the followed model's weights as its version, once; called from the thread that updates them,
+        between updates."""
+
+    def sync_weights(self) -> None:
+        """Have the engine sample with the newest written version from now on (a no-op when it does)."""
+
+    def enter_rollout_thread(self) -> None:
+        """The calling thread is the rollout thread from now on: its collectives run on a process group of its own."""
+
+    def cancel(self) -> None:
+        """Give up the requests in flight (the run is stopping)."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the trainer asks of any rollout engine."""
+
+    @property
+    def uses_live_model(self) -> bool:
+        """It samples from the module being trained (True), not from a copy of its weights pushed after each update:
+        the trainer gathers sharded weights around its rollouts, and ``rollout_is: auto`` corrects only copies."""
+
+    @property
+    def compiles(self) -> bool:
+        """It runs the built-in engine's compiled decode steps (``rollout_compile``)."""
+
+    def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
+                 seed: int | Sequence[int] | None = None, prompts: list | None = None,
+                 extras: dict[str, list] | None = None) -> RolloutBatch:
+        """G completions for each of P prompts (``prompt_ids``: P lists of token ids; ``seed``: B row seeds or one
+        base seed; ``prompts``, ``extras``: P entries each, repeated to B rows) as a group-major batch of B rows.
+        The agent sampler takes B episodes instead of ``prompt_ids``."""
+
+    def update_weights(self, model: nn.Module) -> None:
+        """Follow ``model``: the next policy version (an engine with a copy gets it before its next rollout)."""
+
+    def phase(self) -> AbstractContextManager[None]:
+        """Around a rollout or an evaluation: a copy is brought up to date at its start (with several processes,
+        every process enters together)."""
+
+    def rest(self) -> None:
+        """The rollout is in and the update comes next: memory the engine holds may be freed until its next use."""
+
+    def metrics(self) -> dict[str, float]:
+        """The engine's own counters since the last call (``time/weight_push``, ``server/<i>/busy``, ...)."""
+
+    def sample_ahead(self) -> SamplesAhead | None:
+        """Prepare to sample while the trainer updates; called once, by every trainer process together. None where
+        the engine cannot (it samples in this process)."""
+
+    def cancel(self) -> None:
+        """Give up the requests in flight (the run is stopping); nothing where none can be."""
+
+    def close(self) -> None:
+        """Release what the engine holds beyond this process's memory (vLLM's process groups, servers, folders)."""
+
+
+@runtime_checkable
+class ConversationEngine(RolloutEngine, Protocol):
+    """An engine that also plays multi-turn trajectories, token in, token out (vLLM, rollout servers)."""
+
+    def conversations(self, prompt_rows: list[list[int]], group_size: int, params: SamplingParams,
+                      limits: TurnLimits, respond: Callable[[list[int], list[list[int]], list[bool]], list[Reply]],
+                      seeds: list[int], stop_ids: list[int]) -> Conversations:
+        """G trajectories per initial prompt (``prompt_rows``: P lists of token ids; rows group-major), each turn
+        answered by ``respond(rows, turns so far, stopped)``; as :func:`grouprl.rollout.turns.decode_conversations`
+        returns them."""
+
+
+def declared(*protocols: type) -> frozenset[str]:
+    """The member names ``protocols`` declare (what a caller may ask of an object implementing them)."""
+    names: set[str] = set()
+    for protocol in protocols:
+        for cls in protocol.__mro__:
+            if cls is not object and cls is not Protocol and getattr(cls, "_is_protocol", False):
+                names.update(n for n in vars(cls) if not n.startswith("_"))
+    return frozenset(names)
+
+
+ENGINE_MEMBERS = declared(RolloutEngine)
+AHEAD_MEMBERS = declared(SamplesAhead)
