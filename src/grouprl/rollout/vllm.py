@@ -90,6 +90,14 @@ def kv_cache_bytes(model: nn.Module, rows: int, max_model_len: int, dtype: torch
     return max(MIN_KV_BYTES, int(per_token * rows * max_model_len * KV_HEADROOM))
 
 
+def stop_token_ids(tokenizer: Any, params: SamplingParams) -> list[int]:
+    """The ids a vLLM request stops on: ``params.stop_token_ids`` and the tokenizer's EOS."""
+    ids = set(params.stop_token_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+
 class VLLMSampler:
     """Completions (or agents' conversations) from a colocated vLLM engine that follows the trainer's
     weights; see the module docstring.
@@ -291,12 +299,6 @@ class VLLMSampler:
             self.sleep()
 
     # -- generation -------------------------------------------------------------------------------
-    def stop_token_ids(self, params: SamplingParams) -> list[int]:
-        ids = set(params.stop_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        return sorted(ids)
-
     def _complete(self, sequences: list[list[int]], kwargs: list[dict[str, Any]]) -> list[Any]:
         """One completion per sequence (its own sampling settings), in order."""
         self.sync_weights()
@@ -314,7 +316,7 @@ class VLLMSampler:
         """G completions for each of P prompts, prompt-major, as :meth:`Sampler.generate`; ``seed`` is one
         seed per row (B = P * G) or one base seed."""
         seeds = resolve_row_seeds(seed, len(prompt_ids) * group_size)
-        stop = self.stop_token_ids(params)
+        stop = stop_token_ids(self.tokenizer, params)
         rows = [ids for ids in prompt_ids for _ in range(group_size)]
         completions = self._complete(rows, [vllm_sampling_kwargs(params, stop, s) for s in seeds])
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id

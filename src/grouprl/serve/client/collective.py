@@ -1,30 +1,19 @@
-"""The trainer's side of the collective transports (``nccl``, ``gloo``): weights broadcast from the
-trainer (rank 0) to every worker of every rollout server in one group, through vLLM's own weight-transfer
-engines (``vllm.distributed.weight_transfer``: its trainer engine drives the round trip, its workers
-receive and reload layer by layer). Nothing touches storage.
+"""The trainer's side of the collective transports (``nccl``, ``gloo``): weights broadcast from the trainer
+(rank 0) to every worker of every rollout server in one group, through vLLM's weight-transfer engines
+(``vllm.distributed.weight_transfer``). Nothing touches storage.
 
-- Joining: at start the trainer opens a rendezvous (a TCP store on a free port of the address it reaches the
-  first server from) and asks each server to join it (``POST /grouprl/transfer/init``) at its own rank
-  offset: the group is rank 0 (the trainer) then server 0's workers, server 1's, ... A server that has not
-  joined within ``rollout_server_timeout`` is named with that timeout. The group is formed again, without
-  it, once a server has been dropped, and with it at the first push after it came back
-  (:mod:`grouprl.serve.client.pool`); a server back that fails to join is dropped again and the group formed without it.
-  A push that fails is given up on every server that started it (``/grouprl/transfer/abort``), the group torn
-  down, and the servers that no longer answer dropped; the push is then made again without them.
-- A push: the trainer's tensors as the servers' format (:func:`~grouprl.serve.weights.sent.tensors_to_send`, on the
-  policy's device). In a synchronous run they are read as the broadcast reaches each one, with no copy of the model:
-  from the model (:class:`LiveWeights`), or under FSDP gathered then, every process taking part
-  (:class:`StreamedWeights`; a push that loses a server mid-way is made again by every process). Sampling ahead, where
-  the trainer may update while the push runs, and for FSDP with LoRA, whose merge reads each base weight with its
-  adapters, they are staged as a copy when the weights are written (:class:`StagedWeights`). Then vLLM's engine sends
-  them: ``/grouprl/transfer/start`` (each server pauses once its requests in flight finish),
-  ``/grouprl/transfer/update`` alongside the broadcast, ``/grouprl/transfer/finish`` (prefix cache emptied, the
-  version set, generation resumed), the last two with the token each server's start answered.
-- The lease: each start asks for ``rollout_server_timeout`` as its lease (a server abandons a transfer whose
-  trainer sent no call for that long: :mod:`grouprl.serve.server.leases`; every call of a live trainer to any server
-  ends within it, so the next one comes in time) and waits as long for a lease another trainer holds: a
-  trainer restarted after a crash, with the same timeout, outwaits its dead predecessor's lease.
-- What a push sends (names, formats, LoRA merged, staged or read live): :mod:`grouprl.serve.weights.sent`.
+- Joining: the trainer opens a rendezvous on the address it reaches the first server from and asks each server
+  to join (``/grouprl/transfer/init``) at its rank offset (the trainer, then server 0's workers, server 1's, ...);
+  one that does not join within ``rollout_server_timeout`` is named. The group is formed again without a dropped
+  server, and with one that came back at the next push (dropped again if it fails to join).
+- A push: ``/grouprl/transfer/start`` (each server pauses once its requests in flight finish), ``update`` beside the
+  broadcast, ``finish`` (prefix cache emptied, version set). Synchronous, the tensors are read as the broadcast
+  reaches them (:class:`LiveWeights`, or under FSDP :class:`StreamedWeights`); sampling ahead or for FSDP with LoRA
+  a copy staged at the write is sent (:class:`StagedWeights`; :mod:`grouprl.serve.weights.sent`). A failed push is
+  aborted on every server, the group torn down, the silent servers dropped, and the push made again.
+- The lease: each start asks for ``rollout_server_timeout`` (a server abandons a transfer whose trainer went quiet
+  that long: :mod:`grouprl.serve.server.leases`) and waits as long for another trainer's lease, so a trainer
+  restarted after a crash outwaits its dead predecessor's.
 """
 
 from __future__ import annotations

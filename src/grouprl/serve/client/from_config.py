@@ -1,6 +1,6 @@
 """A run's rollout servers from its config: the given addresses, or N servers started here on the policy
-as the run starts (:class:`~grouprl.serve.client.local_servers.LocalServers`), each told the run's rollout format, LoRA
-rank, seed, longest sequence and rows so it samples what the trainer expects."""
+(:class:`~grouprl.serve.client.local_servers.LocalServers`), told the run's format, LoRA rank, seed, longest
+sequence and rows."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ from grouprl.serve.weights.transport import Reading, default_weights_root, is_sh
 
 
 def server_problems(servers: Any, timeout: float) -> list[str]:
-    """What is wrong with ``rollout_servers`` and ``rollout_server_timeout`` (empty when usable), without
-    starting or asking anything."""
+    """What is wrong with ``rollout_servers`` and ``rollout_server_timeout`` (empty when usable), asking no server."""
     from grouprl.serve.client.servers import parse_address
 
     out = []
@@ -43,8 +42,8 @@ def server_problems(servers: Any, timeout: float) -> list[str]:
 
 
 def serve_options(config: Any, max_model_len: int, transport: str = "files") -> list[str]:
-    """``grouprl serve`` arguments that make a local server sample as the run's rollouts do (and take weights
-    over ``transport``)."""
+    """``grouprl serve`` arguments for a local server that samples as the run does and takes weights over
+    ``transport``."""
     c = config
     options = ["--rollout_dtype", "bf16" if c.rollout_bf16 else "fp32", "--seed", str(c.seed),
                "--max_model_len", str(max_model_len), "--max_rows", str(c.rollout_rows),
@@ -60,10 +59,9 @@ def serve_options(config: Any, max_model_len: int, transport: str = "files") -> 
 
 def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: int,
                    transport: str = "files") -> ServerSampler:
-    """The run's :class:`ServerSampler` (``config.rollout_servers`` set): local servers are started on the
-    policy first (written once to a folder they load, removed once they are up); their logs go to
-    ``output_dir/servers``. With several trainer processes (:mod:`grouprl.serve.client.ranks`) process 0 alone starts
-    them and the others receive their addresses; a process that cannot reach the servers stops every one."""
+    """The run's :class:`ServerSampler`; local servers are started first, from the policy written to a folder
+    removed once they are up (logs in ``output_dir/servers``); of several processes process 0 alone starts them,
+    and a process that cannot reach the servers stops every one."""
     c, ranks, local, folder, down = config, Ranks.current(), None, None, {}
     addresses, token = c.rollout_servers, c.rollout_server_token or os.environ.get(TOKEN_ENV)
     if isinstance(addresses, int):
@@ -95,10 +93,9 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
 
 def _start_local(c: Any, policy: nn.Module, tokenizer: Any, max_model_len: int, transport: str, ranks: Ranks | None
                  ) -> tuple[list[str], dict[str, str], LocalServers | None, ScratchFolder | None, str]:
-    """``c.rollout_servers`` local servers started on the policy (by process 0 alone, of several): their
-    addresses, those that did not come up (address -> why), the servers (None in other processes), the
-    model folder they started from (the caller removes it once they are up) and their token (made here; the other
-    processes receive it with the addresses, through the trainers' own process group)."""
+    """``c.rollout_servers`` local servers started on the policy (by process 0 alone): their addresses, those
+    that did not come up (address -> why), the servers (None elsewhere), the folder they started from (the caller
+    removes it) and their token (the other processes receive it with the addresses)."""
     from grouprl.rollout.engines import model_problem
 
     problem = model_problem(policy)  # the servers would start, then exit saying so
@@ -150,8 +147,8 @@ def _start_local(c: Any, policy: nn.Module, tokenizer: Any, max_model_len: int, 
 
 
 def _not_up(local: LocalServers, timeout: float) -> dict[str, str]:
-    """Wait until each of ``local``'s servers answers, exits or runs out of ``timeout``: each that did not, with
-    why (its exit status and last log lines). A RolloutServerError when none came up."""
+    """Each of ``local``'s servers that did not answer within ``timeout`` (address -> why: its exit status and
+    last log lines); a RolloutServerError when none came up."""
     pool = ServerPool(local.addresses, timeout, token=local.token)
     for i, server in enumerate(pool.servers):
         server.describe_exit = lambda settle, i=i: local.describe(i, settle)
@@ -170,8 +167,8 @@ def _remove(folder: ScratchFolder | None) -> None:
 
 
 def _skeleton(folder: ScratchFolder | None) -> ScratchFolder | None:
-    """A copy of the local servers' model folder without its weights (config, tokenizer): what a restarted
-    server starts from, with the weights every server loaded last (:meth:`FileWeights.restart_folder`)."""
+    """The local servers' model folder without its weights: a restarted server starts from it and the weights
+    every server loaded last (:meth:`FileWeights.restart_folder`)."""
     if folder is None:
         return None
     skeleton = ScratchFolder("grouprl-skeleton-", folder.path.parent)

@@ -24,20 +24,11 @@ from grouprl.serve.weights.transport import TRANSPORTS, Reading, is_sharded, rea
 
 
 class WeightHandover:
-    """The trainer's model handed to the servers of ``pool`` as policy versions; implements
-    :class:`~grouprl.rollout.protocol.SamplesAhead`.
-
-    Args:
-        model: the policy, followed from one version to the next (:meth:`follow`).
-        pool: the servers (:class:`~grouprl.serve.client.pool.ServerPool`).
-        transport: a :data:`~grouprl.serve.weights.transport.TRANSPORTS` name.
-        ranks: the trainer's processes (None: one process); process 0 alone sends.
-        dtype: the servers' number format; lora: the policy has LoRA adapters.
-        timeout: seconds the servers may take (``rollout_server_timeout``).
-        weights_dir: where the files transport writes (None: its default).
-        difference: why a server that is back cannot take the weights ("" if it can).
-        sender: what writes and sends the versions (None: the transport's own; in a process other than 0 none).
-    """
+    """``model`` handed to the servers of ``pool`` as policy versions over ``transport`` (a
+    :data:`~grouprl.serve.weights.transport.TRANSPORTS` name, in the servers' ``dtype``); implements
+    :class:`~grouprl.rollout.protocol.SamplesAhead`. ``ranks``: the trainer's processes (None: one), of which
+    process 0 alone sends; ``difference``: why a server that is back cannot take the weights ("" if it can);
+    ``sender``: what writes and sends (None: the transport's own, made for process 0)."""
 
     def __init__(self, model: nn.Module, pool: Any, transport: str, *, ranks: Ranks | None, dtype: torch.dtype,
                  lora: bool, timeout: float, weights_dir: str | None, difference: Callable[[Any], str],
@@ -45,13 +36,11 @@ class WeightHandover:
         self.model, self.pool, self.ranks, self.dtype, self.lora = model, pool, ranks, dtype, lora
         self.weights_dir, self.difference = weights_dir, difference
         self.transport = TRANSPORTS.get(transport)
-        self.sharded = ranks is not None and is_sharded(model)
-        """FSDP shards: every process takes part in gathering each version process 0 writes."""
+        self.sharded = ranks is not None and is_sharded(model)  # every process takes part in each gather
         self.version, self.written, self.pushed, self.gathered = 0, None, None, None
         self.lock = threading.Lock()  # one writer or pusher at a time (an asynchronous run has two threads)
         self.sync_seconds = self.write_seconds = 0.0
-        self.sampling_ahead = False
-        """The trainer updates while pushes run (:meth:`sample_ahead`)."""
+        self.sampling_ahead = False  # the trainer updates while pushes run (sample_ahead)
         self.ahead_ranks: Ranks | None = None
         self.ahead: tuple[int, Ranks] | None = None  # (the rollout thread, its Ranks): :meth:`enter_rollout_thread`
         if sender is None and (ranks is None or ranks.is_main):

@@ -1,24 +1,16 @@
-"""Rollout servers shared by the processes of a torchrun trainer (``grouprl train --nproc N`` or torchrun, DDP or
-FSDP).
+"""Rollout servers shared by the processes of a torchrun trainer (DDP or FSDP), which train one set of weights:
 
-The processes train one set of weights (DDP all-reduces the gradients before the optimizer step; FSDP shards one
-model), so one copy reaching the servers is enough:
-
-- Sampling: each process samples its own share of the step's groups, on its own connections to every
-  server. Its group g goes to the server of key ``g * N + rank`` (``N`` processes), so the processes' groups
-  interleave over the servers instead of all starting at the first one.
-- Weights: process 0 alone writes and pushes each version (under FSDP every process takes part in gathering the
-  shards it writes: :meth:`~grouprl.serve.client.server_sampler.ServerSampler.write_weights`); every process then
-  receives the version the servers hold and which servers serve (:meth:`Ranks.after_push`, a broadcast), so no process
-  samples for step t + 1 before the push of version t completed, a server process 0 found dead is dropped,
-  and named, on every process, and one that came back and was given the weights by process 0 rejoins on
-  every process. A push that failed raises on every process.
-- Local servers (``rollout_servers: N``): process 0 starts them and sends their addresses to the others
-  (:meth:`Ranks.share`); it alone stops them at the end.
-- Collectives run on the trainer's process group, at points every process reaches together: the start of
-  a rollout or an evaluation (the trainer's ``phase()``) and building the sampler. Sampling ahead
-  (``max_staleness`` > 0), each process's rollout thread pushes and receives on a process group of its own
-  (:class:`~grouprl.trainer.ahead.AheadCollector`), so its collectives never interleave with the trainer's.
+- Sampling: each process samples its own groups; its group g goes to the server of key ``g * N + rank``, so the
+  processes' groups interleave over the servers.
+- Weights: process 0 alone writes and pushes each version (under FSDP every process takes part in the gathers);
+  every process then receives what the servers hold and which serve (:meth:`Ranks.after_push`, a broadcast), so
+  no process samples for step t + 1 before version t is pushed, and a server dropped or readmitted by process 0
+  is dropped or readmitted everywhere. A failed push raises in every process.
+- Local servers (``rollout_servers: N``): process 0 starts and stops them; the others get their addresses
+  (:meth:`Ranks.share`).
+- Collectives run on the trainer's process group where every process comes together (the start of a rollout,
+  building the sampler); sampling ahead, the rollout threads use a group of their own
+  (:meth:`~grouprl.serve.client.handover.WeightHandover.sample_ahead`).
 """
 
 from __future__ import annotations
@@ -89,11 +81,9 @@ class Ranks:
 
     def after_push(self, pool: Any, version: int | None, error: BaseException | None, again: bool = False
                    ) -> tuple[int | None, bool]:
-        """Process 0's push outcome in every process: the version the servers hold and whether the push is to be
-        made again (a streamed push that lost a server: every process reads the weights again), both returned;
-        the servers it dropped (dropped here too, named) and those it serves with (readmitted here if dropped:
-        process 0 gave them the weights), with the version and LoRA adapter each holds (a request names that
-        adapter); its error (raised everywhere)."""
+        """Process 0's push outcome in every process: (the version the servers hold, whether the push is made
+        again); the servers it dropped or serves with (with the version and LoRA adapter each holds), mirrored
+        here; its error, raised everywhere."""
         news: list[Any] = [None]
         if self.is_main:
             news[0] = (version, [(s.address, s.alive, s.why, s.version, s.adapter, s.returning) for s in pool.servers],

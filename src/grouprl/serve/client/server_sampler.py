@@ -28,6 +28,7 @@ from torch import nn
 from grouprl.rollout.sampler import check_params
 from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
+from grouprl.rollout.vllm import stop_token_ids
 from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
 from grouprl.serve.client.completions import GENERATE, Completion, PendingBatch, parse_completion
 from grouprl.serve.client.handover import WeightHandover
@@ -41,26 +42,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class ServerSampler:
-    """Rollouts from ``grouprl serve`` servers; see the module docstring. Implements
-    :class:`~grouprl.rollout.protocol.ConversationEngine`; its weights go through a
-    :class:`~grouprl.serve.client.handover.WeightHandover` (:attr:`handover`).
-
-    Args:
-        model: the policy being trained (plain or peft LoRA), in this process.
-        tokenizer: its tokenizer.
-        servers: host:port of each server.
-        timeout: seconds a request (a completion, a weight load) may take before its server is dropped.
-        weights_dir: where the files transport writes (a folder every server can read); None: /dev/shm, else the
-            system's temporary folder.
-        local: servers this sampler started (:class:`~grouprl.serve.client.local_servers.LocalServers`), stopped by
-            ``close``; ``restarts``: how many times each is restarted once dropped (files transport).
-        transport: how weights travel (:data:`~grouprl.serve.weights.transport.TRANSPORTS`).
-        skeleton: the local servers' model folder without its weights, to restart one from with the weights every
-            server loaded last; removed by ``close``.
-        started_elsewhere: the servers are process 0's local servers (this is another trainer process).
-        down: servers known not to have come up (host:port -> why), dropped at once.
-        token: the servers' bearer token (None: ``GROUPRL_SERVER_TOKEN``, if set).
-    """
+    """Rollouts from ``grouprl serve`` servers (host:port each) for ``model`` (plain or peft LoRA); see the module
+    docstring. ``timeout``: seconds a request may take before its server is dropped; ``weights_dir``: where the
+    files transport writes (None: /dev/shm, else the temporary folder); ``local``: servers started here
+    (:class:`~grouprl.serve.client.local_servers.LocalServers`), each restarted up to ``restarts`` times from
+    ``skeleton`` (their model folder without weights) and stopped by ``close``; ``started_elsewhere``: they are
+    process 0's; ``down``: servers known not to have come up (host:port -> why); ``token``: the bearer token
+    (None: ``GROUPRL_SERVER_TOKEN``)."""
 
     uses_live_model = False
     """The trainer need not gather its weights for a rollout: the servers hold copies."""
@@ -198,9 +186,8 @@ class ServerSampler:
         yield
 
     def metrics(self) -> dict[str, float]:
-        """Since the last call: ``time/weight_sync`` (writing and loading weights; ``time/weight_write`` the
-        writing alone) and each server's ``server/<i>/busy`` (its share of the time with a request of this
-        sampler in flight); the last rollout's ``rollout/policy_lag`` (versions); how many servers serve."""
+        """Since the last call: ``time/weight_sync`` (``time/weight_write`` the writing alone), each server's
+        ``server/<i>/busy`` share; the last rollout's ``rollout/policy_lag``; ``rollout/servers`` serving."""
         sync, write = self.handover.take_seconds()
         return {"time/weight_sync": sync, "time/weight_write": write, "rollout/policy_lag": float(self.lag),
                 "rollout/servers": float(len(self.pool.alive)),
@@ -220,12 +207,6 @@ class ServerSampler:
             self.skeleton.remove()
 
     # -- generation ---------------------------------------------------------------------------------
-    def stop_token_ids(self, params: SamplingParams) -> list[int]:
-        ids = set(params.stop_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        return sorted(ids)
-
     def _check_lengths(self, sequences: Sequence[Sequence[int]], budget: Sequence[int]) -> None:
         for i, (ids, n) in enumerate(zip(sequences, budget)):
             if not ids:
@@ -268,7 +249,7 @@ class ServerSampler:
         """:meth:`generate` with the requests sent and not waited for: its batch is ``.result()``."""
         check_params(params)
         seeds = resolve_row_seeds(seed, len(prompt_ids) * group_size)
-        stop = self.stop_token_ids(params)
+        stop = stop_token_ids(self.tokenizer, params)
         rows = [list(map(int, ids)) for ids in prompt_ids for _ in range(group_size)]
         kwargs = [vllm_sampling_kwargs(params, stop, s) for s in seeds]
         done = self.complete(rows, kwargs, [r // group_size for r in range(len(rows))])
