@@ -12,7 +12,7 @@ from pathlib import Path
 from grouprl.cli import main
 from grouprl.cli.demo import DEMO
 from grouprl.config import TrainConfig, from_dict, save_yaml
-from grouprl.config.reference import check_page
+from grouprl.config.reference_page import check_page
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -1,7 +1,7 @@
-"""The trainer's config is one flat dataclass assembled from groups of keys in files of their own
-(grouprl/trainer/config/): every key is defined and documented in exactly one group, the docstrings are
-read from whichever file defines them, the keys keep one order (config.yaml's), and the flat class still
-validates, copies with ``dataclasses.replace`` and round-trips through YAML."""
+"""The trainer's config is one flat dataclass made of parts, each the keys of one ``--help`` section: every key is
+defined and documented in exactly one part, the sections of ``--help`` and the docs come from the parts alone, the
+keys keep one order (config.yaml's, which is --help's), and the flat class still copies with
+``dataclasses.replace``, checks and round-trips through YAML."""
 
 from __future__ import annotations
 
@@ -11,19 +11,10 @@ from pathlib import Path
 import pytest
 
 from grouprl.config import check, field_docs, load_yaml, save_yaml, to_dict
+from grouprl.config.sections import ORDER, SECTIONS, key_sections
 from grouprl.config.train_config import TrainConfig
-from grouprl.trainer.config import (
-    AlgorithmKeys,
-    EngineKeys,
-    GRPOConfig,
-    ObjectiveKeys,
-    RunKeys,
-    SamplingKeys,
-    TrainerConfig,
-)
+from grouprl.trainer.config import PARTS, EngineKeys, GRPOConfig, TrainerConfig
 
-GROUPS = (AlgorithmKeys, ObjectiveKeys, SamplingKeys, EngineKeys, RunKeys)
-"""The groups in the order their keys run in TrainerConfig."""
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,18 +22,28 @@ def _names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
-def test_the_trainer_config_is_its_groups_keys_in_order_and_defines_none_itself():
-    expected = [name for group in GROUPS for name in _names(group)]
+def test_the_trainer_config_is_its_parts_keys_in_order_and_defines_none_itself():
+    expected = [name for part in PARTS for name in _names(part)]
     assert _names(TrainerConfig) == expected
-    assert len(set(expected)) == len(expected), "a key is defined in two groups"
+    assert len(set(expected)) == len(expected), "a key is defined in two parts"
     assert not TrainerConfig.__dict__.get("__annotations__"), "TrainerConfig defines keys of its own"
+    assert not TrainConfig.__dict__.get("__annotations__", {}).keys() - {"BUILT_IN"}
     assert GRPOConfig is TrainerConfig
-    # spot checks that the keys landed where their group says
-    assert {"algo", "group_size", "lr"} <= set(_names(AlgorithmKeys))
-    assert {"beta", "policy_loss", "gamma", "max_kl"} <= set(_names(ObjectiveKeys))
-    assert {"temperature", "max_turns"} <= set(_names(SamplingKeys))
-    assert {"dtype", "lora_rank", "rollout_servers", "max_staleness"} <= set(_names(EngineKeys))
-    assert {"output_dir", "eval_every", "save_every"} <= set(_names(RunKeys))
+
+
+def test_the_sections_are_the_parts_and_follow_the_config_order():
+    parts = {k.__dict__["SECTION"] for k in TrainConfig.__mro__ if "SECTION" in k.__dict__}
+    assert parts == set(ORDER), "a part's SECTION is not in ORDER, or a section has no part"
+    assert list(dict.fromkeys(SECTIONS.values())) == list(ORDER)
+    assert SECTIONS["temperature"] == "sampling" and SECTIONS["max_staleness"] == "precision and engines"
+    assert SECTIONS["model"] == SECTIONS["max_prompt_len"] == "model and data"  # a run's part and a trainer's
+    assert list(key_sections(TrainerConfig)) == [n for n in _names(TrainerConfig)]  # the trainer's keys in help order
+
+    @dataclasses.dataclass
+    class Extra(TrainConfig):
+        new_key: int = 0
+
+    assert list(key_sections(Extra))[-1] == "new_key" and key_sections(Extra)["new_key"] == "other options"
 
 
 def test_every_key_is_documented_once_in_the_file_that_defines_it():
@@ -52,16 +53,16 @@ def test_every_key_is_documented_once_in_the_file_that_defines_it():
     for name in _names(TrainConfig):
         owners = [k.__qualname__ for k in TrainConfig.__mro__ if name in k.__dict__.get("__annotations__", {})]
         assert len(owners) == 1, f"{name} is defined in {owners}"
-    # a group's docstrings are read from its own module's source
+    # a part's docstrings are read from its own module's source
     assert field_docs(EngineKeys)["max_staleness"] == docs["max_staleness"]
     assert docs["max_staleness"].startswith("Asynchronous training:")
     assert docs["output_dir"].startswith("Run folder:")
 
 
-def test_flat_access_replace_and_validation_span_the_groups():
+def test_flat_access_replace_and_checks_span_the_parts():
     config = TrainerConfig(group_size=4, max_staleness=1, rollout_servers=("h:1",), eval_every=3, beta=0.0)
     assert (config.group_size, config.max_staleness, config.eval_every, config.beta) == (4, 1, 3, 0.0)
-    assert config.rollout_rows == 4 * 4  # a derived value (ResolvedSettings) reading AlgorithmKeys' fields
+    assert config.rollout_rows == 4 * 4  # a derived value (ResolvedSettings) reading SamplingKeys' fields
     copy = dataclasses.replace(config, temperature=0.7)
     assert type(copy) is TrainerConfig and copy.temperature == 0.7 and copy.max_staleness == 1
     with pytest.raises(ValueError, match="max_staleness"):
@@ -72,7 +73,7 @@ def test_flat_access_replace_and_validation_span_the_groups():
         check(TrainerConfig(rollout_servers=1, rollout_server_restarts=-1))
 
 
-def test_yaml_round_trip_keeps_the_key_order_across_groups(tmp_path):
+def test_yaml_round_trip_keeps_the_key_order_across_parts(tmp_path):
     config = TrainConfig(model="tiny", lr=3e-5, temperature=0.9, lora_rank=4, save_every=2, stop_strings=("\n",))
     path = save_yaml(config, tmp_path / "config.yaml")
     assert load_yaml(path, TrainConfig) == config

@@ -14,11 +14,10 @@ TINY_MODEL = "tiny"
 
 
 @dataclasses.dataclass
-class TrainConfig(TrainerConfig):
-    BUILT_IN: ClassVar[dict[str, str]] = {"task": "grouprl.tasks:TASKS", "reward_functions": "grouprl.rewards:REWARDS",
-                                          "env": "grouprl.envs.factory:ENVIRONMENTS"}
-    """Fields whose documentation ends with the names of a registry, generated from it (so --help and the
-    docs' reference list every built-in): field -> the registry's import path."""
+class DataKeys:
+    """What to train, on what prompts."""
+
+    SECTION = "model and data"
 
     model: str = "smollm2-135m"
     """Policy to train: a bundled name, a model folder or .gguf file, a Hugging Face id, or tiny. smollm2-135m is
@@ -28,31 +27,17 @@ class TrainConfig(TrainerConfig):
     task: str = "arithmetic"
     """Built-in task: problems with their own reward functions and answer checker. Unused (and written empty) when
     dataset is set."""
-    task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Options of the task, e.g. {digits: 2, operations: '+-*'}; on the command line
-    --task_options '{digits: 2}'. The task's class documents them (grouprl.tasks)."""
     dataset: str | None = None
     """Prompts from a file, folder or hub id instead of a task. Any of: a JSONL, JSON, CSV or parquet file, a
     datasets folder (save_to_disk), a folder in the Hugging Face hub's layout (hf download --repo-type dataset
     --local-dir) or a hub dataset id such as openai/gsm8k (from the local cache, else downloaded where the hub can
     be reached). Every column besides the prompt and the answer (answer_column) reaches the reward functions as a
     keyword argument of the same name."""
-    dataset_config: str | None = None
-    """Config of a Hugging Face dataset (an id, or a folder in the hub's layout) that has several, e.g.
-    main for openai/gsm8k (empty = its only one); eval_dataset's too, when that is such a dataset."""
-    dataset_split: str | None = None
-    """Split of a dataset folder or id that holds several (empty = train)."""
-    eval_split: str | None = None
-    """Split that holds the held-out prompts, e.g. test: of eval_dataset, or of dataset itself when
-    eval_dataset is empty (empty = eval_dataset's dataset_split, or rows split off dataset)."""
+    task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Options of the task, e.g. {digits: 2, operations: '+-*'}; on the command line
+    --task_options '{digits: 2}'. The task's class documents them (grouprl.tasks)."""
     prompt_column: str = "prompt"
     """Dataset column holding the prompt: text, or chat messages [{role, content}, ...]."""
-    answer_column: str = "answer"
-    """Dataset column holding the gold answer (GSM8K's answer, MATH's solution). Renamed: reward
-    functions and the default accuracy checker get it as the keyword answer, never under its own name."""
-    eval_dataset: str | None = None
-    """Held-out prompts from their own file, folder or id (same formats as dataset); empty = split them
-    off dataset, or take eval_split of it."""
     train_size: int | None = None
     """Task: problems generated for training (empty = 1000; reshuffled every pass). Dataset: use
     only the first this many training rows (empty = all)."""
@@ -61,20 +46,48 @@ class TrainConfig(TrainerConfig):
     from its separate eval stream (empty = 64). Dataset: rows held out at random (empty = use
     eval_fraction); with eval_dataset or eval_split, the first this many of theirs (empty = all).
     0 = no evaluation."""
+    eval_dataset: str | None = None
+    """Held-out prompts from their own file, folder or id (same formats as dataset); empty = split them
+    off dataset, or take eval_split of it."""
     eval_fraction: float = 0.1
     """Dataset only, when eval_size, eval_dataset and eval_split are empty: the share of rows held out
     (0 = none)."""
+    dataset_config: str | None = None
+    """Config of a Hugging Face dataset (an id, or a folder in the hub's layout) that has several, e.g.
+    main for openai/gsm8k (empty = its only one); eval_dataset's too, when that is such a dataset."""
+    dataset_split: str | None = None
+    """Split of a dataset folder or id that holds several (empty = train)."""
+    eval_split: str | None = None
+    """Split that holds the held-out prompts, e.g. test: of eval_dataset, or of dataset itself when
+    eval_dataset is empty (empty = eval_dataset's dataset_split, or rows split off dataset)."""
+    answer_column: str = "answer"
+    """Dataset column holding the gold answer (GSM8K's answer, MATH's solution). Renamed: reward
+    functions and the default accuracy checker get it as the keyword answer, never under its own name."""
+
+
+@dataclasses.dataclass
+class RewardKeys:
+    """For what reward."""
+
+    SECTION = "rewards"
+
     reward_functions: tuple[str, ...] = ()
     """Reward functions, summed with reward_weights. Built-in names, or import paths of your own (module:function,
     path/to/file.py:function); empty = the task's own."""
-    reward_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    """Options per reward function, by its entry in reward_functions: {length_target: {target: 20}}.
-    An import path with options names a factory, called with them to make the reward function."""
     reward_weights: tuple[float, ...] = ()
     """One weight per reward function, in order (reward_model last). Empty = the task's weights,
     or 1 each."""
+    reward_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Options per reward function, by its entry in reward_functions: {length_target: {target: 20}}.
+    An import path with options names a factory, called with them to make the reward function."""
     reward_model: str | None = None
     """Folder of a reward model trained with `grouprl train-rm`, added as one more reward function."""
+    accuracy_fn: str | None = None
+    """Import path (module:function or file.py:function) of the held-out accuracy checker,
+    (completion, row) -> bool. Empty = the task's checker; with a dataset, the completion's final answer
+    against the answer column (answer_column) when there is one, equal as numbers or as math
+    (grouprl.rewards.answers: a GSM8K '#### 72' or a MATH solution's last \\boxed{} is the gold), else
+    accuracy is not reported."""
     judge: str | None = None
     """A judge that scores each group side by side (grouprl.rewards.judges): reward_model:<folder> (a train-rm model:
     each member's mean Bradley-Terry win probability over the others), lm:<model> (a local LM asked for a 0-10 score
@@ -86,6 +99,14 @@ class TrainConfig(TrainerConfig):
     judge_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Options of the judge: its constructor's (lm: batch_size, max_new_tokens; reward_model:
     batch_size), or a module:function factory's."""
+
+
+@dataclasses.dataclass
+class EnvKeys:
+    """The environment and tools of an agent."""
+
+    SECTION = "agents (environments and tools)"
+
     env: str | None = None
     """Train an agent in a text environment instead of on prompts: a built-in name, an import path (module:MyEnv, a
     class with reset(seed, options) and step(action)) or a GEM id (gem:game:GuessTheNumber-v0-easy; pip install
@@ -96,17 +117,29 @@ class TrainConfig(TrainerConfig):
     tools: tuple[str, ...] = ()
     """Tools the policy may call: import paths (module:function; its type hints and docstring make its JSON schema)
     or python (a sandboxed code runner). At most max_tool_calls per trajectory."""
-    accuracy_fn: str | None = None
-    """Import path (module:function or file.py:function) of the held-out accuracy checker,
-    (completion, row) -> bool. Empty = the task's checker; with a dataset, the completion's final answer
-    against the answer column (answer_column) when there is one, equal as numbers or as math
-    (grouprl.rewards.answers: a GSM8K '#### 72' or a MATH solution's last \\boxed{} is the gold), else
-    accuracy is not reported."""
+
+
+@dataclasses.dataclass
+class AllocatorKeys:
+    """The process's memory allocator."""
+
+    SECTION = "precision and engines"
+
     allocator: str = "auto"
     """Memory allocator of the grouprl command's process: auto (tcmalloc, else jemalloc, where installed: apt-get
     install libtcmalloc-minimal4; else the C library's), system, tcmalloc, jemalloc or a library's path. The command
     restarts itself once with it preloaded (LD_PRELOAD): glibc's malloc fragments on changing tensor shapes, raising
     the peak and slowing steps (docs/performance.md). The Python API keeps its process's own."""
+
+
+@dataclasses.dataclass
+class TrainConfig(AllocatorKeys, TrainerConfig, EnvKeys, RewardKeys, DataKeys):
+    """A run's configuration: the trainer's keys, and what to train, on what prompts, for what reward."""
+
+    BUILT_IN: ClassVar[dict[str, str]] = {"task": "grouprl.tasks:TASKS", "reward_functions": "grouprl.rewards:REWARDS",
+                                          "env": "grouprl.envs.factory:ENVIRONMENTS"}
+    """Keys whose documentation ends with the names of a registry, generated from it (so --help and the docs list
+    every built-in): key -> the registry's import path."""
 
     def __post_init__(self) -> None:
         if self.dataset or self.env:

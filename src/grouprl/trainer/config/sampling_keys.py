@@ -1,6 +1,4 @@
-"""The trainer's keys of the rollout: prompt length and rendering, the sampler, how rows form groups, and
-the budgets of agents' multi-turn trajectories and tool calls (``--help`` sections: model and data,
-sampling, algorithm, agents). A part of :class:`~grouprl.trainer.config.TrainerConfig`, documented here once."""
+"""The trainer's keys of the rollout: the prompt's rendering, the sampler, and the budgets of agents' trajectories."""
 
 from __future__ import annotations
 
@@ -8,20 +6,39 @@ from dataclasses import dataclass
 
 
 @dataclass
-class SamplingKeys:
-    """How completions and trajectories are sampled (part of TrainerConfig)."""
+class PromptKeys:
+    """How prompts are rendered."""
+
+    SECTION = "model and data"
 
     max_prompt_len: int = 512
     """Longest prompt in tokens (after the chat template); a longer one is an error naming its row."""
+    system_prompt: str | None = None
+    """System message prepended to every chat prompt (empty = the task's own, if any)."""
+    use_chat_template: bool = True
+    """Render plain-text prompts as a user message through the tokenizer's chat template."""
+
+
+@dataclass
+class SamplingKeys:
+    """The rollout's shape and sampler."""
+
+    SECTION = "sampling"
+
+    prompts_per_step: int = 4
+    """P: prompts sampled per training step. Each step generates P * G completions."""
+    group_size: int = 8
+    """G: completions per prompt (>= 2). A larger G lowers the variance of the group baseline (DeepSeekMath: 64,
+    TRL's default: 8, verl's examples: 5-16)."""
     max_new_tokens: int = 64
     """Longest completion in tokens; a longer one is cut and flagged truncated."""
     temperature: float = 1.0
     """Sampling temperature (and the temperature of the training log-probs). Must be > 0: a
     greedy group is G copies of one completion."""
-    top_k: int = 0
-    """Top-k sampling (0 = off)."""
     top_p: float = 1.0
     """Nucleus sampling (1.0 = off)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
     min_p: float = 0.0
     """Min-p sampling (0 = off)."""
     repetition_penalty: float = 1.0
@@ -30,14 +47,14 @@ class SamplingKeys:
     """Strings that end a completion (besides the tokenizer's EOS)."""
     rollout_mode: str = "sample"
     """sample: G independent samples per prompt; beam: the G best beams (a deterministic group)."""
-    system_prompt: str | None = None
-    """System message prepended to every chat prompt (empty = the task's own, if any)."""
-    use_chat_template: bool = True
-    """Render plain-text prompts as a user message through the tokenizer's chat template."""
-    group_by: str | None = None
-    """Group the rows that share this dataset column's value (several phrasings of one task, say) instead of each
-    prompt's G completions; groups may then differ in size."""
-    # --- agents: multi-turn environments and tools (max_new_tokens is then per turn) -----------
+
+
+@dataclass
+class AgentKeys:
+    """The budgets of multi-turn trajectories (max_new_tokens is then per turn)."""
+
+    SECTION = "agents (environments and tools)"
+
     max_turns: int = 8
     """Most policy turns per trajectory; a trajectory cut here is flagged truncated."""
     max_trajectory_tokens: int = 1024

@@ -1,0 +1,55 @@
+"""The trainer's keys of evaluation and of the run folder: logs, checkpoints, signals, resume."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EvaluationKeys:
+    """Held-out evaluation."""
+
+    SECTION = "evaluation"
+
+    eval_every: int = 0
+    """Evaluate on the eval set every this many steps (0 = only before and after training)."""
+    eval_samples: int = 4
+    """k: completions per eval prompt, for accuracy (mean over samples) and pass@k."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of evaluation (0 = greedy, then k is 1)."""
+
+
+@dataclass
+class RunFolderKeys:
+    """The run folder: logs, checkpoints, resume."""
+
+    SECTION = "run folder (logs, checkpoints)"
+
+    output_dir: str = "runs/grpo"
+    """Run folder: config.yaml, metrics.jsonl, completions.jsonl, checkpoints/, report/."""
+    resume_from: str | None = None
+    """Resume from a checkpoint folder, or latest (the newest in output_dir/checkpoints)."""
+    save_every: int = 0
+    """Checkpoint every this many steps (0 = only at the end)."""
+    keep_checkpoints: int = 2
+    """Keep only the newest this many checkpoints."""
+    save_on_signal: bool = True
+    """On SIGTERM (a scheduler's preemption) or Ctrl-C, finish the step and save a checkpoint of it if that ends
+    within 25 s (Slurm and Kubernetes kill 30 s after SIGTERM); a second signal stops at once. Off: stop after the
+    step without saving. The exit status is 128 + the signal's number."""
+    seed: int = 0
+    """Seed of every random choice (prompt order, sampling, minibatch shuffles)."""
+    log_completions_every: int = 5
+    """Append sample completions to completions.jsonl every this many steps (0 = never)."""
+    print_completions: int = 2
+    """How many of the logged completions to print to the terminal."""
+    progress: bool = True
+    """Show each step on the console: a live bar (reward, KL, throughput) on a terminal, one line per step otherwise
+    (a file, a pipe)."""
+    tensorboard: bool = True
+    """Also write TensorBoard event files where the tensorboard package is installed (silently skipped where not;
+    loggers: [tensorboard] requires it). false: never."""
+    loggers: tuple[str, ...] = ()
+    """Trackers besides metrics.jsonl (always written): tensorboard, trackio, wandb. trackio is Hugging Face's
+    local-first tracker; wandb writes into the run folder's wandb/ (WANDB_MODE=offline needs no network). Each is an
+    extra (pip install 'grouprl[wandb]'); a missing one is refused before the model loads. docs/logging.md."""
