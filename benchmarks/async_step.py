@@ -48,7 +48,7 @@ def config_for(a: argparse.Namespace, out: Path, threads: int):
 
     return TrainConfig(model=a.model, task="arithmetic", prompts_per_step=a.prompts, group_size=a.group,
                        max_new_tokens=a.tokens, total_steps=a.warmup + a.steps + 1, eval_size=0, output_dir=str(out),
-                       progress=False, log_completions_every=0, tensorboard=False, seed=0, num_threads=threads)
+                       progress=False, log_completions_every=0, seed=0, num_threads=threads)
 
 
 def start_server(config, policy, tokenizer, out: Path):

@@ -43,7 +43,7 @@ def run(variant: str, seed: int, args: argparse.Namespace, root: Path) -> list[d
     out = root / f"{variant}-seed{seed}"
     settings = {**AGENT_DEMO, "total_steps": args.steps, "eval_every": args.eval_every, "seed": seed,
                 "advantage": variant, "output_dir": str(out), "log_completions_every": args.steps, **dict(args.set)}
-    argv = [sys.executable, "-m", "grouprl", "train", "--no-progress", "--no-tensorboard"]
+    argv = [sys.executable, "-m", "grouprl", "train", "--no-progress"]
     for key, value in settings.items():
         argv += [f"--{key}", str(value)]
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)

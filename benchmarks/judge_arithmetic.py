@@ -56,7 +56,7 @@ def train(variant: str, seed: int, rm: Path, args: argparse.Namespace, root: Pat
     # one thread: a second one spinning against another process on a 2-core machine slows a step 10x
     settings = {**DEMO, "total_steps": args.steps, "seed": seed, "output_dir": str(out), "eval_every": 0,
                 "num_threads": 1, **args.extra}
-    argv = [sys.executable, "-m", "grouprl", "train", "--no-progress", "--no-tensorboard"]
+    argv = [sys.executable, "-m", "grouprl", "train", "--no-progress"]
     for key, value in settings.items():
         argv += [f"--{key}", str(value)]
     if variant == "judge":

@@ -11,7 +11,7 @@ def demo_config(seed: int, threads: int, output_dir: str, **overrides):
     from grouprl.config import TrainConfig, from_dict
 
     return from_dict(TrainConfig, {**DEMO, "seed": seed, "num_threads": threads, "dtype": "fp32", "ref_dtype": "fp32",
-                                   "output_dir": output_dir, "tensorboard": False, "progress": False,
+                                   "output_dir": output_dir, "progress": False,
                                    "log_completions_every": 0, "print_completions": 0, **overrides})
 
 

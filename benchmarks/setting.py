@@ -17,7 +17,7 @@ def step_trainer(policy: Any, tokenizer: Any, name: str, **settings: Any) -> Any
 
     task = get_task("arithmetic")
     config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=64, temperature=1.0, lr=1e-6,
-                        output_dir=tempfile.mkdtemp(prefix=f"{name}-"), progress=False, tensorboard=False,
+                        output_dir=tempfile.mkdtemp(prefix=f"{name}-"), progress=False,
                         log_completions_every=0, **settings)
     return GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),
                        train_data=task.rows("train", 400, seed=0), system_prompt=task.system_prompt)

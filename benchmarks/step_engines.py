@@ -45,7 +45,7 @@ def inputs(root: Path) -> tuple[Path, str]:
 def run(engine: str, tokens: int, args: argparse.Namespace, root: Path) -> dict:
     out = root / f"{engine}-{tokens}"
     data, reward = inputs(root)
-    argv = [sys.executable, "-m", "grouprl", "train", "--no-progress", "--no-tensorboard", "--model", args.model,
+    argv = [sys.executable, "-m", "grouprl", "train", "--no-progress", "--model", args.model,
             "--dataset", str(data), "--reward_functions", reward, "--eval_fraction", "0",
             "--prompts_per_step", str(args.prompts), "--group_size", str(args.group),
             "--max_new_tokens", str(tokens), "--total_steps", str(args.steps), "--lr", "1e-6",

@@ -49,7 +49,7 @@ def measure(method: str, args: dict, out: multiprocessing.Queue) -> None:
     config = TrainerConfig(algo=method, prompts_per_step=args["prompts"], group_size=args["group"],
                            max_new_tokens=args["tokens"], micro_batch_size=args["prompts"] * args["group"], beta=0.04,
                            lr=1e-5, seed=0, lora_rank=args["lora_rank"], lr_schedule="constant", output_dir=mkdtemp(),
-                           progress=False, tensorboard=False)
+                           progress=False)
     task = get_task("arithmetic")
     rows = task.rows("train", 64, seed=0)
     policy, tokenizer = load_model(args["model"], 0)

@@ -88,7 +88,7 @@ def grouprl_worker(args: argparse.Namespace) -> None:
                          else load_policy(args.model, dtype=torch.float32))
     config = GRPOConfig(prompts_per_step=PROMPTS, group_size=G, max_new_tokens=MAX_NEW, temperature=1.0,
                         beta=args.beta, mu=1, lr=LR, seed=args.seed, rollout_engine=args.grouprl_engine,
-                        output_dir=tempfile.mkdtemp(prefix="vs_trl-"), progress=False, tensorboard=False,
+                        output_dir=tempfile.mkdtemp(prefix="vs_trl-"), progress=False,
                         log_completions_every=0, **forced("gradient_checkpointing", args.grouprl_checkpointing),
                         **forced("rollout_compile", args.grouprl_compile), rollout_dtype=args.grouprl_rollout_dtype)
     trainer = GRPOTrainer(config, policy=policy, tokenizer=tokenizer, reward_fns=list(task.reward_fns),

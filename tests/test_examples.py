@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "examples").glob("**/*.yaml"))
 ONE_STEP = ["--model", "tiny", "--total_steps", "1", "--prompts_per_step", "2", "--group_size", "2",
             "--max_new_tokens", "4", "--eval_size", "2", "--eval_samples", "1", "--eval_every", "0", "--save_every",
-            "0", "--dtype", "fp32", "--rollout_engine", "hf", "--loggers", "jsonl", "--no-progress", "--no-tensorboard"]
+            "0", "--dtype", "fp32", "--rollout_engine", "hf", "--loggers", "jsonl", "--no-progress"]
 """What every one-step run sets: the tiny model, the smallest batch, fp32 on the built-in engine, no wandb."""
 LOCAL = {
     "examples/gsm8k-qwen.yaml": lambda tmp: ["--dataset", write_gsm8k_layout(tmp / "gsm8k")],

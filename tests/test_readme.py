@@ -92,7 +92,7 @@ def test_python_example_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     swaps = {
         "from grouprl.models import load_policy": "from grouprl.models import load_policy, tiny_causal_lm",
         'load_policy("smollm2-135m")': "tiny_causal_lm()",
-        "total_steps=30": "total_steps=1, progress=False, tensorboard=False, prompts_per_step=2, group_size=4",
+        "total_steps=30": "total_steps=1, progress=False, prompts_per_step=2, group_size=4",
         'task.rows("eval", 32, seed=0)': 'task.rows("eval", 4, seed=0)',
         'output_dir="runs/api"': f"output_dir={str(tmp_path / 'api')!r}",
     }

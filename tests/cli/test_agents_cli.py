@@ -27,7 +27,7 @@ def agent_args(tmp_path: Path, *extra: str) -> list[str]:
     return ["--model", "tiny", "--env", "tests.helpers.agents:DigitTalk", "--prompts_per_step", "2",
             "--group_size", "4", "--max_new_tokens", "4", "--max_turns", "3", "--max_trajectory_tokens", "64",
             "--total_steps", "2", "--lr", "1e-3", "--eval_size", "4", "--eval_samples", "2", "--train_size", "8",
-            "--log_completions_every", "1", "--no-progress", "--no-tensorboard", "--output_dir", str(tmp_path / "run"),
+            "--log_completions_every", "1", "--no-progress", "--output_dir", str(tmp_path / "run"),
             *extra]
 
 
@@ -97,7 +97,7 @@ def test_two_processes_train_like_one_from_the_command_line(tmp_path, env):
         cmd = [sys.executable, "-m", "grouprl", "train", "--model", "tiny", *extra, "--prompts_per_step", "4",
                "--group_size", "4", "--max_new_tokens", "4", "--total_steps", "3", "--lr", "1e-2", "--eval_size", "0",
                "--train_size", "16", "--dtype", "fp32", "--engine", "ddp", "--log_completions_every", "1",
-               "--no-progress", "--no-tensorboard", "--output_dir", str(out), "--nproc", str(nproc)]
+               "--no-progress", "--output_dir", str(out), "--nproc", str(nproc)]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         weights[nproc] = load_file(str(out / "checkpoints" / "step-000003" / "model" / "model.safetensors"))

@@ -44,7 +44,7 @@ def tiny_run_args(tmp_path: Path, *extra: str) -> list[str]:
     return ["--model", "tiny", "--reward_functions", "grouprl.cli.demo:digit_share",
             "--accuracy_fn", "grouprl.cli.demo:only_digits", "--prompts_per_step", "2", "--group_size", "4",
             "--max_new_tokens", "4", "--total_steps", "2", "--lr", "1e-3", "--eval_size", "4", "--eval_samples", "2",
-            "--train_size", "16", "--no-progress", "--no-tensorboard", "--output_dir", str(tmp_path / "run"), *extra]
+            "--train_size", "16", "--no-progress", "--output_dir", str(tmp_path / "run"), *extra]
 
 
 # --------------------------------------------------------------------------- parsing and precedence
@@ -62,10 +62,10 @@ def test_help_comes_from_the_field_docstrings(capsys):
 def test_defaults_then_yaml_then_command_line(tmp_path, capsys):
     path = tmp_path / "run.yaml"
     path.write_text("lr: 1.0e-5\ngroup_size: 4\ntask_options: {digits: 2}\n")
-    config = resolved(capsys, "train", "--config", path, "--lr", "3e-5", "--no-tensorboard")
+    config = resolved(capsys, "train", "--config", path, "--lr", "3e-5", "--no-progress")
     assert config["lr"] == 3e-5  # the command line wins
     assert config["group_size"] == 4 and config["task_options"] == {"digits": 2}  # from the file
-    assert config["tensorboard"] is False and config["beta"] == 0.04  # flag form; a default
+    assert config["progress"] is False and config["beta"] == 0.04  # flag form; a default
 
 
 def test_demo_settings_sit_between_defaults_and_overrides(capsys):
@@ -251,7 +251,7 @@ def test_run_and_checkpoint_folders_stand_for_their_newest_policy(tmp_path):
 def test_a_run_folder_stands_for_its_newest_complete_checkpoint_or_is_refused(tmp_path, capsys):
     args = ["--model", "tiny", "--task", "arithmetic", "--total_steps", "2", "--prompts_per_step", "2",
             "--group_size", "2", "--max_new_tokens", "4", "--eval_size", "2", "--save_every", "1", "--no-progress",
-            "--no-tensorboard", "--output_dir", str(tmp_path / "run")]
+            "--output_dir", str(tmp_path / "run")]
     assert run_main(capsys, "train", *args)[0] == 0
     first, second = (tmp_path / "run" / "checkpoints" / f"step-{s:06d}" for s in (1, 2))
     assert resolve_model_path(str(tmp_path / "run")) == str(second / "model")

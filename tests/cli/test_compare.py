@@ -140,7 +140,7 @@ def test_language_model_comparison_end_to_end(tmp_path):
     status = main(["compare", "--algos", "grpo,rloo,ppo,trpo", "--output_dir", str(out), "--model", "tiny",
                    "--task", "arithmetic", "--total_steps", "2", "--prompts_per_step", "2", "--group_size", "2",
                    "--max_new_tokens", "4", "--eval_size", "4", "--eval_samples", "1", "--no-progress",
-                   "--no-tensorboard", "--beta", "0.04", "--zero_std_groups", "keep"])
+                   "--beta", "0.04", "--zero_std_groups", "keep"])
     # keep: the tiny model never earns a reward, so under drop every group would leave the loss and
     # TRPO would skip its step; with keep the KL term still gives each update something to do
     assert status == 0

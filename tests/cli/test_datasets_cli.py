@@ -20,7 +20,7 @@ def test_training_on_a_gsm8k_layout_folder_measures_held_out_accuracy(tmp_path, 
     run = tmp_path / "run"
     code = main(["train", "--model", "tiny", "--dataset", str(folder), *GSM8K_KEYS, "--total_steps", "2",
                  "--prompts_per_step", "2", "--group_size", "2", "--max_new_tokens", "4", "--eval_samples", "1",
-                 "--eval_every", "1", "--no-progress", "--no-tensorboard", "--output_dir", str(run)])
+                 "--eval_every", "1", "--no-progress", "--output_dir", str(run)])
     assert code == 0, capsys.readouterr().err
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evaluated = [m for m in metrics if "eval/accuracy" in m]

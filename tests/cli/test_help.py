@@ -225,7 +225,7 @@ def test_what_the_help_says_about_values_is_what_the_parser_does(capsys):
     assert resolved(capsys, "--task_options", "{digits: 2}")["task_options"] == {"digits": 2}
     assert resolved(capsys, "--no-progress")["progress"] is False
     assert resolved(capsys, "--progress", "false")["progress"] is False
-    assert resolved(capsys, "--tensorboard")["tensorboard"] is True
+    assert resolved(capsys, "--vllm_compile")["vllm_compile"] is True
     assert resolved(capsys, "--eval_size", "3", "--eval_size", "none")["eval_size"] is None
     assert resolved(capsys, "--eval_size", "3", "--eval_size", "")["eval_size"] is None
     # a space-separated list is refused, and the message says how to write one

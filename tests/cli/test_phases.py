@@ -21,7 +21,7 @@ PHASES = ["grouprl: config resolved: model tiny, task arithmetic",
 def one_step(tmp_path: Path) -> list[str]:
     return ["train", "--model", "tiny", "--total_steps", "1", "--reward_functions", "grouprl.cli.demo:digit_share",
             "--prompts_per_step", "2", "--group_size", "2", "--max_new_tokens", "4", "--eval_size", "2",
-            "--eval_samples", "1", "--train_size", "4", "--no-progress", "--no-tensorboard",
+            "--eval_samples", "1", "--train_size", "4", "--no-progress",
             "--output_dir", str(tmp_path / "run")]
 
 
@@ -49,7 +49,7 @@ def test_bad_input_is_one_paragraph_without_phase_lines(tmp_path, capsys):
     assert err.startswith("grouprl: error: ") and err.count("\n") == 1, err
     assert main([*one_step(tmp_path), "--print-config"]) == 0
     out, err = capsys.readouterr()
-    assert err == "" and out.startswith("algo: ")  # only the YAML: nothing was loaded
+    assert err == "" and out.startswith("model: ")  # only the YAML: nothing was loaded
 
 
 @pytest.mark.slow

@@ -6,14 +6,15 @@ keys keep one order (config.yaml's, which is --help's), and the flat class still
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
-from grouprl.config import check, field_docs, load_yaml, save_yaml, to_dict
+from grouprl.config import ConfigError, check, field_docs, load_yaml, parse_overrides, save_yaml, to_dict
 from grouprl.config.sections import ORDER, SECTIONS, key_sections
 from grouprl.config.train_config import TrainConfig
-from grouprl.trainer.config import PARTS, EngineKeys, GRPOConfig, TrainerConfig
+from grouprl.trainer.config import PARTS, RETIRED, EngineKeys, GRPOConfig, TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,9 +83,28 @@ def test_yaml_round_trip_keeps_the_key_order_across_parts(tmp_path):
     assert list(to_dict(config)) == [name for name in _names(TrainConfig) if name not in secret]
 
 
-def test_a_committed_run_folders_config_still_loads():
+def test_a_retired_key_is_refused_with_its_replacement_from_yaml_the_command_line_and_python(tmp_path):
+    replacement = "tensorboard is retired: use loggers: [tensorboard]"
+    with pytest.raises(ConfigError, match=re.escape(replacement)):
+        TrainConfig(tensorboard=True)
+    with pytest.raises(ConfigError, match=re.escape(replacement)):
+        TrainerConfig(lr=1e-5, tensorboard=False)
+    for flag in ("--tensorboard", "--no-tensorboard", "--tensorboard=false"):
+        with pytest.raises(ConfigError, match=re.escape(f"-{replacement}")):
+            parse_overrides([flag], TrainConfig)
+    path = tmp_path / "config.yaml"
+    path.write_text("lr: 1.0e-5\ntensorboard: true\n")
+    with pytest.raises(ConfigError, match=f"In {re.escape(str(path))}: {re.escape(replacement)}"):
+        load_yaml(path, TrainConfig)
+    assert set(RETIRED) == {"tensorboard"} and not RETIRED.keys() & set(_names(TrainConfig))
+
+
+def test_a_committed_run_folders_config_loads_once_its_retired_keys_are_dropped(tmp_path):
     path = ROOT / "benchmarks" / "results" / "smollm2-30-steps" / "config.yaml"
     if not path.is_file():
         pytest.skip(f"{path} is not in this checkout")
-    config = load_yaml(path, TrainConfig)
+    text = path.read_text()
+    kept = "".join(line for line in text.splitlines(keepends=True) if line.split(":")[0] not in RETIRED)
+    (tmp_path / "config.yaml").write_text(kept)
+    config = load_yaml(tmp_path / "config.yaml", TrainConfig)
     assert isinstance(config, TrainerConfig) and config.total_steps == 30

@@ -165,7 +165,7 @@ def test_a_prompt_too_long_for_the_model_is_named_by_its_file_line(tmp_path, cap
     data.write_text("\n".join(json.dumps(r) + ("\n" if i == 1 else "") for i, r in enumerate(rows)) + "\n")
     code = main(["train", "--model", "tiny", "--dataset", str(data), "--reward_functions", "repetition_penalty",
                  "--eval_size", "0", "--total_steps", "1", "--max_prompt_len", "4096", "--no-progress",
-                 "--no-tensorboard", "--output_dir", str(tmp_path / "run")])
+                 "--output_dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2 and "train row 4 (p.jsonl line 6)" in err and "the model's context is 512 tokens" in err
 

@@ -29,7 +29,7 @@ def base_config(tmp_path, **overrides) -> TrainerConfig:
     # fp32 whatever the CPU: the expected numbers of the tests must not depend on what dtype=auto measures
     cfg = TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=6, total_steps=2, lr=1e-3, beta=0.04,
                         dtype="fp32", micro_batch_size=8, output_dir=str(tmp_path / "run"), progress=False,
-                        tensorboard=False, log_completions_every=1, print_completions=0, seed=3)
+                        log_completions_every=1, print_completions=0, seed=3)
     return replace(cfg, **overrides)
 
 
@@ -84,5 +84,5 @@ def tiny_args(tmp_path, *extra: str) -> list[str]:
     return ["--model", "tiny", "--reward_functions", "grouprl.cli.demo:digit_share", "--accuracy_fn",
             "grouprl.cli.demo:only_digits", "--prompts_per_step", "2", "--group_size", "4", "--max_new_tokens", "4",
             "--total_steps", "2", "--lr", "1e-3", "--eval_size", "5", "--eval_samples", "2", "--train_size", "16",
-            "--log_completions_every", "1", "--no-progress", "--no-tensorboard", "--output_dir",
+            "--log_completions_every", "1", "--no-progress", "--output_dir",
             str(tmp_path / "run"), *extra]

@@ -268,7 +268,7 @@ def test_an_unsafe_run_says_so_at_start_in_its_summary_and_in_its_report(tmp_pat
     status = main(["train", "--model", "tiny", "--dataset", str(data), "--reward_functions", "code_execution",
                    "--reward_options", "{code_execution: {isolation: unsafe}}", "--prompts_per_step", "2",
                    "--group_size", "2", "--max_new_tokens", "4", "--total_steps", "1", "--eval_size", "0",
-                   "--no-progress", "--no-tensorboard", "--output_dir", str(out)])
+                   "--no-progress", "--output_dir", str(out)])
     assert status == 0
     assert "isolation/code_execution: UNSAFE" in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())

@@ -128,7 +128,7 @@ def test_a_restarted_process_runs_under_the_preloaded_library(stand_in_jemalloc)
 def test_grouprl_train_restarts_under_its_allocator_and_says_so(stand_in_jemalloc, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", PRELOADED)}
     common = ["--model", "tiny", "--total_steps", "1", "--prompts_per_step", "1", "--group_size", "2",
-              "--max_new_tokens", "2", "--eval_size", "0", "--train_size", "4", "--no-progress", "--no-tensorboard"]
+              "--max_new_tokens", "2", "--eval_size", "0", "--train_size", "4", "--no-progress"]
     proc = subprocess.run([sys.executable, "-m", "grouprl", "train", *common, "--allocator", str(stand_in_jemalloc),
                            "--output_dir", str(tmp_path / "run")], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=300)

@@ -77,7 +77,7 @@ def test_a_damaged_file_is_named_with_the_checkpoint_before_it(tmp_path, capsys)
 def test_resuming_a_damaged_checkpoint_from_the_command_line_exits_2(tmp_path, capsys):
     args = ["--model", "tiny", "--task", "arithmetic", "--reward_functions", "grouprl.cli.demo:digit_share",
             "--prompts_per_step", "2", "--group_size", "2", "--max_new_tokens", "4", "--total_steps", "2",
-            "--save_every", "1", "--eval_size", "0", "--no-progress", "--no-tensorboard", "--output_dir",
+            "--save_every", "1", "--eval_size", "0", "--no-progress", "--output_dir",
             str(tmp_path / "run")]
     assert main(["train", *args]) == 0
     (tmp_path / "run" / "checkpoints" / "step-000002" / "rng.pt").write_bytes(b"junk")

@@ -18,7 +18,7 @@ from grouprl.run.folder import LOCK, RUN_CONFIG_HEADER, FolderLock, claim_output
 def tiny(out, *extra):
     return ["train", "--model", "tiny", "--task", "arithmetic", "--reward_functions", "grouprl.cli.demo:digit_share",
             "--prompts_per_step", "2", "--group_size", "2", "--max_new_tokens", "4", "--total_steps", "1",
-            "--eval_size", "0", "--no-progress", "--no-tensorboard", "--output_dir", str(out), *extra]
+            "--eval_size", "0", "--no-progress", "--output_dir", str(out), *extra]
 
 
 def test_a_folder_in_use_by_a_live_process_is_refused(tmp_path, capsys):

@@ -96,7 +96,7 @@ def test_a_tiny_runs_metrics_reach_tensorboard_and_wandb_offline(tmp_path, monke
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    make_trainer(tmp_path, loggers=("tensorboard", "wandb"), tensorboard=True, progress=True).train()
+    make_trainer(tmp_path, loggers=("tensorboard", "wandb"), progress=True).train()
     run = tmp_path / "run"
     logged = _logged(run)
     assert sorted(logged) == [0, 1, 2] and "eval/accuracy" in logged[0] and "reward/mean" in logged[2]
@@ -125,7 +125,7 @@ def test_grouprl_train_piped_to_a_file_prints_a_line_per_step_and_feeds_every_si
     """The command line as a user pipes it: a plain line per step in the file (no bar), and every sink
     holding the run's metrics."""
     env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
-    args = [*tiny_args(tmp_path), "--progress", "--tensorboard", "--loggers", "tensorboard,trackio,wandb"]
+    args = [*tiny_args(tmp_path), "--progress", "--loggers", "tensorboard,trackio,wandb"]
     with open(tmp_path / "out.txt", "w") as out:
         done = subprocess.run([sys.executable, "-m", "grouprl", "train", *args], stdout=out, stderr=subprocess.PIPE,
                               text=True, env=env, cwd=ROOT, timeout=600)

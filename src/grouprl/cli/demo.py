@@ -61,7 +61,6 @@ QUICK_DEMO: dict[str, Any] = {
     "eval_temperature": 1.0,
     "log_completions_every": 5,
     "print_completions": 0,
-    "tensorboard": False,
     "num_threads": 1,  # a 64-wide model gains nothing from two, and on a busy CPU waiting for the second costs much
     "output_dir": "runs/demo-quick",
 }

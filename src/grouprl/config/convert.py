@@ -22,6 +22,7 @@ from grouprl.config.fields import (
     _section_type,
     _unknown_keys_error,
     apply_renames,
+    refuse_retired,
     type_name,
 )
 from grouprl.config.run_checks import check
@@ -202,6 +203,7 @@ def _build(cls: type, data: Mapping, where: str, root: type) -> Any:
     if not isinstance(data, Mapping):
         raise _type_error(where or "config", cls, data, "a mapping of keys to values")
     data = apply_renames(cls, data, where)
+    refuse_retired(cls, data, where)
     fields = {f.name: f for f in _init_fields(cls)}
     unknown = [str(k) for k in data if k not in fields]
     if unknown:

@@ -11,10 +11,11 @@ import textwrap
 import types
 import typing
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, Union, get_args, get_origin
 
 from grouprl.errors import ConfigError
+from grouprl.trainer.config import retired_message
 
 # --------------------------------------------------------------------------- types and docs
 
@@ -173,6 +174,15 @@ def apply_renames(cls: type, data: Mapping[str, Any], where: str) -> dict[str, A
         warnings.warn(f"config key {prefix + old!r} is now {prefix + new!r}; the old name is accepted until the next "
                       "release", FutureWarning, stacklevel=2)
     return out
+
+
+def refuse_retired(cls: type, keys: Iterable[str], where: str = "", dash: str = "") -> None:
+    """Raise :class:`ConfigError` for the first of ``keys`` (of section ``where``) that ``cls`` retired (its
+    ``RETIRED`` mapping: key -> what to write instead)."""
+    retired = getattr(cls, "RETIRED", {})
+    for key in keys:
+        if key in retired:
+            raise ConfigError(retired_message(dash + (f"{where}.{key}" if where else key), retired[key]))
 
 
 def _unknown_keys_error(root: type, bad: list[str], section: type, where: str, dash: str) -> ConfigError:

@@ -18,6 +18,7 @@ from grouprl.config.fields import (
     _strip_optional,
     _unknown_keys_error,
     field_docs,
+    refuse_retired,
     renamed_keys,
     type_name,
 )
@@ -34,6 +35,7 @@ def _lookup(cls: type, key: str) -> Any:
     for part in key.split("."):
         if section is None:
             raise ConfigError(f"Option '--{key}' is invalid: {where!r} is not a section, it has no field {part!r}.")
+        refuse_retired(section, [part], where, "--")
         names = {f.name for f in _init_fields(section)}
         renamed = renamed_keys(section)
         if part not in names and part not in renamed:
@@ -59,6 +61,7 @@ def _resolve_option(cls: type, name: str) -> tuple[str, Any, bool]:
         candidates = [key[3:]] if key.startswith("no_") else []
         if parts[-1].startswith("no_"):
             candidates.append(".".join([*parts[:-1], parts[-1][3:]]))
+        refuse_retired(cls, [c for c in candidates if "." not in c], dash="--")
         for candidate in candidates:
             try:
                 tp = _lookup(cls, candidate)

@@ -46,7 +46,7 @@ def problems(c: Any) -> list[str]:
     if c.algo not in ALGORITHMS:
         ALGORITHMS.get(c.algo)  # raises with the closest valid names
     algo = ALGORITHMS.get(c.algo)
-    out = logger_problems(c.loggers, c.tensorboard)
+    out = logger_problems(c.loggers)
     return out + (_algorithm_problems(c, algo) + _registry_problems(c) + _range_problems(c) + _batch_problems(c)
             + _objective_problems(c) + _sampling_problems(c) + _scale_out_problems(c) + _critic_problems(c)
             + _trust_region_problems(c) + _gigpo_problems(c) + _estimator_problems(c) + variant_problems(c))

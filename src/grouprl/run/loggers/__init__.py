@@ -31,7 +31,7 @@ def installed(package: str | None) -> bool:
     return package is None or importlib.util.find_spec(package) is not None
 
 
-def logger_problems(loggers: Sequence[str], tensorboard: bool) -> list[str]:
+def logger_problems(loggers: Sequence[str], tensorboard: bool | None = None) -> list[str]:
     """What is wrong with the ``loggers`` key (unknown names, packages not installed), one sentence each;
     nothing is imported."""
     out = []
@@ -44,12 +44,12 @@ def logger_problems(loggers: Sequence[str], tensorboard: bool) -> list[str]:
         if not installed(sink.package):
             out.append(f"loggers: {name} needs the {sink.package} package, which is not installed: "
                        f"pip install 'grouprl[{sink.extra}]'")
-    if "tensorboard" in loggers and not tensorboard:
+    if "tensorboard" in loggers and tensorboard is False:  # None: a config without the older switch
         out.append("loggers names tensorboard but tensorboard is false: drop one of the two")
     return out
 
 
-def chosen(loggers: Sequence[str], tensorboard: bool) -> list[str]:
+def chosen(loggers: Sequence[str], tensorboard: bool = False) -> list[str]:
     """The sinks a run opens: jsonl, then ``loggers`` in order, then tensorboard when ``tensorboard``
     is true and its package is installed."""
     names = ["jsonl", *loggers]
@@ -81,7 +81,8 @@ class Loggers:
 def open_loggers(config: Any, run: RunInfo, is_main: bool = True) -> Loggers:
     """The sinks ``config`` (its ``loggers`` and ``tensorboard``) chooses, opened for ``run``; a process
     other than the first opens only jsonl (whose log there writes nothing)."""
-    names = chosen(config.loggers, config.tensorboard) if is_main else ["jsonl"]
+    # classic control keeps the older tensorboard switch; the trainer's config retired it (loggers names it)
+    names = chosen(config.loggers, getattr(config, "tensorboard", False)) if is_main else ["jsonl"]
     return Loggers([LOGGERS.get(name)(run) for name in names])
 
 

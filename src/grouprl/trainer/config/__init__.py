@@ -10,7 +10,9 @@ the trainer; :func:`grouprl.config.check` checks a config (the CLI on reading it
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from grouprl.errors import ConfigError
 from grouprl.trainer.config.algorithm_keys import (
     AlgorithmKeys,
     CriticKeys,
@@ -23,6 +25,13 @@ from grouprl.trainer.config.run_folder_keys import EvaluationKeys, RunFolderKeys
 from grouprl.trainer.config.sampling_keys import AgentKeys, PromptKeys, SamplingKeys
 from grouprl.trainer.resolved import ResolvedSettings
 
+RETIRED: dict[str, str] = {
+    "tensorboard": "use loggers: [tensorboard] (a run writes TensorBoard files only when loggers names it; for "
+                   "tensorboard: false, remove the key)",
+}
+"""Keys that no longer exist -> what to write instead. Given in YAML, on the command line or to the Python API, such
+a key is refused with that text."""
+
 
 # A dataclass takes its bases' fields from the last base to the first: listed last-first, config.yaml records the
 # keys in --help's order.
@@ -33,6 +42,19 @@ class TrainerConfig(RunFolderKeys, EvaluationKeys, DistributionKeys, EngineKeys,
     """The trainer's configuration: the keys of its parts, flat, with the derived values of
     :class:`~grouprl.trainer.resolved.ResolvedSettings`."""
 
+    RETIRED = RETIRED
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> TrainerConfig:
+        # the generated __init__ would only say "unexpected keyword argument": say what replaced the key
+        for key in kwargs.keys() & cls.RETIRED.keys():
+            raise ConfigError(retired_message(key, cls.RETIRED[key]))
+        return super().__new__(cls)
+
+
+def retired_message(key: str, instead: str) -> str:
+    """The refusal of retired key ``key``."""
+    return f"{key} is retired: {instead}."
+
 
 GRPOConfig = TrainerConfig
 """The trainer's config under the library's first name (``algo`` defaults to grpo)."""
@@ -41,6 +63,6 @@ PARTS = (PromptKeys, SamplingKeys, AlgorithmKeys, PolicyLossKeys, OptimizerKeys,
          LoRAKeys, EngineKeys, DistributionKeys, EvaluationKeys, RunFolderKeys)
 """The parts of :class:`TrainerConfig`, in the order of its keys."""
 
-__all__ = ["PARTS", "AgentKeys", "AlgorithmKeys", "CriticKeys", "DistributionKeys", "EngineKeys", "EvaluationKeys",
-           "GRPOConfig", "LoRAKeys", "OptimizerKeys", "PolicyLossKeys", "PromptKeys", "RunFolderKeys", "SamplingKeys",
-           "TrainerConfig", "TrustRegionKeys"]
+__all__ = ["PARTS", "RETIRED", "AgentKeys", "AlgorithmKeys", "CriticKeys", "DistributionKeys", "EngineKeys",
+           "EvaluationKeys", "GRPOConfig", "LoRAKeys", "OptimizerKeys", "PolicyLossKeys", "PromptKeys", "RunFolderKeys",
+           "SamplingKeys", "TrainerConfig", "TrustRegionKeys", "retired_message"]

@@ -46,9 +46,6 @@ class RunFolderKeys:
     progress: bool = True
     """Show each step on the console: a live bar (reward, KL, throughput) on a terminal, one line per step otherwise
     (a file, a pipe)."""
-    tensorboard: bool = True
-    """Also write TensorBoard event files where the tensorboard package is installed (silently skipped where not;
-    loggers: [tensorboard] requires it). false: never."""
     loggers: tuple[str, ...] = ()
     """Trackers besides metrics.jsonl (always written): tensorboard, trackio, wandb. trackio is Hugging Face's
     local-first tracker; wandb writes into the run folder's wandb/ (WANDB_MODE=offline needs no network). Each is an
