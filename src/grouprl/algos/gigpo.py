@@ -10,13 +10,9 @@ Shapes: E trajectories (episodes), K steps (turns) at most per trajectory, padde
                                                                    trajectories whose state key is equal
     A(i, t)      = A_episode(i) + step_weight * A_step(i, t)
 
-- episode statistics are over trajectories, one value each, never over step rows (a long trajectory
-  does not weigh more in its group's mean);
-- a step alone in its anchor group, or without a key (``-1``), gets ``A_step = 0``, as does an anchor
-  group whose returns are all equal;
-- anchor groups never span resets: the state keys are combined with the episode group;
-- ``scale``: ``"group"`` divides by the anchor (and episode) group's population std (the paper's
-  mean-and-std normalisation), ``"none"`` only centres (its mean normalisation)."""
+Episode statistics are over trajectories, never step rows; a step alone in its anchor group or without a key
+(``-1``) gets ``A_step = 0``; anchor groups never span resets. ``scale``: ``"group"`` divides by the group's
+population std (the paper's mean-and-std normalisation), ``"none"`` only centres."""
 
 from __future__ import annotations
 

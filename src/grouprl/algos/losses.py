@@ -129,12 +129,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor | None, ref_logp: torch
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                clip: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO's value loss per token ``[B,T]``: ``0.5 * max((V - R)^2, (V_clipped - R)^2)``.
-
-    ``V_clipped = old_V + clamp(V - old_V, -clip, clip)`` keeps the critic from moving further
-    than ``clip`` per update (Schulman et al. 2017's implementation); ``clip=None`` is the plain
-    squared error.
-    """
+    """PPO's value loss per token ``[B,T]``: ``0.5 * max((V - R)^2, (V_clipped - R)^2)``, with ``V_clipped =
+    old_V + clamp(V - old_V, -clip, clip)`` (Schulman et al. 2017's implementation; None: plain squared error)."""
     err = (values - returns).square()
     metrics = {}
     if clip is not None:
@@ -150,10 +146,8 @@ def entropy_from_logits(logits: torch.Tensor, mask: torch.Tensor | None = None,
                         chunk_rows: int = 4) -> torch.Tensor:
     """Entropy of ``softmax(logits)`` per position: ``[B,T,V]`` -> ``[B,T]`` float32.
 
-    ``H = logsumexp(l) - sum_v softmax(l)_v * l_v``. The sum is a batched dot product
-    (``p @ l``), so besides the probabilities only ``[B,T]`` tensors are created, and rows are
-    processed ``chunk_rows`` at a time so at most one ``[chunk_rows,T,V]`` float32 tensor
-    exists beyond the logits themselves.
+    ``H = logsumexp(l) - sum_v softmax(l)_v * l_v``, the sum a batched dot product, ``chunk_rows`` rows at a
+    time: at most one ``[chunk_rows,T,V]`` float32 tensor beyond the logits.
     """
     out = []
     for chunk in logits.split(chunk_rows, dim=0):

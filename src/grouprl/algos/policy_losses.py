@@ -1,18 +1,12 @@
 """Policy-gradient terms beside the clipped surrogate, by name (:data:`POLICY_LOSSES`): CISPO, SAPO, GMPO.
 
 Every entry is ``fn(logp [B,T], old_logp [B,T], advantages [B] or [B,T], mask [B,T], **knobs) ->
-(loss [B,T], metrics)``: the negated per-token objective, reduced later by the run's aggregation
-(:func:`grouprl.algos.aggregate.aggregate`), and 0-dim detached metrics, among them ``ratio_mean`` and
-``approx_kl`` (mean of (log rho)^2 / 2 to the sampling policy) for every variant. ``rho = pi_theta /
-pi_old`` throughout; ``old_logp`` is detached here. ``clip`` is PPO/GRPO's clipped surrogate
-(:func:`grouprl.algos.losses.clipped_surrogate_loss`, with GSPO as its sequence level and dual clip), registered
-where it is defined; the registry is :data:`grouprl.algos.losses.POLICY_LOSSES`, which the package's import
-fills with the variants below.
+(loss [B,T], metrics)``: the negated per-token objective, aggregated later, and 0-dim detached metrics
+(``ratio_mean``, ``approx_kl`` for all); ``rho = pi_theta / pi_old``. ``clip`` is registered in
+:mod:`grouprl.algos.losses`.
 
-Each term is linear in the advantage once its sign is fixed, so a non-negative per-token weight ``w``
-(the rollout importance correction, the top-entropy selection) folded into the advantage (``A_it = w_it *
-A_i``) multiplies the token's term by ``w``; a token with ``w = 0`` carries no policy gradient. GMPO, whose
-term is one per sequence, is the exception spelled out in :func:`gmpo_loss`.
+Each term is linear in the advantage once its sign is fixed, so a weight ``w >= 0`` folded into the
+advantage multiplies the token's term by ``w``; GMPO, one term per sequence, is the exception (:func:`gmpo_loss`).
 """
 
 from __future__ import annotations
@@ -89,13 +83,10 @@ def sapo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         loss_t = - f(rho_t; tau_t) * A_t,   f(rho; tau) = sigmoid(tau (rho - 1)) * 4 / tau,
         tau_t = tau_pos if A_t > 0 else tau_neg
 
-    Its gradient is ``-sech^2(tau (rho - 1) / 2) * rho * A * grad log pi``: the importance-weighted policy
-    gradient times a weight that is 1 on-policy and decays smoothly as rho leaves 1 on either side, so an
-    off-policy token is damped rather than cut. The limits: tau -> 0 gives weight 1 everywhere (the unclipped
-    surrogate ``rho * A``); tau -> infinity gives weight 0 wherever rho != 1 (no off-policy update at all).
-    The hard clip is not a limit of it: the clip stops a token only on the side where rho has already moved
-    in the advantage's direction, the gate damps both sides. The paper sets tau_neg > tau_pos because
-    negative updates spread probability over the whole vocabulary and destabilise sooner.
+    Its gradient is ``-sech^2(tau (rho - 1) / 2) * rho * A * grad log pi``: the importance-weighted gradient
+    times a weight that is 1 on-policy and decays smoothly on both sides of rho = 1 (tau -> 0: the unclipped
+    surrogate; tau -> infinity: no off-policy update), where the hard clip stops one side only. The paper sets
+    tau_neg > tau_pos: negative updates spread probability over the whole vocabulary and destabilise sooner.
 
     A = 0 takes tau_neg, as in the paper, TRL and verl (its loss is 0 anyway). Metrics: ``gate`` (mean of the
     gradient weight sech^2, 1 = on-policy), ``ratio_mean``, ``approx_kl``.
@@ -121,17 +112,13 @@ def gmpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         c_t = sgn(A_t) * min( sgn(A_t) log rho_t, sgn(A_t) clip(log rho_t, -eps_low, eps_high) )
         R_i = exp( (1/|o_i|) sum_t c_t ),     loss_t = - A_i * R_i   on every token of row i
 
-    which is the paper's ``sgn(A) * (prod_t |min(rho_t A, clip(rho_t, e^-eps_low, e^eps_high) A)|)^(1/|o|)``
-    (its code and verl's ``geo_mean`` compute it so, in log space). A geometric mean is far less moved by one
-    extreme token than GRPO's arithmetic mean of token terms, which is what lets the paper widen the clip
-    to (e^-0.4, e^0.4) (the default here, and verl's recipe).
+    the paper's ``sgn(A) * (prod_t |min(rho_t A, clip(rho_t, e^-eps_low, e^eps_high) A)|)^(1/|o|)`` in log
+    space (as its code and verl's ``geo_mean``). A geometric mean is far less moved by one extreme token than
+    GRPO's arithmetic mean, which lets the clip widen to (e^-0.4, e^0.4) (the default, and verl's recipe).
 
-    ``A_i`` is the row's mean advantage over its valid tokens, the sign per token: for a ``[B]`` advantage
-    that is the paper exactly; for ``[B,T]`` advantages (per-turn ones, or a per-token weight folded in)
-    it is verl's reading: a token whose advantage is 0 (a weight of 0) drops out of the geometric mean
-    and gets no gradient. The value sits on every token, so the run's aggregation applies: under the
-    default seq-mean-token-mean the loss is ``-(1/G) sum_i A_i R_i``, the paper's; verl averages over
-    sequences whatever its ``loss_agg_mode``; token-mean weighs each sequence by its length.
+    ``A_i`` is the row's mean advantage over its valid tokens, the sign per token: the paper's for ``[B]``
+    advantages, verl's reading for ``[B,T]`` ones (a token with advantage 0 drops out of the mean). Under the
+    default seq-mean-token-mean aggregation the loss is the paper's ``-(1/G) sum_i A_i R_i``.
 
     ``eps_high`` None = ``eps_low``. Metrics: ``clip_low`` / ``clip_high`` (share of valid tokens whose clipped
     log-ratio is kept), ``geo_ratio_mean`` (mean R_i over rows with tokens), ``ratio_mean``, ``approx_kl``.

@@ -1,11 +1,9 @@
 """Importance correction of the rollout-engine / trainer mismatch: truncated (TIS) or masked (IcePop,
 sequence masking).
 
-A fast rollout engine (vLLM: bf16 kernels, fused sampling) does not compute exactly the trainer's
-probabilities for the same weights, so its tokens come from ``pi_rollout``, not the ``pi_old`` the
-estimator assumes. Re-weighting each token's policy-gradient term by ``pi_old / pi_rollout`` removes
-that bias; capping the weight at C bounds its variance (Yao et al. 2025, "Your efficient RL framework
-secretly brings you off-policy RL training"):
+A fast rollout engine samples from ``pi_rollout``, not exactly the trainer's ``pi_old``. Re-weighting each
+token's policy-gradient term by ``pi_old / pi_rollout`` removes that bias; capping the weight at C bounds its
+variance (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"):
 
     token          w_it = min( r_it, C )                   r_it = pi_old(o_it) / pi_rollout(o_it)
     sequence       w_i  = min( prod_t r_it, C )            (same w_i on every token)
@@ -16,19 +14,11 @@ trainer would almost never have sampled):
     icepop         w_it = r_it * 1[ low <= r_it <= high ]                          (IcePop, default [0.5, 5])
     sequence-mask  w_i  = 1[ low <= (prod_t r_it)^(1/|o_i|) <= high ]              (default [0.999, 1.001])
 
-IcePop (inclusionAI 2025, the Ring-1T report) keeps the ratio as the weight inside its band: with an
-infinite band it is untruncated token IS. sequence-mask is verl's geometric rejection sampling: a
-sequence whose geometric-mean ratio leaves the band is dropped, the others keep weight 1.
-
-The weight multiplies only the policy-gradient term, never the KL penalty, and a masked token still
-counts in the aggregation's denominators (IcePop's and TRL's form; verl removes rejected tokens from its
-mask), so a mask is a weight like any other. Because w >= 0 it folds into the advantage
-(``A_it = w_it * A_i``): ``-w * min(rho*A, clip(rho)*A)`` equals ``-min(rho*(w*A), clip(rho)*(w*A))``,
-dual clip included (the other policy losses likewise, :mod:`grouprl.algos.policy_losses`).
-
-The mismatch itself is logged as KL(pi_rollout || pi_old), estimated on the sampled tokens with
-k1 (``log pi_rollout - log pi_old``, unbiased, noisy) and k3 (``r - 1 - log r`` with
-``r = pi_old / pi_rollout``, unbiased and >= 0)."""
+IcePop is inclusionAI's (2025, the Ring-1T report); sequence-mask is verl's geometric rejection sampling.
+The weight multiplies only the policy-gradient term, and a masked token still counts in the aggregation's
+denominators (IcePop's and TRL's form). Because w >= 0 it folds into the advantage (``A_it = w_it * A_i``):
+``-w * min(rho*A, clip(rho)*A)`` equals ``-min(rho*(w*A), clip(rho)*(w*A))``. The mismatch is logged as
+KL(pi_rollout || pi_old) by k1 and k3 on the sampled tokens."""
 
 from __future__ import annotations
 

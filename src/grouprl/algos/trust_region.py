@@ -46,10 +46,8 @@ def fisher_vector_product(kl: torch.Tensor, params: Sequence[torch.Tensor],
                           damping: float = 0.1) -> Callable[[torch.Tensor], torch.Tensor]:
     """``v -> (F + damping I) v`` where F is the Hessian of the scalar mean ``kl`` w.r.t. ``params``.
 
-    ``kl`` must be built from the current parameters with the rollout policy detached, so its
-    value and gradient at theta_old are 0 and its Hessian is the Fisher matrix. The first
-    gradient is taken once with ``create_graph=True``; each product is one more backward pass
-    through ``grad(kl) . v`` (double backprop). Damping keeps CG stable where F is near-singular.
+    ``kl`` is built with the rollout policy detached, so at theta_old its Hessian is the Fisher matrix; each
+    product is one backward pass through ``grad(kl) . v`` (double backprop); damping keeps CG stable.
     """
     grad_kl = flat_grad(kl, params, create_graph=True)
 
