@@ -39,8 +39,7 @@ JUDGES: Registry[Callable[..., Any]] = Registry("judge")
 judge``; ``load_model(name) -> (model, tokenizer)`` resolves a policy-style model name."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Bradley-Terry over a reward model
+# ---------------------------------------------------------- Bradley-Terry over a reward model
 
 
 def mean_win_probability(scores: torch.Tensor) -> torch.Tensor:
@@ -77,8 +76,7 @@ class RewardModelJudge:
 JUDGES.register("reward_model", lambda folder, load_model, **options: RewardModelJudge(folder, **options))
 
 
-# ---------------------------------------------------------------------------------------------
-# A language model asked to score the whole group
+# -------------------------------------------- A language model asked to score the whole group
 
 
 SCORE_LINE = re.compile(r"^\s*(\w+)\s*:\s*(\d+(?:\.\d+)?)\s*$")
@@ -217,8 +215,7 @@ class LanguageModelJudge:
 JUDGES.register("lm", lambda name, load_model, **options: LanguageModelJudge(*load_model(name), **options))
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading and running a judge
+# ---------------------------------------------------------------- Loading and running a judge
 
 
 def load_judge(spec: str, options: dict[str, Any] | None = None,

@@ -54,10 +54,8 @@ def conversation_ids(tokenizer: Any, prompt: Any, completion: str, system_prompt
 
 
 def _left_padded(tokenizer: Any, rows: list[list[int]], max_length: int | None) -> dict[str, torch.Tensor]:
-    """Token ids [N, L] of ``rows`` left-padded with the pad id, attention mask [N, L] and position ids
-    [N, L] counting from 0 at each row's first token (so a row scores the same alone or padded in a
-    batch, whatever the position encoding); a row longer than ``max_length`` keeps its last
-    tokens (the score is read at the end)."""
+    """Ids, attention mask and position ids ``[N, L]`` of ``rows`` left-padded, positions from 0 at each row's
+    first token (a row scores the same alone or padded); a row over ``max_length`` keeps its last tokens."""
     ids = rows if max_length is None else [x[-max_length:] for x in rows]
     width = max(len(x) for x in ids)
     pad = tokenizer.pad_token_id
@@ -98,12 +96,8 @@ def _load(path_or_model: str | Path | torch.nn.Module, tokenizer: Any) -> tuple[
 
 
 class RewardModel:
-    """A reward function backed by a sequence-classification model.
-
-    ``RewardModel("runs/rm")`` loads a saved model and its tokenizer; ``RewardModel(model,
-    tokenizer)`` wraps objects. Called like any reward function: ``rm(prompts, completions)`` ->
-    B floats, computed in batches of ``batch_size`` under ``torch.no_grad``.
-    """
+    """A reward function backed by a sequence-classification model: ``RewardModel("runs/rm")`` loads one,
+    ``RewardModel(model, tokenizer)`` wraps one; ``rm(prompts, completions)`` -> B floats."""
 
     def __init__(self, path_or_model: str | Path | torch.nn.Module, tokenizer: Any = None, batch_size: int = 8,
                  system_prompt: str | None = None, max_length: int | None = None, name: str = "reward_model"):
@@ -111,10 +105,6 @@ class RewardModel:
         _prepare(self.model, self.tokenizer)
         self.model.eval().requires_grad_(False)
         self.batch_size, self.system_prompt, self.max_length, self.name = batch_size, system_prompt, max_length, name
-
-    def score_texts(self, texts: list[str]) -> list[float]:
-        """Scores of already rendered conversations (their special-token strings read as the tokens)."""
-        return self.score_ids([self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts])
 
     def score_ids(self, rows: list[list[int]]) -> list[float]:
         """Scores of conversations given as token ids."""
@@ -148,10 +138,9 @@ class RewardTrainResult:
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
     """Mean of -log sigmoid(r_chosen - r_rejected) over pairs; chosen, rejected: [N].
 
-    >>> round(bradley_terry_loss(torch.tensor([0.0, 2.0]), torch.tensor([0.0, 0.0])).item(), 4)
+    >>> round(bradley_terry_loss(torch.tensor([0.0, 2.0]), torch.tensor([0.0, 0.0])).item(), 4)  # (0.6931+0.1269)/2
     0.41
     """
-    # Equal scores: -log(0.5) = 0.6931; a margin of 2: -log(sigmoid(2)) = 0.1269; mean 0.4100.
     return -F.logsigmoid(chosen - rejected).mean()
 
 
@@ -258,16 +247,9 @@ def train_reward_model(model: str | Path | torch.nn.Module, tokenizer: Any, pair
                        eval_fraction: float = 0.1, epochs: int = 1, batch_size: int = 8, lr: float = 1e-5,
                        weight_decay: float = 0.0, seed: int = 0, system_prompt: str | None = None,
                        max_length: int | None = None) -> RewardTrainResult:
-    """Fit a reward model to preference pairs with the Bradley-Terry loss.
-
-    Args:
-        model: a sequence-classification model with one output, or a folder holding one (or a
-            causal LM, whose new score head starts at random).
-        tokenizer: its tokenizer (None: loaded from the folder).
-        pairs: JSONL (or list) of ``{"prompt", "chosen", "rejected"}``.
-        eval_pairs: held-out pairs; if None, ``eval_fraction`` of ``pairs`` is held out (0: none).
-        output_dir: where to save model + tokenizer for :class:`RewardModel` (None: not saved).
-    """
+    """Fit a reward model (a one-output sequence classifier, or a folder holding one or a causal LM whose new
+    head starts at random) to ``pairs`` (JSONL or list of ``{"prompt", "chosen", "rejected"}``) with the
+    Bradley-Terry loss; ``eval_pairs`` None holds out ``eval_fraction`` of ``pairs``."""
     train = load_pairs(pairs)
     if eval_pairs is not None:
         held = load_pairs(eval_pairs)

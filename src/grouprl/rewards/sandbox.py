@@ -134,9 +134,8 @@ def find_bwrap() -> str | None:
 
 
 NOBODY = 65534
-"""The uid and gid the sandbox runs as; a trainer running as root starts bubblewrap as this user too,
-so the program is nobody outside the sandbox as well as inside (and its process limit counts only
-nobody's processes)."""
+"""The uid and gid the sandbox runs as; a trainer running as root starts bubblewrap as nobody too, so the
+program is nobody outside the sandbox as well (and its process limit counts only nobody's processes)."""
 
 
 def _others_can_run(path: str) -> bool:
@@ -154,9 +153,8 @@ def _others_can_run(path: str) -> bool:
 
 
 def _interpreter(as_nobody: bool) -> tuple[str, str]:
-    """(an interpreter for the programs, its installation folder): the trainer's base interpreter (the
-    standard library only, no site-packages), or, when the sandbox starts as nobody and that
-    interpreter is private to its owner (under /root, say), the system's python3."""
+    """(interpreter, its installation folder): the trainer's base interpreter, or the system's python3 when
+    the sandbox runs as nobody and that one is private to its owner."""
     prefix = os.path.realpath(sys.base_prefix)
     candidates = [getattr(sys, "_base_executable", None), os.path.join(prefix, "bin", "python3"), sys.executable]
     exe = next(os.path.realpath(c) for c in candidates if c and os.path.exists(c))
@@ -172,10 +170,7 @@ def _interpreter(as_nobody: bool) -> tuple[str, str]:
 
 @dataclass
 class Sandbox:
-    """Runs Python programs under :class:`SandboxLimits` with the isolation of the module docstring.
-
-    ``isolation``: ``"bubblewrap"`` (refuses to start where it cannot isolate) or ``"unsafe"``.
-    """
+    """Runs Python programs under :class:`SandboxLimits`; ``isolation`` ``"bubblewrap"`` or ``"unsafe"``."""
 
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     isolation: str = "bubblewrap"
@@ -240,9 +235,8 @@ class Sandbox:
                           "user.max_user_namespaces). Set isolation: unsafe to run trusted code without isolation")
 
     def run(self, source: str, stdin: str = "", calls: list[tuple[str, str, str]] | None = None) -> RunResult:
-        """Run ``source`` as ``__main__`` with ``stdin``; with ``calls`` (function name, ``repr`` of the
-        positional arguments as a tuple, of the keyword arguments as a dict), then call each in the
-        program's globals and report what it returned (``RunResult.returned``)."""
+        """Run ``source`` as ``__main__`` with ``stdin``; then call each of ``calls`` (name, args tuple repr,
+        kwargs dict repr) in its globals and report what it returned (``RunResult.returned``)."""
         marker = f"\x00grouprl-calls-{os.urandom(8).hex()}:"
         with tempfile.TemporaryDirectory(prefix="grouprl-sandbox-") as tmp:
             Path(tmp, "main.py").write_text(source)
