@@ -1,8 +1,7 @@
-"""A tool task: two-digit arithmetic with a calculator tool: calling ``calculator`` and copying its result
-solves what the bundled model alone rarely gets right. One answer (a turn without a tool call) ends the
-episode: reward 1 when it holds the result. Each game opens with one solved example as chat turns,
-since a model shown the exchange answered wins far more often than one only told the call format
-(``docs/calibration.md``)."""
+"""A tool task: two-digit arithmetic with a ``calculator`` tool, which the bundled model alone rarely gets
+right. A turn without a tool call is the answer (reward 1 when it holds the result). Each game opens with
+one solved example: shown the exchange, the model wins far more often (docs/calibration.md).
+"""
 
 from __future__ import annotations
 
@@ -49,10 +48,8 @@ def calculator(expression: str) -> str:
 
 
 class Calculator:
-    """See the module docstring. Options: ``low``, ``high`` (the operands' range), ``operations``
-    (drawn from, e.g. "+-*"), ``show_call`` (the question shows the call that computes it: the
-    policy then has to make the call, read the result and answer with it), ``worked_example`` (the
-    conversation opens with one solved question, call, result and answer, before the real one)."""
+    """Options: ``low``, ``high`` (the operands' range), ``operations`` (e.g. "+-*"), ``show_call`` (the
+    question shows the call to make), ``worked_example`` (open with one solved exchange)."""
 
     tools = (calculator,)
     """Tools this environment brings; they join the run's ``tools``."""

@@ -1,10 +1,6 @@
-"""Guess the number: a multi-turn game with feedback. The environment picks a whole number in
-``[low, high]``; each policy turn is a guess, answered "higher" or "lower", until the number is
-found (reward 1, success) or ``max_guesses`` are spent (reward 0). A turn without a number costs a
-guess. The state key of each turn is the interval the answers so far leave open and the guesses
-left, so turns that start from the same knowledge are compared with each other (step-level groups).
-
-Calibrated on the bundled SmolLM2-135M in ``docs/calibration.md``.
+"""Guess the number in ``[low, high]``: each policy turn is a guess answered "higher" or "lower", until it is
+found (reward 1) or ``max_guesses`` are spent (0). A turn's state key is the interval still open and the
+guesses left, so turns from the same knowledge are compared (docs/calibration.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""What a task is, and a safe evaluator for the arithmetic expressions tasks generate and check.
-
-A task bundles a seeded prompt source, the reward functions GRPO optimises and a strict answer
-checker for evaluation. Rows are plain dicts: ``"prompt"`` (text or chat messages), ``"answer"``
-and any other columns, which reach the reward functions as keyword arguments.
-"""
+"""What a task is (a seeded prompt source, its reward functions, a strict answer checker), and a safe
+evaluator for the arithmetic expressions tasks generate and check."""
 
 from __future__ import annotations
 
@@ -20,11 +16,8 @@ MAX_EXPRESSION_CHARS = 200
 
 
 class Task(ABC):
-    """A prompt source, its reward functions and an answer checker.
-
-    Subclasses set ``name``, ``system_prompt``, ``reward_fns`` and ``reward_weights`` and implement
-    :meth:`make_row` and :meth:`is_correct`.
-    """
+    """A prompt source, its reward functions and an answer checker; subclasses set the attributes below and
+    implement :meth:`make_row` and :meth:`is_correct`."""
 
     name: str
     system_prompt: str | None = None
@@ -40,11 +33,8 @@ class Task(ABC):
         """Whether ``completion`` solves ``row`` (the evaluation metric)."""
 
     def rows(self, split: str, n: int, seed: int) -> list[dict[str, Any]]:
-        """``n`` problems of ``split`` ("train" or "eval"), the same for the same seed.
-
-        Each split draws from its own random stream, so eval problems are not the first train
-        problems; a small problem space (e.g. single-digit sums) can still repeat a problem.
-        """
+        """``n`` problems of ``split`` ("train" or "eval"), the same for the same seed; each split has its own
+        stream, so eval problems are not the first train problems (a small space can still repeat one)."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
         if n < 0:
