@@ -1,12 +1,7 @@
-"""Configuration of a classic-control run (``grouprl rl``): the task, the budget and the run folder,
-plus one section of knobs per algorithm (``--ppo.eps_low 0.2``). Each docstring is the ``--help``.
-
-The knobs that mean what a ``grouprl train`` knob means carry its name (prompts_per_step, mu,
-minibatch_size, eps_low, whiten_advantages); the earlier names (groups_per_step, epochs,
-minibatches, clip, normalize_advantages) are still accepted, with a deprecation warning.
-
-Defaults are the settings that solve CartPole-v1 within the budgets stated in docs/algorithms.md; where they
-differ from CleanRL's or Spinning Up's the field says so.
+"""Configuration of a classic-control run (``grouprl rl``): task, budget, run folder, and one section of
+knobs per algorithm (``--ppo.eps_low 0.2``); each docstring is the ``--help``. Knobs that mean what a
+``grouprl train`` knob means carry its name (the earlier names are accepted with a deprecation warning);
+defaults solve CartPole-v1 within the budgets of docs/algorithms.md.
 """
 
 from __future__ import annotations

@@ -56,9 +56,8 @@ def critic_advantages(critic: ValueNet, batch: Trajectories, estimator: str, gam
 def fit_critic(critic: ValueNet, optimizer: torch.optim.Optimizer, obs: torch.Tensor, returns: torch.Tensor,
                epochs: int, minibatches: int, generator: torch.Generator,
                max_grad_norm: float = 0.0) -> dict[str, float]:
-    """Regress ``critic(obs [n, D])`` on ``returns [n]``: ``epochs`` shuffled passes of ``minibatches``
-    Adam steps on the plain squared error. Only the critic gets gradients, so the optimizer (which may
-    also hold the policy) leaves the policy alone: parameters without a gradient are skipped."""
+    """Regress ``critic(obs [n, D])`` on ``returns [n]``: ``epochs`` shuffled passes of ``minibatches`` steps on
+    the squared error. Only the critic gets gradients, so an optimizer that also holds the policy skips it."""
     n = obs.shape[0]
     ones = torch.ones(n, 1)
     last = {}

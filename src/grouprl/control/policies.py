@@ -1,11 +1,7 @@
-"""Small MLP policies and critics for classic control.
-
-A policy maps observations ``[N, D]`` to a ``torch.distributions`` distribution: categorical for a
-``Discrete`` action space, a diagonal Gaussian with a state-independent learned log-std for a ``Box``
-one (the TRPO and PPO papers' MuJoCo setup). The algorithms need only :meth:`distribution` (log-probs,
-entropy, the analytic KL); sampling takes an explicit generator so a seeded run is reproducible.
-Hidden layers use orthogonal init (gain sqrt 2), the output layers a small gain (0.01 for the policy,
-so it starts near uniform; 1 for the critic), as in the PPO implementation details."""
+"""Small MLP policies and critics for classic control: observations ``[N, D]`` -> a categorical (``Discrete``)
+or diagonal Gaussian with a learned state-independent log-std (``Box``, the PPO/TRPO MuJoCo setup).
+Orthogonal init, small output gains (0.01 policy, 1 critic), as in the PPO implementation details.
+"""
 
 from __future__ import annotations
 
@@ -30,12 +26,8 @@ POLICIES: Registry = Registry("policy head")
 
 
 class MLP(nn.Module):
-    """Linear layers ``sizes[0] -> ... -> sizes[-1]`` with ``activation`` between them: ``[..., sizes[0]]``
-    -> ``[..., sizes[-1]]``.
-
-    The forward calls ``F.linear`` instead of the layers as modules: acting runs one forward per environment
-    step on a handful of rows, where per-module call overhead would cost more than the arithmetic.
-    """
+    """Linear layers ``[..., sizes[0]] -> ... -> [..., sizes[-1]]`` with ``activation`` between, called through
+    ``F.linear``: per-module call overhead would cost more than the arithmetic of a few rows per env step."""
 
     def __init__(self, sizes: Sequence[int], activation: str, out_gain: float):
         super().__init__()
@@ -92,12 +84,8 @@ class CategoricalPolicy(Policy):
 
 @POLICIES.register("Box")
 class GaussianPolicy(Policy):
-    """``N(mu(s), diag(exp(log_std)^2))`` over ``A`` dimensions; actions are ``[N, A]`` float32.
-
-    The mean is unbounded and the environment clips the action to its bounds, so the log-prob
-    is that of the sample the policy drew (the common PPO/TRPO practice; a tanh squash would
-    need a Jacobian correction).
-    """
+    """``N(mu(s), diag(exp(log_std)^2))`` over ``A`` dimensions; actions are ``[N, A]`` float32, unbounded:
+    the environment clips them, so the log-prob is the drawn sample's (no tanh Jacobian needed)."""
 
     def __init__(self, obs_dim: int, space: gym.spaces.Box, hidden: Sequence[int], activation: str = "tanh",
                  init_log_std: float = 0.0):

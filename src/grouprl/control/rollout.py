@@ -61,10 +61,8 @@ class Trajectories:
 
 def _rows(buffers: dict[str, np.ndarray], env_of_row: np.ndarray, start: np.ndarray, length: np.ndarray,
           last_obs: np.ndarray, cut: np.ndarray) -> dict[str, torch.Tensor]:
-    """Gather time-major buffers ``[steps, N, ...]`` into padded rows ``[B, W, ...]``.
-
-    Row b holds steps ``start[b] .. start[b] + length[b] - 1`` of environment ``env_of_row[b]``.
-    """
+    """Gather time-major buffers ``[steps, N, ...]`` into padded rows ``[B, W, ...]``: row b holds steps
+    ``start[b] .. start[b] + length[b] - 1`` of environment ``env_of_row[b]``."""
     width = int(length.max()) if len(length) else 0
     offsets = np.arange(width)[None, :]  # [1, W]
     valid = offsets < length[:, None]  # [B, W]
@@ -95,11 +93,8 @@ def _act(policy: Policy, obs: np.ndarray, generator: torch.Generator,
 
 def run_episodes(envs: EnvBatch, policy: Policy, seeds: Sequence[int], generator: torch.Generator,
                  deterministic: bool = False, group_size: int = 1) -> Trajectories:
-    """One episode per seed (environment ``i`` reset with ``seeds[i]``), each run to its end.
-
-    Row i is the episode of ``seeds[i]``; ``cut[i]`` is True where it ended on the time limit.
-    Only live environments are stepped, so the cost is the sum of the episode lengths.
-    """
+    """One episode per seed, each run to its end: row i is the episode of ``seeds[i]``, ``cut[i]`` True where
+    it ended on the time limit. Only live environments are stepped."""
     n = len(seeds)
     if n > len(envs):
         raise ValueError(f"{n} episodes need {n} environments, the batch has {len(envs)}")
@@ -129,12 +124,8 @@ def run_episodes(envs: EnvBatch, policy: Policy, seeds: Sequence[int], generator
 
 
 class SegmentCollector:
-    """Runs each environment of ``envs`` for ``steps_per_env`` steps per :meth:`collect` call.
-
-    Finished episodes are reset at once with seeds drawn from ``seed``; an episode still running at
-    the end of a window continues in the next one (its row there is a new piece). Returns of
-    episodes are tracked across windows.
-    """
+    """Runs each environment of ``envs`` for ``steps_per_env`` steps per :meth:`collect` call; finished
+    episodes are reset with seeds drawn from ``seed``, running ones continue in the next window (a new row)."""
 
     def __init__(self, envs: EnvBatch, seed: int):
         self.envs = envs

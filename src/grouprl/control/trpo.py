@@ -1,10 +1,7 @@
-"""TRPO for classic control (Schulman et al. 2015), as in Spinning Up's ``trpo``.
-
-Per iteration: GAE advantages (whitened) -> surrogate ``L = mean(rho * A)`` and its gradient g ->
-solve ``F x = g`` by conjugate gradient, where F v is a double-backprop product through the mean
-analytic KL(pi_old || pi_theta) over the batch states -> scale x to the trust-region edge
-``sqrt(2 delta / x^T F x)`` -> backtracking line search (surrogate must improve, KL <= delta) ->
-then fit the critic by regression on the GAE returns.
+"""TRPO for classic control (Schulman et al. 2015), as in Spinning Up's ``trpo``: whitened GAE advantages ->
+surrogate ``L = mean(rho * A)`` and its gradient g -> ``F x = g`` by conjugate gradient (F v by double
+backprop through the mean analytic KL(pi_old || pi_theta)) -> the step to ``sqrt(2 delta / x^T F x)`` ->
+backtracking line search -> the critic fitted to the GAE returns.
 """
 
 from __future__ import annotations

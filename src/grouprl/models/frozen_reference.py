@@ -37,11 +37,8 @@ def make_reference(policy: torch.nn.Module, dtype: torch.dtype | str | None = No
 
 @contextlib.contextmanager
 def reference_context(policy: torch.nn.Module, reference: torch.nn.Module | None = None) -> Iterator[torch.nn.Module]:
-    """Yield the module that computes reference log-probs, under ``torch.no_grad``.
-
-    With a ``reference`` copy it is that copy. Without one the policy must be a peft model: it is
-    yielded with its adapters disabled and in eval mode, and restored on exit.
-    """
+    """Yield the module that computes reference log-probs, under ``torch.no_grad``: the ``reference`` copy,
+    or else the peft policy with its adapters disabled, in eval mode, restored on exit."""
     if reference is not None:
         with torch.no_grad():
             yield reference

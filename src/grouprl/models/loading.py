@@ -34,16 +34,12 @@ def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     return found
 
 
-# ---------------------------------------------------------------------------------------------
-# Policy loading
+# ----------------------------------------------------------------------------- Policy loading
 
 
 def ensure_pad_token(tokenizer: Any, model: torch.nn.Module | None = None) -> None:
-    """Give ``tokenizer`` a pad token if it has none (EOS, else UNK, else a new ``<|pad|>`` token
-    with the model's embeddings resized), warning when it had to; mirror it into the model config.
-
-    Padding positions are always masked out, so reusing EOS as the pad token is harmless.
-    """
+    """Give ``tokenizer`` a pad token if it has none (EOS, else UNK, else a new ``<|pad|>`` with the embeddings
+    resized; padding is always masked, so EOS is harmless), warning when it had to; mirror it into the config."""
     if tokenizer.pad_token is None:
         fallback = tokenizer.eos_token or getattr(tokenizer, "unk_token", None)
         if fallback is not None:
@@ -61,12 +57,8 @@ def ensure_pad_token(tokenizer: Any, model: torch.nn.Module | None = None) -> No
 
 
 def _locate(spec: str) -> Path | str:
-    """A bundled model's cache folder, an existing local model folder or file, a Hugging Face id's
-    folder in the local cache, or the id unchanged when the hub can be reached to download it.
-
-    Everything that cannot load fails here, at once: a folder with no model in it, a path that does
-    not exist, an id neither cached nor downloadable (rather than spending half a minute retrying a
-    hub that cannot be reached)."""
+    """A bundled model's cache folder, a local model folder or file, a cached hub id's folder, or the id
+    when the hub can be reached; what cannot load fails here at once, not after half a minute of retries."""
     if spec in BUNDLED:
         return bundled_model_folder(spec)
     local = Path(spec).expanduser()
@@ -140,13 +132,8 @@ def _load_pretrained(where: Path | str, dtype: torch.dtype | None) -> tuple[Any,
 
 def load_policy(spec: str = "smollm2-135m", dtype: torch.dtype | str | None = torch.float32,
                 lora: LoraSettings | None = None) -> tuple[torch.nn.Module, Any]:
-    """(model, tokenizer) for ``spec``: a bundled name (``"smollm2-135m"``), a local folder or
-    ``.gguf`` file, or a Hugging Face id already in the local cache.
-
-    The tokenizer always has a pad token (a warning says when one had to be chosen). With ``lora``
-    the model is a peft model whose adapters alone are trainable. The model is in eval mode, as
-    ``from_pretrained`` leaves it; the trainer switches modes itself.
-    """
+    """(model in eval mode, tokenizer with a pad token) for ``spec``: a bundled name, a local folder or
+    ``.gguf`` file, or a cached Hugging Face id; with ``lora`` a peft model whose adapters alone train."""
     dtype = resolve_dtype(dtype)  # a bad name fails before any file is touched
     model, tokenizer = _load_pretrained(_locate(spec), dtype)
     ensure_pad_token(tokenizer, model)

@@ -56,10 +56,9 @@ def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def store_frozen_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
-    """Store the frozen weights of ``model``'s linear layers (a LoRA model's base) in ``dtype``; returns how
-    many. In bf16 they take half the memory and autocast's per-pass casts none, for the same products. A
-    weight shared with another kind of module (a tied output head) and the biases keep their format, copied
-    out of the memory-mapped file the model may have come from, so the file's pages are let go."""
+    """Store the frozen weights of ``model``'s linear layers (a LoRA base) in ``dtype`` (bf16: half the memory,
+    no per-pass casts); returns how many. Tied weights and biases keep their format, copied out of any
+    memory-mapped file so its pages are let go."""
     shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
     converted = set()
     for module in model.modules():

@@ -175,10 +175,8 @@ class Formats:
 
 def resolve_formats(dtype: str, ref_dtype: str, rollout_dtype: str, device: torch.device | None = None,
                     machine: Machine | None = None, recorded: Formats | None = None) -> Formats:
-    """The formats for ``dtype`` (auto, fp32, bf16), ``ref_dtype`` (auto, fp32, bf16) and ``rollout_dtype`` (auto:
-    as ``dtype``; fp32, bf16 or a weight-only format). What ``auto`` leaves open comes from ``recorded`` (a resumed
-    run's formats) where given, else from the first of :data:`RULES` for ``machine`` (default: this one, computing
-    on ``device``). A forced weight-only format that cannot run here is a ConfigError."""
+    """The formats for ``dtype``, ``ref_dtype`` and ``rollout_dtype``: what ``auto`` leaves open comes from
+    ``recorded`` (a resumed run's) where given, else from :data:`RULES` for ``machine`` (default: this one)."""
     device = device or torch.device("cpu")
     problem = format_problem(rollout_dtype, device) if rollout_dtype != "auto" else None
     if problem:

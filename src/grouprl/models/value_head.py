@@ -1,9 +1,7 @@
-"""PPO's critic for language models: a scalar value head on a transformer body.
-
-The body is a copy of the policy's decoder (the InstructGPT / TRL setup: same features, at the cost of
-a second model and its optimizer state) or the decoder of a separate, usually smaller, model reading
-the same token ids. The value of completion position t is read from the hidden state that predicts
-token t, aligned with the log-probs of :func:`grouprl.rollout.logprobs.token_logprobs`."""
+"""PPO's critic for language models: a scalar value head on a copy of the policy's decoder (InstructGPT /
+TRL) or on a separate, smaller model reading the same ids. The value of completion position t is read from
+the hidden state that predicts token t, aligned with the log-probs.
+"""
 
 from __future__ import annotations
 
