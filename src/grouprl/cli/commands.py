@@ -1,8 +1,5 @@
-"""What each ``grouprl`` command does once its arguments are parsed into a config.
-
-Every function here takes a resolved config and returns what it made; printing is limited to the
-lines a user reads at the end (where the report is, before/after numbers, an eval table), each
-through ``echo`` so tests can capture them.
+"""What each ``grouprl`` command does once its arguments are parsed into a config; what it prints goes
+through ``echo`` so tests can capture it.
 """
 
 from __future__ import annotations
@@ -88,9 +85,8 @@ def _train_claimed(config: TrainConfig, echo: Echo, phase: Echo) -> tuple[dict[s
 
 
 def evaluate_model(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer: Any) -> dict[str, float]:
-    """Held-out metrics of ``policy`` on ``inputs.eval_rows`` (accuracy, pass@k, mean reward, length;
-    for an agent success, return and turns), sampled exactly as the trainer's evaluation samples them
-    (same seeds, same settings)."""
+    """Held-out metrics of ``policy`` on ``inputs.eval_rows``, sampled exactly as the trainer's evaluation
+    samples them (same seeds, same settings)."""
     import torch
 
     from grouprl.models.precision import pinned, resolve_formats

@@ -122,11 +122,9 @@ def _in_child(target: Callable[..., None], *args: Any) -> None:
 
 def run_compare(compare: CompareConfig, base: Any, echo: Callable[[str], None] = print,
                 overwrite: bool = False) -> Path:
-    """Train every (algorithm, seed) of ``compare`` on ``base`` (a TrainConfig, or a ControlConfig
-    when ``compare.env`` is set), then write the table and plots. Returns comparison.md's path.
-
-    Every algorithm's config is built (and so checked), and every run folder checked for an
-    earlier run (replaced with ``overwrite``, refused otherwise), before the first run starts."""
+    """Train every (algorithm, seed) of ``compare`` on ``base`` (a TrainConfig, or a ControlConfig with
+    ``compare.env``), then write the table and plots; returns comparison.md's path. Every config and run
+    folder is checked before the first run starts."""
     out = Path(compare.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     jobs = []

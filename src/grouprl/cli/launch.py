@@ -54,10 +54,8 @@ def launch(config: TrainConfig, nproc: int) -> int:
 
 
 def join_run(config: TrainConfig) -> Any:
-    """This process's :class:`~grouprl.trainer.dist.group.DistEnv` under torchrun with several
-    processes (the process group joined); in one process on a machine with a GPU, a group of that one
-    process, so that the model trains on the GPU through the same placement as a multi-GPU run; None
-    in a one-process run on a CPU (``CUDA_VISIBLE_DEVICES=`` keeps a GPU machine's run there)."""
+    """This process's :class:`~grouprl.trainer.dist.group.DistEnv`: the joined group under torchrun, a group
+    of one on a GPU machine (the multi-GPU placement), None on a CPU (``CUDA_VISIBLE_DEVICES=`` forces it)."""
     from grouprl.trainer.dist.group import init_distributed, one_process_init_method
 
     world = torchrun_world_size()

@@ -1,10 +1,6 @@
-"""The table and plots of ``grouprl compare``, from the run folders it trained.
-
-Per run: the held-out metric (accuracy when the task has a checker, else mean reward; for classic
-control the mean evaluation return), the training reward, KL to the reference (pi_0 for classic
-control), peak resident memory, throughput and wall time, all read from ``metrics.jsonl`` and
-``summary.json``. Seeds of one algorithm are averaged in the table and drawn as separate thin
-lines of one colour in the plots.
+"""The table and plots of ``grouprl compare`` (held-out metric, training reward, KL, peak memory, throughput,
+wall time), read from the run folders it trained; seeds of one algorithm are averaged in the table and drawn
+as thin lines of one colour.
 """
 
 from __future__ import annotations

@@ -218,9 +218,8 @@ PLOT_ORDER = ("reward.png", "accuracy.png", "zero_std.png", "kl.png", "entropy.p
 
 
 def write_plots(records: list[dict[str, Any]], out_dir: Path) -> list[str]:
-    """Write every plot whose metrics are present into ``out_dir``; returns the file names in
-    report order. Plots of this report whose metrics are now absent are removed, so a rerun never
-    leaves a stale image behind."""
+    """Write every plot whose metrics are present into ``out_dir`` and remove those whose metrics are not
+    (no stale image after a rerun); returns the file names in report order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = metric_keys(records)
     written = {name for name, title, panels in _panel_plots(keys)

@@ -53,9 +53,8 @@ def find(name: str, dirs: Sequence[Path] | None = None) -> Allocator | None:
 
 
 def resolve(setting: str, dirs: Sequence[Path] | None = None) -> Allocator | None:
-    """The allocator the ``allocator`` setting asks for: None for ``system`` (the C library's malloc) and
-    for ``auto`` where neither tcmalloc nor jemalloc is installed; a named one that is not installed, or a
-    path that is not a file, is refused with how to install it."""
+    """The allocator the ``allocator`` setting asks for (None: the C library's malloc); a named one not
+    installed, or a path that is not a file, is refused with how to install it."""
     if setting == "system":
         return None
     if setting == "auto":
@@ -102,9 +101,8 @@ def running(maps: str | os.PathLike = "/proc/self/maps") -> Allocator | None:
 
 def preload_environ(setting: str, environ: Mapping[str, str], dirs: Sequence[Path] | None = None,
                     maps: str | os.PathLike = "/proc/self/maps") -> dict[str, str] | None:
-    """The environment to start this command again with, the chosen allocator first in ``LD_PRELOAD``;
-    None when there is nothing to do: ``system``, nothing installed, a registered allocator already
-    loaded (the user's own ``LD_PRELOAD``), or this process is already the second start."""
+    """The environment to start this command again with, the allocator first in ``LD_PRELOAD``; None when
+    there is nothing to do (malloc chosen, one already loaded, or this is already the second start)."""
     if environ.get(PRELOADED) or running(maps) is not None:
         return None
     chosen = resolve(setting, dirs)
@@ -126,9 +124,8 @@ def restart_with_allocator(setting: str, command: Sequence[str]) -> None:
 
 
 def restart_command(setting: str, is_program: bool) -> None:
-    """Start the ``grouprl`` command line this process runs again, once, under the allocator ``setting``
-    picks; only when ``is_program`` (it runs as the program), never when the command's ``main`` was called
-    from Python (a test, a script), whose process is not the command's to replace."""
+    """Start this ``grouprl`` command again, once, under the allocator ``setting`` picks; only when
+    ``is_program``: a process whose ``main`` was called from Python is not the command's to replace."""
     if is_program:
         restart_with_allocator(setting, [sys.executable, "-m", "grouprl", *sys.argv[1:]])
 

@@ -175,9 +175,8 @@ def remove_run_files(folder: Path) -> None:
 
 def claim_output_dir(folder: str | Path, *, resume_from: str | None = None, overwrite: bool = False,
                      echo: Callable[[str], None] = print) -> tuple[FolderLock, bool]:
-    """Claim ``folder`` for a run; returns (the lock, whether a resume is possible). Refuses a folder in
-    use, one holding files no run wrote, and one holding a run unless resuming it (or ``overwrite``,
-    which replaces the run's own files). The caller releases the lock when the run ends."""
+    """Claim ``folder`` for a run by the rules of the module docstring; returns (the lock, whether a resume
+    is possible). The caller releases the lock when the run ends."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     lock = FolderLock(out).acquire(echo)
@@ -214,10 +213,8 @@ in it without claiming it again."""
 @contextlib.contextmanager
 def claimed(config: Any, *, overwrite: bool = False, echo: Callable[[str], None] = print,
             claim: bool = True) -> Iterator[Any]:
-    """``config`` (a run config with ``output_dir`` and ``resume_from``) with its folder claimed for the
-    duration; a ``resume_from: latest`` of a folder with nothing to resume starts afresh. With
-    ``claim`` False (a process whose parent or first rank holds the folder) nothing is checked. Inside,
-    SIGTERM and SIGINT raise :class:`~grouprl.errors.Interrupted` (:mod:`grouprl.run.signals`)."""
+    """``config`` with its ``output_dir`` claimed for the duration (``claim`` False: a parent or first rank
+    holds it); ``resume_from: latest`` with nothing to resume starts afresh; signals raise ``Interrupted``."""
     folder = Path(config.output_dir)
     with interrupts():  # SIGTERM, like SIGINT, unwinds through here: the lock is released on the way out
         if not claim or os.environ.get(CLAIMED_BY_PARENT) == str(folder.resolve()):

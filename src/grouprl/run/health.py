@@ -1,12 +1,7 @@
-"""Early signs that a run is going wrong, read from its own metrics while it trains, before held-out
-accuracy shows it. The progress bar names an active sign, the log prints each the step it first
-fires, and the report lists them (replayed from ``metrics.jsonl`` by the same rules).
-
-The signs: the entropy of the policy's tokens collapsing against its start; per-token KL jumping
-against its recent median; several steps in a row where nearly every group's rewards are equal (zero
-advantage: the task is too easy or too hard for the policy as it now is); a masking rollout
-correction (``icepop``, ``sequence-mask``) dropping most of the batch because its band is narrower
-than the rollout engine's mismatch."""
+"""Early signs that a run is going wrong, read from its own metrics before held-out accuracy shows it:
+entropy collapsing against its start, per-token KL jumping against its recent median, steps in a row where
+nearly every group's rewards are equal, a masking rollout correction dropping most of the batch. The bar,
+the log and the report (replaying ``metrics.jsonl`` by the same rules) name them."""
 
 from __future__ import annotations
 

@@ -25,12 +25,9 @@ def _plain(value: Any) -> Any:
 
 
 RECORD_TEXT_CAP = 16_000
-"""Characters of text one completions.jsonl record keeps at most (one completion with its prompt, or an
-agent's whole trajectory): an environment's observation of megabytes must not make every step write
-megabytes. Over the cap, the record's strings share it by a water level (the shortest kept whole, the
-rest cut to one length); a cut string keeps its first and last halves around :data:`CUT_MARK`. Strings
-of up to :data:`KEPT_WHOLE` characters are never cut, so a record holds at most the cap, plus that much
-per string, plus a marker per cut string."""
+"""Characters of text one completions.jsonl record keeps at most, so an observation of megabytes does not
+make every step write megabytes. Over the cap the strings share it by a water level (the shortest kept
+whole); a cut string keeps its two ends around :data:`CUT_MARK`, and none is cut below :data:`KEPT_WHOLE`."""
 KEPT_WHOLE = 64
 CUT_MARK = "[... {} characters cut ...]"
 """Stands, in a logged text, for the middle that :data:`RECORD_TEXT_CAP` cut (with how many characters)."""
@@ -100,15 +97,9 @@ def _whole(line: bytes) -> bool:
 
 
 class JsonlLog:
-    """An append-only JSON-lines file that keeps nothing in memory.
-
-    Each :meth:`append` opens the file in append mode, writes its lines at once, flushes and fsyncs: a
-    step costs the bytes it logs, whatever the file already holds. A kill can tear only the lines of
-    the last append: opening the log (on resume) cuts off whatever at its end is not whole JSON lines,
-    so the next append starts on a line of its own; :meth:`records` and the report skip a torn last
-    line too. ``truncate_after(step)`` (a resume from an earlier checkpoint) drops the lines logged
-    after ``step``, rewriting the file through a temporary one. ``text_cap``: characters of text each
-    record keeps at most (:func:`cap_text`; None = all).
+    """An append-only JSON-lines file that keeps nothing in memory: each :meth:`append` writes, flushes and
+    fsyncs its lines at once, so a kill tears only the last append, which opening the log cuts off.
+    ``text_cap``: characters of text each record keeps at most (:func:`cap_text`; None = all).
     """
 
     def __init__(self, path: Path, text_cap: int | None = None):
@@ -196,12 +187,8 @@ SHOWN_WHEN_PRESENT = (("env/success", "success", "{:.2f}"), ("env/turns_mean", "
 
 
 class Progress:
-    """Each step on the console: step, reward, KL, a rate (tokens/s by default), and an agent's success rate
-    and turns when the run has them: a live rich bar on a terminal, otherwise (a pipe, a scheduler's log)
-    one plain line per step as it ends. Silent when disabled.
-
-    ``label`` names the run; ``rate`` is (metric key, unit) of the rate shown (a classic-control run shows
-    environment steps per second). ``console``: the rich console to draw on (default: standard output's)."""
+    """Each step on the console (step, reward, KL, ``rate`` = (metric key, unit), an agent's success and
+    turns): a live rich bar on a terminal, one plain line per step otherwise; silent when disabled."""
 
     def __init__(self, total: int, start: int, enabled: bool, label: str = "grpo",
                  rate: tuple[str, str] = ("throughput/tokens_per_s", "tok/s"), console: Any = None):
@@ -289,11 +276,8 @@ class PhaseTimer:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process in MiB.
-
-    Linux's ``VmHWM`` where there is one: ``ru_maxrss`` survives ``execve``, so a process spawned
-    by a large parent (``grouprl compare``, a benchmark's workers) would report the parent's peak.
-    """
+    """Peak resident memory of this process in MiB: Linux's ``VmHWM`` where there is one, since ``ru_maxrss``
+    survives ``execve`` and would report a large parent's peak."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:

@@ -1,10 +1,6 @@
-"""The training loop every trainer shares, language-model or classic-control: evaluate before,
-``step()`` until done (logging each step's metrics, evaluating and checkpointing on schedule),
-evaluate after, save, write ``summary.json``.
-
-A trainer is anything with the attributes and methods of :class:`Run`; :func:`run_loop` drives it.
-When the loop stops and when it evaluates are the trainer's to say, so a trainer whose budget is
-counted in environment steps uses the same loop.
+"""The training loop every trainer shares, language-model or classic-control: evaluate before, ``step()``
+until done (logging, evaluating and checkpointing on schedule), evaluate after, save, write ``summary.json``.
+The trainer (:class:`Run`) says when to stop and evaluate, so an env-step budget uses the same loop.
 """
 
 from __future__ import annotations

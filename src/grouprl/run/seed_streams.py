@@ -1,10 +1,7 @@
-"""Every random choice of a run, derived from its seed and where the choice is made.
-
-A run is a function of its seed, not of how it is split: the prompt order depends on (seed, epoch),
-a completion's draws on (seed, step, round, the prompt's place in the step's batch, its sample
-index), an evaluation sample's on (seed, the held-out prompt, its sample index), a minibatch
-shuffle on (seed, step, pass). None of them depends on the number of processes, the micro-batch
-size or which rows happened to finish first, so a run reproduces on a machine of another size.
+"""Every random choice of a run, derived from its seed and where the choice is made (prompt order from
+(seed, epoch), a completion's draws from (seed, step, round, prompt place, sample), a shuffle from (seed,
+step, pass)), never from the number of processes or the micro-batch size: a run reproduces on a machine of
+another size.
 """
 
 from __future__ import annotations

@@ -100,9 +100,8 @@ class StopOnSignal:
 
     def finish(self, signalled: bool, save: Callable[[], Any], step: int,
                echo: Callable[[str], None] | None) -> None:
-        """At the loop's end: when ``signalled`` (this process or another of the run got a signal), save a
-        checkpoint of ``step`` (``save()``; none before the first step), say so (``echo``: None in a process
-        that prints nothing) and raise ``Interrupted``."""
+        """At the loop's end, when any process of the run got a signal: save a checkpoint of ``step`` (none
+        before the first step), say so through ``echo`` (if any) and raise ``Interrupted``."""
         if not signalled:
             return
         signum = self.signum or signal.SIGTERM

@@ -1,10 +1,5 @@
-"""Where a run's metrics go: a registry of sinks, chosen by the ``loggers`` config key.
-
-metrics.jsonl in the run folder is always written (the report, resume and ``grouprl compare`` read
-it); ``loggers`` adds others. Each sink is a class of :class:`~grouprl.run.loggers.base.Sink`'s shape
-in a module of its own, importing its package only when opened, so checking a config imports none of
-them. Adding one is two files: the sink's module and its line below (plus its package as an extra in
-pyproject.toml).
+"""Where a run's metrics go: a registry of sinks chosen by the ``loggers`` key, beside the metrics.jsonl
+every run writes. Each sink imports its package only when opened, so checking a config imports none.
 """
 
 from __future__ import annotations
