@@ -8,8 +8,7 @@ ERROR_TEXT_CHARS = 300
 
 
 class ConfigError(ValueError):
-    """Bad configuration input. The message is one paragraph for the user (the CLI prints it
-    without a traceback) and names the key, file or argument at fault."""
+    """Bad configuration input; the message names the key, file or argument at fault."""
 
 
 class DataError(ValueError):
@@ -42,18 +41,15 @@ class DistributedError(RuntimeError):
 
 
 class NonFiniteError(RuntimeError):
-    """Training produced a NaN or infinite loss or gradient; the update was not applied. The message
-    names the step and says that the checkpoints already written are intact."""
+    """A NaN or infinite loss or gradient; the update was not applied, the checkpoints are intact."""
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be used (a file damaged or missing); names the file and the checkpoint
-    before it."""
+    """A checkpoint with a file damaged or missing; names the file and the checkpoint before it."""
 
 
 class EnvError(ValueError):
-    """A text environment failed every trajectory of a batch (at reset or at a step); names the
-    environment, a seed it failed on and its error."""
+    """A text environment failed every trajectory of a batch; names it, a seed it failed on and its error."""
 
 
 class Interrupted(KeyboardInterrupt):

@@ -162,10 +162,6 @@ class RolloutBatch:
                 changes[f.name] = {k: [v[i] for i in rows_l] for k, v in value.items()}
         return replace(self, **changes)
 
-    def select_groups(self, groups: torch.Tensor | list[int]) -> RolloutBatch:
-        """Keep whole groups (indices into 0..num_groups-1), in the given order."""
-        return self.select_rows(self.rows_of_groups(groups))
-
     @staticmethod
     def cat(batches: list[RolloutBatch]) -> RolloutBatch:
         """Concatenate batches of the same G along rows, re-padding prompts (left) and
