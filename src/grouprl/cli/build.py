@@ -279,7 +279,7 @@ def load_model(spec: str, seed: int) -> tuple[Any, Any]:
 
 
 def build_trainer(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer: Any, env: Any = None,
-                  run_config: Any = None) -> Any:
+                  run_config: TrainConfig | None = None) -> Any:
     """The trainer of ``config.algo`` for ``config``: in one process, or in the torchrun run ``env``
     (a :class:`~grouprl.trainer.dist.group.DistEnv`); the trainer picks its rollout engine
     (``rollout_engine``). ``run_config`` is what config.yaml records (default: ``config``)."""

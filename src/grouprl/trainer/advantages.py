@@ -8,22 +8,25 @@ charged to each completion's reward, r_i - beta * sum_t KL_it. All-equal groups 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grouprl.algos import compute_advantages, constant_rows, kl_per_token
-from grouprl.algos.advantages import ADVANTAGES, COMPLETION, STEP
+from grouprl.algos.group_advantages import ADVANTAGES, COMPLETION, STEP
 from grouprl.registry import Registry
 from grouprl.trainer.collect import Collected
 from grouprl.trainer.steps import StepGroupBaseline
 from grouprl.trainer.update import UpdateBatch
 
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
+
 
 class GroupBaseline:
     """Group-relative advantages (``[B]``); ``reduce`` sums a batch std over processes."""
 
-    def __init__(self, config: Any, reduce: Any):
+    def __init__(self, config: TrainerConfig, reduce: Any):
         self.config, self.reduce = config, reduce
 
     def rows_in_loss(self, got: Collected, mask: torch.Tensor) -> torch.Tensor:
@@ -61,12 +64,12 @@ class GroupBaseline:
 
 
 BASELINES: Registry = Registry("advantage level")
-"""The level an estimator declares (:attr:`grouprl.algos.advantages.Estimator.level`) -> the baseline class
+"""The level an estimator declares (:attr:`grouprl.algos.group_advantages.Estimator.level`) -> the baseline class
 that computes it: per completion (or trajectory) here, per policy turn in :mod:`grouprl.trainer.steps`."""
 BASELINES.register(COMPLETION, GroupBaseline)
 BASELINES.register(STEP, StepGroupBaseline)
 
 
-def make_baseline(config: Any, reduce: Any) -> Any:
+def make_baseline(config: TrainerConfig, reduce: Any) -> Any:
     """The group baseline of ``config.advantage_estimator``, by the level its registry entry declares."""
     return BASELINES.get(ADVANTAGES.get(config.advantage_estimator).level)(config, reduce)

@@ -41,7 +41,7 @@ def check(config: TrainerConfig, *more: Callable[[Any], list[str]]) -> None:
         raise ConfigError("; ".join(found))
 
 
-def problems(c: Any) -> list[str]:
+def problems(c: TrainerConfig) -> list[str]:
     """All problems of trainer config ``c`` (empty when it is usable)."""
     if c.algo not in ALGORITHMS:
         ALGORITHMS.get(c.algo)  # raises with the closest valid names
@@ -52,7 +52,7 @@ def problems(c: Any) -> list[str]:
             + _trust_region_problems(c) + _gigpo_problems(c) + _estimator_problems(c) + variant_problems(c))
 
 
-def _algorithm_problems(c: Any, algo: Algorithm) -> list[str]:
+def _algorithm_problems(c: TrainerConfig, algo: Algorithm) -> list[str]:
     """Keys another algorithm owns set away from their defaults, and a contradicted definition."""
     out = []
     defaults = {f.name: f.default for f in dataclasses.fields(c) if f.default is not dataclasses.MISSING}
@@ -67,7 +67,7 @@ def _algorithm_problems(c: Any, algo: Algorithm) -> list[str]:
     return out
 
 
-def _registry_problems(c: Any) -> list[str]:
+def _registry_problems(c: TrainerConfig) -> list[str]:
     checks: list[tuple[str, Any, Registry | tuple[str, ...]]] = [
         ("advantage", c.advantage_estimator, ADVANTAGES),
         ("advantage_scale", c.advantage_scale or "group", SCALES),
@@ -86,7 +86,7 @@ def _registry_problems(c: Any) -> list[str]:
             if value not in valid]
 
 
-def _range_problems(c: Any) -> list[str]:
+def _range_problems(c: TrainerConfig) -> list[str]:
     """Numbers that torch or the sampler would reject deep inside a run (or, worse, accept)."""
     out = []
     if not (math.isfinite(c.lr) and c.lr > 0):
@@ -115,7 +115,7 @@ def _range_problems(c: Any) -> list[str]:
     return out
 
 
-def _batch_problems(c: Any) -> list[str]:
+def _batch_problems(c: TrainerConfig) -> list[str]:
     out = []
     if c.group_size < 2:
         out.append(f"group_size={c.group_size}: GRPO compares completions of the same prompt, set group_size >= 2")
@@ -134,7 +134,7 @@ def _batch_problems(c: Any) -> list[str]:
     return out
 
 
-def _objective_problems(c: Any) -> list[str]:
+def _objective_problems(c: TrainerConfig) -> list[str]:
     out = []
     if not (math.isfinite(c.beta) and c.beta >= 0):
         out.append(f"beta={c.beta} must be >= 0")
@@ -155,7 +155,7 @@ def _objective_problems(c: Any) -> list[str]:
     return out
 
 
-def _sampling_problems(c: Any) -> list[str]:
+def _sampling_problems(c: TrainerConfig) -> list[str]:
     out = []
     if c.temperature <= 0 and c.rollout_mode == "sample":
         out.append(f"temperature={c.temperature}: greedy sampling makes every group G identical completions "
@@ -178,7 +178,7 @@ def _sampling_problems(c: Any) -> list[str]:
     return out
 
 
-def _scale_out_problems(c: Any) -> list[str]:
+def _scale_out_problems(c: TrainerConfig) -> list[str]:
     out = []
     if not 0 < c.vllm_gpu_memory_utilization < 1:
         out.append(f"vllm_gpu_memory_utilization={c.vllm_gpu_memory_utilization} must be in (0, 1)")
@@ -201,7 +201,7 @@ def _scale_out_problems(c: Any) -> list[str]:
     return out + _async_problems(c)
 
 
-def _async_problems(c: Any) -> list[str]:
+def _async_problems(c: TrainerConfig) -> list[str]:
     k = c.max_staleness
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         return [f"max_staleness={k!r} must be a whole number >= 0 (0 = synchronous)"]
@@ -220,7 +220,7 @@ def _async_problems(c: Any) -> list[str]:
     return out
 
 
-def _critic_problems(c: Any) -> list[str]:
+def _critic_problems(c: TrainerConfig) -> list[str]:
     out = []
     if not 0 < c.gamma <= 1 or not 0 <= c.gae_lambda <= 1:
         out.append(f"gamma={c.gamma} must be in (0, 1] and gae_lambda={c.gae_lambda} in [0, 1]")
@@ -229,7 +229,7 @@ def _critic_problems(c: Any) -> list[str]:
     return out
 
 
-def _trust_region_problems(c: Any) -> list[str]:
+def _trust_region_problems(c: TrainerConfig) -> list[str]:
     out = []
     if c.max_kl <= 0 or c.damping < 0 or c.cg_iters < 1 or c.backtracks < 1 or c.fisher_stride < 1:
         out.append("max_kl must be > 0, damping >= 0, and cg_iters, backtracks, fisher_stride >= 1")
@@ -246,7 +246,7 @@ def _trust_region_problems(c: Any) -> list[str]:
     return out
 
 
-def _gigpo_problems(c: Any) -> list[str]:
+def _gigpo_problems(c: TrainerConfig) -> list[str]:
     out = []
     if not (math.isfinite(c.gigpo_step_weight) and c.gigpo_step_weight >= 0):
         out.append(f"gigpo_step_weight={c.gigpo_step_weight} must be >= 0")
@@ -257,7 +257,7 @@ def _gigpo_problems(c: Any) -> list[str]:
     return out
 
 
-def _estimator_problems(c: Any) -> list[str]:
+def _estimator_problems(c: TrainerConfig) -> list[str]:
     """A scale the estimator does not take (its registry entry lists the ones it does)."""
     if c.advantage_estimator not in ADVANTAGES:
         return []  # named by _registry_problems

@@ -11,7 +11,7 @@ the baseline is the critic. Rows whose reward is None are left out of the loss."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from grouprl.trainer.collect import Collected
 from grouprl.trainer.policy import model_device_type
 from grouprl.trainer.update import UpdateBatch
 from grouprl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
 
 
 def token_rewards(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor, beta: float) -> torch.Tensor:
@@ -54,7 +57,7 @@ class Critic:
     ``backbone``: a model whose decoder carries the value head (default: a copy of the policy's
     decoder, or ``config.critic_model`` loaded when it is not ``copy``)."""
 
-    def __init__(self, config: Any, policy: torch.nn.Module, backbone: torch.nn.Module | None = None):
+    def __init__(self, config: TrainerConfig, policy: torch.nn.Module, backbone: torch.nn.Module | None = None):
         c = self.config = config
         if backbone is None and c.critic_model != "copy":
             backbone, _ = load_policy(c.critic_model)

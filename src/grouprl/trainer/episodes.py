@@ -6,7 +6,7 @@ chat template rewrote history) is dropped, so its group is one smaller."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ from grouprl.trainer.evaluate import EVAL_BATCH
 from grouprl.trainer.judging import apply_judge
 from grouprl.trainer.sampling import rollout_params
 from grouprl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
 
 DROPPED = ("error", "template")
 """End reasons whose trajectories carry no usable signal and leave the batch."""
@@ -46,7 +49,7 @@ class EnvCollector:
     """
 
     def __init__(self, sampler: Any, rows: Sequence[dict[str, Any]], env: Callable[[], Any], tools: Sequence[Any],
-                 reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: Any,
+                 reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: TrainerConfig,
                  share: Callable[[int], tuple[int, int]], judge: Any = None, judge_weight: float | None = None):
         self.sampler, self.rows, self.env, self.tools = sampler, list(rows), env, list(tools)
         self.reward_fns, self.reward_weights = list(reward_fns), list(reward_weights)

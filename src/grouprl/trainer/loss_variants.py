@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grouprl.algos import POLICY_LOSSES
 from grouprl.algos.rollout_correction import ROLLOUT_IS_LEVELS, rollout_is_weights
 from grouprl.trainer.algorithms import ALGORITHMS
+
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
 
 POLICY_LOSS_KEYS: dict[str, dict[str, str]] = {
     "clip": {"eps_low": "eps_low", "eps_high": "eps_high", "dual_clip": "dual_clip", "importance_level": "level"},
@@ -34,12 +37,12 @@ ROLLOUT_IS_KEYS: dict[str, dict[str, str]] = {
 token or to none); ``none`` reads none."""
 
 
-def policy_options(c: Any) -> dict[str, Any]:
+def policy_options(c: TrainerConfig) -> dict[str, Any]:
     """The keyword numbers of ``c.policy_loss``'s function, from config ``c``."""
     return {arg: getattr(c, key) for key, arg in POLICY_LOSS_KEYS[c.policy_loss].items()}
 
 
-def rollout_correction(c: Any, train_logp: torch.Tensor, rollout_logp: torch.Tensor,
+def rollout_correction(c: TrainerConfig, train_logp: torch.Tensor, rollout_logp: torch.Tensor,
                        mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``(weights [B,T], metrics)`` of the rollout correction ``c.rollout_is`` resolves to (not none)."""
     level = c.rollout_is_level
@@ -51,7 +54,8 @@ def _readers(table: dict[str, dict[str, str]], key: str) -> list[str]:
     return [name for name, keys in table.items() if key in keys]
 
 
-def _stray_keys(c: Any, field: str, chosen: str, reads: set[str], table: dict[str, dict[str, str]]) -> list[str]:
+def _stray_keys(c: TrainerConfig, field: str, chosen: str, reads: set[str],
+                table: dict[str, dict[str, str]]) -> list[str]:
     """Keys of ``table`` that ``chosen`` does not read, set away from their defaults."""
     defaults = {f.name: f.default for f in dataclasses.fields(c) if f.default is not dataclasses.MISSING}
     out = []
@@ -63,7 +67,7 @@ def _stray_keys(c: Any, field: str, chosen: str, reads: set[str], table: dict[st
     return out
 
 
-def variant_problems(c: Any) -> list[str]:
+def variant_problems(c: TrainerConfig) -> list[str]:
     """Problems of config ``c``'s loss variants: unknown names, numbers out of range, another variant's keys
     set, and a variant the algorithm's update does not apply."""
     if c.policy_loss not in POLICY_LOSS_KEYS:
@@ -81,7 +85,7 @@ def variant_problems(c: Any) -> list[str]:
     return out
 
 
-def _range_problems(c: Any) -> list[str]:
+def _range_problems(c: TrainerConfig) -> list[str]:
     out = []
     if not (0 < c.top_entropy_quantile <= 1):
         out.append(f"top_entropy_quantile={c.top_entropy_quantile} must be in (0, 1] (1 = every token)")

@@ -5,7 +5,7 @@ through the process group's forward, and the reference moved towards the policy 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -16,8 +16,11 @@ from grouprl.models.casts import lean_casts
 from grouprl.rollout.logprobs import token_logprobs
 from grouprl.types import RolloutBatch
 
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
 
-def prepare_policy(policy: nn.Module, config: Any) -> nn.Module:
+
+def prepare_policy(policy: nn.Module, config: TrainerConfig) -> nn.Module:
     """``policy`` with LoRA adapters (``lora_rank`` > 0, unless it already has some; their random start
     drawn from ``seed``) and gradient checkpointing (``gradient_checkpointing``, resolved) as configured; without
     the latter, its norms and MLPs keep fewer activations (:mod:`grouprl.models.activations`: the same
@@ -35,7 +38,7 @@ def prepare_policy(policy: nn.Module, config: Any) -> nn.Module:
     return policy
 
 
-def default_reference(policy: nn.Module, config: Any) -> nn.Module | None:
+def default_reference(policy: nn.Module, config: TrainerConfig) -> nn.Module | None:
     """A frozen copy of ``policy`` when the objective has a KL term and the policy has no LoRA base
     to fall back on; None otherwise."""
     if not config.needs_reference or is_peft(policy):
@@ -43,7 +46,7 @@ def default_reference(policy: nn.Module, config: Any) -> nn.Module | None:
     return make_reference(policy, torch.bfloat16 if config.reference_bf16 else None)
 
 
-def bf16_base_fits(policy: nn.Module, config: Any, processes: Any, own_weights: bool) -> bool:
+def bf16_base_fits(policy: nn.Module, config: TrainerConfig, processes: Any, own_weights: bool) -> bool:
     """Whether a LoRA policy's frozen linear weights can be stored in bf16
     (:func:`grouprl.models.store_frozen_linears`): every pass that reads them runs in bf16 (training and
     log-prob passes under autocast; rollouts from bf16 weights, or in an engine with its own copy of the
@@ -86,7 +89,7 @@ class PolicyPasses:
     ``forward_model`` wraps a model for the pass (the process group's: the identity in one process,
     one whole forward across several)."""
 
-    def __init__(self, policy: nn.Module, reference: nn.Module | None, config: Any, forward_model: Any,
+    def __init__(self, policy: nn.Module, reference: nn.Module | None, config: TrainerConfig, forward_model: Any,
                  in_step: bool = False):
         self.policy, self.reference, self.config = policy, reference, config
         self.forward_model, self.in_step = forward_model, in_step

@@ -6,7 +6,7 @@ which it has."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -18,13 +18,16 @@ from grouprl.trainer.inputs import RunInputs
 from grouprl.trainer.rollout_plan import RolloutPlan, build_rollout
 from grouprl.trainer.sampling import eval_params
 
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
+
 Share = Callable[[int], tuple[int, int]]
 
 
 class PromptSource:
     """One completion per prompt: prompts encoded once (a too-long one is an error naming its row)."""
 
-    def __init__(self, config: Any, inputs: RunInputs, policy: nn.Module, tokenizer: Any, plan: RolloutPlan,
+    def __init__(self, config: TrainerConfig, inputs: RunInputs, policy: nn.Module, tokenizer: Any, plan: RolloutPlan,
                  sampler: Any, share: Share):
         c = config
         enc = dict(system_prompt=c.system_prompt if c.system_prompt is not None else inputs.system_prompt,
@@ -52,7 +55,7 @@ class PromptSource:
 class EnvSource:
     """Trajectories in environments, decoded together on the KV cache (:mod:`grouprl.rollout.agent`)."""
 
-    def __init__(self, config: Any, inputs: RunInputs, policy: nn.Module, tokenizer: Any, plan: RolloutPlan,
+    def __init__(self, config: TrainerConfig, inputs: RunInputs, policy: nn.Module, tokenizer: Any, plan: RolloutPlan,
                  sampler: Any, share: Share):
         from grouprl.envs.tools import tools_system_prompt
         from grouprl.rollout.agent import AgentSampler, ChatRenderer
@@ -83,8 +86,8 @@ class EnvSource:
                                  k=c.eval_samples, seed=c.seed, first=first)
 
 
-def make_source(config: Any, inputs: RunInputs, policy: nn.Module, tokenizer: Any, plan: RolloutPlan, sampler: Any,
-                share: Share) -> PromptSource | EnvSource:
+def make_source(config: TrainerConfig, inputs: RunInputs, policy: nn.Module, tokenizer: Any, plan: RolloutPlan,
+                sampler: Any, share: Share) -> PromptSource | EnvSource:
     """The experience source ``inputs`` call for: environments when they name one, else prompts; its engine is
     the one ``plan`` names (:func:`~grouprl.trainer.rollout_plan.build_rollout`), or ``sampler`` where given."""
     kind = PromptSource if inputs.env is None else EnvSource

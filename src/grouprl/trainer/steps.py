@@ -11,7 +11,7 @@ in the completion mask is one turn."""
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,9 @@ from grouprl.algos import kl_per_token
 from grouprl.algos.gigpo import gigpo_advantages, step_group_ids
 from grouprl.trainer.collect import Collected
 from grouprl.trainer.update import UpdateBatch
+
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
 
 
 def token_turns(policy_mask: torch.Tensor) -> torch.Tensor:
@@ -61,7 +64,7 @@ def key_ids(keys: list[list[Any]], groups: list[int], similarity: float | None) 
 class StepGroupBaseline:
     """GiGPO's advantages ``[B, T]`` (one value per policy turn); see the module docstring."""
 
-    def __init__(self, config: Any, reduce: Any):
+    def __init__(self, config: TrainerConfig, reduce: Any):
         self.config = config
 
     def rows_in_loss(self, got: Collected, mask: torch.Tensor) -> torch.Tensor:

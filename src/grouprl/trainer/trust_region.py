@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -33,6 +33,9 @@ from grouprl.rollout.runner import positions_from_mask
 from grouprl.trainer.policy import PolicyPasses
 from grouprl.trainer.update import UpdateBatch
 from grouprl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
 
 
 def full_logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -64,7 +67,7 @@ class _Surrogate:
     """TRPO's surrogate and trust-region KL on one rollout, micro-batch by micro-batch, with the whole
     batch's denominators."""
 
-    def __init__(self, config: Any, data: UpdateBatch, beta: float):
+    def __init__(self, config: TrainerConfig, data: UpdateBatch, beta: float):
         c, mask = config, data.mask
         self.config, self.data, self.beta = config, data, beta
         self.adv = data.advantages if data.advantages.dim() == 2 else data.advantages.unsqueeze(-1).expand_as(mask)
@@ -91,7 +94,7 @@ class _Surrogate:
 class TrustRegionUpdate:
     """One natural-gradient step on the whole rollout; see the module docstring. Holds no optimizer."""
 
-    def __init__(self, config: Any, passes: PolicyPasses, processes: Any, critic: Any = None):
+    def __init__(self, config: TrainerConfig, passes: PolicyPasses, processes: Any, critic: Any = None):
         self.config, self.passes = config, passes
 
     def checkpoint_parts(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ selection, whose quantile is taken over the whole minibatch by one no-gradient p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,9 @@ from grouprl.trainer.loss_variants import policy_options, rollout_correction
 from grouprl.trainer.metrics import MetricAverager
 from grouprl.trainer.policy import PolicyPasses, micro_batches
 from grouprl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
 
 
 @dataclass
@@ -72,7 +75,7 @@ class ClippedSurrogateUpdate:
         critic: PPO's critic, or None.
     """
 
-    def __init__(self, config: Any, passes: PolicyPasses, processes: Any, critic: Any = None):
+    def __init__(self, config: TrainerConfig, passes: PolicyPasses, processes: Any, critic: Any = None):
         self.config, self.passes, self.processes, self.critic = config, passes, processes, critic
         c = config
         steps_per_step = c.mu * (c.rollout_rows // c.minibatch_rows)
