@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grouprl.algos import compute_advantages, constant_groups, constant_rows, rank_advantages
-from grouprl.algos.advantages import completion_estimators
+from grouprl.algos.group_advantages import completion_estimators
 
 NAN = float("nan")
 

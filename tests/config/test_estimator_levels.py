@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from grouprl.algos.advantages import ADVANTAGES, COMPLETION, STEP, Estimator, completion_estimators
+from grouprl.algos.group_advantages import ADVANTAGES, COMPLETION, STEP, Estimator, completion_estimators
 from grouprl.config import TrainConfig, check
 from grouprl.trainer.advantages import GroupBaseline, make_baseline
 from grouprl.trainer.config import TrainerConfig

@@ -4,7 +4,9 @@ Imports only torch (and the name registry), never transformers or the file syste
 formula here is tested in milliseconds against hand-worked numbers.
 """
 
-from grouprl.algos.advantages import (
+from grouprl.algos.aggregate import AGGREGATIONS, aggregate, masked_mean
+from grouprl.algos.gae import discounted_returns, gae, nstep_returns, whiten
+from grouprl.algos.group_advantages import (
     ADVANTAGES,
     SCALES,
     compute_advantages,
@@ -15,8 +17,6 @@ from grouprl.algos.advantages import (
     reinforce_advantages,
     rloo_advantages,
 )
-from grouprl.algos.aggregate import AGGREGATIONS, aggregate, masked_mean
-from grouprl.algos.gae import discounted_returns, gae, nstep_returns, whiten
 from grouprl.algos.groups import ByIds, Contiguous, make_groups
 from grouprl.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_per_token
 from grouprl.algos.losses import (
@@ -27,9 +27,7 @@ from grouprl.algos.losses import (
     grpo_loss,
     value_loss,
 )
-from grouprl.algos.policy_losses import cispo_loss, gmpo_loss, sapo_loss
-from grouprl.algos.token_selection import entropy_threshold, top_entropy_weights
-from grouprl.algos.trust_region import (
+from grouprl.algos.natural_gradient import (
     backtracking_line_search,
     conjugate_gradient,
     fisher_vector_product,
@@ -39,6 +37,8 @@ from grouprl.algos.trust_region import (
     set_flat_params,
     trpo_step,
 )
+from grouprl.algos.policy_losses import cispo_loss, gmpo_loss, sapo_loss
+from grouprl.algos.token_selection import entropy_threshold, top_entropy_weights
 
 __all__ = [
     "ADVANTAGES", "AGGREGATIONS", "ByIds", "Contiguous", "IMPORTANCE_LEVELS", "KL_ESTIMATORS", "POLICY_LOSSES",

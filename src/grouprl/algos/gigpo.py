@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from grouprl.algos.advantages import compute_advantages
 from grouprl.algos.gae import discounted_returns
+from grouprl.algos.group_advantages import compute_advantages
 
 
 def step_group_ids(episode_groups: torch.Tensor, step_keys: torch.Tensor, step_mask: torch.Tensor) -> torch.Tensor:

@@ -86,7 +86,7 @@ def _split_problems(c: TrainConfig) -> list[str]:
 
 def _agent_problems(c: TrainConfig) -> list[str]:
     """Keys that need an environment, and what an environment rules out."""
-    from grouprl.algos.advantages import ADVANTAGES, STEP
+    from grouprl.algos.group_advantages import ADVANTAGES, STEP
 
     if not c.env:
         per_step = c.advantage in ADVANTAGES and ADVANTAGES.get(c.advantage).level == STEP

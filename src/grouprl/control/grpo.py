@@ -13,8 +13,8 @@ import copy
 import torch
 
 from grouprl.algos import compute_advantages, constant_groups, grpo_loss
-from grouprl.algos.advantages import ADVANTAGES, STEP
 from grouprl.algos.gigpo import gigpo_advantages, rounded_state_keys
+from grouprl.algos.group_advantages import ADVANTAGES, STEP
 from grouprl.control.base import Averager, ControlAlgorithm
 from grouprl.control.batch import EnvBatch
 from grouprl.control.policies import Agent
