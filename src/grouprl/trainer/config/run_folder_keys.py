@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 @dataclass
 class EvaluationKeys:
-    """Held-out evaluation."""
-
     SECTION = "evaluation"
 
     eval_every: int = 0
@@ -21,8 +19,6 @@ class EvaluationKeys:
 
 @dataclass
 class RunFolderKeys:
-    """The run folder: logs, checkpoints, resume."""
-
     SECTION = "run folder (logs, checkpoints)"
 
     output_dir: str = "runs/grpo"

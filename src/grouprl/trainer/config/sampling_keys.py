@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 @dataclass
 class PromptKeys:
-    """How prompts are rendered."""
-
     SECTION = "model and data"
 
     max_prompt_len: int = 512
@@ -21,8 +19,6 @@ class PromptKeys:
 
 @dataclass
 class SamplingKeys:
-    """The rollout's shape and sampler."""
-
     SECTION = "sampling"
 
     prompts_per_step: int = 4
@@ -51,8 +47,6 @@ class SamplingKeys:
 
 @dataclass
 class AgentKeys:
-    """The budgets of multi-turn trajectories (max_new_tokens is then per turn)."""
-
     SECTION = "agents (environments and tools)"
 
     max_turns: int = 8
