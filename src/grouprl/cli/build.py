@@ -1,10 +1,6 @@
-"""The one builder: from a :class:`~grouprl.config.TrainConfig` to a trainer: prompt rows, reward
-functions and weights, the accuracy checker, the model, the process group and the rollout engine.
-
-The order is the point: everything cheap that can be wrong (files, columns, imports of the user's
-reward functions) is checked before the model, the expensive part, is loaded, so a typo costs
-seconds rather than a model load.
-"""
+"""The one builder: from a :class:`~grouprl.config.TrainConfig` to a trainer (prompt rows, reward functions and
+weights, the accuracy checker, the model, the process group, the rollout engine). Everything cheap that can be wrong
+(files, columns, the user's reward functions) is checked before the model loads: a typo costs seconds."""
 
 from __future__ import annotations
 
@@ -21,8 +17,6 @@ from grouprl.trainer.inputs import RunInputs
 
 Row = dict[str, Any]
 
-
-# --------------------------------------------------------------------------- prompts
 
 
 EVAL_RESET_BASE = 1_000_000
@@ -65,8 +59,6 @@ def load_rows(config: TrainConfig) -> tuple[list[Row], list[Row], Any, dict[int,
         train, held = train_eval_split(rows, eval_fraction=config.eval_fraction, seed=config.seed)
     return train[: config.train_size] if config.train_size else train, held, None, places
 
-
-# --------------------------------------------------------------------------- rewards and the checker
 
 
 def load_reward_fns(config: TrainConfig, task: Any) -> tuple[list[Callable[..., Any]], list[float]]:
@@ -201,8 +193,6 @@ def build_inputs(config: TrainConfig) -> RunInputs:
                      eval_places=[places[id(r)] for r in held] if places else [])
 
 
-# --------------------------------------------------------------------------- the model
-
 
 def resolve_model_path(spec: str) -> str:
     """A run folder or a checkpoint folder stands for the policy it saved last, once its files match
@@ -274,8 +264,6 @@ def load_model(spec: str, seed: int) -> tuple[Any, Any]:
         return tiny_causal_lm(seed=seed)
     return load_policy(resolve_model_path(spec))
 
-
-# --------------------------------------------------------------------------- the trainer
 
 
 def build_trainer(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer: Any, env: Any = None,

@@ -1,14 +1,7 @@
-"""``--help`` of the commands that take every train key, in three sizes.
-
-``grouprl train --help`` is one screen: the keys of a usual run, one line each (the first sentence of the
-key's documentation), and the sections (:data:`grouprl.config.sections.SECTIONS`) with their first keys.
-``--help SECTION`` (a section's short name, its title, or one of its keys) shows that section in full, and
-``--help all`` every section: each option with its type and default, then its documentation, whose further
-lines hang under it, at the terminal's width.
-
-Options are read back from the parser, so a command's own options (``--nproc``, ``--overwrite``) are
-shown in their sections; a config key's option carries its :class:`~grouprl.config.FieldInfo`.
-"""
+"""``--help`` of the commands that take every train key, in three sizes: one screen (a usual run's keys, one line
+each, and the sections with their first keys), ``--help SECTION`` (a section's short name, title or one of its keys:
+that section in full) and ``--help all``. Options are read back from the parser, so a command's own options are
+shown in their sections; a config key's option carries its :class:`~grouprl.config.FieldInfo`."""
 
 from __future__ import annotations
 

@@ -35,8 +35,6 @@ NONE_WORDS = frozenset({"none", "null", "~", ""})
 """Words that mean "empty" for an optional key; the field docs call it empty, so '' is one too."""
 
 
-# --------------------------------------------------------------------------- value conversion
-
 
 def _type_error(key: str, tp: Any, value: Any, expected: str | None = None) -> ConfigError:
     return ConfigError(
@@ -196,8 +194,6 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     raise _type_error(key, tp, value)
 
 
-# --------------------------------------------------------------------------- dict <-> dataclass
-
 
 def _build(cls: type, data: Mapping, where: str, root: type) -> Any:
     if not isinstance(data, Mapping):
@@ -246,12 +242,9 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def from_dict(cls: type, data: Mapping[str, Any]) -> Any:
-    """Build dataclass ``cls`` (and its nested sections) from a plain mapping such as loaded YAML.
-
-    Values are converted to the annotated types; keys not given keep their defaults; an unknown
-    key, a bad value or a missing required key raises :class:`ConfigError`, and so does a trainer's config
-    that :func:`~grouprl.config.check` refuses.
-    """
+    """Dataclass ``cls`` (and its nested sections) from a plain mapping such as loaded YAML, values converted to the
+    annotated types, missing keys at their defaults. An unknown or retired key, a bad value, a missing required key
+    and a trainer's config that :func:`~grouprl.config.check` refuses raise :class:`ConfigError`."""
     if not _is_dataclass_type(cls):
         raise TypeError(f"from_dict needs a dataclass type, got {cls!r}")
     config = _build(cls, data, "", cls)

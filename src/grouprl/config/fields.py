@@ -17,8 +17,6 @@ from typing import Any, Literal, Union, get_args, get_origin
 from grouprl.errors import ConfigError
 from grouprl.trainer.config import retired_message
 
-# --------------------------------------------------------------------------- types and docs
-
 
 def _is_union(tp: Any) -> bool:
     return get_origin(tp) in (Union, types.UnionType)
@@ -114,8 +112,6 @@ def field_docs(cls: type) -> dict[str, str]:
             docs.update({f"{f.name}.{k}": v for k, v in field_docs(section).items()})
     return docs
 
-
-# --------------------------------------------------------------------------- key suggestions
 
 
 def _all_keys(cls: type, prefix: str = "") -> list[str]:

@@ -26,8 +26,6 @@ from grouprl.config.sections import section_order
 from grouprl.registry import import_object
 from grouprl.run.files import as_plain
 
-# --------------------------------------------------------------------------- command line
-
 
 def _lookup(cls: type, key: str) -> Any:
     """Annotation of dotted ``key`` in ``cls``; ConfigError with suggestions if there is none."""
@@ -140,22 +138,17 @@ def apply_overrides(config: Any, args: Sequence[str], cls: type | None = None) -
 
 
 class FieldInfo(NamedTuple):
-    """One row of the config reference."""
+    """One row of the config reference: the dotted ``key`` (``sampling.temperature``), its readable ``type``, its
+    ``default`` as text (or ``required``), its ``doc`` ("" when undocumented), the dotted ``section`` it belongs to
+    ("" at the top level), whether it ``is_section`` itself, and its ``annotation``."""
 
     key: str
-    """Dotted key, e.g. ``sampling.temperature``."""
     type: str
-    """Readable type name (:func:`type_name`)."""
     default: str
-    """The default as text, or ``required``."""
     doc: str
-    """The field's docstring ("" when undocumented)."""
     section: str
-    """Dotted path of the section the field belongs to ("" at the top level)."""
     is_section: bool
-    """True for a field that is itself a nested section."""
     annotation: Any = None
-    """The annotation itself."""
 
 
 def format_value(value: Any) -> str:
@@ -231,20 +224,14 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, dest: st
                             title: str = "config options (YAML keys; the command line wins)",
                             sections: Mapping[str, str] | None = None,
                             notes: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Add one ``--key`` option per field of ``cls`` to ``parser``, its help being the field's
-    docstring with type and default; nested sections become argument groups.
+    """Add one ``--key`` option per field of ``cls`` to ``parser`` (help: the field's docstring, type and default);
+    the values land as ``--key=value`` strings, in order, in ``namespace.<dest>`` for :func:`load_config`. Parse
+    with ``parse_known_args`` and pass the leftovers on too, so a misspelt option gets the did-you-mean message.
 
-    Parsed values land, as ``--key=value`` strings in command-line order, in ``namespace.<dest>``;
-    hand them to :func:`load_config` / :func:`apply_overrides`. Parse with ``parse_known_args``
-    and pass the leftovers too, so a misspelt option gets the did-you-mean message.
-
-    ``keys`` limits the options shown to those dotted keys (the others still work when passed on
-    as leftovers); ``aliases`` maps extra option names to keys (``{"samples": "eval_samples"}``).
-    Top-level fields go in one group called ``title``, or, with ``sections`` (field name -> section
-    title, in help order: :data:`grouprl.config.sections.SECTIONS`), one group per section, each with
-    its line from ``notes`` (title -> text). Returns the argument groups by title, so a command can
-    add its own options to one.
-    """
+    ``keys`` limits the options shown (the others still work as leftovers); ``aliases`` maps extra option names to
+    keys. Top-level fields go in one group, ``title``, or one group per section of ``sections`` (field -> title,
+    in help order: :data:`grouprl.config.sections.SECTIONS`) with its line from ``notes``; nested dataclass sections
+    get a group each. Returns the groups by title, so a command can add its own options to one."""
     parser.set_defaults(**{dest: []})
     alias_of = {key: name for name, key in (aliases or {}).items()}
     groups: dict[str, Any] = {}

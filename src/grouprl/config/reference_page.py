@@ -30,12 +30,9 @@ def _cell(text: str) -> str:
 
 def config_reference_markdown(cls: type, sections: Mapping[str, str] | None = None,
                               notes: Mapping[str, str] | None = None) -> str:
-    """The config reference as Markdown: one table per section (key, type, default, meaning).
-
-    Without ``sections`` the top-level fields make one table; with a map like
-    :data:`~grouprl.config.sections.SECTIONS` (field name -> section title, in order) they make one table per
-    section, titled with its line from ``notes``, as ``--help`` groups them. Nested dataclass sections follow,
-    one table each."""
+    """The config reference as Markdown: one table (key, type, default, meaning) of the top-level fields, or one per
+    section of ``sections`` (field -> title, in order, as ``--help`` groups them) under its line from ``notes``;
+    then one per nested dataclass section."""
     rows = describe_fields(cls)
     top = {r.key: r for r in rows if not r.section and not r.is_section}
     groups = [("", list(top))] if sections is None else section_order(list(top), dict(sections))
