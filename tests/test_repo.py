@@ -18,9 +18,11 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert ci_lines[ci_lines.index(command) + 1].startswith('status=$?; [ "$status" -eq 0 ] || exit "$status"')
 
 
-def test_ci_also_runs_the_slow_suite():
+def test_ci_also_runs_the_slow_suite_and_says_how_long_each_part_took():
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    assert ".venv/bin/pytest -m slow" in ci_lines
+    slow = ci_lines.index(".venv/bin/pytest -m slow")
+    assert ci_lines[slow - 1] == "step=$SECONDS" and ci_lines[slow + 1].startswith('say "the slow suite"')
+    assert ci_lines[-1] == 'say "the whole run" "$started"'
 
 
 def test_ci_builds_the_docs_strictly_after_the_tests():
