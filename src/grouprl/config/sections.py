@@ -7,27 +7,41 @@ from __future__ import annotations
 
 import dataclasses
 
-from grouprl.config.train_config import TrainConfig
+from grouprl.config.train_config import DataKeys, EnvKeys, RewardKeys, TrainConfig
+from grouprl.trainer.config import (
+    AlgorithmKeys,
+    CriticKeys,
+    DistributionKeys,
+    EngineKeys,
+    EvaluationKeys,
+    LoRAKeys,
+    OptimizerKeys,
+    PolicyLossKeys,
+    RunFolderKeys,
+    SamplingKeys,
+    TrustRegionKeys,
+)
 
-MODEL_AND_DATA = "model and data"
-REWARDS = "rewards"
-SAMPLING = "sampling"
-ALGORITHM = "algorithm"
-POLICY_LOSSES = "policy losses (policy_loss)"
-OPTIMIZER = "optimizer"
-PPO = "ppo (critic and GAE)"
-TRPO = "trpo (trust region)"
-AGENTS = "agents (environments and tools)"
-LORA = "LoRA"
-PRECISION = "precision and engines"
-DISTRIBUTION = "distribution (several processes)"
-EVALUATION = "evaluation"
-RUN_FOLDER = "run folder (logs, checkpoints)"
+MODEL_AND_DATA = DataKeys.SECTION
+REWARDS = RewardKeys.SECTION
+SAMPLING = SamplingKeys.SECTION
+ALGORITHM = AlgorithmKeys.SECTION
+POLICY_LOSSES = PolicyLossKeys.SECTION
+OPTIMIZER = OptimizerKeys.SECTION
+PPO = CriticKeys.SECTION
+TRPO = TrustRegionKeys.SECTION
+AGENTS = EnvKeys.SECTION
+LORA = LoRAKeys.SECTION
+PRECISION = EngineKeys.SECTION
+DISTRIBUTION = DistributionKeys.SECTION
+EVALUATION = EvaluationKeys.SECTION
+RUN_FOLDER = RunFolderKeys.SECTION
 OTHER = "other options"
 
 ORDER = (MODEL_AND_DATA, REWARDS, SAMPLING, ALGORITHM, POLICY_LOSSES, OPTIMIZER, PPO, TRPO, AGENTS, LORA, PRECISION,
          DISTRIBUTION, EVALUATION, RUN_FOLDER)
-"""The sections in ``--help`` order: what to train on first, how the run computes last."""
+"""The sections in ``--help`` order (titles as their part classes name them): what to train on first, how the run
+computes last."""
 
 SECTION_NOTES: dict[str, str] = {
     POLICY_LOSSES: "Each read only with the policy_loss its name starts with.",
