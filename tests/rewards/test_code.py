@@ -274,3 +274,21 @@ def test_an_unsafe_run_says_so_at_start_in_its_summary_and_in_its_report(tmp_pat
     summary = json.loads((out / "summary.json").read_text())
     assert summary["setup"]["isolation/code_execution"].startswith("UNSAFE")
     assert "UNSAFE" in (out / "report" / "report.html").read_text()
+
+
+def test_a_private_tmpdir_does_not_stop_the_sandbox(tmp_path, monkeypatch):
+    """Programs run as nobody when the trainer is root: a TMPDIR only its owner can pass through is not where their
+    folders go (bubblewrap, started as nobody, could not bind them); where nothing shared is writable, the error says
+    what to change."""
+    from grouprl.rewards import sandbox as sandboxes
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    sandbox = Sandbox(SandboxLimits(timeout_s=10.0, memory_mb=256))
+    assert sandbox.run("print(6 * 7)").stdout.strip() == "42"
+    assert sandboxes._scratch_root(False) == str(private)  # a sandbox that runs as its owner keeps TMPDIR
+    assert not sandboxes._scratch_root(True).startswith(str(private))
+    monkeypatch.setattr(sandboxes.os, "access", lambda path, mode: False)
+    with pytest.raises(ConfigError, match=rf"cannot reach the temporary folder {private} \(a private TMPDIR\)"):
+        sandboxes._scratch_root(True)

@@ -138,18 +138,33 @@ NOBODY = 65534
 program is nobody outside the sandbox as well (and its process limit counts only nobody's processes)."""
 
 
-def _others_can_run(path: str) -> bool:
-    """Whether a user other than the owner can reach and run ``path`` (every folder on the way
-    searchable by others, the file readable and executable by others)."""
-    mode = os.stat(path).st_mode
-    if not (mode & stat.S_IROTH and mode & stat.S_IXOTH):
-        return False
-    folder = os.path.dirname(path)
+def _others_can_reach(folder: str) -> bool:
+    """Whether a user other than the owner can pass through ``folder`` and every folder above it."""
     while folder not in ("/", ""):
         if not os.stat(folder).st_mode & stat.S_IXOTH:
             return False
         folder = os.path.dirname(folder)
     return True
+
+
+def _others_can_run(path: str) -> bool:
+    """Whether a user other than the owner can reach and run ``path`` (readable and executable by others)."""
+    mode = os.stat(path).st_mode
+    return bool(mode & stat.S_IROTH and mode & stat.S_IXOTH) and _others_can_reach(os.path.dirname(path))
+
+
+def _scratch_root(as_nobody: bool) -> str:
+    """Where each program's folder is made: the temporary folder, unless the sandbox's user cannot reach it (a
+    private ``TMPDIR``: bubblewrap, started as that user, could not bind the program's folder)."""
+    default = tempfile.gettempdir()
+    if not as_nobody or _others_can_reach(default):
+        return default
+    for other in ("/tmp", "/dev/shm", "/var/tmp"):
+        if os.path.isdir(other) and os.access(other, os.W_OK) and _others_can_reach(other):
+            return other
+    raise ConfigError(f"code execution runs programs as an unprivileged user, who cannot reach the temporary folder "
+                      f"{default} (a private TMPDIR) and no shared one is writable: set TMPDIR to a folder others can "
+                      "pass through (mode 0711 or wider)")
 
 
 def _interpreter(as_nobody: bool) -> tuple[str, str]:
@@ -177,12 +192,14 @@ class Sandbox:
     _prefix: list[str] = field(default_factory=list, init=False, repr=False)
     _python: str = field(default="", init=False, repr=False)
     _as_nobody: bool = field(default=False, init=False, repr=False)
+    _scratch: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
             raise ConfigError(f"isolation={self.isolation!r} is not one of: {', '.join(ISOLATIONS)}")
         self._as_nobody = os.geteuid() == 0
         self._python, prefix = _interpreter(self._as_nobody)
+        self._scratch = _scratch_root(self._as_nobody and self.isolation == "bubblewrap")
         if self.isolation == "bubblewrap":
             self._prefix = self._bwrap_prefix(prefix)
             self._probe()
@@ -220,7 +237,7 @@ class Sandbox:
 
     def _probe(self) -> None:
         """Start one empty sandbox; refuse, saying why, when the machine cannot provide it."""
-        with tempfile.TemporaryDirectory(prefix="grouprl-sandbox-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="grouprl-sandbox-", dir=self._scratch) as tmp:
             os.chmod(tmp, 0o755)
             try:
                 done = subprocess.run([*self._prefix, "--ro-bind", tmp, "/sandbox", self._python, "-I", "-c", "0"],
@@ -238,7 +255,7 @@ class Sandbox:
         """Run ``source`` as ``__main__`` with ``stdin``; then call each of ``calls`` (name, args tuple repr,
         kwargs dict repr) in its globals and report what it returned (``RunResult.returned``)."""
         marker = f"\x00grouprl-calls-{os.urandom(8).hex()}:"
-        with tempfile.TemporaryDirectory(prefix="grouprl-sandbox-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="grouprl-sandbox-", dir=self._scratch) as tmp:
             Path(tmp, "main.py").write_text(source)
             Path(tmp, "harness.py").write_text(HARNESS)
             for path in (tmp, *(str(Path(tmp, n)) for n in ("main.py", "harness.py"))):
