@@ -132,7 +132,7 @@ def one_paragraph(err: str) -> bool:
     (["train", "--task", "arithmatic"], "did you mean 'arithmetic'"),
     (["train", "--group_size", "many"], "expected int"),
     (["train", "--config", "no/such/run.yaml"], "does not exist"),
-    (["eval", "--samples", "0"], "eval_samples must be >= 1"),
+    (["eval", "--samples", "0"], "eval_samples=0 must be >= 1"),
     (["report", "no/such/run"], "does not exist"),
     (["train-rm", "--model", "tiny"], "Missing required config key(s): pairs"),
 ])

@@ -121,7 +121,7 @@ def test_fisher_stride_uses_fewer_rows_and_keeps_the_trust_region(tmp_path):
     ({"minibatch_size": 16}, "one natural-gradient step per rollout"),
     ({"vf_coef": 0.5}, "vf_coef=0.5 is a setting of ppo; algo=trpo does not read it"),
     ({"gradient_checkpointing": True}, "differentiate twice"),
-    ({"max_kl": 0.0}, "max_kl must be > 0"),
+    ({"max_kl": 0.0}, "max_kl=0.0 must be > 0"),
 ])
 def test_config_errors(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -49,7 +49,7 @@ def problems(c: TrainerConfig) -> list[str]:
     algo = ALGORITHMS.get(c.algo)
     out = logger_problems(c.loggers)
     return out + (_algorithm_problems(c, algo) + _registry_problems(c) + _range_problems(c) + _batch_problems(c)
-            + _objective_problems(c) + _sampling_problems(c) + _scale_out_problems(c) + _critic_problems(c)
+            + _objective_problems(c) + _sampling_problems(c) + _scale_out_problems(c)
             + _trust_region_problems(c) + _estimator_problems(c) + variant_problems(c))
 
 
@@ -96,11 +96,15 @@ BOUNDS: dict[str, str] = {
     "vllm_kv_cache_gib": "> 0 (or empty: sized to the run)", "accept_ratio": "in (0, 1]", "gigpo_gamma": "in [0, 1]",
     "gigpo_similarity": "in (0, 1] (or empty: equal keys only)", "top_entropy_quantile": "in (0, 1] (1 = every token)",
     "cispo_eps_high": "a finite number >= 0", "cispo_eps_low": "in [0, 1] (or empty: no lower bound)",
-    "sapo_tau_pos": "a finite number > 0", "sapo_tau_neg": "a finite number > 0",
+    "sapo_tau_pos": "a finite number > 0", "sapo_tau_neg": "a finite number > 0", "eps_low": "in (0, 1)",
+    "gamma": "in (0, 1]", "gae_lambda": "in [0, 1]", "vf_clip": "> 0 (or empty)", "max_kl": "> 0", "kl_target": "> 0",
     **dict.fromkeys(("weight_decay", "max_grad_norm", "warmup_steps", "save_every", "eval_every", "entropy_coef",
                      "advantage_eps", "top_k", "log_completions_every", "print_completions", "keep_checkpoints",
                      "num_threads", "ref_sync_steps", "critic_warmup_steps", "rollout_server_restarts",
-                     "gigpo_step_weight"), ">= 0"),
+                     "gigpo_step_weight", "eps_high", "lora_rank", "max_tool_calls", "vf_coef", "damping",
+                     "total_steps", "gmpo_eps_low", "gmpo_eps_high"), ">= 0"),
+    **dict.fromkeys(("prompts_per_step", "mu", "max_new_tokens", "max_prompt_len", "eval_samples", "max_turns",
+                     "dynamic_sampling_max_rounds", "kl_horizon", "cg_iters", "backtracks", "fisher_stride"), ">= 1"),
 }
 """Keys with a range of their own -> what their value must be, as the message says it: ``[a finite number] > x``,
 ``>= x``, or an interval ``in [lo, hi)``, then an optional note in parentheses. An empty (None) value passes."""
@@ -131,8 +135,6 @@ def _batch_problems(c: TrainerConfig) -> list[str]:
     out = []
     if c.group_size < 2:
         out.append(f"group_size={c.group_size}: GRPO compares completions of the same prompt, set group_size >= 2")
-    if c.prompts_per_step < 1 or c.mu < 1 or c.total_steps < 0:
-        out.append("prompts_per_step and mu must be >= 1 and total_steps >= 0")
     if c.minibatch_size is not None:
         if c.minibatch_size <= 0:
             out.append(f"minibatch_size={c.minibatch_size}: set a positive number of rows or leave it empty")
@@ -150,14 +152,8 @@ def _objective_problems(c: TrainerConfig) -> list[str]:
     out = []
     if c.kl_in_reward and c.beta == 0:
         out.append("kl_in_reward needs beta > 0 (it is the coefficient of the KL penalty)")
-    if not 0 < c.eps_low < 1 or (c.eps_high is not None and c.eps_high < 0):
-        out.append(f"eps_low={c.eps_low} must be in (0, 1) and eps_high >= 0")
     if c.ref_sync_steps and c.beta == 0:
         out.append("ref_sync_steps > 0 needs beta > 0: with beta = 0 there is no reference to sync")
-    if c.dynamic_sampling_max_rounds < 1:
-        out.append("dynamic_sampling_max_rounds must be >= 1")
-    if c.kl_target <= 0 or c.kl_horizon < 1:
-        out.append(f"kl_target={c.kl_target} must be > 0 and kl_horizon={c.kl_horizon} >= 1")
     return out
 
 
@@ -166,17 +162,10 @@ def _sampling_problems(c: TrainerConfig) -> list[str]:
     if c.temperature <= 0 and c.rollout_mode == "sample":
         out.append(f"temperature={c.temperature}: greedy sampling makes every group G identical completions "
                    "(zero advantage everywhere); use temperature > 0 or rollout_mode=beam")
-    if c.max_new_tokens < 1 or c.max_prompt_len < 1:
-        out.append("max_new_tokens and max_prompt_len must be >= 1")
-    if c.eval_samples < 1:
-        out.append("eval_samples must be >= 1")
-    if c.lora_rank < 0:
-        out.append("lora_rank must be >= 0")
     if c.lora_rank and c.ref_sync_steps:
         out.append("ref_sync_steps is not available with LoRA: the reference is the adapter-free base model")
-    if c.max_turns < 1 or c.max_tool_calls < 0 or c.max_trajectory_tokens < c.max_new_tokens:
-        out.append(f"max_turns={c.max_turns} must be >= 1, max_tool_calls={c.max_tool_calls} >= 0 and "
-                   f"max_trajectory_tokens={c.max_trajectory_tokens} >= max_new_tokens={c.max_new_tokens}")
+    if c.max_trajectory_tokens < c.max_new_tokens:
+        out.append(f"max_trajectory_tokens={c.max_trajectory_tokens} must be >= max_new_tokens={c.max_new_tokens}")
     return out
 
 
@@ -216,19 +205,8 @@ def _async_problems(c: TrainerConfig) -> list[str]:
     return out
 
 
-def _critic_problems(c: TrainerConfig) -> list[str]:
-    out = []
-    if not 0 < c.gamma <= 1 or not 0 <= c.gae_lambda <= 1:
-        out.append(f"gamma={c.gamma} must be in (0, 1] and gae_lambda={c.gae_lambda} in [0, 1]")
-    if c.vf_coef < 0 or (c.vf_clip is not None and c.vf_clip <= 0):
-        out.append("vf_coef must be >= 0 and vf_clip > 0 (or empty)")
-    return out
-
-
 def _trust_region_problems(c: TrainerConfig) -> list[str]:
     out = []
-    if c.max_kl <= 0 or c.damping < 0 or c.cg_iters < 1 or c.backtracks < 1 or c.fisher_stride < 1:
-        out.append("max_kl must be > 0, damping >= 0, and cg_iters, backtracks, fisher_stride >= 1")
     if ALGORITHMS.get(c.algo).update != "trust-region":
         return out
     if c.mu != 1 or c.minibatch_size is not None:

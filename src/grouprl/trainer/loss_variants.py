@@ -87,8 +87,6 @@ def variant_problems(c: TrainerConfig) -> list[str]:
 def _range_problems(c: TrainerConfig) -> list[str]:
     """Bounds that tie two keys (single keys' ranges are :data:`grouprl.trainer.checks.BOUNDS`)."""
     out = []
-    if not (c.gmpo_eps_low >= 0 and (c.gmpo_eps_high is None or c.gmpo_eps_high >= 0)):
-        out.append(f"gmpo_eps_low={c.gmpo_eps_low} and gmpo_eps_high={c.gmpo_eps_high} must be >= 0")
     for low, high in (("icepop_low", "icepop_high"), ("sequence_mask_low", "sequence_mask_high")):
         if not 0 <= getattr(c, low) <= 1 <= getattr(c, high):
             out.append(f"{low}={getattr(c, low)} and {high}={getattr(c, high)} must satisfy 0 <= {low} <= 1 <= "
