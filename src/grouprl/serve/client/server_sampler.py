@@ -169,6 +169,10 @@ class ServerSampler:
         """Follow ``model``: the next policy version, sent before the next request."""
         self.handover.follow(model)
 
+    def sync_weights(self) -> None:
+        """Send the followed model's weights now if they changed (as :meth:`phase` does at its start)."""
+        self.handover.sync_weights()
+
     def sample_ahead(self) -> WeightHandover:
         return self.handover.sample_ahead()
 
@@ -182,7 +186,7 @@ class ServerSampler:
     @contextlib.contextmanager
     def phase(self) -> Iterator[None]:
         """Around a rollout or an evaluation: the weights sent once at its start."""
-        self.handover.sync_weights()
+        self.sync_weights()
         yield
 
     def metrics(self) -> dict[str, float]:
