@@ -38,7 +38,7 @@ from grouprl.rollout.protocol import RolloutEngine, SamplesAhead
 from grouprl.run.logs import JsonlLog, PhaseTimer
 from grouprl.trainer.collect import Collected
 from grouprl.trainer.config import TrainerConfig
-from grouprl.trainer.processes import OneProcess
+from grouprl.trainer.one_process import OneProcess
 
 POLL_S = 0.05
 """How often a waiting thread looks again (it is also woken at once by the other)."""
@@ -118,7 +118,7 @@ class AheadCollector:
         max_staleness: k >= 1.
         total_steps: the run's steps (nothing is sampled for a step beyond them).
         timeline: where the timeline goes (None: nowhere).
-        processes: the trainer's processes (:mod:`grouprl.trainer.processes`; default: one).
+        processes: the trainer's processes (:mod:`grouprl.trainer.one_process`; default: one).
     """
 
     def __init__(self, inner: Any, handover: SamplesAhead, max_staleness: int, total_steps: int,

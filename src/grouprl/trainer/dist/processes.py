@@ -81,7 +81,7 @@ def placement_problems(config: Any) -> list[str]:
 
 
 class Processes:
-    """:class:`grouprl.trainer.processes.OneProcess`'s interface over torch.distributed.
+    """:class:`grouprl.trainer.one_process.OneProcess`'s interface over torch.distributed.
 
     Args:
         env: this process's place (from :func:`~grouprl.trainer.dist.group.init_distributed`).
