@@ -280,11 +280,11 @@ def _gloo_info(host: str, port: int, world_size: int, timeout: float) -> Any:
 
 
 def _collective_sender(backend: str, init_info: Callable[[str, int, int, float], Any]) -> Callable[[Any, float], Any]:
-    def make(sampler: Any, timeout: float) -> Any:
+    def make(handover: Any, timeout: float) -> Any:
         from grouprl.serve.client.collective import CollectiveWeights
 
-        return CollectiveWeights(sampler.pool, backend, init_info, timeout, sampler.pool.setting,
-                                 stages=lambda: sampler.stages_pushes)
+        return CollectiveWeights(handover.pool, backend, init_info, timeout, handover.pool.setting,
+                                 stages=lambda: handover.stages_pushes)
 
     return make
 
@@ -299,7 +299,8 @@ class Transport:
     problem: Callable[[torch.device | None], str | None]
     """Why a policy on this device cannot send this way (None: it can)."""
     sender: Callable[[Any, float], Any]
-    """(the ServerSampler, rollout_server_timeout) -> its sender (``write``, ``push``, ``close``)."""
+    """(the :class:`~grouprl.serve.client.handover.WeightHandover`, rollout_server_timeout) -> its sender (``write``,
+    ``push``, ``close``)."""
     server_argv: tuple[str, ...] = ()
     adapters_alone: bool = False
     """With LoRA, every push after the first carries the adapters alone."""
