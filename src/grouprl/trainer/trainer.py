@@ -57,8 +57,8 @@ from grouprl.trainer.critic import Critic
 from grouprl.trainer.inputs import RunInputs
 from grouprl.trainer.loss_variants import rollout_correction
 from grouprl.trainer.metrics import reward_metrics, rollout_metrics, row_advantages, sample_records
-from grouprl.trainer.policy import PolicyPasses, bf16_base_fits, default_reference, prepare_policy
 from grouprl.trainer.one_process import OneProcess
+from grouprl.trainer.policy import PolicyPasses, bf16_base_fits, default_reference, prepare_policy
 from grouprl.trainer.rollout_plan import plan_rollout
 from grouprl.trainer.rules import UPDATE_RULES
 from grouprl.trainer.sources import make_source
