@@ -1,15 +1,9 @@
-"""Agents in text environments on the built-in engine: conversations rendered through the chat
-template, decoded together on one KV cache (:mod:`grouprl.rollout.turns`), assembled into a
-:class:`~grouprl.types.RolloutBatch` whose environment tokens are context only.
-
-Token in, token out: the policy's sampled ids are kept as sampled; only what the environment adds is
-tokenized. Chat templates are not append-only (ChatML closes an assistant turn with ``<|im_end|>`` and a
-newline the model never generates), so the text joining the policy's last token to the next turn is the
-difference of two renders, with the new messages and without; a template that rewrites earlier turns
-ends the trajectory with reason ``template`` rather than realigning tokens.
-
-Text from the environment, tools and data is tokenized as its characters, so a special-token string in it
-cannot close a turn or open one for the policy (:mod:`grouprl.data.templates`)."""
+"""Agents in text environments on the built-in engine: conversations rendered through the chat template, decoded
+together on one KV cache (:mod:`.turns`), assembled into a :class:`~grouprl.types.RolloutBatch` whose environment
+tokens are context only. The policy's sampled ids are kept as sampled; the text joining its last token to the next
+turn is the difference of two renders (templates are not append-only), and a template that rewrites earlier turns
+ends the trajectory with reason ``template``. Outside text is tokenized as its characters, so it cannot forge a
+turn's special tokens (:mod:`grouprl.data.templates`)."""
 
 from __future__ import annotations
 
@@ -35,8 +29,8 @@ PLACEHOLDER = "\u2063grouprl-turn\u2063"
 
 
 class ChatRenderer:
-    """Renders conversations with a tokenizer's chat template, tools included, and finds the tokens
-    that join the policy's turn to the environment's reply."""
+    """Renders conversations with a tokenizer's chat template, tools included, and finds the tokens that join the
+    policy's turn to the environment's reply."""
 
     def __init__(self, tokenizer: Any, tools: Sequence[Any] = (), system_prompt: str | None = None,
                  tools_prompt: str | None = None):
@@ -45,7 +39,7 @@ class ChatRenderer:
         probe = [{"role": "user", "content": "x"}]
         native = bool(schemas) and self._render(probe, schemas, True) != self._render(probe, None, True)
         self.tools = schemas if native else None
-        # A template that ignores ``tools=`` gets the tools described in the system message instead.
+        # a template that ignores ``tools=`` gets them described in the system message
         parts = [p for p in (system_prompt, None if native or not schemas else tools_prompt) if p]
         self.system = "\n\n".join(parts) or None
 
@@ -65,10 +59,9 @@ class ChatRenderer:
         return self._rendered(self.with_system(messages), self.tools, True).ids(self.tokenizer)
 
     def reply_ids(self, history: list[dict], new: list[dict], stop_text: str | None) -> list[int] | None:
-        """Token ids that follow the policy's last turn (the last message of ``history``) and show the
-        ``new`` messages, ending in the next generation prompt: the template's end of the assistant
-        turn (less ``stop_text``, the stop token the policy drew itself) and the new turns. None when
-        the template rewrites earlier turns instead of extending them."""
+        """Token ids after the policy's last turn (the last of ``history``) up to the next generation prompt: the end
+        of that turn (less ``stop_text``, which the policy drew itself) and the ``new`` messages; None when the
+        template rewrites earlier turns."""
         history = self.with_system(history)
         history[-1] = {**history[-1], "content": PLACEHOLDER}
         base = self._render(history, self.tools, False)
@@ -82,19 +75,14 @@ class ChatRenderer:
 
 
 class AgentSampler:
-    """Multi-turn rollouts of ``model`` in text environments, G trajectories per reset.
-
-    ``episodes`` (from :mod:`grouprl.envs.episode`) hold each trajectory's environment, tools and
-    conversation; this class decodes the policy's turns and feeds the environment's replies back."""
+    """Multi-turn rollouts of ``model`` in text environments, G trajectories per reset, on the built-in engine or
+    ``engine`` (a vLLM one)."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, renderer: ChatRenderer, limits: TurnLimits,
                  engine: Any = None, compile_steps: bool = False):
         self.model, self.tokenizer, self.renderer, self.limits = model, tokenizer, renderer, limits
         self.compiled = CompiledStep() if compile_steps else None
-        """The built-in engine's compiled decode step (``compile_steps``: :mod:`grouprl.rollout.cpu.compiled`)."""
         self.engine = engine
-        """A vLLM engine (:class:`grouprl.rollout.vllm.VLLMSampler`) playing the turns, or None: the
-        built-in KV-cache engine on the live model."""
 
     @property
     def uses_live_model(self) -> bool:
@@ -149,11 +137,9 @@ class AgentSampler:
 
     def generate(self, episodes: Sequence[Any], group_size: int, params: SamplingParams, *,
                  seed: int | Sequence[int] | None = None) -> RolloutBatch:
-        """Play ``episodes`` (B = P * G, each group's G from the same reset, group-major) to their ends.
-
-        A trajectory whose environment fails (at its reset or later) ends with reason ``error``; a group
-        none of whose resets worked is not decoded at all. Only a batch in which every trajectory failed
-        is an :class:`~grouprl.errors.EnvError`, naming the environment, the seed and the error."""
+        """Play ``episodes`` (B = P * G, group-major, a group's G from one reset) to their ends. A trajectory whose
+        environment fails ends with reason ``error``; only a batch of failures is an
+        :class:`~grouprl.errors.EnvError`."""
         starts = [ep.start() for ep in episodes]
         groups = len(episodes) // group_size
         # a group's opening: its first reset that worked (they share the seed and the row)
@@ -209,8 +195,7 @@ class AgentSampler:
 
     def _respond(self, episodes: list[Any], turns: list[list[int]], stop_texts: list[str | None],
                  stop: set[int]) -> list[Reply]:
-        """The environments' answers to one turn of each of ``episodes``, as tokens to append; their tool
-        calls run at once (:func:`grouprl.envs.episode.respond_all`)."""
+        """The environments' answers to one turn of each of ``episodes``, as tokens to append."""
         actions = [self.tokenizer.decode(t[:-1] if t and t[-1] in stop else t, skip_special_tokens=False)
                    for t in turns]
         return [self._reply(episode, new, stop_text)
@@ -261,8 +246,7 @@ def _all_failed(episodes: Sequence[Any]) -> EnvError:
 
 
 def _with_failed_groups(out: Conversations, rows: list[int], total: int) -> Conversations:
-    """``out`` (the played ``rows``) widened to all ``total`` rows: a row not played is an empty trajectory that
-    ended with reason ``error`` (its group's every reset failed)."""
+    """``out`` (the played ``rows``) widened to ``total`` rows, the others empty and ended by ``error``."""
     if len(rows) == total:
         return out
     full = Conversations(tokens=[[] for _ in range(total)], from_policy=[[] for _ in range(total)],
