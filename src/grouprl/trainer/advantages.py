@@ -1,10 +1,5 @@
-"""Where the advantages come from when there is no critic: the group (GRPO and its relatives).
-
-The advantage of every token of completion i is its group-relative score (an estimator of
-:data:`grouprl.algos.ADVANTAGES`, by name); with ``kl_in_reward`` the KL to the reference is first
-charged to each completion's reward, r_i - beta * sum_t KL_it. All-equal groups get advantage 0;
-``zero_std_groups: drop`` also takes them out of the loss.
-"""
+"""Advantages without a critic: each completion's group-relative score (an estimator of
+:data:`grouprl.algos.ADVANTAGES`); ``kl_in_reward`` first charges r_i - beta * sum_t KL_it to the reward."""
 
 from __future__ import annotations
 
@@ -45,8 +40,7 @@ class GroupBaseline:
 
     def prepare(self, got: Collected, mask: torch.Tensor, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
                 beta: float, step: int) -> tuple[UpdateBatch, dict[str, float], torch.Tensor]:
-        """(the update's inputs, metrics, ``[B]`` bool rows of all-equal groups) for one step's
-        collected rollout and its loss ``mask [B, T]``."""
+        """(the update's inputs, metrics, ``[B]`` bool rows of all-equal groups) for loss ``mask [B, T]``."""
         c = self.config
         rewards = got.rewards
         if c.kl_penalty_in_reward:  # r_i - beta * sum_t KL_t, measured on the policy that sampled
@@ -63,9 +57,7 @@ class GroupBaseline:
         return data, {}, constant
 
 
-BASELINES: Registry = Registry("advantage level")
-"""The level an estimator declares (:attr:`grouprl.algos.group_advantages.Estimator.level`) -> the baseline class
-that computes it: per completion (or trajectory) here, per policy turn in :mod:`grouprl.trainer.steps`."""
+BASELINES: Registry = Registry("advantage level")  # an estimator's declared level -> the class that computes it
 BASELINES.register(COMPLETION, GroupBaseline)
 BASELINES.register(STEP, StepGroupBaseline)
 

@@ -1,13 +1,6 @@
-"""The language-model algorithms by name: what each one is made of and which keys it reads.
-
-Every algorithm runs the same step (:class:`grouprl.trainer.trainer.Trainer`): rollout -> rewards ->
-advantages -> update -> metrics. What differs is data here: where the advantage comes from (an
-estimator of :data:`grouprl.algos.ADVANTAGES`, or a critic with GAE); the update rule
-(:data:`grouprl.trainer.rules.UPDATE_RULES`: clipped-surrogate SGD or a trust-region natural-gradient
-step); the defaults it gives shared keys (where the KL penalty goes, whether beta adapts), the keys it
-defines (rloo *is* GRPO's update with the leave-one-out estimator), and the keys it owns (PPO's critic,
-TRPO's trust region), refused under another algorithm when set. ``grouprl train --algo NAME``,
-``grouprl compare`` and the Python API all look algorithms up here."""
+"""The language-model algorithms by name (``--algo``, ``grouprl compare``, the Python API). All run the same
+step; each differs by data: where the advantage comes from, its update rule
+(:data:`grouprl.trainer.rules.UPDATE_RULES`), its defaults for shared keys, and the keys it owns."""
 
 from __future__ import annotations
 
@@ -21,35 +14,25 @@ KEY_GROUPS: dict[str, tuple[str, ...]] = {
                "critic_warmup_steps"),
     "trust-region": ("max_kl", "damping", "cg_iters", "backtracks", "accept_ratio", "fisher_stride"),
 }
-"""Keys that belong to one part only some algorithms have: PPO's critic, TRPO's trust region.
-(Shared keys that an algorithm leaves unused, such as the optimizer's under trpo, are accepted; their
-documentation says who reads them.)"""
+"""Keys of a part only some algorithms have, refused under the others (a shared key left unused is accepted)."""
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    """One language-model algorithm, as the trainer assembles it."""
+    """One language-model algorithm: its update rule, the :data:`KEY_GROUPS` it ``owns``, whether a ``critic``
+    gives per-token GAE advantages, and the defaults of ``advantage``, ``kl_in_reward`` and ``kl_controller``
+    when those keys are empty (``defines_advantage``: the estimator makes the algorithm, so it may not differ)."""
 
     update: str
-    """Update rule: ``clipped`` (mu passes of minibatch AdamW steps on the clipped surrogate) or
-    ``trust-region`` (one natural-gradient step per rollout)."""
     owns: tuple[str, ...] = ()
-    """Groups of :data:`KEY_GROUPS` that belong to this algorithm."""
     critic: bool = False
-    """A learned value function gives per-token advantages by GAE (the group is then only the
-    sampling shape)."""
     advantage: str = "grpo"
-    """The group estimator when ``advantage`` is empty."""
     defines_advantage: bool = False
-    """The estimator is what makes this algorithm (rloo, reinforce): ``advantage`` may not differ."""
     kl_in_reward: bool = False
-    """Where the KL penalty goes when ``kl_in_reward`` is empty (true: into the reward)."""
     kl_controller: str = "fixed"
-    """How beta moves when ``kl_controller`` is empty."""
 
     @property
     def keys(self) -> frozenset[str]:
-        """Every key this algorithm owns."""
         return frozenset(k for group in self.owns for k in KEY_GROUPS[group])
 
 

@@ -1,13 +1,8 @@
-"""PPO's critic for language models (the RLHF form of Ziegler et al. 2019 and Ouyang et al. 2022):
-where PPO's advantages come from, and its part of the loss.
-
-Token rewards are the outcome reward on each completion's last token minus beta * KL_t to the
-reference on every token (PPO-RLHF's placement of the KL); the critic's values give GAE(gamma, lambda)
-advantages and returns, whitened over the batch's tokens. The critic is a value head on a copy of the
-policy's decoder (``critic_model: copy``) or on a separate model, with its own AdamW (``critic_lr``);
-the gradient norm is clipped over policy and critic together, so c_v sets the value loss's share of
-that norm (no shared parameters, so it trades no objectives off). Nothing here looks at the groups:
-the baseline is the critic. Rows whose reward is None are left out of the loss."""
+"""PPO's critic for language models (Ziegler et al. 2019, Ouyang et al. 2022). Token rewards: the outcome
+reward on each completion's last token minus beta * KL_t on every token; GAE(gamma, lambda) over the critic's
+values gives advantages (whitened over the batch's tokens) and returns. One gradient-norm clip spans policy and
+critic (no shared parameters), so c_v sets the value loss's share of that norm. Rows whose reward is None are
+left out of the loss."""
 
 from __future__ import annotations
 
@@ -52,10 +47,8 @@ def outcome_on_last_token(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Te
 
 
 class Critic:
-    """A learned value function: PPO's baseline and its value loss; see the module docstring.
-
-    ``backbone``: a model whose decoder carries the value head (default: a copy of the policy's
-    decoder, or ``config.critic_model`` loaded when it is not ``copy``)."""
+    """PPO's baseline and value loss: a value head on ``backbone``'s decoder (default: a copy of the policy's,
+    or ``critic_model`` when it is not ``copy``), with its own AdamW."""
 
     def __init__(self, config: TrainerConfig, policy: torch.nn.Module, backbone: torch.nn.Module | None = None):
         c = self.config = config

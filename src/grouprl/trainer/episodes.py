@@ -1,6 +1,5 @@
-"""Collecting a step's experience from environments: P resets -> G trajectories each -> returns (and
-reward functions over the final answers). The G trajectories of a group start from the same reset
-(the same seed and row): that is the grouping. A trajectory whose environment failed (or whose
+"""A step's experience from environments: P resets -> G trajectories each (a group shares its reset's seed and
+row) -> returns plus reward functions over the final answers. A trajectory whose environment failed (or whose
 chat template rewrote history) is dropped, so its group is one smaller."""
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from grouprl.types import RolloutBatch
 if TYPE_CHECKING:
     from grouprl.trainer.config import TrainerConfig
 
-DROPPED = ("error", "template")
-"""End reasons whose trajectories carry no usable signal and leave the batch."""
+DROPPED = ("error", "template")  # end reasons that carry no usable signal
 
 
 def reset_seed(row: dict[str, Any], index: int) -> int:
@@ -34,19 +32,9 @@ def reset_seed(row: dict[str, Any], index: int) -> int:
 
 
 class EnvCollector:
-    """Draws each step's resets from a seeded stream and plays G trajectories from each.
-
-    Args:
-        sampler: a multi-turn engine with ``generate(episodes, G, params, *, seed)``
-            (:class:`grouprl.rollout.agent.AgentSampler`).
-        rows: the resets (their columns are the environments' ``options`` and reach the reward functions).
-        env / tools: the environment factory and the tools the policy may call.
-        reward_fns / reward_weights: scored on each trajectory's final answer, added to its return.
-        config: the trainer config (batch shape, seed, tool limits).
-        share: ``count -> (first, stop)``, this process's slice of a step's resets.
-        judge / judge_weight: a group judge of the trajectories and how its scores make the reward
-            (:mod:`.judging`; the return and reward functions are then ``reward/independent``).
-    """
+    """Draws each step's resets (``rows``, also the environments' ``options``) from a seeded stream and plays G
+    trajectories from each with ``sampler`` (:class:`grouprl.rollout.agent.AgentSampler`); ``share`` is
+    ``count -> (first, stop)``, this process's slice; a ``judge`` scores whole trajectories (:mod:`.judging`)."""
 
     def __init__(self, sampler: Any, rows: Sequence[dict[str, Any]], env: Callable[[], Any], tools: Sequence[Any],
                  reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: TrainerConfig,

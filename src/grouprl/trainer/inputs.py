@@ -1,8 +1,4 @@
-"""What a trainer trains on besides the model, checked once: prompt rows (or, for an agent, the rows
-its environments reset from), reward functions and their weights, the held-out accuracy checker, the
-environment and its tools. Building it fails, before any model is loaded, on an empty set, a row
-without a prompt (when there is no environment), weights that do not line up, or a reward function
-that needs a column the rows lack."""
+"""What a trainer trains on besides the model, checked on construction, before any model is loaded."""
 
 from __future__ import annotations
 
@@ -14,42 +10,30 @@ from grouprl.data import check_rows
 from grouprl.rewards.base import check_reward_columns
 
 Row = dict[str, Any]
-AGENT_COLUMNS = ("trajectory",)
-"""What reward functions may ask for beyond the rows' columns in an agent run: the whole
-conversation (messages with their roles)."""
+AGENT_COLUMNS = ("trajectory",)  # what an agent run's reward functions may ask beyond the rows' columns
 
 
 @dataclass
 class RunInputs:
-    """Everything a trainer needs besides the model; checked on construction."""
+    """Rows (a ``prompt`` and the columns reward functions read; an agent's rows are its environments' resets,
+    seeded by their ``seed`` column or index), reward functions ``(prompts, completions, *, completion_ids,
+    **columns) -> list[float | None]`` with their weights (default 1 each), the held-out checker
+    ``(completion, row) -> bool``, a factory of text environments (:mod:`grouprl.envs`: reward = return + the
+    weighted functions) and the tools the policy may call, a group judge (``judge_weight`` None: its score is the
+    reward; w: functions + w * judge), and where each row comes from (``"prompts.jsonl line 7"``) for errors."""
 
     train_rows: list[Row]
-    """Training rows: a ``prompt`` (text or chat messages) and any columns the reward functions read."""
     reward_fns: list[Callable[..., Any]]
-    """Reward functions ``(prompts, completions, *, completion_ids, **columns) -> list[float | None]``."""
     eval_rows: list[Row] = field(default_factory=list)
-    """Held-out rows (empty: no evaluation)."""
     reward_weights: list[float] | None = None
-    """One weight per reward function (empty: 1 each)."""
     is_correct: Callable[[str, Row], bool] | None = None
-    """``(completion, row) -> bool`` for held-out accuracy (a task's checker)."""
-    system_prompt: str | None = None
-    """The task's system prompt (the config's ``system_prompt``, when set, wins inside the trainer)."""
+    system_prompt: str | None = None  # the task's; the config's system_prompt, when set, wins
     env: Callable[[], Any] | None = None
-    """A factory of text environments (:mod:`grouprl.envs`): each training row is a reset (its
-    ``seed`` column, else its index, seeds it; the row itself is the reset's ``options``), and a
-    trajectory's reward is its environment's return plus the weighted reward functions, if any."""
     tools: list[Any] = field(default_factory=list)
-    """Tools the policy may call (:class:`grouprl.envs.tools.Tool`)."""
     judge: Any = None
-    """A group judge (:mod:`grouprl.rewards.judges`) scoring each group side by side; None: no judge."""
     judge_weight: float | None = None
-    """None: the judge's score is the reward; w: reward = reward functions + w * judge score."""
     train_places: list[str] = field(default_factory=list)
-    """Where each training row comes from (``"prompts.jsonl line 7"``), for error messages; empty: rows
-    given in code, named by their index."""
     eval_places: list[str] = field(default_factory=list)
-    """The same for the held-out rows."""
 
     def __post_init__(self) -> None:
         self.train_rows, self.eval_rows, self.reward_fns = list(self.train_rows), list(self.eval_rows), \

@@ -33,23 +33,11 @@ def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
 def apply_judge(judge: Any, weight: float | None, batch: RolloutBatch, independent: torch.Tensor | None,
                 per_fn: dict[str, torch.Tensor], columns: dict[str, Sequence[Any]],
                 shown: Sequence[str] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
-    """Judge every group of ``batch``; returns (rewards ``[B]``, per-function rewards, judge metrics).
-
-    Args:
-        judge: a judge (:func:`grouprl.rewards.judges.load_judge`).
-        weight: None: the judge's score is the reward; a number w: reward = reward functions + w * judge.
-        batch: the step's rows (prompt-major groups, or ``group_ids``).
-        independent: ``[B]`` what the reward functions (and environment) gave, NaN where none applied;
-            None when there are none.
-        per_fn: reward name -> ``[B]``; gains ``judge`` (and ``independent``, when there is one).
-        columns: the rows' columns, B values each; a group's first row speaks for it.
-        shown: what the judge reads of each row, B texts (an agent's whole trajectory); default the
-            completions.
-
-    A dropped group's rows get a NaN reward, so they carry no advantage (``judge/dropped_groups``).
-    ``judge/agreement`` is the mean Spearman correlation between the judge's scores and the independent
-    rewards over the groups where neither is constant.
-    """
+    """Judge every group of ``batch``; returns (rewards ``[B]``, ``per_fn`` with ``judge`` and ``independent``,
+    judge metrics). ``weight`` None: the judge's score is the reward; w: ``independent`` (``[B]``, what the reward
+    functions gave, NaN where none applied) + w * judge. ``columns`` hold B values each (a group's first row speaks
+    for it); ``shown`` is what the judge reads of each row (default the completions). A dropped group's rows get a
+    NaN reward, so no advantage; ``judge/agreement`` is the mean Spearman rho of judge and independent rewards."""
     index = batch.group_index()
     members = [(index == g).nonzero().flatten().tolist() for g in range(int(index.max()) + 1)]
     shown = batch.completions if shown is None else shown

@@ -1,5 +1,4 @@
-"""A step's metrics and sample records, from tensors to plain numbers (names in docs/design.md's
-namespaces: ``reward/``, ``rollout/``, ``loss/``, ``policy/``, ``optim/``)."""
+"""A step's metrics (in docs/design.md's namespaces) and sample records, from tensors to plain numbers."""
 
 from __future__ import annotations
 
@@ -11,10 +10,8 @@ from grouprl.types import RolloutBatch
 
 
 class MetricAverager:
-    """Averages per-micro-batch metrics: ``loss/*`` are already globally normalised pieces of one
-    minibatch loss and are summed within an optimizer step (then averaged over optimizer steps);
-    ``optim/*`` are one value per optimizer step, averaged over them; the rest are token-weighted
-    means."""
+    """Averages per-micro-batch metrics: ``loss/*`` (globally normalised pieces of one minibatch loss) are summed
+    within an optimizer step, ``loss/*`` and ``optim/*`` averaged over steps, the rest token-weighted."""
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
@@ -62,9 +59,7 @@ def rollout_metrics(batch: RolloutBatch, rounds: int) -> dict[str, float]:
 
 
 def env_metrics(batch: RolloutBatch) -> dict[str, float]:
-    """``env/*`` of a batch of trajectories: mean return, success rate (where the environment says),
-    turns, tool calls and tool errors per trajectory, and the share cut by a budget. Why they ended
-    (``env/ended_<reason>``) the collector measures over every trajectory played, the dropped included."""
+    """``env/*`` of a batch of trajectories (``env/ended_<reason>`` is the collector's: it counts the dropped)."""
     info = batch.info
 
     def mean(values: list) -> float:

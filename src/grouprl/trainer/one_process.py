@@ -1,8 +1,5 @@
-"""The process group as a part of the trainer: what the step does differently when the batch is split
-over several processes, behind one small interface. :class:`OneProcess` is that interface for a
-run in one process (every method the identity); :class:`grouprl.trainer.dist.processes.Processes`
-is the same interface over torch.distributed, so the trainer's step is the same code either way.
-"""
+"""The process group's interface for a run in one process, every method the identity;
+:class:`grouprl.trainer.dist.processes.Processes` is the same interface over torch.distributed."""
 
 from __future__ import annotations
 
@@ -22,18 +19,15 @@ class OneProcess:
 
     rank = 0
     world_size = 1
-    is_main = True
-    """Only the main process writes the run folder's logs, summary and report."""
-    device: torch.device | None = None
-    """Where :meth:`place` puts the models (None: where they already are)."""
+    is_main = True  # only the main process writes the run folder's logs, summary and report
+    device: torch.device | None = None  # where place() puts the models (None: where they already are)
 
     def place(self, policy: nn.Module, reference: nn.Module | None) -> tuple[nn.Module, nn.Module | None]:
         """The models as this process trains them (sharded or wrapped across processes)."""
         return policy, reference
 
     def forward_model(self, model: nn.Module) -> nn.Module:
-        """The module the log-prob passes call (across processes: one whole forward, so the sharding's
-        hooks fire)."""
+        """The module the log-prob passes call (across processes: one whole forward, so the sharding's hooks fire)."""
         return model
 
     def share(self, count: int) -> tuple[int, int]:

@@ -21,10 +21,8 @@ if TYPE_CHECKING:
 
 
 def prepare_policy(policy: nn.Module, config: TrainerConfig) -> nn.Module:
-    """``policy`` with LoRA adapters (``lora_rank`` > 0, unless it already has some; their random start
-    drawn from ``seed``) and gradient checkpointing (``gradient_checkpointing``, resolved) as configured; without
-    the latter, its norms and MLPs keep fewer activations (:mod:`grouprl.models.activations`: the same
-    numbers)."""
+    """``policy`` with LoRA adapters (unless it has some) and gradient checkpointing as configured; without
+    checkpointing, its norms and MLPs keep fewer activations for the same numbers."""
     if config.lora_rank and not is_peft(policy):
         with torch.random.fork_rng(devices=[]):  # the adapters' random start follows the run's seed alone
             torch.manual_seed(config.seed)
@@ -47,11 +45,9 @@ def default_reference(policy: nn.Module, config: TrainerConfig) -> nn.Module | N
 
 
 def bf16_base_fits(policy: nn.Module, config: TrainerConfig, processes: Any, own_weights: bool) -> bool:
-    """Whether a LoRA policy's frozen linear weights can be stored in bf16
-    (:func:`grouprl.models.store_frozen_linears`): every pass that reads them runs in bf16 (training and
-    log-prob passes under autocast; rollouts from bf16 weights, or in an engine with its own copy of the
-    weights, ``own_weights``, which takes its own cast), and one process on the CPU holds the model whole
-    (FSDP keeps a layer's parameters in one format)."""
+    """Whether a LoRA policy's frozen linear weights can be stored in bf16: every pass that reads them runs in
+    bf16 (autocast; rollouts from bf16 weights, or an engine that takes its own copy, ``own_weights``), and
+    one process on the CPU holds the model whole (FSDP keeps a layer's parameters in one format)."""
     return (is_peft(policy) and config.train_bf16 and (config.rollout_bf16 or own_weights)
             and processes.world_size == 1 and processes.device is None)
 
@@ -84,10 +80,8 @@ def model_device_type(model: nn.Module) -> str:
 
 
 class PolicyPasses:
-    """Log-prob passes over a rollout batch (shapes: B rows, T completion tokens).
-
-    ``forward_model`` wraps a model for the pass (the process group's: the identity in one process,
-    one whole forward across several)."""
+    """Log-prob passes over a rollout batch (B rows, T completion tokens), each through the process group's
+    ``forward_model`` wrapper."""
 
     def __init__(self, policy: nn.Module, reference: nn.Module | None, config: TrainerConfig, forward_model: Any,
                  in_step: bool = False):

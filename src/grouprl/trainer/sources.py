@@ -1,7 +1,5 @@
-"""Where a trainer's experience comes from: prompts (one completion each, the built-in or a given
-engine) or environments (multi-turn trajectories, tools). Both give the trainer a collector for
-training steps and an evaluation of a share of the held-out rows, so the step loop does not care
-which it has."""
+"""Where a trainer's experience comes from: prompts (one completion each) or environments (multi-turn
+trajectories, tools). Both give a collector and an evaluation, so the step loop does not care which."""
 
 from __future__ import annotations
 
@@ -88,7 +86,6 @@ class EnvSource:
 
 def make_source(config: TrainerConfig, inputs: RunInputs, policy: nn.Module, tokenizer: Any, plan: RolloutPlan,
                 sampler: Any, share: Share) -> PromptSource | EnvSource:
-    """The experience source ``inputs`` call for: environments when they name one, else prompts; its engine is
-    the one ``plan`` names (:func:`~grouprl.trainer.rollout_plan.build_rollout`), or ``sampler`` where given."""
+    """Environments when ``inputs`` name one, else prompts; its engine is ``plan``'s, or ``sampler`` where given."""
     kind = PromptSource if inputs.env is None else EnvSource
     return kind(config, inputs, policy, tokenizer, plan, sampler, share)

@@ -1,12 +1,7 @@
-"""GiGPO for agents: each policy turn its own advantage, from the episode's group and from the turns of
-the reset's trajectories that started in the same state (:mod:`grouprl.algos.gigpo`).
-
-Per policy turn (from :class:`grouprl.envs.episode.Episode`): the reward the turn earned and the key of
-the state it started from (``info["state_key"]``, else the observation text; none after a tool reply,
-which makes the turn a singleton). Reward functions over the final answer are added to the last turn's
-reward. ``gigpo_similarity`` groups text keys whose ``difflib`` ratio reaches it (a key joins the first
-earlier key of its reset it is close to) instead of equal keys only. Each maximal run of policy tokens
-in the completion mask is one turn."""
+"""GiGPO for agents (:mod:`grouprl.algos.gigpo`): each policy turn (a maximal run of policy tokens) gets its own
+advantage, from the episode's group and from the turns of the reset's trajectories that started in the same state
+(``info["state_key"]``, else the observation text; none after a tool reply, a singleton). Reward functions over
+the final answer are added to the last turn's reward."""
 
 from __future__ import annotations
 
@@ -36,8 +31,8 @@ def token_turns(policy_mask: torch.Tensor) -> torch.Tensor:
 
 
 def key_ids(keys: list[list[Any]], groups: list[int], similarity: float | None) -> list[list[int]]:
-    """Ids of the state keys, equal for equal (or, with ``similarity``, close) keys of one group; -1 for
-    a missing key. Ids are only compared within a group."""
+    """Ids of the state keys, equal for equal keys of one group (or, with ``similarity``, a text key whose
+    ``difflib`` ratio to an earlier one reaches it); -1 for a missing key. Ids compare only within a group."""
     table: dict[tuple[int, str], int] = {}
     texts: dict[int, list[tuple[str, int]]] = {}  # group -> (representative text, its id)
     out = []
@@ -62,7 +57,7 @@ def key_ids(keys: list[list[Any]], groups: list[int], similarity: float | None) 
 
 
 class StepGroupBaseline:
-    """GiGPO's advantages ``[B, T]`` (one value per policy turn); see the module docstring."""
+    """GiGPO's advantages ``[B, T]``, one value per policy turn."""
 
     def __init__(self, config: TrainerConfig, reduce: Any):
         self.config = config

@@ -6,16 +6,9 @@
     step = sqrt(2 delta / x^T F x) * x, halved until J improves and the mean KL <= delta
 
 The KL is exact over the vocabulary at every completion position (not a sampled-token estimate),
-so F is the true Fisher matrix of the per-token distributions and is positive semi-definite.
-
-Cost: every CG iteration is about a forward+backward of the model, and the double-backprop graph of
-the Fisher batch stays in memory for the whole solve; the line search adds a forward pass per trial
-step, and the old policy's full log-softmax ``[tokens, V]`` is kept for the exact KL. So an update
-costs several GRPO updates (``benchmarks/results/trpo_cost.md``); ``fisher_stride`` (OpenAI
-baselines used every 5th sample for the Fisher) and LoRA are the levers.
-
-Departures: the surrogate is GRPO's aggregation of rho * A (not a plain mean over tokens), so the
-two optimise the same objective up to the clip; there is no value function and no optimizer."""
+so F is the true Fisher matrix of the per-token distributions and is positive semi-definite. An update costs
+several GRPO updates (docs/algorithms.md); ``fisher_stride`` and LoRA are the levers. The surrogate is GRPO's
+aggregation of rho * A, so the two optimise the same objective up to the clip."""
 
 from __future__ import annotations
 
@@ -64,8 +57,7 @@ def _token_values(batch: RolloutBatch, rows: torch.Tensor, full: torch.Tensor) -
 
 
 class _Surrogate:
-    """TRPO's surrogate and trust-region KL on one rollout, micro-batch by micro-batch, with the whole
-    batch's denominators."""
+    """TRPO's surrogate and trust-region KL, micro-batch by micro-batch, with the whole batch's denominators."""
 
     def __init__(self, config: TrainerConfig, data: UpdateBatch, beta: float):
         c, mask = config, data.mask
@@ -92,7 +84,7 @@ class _Surrogate:
 
 
 class TrustRegionUpdate:
-    """One natural-gradient step on the whole rollout; see the module docstring. Holds no optimizer."""
+    """One natural-gradient step on the whole rollout; holds no optimizer."""
 
     def __init__(self, config: TrainerConfig, passes: PolicyPasses, processes: Any, critic: Any = None):
         self.config, self.passes = config, passes

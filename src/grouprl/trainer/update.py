@@ -1,16 +1,8 @@
-"""What an update rule trains on, and the clipped-surrogate rule (GRPO, RLOO, REINFORCE, PPO).
-
-The rule takes ``mu`` passes over the rollout in shuffled minibatches of whole groups; each
-minibatch is one optimizer step, accumulated over micro-batches whose losses share the minibatch's
-denominators, so the micro-batch size changes memory and speed, never the update. With a critic
-(PPO) the value loss joins each micro-batch's loss and the critic's optimizer steps beside the
-policy's, under one gradient-norm clip over both.
-
-The policy-gradient term is ``policy_loss``'s (clip, cispo, sapo, gmpo: :mod:`grouprl.algos.policy_losses`).
-Per-token weights on that term are folded into the advantages: the rollout correction's (formed here from
-the update's own pass when it is on-policy) and, with ``top_entropy_quantile`` < 1, the high-entropy
-selection, whose quantile is taken over the whole minibatch by one no-gradient pass before its micro-batches.
-"""
+"""What an update rule trains on, and the clipped-surrogate rule (GRPO, RLOO, REINFORCE, PPO): ``mu`` passes
+over the rollout in shuffled minibatches of whole groups, one optimizer step each, accumulated over micro-batches
+that share the minibatch's denominators, so the micro-batch size changes memory and speed, never the update.
+Per-token weights on the policy-gradient term (the rollout correction's, the high-entropy selection's) are folded
+into the advantages."""
 
 from __future__ import annotations
 
@@ -33,28 +25,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class UpdateBatch:
-    """One rollout with everything the update needs; B rows (prompt-major, whole groups), T tokens."""
+    """One rollout with everything the update needs; B rows (prompt-major, whole groups), T tokens. ``old_logp``
+    is None when the update is on-policy, ``ref_logp`` when the KL is not in the loss, ``rollout_logp`` (the
+    engine's) unless the update forms the rollout importance weights from its own on-policy pass."""
 
     rollout: RolloutBatch
-    """The sampled completions."""
-    advantages: torch.Tensor
-    """[B] per completion (group baselines) or [B, T] per token (a critic's GAE, or weighted by the
-    rollout importance correction)."""
-    mask: torch.Tensor
-    """[B, T] float 0/1: tokens that carry loss (completion tokens, minus masked rows)."""
-    rewards: torch.Tensor | None = None
-    """[B] the rewards the advantages were computed from (with ``kl_in_reward``, net of the KL)."""
-    old_logp: torch.Tensor | None = None
-    """[B, T] log-probs under the policy before the update; None when the update is on-policy."""
-    ref_logp: torch.Tensor | None = None
-    """[B, T] reference log-probs for the loss's KL term; None when the KL is not in the loss."""
-    values: torch.Tensor | None = None
-    """[B, T] the critic's values at rollout time (the clipped value loss's anchor)."""
-    returns: torch.Tensor | None = None
-    """[B, T] the critic's regression targets."""
-    rollout_logp: torch.Tensor | None = None
-    """[B, T] the rollout engine's log-probs of the sampled tokens, when the update forms the rollout
-    importance weights from its own pass (on-policy: that pass is pi_old); None otherwise."""
+    advantages: torch.Tensor  # [B] per completion, or [B, T] per token
+    mask: torch.Tensor  # [B, T] float 0/1: tokens that carry loss
+    rewards: torch.Tensor | None = None  # [B], net of the KL under kl_in_reward
+    old_logp: torch.Tensor | None = None  # [B, T] pi_old
+    ref_logp: torch.Tensor | None = None  # [B, T] pi_ref
+    values: torch.Tensor | None = None  # [B, T] the critic's at rollout time: the clipped value loss's anchor
+    returns: torch.Tensor | None = None  # [B, T] the critic's targets
+    rollout_logp: torch.Tensor | None = None  # [B, T]
 
     def rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor | None]:
         """The per-row tensors of ``rows`` (a micro-batch), by name."""
@@ -65,15 +48,8 @@ class UpdateBatch:
 
 
 class ClippedSurrogateUpdate:
-    """mu passes of minibatch AdamW steps on GRPO's clipped surrogate with the KL term (and the
-    critic's value loss when there is a critic); see the module docstring.
-
-    Args:
-        config: the trainer config.
-        passes: the policy's log-prob passes.
-        processes: the process group (denominators summed, loss scaled, per-process minibatches).
-        critic: PPO's critic, or None.
-    """
+    """mu passes of minibatch AdamW steps on ``policy_loss`` with the KL term; with PPO's ``critic``, its value
+    loss joins each micro-batch's loss and its optimizer steps beside the policy's."""
 
     def __init__(self, config: TrainerConfig, passes: PolicyPasses, processes: Any, critic: Any = None):
         self.config, self.passes, self.processes, self.critic = config, passes, processes, critic
@@ -124,9 +100,8 @@ class ClippedSurrogateUpdate:
         return out
 
     def high_entropy_tokens(self, data: UpdateBatch, passes: list[torch.Tensor], avg: MetricAverager) -> torch.Tensor:
-        """``[B, T]`` float 0/1 over the rows of ``passes`` (a minibatch's micro-batches; 0 elsewhere): the loss
-        tokens in the top ``top_entropy_quantile`` of the policy's entropy over the minibatch's loss tokens in
-        every process (:mod:`grouprl.algos.token_selection`), from one pass without gradient."""
+        """``[B, T]`` float 0/1 over the rows of ``passes`` (0 elsewhere): the loss tokens in the top
+        ``top_entropy_quantile`` of the entropy over the minibatch's loss tokens in every process."""
         entropy = torch.zeros_like(data.mask)
         with torch.no_grad():
             for micro in passes:

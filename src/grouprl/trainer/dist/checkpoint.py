@@ -1,20 +1,13 @@
-"""Checkpoints of a multi-process run.
+"""Checkpoints of a multi-process run, in ``<output_dir>/checkpoints/step-000010/``::
 
-Layout of ``<output_dir>/checkpoints/step-000010/``::
-
-    model/          the policy gathered into process 0: a loadable model folder (with LoRA the
-                    adapter alone), what `grouprl eval` and a later one-process run read
-    dcp/            torch.distributed.checkpoint of {policy, optimizer[, reference]}: each process
-                    writes its own shards; this is what resuming reads
+    model/          the policy gathered into process 0 (with LoRA the adapter alone): what `grouprl eval` reads
+    dcp/            torch.distributed.checkpoint of {policy, optimizer[, reference]}, each process's shards
     <name>.pt       the other stateful parts (the learning-rate schedule), from process 0
     rng/rank-N.pt   each process's random state
     state.json      step, data position, world size, config
 
-Written like the one-process checkpoints (:mod:`grouprl.run.checkpoint_files`): into a temporary folder
-that is published once every process has finished writing, so a kill leaves the previous checkpoint
-intact. On several machines the run folder must be on storage they all see. Resuming needs the same
-number of processes.
-"""
+Published from a temporary folder once every process has written, so a kill leaves the previous checkpoint
+intact. Several machines need a run folder they all see; resuming needs the same number of processes."""
 
 from __future__ import annotations
 
@@ -30,9 +23,7 @@ from grouprl.models.lora import unwrap_ddp
 from grouprl.run.checkpoint_files import publish, rng_state, set_rng_state, temporary_folder, verify_checkpoint
 from grouprl.trainer.dist.group import DistEnv
 
-SHARDED = "optimizer"
-"""The stateful part saved in shards beside the policy (the policy's optimizer); the others are small
-and saved whole by process 0."""
+SHARDED = "optimizer"  # the stateful part saved in shards beside the policy; the others, small, by process 0
 
 
 def _tied_duplicates(model: nn.Module) -> set[str]:

@@ -1,10 +1,5 @@
-"""The process group of a torchrun run and the few collectives the trainer needs.
-
-Every process reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from its environment
-(torchrun sets them; ``grouprl train --nproc N`` runs torchrun for you). CPU runs use gloo; GPU runs
-use ``cuda:nccl,cpu:gloo``, so GPU tensors travel over NCCL while the object collectives
-(completions, metrics) keep a CPU backend.
-"""
+"""The process group of a torchrun run and the few collectives the trainer needs. GPU runs use
+``cuda:nccl,cpu:gloo``, so the object collectives (completions, metrics) keep a CPU backend."""
 
 from __future__ import annotations
 
@@ -32,7 +27,6 @@ class DistEnv:
 
     @property
     def is_main(self) -> bool:
-        """The process that writes logs, reports and the gathered model."""
         return self.rank == 0
 
 
@@ -48,12 +42,8 @@ def torchrun_rank() -> int:
 
 def init_distributed(*, rank: int | None = None, world_size: int | None = None, init_method: str | None = None,
                      device: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
-    """Join (or reuse) the default process group and pick this process's device.
-
-    Without arguments everything comes from the torchrun environment; tests pass ``rank``,
-    ``world_size`` and a ``file://`` ``init_method``. ``device`` is ``"cpu"`` or ``"cuda"``
-    (default: cuda when available).
-    """
+    """Join (or reuse) the default process group and pick this process's device (``"cpu"`` or ``"cuda"``;
+    default: cuda when available). Without arguments everything comes from the torchrun environment."""
     rank = torchrun_rank() if rank is None else rank
     world_size = torchrun_world_size() if world_size is None else world_size
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
@@ -99,10 +89,8 @@ def gather_objects(obj: Any) -> list[Any]:
 
 
 def raise_if_any_failed(error: BaseException | None) -> None:
-    """Every process calls this at the same point with the exception it caught (or None). If any
-    process failed, all of them raise: the failing one its own exception, the others a
-    :class:`DistributedError` that names its rank and repeats its message, so no process is left
-    waiting in a collective that will never come."""
+    """Called by every process at the same point with what it caught: if any failed, all raise (the others a
+    :class:`DistributedError` naming its rank), so none is left waiting in a collective that will never come."""
     reports = gather_objects(None if error is None else f"{type(error).__name__}: {error}")
     failed = [(r, msg) for r, msg in enumerate(reports) if msg is not None]
     if not failed:
@@ -114,8 +102,7 @@ def raise_if_any_failed(error: BaseException | None) -> None:
 
 
 def broadcast_module(module: nn.Module) -> None:
-    """Copy process 0's parameters and buffers into every process's copy of ``module`` (plain,
-    unsharded tensors), so randomly initialised parts (a tiny model, LoRA adapters) agree."""
+    """Process 0's parameters and buffers into every process's (unsharded) ``module``, so random starts agree."""
     with torch.no_grad():
         for t in [*module.parameters(), *module.buffers()]:
             dist.broadcast(t.data, src=0)

@@ -1,13 +1,9 @@
 """Sharding a model over processes: FSDP2 or DDP, and the whole model gathered for a rollout.
 
-Each process's loss is its share of the whole batch's loss (its numerators over the global
-denominators), so the batch's gradient is the *sum* of the processes' gradients; DDP and FSDP average,
-so the trainer multiplies its loss by the number of processes (a summing communication hook would be
-wrong under gradient accumulation).
-
-FSDP2 gathers each decoder layer's parameters only while it runs, which needs every process to run the
-same number of forwards; generation cannot promise that, so :func:`gathered_weights` gathers the whole
-model once for a rollout or an evaluation, and decoding runs without communication."""
+Each process's loss is its numerators over the global denominators, so the batch's gradient is the *sum* over
+processes; DDP and FSDP average, so the trainer scales its loss by the number of processes (a summing hook
+would be wrong under gradient accumulation). FSDP2 needs every process to run the same number of forwards,
+which generation cannot promise: :func:`gathered_weights` gathers the whole model once for a rollout."""
 
 from __future__ import annotations
 
@@ -63,9 +59,8 @@ class Sharding:
         return kwargs
 
     def trainable(self, model: nn.Module, env: DistEnv) -> nn.Module:
-        """``model`` ready for training across processes: FSDP2 (each decoder layer its own unit,
-        then the root; the module is converted in place and returned) or DDP (a wrapper). Gradients
-        are averaged over processes (see the module docstring)."""
+        """``model`` ready for training: FSDP2 (each decoder layer a unit, then the root; converted in place) or
+        DDP (a wrapper)."""
         model.to(env.device)
         if self.engine == "ddp":
             from torch.nn.parallel import DistributedDataParallel
@@ -83,8 +78,7 @@ class Sharding:
         return model
 
     def frozen(self, model: nn.Module, env: DistEnv) -> nn.Module:
-        """A frozen model (the reference) sharded like the policy under FSDP; a plain replica
-        under DDP (it has no gradients to reduce)."""
+        """A frozen model (the reference) sharded like the policy under FSDP; a plain replica under DDP."""
         model.to(env.device)
         if self.engine == "ddp":
             return model
@@ -105,9 +99,8 @@ def _shard_unit(module: nn.Module, reshard_after_forward: bool, kwargs: dict[str
 
 @contextlib.contextmanager
 def gathered_weights(model: nn.Module) -> Iterator[None]:
-    """Inside: every FSDP unit of ``model`` holds its full parameters and keeps them across
-    forward passes, so any number of forwards (a decode loop) runs with no collective. A no-op
-    for DDP and plain modules. Collective on entry: every process must enter together."""
+    """Inside: every FSDP unit of ``model`` keeps its full parameters across forwards, so a decode loop runs with
+    no collective (a no-op for DDP and plain modules). Collective on entry."""
     from torch.distributed.fsdp import FSDPModule
 
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -124,9 +117,8 @@ def gathered_weights(model: nn.Module) -> Iterator[None]:
 
 
 class WholeForward(nn.Module):
-    """Hands ``model(...)`` to the wrapped module and hides its config, so the log-prob code runs
-    the whole forward (the only call that fires FSDP's and DDP's hooks) instead of calling the
-    decoder body and the LM head apart."""
+    """Hides the model's config, so the log-prob code runs the whole forward (the only call that fires FSDP's
+    and DDP's hooks) rather than the decoder body and the LM head apart."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
