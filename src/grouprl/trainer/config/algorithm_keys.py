@@ -12,8 +12,7 @@ class AlgorithmKeys:
 
     algo: str = "grpo"
     """Algorithm: grpo (group-relative advantages, clipped surrogate), rloo and reinforce (GRPO's update with a
-    leave-one-out or group-mean baseline, no std division), ppo (a learned critic with GAE), trpo (a natural-gradient
-    step in a KL trust region). ppo's and trpo's own keys have sections of their own."""
+    leave-one-out or group-mean baseline), ppo (a learned critic with GAE) or trpo (a natural-gradient step)."""
     total_steps: int = 100
     """Training steps (rollout + update) to run."""
     beta: float = 0.04
@@ -24,9 +23,8 @@ class AlgorithmKeys:
     scaled by advantage_scale), rloo (leave-one-out), reinforce (group mean), rank (centred rank in the group) or
     gigpo (agents: A_episode + w * A_step over turns from the same state; arXiv 2505.10978). Empty = the algorithm's."""
     advantage_scale: str | None = None
-    """Divide centred rewards by the group's std (group: the paper's population std), its sample std (group-sample:
-    TRL and verl), the batch std (batch), or nothing (none: Dr. GRPO, which finds the group std over-weights
-    near-solved prompts). Empty = group for grpo, none for rloo and reinforce."""
+    """Divide centred rewards by the group's std (group: the paper's), its sample std (group-sample: TRL, verl), the
+    batch std (batch) or nothing (none: Dr. GRPO). Empty = group for grpo, none for rloo and reinforce."""
     policy_loss: str = "clip"
     """The policy-gradient term (docs/policy-losses.md): clip (PPO/GRPO's clipped surrogate; the paper's, TRL's and
     verl's default), cispo (MiniMax-M1: the REINFORCE gradient weighted by the clipped, stop-gradient ratio), sapo
@@ -36,9 +34,8 @@ class AlgorithmKeys:
     """Loss aggregation: seq-mean-token-mean (the paper), token-mean (DAPO; verl's default and TRL's 'dapo'),
     seq-mean-token-sum-norm (Dr. GRPO: divides by max_new_tokens), group-sum, group-sqrt."""
     zero_std_groups: str = "drop"
-    """Groups whose rewards are all equal have advantage 0. drop: they leave the loss altogether (no KL pull,
-    denominators over informative groups); keep: their tokens still carry the KL term and count in the denominators
-    (the paper, TRL). drop, because with keep the KL takes over the update as a task saturates (docs/defaults.md)."""
+    """Groups whose rewards are all equal have advantage 0. drop: they leave the loss (no KL pull, no share of the
+    denominators); keep: they still carry the KL term (the paper, TRL), which then takes over as a task saturates."""
     mu: int = 1
     """Passes of minibatch updates over each rollout (the paper's mu). 1 with one minibatch is on-policy: the ratio
     is exactly 1 and no old-policy forward is needed."""
@@ -58,9 +55,8 @@ class AlgorithmKeys:
     """KL estimator: k1 (log-ratio, unbiased, can be negative), k2 (squared log-ratio / 2) or k3
     (DeepSeekMath's unbiased non-negative estimator)."""
     kl_in_reward: bool | None = None
-    """Apply the KL as a reward penalty before the advantage instead of as a loss term: per sequence (r - beta *
-    sum_t KL_t) for group estimators, per token for ppo. Empty = true for ppo with beta > 0 (PPO-RLHF's placement),
-    false otherwise."""
+    """Apply the KL as a reward penalty before the advantage instead of as a loss term: per sequence for group
+    estimators, per token for ppo. Empty = true for ppo with beta > 0 (PPO-RLHF's placement), false otherwise."""
     kl_controller: str | None = None
     """fixed: beta stays as set; adaptive: Ziegler et al.'s proportional controller moves beta so the per-sequence KL
     tracks kl_target. Empty = adaptive for ppo, fixed otherwise."""
@@ -145,9 +141,8 @@ class CriticKeys:
     SECTION = "ppo (critic and GAE)"
 
     critic_model: str = "copy"
-    """ppo: copy (a value head on a copy of the policy's decoder: twice the model memory), or a model to load (a
-    bundled name or folder with the same tokenizer) whose decoder carries the value head: a smaller critic costs
-    less."""
+    """ppo: copy (a value head on a copy of the policy's decoder: twice the model memory), or a model to load with the
+    same tokenizer (a bundled name or folder) whose decoder carries the value head: a smaller critic costs less."""
     critic_lr: float | None = None
     """ppo: AdamW learning rate of the critic; empty = lr (verl's examples give the critic ten times the policy's)."""
     vf_coef: float = 0.1

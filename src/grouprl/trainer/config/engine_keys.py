@@ -28,17 +28,15 @@ class EngineKeys:
     """Storage format of the frozen reference copy: auto (bf16 where training is bf16; half the memory), fp32 or
     bf16."""
     gradient_checkpointing: bool | None = None
-    """Recompute each decoder layer's activations in backward: less memory, longer steps. Empty = on (as TRL's and
-    verl's defaults), except for trpo, whose Fisher-vector products differentiate twice through the forward pass.
-    Off, Llama-family norms and MLPs still recompute their cheap intermediates, with the same numbers."""
+    """Recompute each decoder layer's activations in backward: less memory, longer steps. Empty = on (TRL's and
+    verl's default), except for trpo, whose Fisher-vector products differentiate twice through the forward pass."""
     rollout_compile: bool | None = None
     """CPU, built-in engine: run the decode steps as one torch.compile graph (needs a C++ compiler), compiled during
     the first rollout (time/compile). Empty = on for bf16 rollouts of Llama, Qwen2, Qwen3 and Mistral models without
     LoRA in runs of 50 steps or more, which repay the compiling (docs/performance.md)."""
     packing: bool = True
-    """Run the log-prob and training passes padding-free: each group's prompt once, then its completions, masked from
-    each other. The same log-probs as padding up to rounding, on far fewer positions when prompts are shared. Models
-    whose attention takes no 4D mask (flash, flex) run padded."""
+    """Run the log-prob and training passes padding-free (each group's prompt once, then its completions, masked from
+    each other): the same log-probs on far fewer positions. Models whose attention takes no 4D mask run padded."""
     rollout_is: str = "auto"
     """Correction of the rollout engine's mismatch r = pi_old / pi_rollout per token: token or sequence (truncated
     importance sampling, Yao et al. 2025: weight by min(r, rollout_is_cap)), icepop (weight by r inside [icepop_low,
@@ -69,12 +67,10 @@ class EngineKeys:
     memory), handing its GPU memory back to training. The CPU build has no sleep mode."""
     vllm_compile: bool = False
     """CPU: compile the vLLM engine's model (vLLM's torch.compile; needs a C++ compiler) instead of running it
-    eagerly: faster decoding for a slower start, which pays in long runs (docs/performance.md). A GPU engine is
-    always compiled."""
+    eagerly: faster decoding for a slower start (docs/performance.md). A GPU engine is always compiled."""
     vllm_kv_cache_gib: float | None = None
-    """CPU: the vLLM engine's KV cache, in GiB. Empty = sized to the run (every row of a rollout or evaluation batch
-    at its longest, plus a quarter), not vLLM's fixed few GiB. A smaller cache still works, decoding fewer rows at a
-    time."""
+    """CPU: the vLLM engine's KV cache, in GiB. Empty = sized to the run (every row of a batch at its longest, plus a
+    quarter), not vLLM's fixed few GiB; a smaller cache decodes fewer rows at a time."""
     rollout_servers: int | tuple[str, ...] | None = None
     """Sample on vLLM server processes instead of in this one: the host:port of each grouprl serve (a,b,c), or N to
     start N servers on this machine, each on its own cores. Each row has its own seed, so a completion does not
@@ -88,9 +84,8 @@ class EngineKeys:
     """Seconds a rollout server may take to come up, and to answer one request (a completion, a weight
     load), before it is dropped as failed."""
     rollout_server_restarts: int = 2
-    """How many times the run restarts a server it started itself (rollout_servers: N) after it is dropped (a crash,
-    the out-of-memory killer, a hang), on the same address and cores, from the weights it served. 0 = never. files
-    transport only: nccl and gloo leave no weights on storage to restart from."""
+    """How many times the run restarts a server it started itself (rollout_servers: N) after it is dropped, on the same
+    address and cores, from the weights it served. 0 = never. files transport only."""
     rollout_weights_dir: str | None = None
     """Folder the weights pass through on their way to rollout servers, which must see it (shared storage
     across machines). Empty = /dev/shm (memory) where it exists, else the system's temporary folder."""
@@ -129,8 +124,7 @@ class DistributionKeys:
 
     engine: str = "fsdp"
     """How several processes (--nproc N, or torchrun) share the model: fsdp (FSDP2: parameters, gradients and
-    optimizer state sharded, each layer gathered while it runs) or ddp (a full copy per process, gradients
-    all-reduced: simpler, more memory). One process on a GPU uses it too (a group of one)."""
+    optimizer state sharded) or ddp (a full copy per process: simpler, more memory). One GPU process uses it too."""
     mixed_precision: str = "none"
     """FSDP2 mixed precision: none, or bf16 (parameters gathered and computed in bfloat16,
     gradients reduced in float32; the optimizer keeps float32 shards)."""

@@ -30,9 +30,8 @@ class RunFolderKeys:
     keep_checkpoints: int = 2
     """Keep only the newest this many checkpoints."""
     save_on_signal: bool = True
-    """On SIGTERM (a scheduler's preemption) or Ctrl-C, finish the step and save a checkpoint of it if that ends
-    within 25 s (Slurm and Kubernetes kill 30 s after SIGTERM); a second signal stops at once. Off: stop after the
-    step without saving. The exit status is 128 + the signal's number."""
+    """On SIGTERM or Ctrl-C, finish the step and checkpoint it if that ends within 25 s (Slurm and Kubernetes kill 30 s
+    after SIGTERM); a second signal stops at once. Off: stop without saving. Exit status: 128 + the signal's number."""
     seed: int = 0
     """Seed of every random choice (prompt order, sampling, minibatch shuffles)."""
     log_completions_every: int = 5
@@ -43,6 +42,5 @@ class RunFolderKeys:
     """Show each step on the console: a live bar (reward, KL, throughput) on a terminal, one line per step otherwise
     (a file, a pipe)."""
     loggers: tuple[str, ...] = ()
-    """Trackers besides metrics.jsonl (always written): tensorboard, trackio, wandb. trackio is Hugging Face's
-    local-first tracker; wandb writes into the run folder's wandb/ (WANDB_MODE=offline needs no network). Each is an
-    extra (pip install 'grouprl[wandb]'); a missing one is refused before the model loads. docs/logging.md."""
+    """Trackers besides metrics.jsonl (always written): tensorboard, trackio, wandb. Each is an extra (pip install
+    'grouprl[wandb]'), refused before the model loads if missing; WANDB_MODE=offline needs no network."""
