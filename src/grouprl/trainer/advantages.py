@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -11,11 +11,9 @@ from grouprl.algos import compute_advantages, constant_rows, kl_per_token
 from grouprl.algos.group_advantages import ADVANTAGES, COMPLETION, STEP
 from grouprl.registry import Registry
 from grouprl.trainer.collect import Collected
+from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.steps import StepGroupBaseline
 from grouprl.trainer.update import UpdateBatch
-
-if TYPE_CHECKING:
-    from grouprl.trainer.config import TrainerConfig
 
 
 class GroupBaseline:

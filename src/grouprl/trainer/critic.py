@@ -6,7 +6,7 @@ left out of the loss."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -16,12 +16,10 @@ from grouprl.models.activations import checkpoint_activations
 from grouprl.models.value_head import ValueModel, make_critic
 from grouprl.run.optim import build_optimizer
 from grouprl.trainer.collect import Collected
+from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.policy import model_device_type
 from grouprl.trainer.update import UpdateBatch
 from grouprl.types import RolloutBatch
-
-if TYPE_CHECKING:
-    from grouprl.trainer.config import TrainerConfig
 
 
 def token_rewards(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor, beta: float) -> torch.Tensor:

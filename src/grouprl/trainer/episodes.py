@@ -5,7 +5,7 @@ chat template rewrote history) is dropped, so its group is one smaller."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -15,13 +15,11 @@ from grouprl.rewards.base import combine, unique_names
 from grouprl.run.logs import PhaseTimer
 from grouprl.run.seed_streams import EVAL_STREAM, PromptStream, group_seeds, mix_seed
 from grouprl.trainer.collect import Collected
+from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.evaluate import EVAL_BATCH
 from grouprl.trainer.judging import apply_judge
 from grouprl.trainer.sampling import rollout_params
 from grouprl.types import RolloutBatch
-
-if TYPE_CHECKING:
-    from grouprl.trainer.config import TrainerConfig
 
 DROPPED = ("error", "template")  # end reasons that carry no usable signal
 

@@ -5,7 +5,7 @@ through the process group's forward, and the reference moved towards the policy 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -14,10 +14,8 @@ from grouprl.models import LoraSettings, apply_lora, is_peft, make_reference, re
 from grouprl.models.activations import checkpoint_activations, keep_fewer_activations
 from grouprl.models.casts import lean_casts
 from grouprl.rollout.logprobs import token_logprobs
+from grouprl.trainer.config import TrainerConfig
 from grouprl.types import RolloutBatch
-
-if TYPE_CHECKING:
-    from grouprl.trainer.config import TrainerConfig
 
 
 def prepare_policy(policy: nn.Module, config: TrainerConfig) -> nn.Module:

@@ -4,20 +4,18 @@ trajectories, tools). Both give a collector and an evaluation, so the step loop 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
 from grouprl.models import context_length, unwrap_ddp
 from grouprl.rollout.prompts import encode_checked
 from grouprl.trainer.collect import GroupCollector
+from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.evaluate import evaluate
 from grouprl.trainer.inputs import RunInputs
 from grouprl.trainer.rollout_plan import RolloutPlan, build_rollout
 from grouprl.trainer.sampling import eval_params
-
-if TYPE_CHECKING:
-    from grouprl.trainer.config import TrainerConfig
 
 Share = Callable[[int], tuple[int, int]]
 

@@ -6,17 +6,15 @@ the final answer are added to the last turn's reward."""
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from grouprl.algos import kl_per_token
 from grouprl.algos.gigpo import gigpo_advantages, step_group_ids
 from grouprl.trainer.collect import Collected
+from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.update import UpdateBatch
-
-if TYPE_CHECKING:
-    from grouprl.trainer.config import TrainerConfig
 
 
 def token_turns(policy_mask: torch.Tensor) -> torch.Tensor:

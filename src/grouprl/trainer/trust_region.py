@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -23,12 +23,10 @@ from grouprl.algos import aggregate, fisher_vector_product, flat_grad, kl_per_to
 from grouprl.errors import NonFiniteError
 from grouprl.rollout.logprobs import split_model
 from grouprl.rollout.runner import positions_from_mask
+from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.policy import PolicyPasses
 from grouprl.trainer.update import UpdateBatch
 from grouprl.types import RolloutBatch
-
-if TYPE_CHECKING:
-    from grouprl.trainer.config import TrainerConfig
 
 
 def full_logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -7,20 +7,18 @@ into the advantages."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from grouprl.algos import entropy_threshold, grpo_loss, top_entropy_weights
 from grouprl.run.optim import build_optimizer, clip_and_step
 from grouprl.run.seed_streams import SHUFFLE_STREAM, generator
+from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.loss_variants import policy_options, rollout_correction
 from grouprl.trainer.metrics import MetricAverager
 from grouprl.trainer.policy import PolicyPasses, micro_batches
 from grouprl.types import RolloutBatch
-
-if TYPE_CHECKING:
-    from grouprl.trainer.config import TrainerConfig
 
 
 @dataclass
