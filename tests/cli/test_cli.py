@@ -320,6 +320,12 @@ def test_train_then_eval_scores_the_final_checkpoint_as_the_run_did(tmp_path, ca
         assert f"sampling of the run: {run / 'config.yaml'}" in out
         alone = dict(line.split(maxsplit=1) for line in out.splitlines() if line.startswith(("accuracy", "pass@")))
         assert alone == table
+    # A run folder from an earlier release, its config.yaml holding a key retired since: evaluated, the key named.
+    (run / "config.yaml").write_text((run / "config.yaml").read_text() + "tensorboard: true\n")
+    with pytest.warns(UserWarning, match=r"config.yaml: ignoring retired keys tensorboard \(use loggers"):
+        code, out, err = run_main(capsys, "eval", "--model", run)
+    assert code == 0, err
+    assert dict(line.split(maxsplit=1) for line in out.splitlines() if line.startswith(("accuracy", "pass@"))) == table
     # Training again into the same folder would append to its logs: refused, unless replacing it.
     code, _, err = run_main(capsys, "train", *tiny_run_args(tmp_path))
     assert code == 2 and "--resume_from latest" in err and "--overwrite" in err

@@ -232,9 +232,12 @@ def _eval(args: argparse.Namespace, rest: list[str]) -> int:
     config = _resolve(args, rest, TrainConfig)
     given = {a[2:].split("=")[0] for a in [*args.overrides, *rest] if a.startswith("--")}
     run_config = None if args.config or given & PROMPT_SOURCES else run_config_of(config.model)
-    if run_config is not None:
-        args.config = str(run_config)
-        config = _resolve(args, rest, TrainConfig)
+    if run_config is not None:  # the run's own config.yaml, which may be from an earlier release
+        from grouprl.config import read_yaml_mapping
+        from grouprl.config.fields import without_retired
+
+        saved = without_retired(TrainConfig, read_yaml_mapping(run_config), str(run_config))
+        config = _resolve(args, rest, TrainConfig, base=saved)
     if args.print_config:
         return _print_config(config)
     _restart_with_allocator(args, config)

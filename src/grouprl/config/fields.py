@@ -181,6 +181,18 @@ def refuse_retired(cls: type, keys: Iterable[str], where: str = "", dash: str = 
             raise ConfigError(retired_message(dash + (f"{where}.{key}" if where else key), retired[key]))
 
 
+def without_retired(cls: type, data: Mapping, source: str) -> dict:
+    """``data`` (the top level of a config file grouprl wrote itself, ``source``) less the keys ``cls`` retired since,
+    each named in a warning: a run folder from an earlier release is still evaluated; a config a user writes is
+    refused instead (:func:`refuse_retired`)."""
+    retired = getattr(cls, "RETIRED", {})
+    dropped = [k for k in data if k in retired]
+    if dropped:
+        instead = "; ".join(retired[k] for k in dropped)
+        warnings.warn(f"{source}: ignoring retired keys {', '.join(dropped)} ({instead})", stacklevel=2)
+    return {k: v for k, v in data.items() if k not in retired}
+
+
 def _unknown_keys_error(root: type, bad: list[str], section: type, where: str, dash: str) -> ConfigError:
     """One paragraph for keys that ``section`` (at dotted path ``where``) does not have; the
     suggestions come from every key of ``root``, the class the dotted paths start from."""
