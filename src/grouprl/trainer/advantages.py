@@ -26,14 +26,11 @@ class GroupBaseline:
         """``[B]`` bool: the rows :meth:`prepare` will leave in the loss, known before the log-prob passes
         (so rows outside it need none): those with a token in ``mask``, less all-equal groups under
         ``drop``. With ``kl_in_reward`` every row's KL moves its group's rewards, so every row counts."""
-        c = self.config
         live = mask.sum(-1) > 0
-        if c.kl_penalty_in_reward:
+        if self.config.kl_penalty_in_reward:
             return torch.ones_like(live)
-        if c.zero_std_groups == "drop":
-            ids = got.batch.group_ids
-            live = live & ~constant_rows(got.rewards, None if ids is not None else c.group_size, group_ids=ids).to(
-                live.device)
+        if self.config.zero_std_groups == "drop":
+            live = live & ~constant_rows(got.rewards, **self.grouping(got)).to(live.device)
         return live
 
     def prepare(self, got: Collected, mask: torch.Tensor, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
@@ -44,15 +41,19 @@ class GroupBaseline:
         if c.kl_penalty_in_reward:  # r_i - beta * sum_t KL_t, measured on the policy that sampled
             kl = kl_per_token(old_logp, ref_logp, c.kl_estimator) * got.batch.completion_mask  # [B, T]
             rewards = rewards - beta * kl.sum(-1)
-        ids = got.batch.group_ids
-        advantages = compute_advantages(c.advantage_estimator, rewards, None if ids is not None else c.group_size,
-                                        c.advantage_scale, c.advantage_eps, reduce=self.reduce, group_ids=ids)
-        constant = constant_rows(rewards, None if ids is not None else c.group_size, group_ids=ids)  # [B]
+        advantages = compute_advantages(c.advantage_estimator, rewards, scale=c.advantage_scale, eps=c.advantage_eps,
+                                        reduce=self.reduce, **self.grouping(got))
+        constant = constant_rows(rewards, **self.grouping(got))  # [B]
         if c.zero_std_groups == "drop":
             mask = mask * (~constant).unsqueeze(-1).to(mask.dtype)
         data = UpdateBatch(rollout=got.batch, advantages=advantages, mask=mask, rewards=rewards, old_logp=old_logp,
                            ref_logp=None if c.kl_penalty_in_reward else ref_logp)
         return data, {}, constant
+
+    def grouping(self, got: Collected) -> dict[str, Any]:
+        """The batch's ``group_ids`` where it has them (agents), else contiguous groups of ``group_size``."""
+        ids = got.batch.group_ids
+        return {"group_size": None if ids is not None else self.config.group_size, "group_ids": ids}
 
 
 BASELINES: Registry = Registry("advantage level")  # an estimator's declared level -> the class that computes it

@@ -23,25 +23,17 @@ from grouprl.types import RolloutBatch
 
 
 def token_rewards(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor, beta: float) -> torch.Tensor:
-    """PPO-RLHF's token rewards ``[B, T]``: ``-beta * KL_t`` on every token plus the outcome reward
-    ``rewards [B]`` on the last one (``kl [B, T]``, 0 on padding).
+    """PPO-RLHF's token rewards ``[B, T]``: the outcome reward ``rewards [B]`` on each row's last valid token (0 for
+    a NaN reward) and ``-beta * KL_t`` on every token (``kl [B, T]``, 0 on padding).
 
-    >>> r = token_rewards(torch.tensor([1.]), torch.ones(1, 3), torch.tensor([[0.2, 0.1, 0.3]]), 0.1)
-    >>> [round(x, 6) for x in r[0].tolist()]
-    [-0.02, -0.01, 0.97]
-    """
-    return outcome_on_last_token(rewards, mask) - beta * kl * mask
-
-
-def outcome_on_last_token(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``[B]`` rewards -> ``[B, T]`` token rewards: each row's reward on its last valid token, 0
-    elsewhere (and 0 for a NaN reward).
-
-    >>> outcome_on_last_token(torch.tensor([2., 5.]), torch.tensor([[1., 1., 0.], [1., 1., 1.]])).tolist()
-    [[0.0, 2.0, 0.0], [0.0, 0.0, 5.0]]
+    >>> kl = torch.tensor([[0.2, 0.1, 0.3], [0., 0., 0.]])
+    >>> r = token_rewards(torch.tensor([1., 5.]), torch.tensor([[1., 1., 1.], [1., 1., 0.]]), kl, 0.1)
+    >>> [[round(x, 6) for x in row] for row in r.tolist()]
+    [[-0.02, -0.01, 0.97], [0.0, 5.0, 0.0]]
     """
     last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)  # [B, T] one-hot of the last token
-    return torch.where(last, torch.nan_to_num(rewards.float(), nan=0.0).unsqueeze(-1), torch.zeros_like(mask))
+    outcome = torch.where(last, torch.nan_to_num(rewards.float(), nan=0.0).unsqueeze(-1), torch.zeros_like(mask))
+    return outcome - beta * kl * mask
 
 
 class Critic:

@@ -24,11 +24,6 @@ from grouprl.types import RolloutBatch
 DROPPED = ("error", "template")  # end reasons that carry no usable signal
 
 
-def reset_seed(row: dict[str, Any], index: int) -> int:
-    """The seed a row's environments reset with: its ``seed`` column, else its index in its set."""
-    return int(row.get("seed", index))
-
-
 class EnvCollector:
     """Draws each step's resets (``rows``, also the environments' ``options``) from a seeded stream and plays G
     trajectories from each with ``sampler`` (:class:`grouprl.rollout.agent.AgentSampler`); ``share`` is
@@ -47,11 +42,11 @@ class EnvCollector:
         self.parse = resolve_tool_parser(config.tool_parser)  # once: an import path is not imported per episode
 
     def episodes(self, rows: Sequence[dict[str, Any]], indices: Sequence[int], group_size: int) -> list[Any]:
-        """``group_size`` fresh episodes per row, group-major, each reset like its row says."""
+        """``group_size`` fresh episodes per row, group-major, seeded by its ``seed`` column, else its index."""
         from grouprl.envs.episode import Episode
 
         c = self.config
-        return [Episode(self.env(), self.tools, seed=reset_seed(row, i), options=dict(row),
+        return [Episode(self.env(), self.tools, seed=int(row.get("seed", i)), options=dict(row),
                         max_tool_calls=c.max_tool_calls, tool_parser=self.parse, tool_timeout_s=c.tool_timeout_s)
                 for row, i in zip(rows, indices) for _ in range(group_size)]
 

@@ -49,25 +49,18 @@ def reward_metrics(rewards: torch.Tensor, per_fn: dict[str, torch.Tensor],
 
 
 def rollout_metrics(batch: RolloutBatch, rounds: int) -> dict[str, float]:
+    """``rollout/*``, and ``env/*`` of trajectories (``env/ended_<reason>`` is the collector's, dropped ones too)."""
     lengths = batch.lengths.float()
     out = {"rollout/len_mean": float(lengths.mean()), "rollout/len_max": float(lengths.max()),
            "rollout/truncated_frac": float(batch.truncated.float().mean()), "rollout/rounds": float(rounds),
            "rollout/groups": float(batch.num_groups)}
-    if "return_" in batch.info:
-        out.update(env_metrics(batch))
-    return out
-
-
-def env_metrics(batch: RolloutBatch) -> dict[str, float]:
-    """``env/*`` of a batch of trajectories (``env/ended_<reason>`` is the collector's: it counts the dropped)."""
     info = batch.info
-
-    def mean(values: list) -> float:
-        return sum(float(v) for v in values) / max(len(values), 1)
-
-    out = {"env/return_mean": mean(info["return_"]), "env/turns_mean": mean(info["turns"]),
-           "env/tool_calls_mean": mean(info["tool_calls"]), "env/tool_errors": mean(info["tool_errors"]),
-           "env/truncated_frac": float(batch.truncated.float().mean())}
+    if "return_" not in info:
+        return out
+    mean = lambda values: sum(float(v) for v in values) / max(len(values), 1)  # noqa: E731
+    out.update({"env/return_mean": mean(info["return_"]), "env/turns_mean": mean(info["turns"]),
+                "env/tool_calls_mean": mean(info["tool_calls"]), "env/tool_errors": mean(info["tool_errors"]),
+                "env/truncated_frac": float(batch.truncated.float().mean())})
     said = [s for s in info["success"] if s is not None]
     if said:
         out["env/success"] = mean(said)

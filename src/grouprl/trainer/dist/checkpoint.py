@@ -37,17 +37,12 @@ def _tied_duplicates(model: nn.Module) -> set[str]:
     return dupes
 
 
-def _model_class_name(model: nn.Module) -> str:
-    """The ``transformers`` class a sharded module was made from (FSDP2 subclasses it in place)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return next(c.__name__ for c in type(model).__mro__ if not issubclass(c, FSDPModule))
-
-
 def save_gathered_policy(policy: nn.Module, folder: Path, tokenizer: Any, env: DistEnv) -> None:
     """The full policy into ``folder`` on process 0 (collective: every process calls it)."""
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from grouprl.rollout.engines import plain_class_name
 
     full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not env.is_main:
@@ -62,7 +57,7 @@ def save_gathered_policy(policy: nn.Module, folder: Path, tokenizer: Any, env: D
                   metadata={"format": "pt"})
         config = getattr(inner, "config", None)
         if config is not None:
-            config.architectures = [_model_class_name(inner)]
+            config.architectures = [plain_class_name(inner)]
             config.save_pretrained(str(folder))
         if getattr(inner, "generation_config", None) is not None:
             inner.generation_config.save_pretrained(str(folder))
@@ -97,7 +92,9 @@ def save_dist_checkpoint(root: Path, step: int, *, env: DistEnv, policy: nn.Modu
     if env.is_main:
         tmp, final = temporary_folder(root, step, "dist")
         (tmp / "rng").mkdir()
-    tmp, final = dist_broadcast_paths(tmp, final)
+    box = [[str(tmp), str(final)]]
+    dist.broadcast_object_list(box, src=0)  # process 0's folders in every process
+    tmp, final = map(Path, box[0])
     dcp.save(_payload(policy, stateful.pop(SHARDED, None), reference), checkpoint_id=str(tmp / "dcp"))
     save_gathered_policy(policy, tmp / "model", tokenizer, env)
     torch.save(rng_state(), tmp / "rng" / f"rank-{env.rank}.pt")
@@ -113,13 +110,6 @@ def save_dist_checkpoint(root: Path, step: int, *, env: DistEnv, policy: nn.Modu
         publish(tmp, final, keep)
     dist.barrier()
     return final
-
-
-def dist_broadcast_paths(*paths: Path) -> list[Path]:
-    """Process 0's ``paths`` in every process."""
-    box = [list(map(str, paths))]
-    dist.broadcast_object_list(box, src=0)
-    return [Path(p) for p in box[0]]
 
 
 def load_dist_checkpoint(folder: Path, *, env: DistEnv, policy: nn.Module, reference: nn.Module | None = None,
