@@ -34,6 +34,18 @@ def write_tiny64(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def tiny_server_info(transfer: str | None) -> dict:
+    """What ``GET /grouprl/info`` of a server of the default tiny model answers, with weight transfer ``transfer``
+    (for fake servers: they answer it and nothing else as a real one would)."""
+    from grouprl.models import tiny_causal_lm
+
+    config = tiny_causal_lm()[0].config
+    return {"version": None, "adapter": None, "model": "tiny", "dtype": "fp32", "max_model_len": 256, "lora_rank": None,
+            "weight_transfer": transfer, "workers": 1,
+            "facts": {"vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+                      "num_hidden_layers": config.num_hidden_layers}}
+
+
 def running(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie (read from /proc)."""
     try:

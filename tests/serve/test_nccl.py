@@ -29,6 +29,7 @@ from grouprl.serve.client.local_servers import kill_group
 from grouprl.serve.server.app import ServeOptions, engine_argv
 from grouprl.serve.weights.sent import LiveWeights, StagedWeights, merged_lora_tensors, staged_copy, tensors_to_send
 from grouprl.serve.weights.transport import TRANSPORTS, reading, resolve_transport, server_transport
+from tests.helpers.servers import tiny_server_info
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -233,11 +234,7 @@ class FakeServer:
     and takes ``join_s`` seconds to answer a join (it never joins the group)."""
 
     def __init__(self, transfer, join_s=30.0):
-        model, _ = tiny_causal_lm()
-        info = {"version": None, "adapter": None, "model": "tiny", "dtype": "fp32", "max_model_len": 256,
-                "lora_rank": None, "weight_transfer": transfer, "workers": 1,
-                "facts": {"vocab_size": model.config.vocab_size, "hidden_size": model.config.hidden_size,
-                          "num_hidden_layers": model.config.num_hidden_layers}}
+        info = tiny_server_info(transfer)
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *_):

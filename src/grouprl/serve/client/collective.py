@@ -78,6 +78,7 @@ class ServersClient:
         self.failed: dict[str, str] = {}
         self.broken: set[str] = set()
         """The servers whose join failed on the wire (a reset connection, a 5xx), not by refusal or timeout."""
+        self.late: set[str] = set()
 
     def _all(self, path: str, body: Callable[[Server], dict[str, Any]], timeout: float | None = None) -> None:
         """POST ``body(server)`` to every server at once; a start's answer gives the server's token, a finish's the
@@ -111,10 +112,11 @@ class ServersClient:
         async def every() -> None:
             outcomes = await asyncio.gather(*(one(s, i) for i, s in enumerate(self.servers)), return_exceptions=True)
             for server, outcome in zip(self.servers, outcomes):
-                if isinstance(outcome, ServerFailure):
+                if isinstance(outcome, ServerFailure) and isinstance(outcome.__cause__, httpx.TimeoutException):
+                    self.late.add(server.address)  # named as not joined in time, as at the trainer's own deadline
+                elif isinstance(outcome, ServerFailure):
                     self.failed[server.address] = outcome.what
-                    if not isinstance(outcome.__cause__, httpx.TimeoutException):
-                        self.broken.add(server.address)
+                    self.broken.add(server.address)
                 elif isinstance(outcome, BaseException):
                     self.failed[server.address] = str(outcome)
 
@@ -228,9 +230,9 @@ class CollectiveWeights:
 
         threading.Thread(target=join, name="grouprl-weights-join", daemon=True).start()
         deadline = time.monotonic() + self.timeout
-        while not done.done() and not client.failed and time.monotonic() < deadline:
+        while not done.done() and not client.failed and not client.late and time.monotonic() < deadline:
             time.sleep(JOIN_POLL_S)
-        if client.failed or not done.done():
+        if client.failed or client.late or not done.done():
             self.pool.cancel()  # the join requests still waiting end, and with them vLLM's thread that made them
             said = "; ".join(f"{a}: {why}" for a, why in client.failed.items())
             late = [s.address for s in servers if s.address not in client.joined and s.address not in client.failed]
