@@ -23,9 +23,8 @@ class GroupBaseline:
         self.config, self.reduce = config, reduce
 
     def rows_in_loss(self, got: Collected, mask: torch.Tensor) -> torch.Tensor:
-        """``[B]`` bool: the rows :meth:`prepare` will leave in the loss, known before the log-prob passes
-        (so rows outside it need none): those with a token in ``mask``, less all-equal groups under
-        ``drop``. With ``kl_in_reward`` every row's KL moves its group's rewards, so every row counts."""
+        """``[B]`` bool: the rows :meth:`prepare` will leave in the loss, so the log-prob passes skip the others;
+        all of them under ``kl_in_reward``, where every row's KL moves its group's rewards."""
         live = mask.sum(-1) > 0
         if self.config.kl_penalty_in_reward:
             return torch.ones_like(live)

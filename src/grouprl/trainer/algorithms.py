@@ -55,7 +55,6 @@ def owners(key: str) -> list[str]:
     return [name for name in ALGORITHMS if key in ALGORITHMS.get(name).keys]
 
 
-KL_CONTROLLERS: Registry = Registry("KL controller")
-"""name -> ``fn(config) -> controller`` with ``beta``, ``update(kl, n)`` and a state dict."""
+KL_CONTROLLERS: Registry = Registry("KL controller")  # name -> fn(config) -> controller: beta, update(kl, n), state
 KL_CONTROLLERS.register("fixed", lambda c: FixedKLController(c.beta))
 KL_CONTROLLERS.register("adaptive", lambda c: AdaptiveKLController(c.beta, c.kl_target, c.kl_horizon))

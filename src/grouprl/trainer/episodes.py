@@ -97,10 +97,9 @@ class EnvCollector:
 
 def evaluate_episodes(collector: EnvCollector, rows: Sequence[dict[str, Any]], *, params: Any, k: int, seed: int,
                       first: int = 0, batch_resets: int = EVAL_BATCH) -> dict[str, float]:
-    """Play ``k`` trajectories from each held-out reset and measure them: ``eval/success`` (mean over
-    trajectories of the environment's success, where it says), ``eval/pass@k`` (a reset solved at
-    least once), ``eval/mean_reward`` (return), ``eval/turns_mean``, ``eval/len_mean`` (policy tokens).
-    Trajectory j of held-out reset i draws from ``(seed, EVAL_STREAM, i, j)`` alone."""
+    """Play ``k`` trajectories from each held-out reset: ``eval/success`` (where the environment says),
+    ``eval/pass@k`` (a reset solved at least once), ``eval/mean_reward`` (return), ``eval/turns_mean``,
+    ``eval/len_mean`` (policy tokens). Trajectory j of reset i draws from ``(seed, EVAL_STREAM, i, j)`` alone."""
     k = 1 if params.temperature == 0 else k
     returns, turns, lengths, success, passes = [], [], [], [], []
     for start in range(0, len(rows), batch_resets):

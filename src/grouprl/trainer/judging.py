@@ -1,6 +1,5 @@
-"""A group judge in the step (:mod:`grouprl.rewards.judges`): every group of the step handed to the
-judge in one call, its scores made the reward (or added to it with ``judge_weight``), and what the
-reward functions alone said kept as ``reward/independent``."""
+"""A group judge in the step (:mod:`grouprl.rewards.judges`): every group handed to it in one call, its scores made
+the reward (or added with ``judge_weight``), what the reward functions said kept as ``reward/independent``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The policy and its frozen reference as the trainer uses them: LoRA and gradient checkpointing set
-up, the reference made (a copy, or the LoRA base with adapters off), per-token log-prob passes
-through the process group's forward, and the reference moved towards the policy on schedule."""
+"""The policy and its frozen reference as the trainer uses them: set up (LoRA, checkpointing), the reference made
+(a copy, or the LoRA base with adapters off), per-token log-prob passes, the reference moved towards the policy."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ def prepare_policy(policy: nn.Module, config: TrainerConfig) -> nn.Module:
 
 
 def default_reference(policy: nn.Module, config: TrainerConfig) -> nn.Module | None:
-    """A frozen copy of ``policy`` when the objective has a KL term and the policy has no LoRA base
-    to fall back on; None otherwise."""
+    """A frozen copy of ``policy`` when the objective has a KL term and no LoRA base can stand in; else None."""
     if not config.needs_reference or is_peft(policy):
         return None
     return make_reference(policy, torch.bfloat16 if config.reference_bf16 else None)
@@ -51,10 +49,9 @@ def bf16_base_fits(policy: nn.Module, config: TrainerConfig, processes: Any, own
 
 
 def micro_batches(rows: torch.Tensor, live: torch.Tensor | None, size: int, in_step: bool) -> list[torch.Tensor]:
-    """``rows`` (``[n]`` row indices) in passes of at most ``size``, each keeping only the rows whose ``live``
-    (``[B]`` bool, None = all) is true. The split comes before rows are left out, so a pass holds the same
-    rows however the batch is shared between processes. An empty pass is skipped in one process; with
-    ``in_step`` (several processes, which must make the same passes) it keeps its first row, whose part is 0."""
+    """``rows`` (``[n]`` indices) in passes of at most ``size``, less the rows not ``live`` (``[B]`` bool, None = all),
+    split first so a pass holds the same rows however processes share the batch. An empty pass is skipped, or with
+    ``in_step`` (processes must make the same passes) keeps its first row, whose part is 0."""
     out = []
     for chunk in rows.split(size):
         kept = chunk if live is None else chunk[live[chunk].to(chunk.device)]

@@ -116,9 +116,8 @@ class ClippedSurrogateUpdate:
     def micro_loss(self, data: UpdateBatch, micro: torch.Tensor, step: int, beta: float, n_rows: float,
                    n_tokens: float, selected: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss of rows ``micro`` of a minibatch of ``n_rows`` rows and ``n_tokens`` tokens (the
-        shared denominators), scaled to this process's share of the batch gradient; ``selected`` (``[B, T]``
-        0/1, or None for every token) weighs each token's policy-gradient term."""
+        """The loss of rows ``micro`` over the minibatch's ``n_rows`` and ``n_tokens``, scaled to this process's
+        share of the batch gradient; ``selected`` (``[B, T]`` 0/1, None: all) weighs each token's policy term."""
         c = self.config
         part = data.rows(micro)
         total, metrics = torch.zeros(()), {}
@@ -159,7 +158,6 @@ class ClippedSurrogateUpdate:
 
 
 def weighted(advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``[B]`` or ``[B, T]`` advantages times per-token ``weights [B, T]`` (>= 0): ``[B, T]``. Every policy loss
-    is linear in a non-negative factor on the advantage (grouprl.algos.policy_losses), so this weighs each
-    token's policy-gradient term and nothing else."""
+    """``[B]`` or ``[B, T]`` advantages times ``weights [B, T]`` (>= 0): ``[B, T]``. Every policy loss is linear in a
+    non-negative factor on the advantage, so this weighs each token's policy-gradient term and nothing else."""
     return (advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)) * weights

@@ -132,7 +132,9 @@ def load_dist_checkpoint(folder: Path, *, env: DistEnv, policy: nn.Module, refer
                          f"(--nproc {saved_world}), not {env.world_size}")
     stateful = dict(stateful or {})
     optimizer = stateful.pop(SHARDED, None)
-    with_reference = reference if reference is not None and _has_reference(folder) else None
+    # reference weights are there only when reference sync moved them
+    saved = dcp.FileSystemReader(str(folder / "dcp")).read_metadata().state_dict_metadata
+    with_reference = reference if reference is not None and any(k.startswith("reference.") for k in saved) else None
     payload = _payload(policy, optimizer, with_reference)
     dcp.load(payload, checkpoint_id=str(folder / "dcp"))
     if optimizer is None:
@@ -147,11 +149,3 @@ def load_dist_checkpoint(folder: Path, *, env: DistEnv, policy: nn.Module, refer
         load_model(module, str(folder / f"{name}.safetensors"))
     set_rng_state(torch.load(folder / "rng" / f"rank-{env.rank}.pt", weights_only=False))
     return state
-
-
-def _has_reference(folder: Path) -> bool:
-    """Whether the sharded checkpoint holds reference weights (saved only when reference sync moved them)."""
-    import torch.distributed.checkpoint as dcp
-
-    metadata = dcp.FileSystemReader(str(folder / "dcp")).read_metadata()
-    return any(key.startswith("reference.") for key in metadata.state_dict_metadata)

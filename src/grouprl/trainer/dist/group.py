@@ -81,8 +81,7 @@ def max_float(value: float) -> float:
 
 
 def gather_objects(obj: Any) -> list[Any]:
-    """``obj`` of every process, in rank order (pickled: tensors of different shapes are fine,
-    which a tensor ``all_gather`` on gloo is not)."""
+    """``obj`` of every process, in rank order (pickled: any shapes, unlike a tensor ``all_gather`` on gloo)."""
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out

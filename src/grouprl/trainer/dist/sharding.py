@@ -22,8 +22,7 @@ MIXED_PRECISION = ("none", "bf16")
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of a ``transformers`` model, found by the class names it lists in
-    ``_no_split_modules`` (peft wrappers are looked through)."""
+    """The repeated blocks of a ``transformers`` model: the classes of its ``_no_split_modules`` (through peft)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = set(getattr(inner, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in names]
@@ -59,8 +58,7 @@ class Sharding:
         return kwargs
 
     def trainable(self, model: nn.Module, env: DistEnv) -> nn.Module:
-        """``model`` ready for training: FSDP2 (each decoder layer a unit, then the root; converted in place) or
-        DDP (a wrapper)."""
+        """``model`` ready for training: FSDP2 (converted in place) or DDP (a wrapper)."""
         model.to(env.device)
         if self.engine == "ddp":
             from torch.nn.parallel import DistributedDataParallel
@@ -69,10 +67,7 @@ class Sharding:
             return DistributedDataParallel(model, device_ids=ids)
         from torch.distributed.fsdp import register_fsdp_forward_method
 
-        kwargs = self.fsdp_kwargs(env)
-        for layer in decoder_layers(model):
-            _shard_unit(layer, True, kwargs)
-        _shard_unit(model, False, kwargs)  # the root's parameters are needed again right at backward
+        self.fully_shard(model, env, root_reshards=False)  # the root's parameters are needed again right at backward
         if hasattr(model, "generate"):  # HF generate calls forward from inside another method
             register_fsdp_forward_method(model, "generate")
         return model
@@ -80,21 +75,17 @@ class Sharding:
     def frozen(self, model: nn.Module, env: DistEnv) -> nn.Module:
         """A frozen model (the reference) sharded like the policy under FSDP; a plain replica under DDP."""
         model.to(env.device)
-        if self.engine == "ddp":
-            return model
+        return model if self.engine == "ddp" else self.fully_shard(model, env, root_reshards=True)
+
+    def fully_shard(self, model: nn.Module, env: DistEnv, root_reshards: bool) -> nn.Module:
+        """FSDP2 units in place, each decoder layer then the root, noting each one's reshard for gathered_weights."""
+        from torch.distributed.fsdp import fully_shard
+
         kwargs = self.fsdp_kwargs(env)
-        for layer in decoder_layers(model):
-            _shard_unit(layer, True, kwargs)
-        _shard_unit(model, True, kwargs)
+        for unit, reshard in [*((layer, True) for layer in decoder_layers(model)), (model, root_reshards)]:
+            fully_shard(unit, reshard_after_forward=reshard, **kwargs)
+            unit.grouprl_reshard_after_forward = reshard
         return model
-
-
-def _shard_unit(module: nn.Module, reshard_after_forward: bool, kwargs: dict[str, Any]) -> None:
-    """``fully_shard`` one unit, remembering its reshard setting for :func:`gathered_weights`."""
-    from torch.distributed.fsdp import fully_shard
-
-    fully_shard(module, reshard_after_forward=reshard_after_forward, **kwargs)
-    module.grouprl_reshard_after_forward = reshard_after_forward
 
 
 @contextlib.contextmanager
