@@ -68,8 +68,7 @@ def rollout_metrics(batch: RolloutBatch, rounds: int) -> dict[str, float]:
 
 
 def row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``[B]`` advantages as logged per completion: as given, or the mean over each row's counted
-    tokens of per-token ones ``[B, T]``."""
+    """``[B]`` advantages as logged: as given, or per-token ones ``[B, T]`` averaged over each row's counted tokens."""
     if advantages.dim() == 1:
         return advantages
     return (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)

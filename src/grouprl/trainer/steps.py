@@ -33,25 +33,22 @@ def key_ids(keys: list[list[Any]], groups: list[int], similarity: float | None) 
     ``difflib`` ratio to an earlier one reaches it); -1 for a missing key. Ids compare only within a group."""
     table: dict[tuple[int, str], int] = {}
     texts: dict[int, list[tuple[str, int]]] = {}  # group -> (representative text, its id)
-    out = []
-    for row, group in zip(keys, groups):
-        ids = []
-        for key in row:
-            if key is None:
-                ids.append(-1)
-                continue
-            name = key if isinstance(key, str) else repr(key)
-            found = table.get((group, name))
-            if found is None and similarity is not None and isinstance(key, str):
-                found = next((i for text, i in texts.get(group, [])
-                              if difflib.SequenceMatcher(None, text, key).ratio() >= similarity), None)
-            if found is None:
-                found = len(table)
-                texts.setdefault(group, []).append((name, found))
-            table[(group, name)] = found
-            ids.append(found)
-        out.append(ids)
-    return out
+
+    def key_id(key: Any, group: int) -> int:
+        if key is None:
+            return -1
+        name = key if isinstance(key, str) else repr(key)
+        found = table.get((group, name))
+        if found is None and similarity is not None and isinstance(key, str):
+            found = next((i for text, i in texts.get(group, [])
+                          if difflib.SequenceMatcher(None, text, key).ratio() >= similarity), None)
+        if found is None:
+            found = len(table)
+            texts.setdefault(group, []).append((name, found))
+        table[(group, name)] = found
+        return found
+
+    return [[key_id(key, group) for key in row] for row, group in zip(keys, groups)]
 
 
 class StepGroupBaseline:
