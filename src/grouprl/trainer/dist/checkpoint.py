@@ -26,17 +26,6 @@ from grouprl.trainer.dist.group import DistEnv
 SHARDED = "optimizer"  # the stateful part saved in shards beside the policy; the others, small, by process 0
 
 
-def _tied_duplicates(model: nn.Module) -> set[str]:
-    """Names of parameters that are another name's tensor (a tied LM head): saved once."""
-    seen: dict[int, str] = {}
-    dupes = set()
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            dupes.add(name)
-        seen.setdefault(id(p), name)
-    return dupes
-
-
 def save_gathered_policy(policy: nn.Module, folder: Path, tokenizer: Any, env: DistEnv) -> None:
     """The full policy into ``folder`` on process 0 (collective: every process calls it)."""
     from safetensors.torch import save_file
@@ -52,8 +41,9 @@ def save_gathered_policy(policy: nn.Module, folder: Path, tokenizer: Any, env: D
     if hasattr(inner, "peft_config"):  # peft keeps only the adapter's entries of the full state dict
         inner.save_pretrained(str(folder), state_dict=full)
     else:
-        dupes = _tied_duplicates(inner)
-        save_file({k: v.contiguous() for k, v in full.items() if k not in dupes}, str(folder / "model.safetensors"),
+        # a tied tensor (the LM head) is saved once, under its first name
+        tied = {n for n, _ in inner.named_parameters(remove_duplicate=False)} - {n for n, _ in inner.named_parameters()}
+        save_file({k: v.contiguous() for k, v in full.items() if k not in tied}, str(folder / "model.safetensors"),
                   metadata={"format": "pt"})
         config = getattr(inner, "config", None)
         if config is not None:
