@@ -6,7 +6,7 @@ into the advantages."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -38,11 +38,9 @@ class UpdateBatch:
     rollout_logp: torch.Tensor | None = None  # [B, T]
 
     def rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor | None]:
-        """The per-row tensors of ``rows`` (a micro-batch), by name."""
-        pick = lambda x: None if x is None else x[rows]  # noqa: E731
-        return {"advantages": pick(self.advantages), "mask": self.mask[rows], "old_logp": pick(self.old_logp),
-                "ref_logp": pick(self.ref_logp), "values": pick(self.values), "returns": pick(self.returns),
-                "rollout_logp": pick(self.rollout_logp)}
+        """The per-row tensors of ``rows`` (a micro-batch), by name (every field but the rollout and its rewards)."""
+        picked = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("rollout", "rewards")}
+        return {name: None if x is None else x[rows] for name, x in picked.items()}
 
 
 class ClippedSurrogateUpdate:
