@@ -1,5 +1,3 @@
-"""Generation for GRPO, knowing nothing of advantages or losses: the built-in engine (:mod:`.sampler`, decode loops
-in :mod:`.decoding`, :mod:`.beams`, :mod:`.turns`), per-token log-probs shared with the trainer (:mod:`.logprobs`),
-rollout formats (:mod:`.formats`, CPU paths in :mod:`.cpu`), vLLM (:mod:`.vllm`) and scratch folders that go with
-their process (:mod:`.scratch`).
-"""
+"""Generation, knowing nothing of advantages or losses: the engine seam (:mod:`.protocol`), the built-in engine
+(:mod:`.sampler`, :mod:`.decoding`, :mod:`.beams`, :mod:`.turns`), log-probs (:mod:`.logprobs`), formats
+(:mod:`.formats`, :mod:`.cpu`) and vLLM (:mod:`.vllm`)."""

@@ -1,7 +1,6 @@
-"""Attention for decode steps: the few new queries of each row against its cached keys, head group by head group,
-with no copy of the cache (``transformers``' SDPA path copies the whole cache per layer and step through
-``repeat_kv`` whenever a mask is passed on a CPU). Prefills and training passes keep SDPA. On a CPU, bf16 uses
-fused SDPA with ``enable_gqa``; fp32 two batched products around a softmax. A GPU keeps the products.
+"""Attention for decode steps: each row's few new queries against its cached keys by head group, with no copy of
+the cache (``transformers``' SDPA path copies it through ``repeat_kv`` when a mask is passed on a CPU). CPU bf16
+uses fused SDPA with ``enable_gqa``; fp32 and GPUs two batched products around a softmax. Prefills keep SDPA.
 
 Shapes: B rows, H query heads in KV groups of g = H / KV, q new positions, L cached + new positions, D head width."""
 
@@ -42,8 +41,7 @@ def _fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
     """:func:`grouped_attention` through PyTorch's SDPA on the grouped heads (a query attending nothing: zeros)."""
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(query.dtype).clamp(min=torch.finfo(query.dtype).min)  # -inf rows would give NaNs
-    # the fused kernel needs unit-stride heads (else SDPA falls back to its unfused path, which rounds differently);
-    # the forward's queries come as views of a transposed product (the cache views have unit-stride heads)
+    # the fused kernel needs unit-stride heads, else SDPA's unfused path rounds differently
     query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous()                                                 # [B, q, H, D]

@@ -1,8 +1,8 @@
 """Beam search returning the G best beams of each prompt as its group.
 
-A beam's score is the sum of its tokens' log-probs under ``log_softmax(logits / T)`` (T = 0 read as 1; no length
-penalty). Log-probs are <= 0, so a prompt is done, exactly, once its W-th best finished score is at least its best
-running score. At ``max_new_tokens`` the running beams compete as truncated hypotheses.
+A beam's score is the sum of its tokens' ``log_softmax(logits / T)`` (T = 0 read as 1; no length penalty), so a
+prompt is done once its W-th best finished score reaches its best running one; at ``max_new_tokens`` running beams
+compete as truncated hypotheses.
 
 Shapes: P prompts, W = G beams per prompt, pa prompts still searching, N = max_new_tokens, V vocabulary,
 C candidates that end at a step."""
@@ -32,8 +32,7 @@ class _Hypotheses:
 
     def merge(self, active: torch.Tensor, score: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor,
               length: torch.Tensor, truncated: torch.Tensor) -> None:
-        """Offer C candidates per active prompt (score [pa, C], tokens / logprobs [pa, C, N],
-        length / truncated [pa, C]); keep the W best of old and new."""
+        """Keep the W best of the old and C new candidates per active prompt ([pa, C], tokens [pa, C, N])."""
         w = self.score.shape[1]
         best, pick = torch.cat([self.score[active], score], 1).topk(w, -1)  # [pa, W]
         n = tokens.shape[-1]
@@ -79,8 +78,7 @@ def beam_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     n = params.max_new_tokens
     temp = params.temperature or 1.0
     device = req.prompt_ids.device
-    runner = Runner(req.model, capacity=lp + n, compiled=req.compiled,
-                    fmt=params.format)
+    runner = Runner(req.model, capacity=lp + n, compiled=req.compiled, fmt=params.format)
     logits = runner.forward(req.prompt_ids, req.prompt_mask, positions_from_mask(req.prompt_mask))  # [P, V]
     vocab = logits.shape[-1]
     runner.repeat_rows(w)

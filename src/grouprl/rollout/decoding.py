@@ -1,6 +1,5 @@
 """The sampling decode loop: G independent samples per prompt on a shared prefill. Finished rows leave the batch and
-the cache at once (down to the rows a compiled step needs); a step is a fixed handful of tensor operations whatever
-the rows, with one host sync ("did any row finish").
+the cache at once; a step is a few tensor operations with one host sync ("did any row finish").
 
 Shapes: P prompts, G samples each, B = P*G rows (prompt-major), Lp padded prompt length, N = max_new_tokens, b rows
 still running, V vocabulary."""
@@ -94,8 +93,8 @@ def finish(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, ended_at: torch
 
 
 def rows_to_keep(running: torch.Tensor, fewest: int) -> torch.Tensor:
-    """Indices [b'] of the rows to go on decoding: the ``running`` [b] ones, topped up with finished ones to
-    ``fewest`` (a compiled step's minimum; :func:`finish` cuts what they draw past their end)."""
+    """Indices [b'] of the ``running`` [b] rows, topped up with finished ones to ``fewest`` (a compiled step's
+    minimum)."""
     keep = running.nonzero().flatten()
     short = fewest - len(keep)
     if short > 0:
@@ -110,8 +109,7 @@ def sample_groups(req: DecodeRequest, pad_id: int) -> Decoded:
     g, n = req.group_size, params.max_new_tokens
     b_all = p * g
     device = req.prompt_ids.device
-    runner = Runner(req.model, capacity=lp + n, compiled=req.compiled,
-                    fmt=params.format)
+    runner = Runner(req.model, capacity=lp + n, compiled=req.compiled, fmt=params.format)
     logits = prefill(runner, req)  # [B, V]
 
     rows = torch.arange(b_all, device=device)  # original row of each running row  [b]

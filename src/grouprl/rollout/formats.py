@@ -1,8 +1,6 @@
-"""The rollout formats (:data:`FORMATS`), looked up by name rather than compared: ``fp32`` (the live weights);
-``bf16`` (bf16 copies of every fp32 parameter per rollout under bf16 autocast, fast where the CPU multiplies bf16
-natively and on GPUs); ``bf16-weights`` (CPU only, eager: one-token steps multiply bf16 copies of the weights with
-fp32 activations and sums, :mod:`grouprl.rollout.cpu.bf16_weights`).
-"""
+"""The rollout formats (:data:`FORMATS`): ``fp32`` (the live weights); ``bf16`` (bf16 copies of the weights per
+rollout under bf16 autocast); ``bf16-weights`` (CPU only: one-token steps multiply bf16 weight copies with fp32
+activations, :mod:`grouprl.rollout.cpu.bf16_weights`)."""
 
 from __future__ import annotations
 

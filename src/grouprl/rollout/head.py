@@ -1,13 +1,12 @@
-"""The LM head's part of a log-prob pass: logits of a chunk of positions, the given token's log-prob and the entropy
-there, never keeping a chunk's ``[c, V]`` logits for backward.
+"""The LM head's part of a log-prob pass, a chunk of positions at a time, never keeping ``[c, V]`` logits for backward.
 
-For a plain bias-free linear head, :class:`HeadScores` writes its backward out: it saves only the hidden states,
-recomputes the logits once, and forms their gradient in place from the softmax p:
+A plain bias-free linear head goes through :class:`HeadScores`, which saves the hidden states only and forms the
+logits' gradient in place from the softmax p:
 
     d logp_x / d logits = onehot(x) - p
     d H      / d logits = -p * (log p + H)
 
-Any other head (peft-wrapped, with a bias) goes through :func:`chunk_scores` under activation checkpointing.
+Any other head goes through :func:`chunk_scores` under activation checkpointing.
 
 Shapes: n positions, c per chunk, H hidden size, V vocabulary."""
 

@@ -1,7 +1,6 @@
-"""Per-token log-probs (and entropies) of given completions under a causal LM: what the trainer scores rollouts
-with. The decoder body runs once to hidden states and the LM head runs over chunks of completion positions
-(:mod:`.head`), so no float32 ``[B, T, V]`` exists. Positions follow the sampler's rule, so the log-probs of sampled
-tokens equal its ``sampling_logprobs`` when no filter or penalty was used; ``temperature=0`` is scored at 1."""
+"""Per-token log-probs (and entropies) of given completions under a causal LM. The LM head runs over chunks of
+positions (:mod:`.head`), so no float32 ``[B, T, V]`` exists; positions follow the sampler's, so unfiltered samples
+score their ``sampling_logprobs``; ``temperature=0`` is scored at 1."""
 
 from __future__ import annotations
 
@@ -87,8 +86,7 @@ def _packed_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: to
                      completion_ids: torch.Tensor, completion_mask: torch.Tensor,
                      sequence_mask: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], int] | None:
-    """:func:`_padded_features` from the padding-free layout (:mod:`.packing`), or None where the model cannot
-    take it."""
+    """:func:`_padded_features` in the padding-free layout (:mod:`.packing`); None where the model cannot take it."""
     impl = _attention_implementation(model)
     if impl not in MASK_FORMS or _prompt_learning(model):
         return None

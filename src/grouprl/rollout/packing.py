@@ -1,8 +1,7 @@
-"""Padding-free layout of a batch of completions for the training forward passes: the G rows of a group share their
-prompt, so each run of rows with the same prompt is one sequence ``[prompt | completion 1 | ... | completion G]``
-under a 4D mask (prompt tokens see earlier prompt tokens, each completion token the prompt and its own earlier
-tokens). Positions restart after the prompt for every completion, so log-probs equal the padded layout's up to
-rounding. Sequences share rows as wide as the longest one (first-fit decreasing).
+"""Padding-free layout for the training forward passes: each run of rows with the same prompt is one sequence
+``[prompt | completion 1 | ... | completion G]`` under a 4D mask (a completion token sees the prompt and its own
+earlier tokens); positions restart after the prompt for every completion, so log-probs equal the padded layout's.
+Sequences share rows as wide as the longest one (first-fit decreasing).
 
 Shapes: B rows, Lp prompt columns, T completion columns, S sequences, R rows they are packed into, L the rows'
 width, n completion tokens that count."""
@@ -45,9 +44,8 @@ def _segments(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tens
 
 def pack_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                 completion_mask: torch.Tensor, sequence_mask: torch.Tensor | None = None) -> Packed:
-    """The packed layout of left-padded prompts ``[B, Lp]`` and right-padded completions ``[B, T]``:
-    ``sequence_mask`` (default ``completion_mask``), a prefix mask, says which tokens are laid out,
-    ``completion_mask`` which are scored."""
+    """Left-padded prompts ``[B, Lp]`` and right-padded completions ``[B, T]`` packed: ``sequence_mask`` (a prefix
+    mask, default ``completion_mask``) lays tokens out, ``completion_mask`` scores them."""
     device = prompt_ids.device
     b, lp_cols = prompt_ids.shape
     seg = _segments(prompt_ids, prompt_mask)  # [B]

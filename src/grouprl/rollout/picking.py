@@ -1,9 +1,6 @@
-"""Choosing the next token from a row of logits, in ``transformers``' order: repetition penalty, temperature,
-top-k, top-p, min-p. Each row draws with ONE uniform by inverting its CDF, so its token depends only on its own
-logits and uniform, never on which other rows share the batch. ``sampling_logprobs`` are log-probs under the
-distribution actually sampled from (renormalised over the tokens the filters keep); greedy rows report
-``log_softmax(logits)``.
-"""
+"""The next token from a row of logits, in ``transformers``' order: repetition penalty, temperature, top-k, top-p,
+min-p. Each row inverts its CDF with ONE uniform, so its token never depends on the rest of the batch; its log-prob
+is under the distribution sampled from (greedy: ``log_softmax(logits)``)."""
 
 from __future__ import annotations
 
@@ -62,9 +59,8 @@ def _keep_sorted(sorted_weights: torch.Tensor, params: SamplingParams) -> torch.
 
 def pick_tokens(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None,
                 seen: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token of every row and its log-prob: logits [b, V] float32, u [b] uniforms (ignored when greedy),
-    seen [b, V] bool (for the repetition penalty) -> (tokens [b] long, logprobs [b] float32).
-    """
+    """logits [b, V] float32, u [b] uniforms (unused when greedy), seen [b, V] bool (repetition penalty) ->
+    (next tokens [b] long, their log-probs [b] float32)."""
     # a row's sums must run in one order whatever the head's layout, or a seeded run could draw differently
     logits = logits.contiguous()
     if seen is not None and params.repetition_penalty != 1.0:

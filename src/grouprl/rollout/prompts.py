@@ -1,9 +1,6 @@
-"""Turning user prompts (plain text or chat messages) into token ids.
-
-A prompt is a string or a list of ``{"role": ..., "content": ...}`` messages. Chat messages always go
-through the tokenizer's chat template; a plain string is wrapped as one user message when
-``use_chat_template`` is on and used verbatim otherwise. An optional system prompt is prepended. A
-special-token string in a prompt is tokenized as its characters (:mod:`grouprl.data.templates`)."""
+"""User prompts (a string or ``{"role", "content"}`` messages) to token ids. Messages always go through the chat
+template; a string is one user message when ``use_chat_template`` is on, else verbatim. Special-token text in a
+prompt is tokenized as its characters (:mod:`grouprl.data.templates`)."""
 
 from __future__ import annotations
 
@@ -37,8 +34,8 @@ def render_prompt(tokenizer: Any, prompt: Prompt, *, system_prompt: str | None =
 
 def encode_prompt(tokenizer: Any, prompt: Prompt, *, system_prompt: str | None = None,
                   use_chat_template: bool = True) -> list[int]:
-    """Token ids of the rendered ``prompt``: the template's markers special, the prompt's own text as text.
-    The template writes any BOS it wants; nothing is added to it."""
+    """Token ids of the rendered ``prompt``: the template's markers special, the prompt's own text as text (no BOS
+    added beyond the template's)."""
     if isinstance(prompt, str) and not use_chat_template:
         return text_ids(tokenizer, render_prompt(tokenizer, prompt, system_prompt=system_prompt,
                                                  use_chat_template=False))
@@ -56,10 +53,9 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], *, system_prompt: 
 def encode_checked(tokenizer: Any, rows: Sequence[dict[str, Any]], what: str, max_len: int, *,
                    system_prompt: str | None, use_chat_template: bool, context: int | None = None,
                    max_new_tokens: int = 0, places: Sequence[str] = ()) -> list[list[int]]:
-    """Token ids of every row's prompt, once. A prompt over ``max_len`` tokens, one that leaves fewer
-    than ``max_new_tokens`` of the model's ``context`` for its completion, or an empty one is a
-    :class:`~grouprl.errors.PromptTooLongError` naming its row (by ``places[i]``, its line in its file,
-    when given; else 0-based in the ``what`` set) and quoting it."""
+    """Token ids of every row's prompt. A prompt over ``max_len`` tokens, over ``context`` with its
+    ``max_new_tokens``, or empty is a :class:`~grouprl.errors.PromptTooLongError` naming its row (``places[i]``
+    where given, else its index in ``what``) and quoting it."""
     ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], system_prompt=system_prompt,
                          use_chat_template=use_chat_template)
     if context is not None and max_new_tokens >= context:

@@ -1,13 +1,10 @@
-"""What the trainer may ask of a rollout engine, declared once: :class:`RolloutEngine` (every engine),
-:class:`ConversationEngine` (an engine that also plays an agent's turns for
-:class:`~grouprl.rollout.agent.AgentSampler`) and :class:`SamplesAhead` (an engine that can sample while the
-trainer updates, ``max_staleness`` > 0).
+"""What the trainer may ask of a rollout engine: :class:`RolloutEngine` (every engine), :class:`ConversationEngine`
+(one that also plays an agent's turns for :class:`~grouprl.rollout.agent.AgentSampler`) and :class:`SamplesAhead`
+(one that samples while the trainer updates, ``max_staleness`` > 0).
 
-The built-in engine (:class:`~grouprl.rollout.sampler.Sampler`), in-process vLLM
-(:class:`~grouprl.rollout.vllm.VLLMSampler`), rollout servers (:class:`~grouprl.serve.ServerSampler`) and the
-agent sampler implement them structurally; an optional capability is a declared member with a neutral answer
-(``cancel`` does nothing where nothing is in flight, ``sample_ahead`` is None where the engine cannot), so the
-trainer never probes an engine for an attribute. An engine passed to the trainer implements the same members.
+The built-in :class:`~grouprl.rollout.sampler.Sampler`, :class:`~grouprl.rollout.vllm.VLLMSampler`,
+:class:`~grouprl.serve.ServerSampler` and the agent sampler implement them structurally; an optional capability
+is a member with a neutral answer (``sample_ahead`` None, ``cancel`` a no-op), so the trainer never probes.
 
 Shapes: P prompts, G completions per prompt, B = P * G rows, group-major (row ``p*G + g``)."""
 

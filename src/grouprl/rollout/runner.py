@@ -1,6 +1,5 @@
-"""Running a Hugging Face causal LM one decode step at a time on its KV cache, for the sampler and beam search.
-Every call passes ``position_ids`` that skip left padding, as ``model.generate`` and :mod:`.logprobs` do.
-"""
+"""A Hugging Face causal LM one decode step at a time on its KV cache, with ``position_ids`` that skip left
+padding (as ``model.generate`` and :mod:`.logprobs`)."""
 
 from __future__ import annotations
 
@@ -102,8 +101,7 @@ class Runner:
         self.cache = make_cache(unwrap_model(model), capacity)
         forward = inspect.signature(type(unwrap_model(model)).forward).parameters
         self._extra = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
-        # transformers renamed the cache argument and output field past_key_values -> cache (5.24; the old name
-        # is deprecated): use the name this model's forward takes
+        # transformers 5.24 renamed past_key_values to cache: use the name this forward takes
         self._cache_name = "cache" if "cache" in forward else "past_key_values"
         self._sdpa = sdpa_configs(unwrap_model(model))  # decode steps attend without SDPA's copies of the cache
         head = unwrap_model(model).get_output_embeddings() if hasattr(unwrap_model(model), "get_output_embeddings") \
@@ -123,8 +121,7 @@ class Runner:
                     return logits
             with products:
                 return self._loop.step(ids, attention_mask, position_ids, self.cache)
-        # a prefill's last positions are a strided slice, which torch.matmul cannot fold into one product: it
-        # would expand the LM head's weight to every row. A contiguous input folds.
+        # a strided slice of a prefill's last positions would make matmul expand the LM head's weight to every row
         hook = self._head.register_forward_pre_hook(_contiguous_input) if self._head is not None else None
         with decoding(self._sdpa), products, contextlib.ExitStack() as stack:
             if hook is not None:

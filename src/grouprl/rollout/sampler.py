@@ -6,10 +6,9 @@
 >>> batch = sampler.generate(ids, group_size=4, params=SamplingParams(max_new_tokens=32), seed=0)  # doctest: +SKIP
 >>> batch.completions[:4], batch.completion_ids.shape                    # doctest: +SKIP
 
-The loop is hand-written over the model's forward and KV cache (see :mod:`grouprl.rollout.decoding`
-and :mod:`grouprl.rollout.beams`), runs under ``torch.inference_mode`` on the live module, and
-returns a prompt-major :class:`~grouprl.types.RolloutBatch`. ``params.mode`` picks how the group is
-formed: ``"sample"`` (G independent samples) or ``"beam"`` (the G best beams).
+A hand-written loop over the live module's forward and KV cache (:mod:`grouprl.rollout.decoding`,
+:mod:`grouprl.rollout.beams`); ``params.mode`` forms the group: ``"sample"`` (G independent samples) or
+``"beam"`` (the G best beams).
 """
 
 from __future__ import annotations
@@ -96,21 +95,14 @@ def _check_vocab(ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> None:
 
 
 class Sampler:
-    """Batched KV-cache sampling of G completions per prompt on the live policy.
+    """Batched KV-cache sampling of G completions per prompt on the live policy (any ``transformers`` causal
+    LM, or a peft wrapper of one). ``share_prefill`` and ``compact`` exist to check that the two optimisations
+    change nothing; leave them on.
 
-    ``model`` is any ``transformers`` ``AutoModelForCausalLM`` (or a peft wrapper of one);
-    ``tokenizer`` its tokenizer. ``share_prefill`` and ``compact`` exist to check that the two
-    optimisations change nothing; leave them on.
-
-    - ``sampling_logprobs`` are log-probs under the distribution each token was drawn from:
-      ``log_softmax(logits / T)``, renormalised over the tokens top-k / top-p / min-p keep, after
-      the repetition penalty (greedy and beam rows: T = 1 for greedy, T for beams, no filters).
-      Without filters or penalty they equal :func:`~grouprl.rollout.logprobs.token_logprobs`.
-    - ``format`` bf16 samples from a bfloat16 copy of the weights made for the rollout (the module
-      keeps its own), for CPUs that multiply bf16 natively; bf16-weights multiplies bf16 copies in the
-      decode steps, fp32 elsewhere (:mod:`grouprl.rollout.cpu.weight_only`).
-    - Memory: the KV cache is preallocated for ``Lp + max_new_tokens`` positions of all B rows and
-      shrinks as rows finish."""
+    ``sampling_logprobs`` are under the distribution each token was drawn from: ``log_softmax(logits / T)``
+    after the repetition penalty, renormalised over what top-k / top-p / min-p keep (greedy: T = 1; beams: no
+    filters). Format bf16 samples from a bfloat16 copy of the weights; bf16-weights multiplies bf16 copies in
+    the decode steps only (:mod:`grouprl.rollout.cpu.weight_only`)."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, share_prefill: bool = True, compact: bool = True,
                  compile_steps: bool = False):
@@ -130,8 +122,7 @@ class Sampler:
         return self.compiled is not None
 
     def update_weights(self, model: nn.Module) -> None:
-        """Nothing to copy: this engine samples from the live module. A different module object
-        (for example the policy unwrapped from a distributed wrapper) replaces the one held."""
+        """Sample from ``model`` (the live module; for example the policy unwrapped from a distributed wrapper)."""
         self.model = model
 
     def phase(self) -> contextlib.AbstractContextManager[None]:
@@ -188,13 +179,9 @@ class Sampler:
     def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
                  seed: int | Sequence[int] | None = None, prompts: list | None = None,
                  extras: dict[str, list] | None = None) -> RolloutBatch:
-        """G completions for each of P prompts, prompt-major (row ``p*G + g``).
-
-        prompt_ids: P lists of token ids (unpadded); prompts: the P prompts as the user gave them
-        (defaults to the decoded prompt text); extras: per-prompt columns (lists of length P), each
-        repeated to B rows. ``seed``: B row seeds (row b's draws depend on its seed alone, whatever
-        else is in the batch), or one int from which the row seeds are drawn, or None (random).
-        """
+        """G completions for each of P prompts, prompt-major (row ``p*G + g``); as
+        :meth:`~grouprl.rollout.protocol.RolloutEngine.generate` (``prompts`` default to the decoded prompt
+        text). Row b's draws depend on its seed alone, whatever else is in the batch."""
         check_params(params)
         _check_inputs(prompt_ids, group_size, prompts, extras)
         vocab = unwrap_model(self.model).get_input_embeddings().num_embeddings
@@ -232,8 +219,7 @@ class Sampler:
             prompts = self.tokenizer.batch_decode([list(r) for r in prompt_ids], skip_special_tokens=False)
         mask = (torch.arange(out.tokens.shape[1], device=out.tokens.device).unsqueeze(0)
                 < out.lengths.unsqueeze(1)).float()  # [B, T]
-        # Tensors made under inference mode cannot be saved for backward; the trainer multiplies
-        # masks and old log-probs into its loss, so hand back ordinary tensors.
+        # inference-mode tensors cannot be saved for backward, and the loss multiplies these: clone them
         return RolloutBatch(
             prompt_ids=req.prompt_ids.repeat_interleave(g, 0),
             prompt_mask=req.prompt_mask.repeat_interleave(g, 0),

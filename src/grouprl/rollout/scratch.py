@@ -1,6 +1,5 @@
-"""Temporary folders that go with the process that made them, however it ends. ``finally`` and ``atexit`` miss a
-SIGKILL, so each :class:`ScratchFolder` has a watcher: a process in its own session that blocks reading a pipe whose
-only writer is the owner, and removes the folder when the kernel closes it (a fork of the owner holds it too)."""
+"""Temporary folders that go with their process, however it ends: ``atexit`` misses a SIGKILL, so a watcher process
+blocks reading a pipe whose only writer is the owner, and removes the folder when the kernel closes it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Stop strings: a completion ends at the token that completes the first one. A vocabulary table marks the tokens
-that can (their text holds a stop string's last character, or a partial character), so only rows that drew one are
-decoded and searched. Texts are decoded without special tokens: stop on those with ``stop_token_ids``."""
+that can, so only rows that drew one are decoded and searched (special tokens: ``stop_token_ids``)."""
 
 from __future__ import annotations
 
@@ -50,8 +49,8 @@ class StopStringMatcher:
         self._tables = {self.table.device: self.table}  # one copy per device the sampler runs on
 
     def completed(self, history: torch.Tensor, rows: torch.Tensor, step: int, new_tokens: torch.Tensor) -> torch.Tensor:
-        """[b] bool: which active rows end with a stop string after ``step``'s token: history [B, N] long by
-        original row, rows [b] long original rows, new_tokens [b] long."""
+        """[b] bool: which ``rows`` [b] end with a stop string after ``step``'s ``new_tokens`` [b]; ``history``
+        [B, N] is by original row."""
         if new_tokens.device not in self._tables:
             self._tables[new_tokens.device] = self.table.to(new_tokens.device)
         table = self._tables[new_tokens.device]

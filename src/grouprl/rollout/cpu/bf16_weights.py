@@ -1,7 +1,6 @@
-"""The ``bf16-weights`` rollout format, for CPUs without bf16 units: a decode step of a few rows waits on reading
-every fp32 weight, so its products read bf16 copies (half the bytes) widened to fp32 in registers, with fp32 inputs
-and sums (:file:`few_rows.cpp`). The only rounding is the weights', so log-probs sit closer to the fp32 trainer's
-than bf16 autocast's. Only one-token steps are rerouted; widths the kernel does not take stay fp32."""
+"""The ``bf16-weights`` format, for CPUs without bf16 units: a few-row decode step waits on reading the weights, so
+its products read bf16 copies widened to fp32 in registers, fp32 inputs and sums (:file:`few_rows.cpp`); only the
+weights are rounded. One-token steps only; shapes the kernel does not take stay fp32."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ def supported(module: nn.Module) -> bool:
 
 
 def pack(weight: torch.Tensor) -> tuple[torch.Tensor]:
-    """``weight`` [out, in] fp32 rounded to bf16 as ``(panels,)``, [out / 16, in, 16] int16 of bf16 bits: panel p's
-    row k the weights of outputs 16p .. 16p + 15 at input k."""
+    """``weight`` [out, in] fp32 as ``(panels,)``, [out / 16, in, 16] int16 bf16 bits (panel p: outputs 16p..16p+15)."""
     n, k = weight.shape
     if weight.dtype != torch.float32 or not takes(n, k):
         raise ValueError(f"pack takes an fp32 [out, in] weight with out a multiple of {PANEL} and in even, got "

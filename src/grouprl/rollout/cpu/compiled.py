@@ -1,8 +1,6 @@
-"""The layer loop's one-token step as one ``torch.compile`` graph: inductor fuses the small operators around the
-products (norms, rotary embedding, attention, casts). Its inputs are plain tensors, not modules, so fresh weight
-copies and a cache rebuilt for fewer rows reuse the graph. It compiles at the first step of 2 or more rows (rows and
-cache length dynamic) and is kept for the sampler's life; logits agree with the eager loop's to the format's
-rounding.
+"""The layer loop's one-token step as one ``torch.compile`` graph, inductor fusing the small operators around the
+products. Its inputs are plain tensors, so fresh weight copies and a cache cut to fewer rows reuse the graph (rows
+and cache length dynamic); it compiles at the first step of 2 or more rows and lives as long as the sampler.
 
 Shapes: b rows, L cached + new positions, E hidden size, H query heads, KV key/value heads, D head width,
 V vocabulary."""
@@ -54,8 +52,7 @@ class Plan:
 
 
 def layer_tensors(loop: LayerLoop) -> list[list[torch.Tensor | None]]:
-    """Per layer: its norms' weights, then (weight, bias) of each of :data:`PROJECTIONS`, then the head
-    norms' weights where the model has them."""
+    """Per layer: its two norms' weights, (weight, bias) of each of :data:`PROJECTIONS`, then any head norms'."""
     out = []
     for layer in loop.base.layers:
         attn = layer.self_attn
@@ -73,10 +70,8 @@ def decode_step(plan: Plan, ids: torch.Tensor, attention_mask: torch.Tensor, cos
                 embed: torch.Tensor, layers: list[list[torch.Tensor | None]], final_norm: torch.Tensor,
                 head: torch.Tensor, head_bias: torch.Tensor | None, keys: list[torch.Tensor],
                 values: list[torch.Tensor]) -> torch.Tensor:
-    """What :meth:`LayerLoop.step` computes, written into the cache buffers: ids ``[b, 1]``, attention_mask
-    ``[b, L]``, cos and sin ``[b, 1, D]``, embed ``[V, E]``, head ``[V, E]``, keys and values per layer
-    ``[b, KV, capacity, D]`` (position ``L - 1`` written) -> logits ``[b, V]`` float32.
-    """
+    """:meth:`LayerLoop.step` on the cache buffers: ids ``[b, 1]``, attention_mask ``[b, L]``, cos and sin
+    ``[b, 1, D]``, keys and values ``[b, KV, capacity, D]`` per layer (``L - 1`` written) -> logits ``[b, V]`` fp32."""
     b, n = ids.shape[0], attention_mask.shape[1] - 1
     d, eps = plan.head_dim, plan.eps
     act = ACTIVATIONS[plan.activation]
@@ -106,8 +101,7 @@ class CompiledStep:
     """The compiled decode step of one sampler's model, kept across its rollouts."""
 
     FEWEST_ROWS = 2
-    """Dynamo specialises a dimension of size 1, so a decode loop keeps this many rows (a finished one decoding
-    on) rather than run its last row eagerly."""
+    """Dynamo specialises a dimension of size 1: a decode loop keeps a finished row decoding rather than go eager."""
 
     def __init__(self) -> None:
         self.plan: Plan | None = None
@@ -129,8 +123,7 @@ class CompiledStep:
 
     def run(self, loop: LayerLoop, ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
             cache: object) -> torch.Tensor | None:
-        """The step's ``[b, V]`` float32 logits with the cache advanced, or None: run it eagerly (one row, a short
-        or full cache, a model the graph does not cover)."""
+        """The step's ``[b, V]`` float32 logits with the cache advanced, or None: run it eagerly."""
         b, n = ids.shape[0], attention_mask.shape[1] - 1
         layers = cache.layers
         if self.unsupported is not None or b < self.FEWEST_ROWS or n < 2 or \
@@ -220,8 +213,8 @@ def problem(loop: LayerLoop | None) -> str | None:
 
 
 def inductor_options() -> dict[str, int]:
-    """Inductor's CPU vector width, stated: it is not otherwise in the on-disk graph cache key, and a graph compiled
-    under one width and loaded under another corrupts memory or yields NaN logits."""
+    """Inductor's CPU vector width, stated: it is not in the on-disk cache key, and a graph loaded under another
+    width corrupts memory or yields NaN logits."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     return {"cpp.simdlen": pick_vec_isa().bit_width()}  # 0 where it vectorises nothing (then it picks none)

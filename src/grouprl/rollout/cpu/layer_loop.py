@@ -1,8 +1,6 @@
-"""Decode steps of Llama-family models as a plain loop over their layers' modules, skipping the work a
-``transformers`` forward does that a one-token step does not need (a fresh causal mask, per-layer lookups, output
-objects). The same modules run in the same order on the same tensors, with :mod:`grouprl.rollout.attention` on the
-cache's own layers, so the logits are the forward's bit for bit. Other families, sliding windows and prefills go
-through the forward.
+"""Decode steps of Llama-family models as a plain loop over their layers' modules, without the forward's masks,
+lookups and output objects: the same modules on the same tensors, so the logits are the forward's bit for bit.
+Other families, sliding windows and prefills go through the forward.
 
 Shapes: b rows, L cached + new positions, E hidden size, H query heads, KV key/value heads, D head width,
 V vocabulary."""

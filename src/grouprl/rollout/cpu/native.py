@@ -1,6 +1,5 @@
-"""Native kernels: C++ sources beside this file, built and loaded by :func:`torch.utils.cpp_extension.load` on first
-use. They are x86 AVX2 + FMA code; where they cannot run :func:`load` raises :class:`KernelUnavailable` saying why,
-and the format that needs them is refused before any work."""
+"""Native x86 AVX2 + FMA kernels: C++ sources beside this file, built on first use; where they cannot run,
+:func:`load` raises :class:`KernelUnavailable` saying why."""
 
 from __future__ import annotations
 

@@ -17,8 +17,7 @@ Copy = tuple[torch.Tensor, ...]
 
 @dataclass(frozen=True)
 class WeightOnly:
-    """How one weight-only format multiplies: the modules it takes, a weight's copy, the product on it
-    (x [..., in] -> [..., out] fp32)."""
+    """How one weight-only format multiplies: the modules it takes, a weight's copy, the product on it."""
 
     supported: Callable[[nn.Module], bool]
     copy: Callable[[torch.Tensor], Copy]
