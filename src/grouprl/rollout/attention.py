@@ -21,12 +21,8 @@ MAX_QUERIES = 16
 
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                       scaling: float) -> torch.Tensor:
-    """softmax(q k^T * scaling + mask) v, with the query heads of a key/value head taken together.
-
-    query ``[B, H, q, D]`` (head ``h`` reads key/value head ``h // g``), key and value ``[B, KV, L, D]`` (views are
-    fine), mask ``[B, 1, q, L]`` bool or additive (None: causal over the last q positions) -> ``[B, q, H, D]`` in
-    ``query``'s dtype. A query with nothing to attend to gets finite values, never NaNs.
-    """
+    """softmax(q k^T * scaling + mask) v by head group: query ``[B, H, q, D]``, key and value ``[B, KV, L, D]``,
+    mask ``[B, 1, q, L]`` bool or additive (None: causal) -> ``[B, q, H, D]``; an empty row gives no NaNs."""
     q, length = query.shape[2], key.shape[2]
     if mask is None and q > 1:
         positions = torch.arange(length, device=query.device)

@@ -1,12 +1,8 @@
 """The LM head's part of a log-prob pass, a chunk of positions at a time, never keeping ``[c, V]`` logits for backward.
 
 A plain bias-free linear head goes through :class:`HeadScores`, which saves the hidden states only and forms the
-logits' gradient in place from the softmax p:
-
-    d logp_x / d logits = onehot(x) - p
-    d H      / d logits = -p * (log p + H)
-
-Any other head goes through :func:`chunk_scores` under activation checkpointing.
+logits' gradient in place from the softmax p (d logp_x = onehot(x) - p, d H = -p * (log p + H)); any other head
+through :func:`chunk_scores` under activation checkpointing.
 
 Shapes: n positions, c per chunk, H hidden size, V vocabulary."""
 
@@ -58,8 +54,7 @@ def _entropy(logq: torch.Tensor) -> torch.Tensor:
 
 class HeadScores(torch.autograd.Function):
     """(hidden [n, H], weight [V, H], tokens [n], temperature, with_entropy, chunk) -> (logp [n], entropy [n]),
-    ``chunk`` positions at a time, the products in ``weight``'s format; backward adds every chunk's weight
-    gradient into one ``[V, H]`` buffer."""
+    the products in ``weight``'s format; backward sums the chunks' weight gradients into one ``[V, H]`` buffer."""
 
     @staticmethod
     def forward(ctx, hidden, weight, tokens, temperature, with_entropy, chunk):

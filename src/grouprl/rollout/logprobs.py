@@ -106,13 +106,9 @@ def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
                    completion_ids: torch.Tensor, completion_mask: torch.Tensor, temperature: float = 1.0,
                    chunk_size: int | None = None, with_entropy: bool = False, packed: bool = False,
                    sequence_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob of every completion token under ``model``, and optionally the entropy there.
-
-    prompt_ids / prompt_mask [B, Lp] (left-padded), completion_ids / completion_mask [B, T] (right-padded) ->
-    (logp [B, T] float32, entropy [B, T] float32 or None), 0 where ``completion_mask`` is 0. ``packed``: the
-    padding-free layout where the model allows it; ``sequence_mask`` [B, T] marks every token of a multi-turn
-    trajectory (the environment's are attended, not scored) and must then be a prefix mask.
-    """
+    """prompts [B, Lp] left-padded, completions [B, T] right-padded -> (logp [B, T] float32, entropy or None), 0
+    where ``completion_mask`` is 0. ``packed``: the padding-free layout where the model allows it; ``sequence_mask``
+    [B, T], a prefix mask, marks a trajectory's tokens (the environment's are attended, not scored)."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if prompt_ids.shape != prompt_mask.shape or completion_ids.shape != completion_mask.shape:

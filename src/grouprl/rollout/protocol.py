@@ -22,8 +22,8 @@ from grouprl.types import RolloutBatch, SamplingParams
 
 @runtime_checkable
 class SamplesAhead(Protocol):
-    """An engine's weight hand-over as a rollout thread sampling ahead of the trainer drives it
-    (:mod:`grouprl.trainer.ahead`). A version is one hand-over of the trainer's weights (``update_weights``)."""
+    """Weight hand-over driven by a rollout thread sampling ahead of the trainer (:mod:`grouprl.trainer.ahead`);
+    a version is one ``update_weights``."""
 
     @property
     def version(self) -> int:
@@ -38,14 +38,13 @@ class SamplesAhead(Protocol):
         """The newest version the next :meth:`sync_weights` can carry."""
 
     def write_weights(self) -> None:
-        """Copy the followed model's weights as its version, once; called from the thread that updates them,
-        between updates."""
+        """Copy the followed model's weights as its version, once, from the updating thread between updates."""
 
     def sync_weights(self) -> None:
         """Have the engine sample with the newest written version from now on (a no-op when it does)."""
 
     def enter_rollout_thread(self) -> None:
-        """The calling thread is the rollout thread from now on: its collectives run on a process group of its own."""
+        """The calling thread is the rollout thread from now on (its collectives get a process group of their own)."""
 
     def cancel(self) -> None:
         """Give up the requests in flight (the run is stopping)."""
@@ -57,8 +56,8 @@ class RolloutEngine(Protocol):
 
     @property
     def uses_live_model(self) -> bool:
-        """It samples from the module being trained (True), not from a copy of its weights pushed after each update:
-        the trainer gathers sharded weights around its rollouts, and ``rollout_is: auto`` corrects only copies."""
+        """It samples from the module being trained, not a pushed copy (the trainer gathers sharded weights for it;
+        ``rollout_is: auto`` corrects only copies)."""
 
     @property
     def compiles(self) -> bool:
@@ -67,26 +66,23 @@ class RolloutEngine(Protocol):
     def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
                  seed: int | Sequence[int] | None = None, prompts: list | None = None,
                  extras: dict[str, list] | None = None) -> RolloutBatch:
-        """G completions for each of P prompts (``prompt_ids``: P lists of token ids; ``seed``: B row seeds or one
-        base seed; ``prompts``, ``extras``: P entries each, repeated to B rows) as a group-major batch of B rows.
-        The agent sampler takes B episodes instead of ``prompt_ids``."""
+        """G completions for each of P prompts (``seed``: B row seeds or one base seed; ``prompts``, ``extras``: P
+        entries each, repeated to B rows); the agent sampler takes B episodes as ``prompt_ids``."""
 
     def update_weights(self, model: nn.Module) -> None:
         """Follow ``model``: the next policy version (an engine with a copy gets it before its next rollout)."""
 
     def phase(self) -> AbstractContextManager[None]:
-        """Around a rollout or an evaluation: a copy is brought up to date at its start (with several processes,
-        every process enters together)."""
+        """Around a rollout or an evaluation, a copy brought up to date at its start (every process enters together)."""
 
     def rest(self) -> None:
-        """The rollout is in and the update comes next: memory the engine holds may be freed until its next use."""
+        """The rollout is in, the update next: the engine may free memory until its next use."""
 
     def metrics(self) -> dict[str, float]:
         """The engine's own counters since the last call (``time/weight_push``, ``server/<i>/busy``, ...)."""
 
     def sample_ahead(self) -> SamplesAhead | None:
-        """Prepare to sample while the trainer updates; called once, by every trainer process together. None where
-        the engine cannot (it samples in this process)."""
+        """Prepare to sample while the trainer updates (once, every process together); None where it cannot."""
 
     def cancel(self) -> None:
         """Give up the requests in flight (the run is stopping); nothing where none can be."""
@@ -102,9 +98,8 @@ class ConversationEngine(RolloutEngine, Protocol):
     def conversations(self, prompt_rows: list[list[int]], group_size: int, params: SamplingParams,
                       limits: TurnLimits, respond: Callable[[list[int], list[list[int]], list[bool]], list[Reply]],
                       seeds: list[int], stop_ids: list[int]) -> Conversations:
-        """G trajectories per initial prompt (``prompt_rows``: P lists of token ids; rows group-major), each turn
-        answered by ``respond(rows, turns so far, stopped)``; as :func:`grouprl.rollout.turns.decode_conversations`
-        returns them."""
+        """G trajectories per initial prompt, rows group-major, each turn answered by ``respond(rows, turns,
+        stopped)``; as :func:`grouprl.rollout.turns.decode_conversations` returns them."""
 
 
 def declared(*protocols: type) -> frozenset[str]:

@@ -87,9 +87,8 @@ def _contiguous_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ..
 
 
 class Runner:
-    """Prefill and single-token decode steps of ``model`` on a cache of ``capacity`` positions. On a CPU, one-token
-    steps of the families :mod:`.cpu.layer_loop` covers run through its loop (``compiled``: as one graph); a
-    weight-only ``fmt`` multiplies weight copies in one-token steps (the weights must not change meanwhile)."""
+    """Prefill and decode steps of ``model`` on a cache of ``capacity`` positions; on a CPU one-token steps run
+    through :mod:`.cpu.layer_loop` (``compiled``: as one graph), and a weight-only ``fmt`` on weight copies."""
 
     def __init__(self, model: nn.Module, capacity: int, compiled: CompiledStep | None = None, fmt: str = "fp32"):
         self.model = model

@@ -120,9 +120,7 @@ class VLLMSampler:
         if on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_between)
         else:
-            # A prompt prefilled in chunks has the token drawn after a partial chunk thrown away, and vLLM
-            # then rewinds that request's seeded generator, which a CPU generator cannot do ("CPU
-            # Generator does not use offset"): schedule each prompt's prefill whole instead.
+            # a chunked prefill makes vLLM rewind the request's seeded generator, which a CPU one cannot
             inner = model.get_base_model() if self.lora else model
             kv = int(kv_cache_gib * 2**30) if kv_cache_gib else kv_cache_bytes(inner, max_rows, max_model_len,
                                                                                 self.dtype or torch.float32)
@@ -165,8 +163,7 @@ class VLLMSampler:
         self.stale = True
 
     def sync_weights(self) -> None:
-        """Push the trainer's weights if they changed since the last push (a collective under FSDP:
-        every process calls it at the same point)."""
+        """Push the trainer's weights if they changed (under FSDP a collective: every process calls it)."""
         if self.freed_cache is not None:  # given back zeroed: nothing the prefix cache pointed to is there
             self.llm.collective_rpc(restore_kv_cache, kwargs={"sizes": self.freed_cache})
             self.freed_cache = None
@@ -205,8 +202,8 @@ class VLLMSampler:
         self.lora_request = LoRARequest(f"grouprl-{self.adapter_version}", self.adapter_version, path)
 
     def close(self) -> None:
-        """Remove the engine's folder, and release vLLM's process groups before the run's own (vLLM's exit
-        handler would otherwise try to destroy its subgroups after the run destroyed its group, and fail)."""
+        """Remove the engine's folder; release vLLM's process groups before the run's own (its exit handler
+        would fail on subgroups of a destroyed group)."""
         self.scratch.remove()
         if torch.distributed.is_initialized():
             from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
@@ -239,10 +236,8 @@ class VLLMSampler:
             self.awake = False
 
     def rest(self) -> None:
-        """The rollout is in and the trainer is about to change its weights: an engine on the CPU frees its
-        KV cache and, where the next push rewrites every weight, its copy of the weights, so the log-prob
-        passes and the update have that memory; the next generation gives both back. A GPU engine sleeps
-        instead; a LoRA engine keeps its base weights; a compiled one keeps the tensors its code was built on."""
+        """A CPU engine frees its KV cache and, unless LoRA (base kept) or compiled (tensors its code holds), its
+        weights for the log-prob passes and the update; the next generation gives both back (a GPU engine sleeps)."""
         if not self.can_rest or self.freed_cache is not None:
             return
         (self.freed_cache,) = self.llm.collective_rpc(free_kv_cache)
@@ -256,8 +251,7 @@ class VLLMSampler:
 
     @contextlib.contextmanager
     def phase(self) -> Iterator[None]:
-        """Several ``generate`` calls (a rollout, an evaluation) between one weight push and one sleep.
-        Under several processes every process enters together (the push is a collective)."""
+        """Several ``generate`` calls between one weight push and one sleep (every process enters together)."""
         self.sync_weights()
         self.in_phase = True
         try:
@@ -281,8 +275,7 @@ class VLLMSampler:
     def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
                  seed: int | Sequence[int] | None = None, prompts: list | None = None,
                  extras: dict[str, list] | None = None) -> RolloutBatch:
-        """G completions for each of P prompts, prompt-major, as :meth:`Sampler.generate`; ``seed`` is one
-        seed per row (B = P * G) or one base seed."""
+        """G completions for each of P prompts, prompt-major, as :meth:`Sampler.generate`."""
         seeds = resolve_row_seeds(seed, len(prompt_ids) * group_size)
         stop = stop_token_ids(self.tokenizer, params)
         rows = [ids for ids in prompt_ids for _ in range(group_size)]
@@ -294,8 +287,7 @@ class VLLMSampler:
     def conversations(self, prompt_rows: list[list[int]], group_size: int, params: SamplingParams,
                       limits: TurnLimits, respond: Callable[[list[int], list[list[int]], list[bool]], list[Reply]],
                       seeds: list[int], stop_ids: list[int]) -> Conversations:
-        """Multi-turn trajectories, G per initial prompt (rows group-major), as
-        :func:`grouprl.rollout.turns.decode_conversations` returns them."""
+        """G trajectories per initial prompt, as :func:`grouprl.rollout.turns.decode_conversations` returns them."""
         return play_conversations(prompt_rows, group_size, params, limits, respond, seeds, stop_ids,
                                   lambda rows, sequences, kwargs: self._complete(sequences, kwargs))
 
