@@ -26,9 +26,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 def model_device(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

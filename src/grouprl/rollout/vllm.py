@@ -113,7 +113,11 @@ class VLLMSampler:
         # its config, tokenizer and LoRA adapters go when the engine closes, is collected or the process ends
         self.scratch = ScratchFolder("grouprl-vllm-")
         self.folder = str(self.scratch.path)
-        self._write_model_files()
+        inner = model.get_base_model() if self.lora else model
+        config = inner.config.__class__.from_dict(inner.config.to_dict())
+        config.architectures = [plain_class_name(inner)]
+        config.save_pretrained(self.folder)
+        tokenizer.save_pretrained(self.folder)
         kwargs: dict[str, Any] = dict(
             model=self.folder, tokenizer=self.folder, load_format="dummy", dtype=dtype, seed=seed,
             max_model_len=max_model_len, logprobs_mode="processed_logprobs", enable_prefix_caching=True)
@@ -121,7 +125,6 @@ class VLLMSampler:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_between)
         else:
             # a chunked prefill makes vLLM rewind the request's seeded generator, which a CPU one cannot
-            inner = model.get_base_model() if self.lora else model
             kv = int(kv_cache_gib * 2**30) if kv_cache_gib else kv_cache_bytes(inner, max_rows, max_model_len,
                                                                                 self.dtype or torch.float32)
             kwargs.update(enforce_eager=not compiled, enable_chunked_prefill=False,
@@ -148,13 +151,6 @@ class VLLMSampler:
             ((params, packed),) = self.llm.collective_rpc(engine_parameters)
             self.engine_names = (set(params), packed)
         self.push_seconds = 0.0
-
-    def _write_model_files(self) -> None:
-        inner = self.model.get_base_model() if self.lora else self.model
-        config = inner.config.__class__.from_dict(inner.config.to_dict())
-        config.architectures = [plain_class_name(inner)]
-        config.save_pretrained(self.folder)
-        self.tokenizer.save_pretrained(self.folder)
 
     # -- weights ----------------------------------------------------------------------------------
     def update_weights(self, model: nn.Module) -> None:

@@ -47,11 +47,10 @@ class LayerLoop:
             attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
             if attn is None or mlp is None or getattr(attn, "sliding_window", None) is not None:
                 return None
-            if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")):
-                return None
-            if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-                return None
-            if not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm")):
+            needs = ((attn, ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")),
+                     (mlp, ("gate_proj", "up_proj", "down_proj", "act_fn")),
+                     (layer, ("input_layernorm", "post_attention_layernorm")))
+            if not all(hasattr(part, n) for part, names in needs for n in names):
                 return None
         return cls(model)
 
