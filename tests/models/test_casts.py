@@ -32,7 +32,7 @@ def grads_and_loss(model, lean: bool):
     model.zero_grad(set_to_none=True)
     loss = forward(model, lean)
     loss.backward()
-    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def test_gradients_are_bitwise_those_of_plain_autocast():
