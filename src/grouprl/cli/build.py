@@ -173,13 +173,13 @@ def build_inputs(config: TrainConfig) -> RunInputs:
     env, tools = None, []
     if config.env or config.tools:
         from grouprl.envs.factory import env_tools, make_env_factory
-        from grouprl.envs.tools import Tool, load_tools, resolve_tool_parser
+        from grouprl.envs.tools import load_tools, resolve_tool_parser
 
         resolve_tool_parser(config.tool_parser)
         tools = load_tools(list(config.tools))
         if config.env:
             env = make_env_factory(config.env, config.env_options)
-            tools += [Tool.of(fn) for fn in env_tools(env)]  # the tools the environment brings
+            tools += env_tools(env)  # the tools the environment brings
     judge = None
     if config.judge:
         from grouprl.rewards.judges import load_judge

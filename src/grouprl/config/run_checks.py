@@ -105,14 +105,10 @@ def _agent_problems(c: TrainConfig) -> list[str]:
 
 def _env_problem(spec: str) -> str | None:
     """What is wrong with an ``env`` value that can be told without making the environment."""
-    import importlib.util
+    from grouprl.envs.factory import ENVIRONMENTS, HUBS, hub_problem
 
-    from grouprl.envs.factory import ENVIRONMENTS, GEM_PREFIX
-
-    if spec.startswith(GEM_PREFIX):
-        if importlib.util.find_spec("gem") is None:
-            return f"env={spec!r} needs GEM, which is not installed: pip install 'grouprl[envs]'"
-        return None
+    if spec.partition(":")[0] in HUBS:
+        return hub_problem(spec)
     if is_import_path(spec):
         module, _, attr = spec.rpartition(":")
         return None if module and attr.isidentifier() else \

@@ -1,20 +1,37 @@
 """Environments by name: the built-ins (:data:`~grouprl.envs.base.ENVIRONMENTS`), an import path
-(``my_module:MyEnv``: any class or factory whose objects have ``reset`` and ``step``) or a GEM id
-(``gem:game:GuessTheNumber-v0-easy``, made by ``gem.make``; ``pip install 'grouprl[envs]'``)."""
+(``my_module:MyEnv``: any class or factory whose objects have ``reset`` and ``step``) or a hub's
+environment named by a prefix of :data:`HUBS`: a GEM id (``gem:game:GuessTheNumber-v0-easy``, made by
+``gem.make``), an OpenEnv environment (``openenv:module:Class``, ``openenv+http://host:port``) or a
+verifiers taskset (``verifiers:module:attr``)."""
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from grouprl.envs import calculator, guess_number  # noqa: F401 - registers the built-in environments
+from grouprl.envs import calculator, guess_number, openenv_env, verifiers_env  # noqa: F401 - built-ins register
 from grouprl.envs.base import ENVIRONMENTS, TextEnv
+from grouprl.envs.tools import Tool
 from grouprl.errors import ConfigError
-from grouprl.registry import import_object
+from grouprl.registry import Registry, import_object
 
-GEM_PREFIX = "gem:"
+
+@dataclass(frozen=True)
+class Hub:
+    """Environments reached by a prefix of ``env``: the module they need, the extra that installs it, and
+    ``resolve(the spec after the prefix's colon) -> factory (**options) -> TextEnv``."""
+
+    module: str
+    extra: str
+    resolve: Callable[[str], Callable[..., TextEnv]]
+
+
+HUBS: Registry[Hub] = Registry("environment hub")
+"""prefix (``env`` up to its first colon) -> :class:`Hub`."""
 
 
 class GemEnv:
@@ -45,20 +62,38 @@ class GemEnv:
 
 
 def make_gem(env_id: str, **options: Any) -> GemEnv:
-    try:
-        import gem
-    except ImportError as e:
-        raise ConfigError(f"env 'gem:{env_id}' needs GEM: pip install 'grouprl[envs]'") from e
+    import gem
+
     try:
         return GemEnv(gem.make(env_id, **options))
     except Exception as e:  # noqa: BLE001 - GEM raises several kinds for an unknown id
         raise ConfigError(f"env 'gem:{env_id}': gem.make failed with {type(e).__name__}: {e}") from e
 
 
+HUBS.register("gem", Hub("gem", "envs", lambda rest: functools.partial(make_gem, rest)))
+HUBS.register("openenv", Hub("openenv", "openenv", openenv_env.in_process))
+HUBS.register("openenv+http", Hub("openenv", "openenv", lambda rest: openenv_env.by_url("http:" + rest)))
+HUBS.register("openenv+https", Hub("openenv", "openenv", lambda rest: openenv_env.by_url("https:" + rest)))
+HUBS.register("verifiers", Hub("verifiers", "verifiers", verifiers_env.TasksetEnvs))
+
+
+def hub_problem(spec: str) -> str | None:
+    """Why ``spec``, when a hub's prefix starts it, cannot be made here (its package is missing); else None."""
+    prefix = spec.partition(":")[0]
+    if prefix not in HUBS or importlib.util.find_spec(HUBS.get(prefix).module) is not None:
+        return None
+    hub = HUBS.get(prefix)
+    return f"env={spec!r} needs {hub.module}, which is not installed: pip install 'grouprl[{hub.extra}]'"
+
+
 def resolve_env(spec: str) -> Callable[..., TextEnv]:
     """The factory ``(**options) -> environment`` that ``spec`` names."""
-    if spec.startswith(GEM_PREFIX):
-        return functools.partial(make_gem, spec[len(GEM_PREFIX):])
+    prefix, _, rest = spec.partition(":")
+    if prefix in HUBS:
+        problem = hub_problem(spec)
+        if problem:
+            raise ConfigError(problem)
+        return HUBS.get(prefix).resolve(rest)
     if ":" in spec:
         factory = import_object(spec, "env")
         if not callable(factory):
@@ -86,6 +121,8 @@ def make_env_factory(spec: str, options: dict[str, Any] | None = None) -> Callab
     return make
 
 
-def env_tools(factory: Callable[[], TextEnv]) -> list[Callable[..., Any]]:
-    """The tools an environment brings (its ``tools`` attribute), if any."""
-    return list(getattr(factory(), "tools", ()) or ())
+def env_tools(factory: Callable[[], TextEnv]) -> list[Tool]:
+    """The tools an environment brings (its ``tools`` attribute: functions, or :class:`~grouprl.envs.tools.Tool`
+    where the schema is made otherwise), if any."""
+    return [t if isinstance(t, Tool) else Tool.of(t) for t in getattr(factory(), "tools", ()) or ()]
+
