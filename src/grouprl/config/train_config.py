@@ -97,8 +97,10 @@ class EnvKeys:
 
     env: str | None = None
     """Train an agent in a text environment instead of on prompts: a built-in name, an import path (module:MyEnv, a
-    class with reset(seed, options) and step(action)) or a GEM id (gem:game:GuessTheNumber-v0-easy; pip install
-    'grouprl[envs]'). Each training row is a reset; the reward is the environment's return (plus reward_functions)."""
+    class with reset(seed, options) and step(action)), a GEM id (gem:game:GuessTheNumber-v0-easy; pip install
+    'grouprl[envs]'), an OpenEnv environment (openenv:module:Class, or a server: openenv+http://host:port; pip install
+    'grouprl[openenv]') or a verifiers taskset (verifiers:module:taskset; pip install 'grouprl[verifiers]'). Each
+    training row is a reset; the reward is the environment's return (plus reward_functions)."""
     env_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Options of the environment, passed to its constructor, e.g. {max_turns: 6}."""
     tools: tuple[str, ...] = ()
