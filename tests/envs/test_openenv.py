@@ -86,3 +86,12 @@ def test_a_server_by_url_plays_and_trains_two_steps(tmp_path):
     records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
     assert [r["step"] for r in records] == [1, 2]
     assert all(0 < r["env/return_mean"] < 2 and r["env/turns_mean"] > 1 for r in records)
+
+
+def test_a_hub_whose_package_is_missing_names_its_extra(monkeypatch):
+    import grouprl.envs.factory as factory
+
+    real = factory.importlib.util.find_spec
+    monkeypatch.setattr(factory.importlib.util, "find_spec", lambda name: None if name == "openenv" else real(name))
+    with pytest.raises(ConfigError, match=r"needs openenv, which is not installed: pip install 'grouprl\[openenv\]'"):
+        make_env_factory("openenv+http://127.0.0.1:9")

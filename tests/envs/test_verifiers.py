@@ -40,6 +40,8 @@ def test_toolsets_become_tools_with_their_mcp_schema():
     ep.start()
     assert ep.respond('<tool_call>{"name": "count", "arguments": {"text": "abcd"}}</tool_call>') == \
         [{"role": "tool", "name": "count", "content": "4"}]
+    wrong = ep.respond('<tool_call>{"name": "count", "arguments": {"text": 5}}</tool_call>')[0]["content"]
+    assert wrong.startswith("error: count raised ValidationError") and "Input should be a valid string" in wrong
     assert ep.respond("0") is None and ep.return_ == 1.5
 
 

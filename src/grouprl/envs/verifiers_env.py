@@ -3,11 +3,11 @@ protocol, run in process without verifiers' harness: ``verifiers:module:attr`` n
 returning one (called with ``env_options``).
 
 A reset opens the task its row's seed picks (``seed % len(tasks)``): its system prompt and prompt. The tools are
-the ``@vf.tool`` methods of the taskset's and the task class's toolsets (their MCP schemas), run by grouprl's
-tool runner; the first turn without a tool call is the answer, scored by the task's ``@vf.reward`` functions
-(their weighted sum, verifiers' ``trace.reward``) over a trace of the opening and that answer. What needs the
-harness is refused when the taskset is loaded: rewards that take a ``runtime``, judges (a model behind a client),
-toolsets with per-task state (``setup_task``).
+the ``@vf.tool`` methods of the taskset's and the task class's toolsets (their MCP schemas, arguments validated by
+pydantic), run by grouprl's tool runner; the first turn without a tool call is the answer, scored by the task's
+``@vf.reward`` functions (their weighted sum, verifiers' ``trace.reward``) over a trace of the opening and that
+answer. What needs the harness is refused when the taskset is loaded: rewards that take a ``runtime``, judges (a
+model behind a client), toolsets with per-task state (``setup_task``).
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ class TasksetEnvs:
     def _tools(self, toolset: Any) -> list[Tool]:
         """A toolset's ``@vf.tool`` methods with the schemas its MCP server would show, after its ``setup()``."""
         from mcp.server.mcpserver import MCPServer
+        from pydantic import validate_call
         from verifiers.v1.mcp.server import ServerBase
         from verifiers.v1.utils.decorators import discover_decorated
 
@@ -119,6 +120,7 @@ class TasksetEnvs:
         server = MCPServer(type(toolset).__name__)
         toolset.register(server)
         fns = {getattr(fn, "tool_name", None) or fn.__name__: fn for fn in discover_decorated(toolset, "tool")}
-        return [Tool(fns[t.name], {"type": "function", "function": {
+        # arguments are checked against the signature as the MCP server would, so a wrong type is the tool's error
+        return [Tool(validate_call(fns[t.name]), {"type": "function", "function": {
             "name": t.name, "description": t.description or "", "parameters": t.input_schema}})
             for t in asyncio.run(server.list_tools())]
