@@ -80,9 +80,9 @@ HUBS.register("verifiers", Hub("verifiers", "verifiers", verifiers_env.TasksetEn
 def hub_problem(spec: str) -> str | None:
     """Why ``spec``, when a hub's prefix starts it, cannot be made here (its package is missing); else None."""
     prefix = spec.partition(":")[0]
-    if prefix not in HUBS or importlib.util.find_spec(HUBS.get(prefix).module) is not None:
+    hub = HUBS.get(prefix) if prefix in HUBS else None
+    if hub is None or importlib.util.find_spec(hub.module) is not None:
         return None
-    hub = HUBS.get(prefix)
     return f"env={spec!r} needs {hub.module}, which is not installed: pip install 'grouprl[{hub.extra}]'"
 
 
