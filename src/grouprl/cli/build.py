@@ -180,6 +180,9 @@ def build_inputs(config: TrainConfig) -> RunInputs:
         if config.env:
             env = make_env_factory(config.env, config.env_options)
             tools += env_tools(env)  # the tools the environment brings
+    agent = import_object(config.agent, "agent") if config.agent else None
+    if agent is not None and not callable(agent):
+        raise ConfigError(f"agent {config.agent!r} is a {type(agent).__name__}, not a function (client, row)")
     judge = None
     if config.judge:
         from grouprl.rewards.judges import load_judge
@@ -188,7 +191,7 @@ def build_inputs(config: TrainConfig) -> RunInputs:
     return RunInputs(train_rows=train, eval_rows=held, reward_fns=fns, reward_weights=weights,
                      judge=judge, judge_weight=config.judge_weight,
                      is_correct=checker,
-                     system_prompt=task.system_prompt if task is not None else None, env=env, tools=tools,
+                     system_prompt=task.system_prompt if task is not None else None, env=env, tools=tools, agent=agent,
                      train_places=[places[id(r)] for r in train] if places else [],
                      eval_places=[places[id(r)] for r in held] if places else [])
 

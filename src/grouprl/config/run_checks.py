@@ -88,6 +88,20 @@ def _agent_problems(c: TrainConfig) -> list[str]:
     """Keys that need an environment, and what an environment rules out."""
     from grouprl.algos.group_advantages import ADVANTAGES, STEP
 
+    if c.agent:
+        if not is_import_path(c.agent) or not c.agent.rpartition(":")[2].isidentifier():
+            return [f"agent={c.agent!r}: an import path is module:function or path/to/file.py:function"]
+        import importlib.util
+
+        if importlib.util.find_spec("openai") is None:
+            return [f"agent={c.agent!r} is given an OpenAI client, and openai is not installed: "
+                    "pip install 'grouprl[agent]'"]
+        if c.env or c.tools:
+            return ["agent runs its own loop and tools through the chat endpoint: remove env and tools"]
+        if c.dynamic_sampling:
+            return ["dynamic_sampling is not available with an agent: train on its trajectories as they come"]
+    if c.agent_timeout <= 0:
+        return [f"agent_timeout={c.agent_timeout:g} must be > 0 seconds"]
     if not c.env:
         per_step = c.advantage in ADVANTAGES and ADVANTAGES.get(c.advantage).level == STEP
         needs = {"env_options": c.env_options, "tools": c.tools, f"advantage={c.advantage}": per_step}
@@ -176,7 +190,7 @@ def _reward_problems(c: TrainConfig) -> list[str]:
     if out:
         return out
     count = c.reward_count()
-    if count == 0 and not c.env and not c.judge:
+    if count == 0 and not c.env and not c.judge and not c.agent:
         out.append("a dataset needs reward_functions (e.g. exact_match, which reads an 'answer' column) or a "
                    "reward_model")
     elif c.reward_weights and len(c.reward_weights) != count:

@@ -106,6 +106,10 @@ class EnvKeys:
     tools: tuple[str, ...] = ()
     """Tools the policy may call: import paths (module:function; its type hints and docstring make its JSON schema)
     or python (a sandboxed code runner). At most max_tool_calls per trajectory."""
+    agent: str | None = None
+    """Train an agent you already have: module:function or file.py:function, async def f(client, row) (or a plain
+    def), given an OpenAI client on the run's chat endpoint and a task row, returning its reward (a float) or None
+    (the reward functions score its last answer). group_size copies run at once per row (docs/own-agent.md)."""
 
 
 @dataclasses.dataclass

@@ -29,7 +29,8 @@ class GroupBaseline:
         if self.config.kl_penalty_in_reward:
             return torch.ones_like(live)
         if self.config.zero_std_groups == "drop":
-            live = live & ~constant_rows(got.rewards, **self.grouping(got)).to(live.device)
+            heads, of = trajectory_heads(got.batch)
+            live = live & ~constant_rows(got.rewards[heads], **self.grouping(got, heads))[of].to(live.device)
         return live
 
     def prepare(self, got: Collected, mask: torch.Tensor, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
@@ -40,19 +41,35 @@ class GroupBaseline:
         if c.kl_penalty_in_reward:  # r_i - beta * sum_t KL_t, measured on the policy that sampled
             kl = kl_per_token(old_logp, ref_logp, c.kl_estimator) * got.batch.completion_mask  # [B, T]
             rewards = rewards - beta * kl.sum(-1)
-        advantages = compute_advantages(c.advantage_estimator, rewards, scale=c.advantage_scale, eps=c.advantage_eps,
-                                        reduce=self.reduce, **self.grouping(got))
-        constant = constant_rows(rewards, **self.grouping(got))  # [B]
+        heads, of = trajectory_heads(got.batch)  # a trajectory split into several rows counts once in its group
+        grouping = self.grouping(got, heads)
+        advantages = compute_advantages(c.advantage_estimator, rewards[heads], scale=c.advantage_scale,
+                                        eps=c.advantage_eps, reduce=self.reduce, **grouping)[of]  # [B]
+        constant = constant_rows(rewards[heads], **grouping)[of]  # [B]
         if c.zero_std_groups == "drop":
             mask = mask * (~constant).unsqueeze(-1).to(mask.dtype)
         data = UpdateBatch(rollout=got.batch, advantages=advantages, mask=mask, rewards=rewards, old_logp=old_logp,
                            ref_logp=None if c.kl_penalty_in_reward else ref_logp)
         return data, {}, constant
 
-    def grouping(self, got: Collected) -> dict[str, Any]:
-        """The batch's ``group_ids`` where it has them (agents), else contiguous groups of ``group_size``."""
+    def grouping(self, got: Collected, rows: torch.Tensor | None = None) -> dict[str, Any]:
+        """The batch's ``group_ids`` (of ``rows``) where it has them (agents), else contiguous groups of
+        ``group_size``."""
         ids = got.batch.group_ids
+        ids = ids if ids is None or rows is None else ids[rows.to(ids.device)]
         return {"group_size": None if ids is not None else self.config.group_size, "group_ids": ids}
+
+
+def trajectory_heads(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``[n]`` the first row of each of the batch's n trajectories, ``[B]`` each row's trajectory among them): rows
+    that share ``info["trajectory_index"]`` are samples of one trajectory; otherwise each row is one."""
+    index = batch.info.get("trajectory_index")
+    if index is None:
+        rows = torch.arange(batch.batch_size)
+        return rows, rows
+    _, of = torch.unique(torch.as_tensor(index, dtype=torch.long), return_inverse=True)  # [B] numbered 0..n-1
+    heads = torch.tensor([of.tolist().index(k) for k in range(int(of.max()) + 1)], dtype=torch.long)
+    return heads, of
 
 
 BASELINES: Registry = Registry("advantage level")  # an estimator's declared level -> the class that computes it

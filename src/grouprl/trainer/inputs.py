@@ -19,8 +19,10 @@ class RunInputs:
     seeded by their ``seed`` column or index), reward functions ``(prompts, completions, *, completion_ids,
     **columns) -> list[float | None]`` with their weights (default 1 each), the held-out checker
     ``(completion, row) -> bool``, a factory of text environments (:mod:`grouprl.envs`: reward = return + the
-    weighted functions) and the tools the policy may call, a group judge (``judge_weight`` None: its score is the
-    reward; w: functions + w * judge), and where each row comes from (``"prompts.jsonl line 7"``) for errors."""
+    weighted functions) and the tools the policy may call, or an ``agent`` of the user's own
+    (:mod:`grouprl.trainer.agent_runs`: reward = what it returns, else the weighted functions), a group judge
+    (``judge_weight`` None: its score is the reward; w: functions + w * judge), and where each row comes from
+    (``"prompts.jsonl line 7"``) for errors."""
 
     train_rows: list[Row]
     reward_fns: list[Callable[..., Any]]
@@ -29,6 +31,7 @@ class RunInputs:
     is_correct: Callable[[str, Row], bool] | None = None
     system_prompt: str | None = None  # the task's; the config's system_prompt, when set, wins
     env: Callable[[], Any] | None = None
+    agent: Callable[..., Any] | None = None
     tools: list[Any] = field(default_factory=list)
     judge: Any = None
     judge_weight: float | None = None
@@ -39,12 +42,14 @@ class RunInputs:
         self.train_rows, self.eval_rows, self.reward_fns = list(self.train_rows), list(self.eval_rows), \
             list(self.reward_fns)
         weights = [1.0] * len(self.reward_fns) if self.reward_weights is None else list(self.reward_weights)
-        if len(weights) != len(self.reward_fns) or not (self.reward_fns or self.env is not None or self.judge):
+        if len(weights) != len(self.reward_fns) or not (self.reward_fns or self.env is not None or self.judge
+                                                          or self.agent is not None):
             raise ValueError(f"{len(weights)} reward weights for {len(self.reward_fns)} reward functions (at least "
                              "one function, an environment or a judge is needed)")
         self.reward_weights = weights
-        check_rows(self.train_rows, "train", needs_prompt=self.env is None)
+        prompted = self.env is None and self.agent is None  # an agent's row is whatever its function reads
+        check_rows(self.train_rows, "train", needs_prompt=prompted)
         if self.eval_rows:
-            check_rows(self.eval_rows, "eval", needs_prompt=self.env is None)
-        agent_columns = list(AGENT_COLUMNS) if self.env is not None else []  # only an agent's rows carry them
+            check_rows(self.eval_rows, "eval", needs_prompt=prompted)
+        agent_columns = list(AGENT_COLUMNS) if not prompted else []  # only an agent's rows carry them
         check_reward_columns(self.reward_fns, [k for k in self.train_rows[0] if k != "prompt"] + agent_columns)

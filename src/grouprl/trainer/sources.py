@@ -15,7 +15,7 @@ from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.evaluate import evaluate
 from grouprl.trainer.inputs import RunInputs
 from grouprl.trainer.rollout_plan import RolloutPlan, build_rollout
-from grouprl.trainer.sampling import eval_params
+from grouprl.trainer.sampling import eval_params, rollout_params
 
 Share = Callable[[int], tuple[int, int]]
 
@@ -82,8 +82,40 @@ class EnvSource:
                                  k=c.eval_samples, seed=c.seed, first=first)
 
 
+class AgentSource:
+    """The user's own agent, calling the run's chat endpoint (:mod:`grouprl.trainer.agent_runs`)."""
+
+    def __init__(self, config: TrainerConfig, inputs: RunInputs, policy: nn.Module, tokenizer: Any, plan: RolloutPlan,
+                 sampler: Any, share: Share):
+        from grouprl.envs.tools import resolve_tool_parser
+        from grouprl.rollout.endpoint import ChatEndpoint
+        from grouprl.trainer.agent_runs import AgentCollector
+
+        c = config
+        context = context_length(unwrap_ddp(policy)) or c.max_prompt_len + c.max_trajectory_tokens
+        self.sampler = build_rollout(c, plan, policy, tokenizer, longest=context, sampler=sampler)
+        stop = tuple(i for i in [tokenizer.eos_token_id] if i is not None)
+        pad = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
+
+        def collector(rows: list, params: Any) -> AgentCollector:
+            endpoint = ChatEndpoint(self.sampler, tokenizer, params, resolve_tool_parser(c.tool_parser), context)
+            return AgentCollector(endpoint, inputs.agent, rows, inputs.reward_fns, inputs.reward_weights, c, share, pad)
+
+        self.config, self.inputs = config, inputs
+        self.collector = collector(inputs.train_rows, rollout_params(c, stop))
+        self.eval_collector = collector(inputs.eval_rows or inputs.train_rows, eval_params(c))
+
+    def evaluate(self, first: int, stop: int) -> dict[str, float]:
+        """``eval/mean_reward`` of ``eval_samples`` runs of the agent on each held-out row."""
+        got = self.eval_collector.rewarded(self.inputs.eval_rows[first:stop], self.config.eval_samples)
+        return {"eval/mean_reward": float(got.nanmean())}
+
+
 def make_source(config: TrainerConfig, inputs: RunInputs, policy: nn.Module, tokenizer: Any, plan: RolloutPlan,
-                sampler: Any, share: Share) -> PromptSource | EnvSource:
-    """Environments when ``inputs`` name one, else prompts; its engine is ``plan``'s, or ``sampler`` where given."""
+                sampler: Any, share: Share) -> PromptSource | EnvSource | AgentSource:
+    """An agent of the user's or environments when ``inputs`` name one, else prompts; its engine is ``plan``'s, or
+    ``sampler`` where given."""
+    if inputs.agent is not None:
+        return AgentSource(config, inputs, policy, tokenizer, plan, sampler, share)
     kind = PromptSource if inputs.env is None else EnvSource
     return kind(config, inputs, policy, tokenizer, plan, sampler, share)

@@ -62,6 +62,9 @@ class AgentKeys:
     function (text) -> list[ToolCall]."""
     tool_timeout_s: float = 10.0
     """Seconds one tool call may take before its result is an error message to the model."""
+    agent_timeout: float = 600.0
+    """agent: seconds one trajectory of the agent may take; one that runs longer is dropped (its group is one
+    smaller) and named in a warning."""
     gigpo_step_weight: float = 1.0
     """advantage=gigpo: w in A = A_episode + w * A_step (GiGPO, Feng et al. 2025: 1)."""
     gigpo_gamma: float = 0.95
