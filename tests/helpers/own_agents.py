@@ -32,8 +32,7 @@ async def tool_agent(client, row):
     for _ in range(3):
         reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
         message = reply.choices[0].message
-        messages.append({"role": "assistant", "content": message.content,
-                         **({"tool_calls": [c.model_dump() for c in message.tool_calls]} if message.tool_calls else {})})
+        messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls or []:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": run_tool(call)})
         if not message.tool_calls:
@@ -80,7 +79,7 @@ async def hanging_agent(client, row):
 def hanging_plain_agent(client, row):
     client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
     if row["x"] == 1:
-        time.sleep(30)  # a thread cannot be stopped: it is left to end, its key closed
+        time.sleep(3600)  # a thread cannot be stopped: it is left behind, its key closed
     return float(row["x"])
 
 

@@ -11,12 +11,13 @@ Shapes: P task rows, G trajectories each, B rows (a trajectory's samples), T tok
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import math
 import secrets
+import threading
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,19 +123,14 @@ class AgentCollector:
     def play(self, rows: Sequence[dict[str, Any]], group_size: int) -> list[Trajectory]:
         """``group_size`` trajectories of each row, all at once, group-major."""
         trajectories = [Trajectory(p) for p in range(len(rows)) for _ in range(group_size)]
-        pool = ThreadPoolExecutor(max_workers=max(1, len(trajectories)))
-        try:
-            with self.endpoint.serving():
-                asyncio.run(self._play_all(trajectories, rows, pool))
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # a hung plain agent is left behind, its key closed
+        with self.endpoint.serving():
+            asyncio.run(self._play_all(trajectories, rows))
         return trajectories
 
-    async def _play_all(self, trajectories: list[Trajectory], rows: Sequence[dict[str, Any]],
-                        pool: ThreadPoolExecutor) -> None:
-        await asyncio.gather(*(self._play(t, dict(rows[t.row]), pool) for t in trajectories))
+    async def _play_all(self, trajectories: list[Trajectory], rows: Sequence[dict[str, Any]]) -> None:
+        await asyncio.gather(*(self._play(t, dict(rows[t.row])) for t in trajectories))
 
-    async def _play(self, t: Trajectory, row: dict[str, Any], pool: ThreadPoolExecutor) -> None:
+    async def _play(self, t: Trajectory, row: dict[str, Any]) -> None:
         import openai
 
         key = f"grouprl-{secrets.token_hex(16)}"
@@ -146,8 +142,7 @@ class AgentCollector:
                     result = await asyncio.wait_for(self.agent(client, row), timeout)
             else:
                 client = openai.OpenAI(base_url=self.endpoint.base_url, api_key=key, max_retries=0)
-                job = asyncio.get_running_loop().run_in_executor(pool, self.agent, client, row)
-                result = await asyncio.wait_for(job, timeout)
+                result = await asyncio.wait_for(_in_thread(self.agent, client, row), timeout)
             t.reward = _reward(result)
         except TimeoutError:
             t.failure = f"the agent ran past agent_timeout ({timeout:g} s)"
@@ -207,6 +202,30 @@ class AgentCollector:
         weights = {"agent": 1.0, **dict(zip(unique_names(self.reward_fns), self.reward_weights))}
         fn_total = combine({k: v for k, v in per_fn.items() if k != "agent"}, weights)
         return torch.where(agent.isnan(), fn_total, agent), per_fn
+
+
+def _in_thread(fn: Callable[..., Any], client: Any, row: dict[str, Any]) -> asyncio.Future:
+    """``fn(client, row)`` in a daemon thread of its own: one that hangs is left behind (its key closed) without
+    holding up the run or its exit."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not done.done():
+            done.set_result(result) if error is None else done.set_exception(error)
+
+    def run() -> None:
+        result, error = None, None
+        try:
+            with client:
+                result = fn(client, row)
+        except Exception as e:  # noqa: BLE001 - handed to the awaiting trajectory
+            error = e
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the trajectory timed out long ago
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, daemon=True).start()
+    return done
 
 
 def _reward(result: Any) -> float | None:
