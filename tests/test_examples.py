@@ -27,6 +27,7 @@ LOCAL = {
     "examples/agent-tools/run.yaml": lambda tmp: ["--model", long_context_tiny(tmp / "tiny"), "--rollout_servers",
                                                   "none", "--max_staleness", "0", "--max_turns", "2",
                                                   "--train_size", "4"],
+    "examples/openai-agent/run.yaml": lambda tmp: ["--model", long_context_tiny(tmp / "tiny")],
     "examples/arithmetic.yaml": lambda tmp: ["--train_size", "4"],
     "examples/countdown-lora.yaml": lambda tmp: ["--train_size", "4"],
 }
@@ -75,7 +76,9 @@ def test_the_recipe_trains_one_step_on_the_cpu(path, tmp_path, monkeypatch, caps
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in steps if "reward/mean" in m] == [1]
     after = json.loads((run / "summary.json").read_text())["eval_after"]
-    held_out = "eval/success" if "agent-tools" in path else "eval/accuracy"  # an environment's, else the checker's
+    # an environment's, the agent's own reward, else the checker's
+    held_out = {"agent-tools": "eval/success", "openai-agent": "eval/mean_reward"}.get(path.split("/")[1],
+                                                                                       "eval/accuracy")
     assert 0.0 <= after[held_out] <= 1.0
 
 

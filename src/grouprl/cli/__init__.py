@@ -118,7 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     kind.add_argument("--agent", action="store_true",
                       help="the default model learns a multi-turn guessing game; the last line reads "
                            "'success before=... after=...'")
-    add_dataclass_arguments(demo, TrainConfig, sections=SECTIONS, notes=SECTION_NOTES)
+    from grouprl.config.options import describe_fields
+
+    # the demo's --agent is its guessing game; the agent key still works from a --config file
+    add_dataclass_arguments(demo, TrainConfig, sections=SECTIONS, notes=SECTION_NOTES,
+                            keys=[r.key for r in describe_fields(TrainConfig) if r.key != "agent"])
     demo.set_defaults(handler=_demo)
 
     evaluate = add("eval", "held-out accuracy, pass@k and mean reward of a model",
