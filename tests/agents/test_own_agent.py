@@ -13,7 +13,7 @@ from grouprl.rollout.agent import ChatRenderer
 from grouprl.run.logs import JsonlLog, PhaseTimer
 from grouprl.trainer.advantages import GroupBaseline
 from tests.helpers import own_agents
-from tests.helpers.own_agents import TOOLS, make_agent_run
+from tests.helpers.own_agents import TOOLS, make_agent_run, policy_turns
 
 
 def recording(trainer):
@@ -48,13 +48,7 @@ def test_an_openai_agent_with_two_tools_trains_for_two_steps_on_the_tokens_it_wa
         n = int(batch.sequence_mask[i].sum())
         tokens = batch.completion_ids[i, :n]
         policy = batch.completion_mask[i, :n] > 0
-        turns, current = [], []
-        for token, mine in zip(tokens.tolist(), policy.tolist()):
-            if mine:
-                current.append(token)
-            elif current:
-                turns, current = [*turns, current], []
-        turns.append(current)
+        turns = policy_turns(batch, i)
         assert len(turns) == 3 and all(tuple(t) in served for t in turns)  # trained = sampled, turn for turn
         assert batch.sampling_logprobs[i, :n][policy].tolist() == [lp for t in turns for lp in served[tuple(t)]]
         # and the whole row is what the chat template renders of the finished conversation

@@ -90,6 +90,18 @@ async def silent_agent(client, row):
     return 0.5
 
 
+def policy_turns(batch, row: int) -> list[list[int]]:
+    """The runs of the policy's tokens in ``row`` of ``batch`` (its turns, the context between them left out)."""
+    turns, current = [], []
+    n = int(batch.token_mask[row].sum())
+    for token, mine in zip(batch.completion_ids[row, :n].tolist(), (batch.completion_mask[row, :n] > 0).tolist()):
+        if mine:
+            current.append(token)
+        elif current:
+            turns, current = [*turns, current], []
+    return [*turns, current] if current else turns
+
+
 def digits(prompts, completions, **_):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
