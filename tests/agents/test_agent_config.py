@@ -27,7 +27,7 @@ def test_the_example_builds_with_its_agent(monkeypatch):
     ({"agent": "no_function_here"}, "an import path is module:function"),
     ({"env": "calculator"}, "agent runs its own loop and tools through the chat endpoint: remove env"),
     ({"dynamic_sampling": True}, "dynamic_sampling is not available with an agent"),
-    ({"agent_timeout": 0.0}, "agent_timeout=0 must be > 0 seconds"),
+    ({"agent_timeout": 0.0}, "agent_timeout=0.0 must be > 0"),
     ({"agent": "tests.helpers.own_agents:TOOLS"}, "is a list, not a function"),
 ])
 def test_an_agent_that_cannot_run_is_refused_naming_why(changes, message):

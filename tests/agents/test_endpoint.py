@@ -72,6 +72,10 @@ def test_streaming_and_bad_messages_are_400_naming_why(endpoint):
     assert streamed.status_code == 400 and "stream" in streamed.json()["error"]["message"]
     bad = ask(endpoint, "k", messages=[{"content": "no role"}])
     assert bad.status_code == 400 and "messages[0]" in bad.json()["error"]["message"]
+    no_schema = ask(endpoint, "k", tools=[TOOLS[0], {"type": "function"}])
+    assert no_schema.status_code == 400 and "tools[1] is not" in no_schema.json()["error"]["message"]
+    unrenderable = ask(endpoint, "k", messages=[{"role": "user", "content": {"not": "text"}}])
+    assert unrenderable.status_code == 400 and "chat template" in unrenderable.json()["error"]["message"]
     assert endpoint.take("k") == []
 
 

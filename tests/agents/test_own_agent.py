@@ -120,3 +120,15 @@ def test_an_agent_returning_none_is_scored_by_the_reward_functions(tmp_path):
     last = [t[-1]["content"] for t in got.batch.extras["trajectory"]]
     assert got.rewards.tolist() == pytest.approx(own_agents.digits(None, last))
     assert torch.isnan(got.per_fn["agent"]).all() and got.per_fn["digits"].tolist() == pytest.approx(got.rewards)
+
+
+@pytest.mark.parametrize("algo", ["rloo", "ppo", "trpo"])
+def test_every_algorithm_trains_on_split_agent_trajectories(tmp_path, algo):
+    trainer = make_agent_run(tmp_path, own_agents.rewriting_agent, prompts_per_step=2, group_size=4, total_steps=1,
+                             max_new_tokens=4, algo=algo)
+    start = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    trainer.train()
+    trainer.close()
+    assert any(not torch.equal(v, start[k]) for k, v in trainer.policy.state_dict().items())
+    (step,) = [r for r in JsonlLog(tmp_path / "run" / "metrics.jsonl").records() if "agent/split_share" in r]
+    assert step["agent/split_share"] == 1.0 and step["reward/std"] > 0

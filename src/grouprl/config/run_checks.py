@@ -100,8 +100,6 @@ def _agent_problems(c: TrainConfig) -> list[str]:
             return ["agent runs its own loop and tools through the chat endpoint: remove env and tools"]
         if c.dynamic_sampling:
             return ["dynamic_sampling is not available with an agent: train on its trajectories as they come"]
-    if c.agent_timeout <= 0:
-        return [f"agent_timeout={c.agent_timeout:g} must be > 0 seconds"]
     if not c.env:
         per_step = c.advantage in ADVANTAGES and ADVANTAGES.get(c.advantage).level == STEP
         needs = {"env_options": c.env_options, "tools": c.tools, f"advantage={c.advantage}": per_step}

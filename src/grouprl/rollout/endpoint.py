@@ -129,7 +129,14 @@ class ChatEndpoint:
         if body.get("n", 1) != 1:
             raise RequestError(400, f"n must be 1 (one trajectory, one answer), not {body.get('n')}")
         messages = _messages(body.get("messages"))
-        prompt = self._renderer(body.get("tools") or []).prompt_ids(messages)
+        tools = body.get("tools") or []
+        for i, tool in enumerate(tools if isinstance(tools, list) else [None]):
+            if not isinstance(tool, dict) or not isinstance((tool.get("function") or {}).get("name"), str):
+                raise RequestError(400, f'tools[{i}] is not {{"type": "function", "function": {{"name": ...}}}}')
+        try:
+            prompt = self._renderer(tools).prompt_ids(messages)
+        except Exception as e:  # noqa: BLE001 - jinja and the tokenizer raise many kinds: all are this request's fault
+            raise RequestError(400, f"the messages cannot be rendered with the model's chat template: {e}") from e
         if len(prompt) + self.params.max_new_tokens > self.context:
             raise RequestError(400, f"the prompt has {len(prompt)} tokens; with max_new_tokens="
                                     f"{self.params.max_new_tokens} it exceeds the model's {self.context}")

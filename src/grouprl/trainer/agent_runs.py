@@ -104,7 +104,7 @@ class AgentCollector:
         parts = [samples(t.calls) for t in kept]
         batch = self.assemble(kept, parts, rows)
         with timer("reward"):
-            total, per_fn = self.score(kept, parts, rows, batch)
+            total, per_fn = self.score(kept, rows, batch)
         metrics = {"agent/dropped": float(len(played) - len(kept)),
                    "agent/split_share": sum(len(p) > 1 for p in parts) / len(parts),
                    "agent/calls_mean": sum(len(t.calls) for t in kept) / len(kept)}
@@ -115,10 +115,9 @@ class AgentCollector:
         kept = [t for t in self.play(rows, k) if t.failure is None]
         if not kept:
             return torch.tensor([math.nan])
-        parts = [samples(t.calls) for t in kept]
-        batch = self.assemble(kept, parts, rows)
+        batch = self.assemble(kept, [samples(t.calls) for t in kept], rows)
         heads = [batch.info["trajectory_index"].index(j) for j in range(len(kept))]
-        return self.score(kept, parts, rows, batch)[0][heads]
+        return self.score(kept, rows, batch)[0][heads]
 
     def play(self, rows: Sequence[dict[str, Any]], group_size: int) -> list[Trajectory]:
         """``group_size`` trajectories of each row, all at once, group-major."""
@@ -178,7 +177,7 @@ class AgentCollector:
                   "end_reason": ["length" if kept[k].calls[-1].truncated else "stop" for k, _ in flat],
                   "success": [None] * len(flat), "opening": [len(kept[k].calls[0].messages) - 1 for k, _ in flat]})
 
-    def score(self, kept: list[Trajectory], parts: list[list[Sample]], rows: Sequence[dict],
+    def score(self, kept: list[Trajectory], rows: Sequence[dict],
               batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``[B]`` rewards: the agent's where it returned one, else the reward functions' on its last answer."""
         of = batch.info["trajectory_index"]

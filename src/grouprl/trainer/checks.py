@@ -92,6 +92,7 @@ BOUNDS: dict[str, str] = {
     "adam_beta2": "in [0, 1)", "top_p": "in (0, 1] (1 = off)", "min_p": "in [0, 1)",
     "repetition_penalty": "> 0 (1 = off)", "eval_temperature": ">= 0 (0 = greedy)", "beta": ">= 0",
     "dual_clip": "> 1 (or empty)", "ref_sync_alpha": "in (0, 1]", "tool_timeout_s": "> 0",
+    "agent_timeout": "> 0",
     "vllm_gpu_memory_utilization": "in (0, 1)", "rollout_is_cap": "> 0",
     "vllm_kv_cache_gib": "> 0 (or empty: sized to the run)", "accept_ratio": "in (0, 1]", "gigpo_gamma": "in [0, 1]",
     "gigpo_similarity": "in (0, 1] (or empty: equal keys only)", "top_entropy_quantile": "in (0, 1] (1 = every token)",
