@@ -7,7 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
+from grouprl.cli import main
 from grouprl.cli.build import build_inputs
 from grouprl.config import ConfigError, TrainConfig, load_config
 from tests.helpers import own_agents
@@ -35,3 +37,10 @@ def test_an_agent_that_cannot_run_is_refused_naming_why(changes, message):
     assert build_inputs(config).agent is own_agents.tool_agent
     with pytest.raises(ConfigError, match=message):
         build_inputs(replace(config, **changes))
+
+
+def test_the_command_line_takes_agent(capsys):
+    assert main(["train", "--task", "arithmetic", "--agent", "tests.helpers.own_agents:tool_agent",
+                 "--agent_timeout", "30", "--print-config"]) == 0
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert (resolved["agent"], resolved["agent_timeout"]) == ("tests.helpers.own_agents:tool_agent", 30.0)
