@@ -18,7 +18,7 @@ from tests.helpers.own_agents import TOOLS, make_agent_run, policy_turns
 
 def recording(trainer):
     """Every engine call's sampled ids (per row, as the engine returned them), appended as the endpoint samples."""
-    endpoint = trainer.collector.endpoint
+    endpoint = trainer.source.collector.endpoint
     sampled, generate = [], endpoint.engine.generate
 
     def generate_and_record(prompt_ids, group_size, params, **kw):

@@ -32,12 +32,14 @@ async def two_turns(client, row):
     return sum(map(ord, messages[-2]["content"])) % 7 / 7  # differs between the trajectories of a group
 
 
-def test_an_openai_agent_trains_two_steps_through_a_rollout_server(tmp_path):
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_an_openai_agent_trains_two_steps_through_a_rollout_server(tmp_path, staleness):
     with started(tmp_path / "server", 1, max_rows=32) as info:
         model, tok = tiny_causal_lm(seed=5, **TINY64)
         start = {k: v.clone() for k, v in model.state_dict().items()}
         config = base_config(tmp_path, total_steps=2, prompts_per_step=2, group_size=4, max_new_tokens=5, lr=1e-2,
-                             beta=0.0, eval_every=0, rollout_servers=(info["addresses"][0],))
+                             beta=0.0, eval_every=0, rollout_servers=(info["addresses"][0],),
+                             max_staleness=staleness)
         inputs = RunInputs(train_rows=[{"x": i} for i in range(4)], reward_fns=[], agent=two_turns)
         trainer = Trainer(config, policy=model, tokenizer=tok, inputs=inputs)
         sampled = recording(trainer)
