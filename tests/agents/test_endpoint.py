@@ -13,8 +13,8 @@ import torch
 
 from grouprl.envs.tools import parse_hermes
 from grouprl.models import tiny_tokenizer
-from grouprl.rollout.endpoint import Call, ChatEndpoint
 from grouprl.trainer.agent_runs import samples
+from grouprl.trainer.chat_endpoint import Call, ChatEndpoint
 from grouprl.types import RolloutBatch, SamplingParams
 from tests.helpers.own_agents import TOOLS
 

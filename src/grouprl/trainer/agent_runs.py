@@ -1,6 +1,6 @@
 """A step's experience from an agent the user already has: ``agent(client, row)`` runs G times per task row at once,
 each copy with an OpenAI client whose API key is its trajectory's on the run's chat endpoint
-(:mod:`grouprl.rollout.endpoint`). A trajectory is the calls its agent made, in order: a call whose prompt ids
+(:mod:`grouprl.trainer.chat_endpoint`). A trajectory is the calls its agent made, in order: a call whose prompt ids
 start with the previous call's prompt and completion continues one sequence (the tokens in between are context);
 one that does not (the agent rewrote or trimmed its history) starts another sample of the same trajectory, with the
 same reward and advantage. An agent that raises, outlasts ``agent_timeout`` or never calls the model is dropped,
@@ -26,10 +26,10 @@ import torch
 from grouprl.errors import EnvError
 from grouprl.rewards import score_rewards
 from grouprl.rewards.base import combine, unique_names
-from grouprl.rollout.endpoint import Call, ChatEndpoint
 from grouprl.rollout.runner import left_pad
 from grouprl.run.logs import PhaseTimer
 from grouprl.run.seed_streams import PromptStream, mix_seed
+from grouprl.trainer.chat_endpoint import Call, ChatEndpoint
 from grouprl.trainer.collect import Collected, factorize
 from grouprl.types import RolloutBatch
 

@@ -88,8 +88,8 @@ class AgentSource:
     def __init__(self, config: TrainerConfig, inputs: RunInputs, policy: nn.Module, tokenizer: Any, plan: RolloutPlan,
                  sampler: Any, share: Share):
         from grouprl.envs.tools import resolve_tool_parser
-        from grouprl.rollout.endpoint import ChatEndpoint
         from grouprl.trainer.agent_runs import AgentCollector
+        from grouprl.trainer.chat_endpoint import ChatEndpoint
 
         c = config
         context = context_length(unwrap_ddp(policy)) or c.max_prompt_len + c.max_trajectory_tokens
