@@ -19,7 +19,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from grouprl.run.seed_streams import PromptStream, mix_seed
 from grouprl.trainer.chat_endpoint import Call, ChatEndpoint
 from grouprl.trainer.collect import Collected, factorize
 from grouprl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
 
 
 @dataclass
@@ -79,7 +82,7 @@ class AgentCollector:
     ``endpoint``; a None reward is the reward functions' score of its last answer."""
 
     def __init__(self, endpoint: ChatEndpoint, agent: Callable[..., Any], rows: Sequence[dict[str, Any]],
-                 reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: Any,
+                 reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: TrainerConfig,
                  share: Callable[[int], tuple[int, int]], pad_token_id: int):
         self.endpoint, self.agent, self.rows = endpoint, agent, list(rows)
         self.reward_fns, self.reward_weights = list(reward_fns), list(reward_weights)

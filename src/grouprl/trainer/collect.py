@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,6 +16,9 @@ from grouprl.run.seed_streams import PromptStream, group_seeds, mix_seed
 from grouprl.trainer.judging import apply_judge
 from grouprl.trainer.sampling import rollout_params
 from grouprl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
 
 
 @dataclass
@@ -52,7 +55,7 @@ class GroupCollector:
     """
 
     def __init__(self, sampler: Any, rows: Sequence[dict[str, Any]], prompt_ids: Sequence[list[int]],
-                 reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: Any,
+                 reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: TrainerConfig,
                  share: Callable[[int], tuple[int, int]], stop_ids: tuple[int, ...] = (), judge: Any = None,
                  judge_weight: float | None = None):
         self.sampler, self.rows, self.prompt_ids = sampler, list(rows), list(prompt_ids)

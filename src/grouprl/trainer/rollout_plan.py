@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,6 +30,9 @@ from grouprl.rollout.formats import FORMATS
 from grouprl.rollout.protocol import RolloutEngine
 from grouprl.trainer.evaluate import EVAL_BATCH
 from grouprl.trainer.resolved import rollout_is_for
+
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -81,18 +84,19 @@ class Engine:
     trainer's, so ``rollout_is`` auto corrects for it)."""
 
 
-def _built_in(config: Any, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, longest: int,
+def _built_in(config: TrainerConfig, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, longest: int,
               multi_turn: bool) -> Any:
     from grouprl.rollout.sampler import Sampler
 
     return None if multi_turn else Sampler(unwrap_ddp(policy), tokenizer, compile_steps=plan.compile)
 
 
-def _vllm(config: Any, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, longest: int, multi_turn: bool) -> Any:
+def _vllm(config: TrainerConfig, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, longest: int,
+          multi_turn: bool) -> Any:
     return vllm_engine(config, policy, tokenizer, longest)
 
 
-def _servers(config: Any, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, longest: int,
+def _servers(config: TrainerConfig, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, longest: int,
              multi_turn: bool) -> Any:
     from grouprl.serve import server_sampler
 
@@ -105,7 +109,7 @@ ENGINES.register("vllm", Engine(_vllm, own_weights=True))
 ENGINES.register("servers", Engine(_servers, own_weights=True))
 
 
-def vllm_engine(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: int) -> Any:
+def vllm_engine(config: TrainerConfig, policy: nn.Module, tokenizer: Any, max_model_len: int) -> Any:
     """A colocated vLLM engine following ``policy``, in the rollout format ``dtype`` chose."""
     from grouprl.rollout.vllm import VLLMSampler
 
@@ -118,8 +122,8 @@ def vllm_engine(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: i
                        compiled=c.vllm_compile)
 
 
-def plan_rollout(config: Any, formats: Any, policy: nn.Module, device: torch.device | None, *, multi_turn: bool,
-                 sampler: RolloutEngine | None = None, steps: int | None = None) -> RolloutPlan:
+def plan_rollout(config: TrainerConfig, formats: Any, policy: nn.Module, device: torch.device | None, *,
+                 multi_turn: bool, sampler: RolloutEngine | None = None, steps: int | None = None) -> RolloutPlan:
     """The run's :class:`RolloutPlan`. ``config`` has its formats decided (``rollout_dtype`` explicit);
     ``formats`` is what decided them; ``device``: where the run computes (None: where ``policy`` is);
     ``multi_turn``: trajectories in environments; ``sampler``: one passed in, used as it is; ``steps``: the
@@ -155,7 +159,7 @@ def _device_of(policy: nn.Module) -> torch.device | None:
     return next((p.device for p in policy.parameters()), None)
 
 
-def build_rollout(config: Any, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, *, longest: int,
+def build_rollout(config: TrainerConfig, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, *, longest: int,
                   multi_turn: bool = False, sampler: RolloutEngine | None = None) -> RolloutEngine | None:
     """The rollout engine ``plan`` names, on ``policy`` (as the trainer placed it): a sampler, or for
     environments the engine playing the turns (None: the multi-turn sampler decodes on the live policy).

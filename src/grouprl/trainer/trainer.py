@@ -32,7 +32,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -65,6 +65,9 @@ from grouprl.trainer.sources import make_source
 from grouprl.trainer.update import UpdateBatch, weighted
 from grouprl.types import RolloutBatch
 
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
+
 
 class Trainer:
     """Any language-model algorithm of :data:`~grouprl.trainer.algorithms.ALGORITHMS` on a Hugging
@@ -87,7 +90,7 @@ class Trainer:
         critic_backbone: for a critic, the model whose decoder carries the value head.
     """
 
-    def __init__(self, config: Any, *, policy: torch.nn.Module, tokenizer: Any,
+    def __init__(self, config: TrainerConfig, *, policy: torch.nn.Module, tokenizer: Any,
                  reward_fns: Sequence[Callable] = (), train_data: Sequence[dict[str, Any]] = (),
                  eval_data: Sequence[dict[str, Any]] | None = None, reward_weights: Sequence[float] | None = None,
                  is_correct: Callable[[str, dict], bool] | None = None, system_prompt: str | None = None,
@@ -330,7 +333,7 @@ class Trainer:
         replay(self.metrics_log.records(), self.health)  # the early-warning signs carry on from the logged steps
 
 
-def run_formats(config: Any, processes: Any) -> Formats:
+def run_formats(config: TrainerConfig, processes: Any) -> Formats:
     """The run's number formats (:mod:`grouprl.models.precision`), decided once: by the first process, from the
     config, the checkpoint a resumed run starts from (its formats are kept) and the machine; every other process
     receives them, so all compute alike whatever their own machine or load."""

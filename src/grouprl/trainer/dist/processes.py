@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -44,13 +44,16 @@ from grouprl.trainer.dist.group import (
 )
 from grouprl.trainer.dist.sharding import Sharding, WholeForward, gathered_weights
 
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
+
 SUMMED = ("loss/", "throughput/", "judge/dropped_groups")
 """Metric prefixes added up over processes: each process's loss is its share of the batch loss,
 throughputs add, and so do the groups a judge dropped (each process judges its own). ``time/`` takes the slowest
 process; the rest is a mean weighted by each process's tokens in the loss."""
 
 
-def world_size_problems(config: Any, world_size: int) -> list[str]:
+def world_size_problems(config: TrainerConfig, world_size: int) -> list[str]:
     """What in ``config`` cannot be split over ``world_size`` processes (checked before loading)."""
     if world_size <= 1:
         return []
@@ -66,7 +69,7 @@ def world_size_problems(config: Any, world_size: int) -> list[str]:
                   for why in placement_problems(config)]
 
 
-def placement_problems(config: Any) -> list[str]:
+def placement_problems(config: TrainerConfig) -> list[str]:
     """What in ``config`` :class:`Processes` cannot place (on several processes, or on one GPU)."""
     from grouprl.trainer.algorithms import ALGORITHMS
 
@@ -88,7 +91,7 @@ class Processes:
         config: the trainer config (``engine``, ``mixed_precision``, ``cpu_offload``).
     """
 
-    def __init__(self, env: DistEnv, config: Any):
+    def __init__(self, env: DistEnv, config: TrainerConfig):
         for msg in world_size_problems(config, env.world_size):
             raise ValueError(msg)
         self.env = env
