@@ -195,8 +195,15 @@ def distinct_share(prompts, completions, **_):
     return [len(set(c)) / max(len(c), 1) for c in completions]
 
 
+def scratch_folders(root: Path) -> set[str]:
+    """The weight, skeleton and restart folders under ``root`` (a run removes its own when it closes)."""
+    return {p.name for p in root.glob("grouprl-*") if p.name.startswith(("grouprl-restart-", "grouprl-skeleton-",
+                                                                         "grouprl-weights-"))}
+
+
 def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
     from grouprl.serve.client.from_config import server_sampler
+    from grouprl.serve.weights.transport import default_weights_root
     from grouprl.trainer.trainer import Trainer
     from tests.helpers.trainer import PROMPTS, base_config
 
@@ -205,6 +212,7 @@ def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
                          rollout_servers=1, lr=5e-2)
     torch.manual_seed(0)
     policy = apply_lora(model, LoraSettings(rank=4, target_modules=("q_proj", "v_proj")))
+    before = scratch_folders(default_weights_root())  # another run's, a killed one's, are not this run's to remove
     client = server_sampler(config, policy, tok, 256)  # starts the server, pinned, logs under the run folder
     assert client.local is not None and (tmp_path / "run" / "servers" / "server-0.log").is_file()
     trainer = Trainer(config, policy=policy, tokenizer=tok, reward_fns=[distinct_share], train_data=PROMPTS,
@@ -266,8 +274,7 @@ def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
     finally:
         trainer.close()
     assert wait_gone([pgid, restarted]) == []  # the run's close stopped its server
-    assert not [p for p in Path(client.handover.sender.folders.root).parent.glob("grouprl-*") if p.name.startswith(
-        ("grouprl-restart-", "grouprl-skeleton-", "grouprl-weights-"))]
+    assert scratch_folders(Path(client.handover.sender.folders.root).parent) == before  # the run's own are gone
 
 
 def test_a_local_server_killed_mid_run_is_restarted_and_samples_the_current_weights(tmp_path):
