@@ -4,15 +4,13 @@ ends and row columns, bad specs named, and two training steps of the tiny model 
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytest.importorskip("openenv.core")
 
 from grouprl.envs import Episode, make_env_factory  # noqa: E402
 from grouprl.errors import ConfigError  # noqa: E402
-from tests.helpers.agents import make_agent_trainer  # noqa: E402
+from tests.helpers.agents import make_agent_trainer, train_two_steps  # noqa: E402
 from tests.helpers.openenv_envs import serve  # noqa: E402
-from tests.helpers.trainer import params_of  # noqa: E402
 
 IN_PROCESS = "openenv:tests.helpers.openenv_envs:DigitTalk"
 
@@ -60,12 +58,7 @@ def test_bad_specs_are_named():
 
 def test_an_in_process_environment_trains_two_steps(tmp_path):
     trainer = make_agent_trainer(tmp_path, env=IN_PROCESS, total_steps=2)
-    before = params_of(trainer.policy)
-    trainer.train()
-    after = params_of(trainer.policy)
-    assert any(not torch.equal(before[k], after[k]) for k in before)
-    records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
-    assert [r["step"] for r in records] == [1, 2]
+    records = train_two_steps(trainer)
     assert all(0 < r["env/return_mean"] < 2 and r["reward/mean"] == pytest.approx(r["env/return_mean"])
                and r["env/turns_mean"] > 1
                for r in records)
@@ -79,12 +72,7 @@ def test_a_server_by_url_plays_and_trains_two_steps(tmp_path):
         # the server sends no metadata: the success is unknown
         assert (ep.step_rewards, ep.success, ep.end_reason) == ([0.5, 1.0], None, "env")
         trainer = make_agent_trainer(tmp_path, env=f"openenv+{url}", total_steps=2, prompts_per_step=2, group_size=4)
-        before = params_of(trainer.policy)
-        trainer.train()
-        after = params_of(trainer.policy)
-    assert any(not torch.equal(before[k], after[k]) for k in before)
-    records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
-    assert [r["step"] for r in records] == [1, 2]
+        records = train_two_steps(trainer)
     assert all(0 < r["env/return_mean"] < 2 and r["env/turns_mean"] > 1 for r in records)
 
 

@@ -8,7 +8,7 @@ from grouprl.envs import Tool, make_env_factory
 from grouprl.models import tiny_causal_lm
 from grouprl.trainer.inputs import RunInputs
 from grouprl.trainer.trainer import Trainer
-from tests.helpers.trainer import base_config
+from tests.helpers.trainer import base_config, params_of
 
 
 class DigitTalk:
@@ -76,3 +76,14 @@ class FewShotDigitTalk(DigitTalk):
         question, info = super().reset(seed=seed, options=options)
         return [{"role": "user", "content": "example: digits"}, {"role": "assistant", "content": "EXAMPLE-123"},
                 {"role": "user", "content": question}], info
+
+
+def train_two_steps(trainer) -> list[dict]:
+    """Train ``trainer`` (two steps); its parameters must move. The records of both steps' episodes."""
+    before = params_of(trainer.policy)
+    trainer.train()
+    after = params_of(trainer.policy)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    return records

@@ -11,7 +11,7 @@ import torch
 
 from grouprl.report.data import read_jsonl
 from grouprl.run.logs import PhaseTimer
-from tests.helpers.agents import count, make_agent_trainer
+from tests.helpers.agents import count, make_agent_trainer, train_two_steps
 from tests.helpers.trainer import params_of
 
 
@@ -32,12 +32,7 @@ def test_the_trajectories_of_a_group_start_from_the_same_reset(tmp_path):
 def test_every_algorithm_trains_on_trajectories(tmp_path, algo):
     extra = {"critic_warmup_steps": 0} if algo == "ppo" else {"max_kl": 0.05} if algo == "trpo" else {}
     trainer = make_agent_trainer(tmp_path, algo=algo, total_steps=2, **extra)
-    before = params_of(trainer.policy)
-    trainer.train()
-    after = params_of(trainer.policy)
-    assert any(not torch.equal(before[k], after[k]) for k in before)
-    records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
-    assert [r["step"] for r in records] == [1, 2]
+    records = train_two_steps(trainer)
     for key in ("env/turns_mean", "env/tool_calls_mean", "env/tool_errors", "env/truncated_frac", "env/success"):
         assert key in records[0]
 
