@@ -75,6 +75,16 @@ from machine import cpu_line  # benchmarks/machine.py: every figure says which C
 from smoke import add_smoke
 
 EVAL_SEED = 0  # the held-out problems and their sampling seeds, the same for every model
+PEAKS = {"training": 0.0, "evaluation": 0.0}  # MiB: the workers of one seed together; the largest evaluation
+
+
+def say_peak() -> None:
+    """The benchmark's peak memory: this process and, at most, either one seed's workers or one evaluation."""
+    from grouprl.run.logs import peak_rss_mb
+
+    own = peak_rss_mb()
+    print(f"peak RSS {own + max(PEAKS.values()):.0f} MiB at most at once: this process {own:.0f}, one seed's "
+          f"training workers {PEAKS['training']:.0f}, the largest evaluation {PEAKS['evaluation']:.0f}", flush=True)
 
 
 class Worker:
@@ -141,8 +151,9 @@ def train_seed(args: argparse.Namespace, seed: int, names: list[str], base: str)
                 w.order(f"save {folder}")
                 saved[w.name].append({"step": i, "train_seconds": total[w.name], "train_reward": r["reward"],
                                       "folder": str(folder)})
-    for w in workers:
-        print(f"seed {seed}: {w.name} peak RSS {w.close():.0f} MiB", flush=True)
+    peaks = {w.name: w.close() for w in workers}
+    PEAKS["training"] = max(PEAKS["training"], sum(peaks.values()))
+    print(f"seed {seed}: peak RSS " + ", ".join(f"{n} {mb:.0f} MiB" for n, mb in peaks.items()), flush=True)
     return saved
 
 
@@ -153,6 +164,7 @@ def evaluate_one(args: argparse.Namespace, folder: str) -> dict:
     from grouprl.cli.build import build_inputs, load_model
     from grouprl.cli.commands import evaluate_model
     from grouprl.rollout.scratch import ScratchFolder
+    from grouprl.run.logs import peak_rss_mb
 
     torch.set_num_threads(args.eval_threads)
     out = ScratchFolder("learning-eval-")
@@ -160,7 +172,7 @@ def evaluate_one(args: argparse.Namespace, folder: str) -> dict:
                          eval_size=args.eval_problems, eval_samples=args.eval_samples, eval_temperature=1.0)
     policy, tokenizer = load_model(folder, EVAL_SEED)
     result = evaluate_model(config, build_inputs(config), policy, tokenizer)
-    return {k.removeprefix("eval/"): v for k, v in result.items()}
+    return {**{k.removeprefix("eval/"): v for k, v in result.items()}, "peak_rss_mb": peak_rss_mb()}
 
 
 def evaluator(args: argparse.Namespace):
@@ -175,6 +187,7 @@ def evaluator(args: argparse.Namespace):
             got = subprocess.run([args.python, __file__, *forwarded, "--evaluate", folder], stdout=subprocess.PIPE,
                                  text=True, check=True)
             cache[folder] = json.loads(got.stdout.splitlines()[-1])
+            PEAKS["evaluation"] = max(PEAKS["evaluation"], cache[folder].pop("peak_rss_mb"))
             print(f"  eval {folder}: accuracy {cache[folder]['accuracy']:.3f} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
         return cache[folder]
@@ -303,6 +316,7 @@ def main() -> None:
     if not args.report_only:
         python = os.path.relpath(sys.executable) if not os.path.relpath(sys.executable).startswith("..") else "python"
         run(args, shlex.join([python, *sys.argv]))
+        say_peak()
     report(args, settings(args))
 
 
