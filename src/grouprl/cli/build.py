@@ -193,7 +193,7 @@ def build_inputs(config: TrainConfig) -> RunInputs:
                      is_correct=checker,
                      system_prompt=task.system_prompt if task is not None else None, env=env, tools=tools, agent=agent,
                      train_places=[places[id(r)] for r in train] if places else [],
-                     eval_places=[places[id(r)] for r in held] if places else [])
+                     eval_places=[places[id(r)] for r in held] if places else [], distilled=config.distill_coef > 0)
 
 
 
@@ -274,6 +274,7 @@ def build_trainer(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer
     """The trainer of ``config.algo`` for ``config``: in one process, or in the torchrun run ``env``
     (a :class:`~grouprl.trainer.dist.group.DistEnv`); the trainer picks its rollout engine
     (``rollout_engine``). ``run_config`` is what config.yaml records (default: ``config``)."""
+    from grouprl.trainer.teacher import is_server
     from grouprl.trainer.trainer import Trainer
 
     processes = None
@@ -281,5 +282,9 @@ def build_trainer(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer
         from grouprl.trainer.dist.processes import Processes
 
         processes = Processes(env, config)
+    teacher, teacher_tokenizer = None, None
+    if config.distill_coef and not is_server(config.teacher_model):  # tiny: another seed than the policy's
+        teacher, teacher_tokenizer = load_model(config.teacher_model, config.seed + 1)
     return Trainer(config, policy=policy, tokenizer=tokenizer, inputs=inputs,
-                   run_config=run_config if run_config is not None else config, processes=processes)
+                   run_config=run_config if run_config is not None else config, processes=processes,
+                   teacher=teacher, teacher_tokenizer=teacher_tokenizer)

@@ -188,9 +188,9 @@ def _reward_problems(c: TrainConfig) -> list[str]:
     if out:
         return out
     count = c.reward_count()
-    if count == 0 and not c.env and not c.judge and not c.agent:
-        out.append("a dataset needs reward_functions (e.g. exact_match, which reads an 'answer' column) or a "
-                   "reward_model")
+    if count == 0 and not c.env and not c.judge and not c.agent and not c.distill_coef:
+        out.append("a dataset needs reward_functions (e.g. exact_match, which reads an 'answer' column), a "
+                   "reward_model, or a teacher to distil (teacher_model, distill_coef)")
     elif c.reward_weights and len(c.reward_weights) != count:
         out.append(f"reward_weights has {len(c.reward_weights)} values for {count} reward functions "
                    "(reward_functions, or the task's own, then reward_model)")

@@ -38,7 +38,9 @@ class HealthWatch:
     ['entropy 0.20x of its start: the policy has stopped exploring (lower lr, or entropy_coef)']
     """
 
-    def __init__(self) -> None:
+    def __init__(self, all_equal_teach_nothing: bool = True) -> None:
+        # distilled, an all-equal group still carries the teacher's signal: no warning for many of them
+        self.all_equal_teach_nothing = all_equal_teach_nothing
         self.entropies: list[float] = []
         self.kls: deque[float] = deque(maxlen=KL_WINDOW)
         self.zero_run = 0
@@ -72,7 +74,7 @@ class HealthWatch:
                                                "(lower lr or max_grad_norm)"))
             self.kls.append(float(kl))
         zero = metrics.get("rollout/zero_std_frac")
-        if isinstance(zero, int | float):
+        if isinstance(zero, int | float) and self.all_equal_teach_nothing:
             self.zero_run = self.zero_run + 1 if zero >= ZERO_STD_HIGH else 0
             out["health/zero_std_run"] = float(self.zero_run)
             if self.zero_run >= ZERO_STD_RUN:

@@ -22,6 +22,7 @@ from grouprl.run.optim import LR_SCHEDULES
 from grouprl.serve.weights.transport import TRANSPORTS
 from grouprl.trainer.algorithms import ALGORITHMS, KEY_GROUPS, KL_CONTROLLERS, Algorithm, owners
 from grouprl.trainer.loss_variants import variant_problems
+from grouprl.trainer.teacher import teacher_problems
 
 if TYPE_CHECKING:
     from grouprl.trainer.config import TrainerConfig
@@ -50,7 +51,7 @@ def problems(c: TrainerConfig) -> list[str]:
     out = logger_problems(c.loggers)
     return out + (_algorithm_problems(c, algo) + _registry_problems(c) + _range_problems(c) + _batch_problems(c)
             + _objective_problems(c) + _sampling_problems(c) + _scale_out_problems(c)
-            + _trust_region_problems(c) + _estimator_problems(c) + variant_problems(c))
+            + _trust_region_problems(c) + _estimator_problems(c) + variant_problems(c) + teacher_problems(c))
 
 
 def _algorithm_problems(c: TrainerConfig, algo: Algorithm) -> list[str]:

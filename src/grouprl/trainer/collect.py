@@ -111,6 +111,8 @@ class GroupCollector:
                 scores = score_rewards(self.reward_fns, self.reward_weights, batch.prompts, batch.completions, ids,
                                        batch.extras)
                 total, per_fn = scores.total, scores.per_fn
+            elif self.judge is None:  # distilled without a task reward: the teacher's signal is the only one
+                total = torch.zeros(batch.batch_size)
         if self.judge is not None:
             with timer("judge"):
                 total, per_fn, metrics = apply_judge(self.judge, self.judge_weight, batch, total, per_fn, batch.extras)

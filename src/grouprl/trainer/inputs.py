@@ -37,15 +37,16 @@ class RunInputs:
     judge_weight: float | None = None
     train_places: list[str] = field(default_factory=list)
     eval_places: list[str] = field(default_factory=list)
+    distilled: bool = False  # on-policy distillation: the teacher's signal alone needs no reward function
 
     def __post_init__(self) -> None:
         self.train_rows, self.eval_rows, self.reward_fns = list(self.train_rows), list(self.eval_rows), \
             list(self.reward_fns)
         weights = [1.0] * len(self.reward_fns) if self.reward_weights is None else list(self.reward_weights)
         if len(weights) != len(self.reward_fns) or not (self.reward_fns or self.env is not None or self.judge
-                                                          or self.agent is not None):
+                                                          or self.agent is not None or self.distilled):
             raise ValueError(f"{len(weights)} reward weights for {len(self.reward_fns)} reward functions (at least "
-                             "one function, an environment or a judge is needed)")
+                             "one function, an environment, a judge or a teacher is needed)")
         self.reward_weights = weights
         prompted = self.env is None and self.agent is None  # an agent's row is whatever its function reads
         check_rows(self.train_rows, "train", needs_prompt=prompted)

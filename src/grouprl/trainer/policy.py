@@ -84,15 +84,16 @@ class PolicyPasses:
         self.forward_model, self.in_step = forward_model, in_step
 
     def logprobs(self, model: nn.Module, batch: RolloutBatch, rows: torch.Tensor | None = None,
-                 with_entropy: bool = False, only: torch.Tensor | None = None
+                 with_entropy: bool = False, only: torch.Tensor | None = None, temperature: float | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor | None] | torch.Tensor:
         """Per-token log-probs ``[B, T]`` of the batch's completions under ``model``. With ``rows`` (a
         micro-batch, with grad): ``(logp [b, T], entropy [b, T] or None)``. Without: no grad, micro-batch
-        by micro-batch, every row, or only the rows where ``only [B]`` (bool) is true (0 elsewhere)."""
+        by micro-batch, every row, or only the rows where ``only [B]`` (bool) is true (0 elsewhere). ``temperature``:
+        the distribution scored (default the sampling temperature, or 1 for greedy)."""
         c = self.config
         model = self.forward_model(model)
         device_type = model_device_type(model)
-        temperature = c.temperature if c.temperature > 0 else 1.0
+        temperature = temperature or (c.temperature if c.temperature > 0 else 1.0)
         if rows is not None:
             # The weights' bf16 casts are made again in backward rather than kept from forward to backward, a
             # repeated cast kept once (grouprl.models.casts); FSDP frees its gathered weights after the forward.

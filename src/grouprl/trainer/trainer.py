@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grouprl.algos import kl_per_token
+from grouprl.algos.distillation import distill_advantages
 from grouprl.algos.rollout_correction import rollout_mismatch
 from grouprl.errors import NonFiniteError
 from grouprl.models import store_frozen_linears, unwrap_ddp
@@ -62,6 +63,7 @@ from grouprl.trainer.policy import PolicyPasses, bf16_base_fits, default_referen
 from grouprl.trainer.rollout_plan import plan_rollout
 from grouprl.trainer.rules import UPDATE_RULES
 from grouprl.trainer.sources import make_source
+from grouprl.trainer.teacher import make_teacher
 from grouprl.trainer.update import UpdateBatch, weighted
 from grouprl.types import RolloutBatch
 
@@ -88,6 +90,7 @@ class Trainer:
         run_config: what the run folder's config.yaml records (default: ``config``).
         processes: the process group (default: one process).
         critic_backbone: for a critic, the model whose decoder carries the value head.
+        teacher, teacher_tokenizer: on-policy distillation's teacher (default: ``config.teacher_model``, loaded).
     """
 
     def __init__(self, config: TrainerConfig, *, policy: torch.nn.Module, tokenizer: Any,
@@ -95,7 +98,8 @@ class Trainer:
                  eval_data: Sequence[dict[str, Any]] | None = None, reward_weights: Sequence[float] | None = None,
                  is_correct: Callable[[str, dict], bool] | None = None, system_prompt: str | None = None,
                  inputs: RunInputs | None = None, reference: torch.nn.Module | None = None, sampler: Any = None,
-                 run_config: Any = None, processes: Any = None, critic_backbone: torch.nn.Module | None = None):
+                 run_config: Any = None, processes: Any = None, critic_backbone: torch.nn.Module | None = None,
+                 teacher: torch.nn.Module | None = None, teacher_tokenizer: Any = None):
         check(config)  # a config read from YAML or the command line was checked on reading; one made in Python here
         self.config = c = config
         if c.num_threads:
@@ -103,7 +107,7 @@ class Trainer:
         if inputs is None:  # checked on construction (the command line builds them before the model loads)
             inputs = RunInputs(train_rows=list(train_data), reward_fns=list(reward_fns),
                                eval_rows=list(eval_data or []), reward_weights=reward_weights, is_correct=is_correct,
-                               system_prompt=system_prompt)
+                               system_prompt=system_prompt, distilled=c.distill_coef > 0)
         self.reward_fns, self.reward_weights = inputs.reward_fns, inputs.reward_weights
         self.is_correct = inputs.is_correct
         self.train_rows, self.eval_rows = inputs.train_rows, inputs.eval_rows
@@ -117,7 +121,7 @@ class Trainer:
         algo = ALGORITHMS.get(c.algo)
         self.processes = processes if processes is not None else OneProcess()
         self.is_main = self.processes.is_main
-        self.health = HealthWatch()  # entropy collapse, KL spikes, groups with nothing to teach
+        self.health = HealthWatch(not c.distill_coef)  # entropy collapse, KL spikes, groups with nothing to teach
         policy = prepare_policy(policy, c)
         self.formats = run_formats(c, self.processes)
         self.rollout_plan = plan_rollout(with_values(c, pinned(self.formats)), self.formats, policy,
@@ -131,6 +135,7 @@ class Trainer:
             store_frozen_linears(policy, torch.bfloat16)
         policy, reference = self.processes.place(policy, reference)
         self.passes = PolicyPasses(policy, reference, c, self.processes.forward_model, self.processes.world_size > 1)
+        self.teacher = make_teacher(c, self.passes, tokenizer, teacher, teacher_tokenizer, self.processes.device)
         self.baseline = self.critic or make_baseline(c, self.processes.sum)
         self.rule = UPDATE_RULES.get(algo.update)(c, self.passes, self.processes, self.critic)
         self.kl = KL_CONTROLLERS.get(c.kl_controller_name)(c)
@@ -169,12 +174,16 @@ class Trainer:
         mask = got.batch.completion_mask.clone()
         if c.mask_truncated:
             mask = mask * (~got.batch.truncated).unsqueeze(-1).to(mask.dtype)
-        live = self.baseline.rows_in_loss(got, mask)  # rows out of the loss need no log-probs
+        # rows out of the loss need no log-probs; distilled, every row carries the teacher's signal
+        live = self.baseline.rows_in_loss(got, mask) if self.teacher is None else mask.sum(-1) > 0
         with timer("logprobs"):
             old_logp = self.passes.old_logprobs(got.batch, live) if c.needs_old_logprobs else None
             ref_logp = self.passes.reference_logprobs(got.batch, live) if c.needs_reference else None
         beta = self.kl.beta
         data, metrics, constant = self.baseline.prepare(got, mask, old_logp, ref_logp, beta, self.step_count)  # A
+        if self.teacher is not None:
+            with timer("teacher"):
+                metrics.update(self.distill(got, data, mask, live))
         records = self.records(got, data)  # the advantages as estimated, before any importance weights
         metrics.update(self.correct_rollout(data))
         with timer("update"):                                                        # mu x minibatches
@@ -201,6 +210,16 @@ class Trainer:
         self.processes.check(error)
         device = self.processes.device  # a GPU run: rewards and a vLLM engine's rollout come back on the CPU
         return result if device is None else result.to(device)
+
+    def distill(self, got: Collected, data: UpdateBatch, mask: torch.Tensor, live: torch.Tensor) -> dict[str, float]:
+        """Add ``distill_coef`` x (the teacher's - the sampling policy's log-prob) to each token's advantage
+        (:func:`~grouprl.algos.distillation.distill_advantages`), every row back in the loss: an all-equal group
+        has advantage 0 but still the teacher's signal."""
+        teacher_logp = self.teacher.logprobs(got.batch, live).to(mask.device)
+        data.mask = mask
+        data.advantages, m = distill_advantages(data.advantages, got.batch.sampling_logprobs.to(mask.device),
+                                                teacher_logp, mask, self.config.distill_coef)
+        return {f"distill/{k}": float(v) for k, v in m.items()}
 
     def correct_rollout(self, data: UpdateBatch) -> dict[str, float]:
         """With ``rollout_is`` on, weight each token's policy-gradient term by the capped or masked ratio
@@ -251,6 +270,8 @@ class Trainer:
         holds beyond this process's memory (vLLM's process groups, rollout servers)."""
         if self.ahead is not None:
             self.ahead.close()
+        if self.teacher is not None:
+            self.teacher.close()
         self.sampler.close()
 
     # -- the run loop's hooks -----------------------------------------------------------------------
@@ -329,7 +350,7 @@ class Trainer:
         self.sampler.update_weights(unwrap_ddp(self.policy))  # an engine with its own copy gets them before sampling
         self.metrics_log.truncate_after(self.step_count)
         self.completions_log.truncate_after(self.step_count)
-        self.health = HealthWatch()
+        self.health = HealthWatch(not self.config.distill_coef)
         replay(self.metrics_log.records(), self.health)  # the early-warning signs carry on from the logged steps
 
 

@@ -18,6 +18,14 @@ class AlgorithmKeys:
     beta: float = 0.04
     """KL coefficient to the reference policy (DeepSeekMath: 0.04; TRL now defaults to 0, DAPO drops the term). 0
     also skips the reference model: less memory, no reference forward."""
+    teacher_model: str | None = None
+    """On-policy distillation's teacher (with distill_coef): a model as `model` takes, sharing the policy's
+    tokenizer, or the http://host:port of a grouprl serve server of it (its token: rollout_server_token,
+    GROUPRL_SERVER_TOKEN, or the one a server on this machine wrote). docs/distillation.md."""
+    distill_coef: float = 0.0
+    """On-policy distillation: each sampled token's advantage gets distill_coef x (log pi_teacher - log pi_policy), the
+    per-token reverse KL to teacher_model with its gradient stopped; 1 with no reward functions distils alone, else
+    it adds to the task's advantage. 0 = off."""
     advantage: str | None = None
     """Advantage estimator within each group (all but ppo, whose baseline is its critic): grpo (group mean baseline,
     scaled by advantage_scale), rloo (leave-one-out), reinforce (group mean), rank (centred rank in the group) or
