@@ -76,6 +76,7 @@ from smoke import add_smoke
 
 EVAL_SEED = 0  # the held-out problems and their sampling seeds, the same for every model
 PEAKS = {"training": 0.0, "evaluation": 0.0}  # MiB: the workers of one seed together; the largest evaluation
+EVALUATIONS: list[float] = []  # MiB: each evaluation's own peak, in order
 
 
 def say_peak() -> None:
@@ -84,7 +85,9 @@ def say_peak() -> None:
 
     own = peak_rss_mb()
     print(f"peak RSS {own + max(PEAKS.values()):.0f} MiB at most at once: this process {own:.0f}, one seed's "
-          f"training workers {PEAKS['training']:.0f}, the largest evaluation {PEAKS['evaluation']:.0f}", flush=True)
+          f"training workers {PEAKS['training']:.0f}, the largest evaluation {PEAKS['evaluation']:.0f} (first "
+          f"{EVALUATIONS[0] if EVALUATIONS else 0:.0f}, last {EVALUATIONS[-1] if EVALUATIONS else 0:.0f} of "
+          f"{len(EVALUATIONS)})", flush=True)
 
 
 class Worker:
@@ -118,18 +121,23 @@ class Worker:
 
 
 # -- training and evaluation ---------------------------------------------------------------------------------
-def save_base(folder: Path, model_name: str) -> str:
-    """The base model as a model folder, once (step 0 of every framework and seed)."""
+def save_base(folder: Path, model_name: str, python: str) -> str:
+    """The base model as a model folder, once (step 0 of every framework and seed), written by a process of its
+    own: this one would otherwise hold the model's memory to the end."""
     if not (folder / "model.safetensors").is_file():
-        from grouprl.cli.build import load_model
-        from grouprl.run.checkpoint_files import save_policy
-
-        model, tokenizer = load_model(model_name, 0)
-        tmp = folder.with_name(folder.name + ".part")
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_policy(model, tmp, tokenizer)
-        tmp.rename(folder)
+        subprocess.run([python, __file__, "--save_base", str(folder), model_name], check=True)
     return str(folder)
+
+
+def write_base(folder: Path, model_name: str) -> None:
+    from grouprl.cli.build import load_model
+    from grouprl.run.checkpoint_files import save_policy
+
+    model, tokenizer = load_model(model_name, 0)
+    tmp = folder.with_name(folder.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_policy(model, tmp, tokenizer)
+    tmp.rename(folder)
 
 
 def train_seed(args: argparse.Namespace, seed: int, names: list[str], base: str) -> dict[str, list[dict]]:
@@ -187,7 +195,8 @@ def evaluator(args: argparse.Namespace):
             got = subprocess.run([args.python, __file__, *forwarded, "--evaluate", folder], stdout=subprocess.PIPE,
                                  text=True, check=True)
             cache[folder] = json.loads(got.stdout.splitlines()[-1])
-            PEAKS["evaluation"] = max(PEAKS["evaluation"], cache[folder].pop("peak_rss_mb"))
+            EVALUATIONS.append(cache[folder].pop("peak_rss_mb"))
+            PEAKS["evaluation"] = max(PEAKS["evaluation"], EVALUATIONS[-1])
             print(f"  eval {folder}: accuracy {cache[folder]['accuracy']:.3f} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
         return cache[folder]
@@ -213,7 +222,8 @@ def run(args: argparse.Namespace, command: str) -> None:
         raise SystemExit(f"{path} holds results of other settings ({', '.join(other)}): pass another --out")
     done = {(r["framework"], r["seed"]) for r in records if r["step"] == args.steps}
     Path(args.models_dir).mkdir(parents=True, exist_ok=True)
-    base = save_base(Path(args.models_dir) / "base", demo_config(0, 1, str(out), **task(args), **args.set).model)
+    base = save_base(Path(args.models_dir) / "base", demo_config(0, 1, str(out), **task(args), **args.set).model,
+                     args.python)
     evaluate = None
     for seed in args.seeds:
         names = [n for n in args.frameworks if (n, seed) not in done]
@@ -283,6 +293,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--base", help=argparse.SUPPRESS)
     parser.add_argument("--evaluate", metavar="FOLDER", help=argparse.SUPPRESS)
+    parser.add_argument("--save_base", nargs=2, metavar=("FOLDER", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.set = dict(args.set)
     if args.smoke:
@@ -297,6 +308,8 @@ def main() -> None:
     unknown = set(args.frameworks) - set(FRAMEWORKS)
     if unknown:
         parser.error(f"--frameworks: unknown {sorted(unknown)}; choose from {FRAMEWORKS}")
+    if args.save_base:
+        return write_base(Path(args.save_base[0]), args.save_base[1])
     if args.evaluate:  # one model, in a process of its own (see evaluator); its metrics are the last line
         protocol = os.fdopen(os.dup(1), "w")
         os.dup2(2, 1)
