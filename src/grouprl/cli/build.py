@@ -63,10 +63,15 @@ def load_rows(config: TrainConfig) -> tuple[list[Row], list[Row], Any, dict[int,
 
 def load_reward_fns(config: TrainConfig, task: Any) -> tuple[list[Callable[..., Any]], list[float]]:
     """The configured reward functions (the task's when none are listed), then the reward model."""
+    from grouprl.rewards.remote import RemoteReward, is_url, remote_settings
+
     if config.reward_functions:
         fns = []
         for name in config.reward_functions:
             options = config.reward_options.get(name)
+            if is_url(name):
+                fns.append(RemoteReward(name, batch_size=config.remote_reward_batch_size, **remote_settings(config)))
+                continue
             if ":" not in name:
                 fns.append(config.builtin_reward(name))  # made (and checked) by the config's validation
                 continue
@@ -186,8 +191,10 @@ def build_inputs(config: TrainConfig) -> RunInputs:
     judge = None
     if config.judge:
         from grouprl.rewards.judges import load_judge
+        from grouprl.rewards.remote import is_url, remote_settings
 
-        judge = load_judge(config.judge, config.judge_options, load_model=lambda name: load_model(name, config.seed))
+        options = {**remote_settings(config), **config.judge_options} if is_url(config.judge) else config.judge_options
+        judge = load_judge(config.judge, options, load_model=lambda name: load_model(name, config.seed))
     return RunInputs(train_rows=train, eval_rows=held, reward_fns=fns, reward_weights=weights,
                      judge=judge, judge_weight=config.judge_weight,
                      is_correct=checker,

@@ -146,13 +146,16 @@ def _judge_problems(c: TrainConfig) -> list[str]:
     from pathlib import Path
 
     from grouprl.rewards.judges import JUDGES
+    from grouprl.rewards.remote import is_url
 
     if c.judge is None:
         return (["judge_weight and judge_options need a judge"] if c.judge_weight is not None or c.judge_options
                 else [])
     out = []
     kind, _, argument = c.judge.partition(":")
-    if kind == "reward_model" and not (Path(argument).expanduser() / "config.json").is_file():
+    if is_url(c.judge):
+        pass  # checked with the other services, by remote_problems
+    elif kind == "reward_model" and not (Path(argument).expanduser() / "config.json").is_file():
         out.append(f"judge={c.judge!r}: {argument!r} is not a folder saved by grouprl train-rm (no config.json)")
     elif kind not in JUDGES and not is_import_path(c.judge):
         out.append(f"judge={c.judge!r}: give reward_model:<folder>, lm:<model> or an import path module:function")
@@ -165,9 +168,12 @@ def _judge_problems(c: TrainConfig) -> list[str]:
 
 def _reward_problems(c: TrainConfig) -> list[str]:
     from grouprl.rewards import REWARDS
+    from grouprl.rewards.remote import is_url, remote_problems
 
     out = []
     for name in c.reward_functions:
+        if is_url(name):
+            continue  # checked by remote_problems
         if is_import_path(name):
             module, _, attr = name.rpartition(":")
             if not module or not attr.isidentifier():
@@ -182,7 +188,7 @@ def _reward_problems(c: TrainConfig) -> list[str]:
     if stray:
         out.append(f"reward_options for {', '.join(stray)}, which reward_functions does not list "
                    f"({', '.join(c.reward_functions) or 'empty: the task supplies its own'})")
-    out += _judge_problems(c)
+    out += _judge_problems(c) + remote_problems(c)
     if c.accuracy_fn and not is_import_path(c.accuracy_fn):
         out.append(f"accuracy_fn={c.accuracy_fn!r}: give an import path, module:function or file.py:function")
     if out:

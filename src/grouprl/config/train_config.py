@@ -89,6 +89,18 @@ class RewardKeys:
     judge_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Options of the judge: its constructor's (lm: batch_size, max_new_tokens; reward_model:
     batch_size), or a module:function factory's."""
+    remote_reward_token: str | None = dataclasses.field(default=None, repr=False, metadata={"secret": True})
+    """Bearer token sent to reward services: reward_functions given as a URL (http://host:port/score) and a judge
+    given as one. Empty = the GROUPRL_REWARD_TOKEN environment variable. Never written to config.yaml.
+    docs/remote-rewards.md."""
+    remote_reward_batch_size: int = 64
+    """Rows per request to a reward function given as a URL; a step's requests go concurrently (a judge given
+    as a URL gets one group per request)."""
+    remote_reward_timeout: float = 60.0
+    """Seconds a reward service may take to answer one request before it is retried."""
+    remote_reward_retries: int = 3
+    """Retries of a request to a reward service that cannot be reached, times out or answers 5xx or 429, waiting
+    0.5 s, then twice as long each time. After the last, its rows get no reward (reward/remote_failed)."""
 
 
 @dataclasses.dataclass

@@ -275,12 +275,16 @@ def score_rewards(reward_fns: Sequence[Callable[..., Any]], weights: Sequence[fl
     for j, fn in enumerate(reward_fns):
         try:
             results[j] = _call(fn, *inputs[j], kwargs[j])
+        except RewardFunctionError:
+            raise  # it names what failed itself (a remote reward's service): no re-run row by row
         except (Exception, SystemExit) as e:  # noqa: BLE001 - reported with the function and row at fault
             raise _locate_failure(fn, prompts, completions, copy.deepcopy(kwargs[j]), e) from e
         if inspect.isawaitable(results[j]):
             pending[j] = results[j]
     for j, result in zip(pending, _await_all(list(pending.values()))):
         results[j] = result
+        if isinstance(result, RewardFunctionError):
+            raise result
         if isinstance(result, Exception | SystemExit):
             raise _locate_failure(reward_fns[j], prompts, completions, kwargs[j], result) from result
 

@@ -11,6 +11,7 @@ import torch
 
 from grouprl.algos import constant_groups
 from grouprl.rewards import score_rewards
+from grouprl.rewards.remote import mark_unscored
 from grouprl.run.logs import PhaseTimer
 from grouprl.run.seed_streams import PromptStream, group_seeds, mix_seed
 from grouprl.trainer.judging import apply_judge
@@ -117,6 +118,9 @@ class GroupCollector:
             with timer("judge"):
                 total, per_fn, metrics = apply_judge(self.judge, self.judge_weight, batch, total, per_fn, batch.extras)
             self.judge_rounds.append(metrics)
+        total, failed = mark_unscored(self.reward_fns, self.judge, self.judge_weight, total)
+        if failed:
+            self.judge_rounds.append(failed)
         return batch, total, per_fn
 
 
@@ -135,7 +139,7 @@ def combine_metrics(parts: Sequence[dict[str, float]], *, absent_is_zero: bool) 
     keys = sorted({k for p in parts for k in p})
 
     def count(k: str) -> int:
-        if k == "judge/dropped_groups":
+        if k in ("judge/dropped_groups", "reward/remote_failed"):
             return 1
         return len(parts) if absent_is_zero else sum(k in p for p in parts)
 

@@ -1,0 +1,238 @@
+"""Rewards and group judges behind HTTP (docs/remote-rewards.md): a reward function given as a URL POSTs batches of
+rows and reads one score per row; a judge given as a URL POSTs each group and reads one score per member.
+
+A service that cannot be reached, times out or answers 5xx/429 is retried with exponential backoff; after the
+retries its rows get no reward (NaN: no advantage) and are counted in ``reward/remote_failed``, so a failing service
+never stops or hangs a run. A 4xx answer, a wrong number of scores or a score that is no number is the request's or
+the service's fault and stops the run with the service's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import torch
+
+from grouprl.errors import ConfigError, RewardFunctionError
+from grouprl.rewards.base import _await_all
+from grouprl.rewards.judges import JUDGES, JudgeGroup
+
+TOKEN_ENV = "GROUPRL_REWARD_TOKEN"
+MAX_IN_FLIGHT = 8
+"""Requests of one step a scorer has open at once; the rest wait their turn."""
+BACKOFF_S = 0.5
+"""Wait before the first retry; doubled before each further one."""
+
+
+def is_url(spec: str) -> bool:
+    """Whether a ``reward_functions`` entry or a ``judge`` names a service rather than a function."""
+    return spec.startswith(("http://", "https://"))
+
+
+def url_problem(url: str) -> str | None:
+    """What is wrong with ``url`` as a service address, or None.
+
+    >>> url_problem("http://127.0.0.1:8000/score") is None, url_problem("http://:80/score")
+    (True, "'http://:80/score' names no host")
+    """
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is no number or out of range
+    except ValueError as e:
+        return f"{url!r} is not a URL: {e}"
+    if parts.scheme not in ("http", "https") or any(c.isspace() for c in url):
+        return f"{url!r} is not an http:// or https:// URL"
+    return None if parts.hostname else f"{url!r} names no host"
+
+
+def settings_problems(batch_size: int, timeout: float, retries: int) -> list[str]:
+    """What is wrong with the ``remote_reward_*`` settings."""
+    return [f"{key}={value} must be {rule}" for key, value, ok, rule in (
+        ("remote_reward_batch_size", batch_size, batch_size >= 1, ">= 1"),
+        ("remote_reward_timeout", timeout, math.isfinite(timeout) and timeout > 0, "a positive number of seconds"),
+        ("remote_reward_retries", retries, retries >= 0, ">= 0")) if not ok]
+
+
+def remote_problems(config: Any) -> list[str]:
+    """What is wrong with a run config's reward services (its URLs and ``remote_reward_*`` keys)."""
+    urls = [u for u in [*config.reward_functions, config.judge or ""] if is_url(u)]
+    out = [f"{'judge' if u == config.judge else 'reward_functions'}: {p}" for u in urls if (p := url_problem(u))]
+    out += [f"reward_options for {u!r}: a reward service takes no options" for u in urls if u in config.reward_options]
+    if urls:
+        out += settings_problems(config.remote_reward_batch_size, config.remote_reward_timeout,
+                                 config.remote_reward_retries)
+    return out
+
+
+def remote_settings(config: Any) -> dict[str, Any]:
+    """A run config's ``remote_reward_*`` keys as the options of a :class:`RemoteReward` or :class:`RemoteJudge`."""
+    return {"token": config.remote_reward_token, "timeout": config.remote_reward_timeout,
+            "retries": config.remote_reward_retries}
+
+
+class Unanswered(Exception):
+    """A request that failed after every retry."""
+
+
+class Service:
+    """POSTs JSON to one URL with a bearer token: at most :data:`MAX_IN_FLIGHT` requests open, each retried
+    ``retries`` times with backoff on connection errors, timeouts, 5xx and 429."""
+
+    def __init__(self, url: str, token: str | None, timeout: float, retries: int, batch_size: int = 1):
+        problems = [p for p in [url_problem(url), *settings_problems(batch_size, timeout, retries)] if p]
+        if problems:
+            raise ConfigError("; ".join(problems))
+        self.url, self.timeout, self.retries = url, float(timeout), int(retries)
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self.name = url.partition("://")[2].partition("?")[0].rpartition("@")[2]  # no credentials in metric names
+
+    async def post_many(self, payloads: list[dict[str, Any]]) -> list[Any]:
+        """Each payload's ``scores`` answer, or an :class:`Unanswered` in its place; all sent concurrently."""
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        limit = asyncio.Semaphore(MAX_IN_FLIGHT)
+        async with httpx.AsyncClient(timeout=self.timeout, headers=headers) as client:
+            return await asyncio.gather(*(self._post(client, limit, p) for p in payloads))
+
+    def post_all(self, payloads: list[dict[str, Any]]) -> list[Any]:
+        """:meth:`post_many` from synchronous code."""
+        result = _await_all([self.post_many(payloads)])[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def _post(self, client: httpx.AsyncClient, limit: asyncio.Semaphore, payload: dict[str, Any]) -> Any:
+        error = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(BACKOFF_S * 2 ** (attempt - 1))
+            async with limit:
+                try:
+                    response = await client.post(self.url, json=payload)
+                except httpx.TransportError as e:  # refused, reset, timed out
+                    error = f"{type(e).__name__}: {e}"
+                    continue
+            if response.status_code == 429 or response.status_code >= 500:
+                error = f"HTTP {response.status_code}: {response.text[:200]}"
+                continue
+            if response.status_code >= 400:
+                raise RewardFunctionError(self.url, f"refused the request: HTTP {response.status_code}: "
+                                                    f"{response.text[:500]}")
+            try:
+                return response.json()["scores"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise RewardFunctionError(self.url, f'answered {response.text[:200]!r}; expected JSON '
+                                                    f'{{"scores": [...]}}') from e
+        return Unanswered(f"{self.url}: {error} (after {self.retries} retries)")
+
+    def checked(self, scores: Any, count: int, first: int, group: int | None = None) -> list[float | None]:
+        """``scores`` as ``count`` floats (None allowed for rows, not for a judged ``group``'s members), else an
+        error naming the URL and the row (``first`` is the batch's first row)."""
+        of = f"group {group}" if group is not None else f"rows {first}-{first + count - 1}"
+        if not isinstance(scores, list) or len(scores) != count:
+            got = f"{len(scores)} scores" if isinstance(scores, list) else repr(scores)[:100]
+            raise RewardFunctionError(self.url, f"answered {got} for {count} rows ({of})")
+        for i, s in enumerate(scores):
+            number = isinstance(s, int | float) and not isinstance(s, bool) and math.isfinite(s)
+            if not (number or (s is None and group is None)):
+                raise RewardFunctionError(self.url, f"answered {s!r} for row {first + i} ({of}); a score is a "
+                                                    f"finite number{' or null' if group is None else ''}")
+        return [None if s is None else float(s) for s in scores]
+
+    def warn(self, errors: list[Unanswered], failed: int, total: int, what: str) -> None:
+        if not errors:
+            return
+        everything = "EVERY ONE" if failed == total else f"{failed}"
+        warnings.warn(f"{self.url}: {everything} of the {total} {what} of this step got no score "
+                      f"({len(errors)} request(s) failed; the first: {errors[0]})", RuntimeWarning, stacklevel=3)
+
+
+def _sendable(key: str, value: Any) -> bool:
+    """Whether a column can be sent as JSON (token ids stay home: they mean nothing without the tokenizer)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return key != "completion_ids"
+
+
+class RemoteReward:
+    """A reward function served at ``url``: rows go in batches of ``batch_size`` as
+    ``{"prompts": [...], "completions": [...], "columns": {name: [...]}}`` and come back as ``{"scores": [...]}``,
+    a float or null per row. ``failed`` holds, for the rows of the last call, whether their batch went unanswered."""
+
+    def __init__(self, url: str, token: str | None = None, batch_size: int = 64, timeout: float = 60.0,
+                 retries: int = 3):
+        self.service = Service(url, token, timeout, retries, batch_size)
+        self.name, self.batch_size = self.service.name, batch_size
+        self.failed: list[bool] = []
+
+    async def __call__(self, prompts: list[Any], completions: list[str], **columns: Any) -> list[float | None]:
+        columns = {k: list(v) for k, v in columns.items() if _sendable(k, list(v))}
+        starts = range(0, len(completions), self.batch_size)
+        payloads = [{"prompts": prompts[s:s + self.batch_size], "completions": completions[s:s + self.batch_size],
+                     "columns": {k: v[s:s + self.batch_size] for k, v in columns.items()}} for s in starts]
+        answers = await self.service.post_many(payloads)
+        scores: list[float | None] = []
+        self.failed = []
+        for start, payload, answer in zip(starts, payloads, answers):
+            count = len(payload["completions"])
+            unanswered = isinstance(answer, Unanswered)
+            scores += [None] * count if unanswered else self.service.checked(answer, count, start)
+            self.failed += [unanswered] * count
+        self.service.warn([a for a in answers if isinstance(a, Unanswered)], sum(self.failed), len(completions),
+                          "rows")
+        return scores
+
+
+class RemoteJudge:
+    """A group judge served at ``url``: each group goes as ``{"prompt": ..., "completions": [G], "columns": {...}}``
+    and comes back as ``{"scores": [G numbers]}`` or ``{"scores": null}`` (the group dropped). ``failed_rows``: the
+    members of the last call's groups that went unanswered."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0, retries: int = 3):
+        self.service = Service(url, token, timeout, retries)
+        self.__name__ = self.service.name
+        self.failed_rows = 0
+
+    def judge_groups(self, groups: list[JudgeGroup]) -> list[list[float] | None]:
+        payloads = [{"prompt": g.prompt, "completions": list(g.completions),
+                     "columns": {k: v for k, v in g.columns.items() if _sendable(k, v)}} for g in groups]
+        answers = self.service.post_all(payloads)
+        errors = [a for a in answers if isinstance(a, Unanswered)]
+        self.failed_rows = sum(len(g.completions) for g, a in zip(groups, answers) if isinstance(a, Unanswered))
+        self.service.warn(errors, len(errors), len(groups), "groups")
+        return [None if a is None or isinstance(a, Unanswered) else self.service.checked(a, len(g.completions), 0, i)
+                for i, (g, a) in enumerate(zip(groups, answers))]
+
+
+def _judge(scheme: str):
+    return lambda rest, load_model, **options: RemoteJudge(f"{scheme}:{rest}", **options)
+
+
+JUDGES.register("http", _judge("http"))
+JUDGES.register("https", _judge("https"))
+
+
+def mark_unscored(reward_fns: Sequence[Any], judge: Any, judge_weight: float | None,
+                  total: torch.Tensor | None) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """After a round is scored: rows a remote reward function left unscored get a NaN total (no advantage) where the
+    reward functions count toward it, and ``reward/remote_failed`` counts them, plus the members of groups a remote
+    judge left unjudged. No metric when nothing is remote."""
+    remote = [f for f in reward_fns if isinstance(f, RemoteReward)]
+    if not remote and not isinstance(judge, RemoteJudge):
+        return total, {}
+    rows = judge.failed_rows if isinstance(judge, RemoteJudge) else 0
+    if remote and total is not None:
+        failed = torch.tensor([any(row) for row in zip(*(fn.failed for fn in remote))], dtype=torch.bool)  # [B]
+        if judge is None or judge_weight is not None:
+            total = torch.where(failed, torch.full_like(total, math.nan), total)
+        rows += int(failed.sum())
+    return total, {"reward/remote_failed": float(rows)}

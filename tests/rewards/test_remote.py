@@ -1,0 +1,151 @@
+"""Rewards and judges behind HTTP against a scripted stub service: batches and their JSON, retries with backoff,
+failures that drop rows instead of stopping the run, answers refused, and the checks before a run starts."""
+
+import asyncio
+import math
+
+import pytest
+import torch
+
+from grouprl.config import TrainConfig, check
+from grouprl.errors import ConfigError, RewardFunctionError
+from grouprl.rewards import remote, score_rewards
+from grouprl.rewards.judges import JudgeGroup, load_judge
+from grouprl.rewards.remote import RemoteJudge, RemoteReward, mark_unscored
+from tests.helpers.reward_service import Stub, stub_service
+
+
+def lengths(body):
+    """Score = length of the completion; null for an empty one."""
+    return 200, {"scores": [float(len(c)) if c else None for c in body["completions"]]}
+
+
+PROMPTS = ["p0", "p1", "p2", "p3", "p4"]
+COMPLETIONS = ["a", "bb", "", "dddd", "eeeee"]
+
+
+def test_rows_go_in_batches_with_their_json_columns_and_scores_come_back_in_order():
+    stub = Stub([lengths])
+    with stub_service(stub) as url:
+        reward = RemoteReward(url, batch_size=2)
+        scores = score_rewards([reward], None, PROMPTS, COMPLETIONS, [[1], [2], [3], [4], [5]],
+                               columns={"answer": [1, 2, 3, 4, 5], "handle": [object()] * 5})
+    got = scores.per_fn[reward.name].tolist()
+    assert got[:2] == [1.0, 2.0] and math.isnan(got[2]) and got[3:] == [4.0, 5.0]
+    assert reward.name == url.removeprefix("http://") and reward.failed == [False] * 5
+    # 3 requests of at most 2 rows; token ids and a column that is no JSON stay home
+    assert sorted(stub.requests, key=lambda b: b["prompts"]) == [
+        {"prompts": ["p0", "p1"], "completions": ["a", "bb"], "columns": {"answer": [1, 2]}},
+        {"prompts": ["p2", "p3"], "completions": ["", "dddd"], "columns": {"answer": [3, 4]}},
+        {"prompts": ["p4"], "completions": ["eeeee"], "columns": {"answer": [5]}}]
+
+
+def test_a_flaky_service_is_retried_with_exponential_backoff(monkeypatch):
+    waits, real_sleep = [], asyncio.sleep
+
+    async def sleep(seconds):
+        waits.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(remote.asyncio, "sleep", sleep)
+    stub = Stub([(503, {"detail": "warming up"}), (429, {"detail": "slow down"}), lengths])
+    with stub_service(stub) as url:
+        scores = score_rewards([RemoteReward(url, retries=2)], None, PROMPTS[:2], COMPLETIONS[:2])
+    assert scores.total.tolist() == [1.0, 2.0] and len(stub.requests) == 3
+    assert [w for w in waits if w > 0] == [0.5, 1.0]
+
+
+def test_a_4xx_fails_at_once_with_the_services_message():
+    stub = Stub([(400, {"detail": "columns.answer: field required"})])
+    with stub_service(stub) as url, pytest.raises(RewardFunctionError, match="HTTP 400.*field required"):
+        score_rewards([RemoteReward(url, retries=3)], None, PROMPTS, COMPLETIONS)
+    assert len(stub.requests) == 1  # the request's fault: not retried
+
+
+def test_unanswered_batches_get_no_reward_and_a_warning_naming_the_url():
+    def fails_on_p2(body):
+        return (503, {"detail": "overloaded"}) if "p2" in body["prompts"] else lengths(body)
+
+    stub = Stub([fails_on_p2])
+    with stub_service(stub) as url:
+        reward = RemoteReward(url, batch_size=2, retries=1)
+        with pytest.warns(RuntimeWarning, match=f"{url}: 2 of the 5 rows of this step got no score.*HTTP 503"):
+            scores = score_rewards([reward], None, PROMPTS, COMPLETIONS)
+        assert reward.failed == [False, False, True, True, False]
+        assert torch.isnan(scores.total).tolist() == [False, False, True, True, False]
+        assert len(stub.requests) == 4  # the failing batch twice (one retry)
+        slow = Stub([lengths], delay_s=1.0)
+    with stub_service(slow) as url:
+        reward = RemoteReward(url, timeout=0.2, retries=1)
+        with pytest.warns(RuntimeWarning, match=f"{url}: EVERY ONE of the 2 rows.*ReadTimeout.*after 1 retries"):
+            scores = score_rewards([reward], None, PROMPTS[:2], COMPLETIONS[:2])
+    assert torch.isnan(scores.total).all() and reward.failed == [True, True] and len(slow.requests) == 2
+
+
+@pytest.mark.parametrize("answer, message", [
+    ({"scores": [1.0]}, r"answered 1 scores for 2 rows \(rows 0-1\)"),
+    ({"scores": [1.0, "high"]}, r"answered 'high' for row 1 \(rows 0-1\)"),
+    ({"scores": [1.0, True]}, r"answered True for row 1"),
+    ({"reward": [1.0, 2.0]}, r'expected JSON \{"scores": \[...\]\}'),
+])
+def test_wrong_answers_are_refused_naming_the_url_and_the_row(answer, message):
+    with stub_service(Stub([(200, answer)])) as url, pytest.raises(RewardFunctionError, match=message) as caught:
+        score_rewards([RemoteReward(url)], None, PROMPTS[:2], COMPLETIONS[:2])
+    assert url in str(caught.value)
+
+
+def test_a_judge_behind_a_url_gets_each_group_and_drops_what_it_cannot_score():
+    groups = [JudgeGroup("p0", ["a", "bb"], {"answer": 3, "handle": object()}), JudgeGroup("p1", ["ccc", "d"], {}),
+              JudgeGroup("p2", ["e", "ff"], {})]
+
+    def judged(body):
+        if body["prompt"] == "p1":
+            return 200, {"scores": None}  # the service drops this group itself
+        if body["prompt"] == "p2":
+            return 500, {"detail": "judge crashed"}
+        return 200, {"scores": [float(len(c)) for c in body["completions"]]}
+
+    stub = Stub([judged])
+    with stub_service(stub) as url:
+        judge = load_judge(url.replace("/score", "/judge"), {"retries": 0})
+        assert isinstance(judge, RemoteJudge)
+        with pytest.warns(RuntimeWarning, match="1 of the 3 groups of this step got no score.*HTTP 500"):
+            assert judge.judge_groups(groups) == [[1.0, 2.0], None, None]
+        assert judge.failed_rows == 2  # the crashed group's members; the dropped one was answered
+        assert {"prompt": "p0", "completions": ["a", "bb"], "columns": {"answer": 3}} in stub.requests
+    short = Stub([(200, {"scores": [1.0]})])
+    with stub_service(short) as url, pytest.raises(RewardFunctionError, match=r"1 scores for 2 rows \(group 0\)"):
+        RemoteJudge(url).judge_groups(groups[:1])
+
+
+def test_unscored_rows_lose_their_total_and_are_counted():
+    reward = RemoteReward("http://127.0.0.1:9/score")
+    reward.failed = [False, True, False, True]
+    total = torch.tensor([1.0, 2.0, 3.0, math.nan])
+    got, metrics = mark_unscored([reward, len], None, None, total)
+    assert torch.isnan(got).tolist() == [False, True, False, True] and got[[0, 2]].tolist() == [1.0, 3.0]
+    assert metrics == {"reward/remote_failed": 2.0}
+    judge = RemoteJudge("http://127.0.0.1:9/judge")
+    judge.failed_rows = 4
+    got, metrics = mark_unscored([reward], judge, None, total)  # the judge alone makes the reward: kept
+    assert got[1] == 2.0 and metrics == {"reward/remote_failed": 6.0}
+    assert mark_unscored([len], None, None, total) == (total, {})
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"reward_functions": ("http://:80/score",)}, "reward_functions: 'http://:80/score' names no host"),
+    ({"reward_functions": ("http://h:99999/score",)}, "is not a URL: Port out of range"),
+    ({"judge": "https://a b/judge"}, "judge: 'https://a b/judge' is not an http:// or https:// URL"),
+    ({"reward_functions": ("http://h:8000/score",), "remote_reward_batch_size": 0},
+     "remote_reward_batch_size=0 must be >= 1"),
+    ({"judge": "http://h:8000/judge", "remote_reward_timeout": 0.0}, "remote_reward_timeout=0.0 must be a positive"),
+    ({"reward_functions": ("http://h:8000/score",), "remote_reward_retries": -1}, "remote_reward_retries=-1"),
+    ({"reward_functions": ("http://h:8000/score",), "reward_options": {"http://h:8000/score": {"a": 1}}},
+     "a reward service takes no options"),
+])
+def test_bad_services_and_settings_are_refused_before_anything_loads(keys, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check(TrainConfig(model="tiny", **keys))
+    check(TrainConfig(model="tiny", reward_functions=("http://h:8000/score", "exact_match"), judge="https://h/judge"))
+    with pytest.raises(ConfigError, match="'ftp://h/score' is not an http"):
+        RemoteReward("ftp://h/score")
