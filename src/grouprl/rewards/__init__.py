@@ -32,11 +32,13 @@ from grouprl.rewards.builtin import (
     repetition_penalty,
 )
 from grouprl.rewards.code import CodeExecutionReward
+from grouprl.rewards.remote import RemoteJudge, RemoteReward  # also registers the http(s) judges
 from grouprl.rewards.reward_model import RewardModel, train_reward_model
 from grouprl.rewards.sandbox import Sandbox, SandboxLimits
 
 __all__ = [
-    "REWARDS", "CodeExecutionReward", "RewardFn", "RewardFunctionError", "RewardModel", "RewardScores", "Sandbox",
+    "REWARDS", "CodeExecutionReward", "RemoteJudge", "RemoteReward", "RewardFn", "RewardFunctionError", "RewardModel",
+    "RewardScores", "Sandbox",
     "SandboxLimits", "answer_is_correct", "answers_correct", "check_golds", "check_reward_columns", "combine",
     "completion_answer", "exact_match", "extract_answer", "format_reward", "gold_answer", "length_target",
     "make_reward", "math_equivalence", "overlong_penalty", "repetition_penalty", "reward_name", "same_answer",
