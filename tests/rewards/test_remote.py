@@ -32,7 +32,7 @@ def test_rows_go_in_batches_with_their_json_columns_and_scores_come_back_in_orde
                                columns={"answer": [1, 2, 3, 4, 5], "handle": [object()] * 5})
     got = scores.per_fn[reward.name].tolist()
     assert got[:2] == [1.0, 2.0] and math.isnan(got[2]) and got[3:] == [4.0, 5.0]
-    assert reward.name == url.removeprefix("http://") and reward.failed == [False] * 5
+    assert reward.name == url.removeprefix("http://") and reward.unanswered(COMPLETIONS) == [False] * 5
     # 3 requests of at most 2 rows; token ids and a column that is no JSON stay home
     assert sorted(stub.requests, key=lambda b: b["prompts"]) == [
         {"prompts": ["p0", "p1"], "completions": ["a", "bb"], "columns": {"answer": [1, 2]}},
@@ -71,7 +71,7 @@ def test_unanswered_batches_get_no_reward_and_a_warning_naming_the_url():
         reward = RemoteReward(url, batch_size=2, retries=1)
         with pytest.warns(RuntimeWarning, match=f"{url}: 2 of the 5 rows of this step got no score.*HTTP 503"):
             scores = score_rewards([reward], None, PROMPTS, COMPLETIONS)
-        assert reward.failed == [False, False, True, True, False]
+        assert reward.unanswered(COMPLETIONS) == [False, False, True, True, False]
         assert torch.isnan(scores.total).tolist() == [False, False, True, True, False]
         assert len(stub.requests) == 4  # the failing batch twice (one retry)
         slow = Stub([lengths], delay_s=1.0)
@@ -79,7 +79,8 @@ def test_unanswered_batches_get_no_reward_and_a_warning_naming_the_url():
         reward = RemoteReward(url, timeout=0.2, retries=1)
         with pytest.warns(RuntimeWarning, match=f"{url}: EVERY ONE of the 2 rows.*ReadTimeout.*after 1 retries"):
             scores = score_rewards([reward], None, PROMPTS[:2], COMPLETIONS[:2])
-    assert torch.isnan(scores.total).all() and reward.failed == [True, True] and len(slow.requests) == 2
+    assert torch.isnan(scores.total).all() and reward.unanswered(COMPLETIONS[:2]) == [True, True]
+    assert len(slow.requests) == 2
 
 
 @pytest.mark.parametrize("answer, message", [
@@ -119,17 +120,31 @@ def test_a_judge_behind_a_url_gets_each_group_and_drops_what_it_cannot_score():
 
 
 def test_unscored_rows_lose_their_total_and_are_counted():
-    reward = RemoteReward("http://127.0.0.1:9/score")
-    reward.failed = [False, True, False, True]
-    total = torch.tensor([1.0, 2.0, 3.0, math.nan])
-    got, metrics = mark_unscored([reward, len], None, None, total)
-    assert torch.isnan(got).tolist() == [False, True, False, True] and got[[0, 2]].tolist() == [1.0, 3.0]
+    def fails_on_p1_and_p3(body):
+        return (503, {}) if body["prompts"][0] in ("p1", "p3") else lengths(body)
+
+    def one(prompts, completions):
+        return [1.0] * len(completions)
+
+    rows = (PROMPTS[:4], ["a", "bb", "ccc", "dddd"])
+    with stub_service(Stub([fails_on_p1_and_p3])) as url, pytest.warns(RuntimeWarning, match="2 of the 4 rows"):
+        reward = RemoteReward(url, batch_size=1, retries=0)
+        scores = score_rewards([reward, one], None, *rows)
+        assert scores.total.tolist() == [2.0, 1.0, 4.0, 1.0]  # the local reward alone where the service failed
+        with pytest.warns(RuntimeWarning, match="1 of the 2 rows"):  # a second call (say, evaluation) between
+            other = score_rewards([reward], None, PROMPTS[:2], ["x", "yy"])
+    got, metrics = mark_unscored([reward, one], None, None, scores.total, rows[1])
+    assert torch.isnan(got).tolist() == [False, True, False, True] and got[[0, 2]].tolist() == [2.0, 4.0]
     assert metrics == {"reward/remote_failed": 2.0}
-    judge = RemoteJudge("http://127.0.0.1:9/judge")
-    judge.failed_rows = 4
-    got, metrics = mark_unscored([reward], judge, None, total)  # the judge alone makes the reward: kept
-    assert got[1] == 2.0 and metrics == {"reward/remote_failed": 6.0}
-    assert mark_unscored([len], None, None, total) == (total, {})
+    assert other.total[0] == 1.0 and torch.isnan(other.total[1])
+    judge = RemoteJudge(url.replace("/score", "/judge"))
+    judge.failed_rows = 4  # as a judge_groups call that lost a group of 4 leaves it
+    with stub_service(Stub([(503, {})])) as url, pytest.warns(RuntimeWarning, match="EVERY ONE of the 4 rows"):
+        reward = RemoteReward(url, retries=0)
+        scores = score_rewards([reward, one], None, *rows)
+    got, metrics = mark_unscored([reward], judge, None, scores.total, rows[1])  # the judge alone makes the reward
+    assert got.tolist() == [1.0] * 4 and metrics == {"reward/remote_failed": 8.0}
+    assert mark_unscored([one], None, None, got, rows[1]) == (got, {})
 
 
 @pytest.mark.parametrize("keys, message", [
@@ -149,3 +164,16 @@ def test_bad_services_and_settings_are_refused_before_anything_loads(keys, messa
     check(TrainConfig(model="tiny", reward_functions=("http://h:8000/score", "exact_match"), judge="https://h/judge"))
     with pytest.raises(ConfigError, match="'ftp://h/score' is not an http"):
         RemoteReward("ftp://h/score")
+
+
+def test_an_agent_run_counts_the_rows_a_service_left_unscored(tmp_path):
+    from tests.helpers.agents import make_agent_trainer
+
+    stub = Stub([(503, {"detail": "down for a moment"}), lengths])  # the first request of the run fails
+    with stub_service(stub) as url, pytest.warns(RuntimeWarning, match="4 of the 8 rows of this step"):
+        trainer = make_agent_trainer(tmp_path, reward_fns=[RemoteReward(url, batch_size=4, retries=0)],
+                                     prompts_per_step=2, group_size=4)
+        trainer.train()
+    records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
+    assert [r["reward/remote_failed"] for r in records] == [4.0, 0.0]
+    assert len(stub.requests) == 4 and all(isinstance(c, str) for b in stub.requests for c in b["completions"])

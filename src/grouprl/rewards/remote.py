@@ -130,7 +130,7 @@ class Service:
             except (ValueError, KeyError, TypeError) as e:
                 raise RewardFunctionError(self.url, f'answered {response.text[:200]!r}; expected JSON '
                                                     f'{{"scores": [...]}}') from e
-        return Unanswered(f"{self.url}: {error} (after {self.retries} retries)")
+        return Unanswered(f"{error} (after {self.retries} retries)")
 
     def checked(self, scores: Any, count: int, first: int, group: int | None = None) -> list[float | None]:
         """``scores`` as ``count`` floats (None allowed for rows, not for a judged ``group``'s members), else an
@@ -166,13 +166,13 @@ def _sendable(key: str, value: Any) -> bool:
 class RemoteReward:
     """A reward function served at ``url``: rows go in batches of ``batch_size`` as
     ``{"prompts": [...], "completions": [...], "columns": {name: [...]}}`` and come back as ``{"scores": [...]}``,
-    a float or null per row. ``failed`` holds, for the rows of the last call, whether their batch went unanswered."""
+    a float or null per row. :meth:`unanswered` tells which rows of a call went unanswered."""
 
     def __init__(self, url: str, token: str | None = None, batch_size: int = 64, timeout: float = 60.0,
                  retries: int = 3):
         self.service = Service(url, token, timeout, retries, batch_size)
         self.name, self.batch_size = self.service.name, batch_size
-        self.failed: list[bool] = []
+        self._unanswered: dict[int, list[bool]] = {}  # hash of a call's completions -> its rows unanswered
 
     async def __call__(self, prompts: list[Any], completions: list[str], **columns: Any) -> list[float | None]:
         columns = {k: list(v) for k, v in columns.items() if _sendable(k, list(v))}
@@ -181,15 +181,22 @@ class RemoteReward:
                      "columns": {k: v[s:s + self.batch_size] for k, v in columns.items()}} for s in starts]
         answers = await self.service.post_many(payloads)
         scores: list[float | None] = []
-        self.failed = []
+        failed: list[bool] = []
         for start, payload, answer in zip(starts, payloads, answers):
             count = len(payload["completions"])
             unanswered = isinstance(answer, Unanswered)
             scores += [None] * count if unanswered else self.service.checked(answer, count, start)
-            self.failed += [unanswered] * count
-        self.service.warn([a for a in answers if isinstance(a, Unanswered)], sum(self.failed), len(completions),
-                          "rows")
+            failed += [unanswered] * count
+        self.service.warn([a for a in answers if isinstance(a, Unanswered)], sum(failed), len(completions), "rows")
+        # Keyed by the rows, not kept as "the last call's": evaluation may call it while a rollout thread scores.
+        self._unanswered[hash(tuple(completions))] = failed
+        while len(self._unanswered) > MAX_IN_FLIGHT:
+            self._unanswered.pop(next(iter(self._unanswered)))
         return scores
+
+    def unanswered(self, completions: Sequence[str]) -> list[bool]:
+        """Whether each row of the call on ``completions`` went unanswered (asked once, after the call)."""
+        return self._unanswered.pop(hash(tuple(completions)), [False] * len(completions))
 
 
 class RemoteJudge:
@@ -221,17 +228,17 @@ JUDGES.register("http", _judge("http"))
 JUDGES.register("https", _judge("https"))
 
 
-def mark_unscored(reward_fns: Sequence[Any], judge: Any, judge_weight: float | None,
-                  total: torch.Tensor | None) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """After a round is scored: rows a remote reward function left unscored get a NaN total (no advantage) where the
-    reward functions count toward it, and ``reward/remote_failed`` counts them, plus the members of groups a remote
-    judge left unjudged. No metric when nothing is remote."""
+def mark_unscored(reward_fns: Sequence[Any], judge: Any, judge_weight: float | None, total: torch.Tensor | None,
+                  completions: Sequence[str]) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """After a round's ``completions`` are scored: rows a remote reward function left unscored get a NaN total (no
+    advantage) where the reward functions count toward it, and ``reward/remote_failed`` counts them, plus the members
+    of groups a remote judge left unjudged. No metric when nothing is remote."""
     remote = [f for f in reward_fns if isinstance(f, RemoteReward)]
     if not remote and not isinstance(judge, RemoteJudge):
         return total, {}
     rows = judge.failed_rows if isinstance(judge, RemoteJudge) else 0
     if remote and total is not None:
-        failed = torch.tensor([any(row) for row in zip(*(fn.failed for fn in remote))], dtype=torch.bool)  # [B]
+        failed = torch.tensor([any(r) for r in zip(*(fn.unanswered(completions) for fn in remote))], dtype=torch.bool)
         if judge is None or judge_weight is not None:
             total = torch.where(failed, torch.full_like(total, math.nan), total)
         rows += int(failed.sum())

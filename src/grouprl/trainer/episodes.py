@@ -12,6 +12,7 @@ import torch
 from grouprl.envs import transcript
 from grouprl.rewards import score_rewards
 from grouprl.rewards.base import combine, unique_names
+from grouprl.rewards.remote import mark_unscored
 from grouprl.run.logs import PhaseTimer
 from grouprl.run.seed_streams import EVAL_STREAM, PromptStream, group_seeds, mix_seed
 from grouprl.trainer.collect import Collected
@@ -73,6 +74,8 @@ class EnvCollector:
                 shown = [transcript(m[o:]) for m, o in zip(batch.extras["trajectory"], batch.info["opening"])]
                 total, per_fn, judged = apply_judge(self.judge, self.judge_weight, batch, total, per_fn, columns, shown)
                 metrics.update(judged)
+        total, failed = mark_unscored(self.reward_fns, self.judge, self.judge_weight, total, batch.completions)
+        metrics.update(failed)
         return Collected(batch=batch, rewards=total, per_fn=per_fn, rounds=1, metrics=metrics)
 
     def score(self, batch: RolloutBatch, rows: Sequence[dict[str, Any]]) -> tuple[RolloutBatch, torch.Tensor, dict]:
