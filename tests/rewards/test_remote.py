@@ -69,7 +69,7 @@ def test_unanswered_batches_get_no_reward_and_a_warning_naming_the_url():
     stub = Stub([fails_on_p2])
     with stub_service(stub) as url:
         reward = RemoteReward(url, batch_size=2, retries=1)
-        with pytest.warns(RuntimeWarning, match=f"{url}: 2 of the 5 rows of this step got no score.*HTTP 503"):
+        with pytest.warns(RuntimeWarning, match=f"{url}: 2 of the 5 rows got no score.*HTTP 503"):
             scores = score_rewards([reward], None, PROMPTS, COMPLETIONS)
         assert reward.unanswered(COMPLETIONS) == [False, False, True, True, False]
         assert torch.isnan(scores.total).tolist() == [False, False, True, True, False]
@@ -110,7 +110,7 @@ def test_a_judge_behind_a_url_gets_each_group_and_drops_what_it_cannot_score():
     with stub_service(stub) as url:
         judge = load_judge(url.replace("/score", "/judge"), {"retries": 0})
         assert isinstance(judge, RemoteJudge)
-        with pytest.warns(RuntimeWarning, match="1 of the 3 groups of this step got no score.*HTTP 500"):
+        with pytest.warns(RuntimeWarning, match="1 of the 3 groups got no score.*HTTP 500"):
             assert judge.judge_groups(groups) == [[1.0, 2.0], None, None]
         assert judge.failed_rows == 2  # the crashed group's members; the dropped one was answered
         assert {"prompt": "p0", "completions": ["a", "bb"], "columns": {"answer": 3}} in stub.requests
@@ -170,10 +170,32 @@ def test_an_agent_run_counts_the_rows_a_service_left_unscored(tmp_path):
     from tests.helpers.agents import make_agent_trainer
 
     stub = Stub([(503, {"detail": "down for a moment"}), lengths])  # the first request of the run fails
-    with stub_service(stub) as url, pytest.warns(RuntimeWarning, match="4 of the 8 rows of this step"):
+    with stub_service(stub) as url, pytest.warns(RuntimeWarning, match="4 of the 8 rows got no score"):
         trainer = make_agent_trainer(tmp_path, reward_fns=[RemoteReward(url, batch_size=4, retries=0)],
                                      prompts_per_step=2, group_size=4)
         trainer.train()
     records = [r for r in trainer.metrics_log.records() if "env/return_mean" in r]
     assert [r["reward/remote_failed"] for r in records] == [4.0, 0.0]
     assert len(stub.requests) == 4 and all(isinstance(c, str) for b in stub.requests for c in b["completions"])
+
+
+def test_services_are_tried_on_a_training_row_before_the_model_loads():
+    from grouprl.cli.build import build_inputs
+
+    def config(**keys):
+        return TrainConfig(model="tiny", train_size=4, eval_size=0, **keys)
+
+    short = Stub([(200, {"scores": [1.0, 2.0]})])
+    with stub_service(short) as url, pytest.raises(RewardFunctionError, match=r"answered 2 scores for 1 rows"):
+        build_inputs(config(reward_functions=(url,)))
+    [sent] = short.requests
+    assert sent["completions"] == [""] and sent["prompts"][0].startswith("What is") and "answer" in sent["columns"]
+    refused = Stub([(401, {"detail": "missing or wrong bearer token"})])
+    with stub_service(refused) as url, pytest.raises(RewardFunctionError, match="HTTP 401.*wrong bearer token"):
+        build_inputs(config(reward_functions=("exact_match",), judge=url.replace("/score", "/judge")))
+    assert [len(r["completions"]) for r in refused.requests] == [2]  # the judge is sent a group
+    with stub_service(Stub([(200, {"scores": None})])) as url:  # a judge may drop any group, this one too
+        assert isinstance(build_inputs(config(reward_functions=("exact_match",), judge=url)).judge, RemoteJudge)
+    with stub_service(Stub([(503, {})])) as url, pytest.warns(RuntimeWarning, match="does not answer at the start"):
+        inputs = build_inputs(config(reward_functions=(url,), remote_reward_retries=0))
+    assert isinstance(inputs.reward_fns[0], RemoteReward)  # not up yet: each step tries again

@@ -195,6 +195,10 @@ def build_inputs(config: TrainConfig) -> RunInputs:
 
         options = {**remote_settings(config), **config.judge_options} if is_url(config.judge) else config.judge_options
         judge = load_judge(config.judge, options, load_model=lambda name: load_model(name, config.seed))
+    if train and "prompt" in train[0]:
+        from grouprl.rewards.remote import probe
+
+        probe(fns, judge, train[0])
     return RunInputs(train_rows=train, eval_rows=held, reward_fns=fns, reward_weights=weights,
                      judge=judge, judge_weight=config.judge_weight,
                      is_correct=checker,

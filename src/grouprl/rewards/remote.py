@@ -150,7 +150,7 @@ class Service:
         if not errors:
             return
         everything = "EVERY ONE" if failed == total else f"{failed}"
-        warnings.warn(f"{self.url}: {everything} of the {total} {what} of this step got no score "
+        warnings.warn(f"{self.url}: {everything} of the {total} {what} got no score "
                       f"({len(errors)} request(s) failed; the first: {errors[0]})", RuntimeWarning, stacklevel=3)
 
 
@@ -174,11 +174,16 @@ class RemoteReward:
         self.name, self.batch_size = self.service.name, batch_size
         self._unanswered: dict[int, list[bool]] = {}  # hash of a call's completions -> its rows unanswered
 
-    async def __call__(self, prompts: list[Any], completions: list[str], **columns: Any) -> list[float | None]:
+    def payloads(self, prompts: list[Any], completions: list[str], columns: dict[str, Any]) -> list[dict[str, Any]]:
+        """The requests that score these rows: batches of at most ``batch_size``."""
         columns = {k: list(v) for k, v in columns.items() if _sendable(k, list(v))}
+        return [{"prompts": prompts[s:s + self.batch_size], "completions": completions[s:s + self.batch_size],
+                 "columns": {k: v[s:s + self.batch_size] for k, v in columns.items()}}
+                for s in range(0, len(completions), self.batch_size)]
+
+    async def __call__(self, prompts: list[Any], completions: list[str], **columns: Any) -> list[float | None]:
+        payloads = self.payloads(prompts, completions, columns)
         starts = range(0, len(completions), self.batch_size)
-        payloads = [{"prompts": prompts[s:s + self.batch_size], "completions": completions[s:s + self.batch_size],
-                     "columns": {k: v[s:s + self.batch_size] for k, v in columns.items()}} for s in starts]
         answers = await self.service.post_many(payloads)
         scores: list[float | None] = []
         failed: list[bool] = []
@@ -209,10 +214,13 @@ class RemoteJudge:
         self.__name__ = self.service.name
         self.failed_rows = 0
 
+    @staticmethod
+    def payload(group: JudgeGroup) -> dict[str, Any]:
+        return {"prompt": group.prompt, "completions": list(group.completions),
+                "columns": {k: v for k, v in group.columns.items() if _sendable(k, v)}}
+
     def judge_groups(self, groups: list[JudgeGroup]) -> list[list[float] | None]:
-        payloads = [{"prompt": g.prompt, "completions": list(g.completions),
-                     "columns": {k: v for k, v in g.columns.items() if _sendable(k, v)}} for g in groups]
-        answers = self.service.post_all(payloads)
+        answers = self.service.post_all([self.payload(g) for g in groups])
         errors = [a for a in answers if isinstance(a, Unanswered)]
         self.failed_rows = sum(len(g.completions) for g, a in zip(groups, answers) if isinstance(a, Unanswered))
         self.service.warn(errors, len(errors), len(groups), "groups")
@@ -243,3 +251,22 @@ def mark_unscored(reward_fns: Sequence[Any], judge: Any, judge_weight: float | N
             total = torch.where(failed, torch.full_like(total, math.nan), total)
         rows += int(failed.sum())
     return total, {"reward/remote_failed": float(rows)}
+
+
+def probe(reward_fns: Sequence[Any], judge: Any, row: dict[str, Any]) -> None:
+    """Before the model loads, each service scores ``row`` (a training row) with empty completions, so a refused
+    token or an answer of the wrong shape fails in seconds; one that does not answer yet is only warned of."""
+    prompt, columns = row["prompt"], {k: v for k, v in row.items() if k != "prompt"}
+    for scorer in [*reward_fns, judge]:
+        if isinstance(scorer, RemoteReward):
+            payload, group = scorer.payloads([prompt], [""], {k: [v] for k, v in columns.items()})[0], None
+        elif isinstance(scorer, RemoteJudge):
+            payload, group = scorer.payload(JudgeGroup(prompt, ["", ""], columns)), 0
+        else:
+            continue
+        [answer] = scorer.service.post_all([payload])
+        if isinstance(answer, Unanswered):
+            warnings.warn(f"{scorer.service.url} does not answer at the start ({answer}); the run goes on, and each "
+                          "step tries again", RuntimeWarning, stacklevel=2)
+        elif answer is not None or group is None:
+            scorer.service.checked(answer, len(payload["completions"]), 0, group)
