@@ -79,7 +79,7 @@ def test_yaml_round_trip_keeps_the_key_order_across_parts(tmp_path):
     path = save_yaml(config, tmp_path / "config.yaml")
     assert load_yaml(path, TrainConfig) == config
     secret = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("secret")}
-    assert secret == {"rollout_server_token", "remote_reward_token"}  # a credential is never written to a run's config.yaml
+    assert secret == {"rollout_server_token", "remote_reward_token"}  # credentials: never written to config.yaml
     assert list(to_dict(config)) == [name for name in _names(TrainConfig) if name not in secret]
 
 
