@@ -199,3 +199,13 @@ def test_services_are_tried_on_a_training_row_before_the_model_loads():
     with stub_service(Stub([(503, {})])) as url, pytest.warns(RuntimeWarning, match="does not answer at the start"):
         inputs = build_inputs(config(reward_functions=(url,), remote_reward_retries=0))
     assert isinstance(inputs.reward_fns[0], RemoteReward)  # not up yet: each step tries again
+
+
+def test_credentials_in_a_url_stay_out_of_messages_and_metric_names():
+    with stub_service(Stub([(400, {"detail": "no"})])) as url:
+        secret = url.replace("http://", "http://user:pw@") + "?key=k3y"
+        reward = RemoteReward(secret)
+        with pytest.raises(RewardFunctionError, match="HTTP 400") as caught:
+            score_rewards([reward], None, PROMPTS[:1], COMPLETIONS[:1])
+    assert f"'{url}'" in str(caught.value) and "pw" not in str(caught.value) and "k3y" not in str(caught.value)
+    assert reward.name == url.removeprefix("http://")

@@ -92,7 +92,8 @@ class Service:
             raise ConfigError("; ".join(problems))
         self.url, self.timeout, self.retries = url, float(timeout), int(retries)
         self.token = token if token is not None else os.environ.get(TOKEN_ENV)
-        self.name = url.partition("://")[2].partition("?")[0].rpartition("@")[2]  # no credentials in metric names
+        self.name = url.partition("://")[2].partition("?")[0].rpartition("@")[2]
+        self.shown = f"{url.partition('://')[0]}://{self.name}"  # in messages: no credentials of the URL's own
 
     async def post_many(self, payloads: list[dict[str, Any]]) -> list[Any]:
         """Each payload's ``scores`` answer, or an :class:`Unanswered` in its place; all sent concurrently."""
@@ -123,12 +124,12 @@ class Service:
                 error = f"HTTP {response.status_code}: {response.text[:200]}"
                 continue
             if response.status_code >= 400:
-                raise RewardFunctionError(self.url, f"refused the request: HTTP {response.status_code}: "
+                raise RewardFunctionError(self.shown, f"refused the request: HTTP {response.status_code}: "
                                                     f"{response.text[:500]}")
             try:
                 return response.json()["scores"]
             except (ValueError, KeyError, TypeError) as e:
-                raise RewardFunctionError(self.url, f'answered {response.text[:200]!r}; expected JSON '
+                raise RewardFunctionError(self.shown, f'answered {response.text[:200]!r}; expected JSON '
                                                     f'{{"scores": [...]}}') from e
         return Unanswered(f"{error} (after {self.retries} retries)")
 
@@ -138,11 +139,11 @@ class Service:
         of = f"group {group}" if group is not None else f"rows {first}-{first + count - 1}"
         if not isinstance(scores, list) or len(scores) != count:
             got = f"{len(scores)} scores" if isinstance(scores, list) else repr(scores)[:100]
-            raise RewardFunctionError(self.url, f"answered {got} for {count} rows ({of})")
+            raise RewardFunctionError(self.shown, f"answered {got} for {count} rows ({of})")
         for i, s in enumerate(scores):
             number = isinstance(s, int | float) and not isinstance(s, bool) and math.isfinite(s)
             if not (number or (s is None and group is None)):
-                raise RewardFunctionError(self.url, f"answered {s!r} for row {first + i} ({of}); a score is a "
+                raise RewardFunctionError(self.shown, f"answered {s!r} for row {first + i} ({of}); a score is a "
                                                     f"finite number{' or null' if group is None else ''}")
         return [None if s is None else float(s) for s in scores]
 
@@ -150,7 +151,7 @@ class Service:
         if not errors:
             return
         everything = "EVERY ONE" if failed == total else f"{failed}"
-        warnings.warn(f"{self.url}: {everything} of the {total} {what} got no score "
+        warnings.warn(f"{self.shown}: {everything} of the {total} {what} got no score "
                       f"({len(errors)} request(s) failed; the first: {errors[0]})", RuntimeWarning, stacklevel=3)
 
 
@@ -266,7 +267,7 @@ def probe(reward_fns: Sequence[Any], judge: Any, row: dict[str, Any]) -> None:
             continue
         [answer] = scorer.service.post_all([payload])
         if isinstance(answer, Unanswered):
-            warnings.warn(f"{scorer.service.url} does not answer at the start ({answer}); the run goes on, and each "
+            warnings.warn(f"{scorer.service.shown} does not answer at the start ({answer}); the run goes on, and each "
                           "step tries again", RuntimeWarning, stacklevel=2)
         elif answer is not None or group is None:
             scorer.service.checked(answer, len(payload["completions"]), 0, group)
