@@ -17,6 +17,8 @@ from tests.helpers.reward_service import example_service
 from tests.helpers.trainer import base_config
 
 pytestmark = pytest.mark.slow
+pytest.importorskip("fastapi", reason="the example service is a FastAPI app")
+pytest.importorskip("uvicorn", reason="the example service runs on uvicorn")
 TOKEN = "s3cret-for-the-test"
 PROMPTS = ["half?", "half again?", "7?", "72?", "no gold", "5?"]
 COMPLETIONS = [r"$\boxed{\frac{1}{2}}$", "The answer is 0.5", "#### 7", "<answer>27</answer>", "3", "no idea"]
