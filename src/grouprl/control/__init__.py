@@ -1,9 +1,5 @@
-"""Classic control: gymnasium environments, small MLP policies, batched rollouts and the four
-algorithms (GRPO, PPO, TRPO, VPG) on the math core shared with the language-model trainers.
-
-Needs ``gymnasium`` (``pip install 'grouprl[rl]'``). The run folder, metrics and report come from
-:class:`grouprl.control.training.ControlTrainer` (``grouprl rl``).
-"""
+"""Classic control (``grouprl rl``, needs ``grouprl[rl]``): gymnasium environments, small MLP policies and GRPO,
+PPO, TRPO and VPG on the math core shared with the language-model trainers."""
 
 from grouprl.control.algorithm_registry import ALGORITHMS
 from grouprl.control.base import ControlAlgorithm

@@ -1,6 +1,5 @@
-"""The interface every classic-control algorithm implements, and the segment collection the critic-based
-ones share. The trainer owns the optimizer and calls :meth:`collect` then :meth:`update` once per iteration.
-"""
+"""The interface every classic-control algorithm implements (the trainer owns the optimizer and calls
+:meth:`collect` then :meth:`update` once per iteration), and the critic-based ones' segment collection."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from grouprl.control.rollout import SegmentCollector, Trajectories
 
 
 class ControlAlgorithm:
-    """One algorithm's rollout and update. Subclasses set :attr:`needs_critic` and implement
-    :meth:`num_envs`, :meth:`collect` and :meth:`update`."""
+    """One algorithm's rollout and update."""
 
     needs_critic = False
 

@@ -1,10 +1,6 @@
-"""N gymnasium environments stepped together, each reset with its own seed.
-
-gymnasium's vector environments reset a finished one themselves, with a seed nobody chose; GRPO needs G
-episodes from the same seed and evaluation fixed seeds. So this batch resets exactly what it is told, with
-the given seeds, and steps only the running ones. Continuous actions are clipped here, so the policy's
-log-probs stay those of the unclipped sample.
-"""
+"""N gymnasium environments stepped together, each reset only when told and with the seed given (gymnasium's
+vector environments reset with seeds nobody chose; GRPO's groups need one seed each). Continuous actions are
+clipped here, so the policy's log-probs stay those of the unclipped sample."""
 
 from __future__ import annotations
 
@@ -65,10 +61,8 @@ class EnvBatch:
 
     def step(self, indices: Sequence[int],
              actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Step environments ``indices`` with ``actions`` (``[k]`` or ``[k, A]``).
-
-        Returns ``(next_obs [k, D] float32, rewards [k] float32, terminated [k] bool, truncated [k] bool)``.
-        """
+        """Step environments ``indices`` with ``actions`` (``[k]`` or ``[k, A]``): ``(next_obs [k, D] float32,
+        rewards [k] float32, terminated [k] bool, truncated [k] bool)``."""
         obs, rewards, terminated, truncated = [], [], [], []
         for i, a in zip(indices, self._convert(self.action_space, actions)):
             o, r, term, trunc, _ = self.envs[i].step(a)

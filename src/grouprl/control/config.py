@@ -1,8 +1,6 @@
-"""Configuration of a classic-control run (``grouprl rl``): task, budget, run folder, and one section of
-knobs per algorithm (``--ppo.eps_low 0.2``); each docstring is the ``--help``. Knobs that mean what a
-``grouprl train`` knob means carry its name (the earlier names are accepted with a deprecation warning);
-defaults solve CartPole-v1 within the budgets of docs/algorithms.md.
-"""
+"""Configuration of a classic-control run (``grouprl rl``): task, budget, run folder, and one section of knobs per
+algorithm (``--ppo.eps_low 0.2``), each docstring its ``--help``. Knobs shared with ``grouprl train`` carry its
+names (earlier names are accepted with a warning); defaults solve CartPole-v1 (docs/algorithms.md)."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ from grouprl.run.loggers import logger_problems
 
 
 def _rows_per_minibatch(batch_keys: tuple[str, ...]) -> Any:
-    """Converter of the old ``minibatches`` (a count) to ``minibatch_size`` (rows): the batch, whose
-    size is the product of ``batch_keys`` in the section, over the count."""
+    """Converter of the old ``minibatches`` count to ``minibatch_size`` rows (the product of ``batch_keys``)."""
     def convert(count: int, section: dict[str, Any]) -> int:
         rows = math.prod(int(section[k]) for k in batch_keys)
         return max(1, rows // max(1, int(count)))
@@ -52,13 +49,11 @@ class GRPOControlConfig:
     eps_low: float = 0.2
     """Clip range of the probability ratio (1 - eps, 1 + eps)."""
     beta: float = 0.0
-    """KL coefficient to the initial policy (k3 estimate). 0 as in DAPO: on a task with an exact
-    reward there is no reward model to over-optimise."""
+    """KL coefficient to the initial policy (k3). 0 as in DAPO: an exact reward has no reward model to
+    over-optimise."""
     advantage: str = "grpo"
-    """Advantage estimator over the group: grpo, rloo or reinforce (see grouprl.algos.ADVANTAGES), or
-    gigpo: each step gets its episode's advantage plus gigpo_step_weight times a step-level one, its
-    discounted return compared with the steps of the group's episodes that passed through the same
-    state (observations equal after rounding to state_key_decimals; grouprl.algos.gigpo)."""
+    """Advantage estimator over the group: grpo, rloo, reinforce, or gigpo (each step adds gigpo_step_weight
+    times its discounted return compared with the group's steps from the same rounded state)."""
     advantage_scale: str = "group"
     """Divide by the group std (group), the batch std (batch) or nothing (none); gigpo: group or none."""
     gigpo_step_weight: float = 1.0
@@ -66,11 +61,11 @@ class GRPOControlConfig:
     gigpo_gamma: float = 0.95
     """advantage=gigpo: discount of the step returns compared within a state's group (GiGPO: 0.95)."""
     state_key_decimals: int = 1
-    """advantage=gigpo: observations rounded to this many decimals are one state. Coarser keys make
-    larger step groups of less alike states; CartPole's coordinates span about +-2.4 and +-0.2 rad."""
+    """advantage=gigpo: observations rounded to this many decimals are one state (coarser: larger groups of
+    less alike states)."""
     aggregation: str = "token-mean"
-    """Loss aggregation over steps: token-mean weighs every step alike. The paper's
-    seq-mean-token-mean would give a long (good) CartPole episode less weight per step than a short one."""
+    """Loss aggregation over steps: token-mean weighs every step alike (seq-mean-token-mean would give a
+    long, good episode less weight per step)."""
     entropy_coef: float = 0.0
     """Entropy bonus c_H."""
     max_grad_norm: float = 0.5
@@ -91,8 +86,7 @@ class PPOControlConfig:
     steps_per_env: int = 128
     """Steps per environment per iteration (CleanRL: 4 envs x 128)."""
     lr: float = 1e-3
-    """Adam learning rate of policy and critic (one optimizer, loss = pg + c_v * vf - c_H * H).
-    CleanRL's CartPole setting is 2.5e-4 with annealing; 1e-3 constant solves in fewer steps here."""
+    """Adam learning rate of policy and critic (one optimizer, loss = pg + c_v * vf - c_H * H)."""
     mu: int = 4
     """Passes over each batch (CleanRL's update epochs K)."""
     minibatch_size: int = 256
@@ -106,8 +100,8 @@ class PPOControlConfig:
     vf_coef: float = 0.5
     """Value-loss coefficient c_v."""
     vf_clip: float | None = None
-    """Clip the value change per update (clipped value loss); empty = plain squared error. CleanRL
-    clips at 0.2, which on CartPole's returns of up to ~100 mostly slows the critic."""
+    """Clip the value change per update (clipped value loss); empty = plain squared error, since on returns
+    of ~100 a clip of 0.2 mostly slows the critic."""
     entropy_coef: float = 0.0
     """Entropy bonus c_H (CleanRL 0.01)."""
     max_grad_norm: float = 0.5
@@ -208,16 +202,13 @@ class ControlConfig:
     keep_checkpoints: int = 2
     """Keep only the newest this many checkpoints."""
     save_on_signal: bool = True
-    """On SIGTERM (how a scheduler preempts a job) or Ctrl-C, finish the iteration in progress and save a
-    checkpoint of it before exiting, if the iteration and the save end within 25 s of the signal (Slurm and
-    Kubernetes send SIGKILL 30 s after SIGTERM by default); a second signal, or the 25 s running out,
-    stops at once, keeping the checkpoints already written. Off: stop after the iteration without saving.
-    Either way the exit says "interrupted" with status 128 + the signal's number (143 for SIGTERM)."""
+    """On SIGTERM or Ctrl-C, finish the iteration in progress and save a checkpoint of it if both end within
+    25 s (before a scheduler's SIGKILL); a second signal stops at once. Off: stop without saving. The exit
+    status is 128 + the signal's number."""
     resume_from: str | None = None
     """Resume from a checkpoint folder or 'latest' (weights, optimizer and budget; episodes restart)."""
     progress: bool = True
-    """Show each iteration on the console: a live bar on a terminal, one plain line per iteration when
-    the output is not a terminal (a file, a pipe)."""
+    """Show each iteration on the console: a live bar on a terminal, else one plain line per iteration."""
     tensorboard: bool = True
     """Also write TensorBoard event files when tensorboard is installed (loggers: [tensorboard] insists)."""
     loggers: tuple[str, ...] = ()
@@ -226,13 +217,9 @@ class ControlConfig:
     num_threads: int = 1
     """torch intra-op threads. 1: these networks are tiny and extra threads only add overhead."""
     grpo: GRPOControlConfig = field(default_factory=GRPOControlConfig)
-    """GRPO knobs."""
     ppo: PPOControlConfig = field(default_factory=PPOControlConfig)
-    """PPO knobs."""
     trpo: TRPOControlConfig = field(default_factory=TRPOControlConfig)
-    """TRPO knobs."""
     vpg: VPGControlConfig = field(default_factory=VPGControlConfig)
-    """VPG knobs."""
 
     def __post_init__(self) -> None:
         for msg in _problems(self):
@@ -240,7 +227,7 @@ class ControlConfig:
 
     @property
     def section(self) -> GRPOControlConfig | PPOControlConfig | TRPOControlConfig | VPGControlConfig:
-        """The knobs of the chosen algorithm (each section is named after its algorithm)."""
+        """The knobs of the chosen algorithm."""
         return getattr(self, self.algo)
 
 

@@ -1,9 +1,5 @@
-"""What the critic-based algorithms (PPO, TRPO, VPG) share: advantages from a value net over
-trajectory rows, and regressing the value net on its targets.
-
-Rows cut off by the time limit or the end of a collection window bootstrap from ``V(last_obs)``;
-rows that end in termination bootstrap from 0 (``cut`` in :class:`~grouprl.control.rollout.Trajectories`).
-"""
+"""What PPO, TRPO and VPG share: advantages from a value net over trajectory rows (cut rows bootstrap from
+``V(last_obs)``, terminated ones from 0), and regressing the value net on its targets."""
 
 from __future__ import annotations
 
@@ -56,8 +52,8 @@ def critic_advantages(critic: ValueNet, batch: Trajectories, estimator: str, gam
 def fit_critic(critic: ValueNet, optimizer: torch.optim.Optimizer, obs: torch.Tensor, returns: torch.Tensor,
                epochs: int, minibatches: int, generator: torch.Generator,
                max_grad_norm: float = 0.0) -> dict[str, float]:
-    """Regress ``critic(obs [n, D])`` on ``returns [n]``: ``epochs`` shuffled passes of ``minibatches`` steps on
-    the squared error. Only the critic gets gradients, so an optimizer that also holds the policy skips it."""
+    """Regress ``critic(obs [n, D])`` on ``returns [n]`` (squared error, ``epochs`` shuffled passes); only the
+    critic gets gradients."""
     n = obs.shape[0]
     ones = torch.ones(n, 1)
     last = {}

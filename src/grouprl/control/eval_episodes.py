@@ -9,8 +9,7 @@ from grouprl.control.policies import Policy
 from grouprl.control.rollout import run_episodes
 
 EVAL_SEED_BASE = 1_000_000_007
-"""Evaluation reset seeds are ``EVAL_SEED_BASE + seed * 1000 + i``; training draws seeds below 2**31 - 1
-from a generator, so a collision is possible in principle but the evaluation set itself never moves."""
+"""Evaluation reset seeds are ``EVAL_SEED_BASE + seed * 1000 + i``: a fixed set, whatever training draws."""
 
 
 def eval_seeds(seed: int, episodes: int) -> list[int]:
@@ -19,9 +18,8 @@ def eval_seeds(seed: int, episodes: int) -> list[int]:
 
 def evaluate_policy(envs: EnvBatch, policy: Policy, seeds: list[int], deterministic: bool = True,
                     sample_seed: int = 0) -> dict[str, float]:
-    """One episode per seed. Returns ``eval/mean_reward`` (mean undiscounted return; the name the
-    language-model evaluation uses for its mean reward), ``eval/return_std``, ``eval/return_min``
-    and ``eval/len_mean``."""
+    """One episode per seed: ``eval/mean_reward`` (undiscounted return), ``eval/return_std``, ``eval/return_min``,
+    ``eval/len_mean``."""
     batch = run_episodes(envs, policy, seeds, torch.Generator().manual_seed(sample_seed), deterministic=deterministic)
     returns = torch.tensor(batch.episode_returns, dtype=torch.float64)
     return {"eval/mean_reward": float(returns.mean()), "eval/return_std": float(returns.std(unbiased=False)),

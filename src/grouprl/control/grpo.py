@@ -1,9 +1,7 @@
 """GRPO for classic control: a prompt is a reset seed, its group G episodes from that seed.
 
-Every step of episode i gets ``(R_i - mean(R_group)) / std(R_group)`` (with ``advantage: gigpo``, plus a
-step-level term over the group's steps from the same rounded state); the loss is
-:func:`grouprl.algos.grpo_loss` over the step rows. No critic. The default aggregation is ``token-mean``:
-the paper's per-sequence mean would give a step of a 500-step episode 1/50 the weight of a 10-step one's.
+Every step of episode i gets ``(R_i - mean(R_group)) / std(R_group)`` (gigpo adds a step-level term); the loss is
+:func:`grouprl.algos.grpo_loss` over the step rows. No critic.
 """
 
 from __future__ import annotations

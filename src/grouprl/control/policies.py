@@ -1,7 +1,5 @@
-"""Small MLP policies and critics for classic control: observations ``[N, D]`` -> a categorical (``Discrete``)
-or diagonal Gaussian with a learned state-independent log-std (``Box``, the PPO/TRPO MuJoCo setup).
-Orthogonal init, small output gains (0.01 policy, 1 critic), as in the PPO implementation details.
-"""
+"""Small MLP policies and critics for classic control: observations ``[N, D]`` -> a categorical (``Discrete``) or
+diagonal Gaussian with a state-independent log-std (``Box``); orthogonal init, output gains 0.01 and 1."""
 
 from __future__ import annotations
 
@@ -26,8 +24,8 @@ POLICIES: Registry = Registry("policy head")
 
 
 class MLP(nn.Module):
-    """Linear layers ``[..., sizes[0]] -> ... -> [..., sizes[-1]]`` with ``activation`` between, called through
-    ``F.linear``: per-module call overhead would cost more than the arithmetic of a few rows per env step."""
+    """Linear layers ``[..., sizes[0]] -> ... -> [..., sizes[-1]]`` through ``F.linear``, whose call overhead is
+    below modules' (a few rows per env step)."""
 
     def __init__(self, sizes: Sequence[int], activation: str, out_gain: float):
         super().__init__()
@@ -84,8 +82,7 @@ class CategoricalPolicy(Policy):
 
 @POLICIES.register("Box")
 class GaussianPolicy(Policy):
-    """``N(mu(s), diag(exp(log_std)^2))`` over ``A`` dimensions; actions are ``[N, A]`` float32, unbounded:
-    the environment clips them, so the log-prob is the drawn sample's (no tanh Jacobian needed)."""
+    """``N(mu(s), diag(exp(log_std)^2))``; actions ``[N, A]`` float32, clipped by the environment, not here."""
 
     def __init__(self, obs_dim: int, space: gym.spaces.Box, hidden: Sequence[int], activation: str = "tanh",
                  init_log_std: float = 0.0):
@@ -121,8 +118,7 @@ class ValueNet(nn.Module):
 
 
 class Agent(nn.Module):
-    """The trained modules of a run: a policy and, for the critic-based algorithms, a value net.
-    One module, so checkpoints hold both in one safetensors file."""
+    """A policy and its value net (critic-based algorithms) as one module, for one checkpoint file."""
 
     def __init__(self, policy: Policy, critic: ValueNet | None = None):
         super().__init__()
@@ -131,5 +127,5 @@ class Agent(nn.Module):
 
 
 def make_policy(obs_dim: int, action_space: gym.Space, hidden: Sequence[int], activation: str = "tanh") -> Policy:
-    """The policy class for ``action_space`` (looked up by its class name in :data:`POLICIES`)."""
+    """The policy class for ``action_space``, by its class name in :data:`POLICIES`."""
     return POLICIES.get(type(action_space).__name__)(obs_dim, action_space, tuple(hidden), activation)

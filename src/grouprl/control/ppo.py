@@ -1,7 +1,6 @@
 """PPO for classic control (Schulman et al. 2017), in the order of CleanRL's ``ppo.py``: T steps from N
 environments -> GAE(gamma, lambda) -> whiten -> mu passes of minibatches minimising
-``clip loss + c_v * value loss - c_H * entropy``. Unlike CleanRL: no learning-rate annealing and an
-unclipped value loss by default (a constant rate reaches the CartPole budget sooner).
+``clip loss + c_v * value loss - c_H * entropy``; no learning-rate annealing, unclipped value loss by default.
 """
 
 from __future__ import annotations

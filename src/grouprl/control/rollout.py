@@ -1,8 +1,6 @@
-"""Collecting experience from an :class:`~grouprl.control.batch.EnvBatch` into ``[B, T]`` right-padded rows
-with a ``mask`` (one row per episode or per piece of one inside a collection window), the language-model
-layout, so ``grouprl.algos`` applies unchanged. :func:`run_episodes` plays whole episodes from given seeds
-(GRPO's groups, evaluation); :class:`SegmentCollector` runs a fixed number of steps per iteration (PPO, TRPO,
-VPG), carrying unfinished episodes over.
+"""Experience from an :class:`~grouprl.control.batch.EnvBatch` as ``[B, T]`` right-padded rows with a ``mask``,
+the language-model layout, so ``grouprl.algos`` applies unchanged: whole episodes from given seeds
+(:func:`run_episodes`) or a fixed number of steps per iteration (:class:`SegmentCollector`).
 """
 
 from __future__ import annotations
@@ -34,8 +32,7 @@ class Trajectories:
     last_obs: torch.Tensor
     """[B, D] float32 observation after the row's last step."""
     cut: torch.Tensor
-    """[B] bool: the row ended without the episode terminating (time limit or end of the collection
-    window), so its return continues past it and a critic bootstraps from V(last_obs)."""
+    """[B] bool: the row ended before its episode terminated, so a critic bootstraps from V(last_obs)."""
     episode_returns: list[float] = field(default_factory=list)
     """Undiscounted returns of the episodes that finished during this collection."""
     episode_lengths: list[int] = field(default_factory=list)

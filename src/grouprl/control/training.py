@@ -1,9 +1,5 @@
-"""Classic-control trainer: a :mod:`grouprl.control` algorithm in the same run folder, metrics log,
-evaluation schedule, checkpoints and report as the language-model trainers.
-
-The budget is counted in environment steps, since GRPO's iterations (P x G whole episodes) and PPO's
-(N x T steps) differ in size; ``stop_at_return`` ends the run at the first evaluation that reaches it.
-"""
+"""Classic-control trainer in the same run loop as the language-model trainers. The budget is counted in
+environment steps, since GRPO's iterations (P x G whole episodes) and PPO's (N x T steps) differ in size."""
 
 from __future__ import annotations
 
@@ -43,7 +39,7 @@ class _EnvStepProgress(Progress):
 
 
 class ControlTrainer:
-    """Trains ``config.algo`` on ``config.env``; see the module docstring."""
+    """Trains ``config.algo`` on ``config.env``."""
 
     name = "rl"
 
@@ -97,7 +93,6 @@ class ControlTrainer:
         pass  # episodes have no text to show
 
     def step(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """One iteration: collect experience, update, measure."""
         timer, t0 = PhaseTimer(), time.perf_counter()
         # Seeded per iteration, so a resumed run draws what the uninterrupted one would have.
         draws = generator(self.config.seed, self.step_count)
@@ -162,8 +157,7 @@ class ControlTrainer:
         self.metrics_log.truncate_after(self.step_count)
 
     def train(self) -> dict[str, Any]:
-        """Train until the budget is spent or ``stop_at_return`` is reached; the summary adds
-        ``env_steps`` and ``solved_at_env_steps`` (None if not reached) to the loop's."""
+        """Train until the budget is spent or ``stop_at_return`` is reached."""
         summary = run_loop(self)
         summary.update(env_steps=self.env_steps, solved_at_env_steps=self.solved_at, env=self.config.env,
                        algo=self.config.algo)

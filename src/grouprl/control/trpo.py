@@ -1,7 +1,6 @@
-"""TRPO for classic control (Schulman et al. 2015), as in Spinning Up's ``trpo``: whitened GAE advantages ->
-surrogate ``L = mean(rho * A)`` and its gradient g -> ``F x = g`` by conjugate gradient (F v by double
-backprop through the mean analytic KL(pi_old || pi_theta)) -> the step to ``sqrt(2 delta / x^T F x)`` ->
-backtracking line search -> the critic fitted to the GAE returns.
+"""TRPO for classic control (Schulman et al. 2015): whitened GAE advantages -> surrogate ``mean(rho * A)`` and its
+gradient g -> ``F x = g`` by conjugate gradient on the analytic KL -> step ``sqrt(2 delta / x^T F x) * x`` with
+backtracking -> the critic fitted to the GAE returns.
 """
 
 from __future__ import annotations
