@@ -1,10 +1,6 @@
-"""The process's memory allocator: which one runs, and a faster one to load before anything else.
-
-tcmalloc and jemalloc reuse freed pages across the changing tensor shapes of a step, lowering the peak
-(docs/performance.md). An allocator can only be loaded first, through ``LD_PRELOAD``, so the ``grouprl``
-command starts itself again once with it (:func:`preload_environ`); a process started otherwise keeps its
-malloc and is told how to start with a faster one (:func:`describe`).
-"""
+"""The process's memory allocator: tcmalloc and jemalloc reuse freed pages across a step's changing tensor shapes
+(docs/performance.md). One can only be loaded first, through ``LD_PRELOAD``, so the ``grouprl`` command starts
+itself again once with it (:func:`preload_environ`)."""
 
 from __future__ import annotations
 
@@ -22,10 +18,8 @@ ALLOCATORS: Registry[tuple[str, ...]] = Registry("allocator")
 """name -> the library files that provide it, best first."""
 ALLOCATORS.register("tcmalloc", ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"))
 ALLOCATORS.register("jemalloc", ("libjemalloc.so.2",))
-PREFERENCE = ("tcmalloc", "jemalloc")
-"""The order ``auto`` tries them in: tcmalloc gave the faster steps of the two (module docstring)."""
-PRELOADED = "GROUPRL_ALLOCATOR_PRELOADED"
-"""Set in the environment of a process started again with an allocator: it is never started a third time."""
+PREFERENCE = ("tcmalloc", "jemalloc")  # the order auto tries: tcmalloc gave the faster steps
+PRELOADED = "GROUPRL_ALLOCATOR_PRELOADED"  # set in a restarted process: it is never started a third time
 INSTALL_HINT = "apt-get install libtcmalloc-minimal4 (Debian, Ubuntu) or dnf install gperftools-libs (Fedora)"
 
 
@@ -35,8 +29,7 @@ class Allocator(NamedTuple):
 
 
 def library_dirs() -> list[Path]:
-    """Where shared libraries are looked for: this environment's own lib folder (a conda or venv install)
-    first, then the system's, multiarch folders included."""
+    """Where shared libraries are looked for: this environment's lib folder first, then the system's."""
     arch = sysconfig.get_config_var("MULTIARCH") or ""
     candidates = [Path(sys.prefix) / "lib", Path(sys.base_prefix) / "lib", Path("/usr/local/lib"),
                   Path("/usr/lib") / arch, Path("/lib") / arch, Path("/usr/lib64"), Path("/usr/lib")]
@@ -44,7 +37,7 @@ def library_dirs() -> list[Path]:
 
 
 def find(name: str, dirs: Sequence[Path] | None = None) -> Allocator | None:
-    """The allocator ``name`` (a key of :data:`ALLOCATORS`) if one of its library files is in ``dirs``."""
+    """The allocator ``name`` if one of its library files is in ``dirs``."""
     for d in library_dirs() if dirs is None else dirs:
         for file in ALLOCATORS.get(name):
             if (Path(d) / file).is_file():
@@ -53,8 +46,8 @@ def find(name: str, dirs: Sequence[Path] | None = None) -> Allocator | None:
 
 
 def resolve(setting: str, dirs: Sequence[Path] | None = None) -> Allocator | None:
-    """The allocator the ``allocator`` setting asks for (None: the C library's malloc); a named one not
-    installed, or a path that is not a file, is refused with how to install it."""
+    """The allocator the ``allocator`` setting asks for (None: malloc); a missing one is refused with how to
+    install it."""
     if setting == "system":
         return None
     if setting == "auto":
@@ -78,13 +71,13 @@ def resolve(setting: str, dirs: Sequence[Path] | None = None) -> Allocator | Non
 
 
 def allocator_name(path: Path) -> str | None:
-    """The registered allocator a library file provides, by its file name (None for any other library)."""
+    """The registered allocator a library file provides, by its file name."""
     return next((n for n in ALLOCATORS.names() if any(path.name.startswith(f.split(".so")[0] + ".so")
                                                       for f in ALLOCATORS.get(n))), None)
 
 
 def running(maps: str | os.PathLike = "/proc/self/maps") -> Allocator | None:
-    """The registered allocator loaded into this process (read from its memory map), if any."""
+    """The registered allocator loaded into this process, if any."""
     try:
         text = Path(maps).read_text(encoding="utf-8", errors="replace")
     except OSError:  # not Linux: nothing to read, nothing claimed
@@ -101,8 +94,8 @@ def running(maps: str | os.PathLike = "/proc/self/maps") -> Allocator | None:
 
 def preload_environ(setting: str, environ: Mapping[str, str], dirs: Sequence[Path] | None = None,
                     maps: str | os.PathLike = "/proc/self/maps") -> dict[str, str] | None:
-    """The environment to start this command again with, the allocator first in ``LD_PRELOAD``; None when
-    there is nothing to do (malloc chosen, one already loaded, or this is already the second start)."""
+    """The environment to start this command again with the allocator first in ``LD_PRELOAD``; None when there
+    is nothing to do."""
     if environ.get(PRELOADED) or running(maps) is not None:
         return None
     chosen = resolve(setting, dirs)

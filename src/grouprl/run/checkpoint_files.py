@@ -10,8 +10,8 @@ Layout of ``<output_dir>/checkpoints/step-000010/``::
     state.json        step, data position, controller states, the config
     manifest.json     every other file's size and SHA-256, written last
 
-A folder gets its ``step-*`` name only once whole; old ones are renamed ``.delete-*`` before removal; a failed
-save removes its ``.tmp-*`` folder. What a kill or a full disk leaves: docs/guarantees.md."""
+A folder gets its ``step-*`` name only once whole; old ones are renamed ``.delete-*`` before removal
+(docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -56,8 +56,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_policy(model: torch.nn.Module, folder: Path, tokenizer: Any = None) -> None:
-    """The policy as a model folder: the LoRA adapter alone for a peft model, else config + safetensors
-    (a plain ``nn.Module`` without a ``config``, such as a classic-control MLP, gets the safetensors only)."""
+    """The policy as a model folder: the LoRA adapter alone for a peft model, else config (if any) + safetensors."""
     folder.mkdir(parents=True, exist_ok=True)
     if is_peft(model):
         model.save_pretrained(str(folder))
@@ -73,7 +72,7 @@ def save_policy(model: torch.nn.Module, folder: Path, tokenizer: Any = None) -> 
 
 
 def load_policy_weights(model: torch.nn.Module, folder: Path) -> None:
-    """Load weights written by :func:`save_policy` into ``model`` in place (strict)."""
+    """Load weights written by :func:`save_policy` into ``model`` (strict)."""
     if is_peft(model):
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
@@ -96,8 +95,7 @@ def checkpoint_dirs(root: Path) -> list[Path]:
 
 
 def latest_complete(root: Path, warn: Any = None) -> Path | None:
-    """The newest complete checkpoint under ``root`` (None when there is none); ``warn(message)`` is
-    told about each newer one skipped as incomplete."""
+    """The newest complete checkpoint under ``root`` or None; ``warn`` hears of each newer incomplete one."""
     found = checkpoint_dirs(root)
     for folder in reversed(found):
         if is_complete(folder):
@@ -123,11 +121,8 @@ def resolve_checkpoint(spec: str, root: Path) -> Path:
 def save_checkpoint(root: Path, step: int, *, policy: torch.nn.Module, state: dict[str, Any], tokenizer: Any = None,
                     reference: torch.nn.Module | None = None, stateful: dict[str, Any] | None = None,
                     modules: dict[str, torch.nn.Module] | None = None, keep: int = 2) -> Path:
-    """Write checkpoint ``step`` atomically and keep only the newest ``keep``. Returns its folder.
-
-    ``stateful`` objects (optimizers, schedules) are saved as ``<name>.pt`` from their
-    ``state_dict()``, ``modules`` (a critic) as ``<name>.safetensors``; all of it is part of the
-    atomic write."""
+    """Write checkpoint ``step`` atomically (``stateful`` as ``<name>.pt``, ``modules`` as ``<name>.safetensors``)
+    and keep only the newest ``keep``; returns its folder."""
     tmp, final = temporary_folder(root, step, str(os.getpid()))
     with writing(tmp, step, _state_bytes(policy, reference, stateful, modules)):
         save_policy(policy, tmp / "model", tokenizer)
@@ -143,7 +138,6 @@ def save_checkpoint(root: Path, step: int, *, policy: torch.nn.Module, state: di
 
 
 def _tensor_bytes(value: Any) -> int:
-    """Bytes of every tensor in a (nested) state dict."""
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, dict):
@@ -155,14 +149,14 @@ def _tensor_bytes(value: Any) -> int:
 
 def _state_bytes(policy: torch.nn.Module, reference: torch.nn.Module | None, stateful: dict[str, Any] | None,
                  modules: dict[str, torch.nn.Module] | None) -> int:
-    """About what a checkpoint of these takes on disk: their tensors' bytes (the files add headers only)."""
+    """About what a checkpoint of these takes on disk."""
     parts = [policy.state_dict(), *(m.state_dict() for m in [reference, *(modules or {}).values()] if m is not None),
              *(obj.state_dict() for obj in (stateful or {}).values())]
     return sum(_tensor_bytes(p) for p in parts)
 
 
 def _is_disk_full(error: BaseException) -> bool:
-    """Whether ``error`` (or what it was raised from) is the file system's "no space" or "quota" error."""
+    """Whether ``error`` or its cause is the file system's "no space" or "quota" error."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -174,10 +168,9 @@ def _is_disk_full(error: BaseException) -> bool:
 
 @contextlib.contextmanager
 def writing(tmp: Path, step: int, needed: int) -> Iterator[None]:
-    """Around writing checkpoint ``step`` into ``tmp``: a failure removes ``tmp`` (the checkpoints already
-    there are untouched) and a full disk becomes a :class:`CheckpointError` that says so. ``needed``:
-    about the checkpoint's bytes. A writer that reports a short write without ``ENOSPC`` (torch's zip
-    writer) counts as a full disk when less than ``needed`` is free once ``tmp`` is gone."""
+    """Around writing checkpoint ``step`` into ``tmp``: a failure removes ``tmp``, and a full disk is a
+    :class:`CheckpointError` saying so. A short write without ``ENOSPC`` (torch's zip writer) counts as a full
+    disk when less than ``needed`` bytes are free."""
     try:
         yield
     except BaseException as e:
@@ -194,9 +187,8 @@ def writing(tmp: Path, step: int, needed: int) -> Iterator[None]:
 
 
 def _size(n: int) -> str:
-    """``n`` bytes for a person to read.
-
-    >>> _size(1000), _size(49_928), _size(3 * 2**30)
+    """
+     _size(1000), _size(49_928), _size(3 * 2**30)
     ('1000 B', '48.8 KiB', '3.0 GiB')
     """
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -206,8 +198,7 @@ def _size(n: int) -> str:
 
 
 def temporary_folder(root: Path, step: int, tag: str) -> tuple[Path, Path]:
-    """(a fresh temporary folder to write checkpoint ``step`` into, its final name); removes what saves
-    and removals a kill interrupted left behind."""
+    """(a fresh temporary folder for checkpoint ``step``, its final name); removes what a kill left behind."""
     root.mkdir(parents=True, exist_ok=True)
     for stale in [*root.glob(".tmp-*"), *root.glob(".delete-*")]:
         shutil.rmtree(stale, ignore_errors=True)
@@ -217,9 +208,8 @@ def temporary_folder(root: Path, step: int, tag: str) -> tuple[Path, Path]:
 
 
 def publish(tmp: Path, final: Path, keep: int) -> Path:
-    """Make the fully written ``tmp`` the checkpoint ``final`` (manifest written, fsynced, renamed) and
-    keep only the newest ``keep`` checkpoints beside it. A complete ``final`` that already exists is
-    kept as it is (see the module docstring). Returns ``final``."""
+    """Make ``tmp`` the checkpoint ``final`` (manifest, fsync, rename; an existing complete ``final`` is kept) and
+    keep only the newest ``keep``."""
     if is_complete(final):
         shutil.rmtree(tmp, ignore_errors=True)
     else:
@@ -235,7 +225,7 @@ def publish(tmp: Path, final: Path, keep: int) -> Path:
 
 
 def retire(folder: Path) -> None:
-    """Remove a checkpoint folder: renamed out of the ``step-*`` names first (atomic), then deleted."""
+    """Remove a checkpoint folder: renamed out of the ``step-*`` names (atomic), then deleted."""
     gone = folder.with_name(f".delete-{folder.name}-{os.getpid()}")
     os.replace(folder, gone)
     shutil.rmtree(gone, ignore_errors=True)
@@ -273,9 +263,7 @@ def _manifest(folder: Path) -> dict[str, Any] | None:
 
 
 def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` is a whole checkpoint: a manifest, and every file it lists at its size. A
-    checkpoint written before manifests existed counts when its state.json reads (it cannot be
-    verified further)."""
+    """Whether ``folder`` has a manifest and every file it lists at its size (or is a readable pre-manifest one)."""
     files = _manifest(folder)
     if files is None:
         return not (folder / MANIFEST).exists() and _legacy(folder)
@@ -286,7 +274,6 @@ def is_complete(folder: Path) -> bool:
 
 
 def _legacy(folder: Path) -> bool:
-    """A checkpoint from before manifests: a readable state.json beside a model folder."""
     try:
         json.loads((folder / "state.json").read_text())
     except (OSError, ValueError):
@@ -295,8 +282,8 @@ def _legacy(folder: Path) -> bool:
 
 
 def verify_checkpoint(folder: Path) -> None:
-    """Check every file of ``folder`` against its manifest digest; a :class:`CheckpointError` names the
-    first damaged or missing file and the checkpoint to fall back on."""
+    """A :class:`CheckpointError` naming the first file of ``folder`` that fails its manifest digest, and the
+    checkpoint to fall back on."""
     if not (folder / MANIFEST).exists() and _legacy(folder):
         warnings.warn(f"{folder} was written before checkpoints carried a manifest: its files are not verified",
                       stacklevel=2)
@@ -322,8 +309,7 @@ def verify_checkpoint(folder: Path) -> None:
 def load_checkpoint(folder: Path, *, policy: torch.nn.Module, reference: torch.nn.Module | None = None,
                     stateful: dict[str, Any] | None = None,
                     modules: dict[str, torch.nn.Module] | None = None) -> dict[str, Any]:
-    """Restore everything :func:`save_checkpoint` wrote, once every file matches the manifest; returns
-    the state dict (with ``step``)."""
+    """Restore everything :func:`save_checkpoint` wrote, once verified; returns its state (with ``step``)."""
     state_file = folder / "state.json"
     world = json.loads(state_file.read_text()).get("world_size") if state_file.exists() else None
     if world is not None:  # sharded state: a process group wrote it (several processes, or one on a GPU)

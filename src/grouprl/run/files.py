@@ -11,8 +11,8 @@ from typing import Any
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, fsynced, then renamed
-    over it: a reader or a kill sees the old file or the new one, never half of one. Returns the path."""
+    """Write ``text`` to ``path`` through a fsynced temporary file renamed over it: a reader or a kill sees the old
+    file or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -30,8 +30,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 
 
 def as_plain(value: Any) -> Any:
-    """A (possibly nested) dataclass, mapping or sequence as plain YAML/JSON data: dataclasses become
-    dicts of their init fields (not those marked ``metadata={"secret": True}``), tuples lists, paths strings.
+    """Nested dataclasses, mappings and sequences as plain YAML/JSON data (fields marked
+    ``metadata={"secret": True}`` left out).
 
     >>> from dataclasses import dataclass
     >>> @dataclass

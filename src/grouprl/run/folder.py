@@ -1,13 +1,8 @@
-"""A run folder: what a run writes into it, who may write into it, and what is never touched.
+"""A run folder: who may write into it, and what is never touched.
 
-- A run claims its folder before any expensive work, with a lock file naming its process; a second
-  run into the folder is refused while the first lives, and a dead process's lock is taken over.
-- A run never mixes into an earlier one: a folder holding a run is refused unless resuming it, or
-  replaced with ``overwrite``, which removes only the files runs write.
-- A run never touches what it did not write: a folder holding anything else (a user's file beside the
-  logs, inside ``checkpoints/`` or ``report/``) is refused, with or without ``overwrite``.
-- An earlier start that never finished a training step is not a run to protect: its files are
-  replaced, and a resume of it starts afresh."""
+A run claims its folder with a lock file before any expensive work (a dead process's lock is taken over); a
+folder holding a run is refused unless resumed or replaced with ``overwrite``, which removes only what runs
+write; a folder holding anything else is refused; a start that never finished a step is replaced."""
 
 from __future__ import annotations
 
@@ -27,10 +22,7 @@ from grouprl.run.loggers import run_folders
 from grouprl.run.signals import interrupts
 
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "summary.json", "config.yaml", "timeline.jsonl")
-"""Files a run writes (timeline.jsonl: when each batch of a run sampling ahead was made, grouprl.trainer.ahead)."""
 RUN_DIRS = ("checkpoints", "report", "servers", *run_folders())
-"""Folders a run writes: its checkpoints, its report, its local rollout servers' logs (servers/) and what its
-metrics sinks write (tensorboard/, wandb/)."""
 LOCK = ".grouprl.lock"
 OWN_TEMP = re.compile(r"^\.(metrics\.jsonl|completions\.jsonl|summary\.json|config\.yaml|timeline\.jsonl)\..*\.tmp$")
 """Temporary files of the atomic writer (:mod:`grouprl.run.files`), left behind by a kill."""
@@ -59,8 +51,7 @@ def holds_run(folder: str | Path) -> bool:
 
 
 RUN_CONFIG_HEADER = "# The resolved config of a grouprl run: grouprl train --config <this file> repeats it.\n"
-"""First line of the config.yaml a run writes: a config.yaml without it, in a folder that holds no
-run, is a user's file and is never replaced."""
+"""A config.yaml without this first line, in a folder that holds no run, is a user's file and is never replaced."""
 
 
 def _users_config(out: Path) -> bool:
@@ -139,7 +130,7 @@ class FolderLock:
 
 
 def _started(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22), or None."""
+    """When process ``pid`` started (/proc/<pid>/stat field 22), or None."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return int(f.read().rsplit(")", 1)[1].split()[19])
@@ -148,8 +139,8 @@ def _started(pid: int) -> int | None:
 
 
 def _alive(holder: dict) -> bool:
-    """Whether the lock's process still runs (a lock from another host is trusted: it cannot be checked).
-    A pid reused by a later process is told apart by its start time."""
+    """Whether the lock's process still runs (told apart from a reused pid by its start time); a lock from
+    another host is trusted."""
     if holder.get("host") != socket.gethostname():
         return True
     try:
@@ -175,8 +166,7 @@ def remove_run_files(folder: Path) -> None:
 
 def claim_output_dir(folder: str | Path, *, resume_from: str | None = None, overwrite: bool = False,
                      echo: Callable[[str], None] = print) -> tuple[FolderLock, bool]:
-    """Claim ``folder`` for a run by the rules of the module docstring; returns (the lock, whether a resume
-    is possible). The caller releases the lock when the run ends."""
+    """Claim ``folder`` by the rules of the module docstring; returns (the lock, whether a resume is possible)."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     lock = FolderLock(out).acquire(echo)
@@ -206,8 +196,7 @@ def claim_output_dir(folder: str | Path, *, resume_from: str | None = None, over
 
 
 CLAIMED_BY_PARENT = "GROUPRL_CLAIMED_OUTPUT_DIR"
-"""Set by a process that claimed a run folder for the processes it starts (``--nproc``): they train
-in it without claiming it again."""
+"""Set by a process that claimed a run folder for the processes it starts (``--nproc``)."""
 
 
 @contextlib.contextmanager

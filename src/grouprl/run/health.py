@@ -1,7 +1,5 @@
-"""Early signs that a run is going wrong, read from its own metrics before held-out accuracy shows it:
-entropy collapsing against its start, per-token KL jumping against its recent median, steps in a row where
-nearly every group's rewards are equal, a masking rollout correction dropping most of the batch. The bar,
-the log and the report (replaying ``metrics.jsonl`` by the same rules) name them."""
+"""Early signs that a run is going wrong, read from its own metrics: entropy collapsing, KL jumping against its
+recent median, all-equal groups step after step, a rollout correction masking most of the batch."""
 
 from __future__ import annotations
 
@@ -11,23 +9,19 @@ from collections.abc import Iterable
 from typing import Any
 
 ENTROPY_FLOOR = 0.25
-"""Entropy below this share of its mean over the first steps: the policy has stopped exploring."""
+"""Entropy below this share of its mean over the first ENTROPY_START_STEPS: the policy stopped exploring."""
 ENTROPY_START_STEPS = 2
-"""Steps whose mean entropy is the start the ratio compares with."""
 KL_SPIKE = 3.0
-"""Per-token KL above this multiple of its median over the recent steps (and above KL_SPIKE_MIN): a
-sudden jump away from the reference, the sign of an update too large for the batch."""
+"""Per-token KL above this multiple of its recent median (and above KL_SPIKE_MIN): an update too large."""
 KL_SPIKE_MIN = 0.1
 KL_WINDOW = 10
 KL_WARMUP = 5
-"""Steps of KL seen before spikes are judged: KL grows from 0 over the first steps by design."""
+"""Steps of KL seen before spikes are judged: KL grows from 0 by design."""
 ZERO_STD_HIGH = 0.75
-"""A step where at least this share of the groups had equal rewards..."""
+"""ZERO_STD_RUN steps in a row with this share of all-equal groups: little is left to learn."""
 ZERO_STD_RUN = 3
-"""...this many steps in a row: little is left to learn from (all solved or all failed)."""
 MASKED_HIGH = 0.5
-"""A step whose rollout correction gave weight 0 to at least this share of the policy tokens: the band
-is narrower than the engines' mismatch, and most of the batch teaches nothing."""
+"""A rollout correction masking this share of the policy tokens: its band is narrower than the mismatch."""
 
 
 class HealthWatch:
@@ -44,14 +38,12 @@ class HealthWatch:
         self.entropies: list[float] = []
         self.kls: deque[float] = deque(maxlen=KL_WINDOW)
         self.zero_run = 0
-        self.fired: dict[str, int] = {}
-        """Warning kind -> the step it first fired."""
+        self.fired: dict[str, int] = {}  # warning kind -> the step it first fired
         self.active: set[str] = set()
         self.new: list[str] = []
 
     def observe(self, step: int, metrics: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
-        """(``health/*`` metrics, the warnings active at this step). ``self.new`` is then the warnings
-        of kinds that were quiet the step before (what a log should print)."""
+        """(``health/*`` metrics, the warnings active at this step); ``self.new`` holds those quiet the step before."""
         out: dict[str, float] = {}
         warnings: list[tuple[str, str]] = []
         entropy = metrics.get("policy/entropy")
@@ -96,9 +88,8 @@ class HealthWatch:
 
 
 def replay(records: Iterable[dict[str, Any]], watch: HealthWatch | None = None) -> list[tuple[int, str]]:
-    """(step, warning) for each warning the rules give over a run's logged training steps, listed the
-    step it fires after a step without it. ``watch`` (a fresh one by default) ends in the state the
-    records leave it in, so a resumed run carries on judging where it stopped."""
+    """(step, warning) for each new warning over a run's logged steps; ``watch`` ends in the state the records
+    leave it in, so a resumed run carries on where it stopped."""
     watch, out = watch or HealthWatch(), []
     for r in records:
         if not any(k in r for k in ("rollout/zero_std_frac", "policy/entropy", "loss/total")):

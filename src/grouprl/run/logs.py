@@ -1,6 +1,5 @@
-"""What a run writes as it goes: the JSON-lines logs of the run folder (metrics.jsonl, completions.jsonl),
-each step on the console (a live bar on a terminal, one plain line per step otherwise), and small
-timing and memory helpers. Where else metrics go (TensorBoard, trackio, wandb) is :mod:`grouprl.run.loggers`."""
+"""What a run writes as it goes: the run folder's JSON-lines logs, each step on the console, and timing and memory
+helpers (other metric sinks: :mod:`grouprl.run.loggers`)."""
 
 from __future__ import annotations
 
@@ -25,12 +24,10 @@ def _plain(value: Any) -> Any:
 
 
 RECORD_TEXT_CAP = 16_000
-"""Characters of text one completions.jsonl record keeps at most, so an observation of megabytes does not
-make every step write megabytes. Over the cap the strings share it by a water level (the shortest kept
-whole); a cut string keeps its two ends around :data:`CUT_MARK`, and none is cut below :data:`KEPT_WHOLE`."""
+"""Characters of text one completions.jsonl record keeps at most, so a huge observation is not written every step.
+The strings share the cap by a water level; a cut one keeps its two ends around :data:`CUT_MARK`."""
 KEPT_WHOLE = 64
 CUT_MARK = "[... {} characters cut ...]"
-"""Stands, in a logged text, for the middle that :data:`RECORD_TEXT_CAP` cut (with how many characters)."""
 
 
 def _strings(value: Any) -> list[str]:
@@ -71,8 +68,7 @@ def _cap_strings(value: Any, keep: int) -> Any:
 
 
 def cap_text(record: dict[str, Any], cap: int = RECORD_TEXT_CAP) -> dict[str, Any]:
-    """``record`` with its strings (values at any depth, not keys) cut to share ``cap`` characters; see
-    :data:`RECORD_TEXT_CAP`. Unchanged when they fit.
+    """``record`` with its string values at any depth cut to share ``cap`` characters (:data:`RECORD_TEXT_CAP`).
 
     >>> out = cap_text({"prompt": "What is 2+2?", "completion": "ab" * 40 + " The answer is 4."}, cap=60)
     >>> out["prompt"]  # 12 characters: under the level, kept whole
@@ -87,7 +83,7 @@ def cap_text(record: dict[str, Any], cap: int = RECORD_TEXT_CAP) -> dict[str, An
 
 
 def _whole(line: bytes) -> bool:
-    """Whether ``line`` (one line of a log, its newline included) is a JSON object written to its end."""
+    """Whether ``line`` (newline included) is a JSON object written to its end."""
     if not line.endswith(b"\n"):
         return False
     try:
@@ -97,10 +93,8 @@ def _whole(line: bytes) -> bool:
 
 
 class JsonlLog:
-    """An append-only JSON-lines file that keeps nothing in memory: each :meth:`append` writes, flushes and
-    fsyncs its lines at once, so a kill tears only the last append, which opening the log cuts off.
-    ``text_cap``: characters of text each record keeps at most (:func:`cap_text`; None = all).
-    """
+    """An append-only JSON-lines file: each :meth:`append` writes and fsyncs at once, so a kill tears only the last
+    append, which opening the log cuts off. ``text_cap``: see :func:`cap_text`."""
 
     def __init__(self, path: Path, text_cap: int | None = None):
         self.path = Path(path)
@@ -142,8 +136,7 @@ class JsonlLog:
     def _lines(self) -> list[str]:
         if not self.path.exists():
             return []
-        # split at "\n" only: str.splitlines also splits at U+2028, U+0085 and the like, which a sampled
-        # completion may hold and json.dumps(ensure_ascii=False) leaves as they are
+        # "\n" only: str.splitlines also splits at U+2028 and the like, which ensure_ascii=False leaves in
         return [line for line in self.path.read_text(encoding="utf-8", errors="replace").split("\n") if line]
 
     def truncate_after(self, step: int) -> None:
@@ -157,7 +150,7 @@ class JsonlLog:
         write_text_atomic(self.path, "".join(kept))
 
     def records(self) -> list[dict[str, Any]]:
-        """Every whole record of the file, in order (a torn line is skipped)."""
+        """Every whole record, in order."""
         out = []
         for line in self._lines():
             try:
@@ -170,7 +163,7 @@ class JsonlLog:
 
 
 class NullLog:
-    """The metrics and completions logs of every process of a run but the first: nothing is written."""
+    """The logs of every process but the first: nothing is written."""
 
     def append(self, records: Any) -> None:
         pass
@@ -183,12 +176,10 @@ class NullLog:
 
 
 SHOWN_WHEN_PRESENT = (("env/success", "success", "{:.2f}"), ("env/turns_mean", "turns", "{:.1f}"))
-"""Metrics the bar shows only for runs that have them (an agent's success rate and turns)."""
 
 
 class Progress:
-    """Each step on the console (step, reward, KL, ``rate`` = (metric key, unit), an agent's success and
-    turns): a live rich bar on a terminal, one plain line per step otherwise; silent when disabled."""
+    """Each step on the console: a live rich bar on a terminal, one plain line per step otherwise."""
 
     def __init__(self, total: int, start: int, enabled: bool, label: str = "grpo",
                  rate: tuple[str, str] = ("throughput/tokens_per_s", "tok/s"), console: Any = None):
@@ -214,7 +205,7 @@ class Progress:
         self.bar.start()
 
     def update(self, step: int, metrics: dict[str, Any], alert: str | None = None) -> None:
-        """Show ``step``'s metrics, and ``alert`` (a short warning from :mod:`grouprl.run.health`) if any."""
+        """Show ``step``'s metrics and an ``alert`` from :mod:`grouprl.run.health`."""
         if self.console is None:
             return
         kl = metrics.get("policy/kl")
@@ -234,13 +225,12 @@ class Progress:
         self.bar.update(self.task, completed=step, reward=reward, kl=kl, tps=rate, extra=extra)
 
     def print(self, *args: Any) -> None:
-        """Print rich markup above the bar, or as plain text without one (nothing when disabled)."""
+        """Print rich markup above the bar, or as plain text without one."""
         if self.console is not None:
             self.console.print(*args, soft_wrap=True)
 
     def sample(self, step: int, reward: float | None, text: str) -> None:
-        """Show a sampled completion: its first 200 characters, quoted, never read as markup (model-written
-        text may hold rich's brackets, and a stray closing tag would stop the run)."""
+        """Show a completion's first 200 characters, escaped: model text may hold rich's closing tags."""
         if self.console is not None:
             from rich.markup import escape
 
@@ -254,8 +244,8 @@ class Progress:
 
 
 class PhaseTimer:
-    """Accumulates wall time per named phase: ``with timer("rollout"): ...``; ``spans`` keeps when each
-    phase first started and last ended (``time.perf_counter``), for timelines."""
+    """Wall time per named phase (``with timer("rollout"): ...``); ``spans`` keeps each one's first start and last
+    end."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -276,8 +266,7 @@ class PhaseTimer:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process in MiB: Linux's ``VmHWM`` where there is one, since ``ru_maxrss``
-    survives ``execve`` and would report a large parent's peak."""
+    """Peak resident memory in MiB: Linux's ``VmHWM``, since ``ru_maxrss`` survives ``execve`` (a parent's peak)."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
@@ -289,14 +278,12 @@ def peak_rss_mb() -> float:
 
 
 TENSOR_KINDS = ("PREEXISTING", "PARAMETER", "OPTIMIZER_STATE", "INPUT", "TEMPORARY", "ACTIVATION", "GRADIENT",
-                "AUTOGRAD_DETAIL", "UNKNOWN")
-"""The kinds PyTorch's profiler sorts CPU tensors into (its memory timeline's columns)."""
+                "AUTOGRAD_DETAIL", "UNKNOWN")  # the columns of PyTorch's memory timeline
 
 
 def peak_tensor_bytes(fn: Any) -> tuple[int, dict[str, int]]:
-    """Run ``fn()`` under PyTorch's profiler: the peak bytes of CPU tensors allocated while it ran, and
-    that moment's bytes by kind (:data:`TENSOR_KINDS`), whatever the allocator keeps besides. The kinds
-    come from the autograd graph: run a backward pass inside ``fn`` for activations to count as such."""
+    """Peak bytes of CPU tensors while ``fn()`` runs, and that moment's bytes by kind; activations count as such only
+    when ``fn`` runs a backward pass."""
     import tempfile
     import warnings
 

@@ -1,7 +1,5 @@
-"""The training loop every trainer shares, language-model or classic-control: evaluate before, ``step()``
-until done (logging, evaluating and checkpointing on schedule), evaluate after, save, write ``summary.json``.
-The trainer (:class:`Run`) says when to stop and evaluate, so an env-step budget uses the same loop.
-"""
+"""The training loop every trainer shares: evaluate, ``step()`` until done (logging, evaluating and checkpointing
+on schedule), evaluate, save, write ``summary.json``. The trainer (:class:`Run`) says when to stop."""
 
 from __future__ import annotations
 
@@ -25,51 +23,40 @@ class Run(Protocol):
     """What :func:`run_loop` needs of a trainer."""
 
     config: Any
-    """With ``resume_from``, ``loggers``, ``tensorboard``, ``save_every``."""
     out: Path
-    """The run folder."""
     run_config: Any
-    """What config.yaml records (a dataclass or plain data)."""
+    """What config.yaml records."""
     metrics_log: JsonlLog
     eval_history: list[dict[str, Any]]
     step_count: int
     time_budget_s: float | None
-    """Wall-clock budget (from the start, evaluations included); None = no limit."""
+    """Wall-clock budget, evaluations included; None = no limit."""
     setup: dict[str, Any]
-    """What the run found or chose at start (how code is isolated, number formats, the rollout engine):
-    written to summary.json, where the report shows it."""
+    """What the run found or chose at start, for summary.json and the report."""
     is_main: bool
-    """False in every process of a multi-process run but the first: only the first writes the run
-    folder's config.yaml, summary.json and the metrics of every sink but metrics.jsonl."""
+    """Only the first process writes config.yaml, summary.json and every sink but metrics.jsonl."""
     health: HealthWatch | None
-    """Early-warning rules for this kind of run (:mod:`grouprl.run.health`); None: none apply."""
 
     def step(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """One training iteration: (metrics, sample records for the completions log)."""
+        """(metrics, sample records for the completions log)."""
 
-    def evaluate(self) -> dict[str, float]:
-        """Held-out metrics of the current policy (empty when there is nothing to evaluate)."""
+    def evaluate(self) -> dict[str, float]: ...
 
-    def save(self) -> Path:
-        """A checkpoint of the current state; its folder."""
+    def save(self) -> Path: ...
 
     def resume(self, spec: str) -> None:
         """Restore the checkpoint ``spec`` names (a folder, or ``latest``)."""
 
-    def log_completions(self, records: list[dict[str, Any]], progress: Progress) -> None:
-        """Keep (and show) some of a step's sample records."""
+    def log_completions(self, records: list[dict[str, Any]], progress: Progress) -> None: ...
 
-    def finished(self) -> bool:
-        """True once the training budget is spent."""
+    def finished(self) -> bool: ...
 
-    def eval_due(self) -> bool:
-        """Evaluate after this step (the final evaluation is separate)?"""
+    def eval_due(self) -> bool: ...
 
-    def progress_bar(self) -> Progress:
-        """The live bar (silent where it should not show)."""
+    def progress_bar(self) -> Progress: ...
 
     def agree(self, flag: bool) -> bool:
-        """``flag`` as every process of the run sees it (true if true in any), so all stop together."""
+        """True if ``flag`` is true in any process, so all stop together."""
 
 
 def last_eval(run: Run) -> dict[str, float]:
@@ -82,8 +69,8 @@ def last_eval(run: Run) -> dict[str, float]:
 
 
 def watch_health(run: Run, metrics: dict[str, Any], progress: Progress) -> str | None:
-    """Add the step's ``health/*`` signs to ``metrics`` and print each warning the step it fires; the
-    short form of the first active one, for the bar (None: all is well, or no rules apply)."""
+    """Add the step's ``health/*`` signs to ``metrics`` and print each new warning; the first active one's short
+    form for the bar, or None."""
     if run.health is None:
         return None
     signs, active = run.health.observe(run.step_count, metrics)
@@ -97,8 +84,7 @@ def watch_health(run: Run, metrics: dict[str, Any], progress: Progress) -> str |
 
 
 def run_loop(run: Run) -> dict[str, Any]:
-    """Run ``run`` until it is finished (from a checkpoint if ``resume_from``), evaluating before,
-    when due and at the end; returns the summary also written to summary.json."""
+    """Run ``run`` until it is finished; returns the summary also written to summary.json."""
     c = run.config
     if c.resume_from:
         run.resume(c.resume_from)
@@ -107,7 +93,7 @@ def run_loop(run: Run) -> dict[str, Any]:
         write_text_atomic(run.out / "config.yaml", RUN_CONFIG_HEADER + yaml.safe_dump(plain_config, sort_keys=False))
     sinks = open_loggers(c, RunInfo(run.out, plain_config, bool(c.resume_from), run.metrics_log), run.is_main)
     start = time.perf_counter()
-    stop = StopOnSignal(c.save_on_signal)  # SIGTERM / SIGINT while training: end after the step, saving it
+    stop = StopOnSignal(c.save_on_signal)
 
     def out_of_time() -> bool:
         budget = run.time_budget_s

@@ -35,8 +35,7 @@ def build_optimizer(params, lr: float, betas: tuple[float, float], weight_decay:
     params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
-    # The fused kernel updates a parameter's whole state in one pass, much faster than the per-tensor loop on a
-    # CPU; sharded parameters (DTensor, a tensor subclass) take the loop.
+    # The fused kernel is much faster on a CPU; sharded parameters (DTensor) take the per-tensor loop.
     fused = all(type(p) is torch.nn.Parameter and type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda")
                 for p in params)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused)
@@ -48,9 +47,8 @@ def build_optimizer(params, lr: float, betas: tuple[float, float], weight_decay:
 
 def clip_and_step(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, max_grad_norm: float,
                   scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> float:
-    """Clip the gradient norm of ``params`` to ``max_grad_norm`` (0 = no clipping), step the optimizer
-    (and the schedule, when given); returns the norm before clipping. A NaN or infinite norm raises
-    :class:`~grouprl.errors.NonFiniteError` before anything is changed."""
+    """Clip the gradient norm to ``max_grad_norm`` (0 = off) and step; returns the norm before clipping. A
+    non-finite norm raises :class:`~grouprl.errors.NonFiniteError` before anything changes."""
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
     if not torch.isfinite(norm):  # one such step would turn every weight into NaN
         optimizer.zero_grad(set_to_none=True)

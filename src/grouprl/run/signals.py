@@ -1,11 +1,6 @@
-"""SIGTERM (a scheduler's preemption) and SIGINT end a run the same way: a message, the run folder released,
-and, while training, a checkpoint of the last whole step when one can be written in time.
-
-While a run holds its folder (:func:`interrupts`) a signal raises :class:`~grouprl.errors.Interrupted` (exit
-128 + signal). While it trains (:class:`StopOnSignal`) the first signal stops the loop after its step and
-saves; a second signal, or :data:`SIGNAL_GRACE_S` passing, interrupts where it is. Only the main thread
-installs handlers.
-"""
+"""SIGTERM (a scheduler's preemption) and SIGINT end a run the same way: a message, the run folder released, and
+while training a checkpoint of the last whole step (:class:`StopOnSignal`); a second signal, or
+:data:`SIGNAL_GRACE_S` passing, raises :class:`~grouprl.errors.Interrupted` where it is."""
 
 from __future__ import annotations
 
@@ -22,9 +17,8 @@ from typing import Any
 from grouprl.errors import Interrupted
 
 SIGNAL_GRACE_S = 25.0
-"""Seconds from a stop signal to the end of the run: the step in progress and the checkpoint must be done by
-then. Schedulers send SIGKILL some time after SIGTERM (Slurm's KillWait and Kubernetes'
-terminationGracePeriodSeconds both default to 30 s); 5 s are left for the rest of the exit."""
+"""Seconds from a stop signal to the end of the run: under the 30 s schedulers (Slurm's KillWait, Kubernetes'
+terminationGracePeriodSeconds) wait before SIGKILL, with room for the exit."""
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -55,8 +49,7 @@ def interrupts() -> Iterator[None]:
 
 
 class StopOnSignal:
-    """The training loop's side of a stop signal (see the module docstring): :attr:`requested` once one
-    came; :meth:`finish` at the loop's end saves and raises."""
+    """The training loop's side of a stop signal: :attr:`requested` once one came; :meth:`finish` saves and raises."""
 
     def __init__(self, save: bool, grace_s: float = SIGNAL_GRACE_S):
         self.save, self.grace_s = save, grace_s
@@ -100,8 +93,8 @@ class StopOnSignal:
 
     def finish(self, signalled: bool, save: Callable[[], Any], step: int,
                echo: Callable[[str], None] | None) -> None:
-        """At the loop's end, when any process of the run got a signal: save a checkpoint of ``step`` (none
-        before the first step), say so through ``echo`` (if any) and raise ``Interrupted``."""
+        """When any process got a signal: save a checkpoint of ``step`` (none before the first) and raise
+        ``Interrupted``."""
         if not signalled:
             return
         signum = self.signum or signal.SIGTERM

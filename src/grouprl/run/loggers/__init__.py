@@ -1,6 +1,4 @@
-"""Where a run's metrics go: a registry of sinks chosen by the ``loggers`` key, beside the metrics.jsonl
-every run writes. Each sink imports its package only when opened, so checking a config imports none.
-"""
+"""Where a run's metrics go: sinks chosen by the ``loggers`` key, each importing its package only when opened."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ def installed(package: str | None) -> bool:
 
 
 def logger_problems(loggers: Sequence[str], tensorboard: bool | None = None) -> list[str]:
-    """What is wrong with the ``loggers`` key (unknown names, packages not installed), one sentence each;
-    nothing is imported."""
+    """What is wrong with the ``loggers`` key, one sentence each; nothing is imported."""
     out = []
     for name in loggers:
         try:
@@ -45,8 +42,7 @@ def logger_problems(loggers: Sequence[str], tensorboard: bool | None = None) -> 
 
 
 def chosen(loggers: Sequence[str], tensorboard: bool = False) -> list[str]:
-    """The sinks a run opens: jsonl, then ``loggers`` in order, then tensorboard when ``tensorboard``
-    is true and its package is installed."""
+    """jsonl, then ``loggers``, then tensorboard when ``tensorboard`` is true and installed."""
     names = ["jsonl", *loggers]
     if tensorboard and installed(TensorBoardSink.package):
         names.append("tensorboard")
@@ -74,8 +70,7 @@ class Loggers:
 
 
 def open_loggers(config: Any, run: RunInfo, is_main: bool = True) -> Loggers:
-    """The sinks ``config`` (its ``loggers`` and ``tensorboard``) chooses, opened for ``run``; a process
-    other than the first opens only jsonl (whose log there writes nothing)."""
+    """The sinks ``config`` chooses, opened for ``run``; a process other than the first opens only jsonl."""
     # classic control keeps the older tensorboard switch; the trainer's config retired it (loggers names it)
     names = chosen(config.loggers, getattr(config, "tensorboard", False)) if is_main else ["jsonl"]
     return Loggers([LOGGERS.get(name)(run) for name in names])

@@ -1,5 +1,4 @@
-"""metrics.jsonl, the run folder's own log (always on): one JSON object per line, ``step`` and
-``wall_time`` first, then the metrics as the run produced them."""
+"""metrics.jsonl, the run folder's own log (always on): ``step`` and ``wall_time``, then the metrics."""
 
 from __future__ import annotations
 

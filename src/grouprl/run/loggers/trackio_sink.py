@@ -1,7 +1,5 @@
-"""trackio (Hugging Face's local-first tracker): runs go to its local store (``TRACKIO_DIR``, by
-default ``~/.cache/huggingface/trackio``), under project :data:`~grouprl.run.loggers.base.PROJECT`, named
-after the run folder; ``trackio show`` opens the dashboard. A resumed run continues the latest trackio
-run of that name. trackio's own settings apply (``TRACKIO_SPACE_ID`` logs to a Hugging Face Space)."""
+"""trackio (Hugging Face's local-first tracker): runs named after the run folder go to its local store
+(``TRACKIO_DIR``); a resumed run continues the latest trackio run of that name."""
 
 from __future__ import annotations
 

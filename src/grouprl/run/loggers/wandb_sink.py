@@ -1,8 +1,5 @@
-"""Weights & Biases: the run's files go to the run folder's ``wandb/``, under project
-:data:`~grouprl.run.loggers.base.PROJECT` (or ``WANDB_PROJECT``), named after the run folder. wandb's
-own settings apply: ``WANDB_MODE=offline`` needs no network and no account (``wandb sync`` uploads
-later). A resumed run continues the wandb run the folder's last start made (its id from
-``wandb/latest-run``); wandb ignores the steps it already has."""
+"""Weights & Biases, files in the run folder's ``wandb/`` (``WANDB_MODE=offline`` needs no account); a resumed
+run continues the wandb run the folder's last start made."""
 
 from __future__ import annotations
 
@@ -14,10 +11,7 @@ from grouprl.run.loggers.base import PROJECT, RunInfo, scalars
 
 
 def previous_id(folder: Path) -> str | None:
-    """The id of the wandb run that ``folder`` (a run folder's ``wandb/``) last held, or None.
-
-    wandb names a run's folder ``run-<date>_<time>-<id>`` (``offline-run-...`` offline) and points
-    ``latest-run`` at the newest."""
+    """The id of the wandb run ``folder`` last held (``latest-run`` points at ``run-<date>_<time>-<id>``)."""
     latest = folder / "latest-run"
     if not latest.is_symlink():
         return None
