@@ -187,8 +187,9 @@ def writing(tmp: Path, step: int, needed: int) -> Iterator[None]:
 
 
 def _size(n: int) -> str:
-    """
-     _size(1000), _size(49_928), _size(3 * 2**30)
+    """``n`` bytes, readable.
+
+    >>> _size(1000), _size(49_928), _size(3 * 2**30)
     ('1000 B', '48.8 KiB', '3.0 GiB')
     """
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
