@@ -1,9 +1,7 @@
-"""Agents in text environments on the built-in engine: conversations rendered through the chat template, decoded
-together on one KV cache (:mod:`.turns`), assembled into a :class:`~grouprl.types.RolloutBatch` whose environment
-tokens are context only. The policy's sampled ids are kept as sampled; the text joining its last token to the next
-turn is the difference of two renders (templates are not append-only), and a template that rewrites earlier turns
-ends the trajectory with reason ``template``. Outside text is tokenized as its characters, so it cannot forge a
-turn's special tokens (:mod:`grouprl.data.templates`)."""
+"""Agents in text environments: conversations decoded together on one KV cache (:mod:`.turns`) into a
+:class:`~grouprl.types.RolloutBatch` whose environment tokens are context only. Sampled ids are kept as sampled;
+the bridge to the next turn is the difference of two renders (templates are not append-only), and a template that
+rewrites earlier turns ends the trajectory (``template``)."""
 
 from __future__ import annotations
 
@@ -21,6 +19,7 @@ from grouprl.errors import EnvError, PromptTooLongError
 from grouprl.rollout.cpu.compiled import CompiledStep
 from grouprl.rollout.runner import check_format, eval_mode, left_pad, model_device, run_in_format
 from grouprl.rollout.seeds import resolve_row_seeds
+from grouprl.rollout.stops import pad_id, stop_token_ids
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits, decode_conversations
 from grouprl.types import RolloutBatch, SamplingParams
 
@@ -95,7 +94,6 @@ class AgentSampler:
             self.engine.update_weights(model)
 
     def phase(self) -> Any:
-        """Around a rollout or an evaluation with a vLLM engine: one weight push at its start."""
         return self.engine.phase() if self.engine is not None else contextlib.nullcontext()
 
     @property
@@ -103,12 +101,10 @@ class AgentSampler:
         return self.compiled is not None
 
     def rest(self) -> None:
-        """Between the rollout and the update: see :meth:`grouprl.rollout.vllm.VLLMSampler.rest`."""
         if self.engine is not None:
             self.engine.rest()
 
     def sample_ahead(self) -> Any:
-        """The engine's (rollout servers sample ahead; the live model cannot)."""
         return self.engine.sample_ahead() if self.engine is not None else None
 
     def cancel(self) -> None:
@@ -126,14 +122,7 @@ class AgentSampler:
 
     @property
     def pad_token_id(self) -> int:
-        tok = self.tokenizer
-        return int(next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None))
-
-    def stop_ids(self, params: SamplingParams) -> list[int]:
-        ids = set(params.stop_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        return sorted(ids)
+        return pad_id(self.tokenizer)
 
     def generate(self, episodes: Sequence[Any], group_size: int, params: SamplingParams, *,
                  seed: int | Sequence[int] | None = None) -> RolloutBatch:
@@ -154,7 +143,7 @@ class AgentSampler:
         self._check_context(prompt_rows, [episodes[p * group_size] for p in live])
         device = model_device(self.model)
         ids, mask = left_pad(prompt_rows, self.pad_token_id, device)
-        stop = self.stop_ids(params)
+        stop = stop_token_ids(self.tokenizer, params)
         stop_text = {i: self.tokenizer.decode([i], skip_special_tokens=False) for i in stop}
         stop_t = torch.tensor(stop, dtype=torch.long, device=device)
 

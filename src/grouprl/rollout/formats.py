@@ -19,8 +19,6 @@ def _runs_anywhere() -> str | None:
 
 @dataclass(frozen=True)
 class RolloutFormat:
-    """What one rollout format needs."""
-
     copy_dtype: torch.dtype | None
     """The dtype a decode loop copies every fp32 parameter to and autocasts in (None: the live weights)."""
     weight_only: WeightOnly | None

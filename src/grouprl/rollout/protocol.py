@@ -1,10 +1,6 @@
-"""What the trainer may ask of a rollout engine: :class:`RolloutEngine` (every engine), :class:`ConversationEngine`
-(one that also plays an agent's turns for :class:`~grouprl.rollout.agent.AgentSampler`) and :class:`SamplesAhead`
-(one that samples while the trainer updates, ``max_staleness`` > 0).
-
-The built-in :class:`~grouprl.rollout.sampler.Sampler`, :class:`~grouprl.rollout.vllm.VLLMSampler`,
-:class:`~grouprl.serve.ServerSampler` and the agent sampler implement them structurally; an optional capability
-is a member with a neutral answer (``sample_ahead`` None, ``cancel`` a no-op), so the trainer never probes.
+"""What the trainer may ask of a rollout engine: :class:`RolloutEngine`, :class:`ConversationEngine` (also plays an
+agent's turns) and :class:`SamplesAhead` (samples while the trainer updates). An optional capability is a member
+with a neutral answer (``sample_ahead`` None, ``cancel`` a no-op), so the trainer never probes.
 
 Shapes: P prompts, G completions per prompt, B = P * G rows, group-major (row ``p*G + g``)."""
 

@@ -152,7 +152,6 @@ class Runner:
 
 @contextlib.contextmanager
 def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Dropout off while sampling; the module's training flag is restored afterwards."""
     was_training = model.training
     model.eval()
     try:

@@ -1,13 +1,10 @@
-"""The rollout engine: G completions per prompt from any ``transformers`` causal LM.
+"""The built-in rollout engine: G completions per prompt (``params.mode``: G samples or the G best beams) from any
+``transformers`` causal LM, by a decode loop over the live module's forward and KV cache.
 
 >>> from grouprl.rollout.sampler import Sampler                          # doctest: +SKIP
 >>> sampler = Sampler(model, tokenizer)                                  # doctest: +SKIP
 >>> ids = sampler.encode(["What is 7+5?", "What is 3+9?"])               # doctest: +SKIP
 >>> batch = sampler.generate(ids, group_size=4, params=SamplingParams(max_new_tokens=32), seed=0)  # doctest: +SKIP
-
-A hand-written loop over the live module's forward and KV cache (:mod:`grouprl.rollout.decoding`,
-:mod:`grouprl.rollout.beams`); ``params.mode`` forms the group: ``"sample"`` (G independent samples) or
-``"beam"`` (the G best beams).
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from grouprl.rollout.decoding import Decoded, DecodeRequest, row_uniforms, sampl
 from grouprl.rollout.prompts import Prompt, encode_prompts
 from grouprl.rollout.runner import check_format, eval_mode, left_pad, model_device, run_in_format, unwrap_model
 from grouprl.rollout.seeds import resolve_row_seeds
-from grouprl.rollout.stops import StopStringMatcher, cut_at_stop
+from grouprl.rollout.stops import StopStringMatcher, cut_at_stop, pad_id, stop_token_ids
 from grouprl.types import RolloutBatch, SamplingParams
 
 
@@ -94,14 +91,9 @@ def _check_vocab(ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> None:
 
 
 class Sampler:
-    """Batched KV-cache sampling of G completions per prompt on the live policy (any ``transformers`` causal
-    LM, or a peft wrapper of one). ``share_prefill`` and ``compact`` exist to check that the two optimisations
-    change nothing; leave them on.
-
-    ``sampling_logprobs`` are under the distribution each token was drawn from: ``log_softmax(logits / T)``
-    after the repetition penalty, renormalised over what top-k / top-p / min-p keep (greedy: T = 1; beams: no
-    filters). Format bf16 samples from a bfloat16 copy of the weights; bf16-weights multiplies bf16 copies in
-    the decode steps only (:mod:`grouprl.rollout.cpu.weight_only`)."""
+    """Batched KV-cache sampling on the live policy. ``share_prefill`` and ``compact`` exist to check that the two
+    optimisations change nothing. ``sampling_logprobs`` are under the distribution each token was drawn from
+    (after penalty, temperature and filters; greedy: T = 1)."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, share_prefill: bool = True, compact: bool = True,
                  compile_steps: bool = False):
@@ -109,11 +101,10 @@ class Sampler:
         self.tokenizer = tokenizer
         self.share_prefill = share_prefill
         self.compact = compact
-        self.compiled = CompiledStep() if compile_steps else None
-        """The compiled decode step (``compile_steps``: :mod:`grouprl.rollout.cpu.compiled`), kept across rollouts."""
+        self.compiled = CompiledStep() if compile_steps else None  # kept across rollouts
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
 
-    # -- the engine protocol (grouprl.rollout.protocol): nothing to copy, free, cancel or sample ahead --------
+    # -- the engine protocol: nothing to copy, free, cancel or sample ahead ----------------------------------
     uses_live_model = True
 
     @property
@@ -121,7 +112,7 @@ class Sampler:
         return self.compiled is not None
 
     def update_weights(self, model: nn.Module) -> None:
-        """Sample from ``model`` (the live module; for example the policy unwrapped from a distributed wrapper)."""
+
         self.model = model
 
     def phase(self) -> contextlib.AbstractContextManager[None]:
@@ -140,29 +131,21 @@ class Sampler:
         return None
 
     def metrics(self) -> dict[str, float]:
-        """``time/compile`` (with ``compile_steps``): see :meth:`grouprl.rollout.cpu.compiled.CompiledStep.metrics`."""
         return self.compiled.metrics() if self.compiled is not None else {}
 
     def encode(self, prompts: Sequence[Prompt], *, system_prompt: str | None = None,
                use_chat_template: bool = True) -> list[list[int]]:
-        """Token ids of user prompts (text or chat messages) through the chat template; P lists."""
+
         return encode_prompts(self.tokenizer, prompts, system_prompt=system_prompt,
                               use_chat_template=use_chat_template)
 
     @property
     def pad_token_id(self) -> int:
-        tok = self.tokenizer
-        for candidate in (tok.pad_token_id, tok.eos_token_id):
-            if candidate is not None:
-                return int(candidate)
-        return 0
+        return pad_id(self.tokenizer)
 
     def stop_token_ids(self, params: SamplingParams) -> list[int]:
-        """The tokenizer's EOS, the model's generation-config EOS ids (what ``generate`` stops on), and
-        ``params.stop_token_ids``."""
-        ids = set(params.stop_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
+        """The tokenizer's and generation config's EOS ids and ``params.stop_token_ids``."""
+        ids = set(stop_token_ids(self.tokenizer, params))
         gen_eos = getattr(getattr(unwrap_model(self.model), "generation_config", None), "eos_token_id", None)
         if gen_eos is not None:
             ids.update([gen_eos] if isinstance(gen_eos, int) else gen_eos)
@@ -178,9 +161,7 @@ class Sampler:
     def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
                  seed: int | Sequence[int] | None = None, prompts: list | None = None,
                  extras: dict[str, list] | None = None) -> RolloutBatch:
-        """G completions for each of P prompts, prompt-major (row ``p*G + g``); as
-        :meth:`~grouprl.rollout.protocol.RolloutEngine.generate` (``prompts`` default to the decoded prompt
-        text). Row b's draws depend on its seed alone, whatever else is in the batch."""
+        """As :meth:`~grouprl.rollout.protocol.RolloutEngine.generate`; row b's draws depend on its seed alone."""
         check_params(params)
         _check_inputs(prompt_ids, group_size, prompts, extras)
         vocab = unwrap_model(self.model).get_input_embeddings().num_embeddings
@@ -220,16 +201,9 @@ class Sampler:
                 < out.lengths.unsqueeze(1)).float()  # [B, T]
         # inference-mode tensors cannot be saved for backward, and the loss multiplies these: clone them
         return RolloutBatch(
-            prompt_ids=req.prompt_ids.repeat_interleave(g, 0),
-            prompt_mask=req.prompt_mask.repeat_interleave(g, 0),
-            completion_ids=out.tokens.clone(),
-            completion_mask=mask,
-            sampling_logprobs=out.logprobs.clone(),
-            truncated=out.truncated.clone(),
-            completions=texts,
-            prompts=[p for p in prompts for _ in range(g)],
-            group_size=g,
-            pad_token_id=self.pad_token_id,
-            extras={k: [v for v in col for _ in range(g)] for k, col in (extras or {}).items()},
-        )
+            prompt_ids=req.prompt_ids.repeat_interleave(g, 0), prompt_mask=req.prompt_mask.repeat_interleave(g, 0),
+            completion_ids=out.tokens.clone(), completion_mask=mask, sampling_logprobs=out.logprobs.clone(),
+            truncated=out.truncated.clone(), completions=texts, prompts=[p for p in prompts for _ in range(g)],
+            group_size=g, pad_token_id=self.pad_token_id,
+            extras={k: [v for v in col for _ in range(g)] for k, col in (extras or {}).items()})
 

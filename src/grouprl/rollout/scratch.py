@@ -34,7 +34,6 @@ class ScratchFolder:
         self._finalizer = weakref.finalize(self, _remove, self.path, self._watcher)
 
     def remove(self) -> None:
-        """Remove the folder now and end its watcher (idempotent)."""
         self._finalizer()
 
     @property

@@ -1,5 +1,5 @@
-"""Stop strings: a completion ends at the token that completes the first one. A vocabulary table marks the tokens
-that can, so only rows that drew one are decoded and searched (special tokens: ``stop_token_ids``)."""
+"""Where a completion stops: stop token ids, and stop strings (it ends at the token that completes the first one;
+a vocabulary table marks the tokens that can, so only rows that drew one are decoded and searched)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,22 @@ from typing import Any
 
 import torch
 
+from grouprl.types import SamplingParams
+
 _SENTENCEPIECE_SPACE = "\u2581"
+
+
+def stop_token_ids(tokenizer: Any, params: SamplingParams) -> list[int]:
+    """``params.stop_token_ids`` and the tokenizer's EOS."""
+    ids = set(params.stop_token_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The tokenizer's pad id, else its EOS, else 0."""
+    return int(next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None))
 
 
 def cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> tuple[str, bool]:

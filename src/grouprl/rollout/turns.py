@@ -1,9 +1,6 @@
-"""Multi-turn decoding on one KV cache, token in, token out, for a batch of trajectories at once. Each prompt is
-prefilled once and repeated to its G rows. In a turn every running row samples until a stop token or a budget; a
-row whose turn ended feeds a masked hole (its positions do not advance), so no row waits. ``respond`` turns each
-row's tokens into the environment's reply ids, prefilled onto the same cache with its last sampled token. Ended
-trajectories leave the batch (down to the rows a compiled step needs: passengers, masked). Each row draws from its
-own seed, so a trajectory is the same whatever shares its batch.
+"""Multi-turn decoding on one KV cache, token in, token out, for a batch of trajectories at once. A row whose turn
+ended feeds a masked hole (its positions do not advance), so no row waits; ``respond`` gives each row's reply ids,
+prefilled onto the same cache with its last sampled token. Each row draws from its own seed.
 
 Shapes: P initial prompts, G trajectories each, B = P * G rows, b rows still running, V vocabulary."""
 
@@ -23,20 +20,15 @@ from grouprl.types import SamplingParams
 
 @dataclass(frozen=True)
 class TurnLimits:
-    """The one budget of a trajectory, stated once."""
-
     max_new_tokens: int
     """Most tokens the policy samples in one turn."""
     max_turns: int
-    """Most policy turns."""
     max_tokens: int
     """Most tokens after the initial prompt, the environment's included."""
 
 
 @dataclass
 class Reply:
-    """The environment's answer to one row's turn."""
-
     tokens: list[int] | None
     """Token ids to append as context (None: the trajectory is over)."""
     reason: str = "env"
@@ -79,8 +71,6 @@ class Conversations:
 
 
 class _Batch:
-    """The running rows' decoding state."""
-
     def __init__(self, rows: torch.Tensor, attn: torch.Tensor, device: torch.device):
         self.rows = rows  # [b] original row of each running row
         self.live = torch.ones_like(rows, dtype=torch.bool)  # [b] False on passengers

