@@ -1,10 +1,8 @@
-"""A step's experience from an agent the user already has: ``agent(client, row)`` runs G times per task row at once,
-each copy with an OpenAI client whose API key is its trajectory's on the run's chat endpoint
-(:mod:`grouprl.trainer.chat_endpoint`). A trajectory is the calls its agent made, in order: a call whose prompt ids
-start with the previous call's prompt and completion continues one sequence (the tokens in between are context);
-one that does not (the agent rewrote or trimmed its history) starts another sample of the same trajectory, with the
-same reward and advantage. An agent that raises, outlasts ``agent_timeout`` or never calls the model is dropped,
-its group one smaller; only a batch of failures stops the run.
+"""A step's experience from the user's own agent: ``agent(client, row)`` runs G times per task row, each copy with
+an OpenAI client keyed to its trajectory on the run's chat endpoint. A call whose prompt ids extend the previous
+call's prompt and completion continues one sequence (the tokens between are context); one that does not starts
+another sample of the trajectory, with the same reward. An agent that raises, times out or never calls the model
+is dropped (its group one smaller); only a batch of failures stops the run.
 
 Shapes: P task rows, G trajectories each, B rows (a trajectory's samples), T tokens after each prompt."""
 
@@ -39,10 +37,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Trajectory:
-    """One run of the agent on one task row."""
-
     row: int
-    """Index of its task row among the step's."""
     calls: list[Call] = field(default_factory=list)
     reward: float | None = None
     failure: str | None = None
@@ -123,7 +118,6 @@ class AgentCollector:
         return self.score(kept, rows, batch)[0][heads]
 
     def play(self, rows: Sequence[dict[str, Any]], group_size: int) -> list[Trajectory]:
-        """``group_size`` trajectories of each row, all at once, group-major."""
         trajectories = [Trajectory(p) for p in range(len(rows)) for _ in range(group_size)]
         with self.endpoint.serving():
             asyncio.run(self._play_all(trajectories, rows))

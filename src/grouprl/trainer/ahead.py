@@ -1,27 +1,13 @@
-"""Collecting ahead of the trainer (``max_staleness: k``, k > 0): rollouts sampled by the servers while the
-trainer updates, each consumed at most k policy versions after the one that sampled it (docs/async.md).
+"""Collecting ahead of the trainer (``max_staleness: k``, k > 0): a background thread samples the next steps'
+batches on the servers while the trainer updates; each is consumed at most k policy versions after the one
+that sampled it (docs/async.md).
 
-A background thread runs the step's collector for the next steps, one batch at a time, rewards included
-(the servers are other processes, so it mostly waits on HTTP); the trainer takes the batches in order.
-
-- Versions: the number of weight hand-overs the trainer made (one per update, one on resume). Every row
-  carries the version the server reported sampling it with (``None``: the server's starting weights,
-  version 0); a batch's staleness is the trainer's version when it takes the batch minus that, per row
-  (``async/staleness`` the mean, ``async/staleness_max`` the most).
-- The bound: a batch starts only when it will be consumed at most k versions after the version the
-  servers will sample it with; one that still arrives staler (a server that missed a push) is dropped,
-  counted (``async/dropped``) and sampled again.
-- Pushes: the trainer writes its weights at the start of each step; the rollout thread has the servers
-  load them before its next batch. Requests in flight finish on their version, so every completion
-  comes from one version. An agent's trajectory is one request per turn, so a push may land between
-  turns; its rows count as the version its batch started with.
-- Resume: the checkpoint records the prompt stream's position after the last consumed batch; batches
-  sampled ahead and not consumed are sampled again.
-- Stopping: the thread exits once every batch is consumed; :meth:`AheadCollector.close` cancels the
-  requests in flight and joins it (a daemon thread). An error in the thread is raised in the trainer.
-
-``timeline.jsonl`` in the run folder records, per step, when each batch was sampled and when the
-trainer ran its own phases, in seconds from the first batch: the overlap can be read off it."""
+A version is one weight hand-over (one per update, one on resume); a row's staleness is the trainer's version
+minus the version the server reported for it. A batch starts only when it will be consumed within k versions;
+one that still arrives staler is dropped (``async/dropped``) and sampled again. Requests in flight finish on
+their version; an agent's rows count as the version their batch started with. Batches sampled ahead and not
+consumed are sampled again on resume. ``timeline.jsonl`` records when each batch was sampled and when the
+trainer ran its phases."""
 
 from __future__ import annotations
 
@@ -41,20 +27,15 @@ from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.one_process import OneProcess
 
 POLL_S = 0.05
-"""How often a waiting thread looks again (it is also woken at once by the other)."""
 STOP_WITHIN_S = 30.0
 """How long :meth:`AheadCollector.close` waits for the rollout thread (a reward function may be mid-batch)."""
 
 
 @dataclass
 class Ahead:
-    """A batch sampled ahead of the trainer."""
-
     got: Collected
     step: int
-    """The step whose seeds sampled it."""
     timer: PhaseTimer
-    """Its rollout's, rewards' (and judge's) times."""
     start: float
     end: float
     position: int
@@ -76,8 +57,7 @@ def row_versions(reported: list[int | None] | None, rows: int, fallback: int) ->
 
 
 def behind(trainer_version: int, versions: list[int]) -> tuple[float, int]:
-    """(mean, max) versions the rows of a batch are behind ``trainer_version``; a row ahead of the trainer is
-    an error (the servers hold another run's weights).
+    """(mean, max) versions the rows of a batch are behind ``trainer_version``; a row ahead is an error.
 
     >>> behind(5, [4, 4, 3, 5])
     (1.0, 2)
@@ -90,8 +70,7 @@ def behind(trainer_version: int, versions: list[int]) -> tuple[float, int]:
 
 
 class ConsumedStream:
-    """The prompt stream as the trainer consumed it: what a checkpoint records (``position``) and a resume sets
-    (before the first batch)."""
+    """The prompt stream as the trainer consumed it (what a checkpoint records and a resume sets)."""
 
     def __init__(self, owner: AheadCollector):
         self.owner = owner
@@ -109,17 +88,7 @@ class ConsumedStream:
 
 
 class AheadCollector:
-    """``inner``'s batches sampled up to ``max_staleness`` versions ahead; see the module docstring.
-
-    Args:
-        inner: the step's collector (``collect(step, timer)``, ``stream``).
-        handover: the engine's weight hand-over as a rollout thread drives it
-            (:class:`~grouprl.rollout.protocol.SamplesAhead`).
-        max_staleness: k >= 1.
-        total_steps: the run's steps (nothing is sampled for a step beyond them).
-        timeline: where the timeline goes (None: nowhere).
-        processes: the trainer's processes (:mod:`grouprl.trainer.one_process`; default: one).
-    """
+    """``inner``'s batches sampled up to ``max_staleness`` versions ahead through ``handover``."""
 
     def __init__(self, inner: Any, handover: SamplesAhead, max_staleness: int, total_steps: int,
                  timeline: Path | None, processes: Any = None):
@@ -141,13 +110,12 @@ class AheadCollector:
         self.first_step, self.base_version = step, self.handover.version
         self.position, self.t0 = self.inner.stream.position, time.perf_counter()
         if self.timeline is not None:
-            self.timeline.truncate_after(step)  # a resumed run: what a killed one logged past its checkpoint
+            self.timeline.truncate_after(step)
         self.thread = threading.Thread(target=self._run, name="grouprl-rollout-ahead", daemon=True)
         self.thread.start()
 
     def _may_start(self) -> bool:
-        """The next batch, consumed after the ones ready, would be at most k versions behind the version the
-        servers sample it with now; and the run still needs it."""
+        """The run still needs a next batch and it would be consumed at most k versions behind."""
         queued = len(self.ready)
         if self.consumed + queued >= self.total_steps - self.first_step:
             return False
@@ -176,7 +144,7 @@ class AheadCollector:
                 return
 
     def _sample(self, step: int) -> None:
-        self.handover.sync_weights()  # the newest version the trainer wrote, loaded before any request
+        self.handover.sync_weights()
         version, timer, start = self.handover.pushed, PhaseTimer(), time.perf_counter()
         got = self.inner.collect(step, timer)
         rows = got.batch.batch_size
@@ -188,14 +156,13 @@ class AheadCollector:
             self.cond.notify_all()
 
     def idle(self) -> bool:
-        """The rollout thread samples nothing and the bound lets it start nothing (until the trainer moves)."""
+        """The rollout thread samples nothing and the bound lets it start nothing."""
         with self.cond:
             return not self.sampling and (self.error is not None or self.stopping or not self._may_start())
 
     # -- the trainer's side -------------------------------------------------------------------------
     def collect(self, step: int, timer: PhaseTimer) -> Collected:
-        """The next batch at most k versions behind the trainer (waiting for it if none is ready); its
-        rollout's phase times go into ``timer`` with ``trainer_idle``, the wait."""
+        """The next batch at most k versions behind the trainer; the wait is timed as ``trainer_idle``."""
         self.handover.write_weights()  # between updates: the rollout thread may load them at once
         if self.thread is None:
             self._start(step)
@@ -223,9 +190,8 @@ class AheadCollector:
         return got
 
     def _take(self) -> tuple[Ahead, int, int, float, int]:
-        """The oldest finished batch, taken and counted at once (the rollout thread reads the count): it, how
-        many were ready when asked, the trainer's version, and the batch's mean and most versions behind it.
-        The thread's error instead, if it failed."""
+        """(oldest batch, how many were ready, trainer's version, mean and most versions behind); raises the
+        thread's error if it failed."""
         with self.cond:
             ready = len(self.ready)
             while not self.ready and self.error is None:
@@ -248,10 +214,9 @@ class AheadCollector:
             return batch, ready, version, mean, most
 
     def _most_of_all(self, most: int | None) -> int | None:
-        """The most versions behind of the batches every process takes now (None: this process's rollout
-        thread failed): one process's stale batch is dropped by all, so every rollout thread samples the same
-        number of batches and their pushes pair up; a failure in one is raised in every process."""
-        every = self.processes.gather(most)  # the trainer's group: every process takes its batch in step
+        """The most versions behind over every process (None: this one failed), so a stale batch is dropped by
+        all and the processes' pushes pair up."""
+        every = self.processes.gather(most)
         failed = [r for r, m in enumerate(every) if m is None]
         if most is not None and failed:
             raise RuntimeError(f"the rollout thread of process {failed[0]} of {len(every)} failed (its own "
@@ -267,7 +232,7 @@ class AheadCollector:
                                   "staleness_max": most, "dropped": dropped})
 
     def _log_trainer(self) -> None:
-        """The previous step's own phases (what ran in the trainer's thread after it took its batch)."""
+        """The previous step's phases in the trainer's thread."""
         if self.timeline is None or self.last_timer is None:
             return
         step, timer, borrowed = self.last_timer
@@ -278,8 +243,7 @@ class AheadCollector:
 
     # -- stopping -----------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the rollout thread: no new batch, requests in flight cancelled; wait for it (at most
-        :data:`STOP_WITHIN_S`: a reward function it runs cannot be interrupted)."""
+        """Stop the rollout thread, cancelling requests in flight; wait at most :data:`STOP_WITHIN_S`."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
@@ -297,8 +261,7 @@ class AheadCollector:
 
 def collect_ahead(collector: Any, sampler: RolloutEngine, config: TrainerConfig, processes: Any = None
                   ) -> AheadCollector | None:
-    """An :class:`AheadCollector` around ``collector`` (``max_staleness`` > 0), or None (0); an engine that cannot
-    sample ahead (it samples in this process) is a ConfigError naming the field. Every process calls it together."""
+    """An :class:`AheadCollector` around ``collector``, or None with ``max_staleness`` 0. Every process calls it."""
     k = config.max_staleness
     if not k:
         return None
@@ -308,5 +271,5 @@ def collect_ahead(collector: Any, sampler: RolloutEngine, config: TrainerConfig,
                           f"trainer pushes; this run's rollout engine, {type(sampler).__name__}, samples in this "
                           "process (set max_staleness 0)")
     processes = processes if processes is not None else OneProcess()
-    timeline = Path(config.output_dir) / "timeline.jsonl" if processes.is_main else None  # process 0's
+    timeline = Path(config.output_dir) / "timeline.jsonl" if processes.is_main else None
     return AheadCollector(collector, ahead, k, config.total_steps, timeline, processes)

@@ -1,10 +1,7 @@
 """An OpenAI-compatible chat endpoint (``POST /v1/chat/completions``) that samples through a rollout engine and
-records, per API key, every call's exact prompt ids, sampled ids and their sampling log-probs: an agent written
-against the OpenAI client is trained on the tokens it was served. One key stands for one trajectory; a request with
-no open key is refused (401), as is ``stream: true`` (400). Requests that arrive together are sampled in one engine
-call. The messages (and ``tools``) are rendered with the model's chat template (:class:`ChatRenderer`); tool calls
-are read with the run's tool parser into ``tool_calls``, while ``content`` keeps the text as sampled (tool-call
-markup included), so a template that renders content gives the sampled tokens back on the next call."""
+records, per API key (one trajectory), every call's prompt ids, sampled ids and sampling log-probs, so an agent
+is trained on the tokens it was served. Requests that arrive together are sampled in one engine call. ``content``
+keeps the text as sampled, tool-call markup included, so the next call renders the sampled tokens back."""
 
 from __future__ import annotations
 
@@ -34,14 +31,13 @@ class Call:
     completion_ids: list[int]
     """As sampled, the stop token included."""
     logprobs: list[float]
-    """Per completion token: its sampling log-prob."""
     messages: list[dict[str, Any]]
     """The request's messages followed by the answer."""
     truncated: bool
 
 
 class RequestError(Exception):
-    """A request the endpoint refuses: its HTTP status and message."""
+    """A request the endpoint refuses, with its HTTP status."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -49,9 +45,7 @@ class RequestError(Exception):
 
 
 class ChatEndpoint:
-    """Serves ``engine`` (``generate(prompt_ids, 1, params, seed=...)``, any :class:`RolloutEngine`) on
-    ``127.0.0.1`` at :attr:`base_url` inside :meth:`serving`; ``context``: the most tokens a prompt and its answer
-    may hold."""
+    """Serves ``engine`` on ``127.0.0.1`` inside :meth:`serving`; ``context``: the most tokens of prompt and answer."""
 
     def __init__(self, engine: Any, tokenizer: Any, params: SamplingParams, parse: ToolParser, context: int,
                  seed: int = 0):

@@ -1,7 +1,5 @@
-"""Every check of a :class:`~grouprl.trainer.config.TrainerConfig`: names against the registries (with
-suggestions), numbers in range, settings that contradict each other, and keys the chosen algorithm does not
-read. Each problem is one sentence naming the key and what to change; nothing is loaded, so a mistake costs
-milliseconds, not a model load. :func:`check` runs them (the Trainer does, on taking its config)."""
+"""Every check of a :class:`~grouprl.trainer.config.TrainerConfig`, before anything is loaded: names, ranges,
+contradictions and keys the algorithm does not read, each a sentence naming the key and what to change."""
 
 from __future__ import annotations
 
@@ -44,7 +42,6 @@ def check(config: TrainerConfig, *more: Callable[[Any], list[str]]) -> None:
 
 
 def problems(c: TrainerConfig) -> list[str]:
-    """All problems of trainer config ``c`` (empty when it is usable)."""
     if c.algo not in ALGORITHMS:
         ALGORITHMS.get(c.algo)  # raises with the closest valid names
     algo = ALGORITHMS.get(c.algo)

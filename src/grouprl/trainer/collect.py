@@ -32,28 +32,18 @@ class Collected:
     per_fn: dict[str, torch.Tensor]
     """reward function name -> [B] float32, NaN where it returned None."""
     rounds: int
-    """Rollout rounds it took (more than 1 only under dynamic sampling)."""
+    """Rollout rounds (more than 1 only under dynamic sampling)."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """What the scoring measured besides the rewards (the judge's ``judge/*``), summed over rounds."""
+    """The judge's ``judge/*`` metrics, combined over rounds."""
 
     def to(self, device: torch.device) -> Collected:
-        """The same rollout and rewards on ``device`` (where the trainer's passes and update run)."""
         return replace(self, batch=self.batch.to(device), rewards=self.rewards.to(device),
                        per_fn={k: v.to(device) for k, v in self.per_fn.items()})
 
 
 class GroupCollector:
-    """Draws each step's prompts from a seeded stream, samples G completions of each and scores them.
-
-    Args:
-        sampler: a rollout engine with ``generate(prompt_ids, G, params, *, seed, prompts, extras)``.
-        rows / prompt_ids: the training rows and their encoded prompts (same order).
-        reward_fns / reward_weights: the reward functions and their weights.
-        config: the trainer config (``prompts_per_step``, ``group_size``, ``seed``, dynamic sampling).
-        share: ``count -> (first, stop)``, this process's slice of a step's prompts.
-        stop_ids: token ids that end a completion (the tokenizer's EOS).
-        judge / judge_weight: a group judge and how its scores make the reward (:mod:`.judging`).
-    """
+    """Draws each step's prompts from a seeded stream, samples G completions of each and scores them;
+    ``share(count) -> (first, stop)`` is this process's slice of a step's prompts."""
 
     def __init__(self, sampler: Any, rows: Sequence[dict[str, Any]], prompt_ids: Sequence[list[int]],
                  reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: TrainerConfig,
@@ -125,9 +115,8 @@ class GroupCollector:
 
 
 def combine_metrics(parts: Sequence[dict[str, float]], *, absent_is_zero: bool) -> dict[str, float]:
-    """One step's collection metrics from its parts': dropped groups add up, the rest are averaged, over
-    the parts that report them (rounds of dynamic sampling) or, with ``absent_is_zero``, over all parts
-    (processes, each holding an equal share of the batch: a fraction one did not report is 0 there).
+    """Collection metrics combined over parts: dropped groups add up, the rest are averaged over the parts
+    that report them or, with ``absent_is_zero`` (processes with equal shares), over all parts.
 
     >>> parts = [{"env/ended_env": 1.0, "judge/dropped_groups": 1.0},
     ...          {"env/ended_env": 0.5, "env/ended_error": 0.5, "judge/dropped_groups": 2.0}]

@@ -1,8 +1,6 @@
-"""PPO's critic for language models (Ziegler et al. 2019, Ouyang et al. 2022). Token rewards: the outcome
-reward on each completion's last token minus beta * KL_t on every token; GAE(gamma, lambda) over the critic's
-values gives advantages (whitened over the batch's tokens) and returns. One gradient-norm clip spans policy and
-critic (no shared parameters), so c_v sets the value loss's share of that norm. Rows whose reward is None are
-left out of the loss."""
+"""PPO's critic for language models (Ziegler et al. 2019, Ouyang et al. 2022): GAE(gamma, lambda) over the
+critic's values and token rewards gives whitened advantages and returns. One gradient-norm clip spans policy and
+critic, so c_v sets the value loss's share of that norm. Rows whose reward is None are left out of the loss."""
 
 from __future__ import annotations
 
@@ -37,8 +35,8 @@ def token_rewards(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor, b
 
 
 class Critic:
-    """PPO's baseline and value loss: a value head on ``backbone``'s decoder (default: a copy of the policy's,
-    or ``critic_model`` when it is not ``copy``), with its own AdamW."""
+    """PPO's baseline and value loss: a value head on ``backbone``'s decoder (default: a copy of the policy's, or
+    ``critic_model``), with its own AdamW."""
 
     def __init__(self, config: TrainerConfig, policy: torch.nn.Module, backbone: torch.nn.Module | None = None):
         c = self.config = config
@@ -58,7 +56,7 @@ class Critic:
         return step < self.config.critic_warmup_steps
 
     def checkpoint_parts(self) -> tuple[dict[str, Any], dict[str, torch.nn.Module]]:
-        """(stateful objects, modules) a checkpoint must hold to resume the critic exactly."""
+
         return {"critic_optimizer": self.optimizer}, {"critic": self.model}
 
     def values(self, batch: RolloutBatch, rows: torch.Tensor | None = None) -> torch.Tensor:

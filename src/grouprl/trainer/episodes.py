@@ -1,6 +1,5 @@
-"""A step's experience from environments: P resets -> G trajectories each (a group shares its reset's seed and
-row) -> returns plus reward functions over the final answers. A trajectory whose environment failed (or whose
-chat template rewrote history) is dropped, so its group is one smaller."""
+"""A step's experience from environments: P resets -> G trajectories each -> returns plus reward functions over
+the final answers. A trajectory whose environment failed or whose template rewrote history is dropped."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ DROPPED = ("error", "template")  # end reasons that carry no usable signal
 
 
 class EnvCollector:
-    """Draws each step's resets (``rows``, also the environments' ``options``) from a seeded stream and plays G
-    trajectories from each with ``sampler`` (:class:`grouprl.rollout.agent.AgentSampler`); ``share`` is
-    ``count -> (first, stop)``, this process's slice; a ``judge`` scores whole trajectories (:mod:`.judging`)."""
+    """Draws each step's resets from a seeded stream and plays G trajectories from each with ``sampler``
+    (:class:`grouprl.rollout.agent.AgentSampler`)."""
 
     def __init__(self, sampler: Any, rows: Sequence[dict[str, Any]], env: Callable[[], Any], tools: Sequence[Any],
                  reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: TrainerConfig,

@@ -34,15 +34,9 @@ def evaluate(sampler: Any, prompt_ids: Sequence[list[int]], rows: Sequence[dict[
              params: SamplingParams, k: int, reward_fns: Sequence[Callable], reward_weights: Sequence[float],
              is_correct: Callable[[str, dict], bool] | None, seed: int, first: int = 0,
              batch_prompts: int = EVAL_BATCH) -> dict[str, float]:
-    """Sample ``k`` completions per eval prompt (one if greedy) and score them.
-
-    ``seed`` is the run's seed and ``first`` the position of ``rows[0]`` in the whole held-out set:
-    sample j of held-out prompt i draws from ``(seed, EVAL_STREAM, i, j)`` alone, so a split over
-    processes or batches evaluates exactly what one pass over the whole set does.
-
-    Returns ``eval/accuracy`` (mean correctness over all samples; with k = 1 and greedy, the
-    greedy accuracy), ``eval/pass@k``, ``eval/mean_reward``, ``eval/len_mean``.
-    """
+    """``eval/accuracy``, ``eval/pass@k``, ``eval/mean_reward``, ``eval/len_mean`` of ``k`` completions per prompt
+    (one if greedy). Sample j of held-out prompt i (``first`` is the place of ``rows[0]``) draws from
+    ``(seed, EVAL_STREAM, i, j)`` alone, so any split over processes evaluates the same."""
     k = 1 if params.temperature == 0 else k
     correct, rewards, lengths, passes = [], [], [], []
     for start in range(0, len(rows), batch_prompts):

@@ -15,14 +15,8 @@ AGENT_COLUMNS = ("trajectory",)  # what an agent run's reward functions may ask 
 
 @dataclass
 class RunInputs:
-    """Rows (a ``prompt`` and the columns reward functions read; an agent's rows are its environments' resets,
-    seeded by their ``seed`` column or index), reward functions ``(prompts, completions, *, completion_ids,
-    **columns) -> list[float | None]`` with their weights (default 1 each), the held-out checker
-    ``(completion, row) -> bool``, a factory of text environments (:mod:`grouprl.envs`: reward = return + the
-    weighted functions) and the tools the policy may call, or an ``agent`` of the user's own
-    (:mod:`grouprl.trainer.agent_runs`: reward = what it returns, else the weighted functions), a group judge
-    (``judge_weight`` None: its score is the reward; w: functions + w * judge), and where each row comes from
-    (``"prompts.jsonl line 7"``) for errors."""
+    """Rows, reward functions and their weights, the held-out checker, an environment factory and its tools or
+    the user's ``agent``, a group judge, and where each row comes from (``"prompts.jsonl line 7"``) for errors."""
 
     train_rows: list[Row]
     reward_fns: list[Callable[..., Any]]

@@ -1,7 +1,5 @@
-"""The config's side of the loss variants: which keys each policy loss and each rollout correction reads
-(:data:`POLICY_LOSS_KEYS`, :data:`ROLLOUT_IS_KEYS`), the numbers the pure functions of :mod:`grouprl.algos`
-get from the config, and the checks that refuse a variant's key under another variant, naming the one
-that reads it (as :data:`grouprl.trainer.algorithms.KEY_GROUPS` does for algorithms)."""
+"""The config's side of the loss variants: the keys each policy loss and rollout correction reads, the numbers
+their functions get, and the checks that refuse a variant's key under another."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The process group's interface for a run in one process, every method the identity;
-:class:`grouprl.trainer.dist.processes.Processes` is the same interface over torch.distributed."""
+"""The process group's interface in one process, every method the identity (``dist.processes`` is the same over
+torch.distributed)."""
 
 from __future__ import annotations
 
@@ -35,11 +35,9 @@ class OneProcess:
         return 0, count
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` summed over processes (a tensor of a few numbers)."""
         return x
 
     def gather(self, obj: Any) -> list[Any]:
-        """``obj`` of every process, in rank order."""
         return [obj]
 
     def check(self, error: BaseException | None) -> None:
@@ -57,7 +55,6 @@ class OneProcess:
 
     @contextlib.contextmanager
     def rollout(self, sampler: Any, policy: nn.Module, ahead: bool = False) -> Iterator[None]:
-        """Around a rollout or an evaluation: nothing to gather in one process."""
         yield
 
     def combine(self, metrics: dict[str, float], tokens: float) -> dict[str, float]:
@@ -69,5 +66,4 @@ class OneProcess:
         return ckpt.save_checkpoint(root, step, **parts)
 
     def load(self, folder: Path, **parts: Any) -> dict[str, Any]:
-        """Restore checkpoint ``folder`` into ``parts``; returns its state."""
         return ckpt.load_checkpoint(folder, **parts)

@@ -1,5 +1,4 @@
-"""The policy and its frozen reference as the trainer uses them: set up (LoRA, checkpointing), the reference made
-(a copy, or the LoRA base with adapters off), per-token log-prob passes, the reference moved towards the policy."""
+"""The policy and its frozen reference as the trainer uses them: setup, log-prob passes, reference sync."""
 
 from __future__ import annotations
 
@@ -18,17 +17,16 @@ from grouprl.types import RolloutBatch
 
 
 def prepare_policy(policy: nn.Module, config: TrainerConfig) -> nn.Module:
-    """``policy`` with LoRA adapters (unless it has some) and gradient checkpointing as configured; without
-    checkpointing, its norms and MLPs keep fewer activations for the same numbers."""
+    """``policy`` with LoRA adapters and gradient checkpointing (or leaner activations) as configured."""
     if config.lora_rank and not is_peft(policy):
-        with torch.random.fork_rng(devices=[]):  # the adapters' random start follows the run's seed alone
+        with torch.random.fork_rng(devices=[]):  # the adapters' start follows the run's seed alone
             torch.manual_seed(config.seed)
             policy = apply_lora(policy, LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha,
                                                      dropout=config.lora_dropout,
                                                      target_modules=tuple(config.lora_target_modules)))
     if config.checkpointing:
         checkpoint_activations(policy)
-    else:  # a checkpointed layer keeps none of them anyway
+    else:
         keep_fewer_activations(policy)
     return policy
 
@@ -41,17 +39,16 @@ def default_reference(policy: nn.Module, config: TrainerConfig) -> nn.Module | N
 
 
 def bf16_base_fits(policy: nn.Module, config: TrainerConfig, processes: Any, own_weights: bool) -> bool:
-    """Whether a LoRA policy's frozen linear weights can be stored in bf16: every pass that reads them runs in
-    bf16 (autocast; rollouts from bf16 weights, or an engine that takes its own copy, ``own_weights``), and
-    one process on the CPU holds the model whole (FSDP keeps a layer's parameters in one format)."""
+    """A LoRA base can be stored in bf16: every pass that reads it runs in bf16, and one CPU process holds the
+    model whole (FSDP keeps a layer's parameters in one format)."""
     return (is_peft(policy) and config.train_bf16 and (config.rollout_bf16 or own_weights)
             and processes.world_size == 1 and processes.device is None)
 
 
 def micro_batches(rows: torch.Tensor, live: torch.Tensor | None, size: int, in_step: bool) -> list[torch.Tensor]:
-    """``rows`` (``[n]`` indices) in passes of at most ``size``, less the rows not ``live`` (``[B]`` bool, None = all),
-    split first so a pass holds the same rows however processes share the batch. An empty pass is skipped, or with
-    ``in_step`` (processes must make the same passes) keeps its first row, whose part is 0."""
+    """``rows`` (``[n]``) in passes of at most ``size``, less the rows not ``live`` (``[B]`` bool), split first so
+    passes do not depend on the process split. An empty pass is skipped, or with ``in_step`` (processes must make
+    the same passes) keeps its first row."""
     out = []
     for chunk in rows.split(size):
         kept = chunk if live is None else chunk[live[chunk].to(chunk.device)]
@@ -63,20 +60,18 @@ def micro_batches(rows: torch.Tensor, live: torch.Tensor | None, size: int, in_s
 
 
 def _sharded(model: nn.Module) -> bool:
-    """Whether FSDP2 manages ``model``'s parameters (they exist whole only while a layer runs)."""
+
     from torch.distributed.fsdp import FSDPModule
 
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def model_device_type(model: nn.Module) -> str:
-    """The device type (cpu, cuda) of ``model``'s parameters: the one its autocast is for."""
     return next((p.device.type for p in model.parameters()), "cpu")
 
 
 class PolicyPasses:
-    """Log-prob passes over a rollout batch (B rows, T completion tokens), each through the process group's
-    ``forward_model`` wrapper."""
+    """Log-prob passes over a rollout batch through the process group's ``forward_model`` wrapper."""
 
     def __init__(self, policy: nn.Module, reference: nn.Module | None, config: TrainerConfig, forward_model: Any,
                  in_step: bool = False):
@@ -86,17 +81,15 @@ class PolicyPasses:
     def logprobs(self, model: nn.Module, batch: RolloutBatch, rows: torch.Tensor | None = None,
                  with_entropy: bool = False, only: torch.Tensor | None = None, temperature: float | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor | None] | torch.Tensor:
-        """Per-token log-probs ``[B, T]`` of the batch's completions under ``model``. With ``rows`` (a
-        micro-batch, with grad): ``(logp [b, T], entropy [b, T] or None)``. Without: no grad, micro-batch
-        by micro-batch, every row, or only the rows where ``only [B]`` (bool) is true (0 elsewhere). ``temperature``:
-        the distribution scored (default the sampling temperature, or 1 for greedy)."""
+        """Per-token log-probs under ``model``. With ``rows`` (a micro-batch, with grad): ``(logp [b, T], entropy
+        [b, T] or None)``. Without: no grad, ``[B, T]``, only the rows where ``only [B]`` is true (0 elsewhere).
+        ``temperature``: the distribution scored (default the sampling temperature, 1 for greedy)."""
         c = self.config
         model = self.forward_model(model)
         device_type = model_device_type(model)
         temperature = temperature or (c.temperature if c.temperature > 0 else 1.0)
         if rows is not None:
-            # The weights' bf16 casts are made again in backward rather than kept from forward to backward, a
-            # repeated cast kept once (grouprl.models.casts); FSDP frees its gathered weights after the forward.
+            # bf16 casts are redone in backward rather than kept (grouprl.models.casts); not under FSDP.
             lean = c.train_bf16 and torch.is_grad_enabled() and not _sharded(model)
             with (torch.autocast(device_type, dtype=torch.bfloat16, enabled=c.train_bf16, cache_enabled=not lean),
                   lean_casts() if lean else contextlib.nullcontext()):
@@ -118,11 +111,11 @@ class PolicyPasses:
                               packed=self.config.packing, sequence_mask=sequence)
 
     def old_logprobs(self, batch: RolloutBatch, only: torch.Tensor | None = None) -> torch.Tensor:
-        """``[B, T]`` log-probs under the policy before the update (pi_old), of the rows ``only`` selects."""
+        """``[B, T]`` log-probs under pi_old."""
         return self.logprobs(self.policy, batch, only=only)
 
     def reference_logprobs(self, batch: RolloutBatch, only: torch.Tensor | None = None) -> torch.Tensor:
-        """``[B, T]`` log-probs under the frozen reference (pi_ref), of the rows ``only`` selects."""
+        """``[B, T]`` log-probs under pi_ref."""
         with reference_context(self.policy, self.reference) as ref:
             return self.logprobs(ref, batch, only=only)
 

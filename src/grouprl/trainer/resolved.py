@@ -1,16 +1,12 @@
-"""What the trainer's settings resolve to: the number format of each phase (the trainer replaces ``auto`` by
-the formats it decided, :mod:`grouprl.models.precision`), the importance correction, the batch's shape, which
-passes a step needs, and what an empty algorithm-dependent key stands for. Kept apart from
-:class:`~grouprl.trainer.config.TrainerConfig`, whose fields are the user's knobs and their documentation; the
-config class takes these as its methods."""
+"""What the trainer's settings resolve to (formats, importance correction, batch shape, the passes a step needs,
+empty algorithm-dependent keys); :class:`~grouprl.trainer.config.TrainerConfig` takes these as its methods."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-# The registries are imported when a value is asked for: the config class that takes these methods imports
-# neither torch nor the trainer.
+# Imported when asked: the config class imports neither torch nor the trainer.
 def _algorithm(name: str) -> Any:
     from grouprl.trainer.algorithms import ALGORITHMS
 
@@ -28,25 +24,21 @@ class ResolvedSettings:
 
     @property
     def rollout_format(self) -> str:
-        """The rollouts' format: ``rollout_dtype``, or ``dtype``'s where it is auto (fp32 where both are: a
-        trainer's config has them decided)."""
+        """``rollout_dtype``, or ``dtype``'s where it is auto."""
         return self.rollout_dtype if self.rollout_dtype != "auto" else "bf16" if self.dtype == "bf16" else "fp32"
 
     @property
     def rollout_bf16(self) -> bool:
-        """Rollouts sample from bf16 weights."""
         import torch
 
         return _format(self.rollout_format).copy_dtype is torch.bfloat16
 
     @property
     def train_bf16(self) -> bool:
-        """The training and log-prob passes run under bf16 autocast."""
         return self.dtype == "bf16"
 
     @property
     def reference_bf16(self) -> bool:
-        """The frozen reference copy is stored in bf16."""
         return self.ref_dtype == "bf16" or (self.ref_dtype == "auto" and self.dtype == "bf16")
 
     @property
@@ -58,8 +50,7 @@ class ResolvedSettings:
 
     @property
     def rollout_is_level(self) -> str:
-        """``rollout_is`` with auto resolved (:func:`rollout_is_for`). A trainer's config has it resolved for the
-        engine its rollout plan chose; otherwise as for ``rollout_engine`` (auto counting as the built-in one)."""
+        """``rollout_is`` with auto resolved (:func:`rollout_is_for`) as for ``rollout_engine``."""
         return rollout_is_for(self, own_weights=self.rollout_engine == "vllm")
 
     @property
@@ -82,24 +73,19 @@ class ResolvedSettings:
 
     @property
     def needs_old_logprobs(self) -> bool:
-        """A pass for the policy's log-probs before the update is needed: off-policy ratios, a KL
-        reward penalty, or rollout importance weights that the update cannot take from its own pass."""
+        """Off-policy ratios, a KL reward penalty or rollout importance weights need a pass before the update."""
         return self.off_policy or self.kl_penalty_in_reward or (self.rollout_is_level != "none"
                                                                and not self.rollout_is_in_update)
 
     @property
     def rollout_is_in_update(self) -> bool:
-        """The rollout importance weights are formed inside the clipped-surrogate update from its own
-        log-probs: on-policy, pi_old is the policy the update's first pass runs, so that pass (detached)
-        gives pi_old and no separate pass is needed."""
+        """On-policy, the clipped update's own (detached) pass gives pi_old for the rollout importance weights."""
         return (self.rollout_is_level != "none" and not self.off_policy and not self.kl_penalty_in_reward
                 and _algorithm(self.algo).update == "clipped")
 
-    # -- what an empty algorithm-dependent key stands for (the field keeps what the user wrote, so a
-    # config copied with another algo gets that algorithm's defaults) --------------------------------
+    # -- empty algorithm-dependent keys (the field keeps what the user wrote, so another algo gets its defaults) --
     @property
     def advantage_estimator(self) -> str:
-        """``advantage``, or the algorithm's own estimator when it is empty."""
         return self.advantage or _algorithm(self.algo).advantage
 
     @property
@@ -110,15 +96,12 @@ class ResolvedSettings:
 
     @property
     def kl_controller_name(self) -> str:
-        """``kl_controller``, or the algorithm's own when it is empty."""
         return self.kl_controller or _algorithm(self.algo).kl_controller
 
 
 def rollout_is_for(config: ResolvedSettings, own_weights: bool) -> str:
-    """``rollout_is`` with auto resolved for an engine that samples from its own copy of the weights
-    (``own_weights``) or from the live module: only fp32 on both sides through the live module computes the
-    trainer's numbers (a bf16 rollout runs on bf16 weights with a bf16 residual stream, a bf16-weights one on bf16
-    copies, a bf16 training pass under autocast on fp32 ones), so only that pairing goes uncorrected."""
+    """``rollout_is`` with auto resolved: only fp32 on both sides through the live module computes the trainer's
+    own numbers, so only that pairing goes uncorrected."""
     if config.rollout_is != "auto":
         return config.rollout_is
     exact = not own_weights and _format(config.rollout_format).exact and not config.train_bf16

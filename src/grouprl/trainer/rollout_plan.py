@@ -1,18 +1,10 @@
-"""What serves a run's rollouts, and why: the number format, the engine, whether the built-in engine
-compiles its decode steps, and the rollout correction that follows, each with its reason, decided once at
-start (:func:`plan_rollout`) and recorded as a :class:`RolloutPlan` (printed at start, in summary.json's
-``setup`` and in every checkpoint); then :func:`build_rollout` builds that engine. The plan comes first
-because placing the policy depends on it (a LoRA base is stored in bf16 only where no pass reads it in
-fp32), and the engine comes after the prompts are encoded (vLLM is sized for the longest prompt).
+"""What serves a run's rollouts, and why: format, engine, compilation and rollout correction, decided once at
+start (:func:`plan_rollout`, recorded in summary.json and checkpoints); :func:`build_rollout` then builds the
+engine. The plan comes before the policy is placed (a LoRA base goes bf16 only where no pass reads it in fp32),
+the engine after the prompts are encoded (vLLM is sized for the longest).
 
-The engines, by name (:data:`ENGINES`):
-
-- ``hf``: the built-in KV-cache engine on the live policy (:mod:`grouprl.rollout.sampler`, and for
-  environments :class:`~grouprl.rollout.agent.AgentSampler`);
-- ``vllm``: a vLLM engine in this process, weights pushed after every update (:mod:`grouprl.rollout.vllm`);
-- ``servers``: separate ``grouprl serve`` processes (``rollout_servers``; :mod:`grouprl.serve`), whatever
-  ``rollout_engine`` says;
-- a sampler passed to the trainer, named by its class."""
+Engines (:data:`ENGINES`): ``hf`` the built-in KV-cache engine on the live policy, ``vllm`` in this process,
+``servers`` separate ``grouprl serve`` processes (whenever ``rollout_servers`` is set), or a sampler passed in."""
 
 from __future__ import annotations
 
@@ -40,27 +32,20 @@ class RolloutPlan:
     """What a run's rollouts resolved to at start, each choice with its reason."""
 
     formats: str
-    """The run's number formats and the rule that decided them (:meth:`grouprl.models.precision.Formats.describe`)."""
     rollout_format: str
-    """fp32, bf16 or bf16-weights."""
     engine: str
     """An :data:`ENGINES` name, or the class of a sampler passed in."""
     engine_reason: str
     compile: bool
-    """The built-in engine runs its decode steps as one compiled graph (:mod:`grouprl.rollout.cpu.compiled`)."""
     compile_reason: str
     rollout_is: str
-    """``rollout_is`` with auto resolved: none where the engine computes the trainer's own numbers (the built-in
-    engine, fp32 rollouts and training), token otherwise."""
     own_weights: bool
-    """The engine samples from its own copy of the weights, pushed after each update (not the live module)."""
+    """The engine samples from its own copy of the weights, pushed after each update."""
     weights_transport: str = ""
-    """How the weights reach rollout servers (a :data:`grouprl.serve.weights.transport.TRANSPORTS` name); empty
-    without servers."""
+    """A :data:`grouprl.serve.weights.transport.TRANSPORTS` name; empty without servers."""
     weights_transport_reason: str = ""
 
     def setup(self) -> dict[str, str]:
-        """The plan as the run's ``setup`` lines (printed at start, summary.json)."""
         lines = {"formats": self.formats, "rollout_engine": f"{self.engine} ({self.engine_reason})",
                  "rollout_compile": f"{'on' if self.compile else 'off'} ({self.compile_reason})",
                  "rollout_is": self.rollout_is}
@@ -74,14 +59,10 @@ class RolloutPlan:
 
 @dataclass(frozen=True)
 class Engine:
-    """One way to serve rollouts."""
-
     build: Callable[[Any, RolloutPlan, nn.Module, Any, int, bool], Any]
-    """(config, plan, policy, tokenizer, longest sequence, multi-turn) -> the sampler, or None where the
-    multi-turn sampler decodes on the live policy itself."""
+    """(config, plan, policy, tokenizer, longest sequence, multi-turn) -> the sampler (None: multi-turn on the
+    live policy)."""
     own_weights: bool
-    """It samples from its own copy of the weights (a push after each update; its numbers differ from the
-    trainer's, so ``rollout_is`` auto corrects for it)."""
 
 
 def _built_in(config: TrainerConfig, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, longest: int,
@@ -114,7 +95,7 @@ def vllm_engine(config: TrainerConfig, policy: nn.Module, tokenizer: Any, max_mo
     from grouprl.rollout.vllm import VLLMSampler
 
     c = config
-    rows = max(c.rollout_rows, EVAL_BATCH * c.eval_samples)  # a rollout's rows, or an evaluation batch's
+    rows = max(c.rollout_rows, EVAL_BATCH * c.eval_samples)
     return VLLMSampler(unwrap_ddp(policy), tokenizer, max_model_len=max_model_len,
                        dtype=FORMATS.get(c.rollout_format).vllm_dtype, seed=c.seed,
                        lora_rank=c.lora_rank or None, gpu_memory_utilization=c.vllm_gpu_memory_utilization,
@@ -124,13 +105,10 @@ def vllm_engine(config: TrainerConfig, policy: nn.Module, tokenizer: Any, max_mo
 
 def plan_rollout(config: TrainerConfig, formats: Any, policy: nn.Module, device: torch.device | None, *,
                  multi_turn: bool, sampler: RolloutEngine | None = None, steps: int | None = None) -> RolloutPlan:
-    """The run's :class:`RolloutPlan`. ``config`` has its formats decided (``rollout_dtype`` explicit);
-    ``formats`` is what decided them; ``device``: where the run computes (None: where ``policy`` is);
-    ``multi_turn``: trajectories in environments; ``sampler``: one passed in, used as it is; ``steps``: the
-    rounds of rollouts, which decide whether compiling pays (None: ``total_steps``). An explicit request the
-    run cannot honour is a ConfigError, before any engine starts."""
+    """The run's :class:`RolloutPlan` (``config`` with its formats decided); ``steps``, the rounds of rollouts,
+    decide whether compiling pays. A request the run cannot honour is a ConfigError before any engine starts."""
     c = config
-    if sampler is not None:  # one with its own copy of the weights is compared with the trainer like vLLM
+    if sampler is not None:
         own = not sampler.uses_live_model
         why = f"a {type(sampler).__name__} was passed in"
         return RolloutPlan(formats.describe(), c.rollout_format, type(sampler).__name__, why, sampler.compiles, why,
@@ -147,7 +125,6 @@ def plan_rollout(config: TrainerConfig, formats: Any, policy: nn.Module, device:
     else:
         compiles, compile_why = resolve_compile(c.rollout_compile, c.rollout_engine, c.rollout_format, policy, device,
                                                 steps=c.total_steps if steps is None else steps)
-        # auto takes the built-in engine where its steps compile
         engine, why = resolve_engine(c.rollout_engine, policy, c.rollout_mode, multi_turn=multi_turn,
                                      compile_steps=compiles, rollout_format=c.rollout_format)
     own = ENGINES.get(engine).own_weights
@@ -161,10 +138,8 @@ def _device_of(policy: nn.Module) -> torch.device | None:
 
 def build_rollout(config: TrainerConfig, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, *, longest: int,
                   multi_turn: bool = False, sampler: RolloutEngine | None = None) -> RolloutEngine | None:
-    """The rollout engine ``plan`` names, on ``policy`` (as the trainer placed it): a sampler, or for
-    environments the engine playing the turns (None: the multi-turn sampler decodes on the live policy).
-    ``longest``: the longest sequence (prompt and completion) it must hold. A ``sampler`` passed in is
-    returned as it is; one on the live model follows the placed policy."""
+    """The rollout engine ``plan`` names, on the placed ``policy`` (None: the multi-turn sampler decodes on the
+    live policy); ``longest`` is the longest prompt plus completion it must hold."""
     if sampler is not None:
         if sampler.uses_live_model:
             sampler.update_weights(unwrap_ddp(policy))  # decode through the root (FSDP) or the module inside DDP

@@ -7,7 +7,6 @@ from grouprl.types import SamplingParams
 
 
 def rollout_params(c: TrainerConfig, stop_token_ids: tuple[int, ...] = ()) -> SamplingParams:
-    """Sampling of training rollouts, in the rollout format ``dtype`` chose."""
     return SamplingParams(
         max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, min_p=c.min_p,
         repetition_penalty=c.repetition_penalty, stop_token_ids=tuple(stop_token_ids),

@@ -41,7 +41,6 @@ class PromptSource:
                                         c, share, stop, judge=inputs.judge, judge_weight=inputs.judge_weight)
 
     def evaluate(self, first: int, stop: int) -> dict[str, float]:
-        """Held-out metrics of held-out rows ``first .. stop - 1``."""
         c, inputs = self.config, self.inputs
         return evaluate(self.sampler, self.eval_ids[first:stop], inputs.eval_rows[first:stop], params=eval_params(c),
                         k=c.eval_samples, reward_fns=inputs.reward_fns, reward_weights=inputs.reward_weights,

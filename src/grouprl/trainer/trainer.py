@@ -1,19 +1,13 @@
 """The trainer: one step loop in the paper's order for every language-model algorithm.
 
-One step (DeepSeekMath, section 4, for GRPO): sample P prompts -> G completions each from pi_old ->
-rewards -> advantages -> update -> metrics. What differs between algorithms is passed in or built from
-:data:`~grouprl.trainer.algorithms.ALGORITHMS` by ``config.algo``: the baseline (the group,
-:class:`~grouprl.trainer.advantages.GroupBaseline`, or PPO's :class:`~grouprl.trainer.critic.Critic`),
-the update rule (:data:`~grouprl.trainer.rules.UPDATE_RULES`), beta's controller, and the process group
-(:mod:`grouprl.trainer.dist.processes`).
+One step (DeepSeekMath, section 4): P prompts -> G completions each from pi_old -> rewards -> advantages ->
+update -> metrics. ``config.algo`` picks from :data:`~grouprl.trainer.algorithms.ALGORITHMS` the baseline
+(group or critic), the update rule and beta's controller.
 
-Departures from the paper:
-- outcome supervision only (one reward per completion, broadcast to its tokens);
-- on-policy updates (mu = 1, one minibatch) run no old-policy forward: the ratio is
-  ``exp(logp - logp.detach())``, 1 in value with exactly the REINFORCE gradient;
-- aggregation, advantage scale and importance level are knobs (defaults: the paper's), after DAPO,
-  Dr. GRPO and GSPO (:class:`~grouprl.trainer.config.TrainerConfig`);
-- ``None`` rewards (a function that does not apply to a row) are left out of the group statistics.
+Departures from the paper: outcome supervision only; on-policy updates (mu = 1, one minibatch) use the ratio
+``exp(logp - logp.detach())`` instead of an old-policy forward (same REINFORCE gradient); aggregation,
+advantage scale and importance level are knobs after DAPO, Dr. GRPO and GSPO; ``None`` rewards are left out
+of the group statistics.
 
 Example::
 
@@ -73,21 +67,21 @@ if TYPE_CHECKING:
 
 class Trainer:
     """Any language-model algorithm of :data:`~grouprl.trainer.algorithms.ALGORITHMS` on a Hugging
-    Face causal LM; see the module docstring.
+    Face causal LM.
 
     Args:
         config: a :class:`~grouprl.trainer.config.TrainerConfig` (``algo`` picks the algorithm).
         policy, tokenizer: the model to train (any ``AutoModelForCausalLM``) and its tokenizer.
         reward_fns: callables ``(prompts, completions, *, completion_ids, **columns) -> list[float | None]``.
-        train_data / eval_data: rows (dicts) with a ``prompt`` (text or chat messages); every other
-            column is passed to the reward functions.
+        train_data / eval_data: rows with a ``prompt`` (text or chat messages); the other columns go to the
+            reward functions.
         reward_weights: one weight per reward function (default 1 each).
-        is_correct: ``(completion, row) -> bool`` for evaluation accuracy (a task's checker).
+        is_correct: ``(completion, row) -> bool`` for evaluation accuracy.
         system_prompt: the task's system prompt (``config.system_prompt`` wins when set).
-        inputs: all of the above at once, as :func:`grouprl.cli.build.build_inputs` makes them (checked).
+        inputs: all of the data and reward arguments at once, as :func:`grouprl.cli.build.build_inputs` makes them.
         reference: a frozen reference model; by default a copy of the policy (none with LoRA).
-        sampler: a rollout engine (:class:`~grouprl.rollout.protocol.RolloutEngine`; default: the plan's).
-        run_config: what the run folder's config.yaml records (default: ``config``).
+        sampler: a :class:`~grouprl.rollout.protocol.RolloutEngine` (default: the plan's).
+        run_config: what config.yaml records (default: ``config``).
         processes: the process group (default: one process).
         critic_backbone: for a critic, the model whose decoder carries the value head.
         teacher, teacher_tokenizer: on-policy distillation's teacher (default: ``config.teacher_model``, loaded).
@@ -100,11 +94,11 @@ class Trainer:
                  inputs: RunInputs | None = None, reference: torch.nn.Module | None = None, sampler: Any = None,
                  run_config: Any = None, processes: Any = None, critic_backbone: torch.nn.Module | None = None,
                  teacher: torch.nn.Module | None = None, teacher_tokenizer: Any = None):
-        check(config)  # a config read from YAML or the command line was checked on reading; one made in Python here
+        check(config)
         self.config = c = config
         if c.num_threads:
             torch.set_num_threads(c.num_threads)
-        if inputs is None:  # checked on construction (the command line builds them before the model loads)
+        if inputs is None:
             inputs = RunInputs(train_rows=list(train_data), reward_fns=list(reward_fns),
                                eval_rows=list(eval_data or []), reward_weights=reward_weights, is_correct=is_correct,
                                system_prompt=system_prompt, distilled=c.distill_coef > 0)
@@ -126,10 +120,8 @@ class Trainer:
         self.formats = run_formats(c, self.processes)
         self.rollout_plan = plan_rollout(with_values(c, pinned(self.formats)), self.formats, policy,
                                          self.processes.device, multi_turn=inputs.env is not None, sampler=sampler)
-        # the caller's config is left as it was given; the trainer's says which formats and correction were decided
         self.config = c = with_values(c, {**pinned(self.formats), "rollout_is": self.rollout_plan.rollout_is})
         reference = reference if reference is not None else default_reference(policy, c)
-        # The critic copies the policy's decoder before any sharding touches it.
         self.critic = Critic(c, policy, critic_backbone) if algo.critic else None
         if bf16_base_fits(policy, c, self.processes, self.rollout_plan.own_weights):
             store_frozen_linears(policy, torch.bfloat16)
@@ -141,7 +133,7 @@ class Trainer:
         self.kl = KL_CONTROLLERS.get(c.kl_controller_name)(c)
         self.source = make_source(c, inputs, policy, tokenizer, self.rollout_plan, sampler, self.processes.share)
         self.sampler, self.collector, self.tokenizer = self.source.sampler, self.source.collector, tokenizer
-        self.ahead = collect_ahead(self.collector, self.sampler, c, self.processes)  # max_staleness > 0
+        self.ahead = collect_ahead(self.collector, self.sampler, c, self.processes)
         self.collector = self.ahead or self.collector
         self.step_count, self.time_budget_s = 0, None
         self.out = Path(c.output_dir)
@@ -162,7 +154,6 @@ class Trainer:
         return self.passes.reference
 
     def train(self) -> dict[str, Any]:
-        """Train until ``total_steps`` (see :func:`grouprl.run.loop.run_loop`); returns the summary."""
         return run_loop(self)
 
     # -- one step -----------------------------------------------------------------------------------
@@ -170,7 +161,7 @@ class Trainer:
         """One iteration, in the paper's order. Returns (metrics, sample completions)."""
         c, timer, t0 = self.config, PhaseTimer(), time.perf_counter()
         got = self.collect(timer)                                                    # o_i ~ pi_old(.|q), r_i
-        self.sampler.rest()  # an engine's copy of the weights, rewritten by the next push, is freed for the update
+        self.sampler.rest()  # frees the engine's weight copy during the update
         mask = got.batch.completion_mask.clone()
         if c.mask_truncated:
             mask = mask * (~got.batch.truncated).unsqueeze(-1).to(mask.dtype)
@@ -188,7 +179,7 @@ class Trainer:
         metrics.update(self.correct_rollout(data))
         with timer("update"):                                                        # mu x minibatches
             metrics = {**self.rule.update(data, self.step_count, 0.0 if c.kl_penalty_in_reward else beta), **metrics}
-        self.sampler.update_weights(unwrap_ddp(self.policy))  # an engine with its own copy pushes before its next use
+        self.sampler.update_weights(unwrap_ddp(self.policy))
         if old_logp is not None and ref_logp is not None:  # the KL the rollout policy had from the reference
             sequence_kl = float((kl_per_token(old_logp, ref_logp, c.kl_estimator) * data.mask).sum(-1).mean())
             metrics["policy/kl_sequence"] = sequence_kl
@@ -208,7 +199,7 @@ class Trainer:
             except Exception as e:  # noqa: BLE001 - re-raised below, in every process
                 error = e
         self.processes.check(error)
-        device = self.processes.device  # a GPU run: rewards and a vLLM engine's rollout come back on the CPU
+        device = self.processes.device  # rewards and a vLLM rollout come back on the CPU
         return result if device is None else result.to(device)
 
     def distill(self, got: Collected, data: UpdateBatch, mask: torch.Tensor, live: torch.Tensor) -> dict[str, float]:
@@ -222,10 +213,8 @@ class Trainer:
         return {f"distill/{k}": float(v) for k, v in m.items()}
 
     def correct_rollout(self, data: UpdateBatch) -> dict[str, float]:
-        """With ``rollout_is`` on, weight each token's policy-gradient term by the capped or masked ratio
-        pi_old / pi_rollout (:mod:`grouprl.algos.rollout_correction`), making ``data.advantages``
-        ``[B, T]``; logs the rollout engine's mismatch KL whenever pi_old was computed. On-policy, the
-        update forms the weights from its own pass instead (``data.rollout_logp``)."""
+        """With ``rollout_is`` on, weight each token by the capped or masked ratio pi_old / pi_rollout (making
+        ``data.advantages`` ``[B, T]``); on-policy the update forms the weights from its own pass instead."""
         c = self.config
         if c.rollout_is_in_update:
             data.rollout_logp = data.rollout.sampling_logprobs.to(data.mask.device)
@@ -241,8 +230,7 @@ class Trainer:
 
     def finish_metrics(self, got: Collected, data: UpdateBatch, constant: torch.Tensor | None,
                        metrics: dict[str, float], timer: PhaseTimer, t0: float) -> dict[str, float]:
-        """The step's record for the whole run: rewards and rollout statistics over every process's
-        rows, timings and throughput."""
+        """The step's metrics over every process's rows."""
         parts = self.processes.gather((data.rewards.cpu(), {k: v.cpu() for k, v in got.per_fn.items()},
                                        None if constant is None else constant.cpu(), got.batch.to("cpu"), got.metrics))
         rewards = torch.cat([p[0] for p in parts])
@@ -260,14 +248,13 @@ class Trainer:
         return self.processes.combine(metrics, float(data.mask.sum()))
 
     def records(self, got: Collected, data: UpdateBatch) -> list[dict[str, Any]]:
-        """Sample records of every process's completions (on the main process; empty elsewhere)."""
+        """Every process's sample records on the main process; empty elsewhere."""
         mine = sample_records(got.batch, data.rewards, got.per_fn, row_advantages(data.advantages, data.mask))
         parts = self.processes.gather(mine)
         return [r for part in parts for r in part] if self.is_main else []
 
     def close(self) -> None:
-        """Stop what collects ahead of the trainer (its rollout thread), then release what the rollout engine
-        holds beyond this process's memory (vLLM's process groups, rollout servers)."""
+        """Stop the rollout thread, then release the engine's process groups and servers."""
         if self.ahead is not None:
             self.ahead.close()
         if self.teacher is not None:
@@ -290,8 +277,7 @@ class Trainer:
         return self.processes.any(flag)
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out metrics of the current policy (empty without an eval set); each process evaluates
-        its share of the held-out prompts and the results are weighted by prompts."""
+        """Held-out metrics (empty without an eval set), each process's share weighted by its prompts."""
         if not self.eval_rows:
             return {}
         first, stop = self.processes.share(len(self.eval_rows))
@@ -321,8 +307,6 @@ class Trainer:
 
     # -- checkpoints --------------------------------------------------------------------------------
     def checkpoint_parts(self) -> dict[str, Any]:
-        """Everything a checkpoint holds to resume exactly: the policy, the reference when reference
-        sync moves it, the update rule's and the critic's state."""
         stateful, modules = dict(self.rule.checkpoint_parts()), {}
         if self.critic is not None:
             critic_state, modules = self.critic.checkpoint_parts()
@@ -347,17 +331,16 @@ class Trainer:
         self.collector.stream.position = int(state["position"])
         if "kl_controller" in state:
             self.kl.load_state_dict(state["kl_controller"])
-        self.sampler.update_weights(unwrap_ddp(self.policy))  # an engine with its own copy gets them before sampling
+        self.sampler.update_weights(unwrap_ddp(self.policy))
         self.metrics_log.truncate_after(self.step_count)
         self.completions_log.truncate_after(self.step_count)
         self.health = HealthWatch(not self.config.distill_coef)
-        replay(self.metrics_log.records(), self.health)  # the early-warning signs carry on from the logged steps
+        replay(self.metrics_log.records(), self.health)
 
 
 def run_formats(config: TrainerConfig, processes: Any) -> Formats:
-    """The run's number formats (:mod:`grouprl.models.precision`), decided once: by the first process, from the
-    config, the checkpoint a resumed run starts from (its formats are kept) and the machine; every other process
-    receives them, so all compute alike whatever their own machine or load."""
+    """The run's number formats, decided by the first process (a resumed run keeps its checkpoint's) and sent to
+    the others, so all compute alike."""
     formats, error = None, None
     if processes.is_main:
         try:
@@ -384,11 +367,9 @@ def with_values(config: Any, values: dict[str, Any]) -> Any:
 
 
 def run_setup(reward_fns: Sequence[Callable]) -> dict[str, str]:
-    """What the run found or chose at start, by name: how each code-running reward isolates programs
-    (an ``isolation`` attribute; an unsafe one says so here, in summary.json and in the report)."""
+    """How each code-running reward isolates programs (its ``isolation`` attribute), by name."""
     return {f"isolation/{name}": fn.isolation for name, fn in zip(unique_names(reward_fns), reward_fns)
             if isinstance(getattr(fn, "isolation", None), str)}
 
 
 GRPOTrainer = Trainer
-"""The trainer under the library's first name (``config.algo`` picks the algorithm; grpo by default)."""

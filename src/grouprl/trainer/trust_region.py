@@ -5,10 +5,8 @@
     x = F^-1 g by conjugate gradient on Fisher-vector products (double backprop through the KL)
     step = sqrt(2 delta / x^T F x) * x, halved until J improves and the mean KL <= delta
 
-The KL is exact over the vocabulary at every completion position (not a sampled-token estimate),
-so F is the true Fisher matrix of the per-token distributions and is positive semi-definite. An update costs
-several GRPO updates (docs/algorithms.md); ``fisher_stride`` and LoRA are the levers. The surrogate is GRPO's
-aggregation of rho * A, so the two optimise the same objective up to the clip."""
+The KL is exact over the vocabulary (not a sampled-token estimate), so F is the true, positive semi-definite
+Fisher matrix. The surrogate is GRPO's aggregation of rho * A: the same objective up to the clip."""
 
 from __future__ import annotations
 

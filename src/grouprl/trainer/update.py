@@ -1,8 +1,6 @@
-"""What an update rule trains on, and the clipped-surrogate rule (GRPO, RLOO, REINFORCE, PPO): ``mu`` passes
-over the rollout in shuffled minibatches of whole groups, one optimizer step each, accumulated over micro-batches
-that share the minibatch's denominators, so the micro-batch size changes memory and speed, never the update.
-Per-token weights on the policy-gradient term (the rollout correction's, the high-entropy selection's) are folded
-into the advantages."""
+"""What an update rule trains on, and the clipped-surrogate rule (GRPO, RLOO, REINFORCE, PPO): ``mu`` passes of
+shuffled minibatches of whole groups, one optimizer step each; micro-batches share the minibatch's denominators,
+so their size changes memory, never the update."""
 
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ from grouprl.types import RolloutBatch
 
 @dataclass
 class UpdateBatch:
-    """One rollout with everything the update needs; B rows (prompt-major, whole groups), T tokens. ``old_logp``
-    is None when the update is on-policy, ``ref_logp`` when the KL is not in the loss, ``rollout_logp`` (the
-    engine's) unless the update forms the rollout importance weights from its own on-policy pass."""
+    """One rollout with everything the update needs; B rows (whole groups), T tokens. ``old_logp`` is None
+    on-policy, ``ref_logp`` without a KL in the loss, ``rollout_logp`` unless the update weighs from its own pass."""
 
     rollout: RolloutBatch
     advantages: torch.Tensor  # [B] per completion, or [B, T] per token
@@ -38,7 +35,6 @@ class UpdateBatch:
     rollout_logp: torch.Tensor | None = None  # [B, T]
 
     def rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor | None]:
-        """The per-row tensors of ``rows`` (a micro-batch), by name (every field but the rollout and its rewards)."""
         picked = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("rollout", "rewards")}
         return {name: None if x is None else x[rows] for name, x in picked.items()}
 
@@ -56,11 +52,9 @@ class ClippedSurrogateUpdate:
                                                          c.lr_schedule)
 
     def checkpoint_parts(self) -> dict[str, Any]:
-        """What a checkpoint must hold to resume this rule exactly."""
         return {"optimizer": self.optimizer, "scheduler": self.scheduler}
 
     def update(self, data: UpdateBatch, step: int, beta: float) -> dict[str, float]:
-        """Train on ``data``; ``beta`` weighs the loss's KL term. Returns the update's metrics."""
         c, g = self.config, self.config.group_size
         avg = MetricAverager()
         policy = self.passes.policy
@@ -77,8 +71,7 @@ class ClippedSurrogateUpdate:
                 if n_tokens == 0:  # every row masked out: a step would only apply momentum
                     avg.add({"optim/skipped": 1.0}, 1.0)
                     continue
-                # Rows with nothing in the loss (dropped all-equal groups) would add exact zeros: no pass for them
-                # (a critic still learns from them).
+                # Rows with nothing in the loss add exact zeros: no pass for them (a critic still learns from them).
                 live = None if self.critic is not None else data.mask.sum(-1) > 0
                 passes = micro_batches(rows, live, c.micro_batch_size, self.processes.world_size > 1)
                 selected = self.high_entropy_tokens(data, passes, avg) if c.top_entropy_quantile < 1 else None
@@ -88,7 +81,7 @@ class ClippedSurrogateUpdate:
                     avg.add(m, float(data.mask[micro].sum()))
                 avg.add({"optim/grad_norm": self.optimizer_step(step)}, 1.0)
                 avg.optimizer_steps += 1
-        # Spent: held to the next update they would sit under the rollout's engine and KV cache.
+        # Freed, not held under the next rollout's KV cache.
         self.optimizer.zero_grad(set_to_none=True)
         policy.eval()
         out = avg.result()
@@ -139,8 +132,8 @@ class ClippedSurrogateUpdate:
         return total * self.processes.loss_scale(), metrics
 
     def optimizer_step(self, step: int) -> float:
-        """Clip the joint gradient norm of policy (and critic), step the policy (not while the critic
-        warms up: its schedule starts with its first step) and the critic; the norm before clipping."""
+        """Clip the joint gradient norm of policy and critic and step both (not the policy while the critic warms
+        up); returns the norm before clipping."""
         c = self.config
         params = [p for p in self.passes.policy.parameters() if p.requires_grad]
         if self.critic is None:

@@ -1,11 +1,6 @@
-"""The trainer's configuration: every knob of every language-model algorithm, documented once where it is defined
-(the docstring under each key is its ``--help`` text and its line in docs/configuration.md).
-
-:class:`TrainerConfig` is one flat dataclass (``config.max_staleness``, ``dataclasses.replace``, one mapping in
-config.yaml) made of parts, each the keys of one ``--help`` section (its ``SECTION``). Defaults follow DeepSeekMath's
-GRPO where the paper fixes a value; where TRL or verl differ the key says so. Importing it imports neither torch nor
-the trainer; :func:`grouprl.config.check` checks a config (the CLI on reading it, the Trainer on taking it).
-"""
+"""The trainer's configuration, each key documented once where it is defined (its ``--help`` text and its line in
+docs/configuration.md). :class:`TrainerConfig` is one flat dataclass made of parts, one per ``--help`` section;
+defaults follow DeepSeekMath's GRPO. Importing it imports neither torch nor the trainer."""
 
 from __future__ import annotations
 
@@ -52,12 +47,10 @@ class TrainerConfig(RunFolderKeys, EvaluationKeys, DistributionKeys, EngineKeys,
 
 
 def retired_message(key: str, instead: str) -> str:
-    """The refusal of retired key ``key``."""
     return f"{key} is retired: {instead}."
 
 
 GRPOConfig = TrainerConfig
-"""The trainer's config under the library's first name (``algo`` defaults to grpo)."""
 
 PARTS = (PromptKeys, SamplingKeys, AlgorithmKeys, PolicyLossKeys, OptimizerKeys, CriticKeys, TrustRegionKeys, AgentKeys,
          LoRAKeys, EngineKeys, DistributionKeys, EvaluationKeys, RunFolderKeys)

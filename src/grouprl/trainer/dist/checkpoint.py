@@ -6,8 +6,7 @@
     rng/rank-N.pt   each process's random state
     state.json      step, data position, world size, config
 
-Published from a temporary folder once every process has written, so a kill leaves the previous checkpoint
-intact. Several machines need a run folder they all see; resuming needs the same number of processes."""
+Published from a temporary folder once every process has written; resuming needs the same number of processes."""
 
 from __future__ import annotations
 
@@ -72,8 +71,8 @@ def save_dist_checkpoint(root: Path, step: int, *, env: DistEnv, policy: nn.Modu
                          tokenizer: Any = None, reference: nn.Module | None = None,
                          stateful: dict[str, Any] | None = None, modules: dict[str, nn.Module] | None = None,
                          keep: int = 2) -> Path:
-    """Write checkpoint ``step`` from every process (a collective); returns its folder. The parts
-    are those of :func:`grouprl.run.checkpoint_files.save_checkpoint`."""
+    """Write checkpoint ``step`` from every process (a collective) with the parts of
+    :func:`grouprl.run.checkpoint_files.save_checkpoint`; returns its folder."""
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_model
 

@@ -18,8 +18,6 @@ from grouprl.errors import DistributedError
 
 @dataclass(frozen=True)
 class DistEnv:
-    """Where this process sits in the run."""
-
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -31,12 +29,10 @@ class DistEnv:
 
 
 def torchrun_world_size() -> int:
-    """WORLD_SIZE from the environment (1 outside torchrun)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def torchrun_rank() -> int:
-    """RANK from the environment (0 outside torchrun)."""
     return int(os.environ.get("RANK", "0"))
 
 
@@ -61,7 +57,7 @@ def init_distributed(*, rank: int | None = None, world_size: int | None = None, 
 
 
 def one_process_init_method() -> str:
-    """A rendezvous address for a group of one process: a free TCP port on this machine."""
+    """A rendezvous address on a free local TCP port, for a group of one process."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
@@ -88,8 +84,8 @@ def gather_objects(obj: Any) -> list[Any]:
 
 
 def raise_if_any_failed(error: BaseException | None) -> None:
-    """Called by every process at the same point with what it caught: if any failed, all raise (the others a
-    :class:`DistributedError` naming its rank), so none is left waiting in a collective that will never come."""
+    """Called by every process at one point with what it caught: if any failed, all raise (the others a
+    :class:`DistributedError` naming its rank), so none waits in a collective forever."""
     reports = gather_objects(None if error is None else f"{type(error).__name__}: {error}")
     failed = [(r, msg) for r, msg in enumerate(reports) if msg is not None]
     if not failed:

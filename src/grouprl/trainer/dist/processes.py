@@ -1,26 +1,10 @@
-"""The trainer's process component across the processes of a torchrun run: N processes on P/N
-prompts each take exactly the step one process takes on all P prompts.
+"""The trainer's process component across a torchrun run: N processes on P/N prompts each take exactly the
+step one process takes on all P prompts.
 
-- prompts: every process walks the same seeded prompt stream and takes its own contiguous slice of
-  each step's prompts; groups never straddle processes, and each row's draws depend on its place in
-  the whole batch (:mod:`grouprl.run.seed_streams`), not on the process;
-- rollout: under FSDP the whole policy is gathered once per rollout
-  (:func:`~grouprl.trainer.dist.sharding.gathered_weights`); a sampler with its own weights (vLLM) gets
-  them pushed at the start of the rollout (its ``phase()``); rollout servers get them from process 0
-  alone, and every process waits for that push (:mod:`grouprl.serve.client.ranks`);
-- rewards: computed where the rows were generated; a reward function that raises in one process stops
-  every process with that error;
-- advantages: per group, locally; with ``advantage_scale=batch`` the batch std's sums are all-reduced;
-- loss: each minibatch's denominators are summed over processes and the processes' gradients added, so
-  the update is the one-process update on the whole batch;
-- logs: gathered with object collectives; process 0 alone writes them; evaluation splits the held-out
-  prompts between the processes;
-- checkpoints: sharded for resuming with the same number of processes, plus the policy gathered into
-  ``model/`` (:mod:`grouprl.trainer.dist.checkpoint`).
-
-With several minibatches per step each minibatch takes ``minibatch_size / N`` rows from each process,
-so the update equals the one-process update in distribution, not draw for draw (one minibatch, the
-default, is exact)."""
+Each process takes a contiguous slice of whole groups from the same seeded prompt stream, with draws that
+depend on a row's place in the whole batch; loss denominators are summed and gradients added over processes;
+process 0 writes the logs. With several minibatches each takes ``minibatch_size / N`` rows per process, so
+the update equals the one-process one in distribution, not draw for draw."""
 
 from __future__ import annotations
 
@@ -48,9 +32,7 @@ if TYPE_CHECKING:
     from grouprl.trainer.config import TrainerConfig
 
 SUMMED = ("loss/", "throughput/", "judge/dropped_groups")
-"""Metric prefixes added up over processes: each process's loss is its share of the batch loss,
-throughputs add, and so do the groups a judge dropped (each process judges its own). ``time/`` takes the slowest
-process; the rest is a mean weighted by each process's tokens in the loss."""
+"""Metric prefixes added up over processes; ``time/`` takes the slowest, the rest a mean weighted by tokens."""
 
 
 def world_size_problems(config: TrainerConfig, world_size: int) -> list[str]:
@@ -84,12 +66,7 @@ def placement_problems(config: TrainerConfig) -> list[str]:
 
 
 class Processes:
-    """:class:`grouprl.trainer.one_process.OneProcess`'s interface over torch.distributed.
-
-    Args:
-        env: this process's place (from :func:`~grouprl.trainer.dist.group.init_distributed`).
-        config: the trainer config (``engine``, ``mixed_precision``, ``cpu_offload``).
-    """
+    """:class:`grouprl.trainer.one_process.OneProcess`'s interface over torch.distributed."""
 
     def __init__(self, env: DistEnv, config: TrainerConfig):
         for msg in world_size_problems(config, env.world_size):
@@ -99,8 +76,7 @@ class Processes:
         self.sharding = Sharding(config.engine, config.mixed_precision, config.cpu_offload)
 
     def place(self, policy: nn.Module, reference: nn.Module | None) -> tuple[nn.Module, nn.Module | None]:
-        # On the device first, so the broadcast runs over NCCL on GPUs; then process 0's weights
-        # everywhere: random parts (LoRA adapters, a randomly initialised model) must agree.
+        # Process 0's weights everywhere (random LoRA adapters must agree), on the device for NCCL.
         broadcast_module(policy.to(self.env.device))
         if reference is not None:
             broadcast_module(reference.to(self.env.device))
@@ -108,8 +84,7 @@ class Processes:
         return self.sharding.trainable(policy, self.env), reference
 
     def forward_model(self, model: nn.Module) -> nn.Module:
-        # The whole forward: FSDP's gathers and DDP's gradient hooks fire on it, not on the decoder
-        # body and LM head called apart (the cost: logits of every position, not chunks).
+        # FSDP's gathers and DDP's hooks fire on the whole forward, not on body and head called apart.
         return WholeForward(model)
 
     def share(self, count: int) -> tuple[int, int]:
@@ -129,15 +104,13 @@ class Processes:
         return max_float(float(flag)) > 0
 
     def loss_scale(self) -> float:
-        # DDP and FSDP average gradients over processes; each process's loss is its share of the
-        # batch loss, so scaling by their number makes the result the gradient of the whole batch.
+        # DDP and FSDP average gradients; each loss is a share of the batch loss, so this gives the sum.
         return float(self.world_size)
 
     @contextlib.contextmanager
     def rollout(self, sampler: RolloutEngine, policy: nn.Module, ahead: bool = False) -> Iterator[None]:
-        """Around a rollout or an evaluation (every process enters together): the policy gathered for
-        a sampler that runs the live model, or the weights pushed into one that keeps its own copy; nothing
-        for a step's batch sampled ahead (``ahead``: the rollout threads pushed before sampling it)."""
+        """Around a rollout (every process together): the policy gathered for a live-model sampler, or the
+        weights pushed into one with its own copy; nothing for a batch sampled ``ahead``."""
         if sampler.uses_live_model:
             with gathered_weights(policy):
                 yield

@@ -1,9 +1,8 @@
 """Sharding a model over processes: FSDP2 or DDP, and the whole model gathered for a rollout.
 
-Each process's loss is its numerators over the global denominators, so the batch's gradient is the *sum* over
-processes; DDP and FSDP average, so the trainer scales its loss by the number of processes (a summing hook
-would be wrong under gradient accumulation). FSDP2 needs every process to run the same number of forwards,
-which generation cannot promise: :func:`gathered_weights` gathers the whole model once for a rollout."""
+DDP and FSDP average gradients, so the trainer scales its loss by the number of processes (a summing hook would
+be wrong under gradient accumulation). FSDP2 needs equal forward counts, which generation cannot promise, so
+:func:`gathered_weights` gathers the whole model once for a rollout."""
 
 from __future__ import annotations
 
