@@ -67,7 +67,7 @@ def _forward(model: nn.Module, **inputs: torch.Tensor) -> tuple[torch.Tensor, Ca
     return model(**inputs, use_cache=False).logits, nn.Identity()
 
 
-def _padded_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+def padded_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                      completion_ids: torch.Tensor, where: torch.Tensor
                      ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], int]:
     """Every row as ``[prompt | completion]``: ([n, F] hidden states or logits at the positions that
@@ -86,7 +86,7 @@ def _packed_features(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: to
                      completion_ids: torch.Tensor, completion_mask: torch.Tensor,
                      sequence_mask: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], int] | None:
-    """:func:`_padded_features` in the padding-free layout (:mod:`.packing`); None where the model cannot take it."""
+    """:func:`padded_features` in the padding-free layout (:mod:`.packing`); None where the model cannot take it."""
     impl = _attention_implementation(model)
     if impl not in MASK_FORMS or _prompt_learning(model):
         return None
@@ -119,7 +119,7 @@ def token_logprobs(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
     where = (completion_mask.reshape(-1) > 0).nonzero().flatten()  # [n] flat positions that count
     found = (_packed_features(model, prompt_ids, prompt_mask, completion_ids, completion_mask, sequence_mask)
              if packed else None)
-    feats, head, vocab = found or _padded_features(model, prompt_ids, prompt_mask, completion_ids, where)  # [n, F]
+    feats, head, vocab = found or padded_features(model, prompt_ids, prompt_mask, completion_ids, where)  # [n, F]
     tokens = completion_ids.reshape(-1).index_select(0, where)  # [n]
 
     size = chunk_size or max(1, CHUNK_ELEMENTS // vocab)

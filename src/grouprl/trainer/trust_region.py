@@ -19,8 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from grouprl.algos import aggregate, fisher_vector_product, flat_grad, kl_per_token, masked_mean, trpo_step
 from grouprl.errors import NonFiniteError
-from grouprl.rollout.logprobs import split_model
-from grouprl.rollout.runner import positions_from_mask
+from grouprl.rollout.logprobs import padded_features
 from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.policy import PolicyPasses
 from grouprl.trainer.update import UpdateBatch
@@ -30,19 +29,10 @@ from grouprl.types import RolloutBatch
 def full_logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: torch.Tensor, temperature: float) -> torch.Tensor:
     """Log-softmax over the whole vocabulary at every counted completion position of ``rows``:
     ``[n, V]`` float32, n = number of 1s in ``completion_mask[rows]``, in row-major order."""
-    p_ids, c_ids, c_mask = batch.prompt_ids[rows], batch.completion_ids[rows], batch.completion_mask[rows]
-    lp, t = p_ids.shape[1], c_ids.shape[1]
-    ids = torch.cat([p_ids, c_ids], 1)
-    attn = torch.cat([batch.prompt_mask[rows].long(), torch.ones_like(c_ids)], 1)
-    kwargs = dict(input_ids=ids, attention_mask=attn, position_ids=positions_from_mask(attn), use_cache=False)
-    where = c_mask > 0  # [b, T]
-    parts = split_model(model)
-    if parts is not None:  # the LM head only on the positions that count
-        body, head = parts
-        logits = head(body(**kwargs).last_hidden_state[:, lp - 1: lp + t - 1][where])
-    else:
-        logits = model(**kwargs).logits[:, lp - 1: lp + t - 1][where]
-    return torch.log_softmax(logits.float() / temperature, dim=-1)
+    where = (batch.completion_mask[rows].reshape(-1) > 0).nonzero().flatten()  # [n]
+    feats, head, _ = padded_features(model, batch.prompt_ids[rows], batch.prompt_mask[rows],
+                                     batch.completion_ids[rows], where)  # the LM head only where it counts
+    return torch.log_softmax(head(feats).float() / temperature, dim=-1)
 
 
 def _token_values(batch: RolloutBatch, rows: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
