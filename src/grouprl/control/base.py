@@ -27,7 +27,6 @@ class ControlAlgorithm:
         raise NotImplementedError
 
     def trainable(self) -> list[nn.Parameter]:
-        """Parameters the trainer's Adam optimizer updates."""
         return list(self.agent.parameters())
 
     def collect(self, generator: torch.Generator) -> Trajectories:
@@ -56,8 +55,6 @@ class SegmentAlgorithm(ControlAlgorithm):
 
 
 class Averager:
-    """Mean of each metric over the minibatches of an update."""
-
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}

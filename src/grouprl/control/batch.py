@@ -11,8 +11,8 @@ import numpy as np
 
 from grouprl.registry import Registry
 
+# space class name -> fn(space, actions [k] or [k, A]) -> env actions
 ACTION_CONVERTERS: Registry = Registry("action space")
-"""gymnasium space class name -> ``fn(space, actions ndarray [k] or [k, A]) -> list of env actions``."""
 
 
 @ACTION_CONVERTERS.register("Discrete")

@@ -41,8 +41,7 @@ def values_of(critic: ValueNet, batch: Trajectories) -> tuple[torch.Tensor, torc
 
 def critic_advantages(critic: ValueNet, batch: Trajectories, estimator: str, gamma: float, lam: float = 1.0,
                       n: int = 1, reward_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(advantages [B,T], returns [B,T], values [B,T])`` of ``batch`` under ``critic`` with
-    estimator ``estimator`` (a name in :data:`CRITIC_ADVANTAGES`); 0 on padding."""
+    """``(advantages [B,T], returns [B,T], values [B,T])`` under ``critic`` by ``estimator``; 0 on padding."""
     values, last = values_of(critic, batch)
     adv, returns = CRITIC_ADVANTAGES.get(estimator)(batch.rewards * reward_scale, values, batch.mask, last, gamma,
                                                     lam, n)
@@ -52,8 +51,7 @@ def critic_advantages(critic: ValueNet, batch: Trajectories, estimator: str, gam
 def fit_critic(critic: ValueNet, optimizer: torch.optim.Optimizer, obs: torch.Tensor, returns: torch.Tensor,
                epochs: int, minibatches: int, generator: torch.Generator,
                max_grad_norm: float = 0.0) -> dict[str, float]:
-    """Regress ``critic(obs [n, D])`` on ``returns [n]`` (squared error, ``epochs`` shuffled passes); only the
-    critic gets gradients."""
+    """Regress ``critic(obs [n, D])`` on ``returns [n]`` (squared error); only the critic gets gradients."""
     n = obs.shape[0]
     ones = torch.ones(n, 1)
     last = {}

@@ -8,8 +8,7 @@ from grouprl.control.batch import EnvBatch
 from grouprl.control.policies import Policy
 from grouprl.control.rollout import run_episodes
 
-EVAL_SEED_BASE = 1_000_000_007
-"""Evaluation reset seeds are ``EVAL_SEED_BASE + seed * 1000 + i``: a fixed set, whatever training draws."""
+EVAL_SEED_BASE = 1_000_000_007  # evaluation seeds: EVAL_SEED_BASE + seed * 1000 + i, a fixed set
 
 
 def eval_seeds(seed: int, episodes: int) -> list[int]:

@@ -1,8 +1,5 @@
-"""GRPO for classic control: a prompt is a reset seed, its group G episodes from that seed.
-
-Every step of episode i gets ``(R_i - mean(R_group)) / std(R_group)`` (gigpo adds a step-level term); the loss is
-:func:`grouprl.algos.grpo_loss` over the step rows. No critic.
-"""
+"""GRPO for classic control: a prompt is a reset seed, its group G episodes from it; every step of episode i gets
+``(R_i - mean(R_group)) / std(R_group)`` (gigpo adds a step-level term). No critic."""
 
 from __future__ import annotations
 

@@ -15,17 +15,14 @@ from torch.nn import functional as F
 from grouprl.registry import Registry
 
 ACTIVATIONS: Registry = Registry("activation")
-"""name -> elementwise function between hidden layers."""
 ACTIVATIONS.register("tanh", torch.tanh)
 ACTIVATIONS.register("relu", torch.relu)
 
-POLICIES: Registry = Registry("policy head")
-"""gymnasium action-space class name -> policy class ``(obs_dim, space, hidden, activation)``."""
+POLICIES: Registry = Registry("policy head")  # action-space class name -> policy class
 
 
 class MLP(nn.Module):
-    """Linear layers ``[..., sizes[0]] -> ... -> [..., sizes[-1]]`` through ``F.linear``, whose call overhead is
-    below modules' (a few rows per env step)."""
+    """Linear layers ``[..., sizes[0]] -> ... -> [..., sizes[-1]]`` through ``F.linear`` (less call overhead)."""
 
     def __init__(self, sizes: Sequence[int], activation: str, out_gain: float):
         super().__init__()
@@ -55,7 +52,6 @@ class Policy(nn.Module):
         raise NotImplementedError
 
     def mode(self, obs: torch.Tensor) -> torch.Tensor:
-        """The most likely action of each row (greedy evaluation)."""
         raise NotImplementedError
 
 
@@ -127,5 +123,4 @@ class Agent(nn.Module):
 
 
 def make_policy(obs_dim: int, action_space: gym.Space, hidden: Sequence[int], activation: str = "tanh") -> Policy:
-    """The policy class for ``action_space``, by its class name in :data:`POLICIES`."""
     return POLICIES.get(type(action_space).__name__)(obs_dim, action_space, tuple(hidden), activation)

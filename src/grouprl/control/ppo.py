@@ -1,7 +1,5 @@
-"""PPO for classic control (Schulman et al. 2017), in the order of CleanRL's ``ppo.py``: T steps from N
-environments -> GAE(gamma, lambda) -> whiten -> mu passes of minibatches minimising
-``clip loss + c_v * value loss - c_H * entropy``; no learning-rate annealing, unclipped value loss by default.
-"""
+"""PPO for classic control (Schulman et al. 2017): T steps from N environments -> GAE -> whiten -> mu passes of
+minibatches minimising ``clip loss + c_v * value loss - c_H * entropy``."""
 
 from __future__ import annotations
 

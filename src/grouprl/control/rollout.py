@@ -1,7 +1,6 @@
 """Experience from an :class:`~grouprl.control.batch.EnvBatch` as ``[B, T]`` right-padded rows with a ``mask``,
 the language-model layout, so ``grouprl.algos`` applies unchanged: whole episodes from given seeds
-(:func:`run_episodes`) or a fixed number of steps per iteration (:class:`SegmentCollector`).
-"""
+(:func:`run_episodes`) or a fixed number of steps per iteration (:class:`SegmentCollector`)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from grouprl.control.policies import Policy
 
 @dataclass
 class Trajectories:
-    """B trajectory rows of at most T steps. Actions are ``[B, T]`` long (discrete) or
-    ``[B, T, A]`` float32 (continuous); everything else as annotated."""
+    """B trajectory rows of at most T steps; actions ``[B, T]`` long or ``[B, T, A]`` float32."""
 
     obs: torch.Tensor
     """[B, T, D] float32 observation before each step (0 on padding)."""
@@ -26,7 +24,6 @@ class Trajectories:
     logp: torch.Tensor
     """[B, T] float32 log-prob of each action under the policy that sampled it (0 on padding)."""
     rewards: torch.Tensor
-    """[B, T] float32."""
     mask: torch.Tensor
     """[B, T] float32, 1 on real steps."""
     last_obs: torch.Tensor
@@ -90,8 +87,7 @@ def _act(policy: Policy, obs: np.ndarray, generator: torch.Generator,
 
 def run_episodes(envs: EnvBatch, policy: Policy, seeds: Sequence[int], generator: torch.Generator,
                  deterministic: bool = False, group_size: int = 1) -> Trajectories:
-    """One episode per seed, each run to its end: row i is the episode of ``seeds[i]``, ``cut[i]`` True where
-    it ended on the time limit. Only live environments are stepped."""
+    """One whole episode per seed: row i is ``seeds[i]``'s, ``cut[i]`` True where the time limit ended it."""
     n = len(seeds)
     if n > len(envs):
         raise ValueError(f"{n} episodes need {n} environments, the batch has {len(envs)}")
@@ -121,8 +117,7 @@ def run_episodes(envs: EnvBatch, policy: Policy, seeds: Sequence[int], generator
 
 
 class SegmentCollector:
-    """Runs each environment of ``envs`` for ``steps_per_env`` steps per :meth:`collect` call; finished
-    episodes are reset with seeds drawn from ``seed``, running ones continue in the next window (a new row)."""
+    """``steps_per_env`` steps of each environment per :meth:`collect`; running episodes continue in a new row."""
 
     def __init__(self, envs: EnvBatch, seed: int):
         self.envs = envs

@@ -39,8 +39,6 @@ class _EnvStepProgress(Progress):
 
 
 class ControlTrainer:
-    """Trains ``config.algo`` on ``config.env``."""
-
     name = "rl"
 
     def __init__(self, config: ControlConfig, run_config: Any = None):
@@ -157,7 +155,6 @@ class ControlTrainer:
         self.metrics_log.truncate_after(self.step_count)
 
     def train(self) -> dict[str, Any]:
-        """Train until the budget is spent or ``stop_at_return`` is reached."""
         summary = run_loop(self)
         summary.update(env_steps=self.env_steps, solved_at_env_steps=self.solved_at, env=self.config.env,
                        algo=self.config.algo)

@@ -1,7 +1,6 @@
 """TRPO for classic control (Schulman et al. 2015): whitened GAE advantages -> surrogate ``mean(rho * A)`` and its
 gradient g -> ``F x = g`` by conjugate gradient on the analytic KL -> step ``sqrt(2 delta / x^T F x) * x`` with
-backtracking -> the critic fitted to the GAE returns.
-"""
+backtracking -> the critic fitted to the GAE returns."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Vanilla policy gradient (Williams 1992's REINFORCE) with a learned state-value baseline: critic advantages
-(Monte Carlo, n-step or GAE) -> one step on ``-mean_t(log pi(a_t|s_t) * A_t)`` (the on-policy
-:func:`grouprl.algos.grpo_loss`) -> the critic regressed on the returns. No clipping, trust region or reuse.
-"""
+"""Vanilla policy gradient (Williams 1992) with a learned baseline: critic advantages -> one step on
+``-mean_t(log pi(a_t|s_t) * A_t)`` -> the critic regressed on the returns. No clipping, trust region or reuse."""
 
 from __future__ import annotations
 
