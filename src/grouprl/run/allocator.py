@@ -14,8 +14,7 @@ from typing import NamedTuple
 from grouprl.errors import ConfigError
 from grouprl.registry import Registry
 
-ALLOCATORS: Registry[tuple[str, ...]] = Registry("allocator")
-"""name -> the library files that provide it, best first."""
+ALLOCATORS: Registry[tuple[str, ...]] = Registry("allocator")  # name -> the library files that provide it, best first
 ALLOCATORS.register("tcmalloc", ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"))
 ALLOCATORS.register("jemalloc", ("libjemalloc.so.2",))
 PREFERENCE = ("tcmalloc", "jemalloc")  # the order auto tries: tcmalloc gave the faster steps
@@ -37,7 +36,6 @@ def library_dirs() -> list[Path]:
 
 
 def find(name: str, dirs: Sequence[Path] | None = None) -> Allocator | None:
-    """The allocator ``name`` if one of its library files is in ``dirs``."""
     for d in library_dirs() if dirs is None else dirs:
         for file in ALLOCATORS.get(name):
             if (Path(d) / file).is_file():
@@ -46,8 +44,7 @@ def find(name: str, dirs: Sequence[Path] | None = None) -> Allocator | None:
 
 
 def resolve(setting: str, dirs: Sequence[Path] | None = None) -> Allocator | None:
-    """The allocator the ``allocator`` setting asks for (None: malloc); a missing one is refused with how to
-    install it."""
+    """The allocator the ``allocator`` setting asks for (None: malloc); a missing one is a ConfigError."""
     if setting == "system":
         return None
     if setting == "auto":
@@ -77,7 +74,6 @@ def allocator_name(path: Path) -> str | None:
 
 
 def running(maps: str | os.PathLike = "/proc/self/maps") -> Allocator | None:
-    """The registered allocator loaded into this process, if any."""
     try:
         text = Path(maps).read_text(encoding="utf-8", errors="replace")
     except OSError:  # not Linux: nothing to read, nothing claimed
@@ -94,8 +90,7 @@ def running(maps: str | os.PathLike = "/proc/self/maps") -> Allocator | None:
 
 def preload_environ(setting: str, environ: Mapping[str, str], dirs: Sequence[Path] | None = None,
                     maps: str | os.PathLike = "/proc/self/maps") -> dict[str, str] | None:
-    """The environment to start this command again with the allocator first in ``LD_PRELOAD``; None when there
-    is nothing to do."""
+    """The environment to start this command again with the allocator in ``LD_PRELOAD``, or None."""
     if environ.get(PRELOADED) or running(maps) is not None:
         return None
     chosen = resolve(setting, dirs)
@@ -124,8 +119,7 @@ def restart_command(setting: str, is_program: bool) -> None:
 
 
 def describe(dirs: Sequence[Path] | None = None, maps: str | os.PathLike = "/proc/self/maps") -> str:
-    """One line for the run's start and summary: the allocator running and, for the C library's malloc,
-    where a faster one is (or how to install one)."""
+    """The allocator running, for the run's setup (with malloc: where a faster one is, or how to get one)."""
     now = running(maps)
     if now is not None:
         return f"{now.name} ({now.path})"

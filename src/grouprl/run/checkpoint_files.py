@@ -72,7 +72,6 @@ def save_policy(model: torch.nn.Module, folder: Path, tokenizer: Any = None) -> 
 
 
 def load_policy_weights(model: torch.nn.Module, folder: Path) -> None:
-    """Load weights written by :func:`save_policy` into ``model`` (strict)."""
     if is_peft(model):
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
@@ -209,8 +208,7 @@ def temporary_folder(root: Path, step: int, tag: str) -> tuple[Path, Path]:
 
 
 def publish(tmp: Path, final: Path, keep: int) -> Path:
-    """Make ``tmp`` the checkpoint ``final`` (manifest, fsync, rename; an existing complete ``final`` is kept) and
-    keep only the newest ``keep``."""
+    """Make ``tmp`` the checkpoint ``final`` (manifest, fsync, rename) and keep only the newest ``keep``."""
     if is_complete(final):
         shutil.rmtree(tmp, ignore_errors=True)
     else:
@@ -226,7 +224,6 @@ def publish(tmp: Path, final: Path, keep: int) -> Path:
 
 
 def retire(folder: Path) -> None:
-    """Remove a checkpoint folder: renamed out of the ``step-*`` names (atomic), then deleted."""
     gone = folder.with_name(f".delete-{folder.name}-{os.getpid()}")
     os.replace(folder, gone)
     shutil.rmtree(gone, ignore_errors=True)
@@ -283,8 +280,7 @@ def _legacy(folder: Path) -> bool:
 
 
 def verify_checkpoint(folder: Path) -> None:
-    """A :class:`CheckpointError` naming the first file of ``folder`` that fails its manifest digest, and the
-    checkpoint to fall back on."""
+    """A :class:`CheckpointError` naming the first file that fails its digest and the checkpoint to fall back on."""
     if not (folder / MANIFEST).exists() and _legacy(folder):
         warnings.warn(f"{folder} was written before checkpoints carried a manifest: its files are not verified",
                       stacklevel=2)

@@ -11,8 +11,7 @@ from typing import Any
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a fsynced temporary file renamed over it: a reader or a kill sees the old
-    file or the new one, never half of one."""
+    """Write ``text`` through a fsynced temporary file renamed over ``path``: never half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

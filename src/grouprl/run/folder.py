@@ -1,6 +1,4 @@
-"""A run folder: who may write into it, and what is never touched.
-
-A run claims its folder with a lock file before any expensive work (a dead process's lock is taken over); a
+"""A run folder: a run claims it with a lock file before any expensive work (a dead process's lock is taken over); a
 folder holding a run is refused unless resumed or replaced with ``overwrite``, which removes only what runs
 write; a folder holding anything else is refused; a start that never finished a step is replaced."""
 
@@ -24,8 +22,8 @@ from grouprl.run.signals import interrupts
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "summary.json", "config.yaml", "timeline.jsonl")
 RUN_DIRS = ("checkpoints", "report", "servers", *run_folders())
 LOCK = ".grouprl.lock"
+# the atomic writer's temporary files a kill left
 OWN_TEMP = re.compile(r"^\.(metrics\.jsonl|completions\.jsonl|summary\.json|config\.yaml|timeline\.jsonl)\..*\.tmp$")
-"""Temporary files of the atomic writer (:mod:`grouprl.run.files`), left behind by a kill."""
 CHECKPOINT_NAME = re.compile(r"^(step-\d+|\.tmp-step-.*|\.delete-step-.*)$")
 REPORT_NAME = re.compile(r"^(report\.html|[a-z_]+\.png|\.[a-z_]+\.(html|png)\..*\.tmp)$")
 SERVER_LOG_NAME = re.compile(r"^server-\d+\.log$")
@@ -139,8 +137,7 @@ def _started(pid: int) -> int | None:
 
 
 def _alive(holder: dict) -> bool:
-    """Whether the lock's process still runs (told apart from a reused pid by its start time); a lock from
-    another host is trusted."""
+    """Whether the lock's process still runs (by pid and start time); a lock from another host is trusted."""
     if holder.get("host") != socket.gethostname():
         return True
     try:
@@ -154,7 +151,6 @@ def _alive(holder: dict) -> bool:
 
 
 def remove_run_files(folder: Path) -> None:
-    """Delete what runs write in ``folder`` (and nothing else)."""
     for name in RUN_FILES:
         (folder / name).unlink(missing_ok=True)
     for p in folder.iterdir():
@@ -195,8 +191,7 @@ def claim_output_dir(folder: str | Path, *, resume_from: str | None = None, over
     return lock, earlier
 
 
-CLAIMED_BY_PARENT = "GROUPRL_CLAIMED_OUTPUT_DIR"
-"""Set by a process that claimed a run folder for the processes it starts (``--nproc``)."""
+CLAIMED_BY_PARENT = "GROUPRL_CLAIMED_OUTPUT_DIR"  # set for the processes of --nproc
 
 
 @contextlib.contextmanager

@@ -8,20 +8,15 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-ENTROPY_FLOOR = 0.25
-"""Entropy below this share of its mean over the first ENTROPY_START_STEPS: the policy stopped exploring."""
+ENTROPY_FLOOR = 0.25  # share of the start's entropy below which the policy stopped exploring
 ENTROPY_START_STEPS = 2
-KL_SPIKE = 3.0
-"""Per-token KL above this multiple of its recent median (and above KL_SPIKE_MIN): an update too large."""
+KL_SPIKE = 3.0  # per-token KL above this multiple of its recent median (and above KL_SPIKE_MIN): an update too large
 KL_SPIKE_MIN = 0.1
 KL_WINDOW = 10
-KL_WARMUP = 5
-"""Steps of KL seen before spikes are judged: KL grows from 0 by design."""
-ZERO_STD_HIGH = 0.75
-"""ZERO_STD_RUN steps in a row with this share of all-equal groups: little is left to learn."""
+KL_WARMUP = 5  # steps of KL seen before spikes are judged: KL grows from 0 by design
+ZERO_STD_HIGH = 0.75  # ZERO_STD_RUN steps in a row with this share of all-equal groups: little is left to learn
 ZERO_STD_RUN = 3
-MASKED_HIGH = 0.5
-"""A rollout correction masking this share of the policy tokens: its band is narrower than the mismatch."""
+MASKED_HIGH = 0.5  # share of policy tokens masked by a too narrow rollout correction
 
 
 class HealthWatch:

@@ -24,8 +24,7 @@ def _plain(value: Any) -> Any:
 
 
 RECORD_TEXT_CAP = 16_000
-"""Characters of text one completions.jsonl record keeps at most, so a huge observation is not written every step.
-The strings share the cap by a water level; a cut one keeps its two ends around :data:`CUT_MARK`."""
+"""Characters one completions.jsonl record keeps, shared by its strings by a water level (a cut one keeps its ends)."""
 KEPT_WHOLE = 64
 CUT_MARK = "[... {} characters cut ...]"
 
@@ -150,7 +149,6 @@ class JsonlLog:
         write_text_atomic(self.path, "".join(kept))
 
     def records(self) -> list[dict[str, Any]]:
-        """Every whole record, in order."""
         out = []
         for line in self._lines():
             try:
@@ -163,8 +161,6 @@ class JsonlLog:
 
 
 class NullLog:
-    """The logs of every process but the first: nothing is written."""
-
     def append(self, records: Any) -> None:
         pass
 
@@ -205,7 +201,6 @@ class Progress:
         self.bar.start()
 
     def update(self, step: int, metrics: dict[str, Any], alert: str | None = None) -> None:
-        """Show ``step``'s metrics and an ``alert`` from :mod:`grouprl.run.health`."""
         if self.console is None:
             return
         kl = metrics.get("policy/kl")
@@ -225,7 +220,6 @@ class Progress:
         self.bar.update(self.task, completed=step, reward=reward, kl=kl, tps=rate, extra=extra)
 
     def print(self, *args: Any) -> None:
-        """Print rich markup above the bar, or as plain text without one."""
         if self.console is not None:
             self.console.print(*args, soft_wrap=True)
 
@@ -244,8 +238,7 @@ class Progress:
 
 
 class PhaseTimer:
-    """Wall time per named phase (``with timer("rollout"): ...``); ``spans`` keeps each one's first start and last
-    end."""
+    """Wall time per named phase (``with timer("rollout"): ...``); ``spans``: each one's first start, last end."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}

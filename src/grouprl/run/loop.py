@@ -20,8 +20,6 @@ from grouprl.run.signals import StopOnSignal, to_stderr
 
 
 class Run(Protocol):
-    """What :func:`run_loop` needs of a trainer."""
-
     config: Any
     out: Path
     run_config: Any
@@ -69,8 +67,7 @@ def last_eval(run: Run) -> dict[str, float]:
 
 
 def watch_health(run: Run, metrics: dict[str, Any], progress: Progress) -> str | None:
-    """Add the step's ``health/*`` signs to ``metrics`` and print each new warning; the first active one's short
-    form for the bar, or None."""
+    """Add ``health/*`` to ``metrics``, print each new warning; the first active one's short form, or None."""
     if run.health is None:
         return None
     signs, active = run.health.observe(run.step_count, metrics)

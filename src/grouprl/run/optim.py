@@ -9,8 +9,8 @@ import torch
 from grouprl.errors import NonFiniteError
 from grouprl.registry import Registry
 
+# name -> fn(progress in [0, 1]) -> multiplier after warm-up
 LR_SCHEDULES: Registry = Registry("learning-rate schedule")
-"""name -> ``fn(progress in [0, 1]) -> multiplier`` applied after warm-up."""
 
 LR_SCHEDULES.register("constant", lambda progress: 1.0)
 LR_SCHEDULES.register("linear", lambda progress: max(0.0, 1.0 - progress))

@@ -7,8 +7,7 @@ import torch
 
 from grouprl.rollout.seeds import mix_seed
 
-EVAL_STREAM = 7_777_777
-"""First part of every evaluation seed, so ``grouprl eval`` draws what the trainer's evaluation drew."""
+EVAL_STREAM = 7_777_777  # so grouprl eval draws what the trainer's evaluation drew
 SHUFFLE_STREAM = 1_000
 
 
@@ -23,7 +22,6 @@ def group_seeds(base: int, first_prompt: int, num_prompts: int, group_size: int)
 
 
 def generator(*parts: int) -> torch.Generator:
-    """A CPU generator seeded with ``mix_seed(*parts)``."""
     return torch.Generator().manual_seed(mix_seed(*parts))
 
 

@@ -17,8 +17,7 @@ from typing import Any
 from grouprl.errors import Interrupted
 
 SIGNAL_GRACE_S = 25.0
-"""Seconds from a stop signal to the end of the run: under the 30 s schedulers (Slurm's KillWait, Kubernetes'
-terminationGracePeriodSeconds) wait before SIGKILL, with room for the exit."""
+"""Seconds from a stop signal to the run's end: under the 30 s schedulers wait before SIGKILL, with room to exit."""
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -93,8 +92,7 @@ class StopOnSignal:
 
     def finish(self, signalled: bool, save: Callable[[], Any], step: int,
                echo: Callable[[str], None] | None) -> None:
-        """When any process got a signal: save a checkpoint of ``step`` (none before the first) and raise
-        ``Interrupted``."""
+        """When any process got a signal: save a checkpoint of ``step`` (if any) and raise ``Interrupted``."""
         if not signalled:
             return
         signum = self.signum or signal.SIGTERM

@@ -55,8 +55,6 @@ def run_folders() -> tuple[str, ...]:
 
 
 class Loggers:
-    """The sinks of one run: each record goes to every one, metrics.jsonl first."""
-
     def __init__(self, sinks: Sequence[Sink]):
         self.sinks = list(sinks)
 

@@ -7,14 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-PROJECT = "grouprl"
-"""The project trackio and wandb file runs under (WANDB_PROJECT wins for wandb)."""
+PROJECT = "grouprl"  # the project trackio and wandb file runs under (WANDB_PROJECT wins for wandb)
 
 
 @dataclass(frozen=True)
 class RunInfo:
-    """What a sink is told about the run when it opens."""
-
     folder: Path
     config: dict[str, Any]
     """What config.yaml records, as plain data."""
@@ -33,7 +30,6 @@ class Sink(Protocol):
     package: ClassVar[str | None]
     """The module it imports, checked for before any model loads."""
     extra: ClassVar[str | None]
-    """grouprl's pip extra that installs ``package``."""
     folder: ClassVar[str | None]
     """What it writes inside the run folder (removed with the run)."""
 
