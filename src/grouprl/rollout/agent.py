@@ -23,13 +23,11 @@ from grouprl.rollout.stops import pad_id, stop_token_ids
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits, decode_conversations
 from grouprl.types import RolloutBatch, SamplingParams
 
-PLACEHOLDER = "\u2063grouprl-turn\u2063"
-"""Stands for an assistant turn's content while the templates are diffed (a string no model writes)."""
+PLACEHOLDER = "\u2063grouprl-turn\u2063"  # an assistant turn's content while templates are diffed
 
 
 class ChatRenderer:
-    """Renders conversations with a tokenizer's chat template, tools included, and finds the tokens that join the
-    policy's turn to the environment's reply."""
+    """Renders conversations with the chat template and finds the tokens joining a policy turn to the next."""
 
     def __init__(self, tokenizer: Any, tools: Sequence[Any] = (), system_prompt: str | None = None,
                  tools_prompt: str | None = None):
@@ -74,8 +72,7 @@ class ChatRenderer:
 
 
 class AgentSampler:
-    """Multi-turn rollouts of ``model`` in text environments, G trajectories per reset, on the built-in engine or
-    ``engine`` (a vLLM one)."""
+    """G trajectories per reset in text environments, on the built-in engine or a conversation ``engine``."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, renderer: ChatRenderer, limits: TurnLimits,
                  engine: Any = None, compile_steps: bool = False):
@@ -126,9 +123,8 @@ class AgentSampler:
 
     def generate(self, episodes: Sequence[Any], group_size: int, params: SamplingParams, *,
                  seed: int | Sequence[int] | None = None) -> RolloutBatch:
-        """Play ``episodes`` (B = P * G, group-major, a group's G from one reset) to their ends. A trajectory whose
-        environment fails ends with reason ``error``; only a batch of failures is an
-        :class:`~grouprl.errors.EnvError`."""
+        """Play ``episodes`` (B = P * G, group-major) to their ends; a failed environment ends its trajectory with
+        ``error``, and only a batch of failures is an :class:`~grouprl.errors.EnvError`."""
         starts = [ep.start() for ep in episodes]
         groups = len(episodes) // group_size
         # a group's opening: its first reset that worked (they share the seed and the row)
@@ -247,4 +243,3 @@ def _with_failed_groups(out: Conversations, rows: list[int], total: int) -> Conv
 
 
 EPISODE_FACTS = ("return_", "tool_calls", "tool_errors", "success", "state_keys", "step_rewards", "opening")
-"""What each episode reports into the batch's ``info`` (see :class:`grouprl.envs.episode.Episode`)."""

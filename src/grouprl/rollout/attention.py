@@ -15,8 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 NAME = "grouprl_decode"
-MAX_QUERIES = 16
-"""New positions per row up to which a call is a decode step; longer ones go to SDPA."""
+MAX_QUERIES = 16  # new positions per row up to which a call is a decode step; longer ones go to SDPA
 
 
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,

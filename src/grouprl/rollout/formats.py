@@ -33,7 +33,6 @@ class RolloutFormat:
     """Beside fp32 training it computes the trainer's own numbers."""
     cpu_only: bool
     unavailable: Callable[[], str | None] = _runs_anywhere
-    """Why it cannot run on this machine, or None."""
 
 
 FORMATS: Registry[RolloutFormat] = Registry("rollout format")

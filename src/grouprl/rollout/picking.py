@@ -15,8 +15,7 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     return torch.where(seen, penalised, logits)
 
 
-BLOCK = 256
-"""Tokens per block of the two-level draw (about the square root of a 50k-150k vocabulary)."""
+BLOCK = 256  # tokens per block of the two-level draw (about the square root of a 50k-150k vocabulary)
 
 
 def _last_with_mass(cdf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

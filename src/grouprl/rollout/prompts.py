@@ -34,8 +34,7 @@ def render_prompt(tokenizer: Any, prompt: Prompt, *, system_prompt: str | None =
 
 def encode_prompt(tokenizer: Any, prompt: Prompt, *, system_prompt: str | None = None,
                   use_chat_template: bool = True) -> list[int]:
-    """Token ids of the rendered ``prompt``: the template's markers special, the prompt's own text as text (no BOS
-    added beyond the template's)."""
+    """Token ids of the rendered ``prompt``: the template's markers special, the prompt's own text as text."""
     if isinstance(prompt, str) and not use_chat_template:
         return text_ids(tokenizer, render_prompt(tokenizer, prompt, system_prompt=system_prompt,
                                                  use_chat_template=False))
@@ -53,9 +52,8 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], *, system_prompt: 
 def encode_checked(tokenizer: Any, rows: Sequence[dict[str, Any]], what: str, max_len: int, *,
                    system_prompt: str | None, use_chat_template: bool, context: int | None = None,
                    max_new_tokens: int = 0, places: Sequence[str] = ()) -> list[list[int]]:
-    """Token ids of every row's prompt. A prompt over ``max_len`` tokens, over ``context`` with its
-    ``max_new_tokens``, or empty is a :class:`~grouprl.errors.PromptTooLongError` naming its row (``places[i]``
-    where given, else its index in ``what``) and quoting it."""
+    """Token ids of every row's prompt; one too long (``max_len``, or ``context`` with ``max_new_tokens``) or empty
+    is a :class:`~grouprl.errors.PromptTooLongError` naming its row (``places[i]``, else its index in ``what``)."""
     ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], system_prompt=system_prompt,
                          use_chat_template=use_chat_template)
     if context is not None and max_new_tokens >= context:

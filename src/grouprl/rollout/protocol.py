@@ -18,8 +18,7 @@ from grouprl.types import RolloutBatch, SamplingParams
 
 @runtime_checkable
 class SamplesAhead(Protocol):
-    """Weight hand-over driven by a rollout thread sampling ahead of the trainer (:mod:`grouprl.trainer.ahead`);
-    a version is one ``update_weights``."""
+    """Weight hand-over driven by a rollout thread sampling ahead; a version is one ``update_weights``."""
 
     @property
     def version(self) -> int:
@@ -94,8 +93,7 @@ class ConversationEngine(RolloutEngine, Protocol):
     def conversations(self, prompt_rows: list[list[int]], group_size: int, params: SamplingParams,
                       limits: TurnLimits, respond: Callable[[list[int], list[list[int]], list[bool]], list[Reply]],
                       seeds: list[int], stop_ids: list[int]) -> Conversations:
-        """G trajectories per initial prompt, rows group-major, each turn answered by ``respond(rows, turns,
-        stopped)``; as :func:`grouprl.rollout.turns.decode_conversations` returns them."""
+        """As :func:`grouprl.rollout.turns.decode_conversations`, each turn answered by ``respond``."""
 
 
 def declared(*protocols: type) -> frozenset[str]:

@@ -58,8 +58,7 @@ class _WholeCall(nn.Module):
 
 
 def run_with_bf16_weights(model: nn.Module, fn: Callable[[nn.Module], Any]) -> Any:
-    """``fn(model)`` with every float32 parameter replaced by a bfloat16 copy, under bf16 autocast (which alone would
-    re-cast each weight at every call under ``torch.inference_mode``)."""
+    """``fn(model)`` on bf16 copies of the fp32 parameters (autocast alone re-casts each weight at every call)."""
     wrapper = _WholeCall(model)
     params = {name: p.to(torch.bfloat16) if p.dtype == torch.float32 else p for name, p in wrapper.named_parameters()}
     with torch.autocast(model_device(model).type, dtype=torch.bfloat16):

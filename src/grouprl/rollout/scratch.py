@@ -18,8 +18,7 @@ _WATCH = ("import os, shutil, sys; os.chdir('/'); sys.stdin.buffer.read(); "
 
 
 class ScratchFolder:
-    """A new empty folder ``<parent>/<prefix>XXXXXXXX``, removed by :meth:`remove`, on collection, at exit, or by its
-    watcher."""
+    """A new empty folder ``<parent>/<prefix>XXXXXXXX``, removed by :meth:`remove`, collection, exit or its watcher."""
 
     def __init__(self, prefix: str, parent: str | Path | None = None):
         self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))

@@ -57,8 +57,7 @@ class Conversations:
         return [r in ("length", "turns") for r in self.end_reason]
 
     def add_reply(self, row: int, reply: Reply, used: int, limits: TurnLimits) -> bool:
-        """Count ``row``'s turn and append ``reply``; False when the trajectory ends instead (``used``: its tokens
-        after the prompt)."""
+        """Count ``row``'s turn and append ``reply``; False when the trajectory ends instead."""
         self.turns[row] += 1
         reason = _ended(reply, used, self.turns[row], limits)
         if reason is not None:

@@ -40,8 +40,7 @@ from grouprl.rollout.vllm_weights import (
 )
 from grouprl.types import RolloutBatch, SamplingParams
 
-KV_HEADROOM = 1.25
-"""Room above the KV cache's exact need: vLLM allocates it in blocks of tokens, rounding every request up."""
+KV_HEADROOM = 1.25  # vLLM rounds every request up to blocks of tokens
 MIN_KV_BYTES = 64 * 2**20
 
 
@@ -173,8 +172,7 @@ class VLLMSampler:
         self.lora_request = LoRARequest(f"grouprl-{self.adapter_version}", self.adapter_version, path)
 
     def close(self) -> None:
-        """Remove the engine's folder; release vLLM's process groups before the run's own (its exit handler fails
-        on subgroups of a destroyed group)."""
+        """Remove the engine's folder; release vLLM's process groups before the run's own."""
         self.scratch.remove()
         if torch.distributed.is_initialized():
             from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel

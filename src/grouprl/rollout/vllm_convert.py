@@ -33,8 +33,7 @@ def vllm_sampling_kwargs(params: SamplingParams, stop_token_ids: Sequence[int], 
 def outputs_to_batch(completions: Sequence[Any], prompt_ids: list[list[int]], group_size: int, tokenizer: Any,
                      pad_id: int, stop_strings: tuple[str, ...], prompts: list | None = None,
                      extras: dict[str, list] | None = None) -> RolloutBatch:
-    """A prompt-major :class:`~grouprl.types.RolloutBatch` from B = P * G vLLM ``CompletionOutput`` s in row order,
-    texts decoded and cut at stop strings as the built-in sampler does."""
+    """A :class:`~grouprl.types.RolloutBatch` from B = P * G vLLM ``CompletionOutput`` s, as the built-in sampler's."""
     if len(completions) != len(prompt_ids) * group_size:
         raise ValueError(f"{len(completions)} completions for {len(prompt_ids)} prompts x {group_size}")
     tokens = [list(c.token_ids) for c in completions]

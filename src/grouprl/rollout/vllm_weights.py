@@ -28,8 +28,7 @@ def wrapped_weight_name(name: str, engine_params: set[str], packed: dict[str, li
 
 
 def resolves_lora_wrappers() -> bool:
-    """Whether this vLLM reloads a LoRA engine's base weights under their plain names (after 0.26; older
-    ones take only the wrapped names)."""
+    """Whether this vLLM (after 0.26) reloads a LoRA engine's base weights under their plain names."""
     try:
         from vllm.model_executor.model_loader.reload.inplace import get_parameter_for_reload  # noqa: F401
     except ImportError:
@@ -89,8 +88,7 @@ def restore_kv_cache(worker: Any, sizes: list[int]) -> None:
 
 def full_tensors(model: nn.Module, device: torch.device | None,
                  keep: Callable[[str], bool] = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) of the entries of ``model``'s state dict whose name ``keep`` accepts, one at a time
-    (:func:`whole`: under FSDP a collective, every process iterates alike)."""
+    """(name, full tensor) of ``model``'s state dict entries ``keep`` accepts, one at a time (a collective)."""
     for name, t in model.state_dict().items():
         if keep(name):
             yield name, whole(t, device)

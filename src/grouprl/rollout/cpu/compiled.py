@@ -21,16 +21,14 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from grouprl.rollout.attention import grouped_attention
 from grouprl.rollout.cpu.layer_loop import LayerLoop, float_rows
 
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # hidden_act values it computes
     "silu": F.silu,
     "swish": F.silu,
     "gelu": F.gelu,
     "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
 }
-"""``config.hidden_act`` values the compiled step computes (others decode eagerly)."""
 PROJECTIONS = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
-               ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))
-"""A layer's projections (block, name), in the order the step runs them."""
+               ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))  # in the order the step runs them
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -117,7 +115,6 @@ class CompiledStep:
         return 1 if self.unsupported is not None else self.FEWEST_ROWS
 
     def metrics(self) -> dict[str, float]:
-        """``time/compile``: seconds spent compiling since the last call."""
         out, self._logged = {"time/compile": self.compile_seconds - self._logged}, self.compile_seconds
         return out
 
@@ -221,7 +218,6 @@ def inductor_options() -> dict[str, int]:
 
 
 def compiler_found() -> bool:
-    """Whether inductor finds the C++ compiler its CPU code needs."""
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
 

@@ -14,8 +14,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from grouprl.rollout.attention import grouped_attention
 from grouprl.rollout.cache import BufferLayer
 
-FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
-"""``config.model_type`` values whose decoder layer is the block :meth:`LayerLoop.step` computes."""
+FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral"})  # model types whose decoder layer LayerLoop.step computes
 
 
 def float_rows(logits: torch.Tensor) -> torch.Tensor:
