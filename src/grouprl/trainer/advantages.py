@@ -23,8 +23,7 @@ class GroupBaseline:
         self.config, self.reduce = config, reduce
 
     def rows_in_loss(self, got: Collected, mask: torch.Tensor) -> torch.Tensor:
-        """``[B]`` bool: the rows :meth:`prepare` will leave in the loss, so the log-prob passes skip the others;
-        all of them under ``kl_in_reward``, where every row's KL moves its group's rewards."""
+        """``[B]`` bool: the rows :meth:`prepare` leaves in the loss (all under ``kl_in_reward``), for the passes."""
         live = mask.sum(-1) > 0
         if self.config.kl_penalty_in_reward:
             return torch.ones_like(live)
@@ -53,8 +52,7 @@ class GroupBaseline:
         return data, {}, constant
 
     def grouping(self, got: Collected, rows: torch.Tensor | None = None) -> dict[str, Any]:
-        """The batch's ``group_ids`` (of ``rows``) where it has them (agents), else contiguous groups of
-        ``group_size``."""
+        """The batch's ``group_ids`` (of ``rows``) where it has them, else contiguous groups of ``group_size``."""
         ids = got.batch.group_ids
         ids = ids if ids is None or rows is None else ids[rows.to(ids.device)]
         return {"group_size": None if ids is not None else self.config.group_size, "group_ids": ids}

@@ -59,8 +59,7 @@ class Sample:
 
 
 def samples(calls: Sequence[Call]) -> list[Sample]:
-    """The sequences ``calls`` make: one while each prompt extends the last prompt and completion token for token,
-    a new one where it does not."""
+    """The sequences ``calls`` make: a new one wherever a prompt does not extend the last, token for token."""
     out: list[Sample] = []
     for call in calls:
         so_far = out[-1].prompt + out[-1].tokens if out else None
@@ -73,8 +72,7 @@ def samples(calls: Sequence[Call]) -> list[Sample]:
 
 
 class AgentCollector:
-    """Runs ``agent`` (``async def f(client, row) -> float | None`` or a plain function, run in a thread) against
-    ``endpoint``; a None reward is the reward functions' score of its last answer."""
+    """Runs ``agent`` (async, or a function run in a thread) against ``endpoint``; None rewards are the functions'."""
 
     def __init__(self, endpoint: ChatEndpoint, agent: Callable[..., Any], rows: Sequence[dict[str, Any]],
                  reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: TrainerConfig,
@@ -201,8 +199,7 @@ class AgentCollector:
 
 
 def _in_thread(fn: Callable[..., Any], client: Any, row: dict[str, Any]) -> asyncio.Future:
-    """``fn(client, row)`` in a daemon thread of its own: one that hangs is left behind (its key closed) without
-    holding up the run or its exit."""
+    """``fn(client, row)`` in a daemon thread, so one that hangs holds up neither the run nor its exit."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 

@@ -1,13 +1,7 @@
-"""Collecting ahead of the trainer (``max_staleness: k``, k > 0): a background thread samples the next steps'
-batches on the servers while the trainer updates; each is consumed at most k policy versions after the one
-that sampled it (docs/async.md).
-
-A version is one weight hand-over (one per update, one on resume); a row's staleness is the trainer's version
-minus the version the server reported for it. A batch starts only when it will be consumed within k versions;
-one that still arrives staler is dropped (``async/dropped``) and sampled again. Requests in flight finish on
-their version; an agent's rows count as the version their batch started with. Batches sampled ahead and not
-consumed are sampled again on resume. ``timeline.jsonl`` records when each batch was sampled and when the
-trainer ran its phases."""
+"""Collecting ahead of the trainer (``max_staleness: k`` > 0, docs/async.md): a background thread samples the next
+steps' batches on the servers while the trainer updates. A version is one weight hand-over; a batch starts only
+when it will be consumed within k versions of the one sampling it, and one that arrives staler is dropped
+(``async/dropped``) and sampled again. ``timeline.jsonl`` records when batches and trainer phases ran."""
 
 from __future__ import annotations
 
@@ -27,8 +21,7 @@ from grouprl.trainer.config import TrainerConfig
 from grouprl.trainer.one_process import OneProcess
 
 POLL_S = 0.05
-STOP_WITHIN_S = 30.0
-"""How long :meth:`AheadCollector.close` waits for the rollout thread (a reward function may be mid-batch)."""
+STOP_WITHIN_S = 30.0  # how long close() waits for the rollout thread
 
 
 @dataclass
@@ -190,8 +183,7 @@ class AheadCollector:
         return got
 
     def _take(self) -> tuple[Ahead, int, int, float, int]:
-        """(oldest batch, how many were ready, trainer's version, mean and most versions behind); raises the
-        thread's error if it failed."""
+        """(oldest batch, how many were ready, trainer's version, mean and most versions behind), or the error."""
         with self.cond:
             ready = len(self.ready)
             while not self.ready and self.error is None:
@@ -214,8 +206,7 @@ class AheadCollector:
             return batch, ready, version, mean, most
 
     def _most_of_all(self, most: int | None) -> int | None:
-        """The most versions behind over every process (None: this one failed), so a stale batch is dropped by
-        all and the processes' pushes pair up."""
+        """The most versions behind over every process (None: failed), so all drop a stale batch together."""
         every = self.processes.gather(most)
         failed = [r for r, m in enumerate(every) if m is None]
         if most is not None and failed:

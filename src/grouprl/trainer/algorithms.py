@@ -19,9 +19,8 @@ KEY_GROUPS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Algorithm:
-    """One language-model algorithm: its update rule, the :data:`KEY_GROUPS` it ``owns``, whether a ``critic``
-    gives per-token GAE advantages, and the defaults of ``advantage``, ``kl_in_reward`` and ``kl_controller``
-    when those keys are empty (``defines_advantage``: the estimator makes the algorithm, so it may not differ)."""
+    """One language-model algorithm: its update rule, the :data:`KEY_GROUPS` it ``owns``, a ``critic``, and the
+    defaults of its empty keys (``defines_advantage``: the estimator makes the algorithm, so it may not differ)."""
 
     update: str
     owns: tuple[str, ...] = ()

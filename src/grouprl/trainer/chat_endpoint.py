@@ -1,7 +1,6 @@
-"""An OpenAI-compatible chat endpoint (``POST /v1/chat/completions``) that samples through a rollout engine and
-records, per API key (one trajectory), every call's prompt ids, sampled ids and sampling log-probs, so an agent
-is trained on the tokens it was served. Requests that arrive together are sampled in one engine call. ``content``
-keeps the text as sampled, tool-call markup included, so the next call renders the sampled tokens back."""
+"""An OpenAI-compatible chat endpoint (``POST /v1/chat/completions``) that records, per API key (one trajectory),
+every call's prompt ids, sampled ids and log-probs, so an agent is trained on the tokens it was served.
+``content`` keeps the text as sampled, tool-call markup included, so the next call renders the same tokens."""
 
 from __future__ import annotations
 
@@ -192,8 +191,7 @@ class ChatEndpoint:
 
 
 def _messages(raw: Any) -> list[dict[str, Any]]:
-    """The request's messages as the chat template takes them: text content (a list of text parts joined), tool-call
-    arguments as objects; a 400 naming the message at fault."""
+    """The request's messages as the chat template takes them, or a 400 naming the message at fault."""
     if not isinstance(raw, list) or not raw:
         raise RequestError(400, "messages must be a non-empty list")
     out = []

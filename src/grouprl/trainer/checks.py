@@ -29,8 +29,7 @@ ZERO_STD_POLICIES = ("keep", "drop")
 
 
 def check(config: TrainerConfig, *more: Callable[[Any], list[str]]) -> None:
-    """Raise :class:`ConfigError` naming every problem of ``config``, its trainer keys' and those each of ``more``
-    finds (:func:`grouprl.config.check` adds the run's); return when it can run."""
+    """Raise :class:`ConfigError` naming every problem of ``config`` and those each of ``more`` finds."""
     try:
         found = problems(config) + [p for extra in more for p in extra(config)]
     except ConfigError:
@@ -105,8 +104,7 @@ BOUNDS: dict[str, str] = {
     **dict.fromkeys(("prompts_per_step", "mu", "max_new_tokens", "max_prompt_len", "eval_samples", "max_turns",
                      "dynamic_sampling_max_rounds", "kl_horizon", "cg_iters", "backtracks", "fisher_stride"), ">= 1"),
 }
-"""Keys with a range of their own -> what their value must be, as the message says it: ``[a finite number] > x``,
-``>= x``, or an interval ``in [lo, hi)``, then an optional note in parentheses. An empty (None) value passes."""
+"""Key -> its range as the message says it (``> x``, ``>= x`` or ``in [lo, hi)``, a note); None passes."""
 _BOUND = re.compile(r"(?:a finite number )?(?:(>=|>) (\S+)|in ([\[(])(\S+), (\S+?)([\])]))(?: \(.*\))?")
 
 

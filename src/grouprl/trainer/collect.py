@@ -42,8 +42,7 @@ class Collected:
 
 
 class GroupCollector:
-    """Draws each step's prompts from a seeded stream, samples G completions of each and scores them;
-    ``share(count) -> (first, stop)`` is this process's slice of a step's prompts."""
+    """Draws each step's prompts from a seeded stream, samples G completions of each and scores them."""
 
     def __init__(self, sampler: Any, rows: Sequence[dict[str, Any]], prompt_ids: Sequence[list[int]],
                  reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: TrainerConfig,
@@ -56,8 +55,7 @@ class GroupCollector:
         self.stream = PromptStream(len(self.rows), config.seed)
 
     def collect(self, step: int, timer: PhaseTimer) -> Collected:
-        """P groups of G completions with their rewards. Under dynamic sampling, all-equal groups are
-        dropped and more prompts sampled, up to ``dynamic_sampling_max_rounds`` rounds."""
+        """P groups of G completions with their rewards; dynamic sampling drops all-equal groups and samples more."""
         c = self.config
         kept: list[tuple[RolloutBatch, torch.Tensor, dict]] = []
         have, rounds, self.judge_rounds = 0, 0, []

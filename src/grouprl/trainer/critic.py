@@ -35,8 +35,7 @@ def token_rewards(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor, b
 
 
 class Critic:
-    """PPO's baseline and value loss: a value head on ``backbone``'s decoder (default: a copy of the policy's, or
-    ``critic_model``), with its own AdamW."""
+    """PPO's baseline and value loss: a value head on ``backbone``'s decoder, with its own AdamW."""
 
     def __init__(self, config: TrainerConfig, policy: torch.nn.Module, backbone: torch.nn.Module | None = None):
         c = self.config = config

@@ -25,8 +25,7 @@ DROPPED = ("error", "template")  # end reasons that carry no usable signal
 
 
 class EnvCollector:
-    """Draws each step's resets from a seeded stream and plays G trajectories from each with ``sampler``
-    (:class:`grouprl.rollout.agent.AgentSampler`)."""
+    """Draws each step's resets from a seeded stream and plays G trajectories from each."""
 
     def __init__(self, sampler: Any, rows: Sequence[dict[str, Any]], env: Callable[[], Any], tools: Sequence[Any],
                  reward_fns: Sequence[Callable], reward_weights: Sequence[float], config: TrainerConfig,
@@ -98,9 +97,8 @@ class EnvCollector:
 
 def evaluate_episodes(collector: EnvCollector, rows: Sequence[dict[str, Any]], *, params: Any, k: int, seed: int,
                       first: int = 0, batch_resets: int = EVAL_BATCH) -> dict[str, float]:
-    """Play ``k`` trajectories from each held-out reset: ``eval/success`` (where the environment says),
-    ``eval/pass@k`` (a reset solved at least once), ``eval/mean_reward`` (return), ``eval/turns_mean``,
-    ``eval/len_mean`` (policy tokens). Trajectory j of reset i draws from ``(seed, EVAL_STREAM, i, j)`` alone."""
+    """``eval/success``, ``eval/pass@k``, ``eval/mean_reward``, ``eval/turns_mean``, ``eval/len_mean`` of ``k``
+    trajectories from each held-out reset; trajectory j of reset i draws from ``(seed, EVAL_STREAM, i, j)`` alone."""
     k = 1 if params.temperature == 0 else k
     returns, turns, lengths, success, passes = [], [], [], [], []
     for start in range(0, len(rows), batch_resets):

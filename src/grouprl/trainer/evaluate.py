@@ -11,8 +11,7 @@ from grouprl.rewards import score_rewards
 from grouprl.run.seed_streams import EVAL_STREAM, group_seeds, mix_seed
 from grouprl.types import SamplingParams
 
-EVAL_BATCH = 8
-"""Held-out prompts (or resets) sampled together, each ``k`` times."""
+EVAL_BATCH = 8  # held-out prompts (or resets) sampled together, each k times
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:

@@ -15,8 +15,7 @@ AGENT_COLUMNS = ("trajectory",)  # what an agent run's reward functions may ask 
 
 @dataclass
 class RunInputs:
-    """Rows, reward functions and their weights, the held-out checker, an environment factory and its tools or
-    the user's ``agent``, a group judge, and where each row comes from (``"prompts.jsonl line 7"``) for errors."""
+    """What a trainer trains on besides the model; ``*_places`` say where each row comes from, for errors."""
 
     train_rows: list[Row]
     reward_fns: list[Callable[..., Any]]

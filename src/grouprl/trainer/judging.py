@@ -32,11 +32,9 @@ def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
 def apply_judge(judge: Any, weight: float | None, batch: RolloutBatch, independent: torch.Tensor | None,
                 per_fn: dict[str, torch.Tensor], columns: dict[str, Sequence[Any]],
                 shown: Sequence[str] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
-    """Judge every group of ``batch``; returns (rewards ``[B]``, ``per_fn`` with ``judge`` and ``independent``,
-    judge metrics). ``weight`` None: the judge's score is the reward; w: ``independent`` (``[B]``, what the reward
-    functions gave, NaN where none applied) + w * judge. ``columns`` hold B values each (a group's first row speaks
-    for it); ``shown`` is what the judge reads of each row (default the completions). A dropped group's rows get a
-    NaN reward, so no advantage; ``judge/agreement`` is the mean Spearman rho of judge and independent rewards."""
+    """Judge every group of ``batch``: (rewards ``[B]``, ``per_fn`` with ``judge`` and ``independent``, metrics).
+    The reward is the judge's score (``weight`` None) or ``independent`` + weight * judge; a dropped group's rows
+    get NaN. ``shown``: what the judge reads of each row (default the completions)."""
     index = batch.group_index()
     members = [(index == g).nonzero().flatten().tolist() for g in range(int(index.max()) + 1)]
     shown = batch.completions if shown is None else shown

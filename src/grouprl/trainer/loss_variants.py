@@ -29,9 +29,7 @@ ROLLOUT_IS_KEYS: dict[str, dict[str, str]] = {
     "icepop": {"icepop_low": "low", "icepop_high": "high"},
     "sequence-mask": {"sequence_mask_low": "low", "sequence_mask_high": "high"},
 }
-"""rollout_is level -> {config key: keyword of its function in
-:data:`grouprl.algos.rollout_correction.ROLLOUT_IS_LEVELS`}. ``auto`` reads token's keys (it resolves to
-token or to none); ``none`` reads none."""
+"""rollout_is level -> {config key: keyword of its function in ``ROLLOUT_IS_LEVELS``}; ``auto`` reads token's keys."""
 
 
 def policy_options(c: TrainerConfig) -> dict[str, Any]:
@@ -65,8 +63,7 @@ def _stray_keys(c: TrainerConfig, field: str, chosen: str, reads: set[str],
 
 
 def variant_problems(c: TrainerConfig) -> list[str]:
-    """Problems of config ``c``'s loss variants: unknown names, numbers out of range, another variant's keys
-    set, and a variant the algorithm's update does not apply."""
+    """Problems of config ``c``'s loss variants: names, ranges, another variant's keys, an unapplied variant."""
     if c.policy_loss not in POLICY_LOSS_KEYS:
         return [f"policy_loss={c.policy_loss!r} is not one of: {', '.join(POLICY_LOSSES.names())}"]
     out = _stray_keys(c, "policy_loss", c.policy_loss, set(POLICY_LOSS_KEYS[c.policy_loss]), POLICY_LOSS_KEYS)

@@ -36,8 +36,7 @@ class MetricAverager:
 
 def reward_metrics(rewards: torch.Tensor, per_fn: dict[str, torch.Tensor],
                    constant: torch.Tensor | None) -> dict[str, float]:
-    """``reward/mean|std`` over rows some function applied to, ``reward/<name>`` per function, and
-    ``rollout/zero_std_frac`` (rows of all-equal groups, ``constant [B]``) when a group baseline is used."""
+    """``reward/mean|std``, ``reward/<name>`` and, with ``constant [B]``, ``rollout/zero_std_frac``."""
     valid = rewards[~torch.isnan(rewards)]
     out = {"reward/mean": float(valid.mean()) if len(valid) else float("nan"),
            "reward/std": float(valid.std(unbiased=False)) if len(valid) else float("nan")}

@@ -46,9 +46,8 @@ def bf16_base_fits(policy: nn.Module, config: TrainerConfig, processes: Any, own
 
 
 def micro_batches(rows: torch.Tensor, live: torch.Tensor | None, size: int, in_step: bool) -> list[torch.Tensor]:
-    """``rows`` (``[n]``) in passes of at most ``size``, less the rows not ``live`` (``[B]`` bool), split first so
-    passes do not depend on the process split. An empty pass is skipped, or with ``in_step`` (processes must make
-    the same passes) keeps its first row."""
+    """``rows`` (``[n]``) in passes of at most ``size`` less the rows not ``live`` (``[B]`` bool); an emptied pass
+    is skipped, or with ``in_step`` (processes must make the same passes) keeps its first row."""
     out = []
     for chunk in rows.split(size):
         kept = chunk if live is None else chunk[live[chunk].to(chunk.device)]

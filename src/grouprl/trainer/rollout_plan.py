@@ -60,8 +60,7 @@ class RolloutPlan:
 @dataclass(frozen=True)
 class Engine:
     build: Callable[[Any, RolloutPlan, nn.Module, Any, int, bool], Any]
-    """(config, plan, policy, tokenizer, longest sequence, multi-turn) -> the sampler (None: multi-turn on the
-    live policy)."""
+    """(config, plan, policy, tokenizer, longest sequence, multi-turn) -> the sampler or None."""
     own_weights: bool
 
 
@@ -105,8 +104,7 @@ def vllm_engine(config: TrainerConfig, policy: nn.Module, tokenizer: Any, max_mo
 
 def plan_rollout(config: TrainerConfig, formats: Any, policy: nn.Module, device: torch.device | None, *,
                  multi_turn: bool, sampler: RolloutEngine | None = None, steps: int | None = None) -> RolloutPlan:
-    """The run's :class:`RolloutPlan` (``config`` with its formats decided); ``steps``, the rounds of rollouts,
-    decide whether compiling pays. A request the run cannot honour is a ConfigError before any engine starts."""
+    """The run's :class:`RolloutPlan`; a request the run cannot honour is a ConfigError before any engine starts."""
     c = config
     if sampler is not None:
         own = not sampler.uses_live_model
@@ -138,8 +136,7 @@ def _device_of(policy: nn.Module) -> torch.device | None:
 
 def build_rollout(config: TrainerConfig, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, *, longest: int,
                   multi_turn: bool = False, sampler: RolloutEngine | None = None) -> RolloutEngine | None:
-    """The rollout engine ``plan`` names, on the placed ``policy`` (None: the multi-turn sampler decodes on the
-    live policy); ``longest`` is the longest prompt plus completion it must hold."""
+    """The rollout engine ``plan`` names on the placed ``policy``, holding ``longest`` tokens (None: the live one)."""
     if sampler is not None:
         if sampler.uses_live_model:
             sampler.update_weights(unwrap_ddp(policy))  # decode through the root (FSDP) or the module inside DDP

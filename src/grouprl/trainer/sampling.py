@@ -15,7 +15,6 @@ def rollout_params(c: TrainerConfig, stop_token_ids: tuple[int, ...] = ()) -> Sa
 
 
 def eval_params(c: TrainerConfig) -> SamplingParams:
-    """Sampling of held-out evaluation: the training settings' length and stops, ``eval_temperature``, in
-    the rollout format."""
+    """The training sampling with ``eval_temperature``."""
     return SamplingParams(max_new_tokens=c.max_new_tokens, temperature=c.eval_temperature,
                           stop_strings=tuple(c.stop_strings), format=c.rollout_format)

@@ -112,8 +112,7 @@ class AgentSource:
 
 def make_source(config: TrainerConfig, inputs: RunInputs, policy: nn.Module, tokenizer: Any, plan: RolloutPlan,
                 sampler: Any, share: Share) -> PromptSource | EnvSource | AgentSource:
-    """An agent of the user's or environments when ``inputs`` name one, else prompts; its engine is ``plan``'s, or
-    ``sampler`` where given."""
+    """The user's agent or environments when ``inputs`` name one, else prompts."""
     if inputs.agent is not None:
         return AgentSource(config, inputs, policy, tokenizer, plan, sampler, share)
     kind = PromptSource if inputs.env is None else EnvSource

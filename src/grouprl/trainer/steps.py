@@ -1,7 +1,5 @@
-"""GiGPO for agents (:mod:`grouprl.algos.gigpo`): each policy turn (a maximal run of policy tokens) gets its own
-advantage, from the episode's group and from the turns of the reset's trajectories that started in the same state
-(``info["state_key"]``, else the observation text; none after a tool reply, a singleton). Reward functions over
-the final answer are added to the last turn's reward."""
+"""GiGPO for agents (:mod:`grouprl.algos.gigpo`): each policy turn gets its own advantage, from the episode's group
+and from the group's turns that started in the same state (``info["state_key"]``, else the observation text)."""
 
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ def token_turns(policy_mask: torch.Tensor) -> torch.Tensor:
 
 
 def key_ids(keys: list[list[Any]], groups: list[int], similarity: float | None) -> list[list[int]]:
-    """Ids of the state keys, equal for equal keys of one group (or, with ``similarity``, a text key whose
-    ``difflib`` ratio to an earlier one reaches it); -1 for a missing key. Ids compare only within a group."""
+    """Ids of the state keys, equal within a group for equal (or ``similarity``-close) keys; -1 for a missing key."""
     table: dict[tuple[int, str], int] = {}
     texts: dict[int, list[tuple[str, int]]] = {}  # group -> (representative text, its id)
 

@@ -66,8 +66,7 @@ if TYPE_CHECKING:
 
 
 class Trainer:
-    """Any language-model algorithm of :data:`~grouprl.trainer.algorithms.ALGORITHMS` on a Hugging
-    Face causal LM.
+    """Any language-model algorithm of :data:`~grouprl.trainer.algorithms.ALGORITHMS` on a Hugging Face causal LM.
 
     Args:
         config: a :class:`~grouprl.trainer.config.TrainerConfig` (``algo`` picks the algorithm).
@@ -213,8 +212,7 @@ class Trainer:
         return {f"distill/{k}": float(v) for k, v in m.items()}
 
     def correct_rollout(self, data: UpdateBatch) -> dict[str, float]:
-        """With ``rollout_is`` on, weight each token by the capped or masked ratio pi_old / pi_rollout (making
-        ``data.advantages`` ``[B, T]``); on-policy the update forms the weights from its own pass instead."""
+        """With ``rollout_is`` on, weight each token by the capped or masked ratio pi_old / pi_rollout."""
         c = self.config
         if c.rollout_is_in_update:
             data.rollout_logp = data.rollout.sampling_logprobs.to(data.mask.device)
@@ -339,8 +337,7 @@ class Trainer:
 
 
 def run_formats(config: TrainerConfig, processes: Any) -> Formats:
-    """The run's number formats, decided by the first process (a resumed run keeps its checkpoint's) and sent to
-    the others, so all compute alike."""
+    """The run's number formats, decided by the first process (or a resumed checkpoint) and sent to the others."""
     formats, error = None, None
     if processes.is_main:
         try:

@@ -40,8 +40,7 @@ class UpdateBatch:
 
 
 class ClippedSurrogateUpdate:
-    """mu passes of minibatch AdamW steps on ``policy_loss`` with the KL term; with PPO's ``critic``, its value
-    loss joins each micro-batch's loss and its optimizer steps beside the policy's."""
+    """mu passes of minibatch AdamW steps on ``policy_loss`` with the KL term (and a critic's value loss)."""
 
     def __init__(self, config: TrainerConfig, passes: PolicyPasses, processes: Any, critic: Any = None):
         self.config, self.passes, self.processes, self.critic = config, passes, processes, critic
@@ -89,8 +88,7 @@ class ClippedSurrogateUpdate:
         return out
 
     def high_entropy_tokens(self, data: UpdateBatch, passes: list[torch.Tensor], avg: MetricAverager) -> torch.Tensor:
-        """``[B, T]`` float 0/1 over the rows of ``passes`` (0 elsewhere): the loss tokens in the top
-        ``top_entropy_quantile`` of the entropy over the minibatch's loss tokens in every process."""
+        """``[B, T]`` 0/1: the loss tokens of ``passes`` in the top ``top_entropy_quantile`` of the entropy."""
         entropy = torch.zeros_like(data.mask)
         with torch.no_grad():
             for micro in passes:
@@ -107,8 +105,7 @@ class ClippedSurrogateUpdate:
     def micro_loss(self, data: UpdateBatch, micro: torch.Tensor, step: int, beta: float, n_rows: float,
                    n_tokens: float, selected: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss of rows ``micro`` over the minibatch's ``n_rows`` and ``n_tokens``, scaled to this process's
-        share of the batch gradient; ``selected`` (``[B, T]`` 0/1, None: all) weighs each token's policy term."""
+        """The loss of rows ``micro`` over the minibatch's ``n_rows`` and ``n_tokens``, as this process's share."""
         c = self.config
         part = data.rows(micro)
         total, metrics = torch.zeros(()), {}
@@ -132,8 +129,7 @@ class ClippedSurrogateUpdate:
         return total * self.processes.loss_scale(), metrics
 
     def optimizer_step(self, step: int) -> float:
-        """Clip the joint gradient norm of policy and critic and step both (not the policy while the critic warms
-        up); returns the norm before clipping."""
+        """Clip the joint norm of policy and critic, step both (the policy not in warm-up); the norm before clip."""
         c = self.config
         params = [p for p in self.passes.policy.parameters() if p.requires_grad]
         if self.critic is None:

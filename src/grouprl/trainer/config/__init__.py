@@ -24,8 +24,7 @@ RETIRED: dict[str, str] = {
     "tensorboard": "use loggers: [tensorboard] (a run writes TensorBoard files only when loggers names it; for "
                    "tensorboard: false, remove the key)",
 }
-"""Keys that no longer exist -> what to write instead. Given in YAML, on the command line or to the Python API, such
-a key is refused with that text."""
+"""Keys that no longer exist -> what to write instead, the text every way of giving one is refused with."""
 
 
 # A dataclass takes its bases' fields from the last base to the first: listed last-first, config.yaml records the
@@ -34,8 +33,7 @@ a key is refused with that text."""
 class TrainerConfig(RunFolderKeys, EvaluationKeys, DistributionKeys, EngineKeys, LoRAKeys, AgentKeys, TrustRegionKeys,
                     CriticKeys, OptimizerKeys, PolicyLossKeys, AlgorithmKeys, SamplingKeys, PromptKeys,
                     ResolvedSettings):
-    """The trainer's configuration: the keys of its parts, flat, with the derived values of
-    :class:`~grouprl.trainer.resolved.ResolvedSettings`."""
+    """The keys of its parts, flat, with the derived values of :class:`~grouprl.trainer.resolved.ResolvedSettings`."""
 
     RETIRED = RETIRED
 
@@ -54,7 +52,6 @@ GRPOConfig = TrainerConfig
 
 PARTS = (PromptKeys, SamplingKeys, AlgorithmKeys, PolicyLossKeys, OptimizerKeys, CriticKeys, TrustRegionKeys, AgentKeys,
          LoRAKeys, EngineKeys, DistributionKeys, EvaluationKeys, RunFolderKeys)
-"""The parts of :class:`TrainerConfig`, in the order of its keys."""
 
 __all__ = ["PARTS", "RETIRED", "AgentKeys", "AlgorithmKeys", "CriticKeys", "DistributionKeys", "EngineKeys",
            "EvaluationKeys", "GRPOConfig", "LoRAKeys", "OptimizerKeys", "PolicyLossKeys", "PromptKeys", "RunFolderKeys",

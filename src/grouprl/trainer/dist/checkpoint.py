@@ -71,8 +71,7 @@ def save_dist_checkpoint(root: Path, step: int, *, env: DistEnv, policy: nn.Modu
                          tokenizer: Any = None, reference: nn.Module | None = None,
                          stateful: dict[str, Any] | None = None, modules: dict[str, nn.Module] | None = None,
                          keep: int = 2) -> Path:
-    """Write checkpoint ``step`` from every process (a collective) with the parts of
-    :func:`grouprl.run.checkpoint_files.save_checkpoint`; returns its folder."""
+    """:func:`grouprl.run.checkpoint_files.save_checkpoint` from every process (a collective)."""
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_model
 

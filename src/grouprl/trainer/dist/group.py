@@ -38,8 +38,7 @@ def torchrun_rank() -> int:
 
 def init_distributed(*, rank: int | None = None, world_size: int | None = None, init_method: str | None = None,
                      device: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
-    """Join (or reuse) the default process group and pick this process's device (``"cpu"`` or ``"cuda"``;
-    default: cuda when available). Without arguments everything comes from the torchrun environment."""
+    """Join (or reuse) the default process group and pick this process's device; defaults from torchrun's env."""
     rank = torchrun_rank() if rank is None else rank
     world_size = torchrun_world_size() if world_size is None else world_size
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
@@ -84,8 +83,7 @@ def gather_objects(obj: Any) -> list[Any]:
 
 
 def raise_if_any_failed(error: BaseException | None) -> None:
-    """Called by every process at one point with what it caught: if any failed, all raise (the others a
-    :class:`DistributedError` naming its rank), so none waits in a collective forever."""
+    """Every process passes what it caught: if any failed, all raise, so none waits in a collective forever."""
     reports = gather_objects(None if error is None else f"{type(error).__name__}: {error}")
     failed = [(r, msg) for r, msg in enumerate(reports) if msg is not None]
     if not failed:

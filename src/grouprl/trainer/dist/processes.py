@@ -109,8 +109,7 @@ class Processes:
 
     @contextlib.contextmanager
     def rollout(self, sampler: RolloutEngine, policy: nn.Module, ahead: bool = False) -> Iterator[None]:
-        """Around a rollout (every process together): the policy gathered for a live-model sampler, or the
-        weights pushed into one with its own copy; nothing for a batch sampled ``ahead``."""
+        """Around a rollout: the policy gathered for a live-model sampler, else the weights pushed (unless ``ahead``)."""
         if sampler.uses_live_model:
             with gathered_weights(policy):
                 yield

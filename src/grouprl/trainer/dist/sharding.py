@@ -1,8 +1,6 @@
-"""Sharding a model over processes: FSDP2 or DDP, and the whole model gathered for a rollout.
-
-DDP and FSDP average gradients, so the trainer scales its loss by the number of processes (a summing hook would
-be wrong under gradient accumulation). FSDP2 needs equal forward counts, which generation cannot promise, so
-:func:`gathered_weights` gathers the whole model once for a rollout."""
+"""Sharding a model over processes (FSDP2 or DDP). DDP and FSDP average gradients, so the trainer scales its loss
+by the number of processes (a summing hook would be wrong under gradient accumulation). FSDP2 needs equal forward
+counts, which generation cannot promise, so :func:`gathered_weights` gathers the whole model once for a rollout."""
 
 from __future__ import annotations
 
@@ -89,8 +87,7 @@ class Sharding:
 
 @contextlib.contextmanager
 def gathered_weights(model: nn.Module) -> Iterator[None]:
-    """Inside: every FSDP unit of ``model`` keeps its full parameters across forwards, so a decode loop runs with
-    no collective (a no-op for DDP and plain modules). Collective on entry."""
+    """Inside, FSDP units keep their full parameters, so a decode loop runs with no collective (entry is one)."""
     from torch.distributed.fsdp import FSDPModule
 
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -107,8 +104,7 @@ def gathered_weights(model: nn.Module) -> Iterator[None]:
 
 
 class WholeForward(nn.Module):
-    """Hides the model's config, so the log-prob code runs the whole forward (the only call that fires FSDP's
-    and DDP's hooks) rather than the decoder body and the LM head apart."""
+    """Hides the model's config, so the log-prob code runs the whole forward, which fires FSDP's and DDP's hooks."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
