@@ -1,8 +1,5 @@
-"""Pure math: tensors and floats in, tensors and a metrics dict out.
-
-Imports only torch (and the name registry), never transformers or the file system, so every
-formula here is tested in milliseconds against hand-worked numbers.
-"""
+"""Pure math: tensors and floats in, tensors and a metrics dict out. Imports only torch and the registry,
+so every formula is tested in milliseconds against hand-worked numbers."""
 
 from grouprl.algos.aggregate import AGGREGATIONS, aggregate, masked_mean
 from grouprl.algos.gae import discounted_returns, gae, nstep_returns, whiten
@@ -42,13 +39,10 @@ from grouprl.algos.token_selection import entropy_threshold, top_entropy_weights
 
 __all__ = [
     "ADVANTAGES", "AGGREGATIONS", "ByIds", "Contiguous", "IMPORTANCE_LEVELS", "KL_ESTIMATORS", "POLICY_LOSSES",
-    "SCALES",
-    "AdaptiveKLController", "FixedKLController",
-    "aggregate", "backtracking_line_search", "cispo_loss", "clipped_surrogate_loss", "compute_advantages",
-    "conjugate_gradient", "constant_groups", "constant_rows", "discounted_returns", "entropy_from_logits",
-    "entropy_threshold", "gmpo_loss", "sapo_loss", "top_entropy_weights",
-    "fisher_vector_product", "flat_grad",
-    "gae", "get_flat_params", "group_advantages", "make_groups", "grpo_loss", "kl_per_token", "masked_mean",
-    "natural_step_size", "nstep_returns", "rank_advantages", "reinforce_advantages", "rloo_advantages",
-    "set_flat_params", "trpo_step", "value_loss", "whiten",
+    "SCALES", "AdaptiveKLController", "FixedKLController", "aggregate", "backtracking_line_search", "cispo_loss",
+    "clipped_surrogate_loss", "compute_advantages", "conjugate_gradient", "constant_groups", "constant_rows",
+    "discounted_returns", "entropy_from_logits", "entropy_threshold", "fisher_vector_product", "flat_grad", "gae",
+    "get_flat_params", "gmpo_loss", "group_advantages", "grpo_loss", "kl_per_token", "make_groups", "masked_mean",
+    "natural_step_size", "nstep_returns", "rank_advantages", "reinforce_advantages", "rloo_advantages", "sapo_loss",
+    "set_flat_params", "top_entropy_weights", "trpo_step", "value_loss", "whiten",
 ]

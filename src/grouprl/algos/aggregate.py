@@ -8,15 +8,10 @@ With ``m`` the completion mask, ``|o_i| = sum_t m_it`` and ``P = B / G``:
     group-sum                 (1/P) sum_p sum_{i in p} (1/|o_i|) sum_t v_it
     group-sqrt                (1/P) sum_p (1/sqrt(G)) sum_{i in p} (1/|o_i|) sum_t v_it
 
-The paper's per-sequence mean divides each row by its own length, so a long wrong answer is
-penalised per token less than a short one (the length bias Dr. GRPO points out); token-mean
-and the constant-norm mode remove that bias.
-
-``group-sqrt`` scales a group's contribution like sqrt(G), the rate at which the noise of a sum of G
-zero-mean advantages grows; both ``group-*`` modes are seq-mean-token-mean times a constant (G, sqrt(G)).
-
-Micro-batches pass the whole minibatch's ``num_rows`` / ``num_tokens``, so their losses sum exactly to the
-minibatch's.
+The per-sequence mean penalises a long wrong answer less per token than a short one (Dr. GRPO's length
+bias); token-mean and the constant norm remove it. Both ``group-*`` modes are seq-mean-token-mean times a
+constant (G, sqrt(G): how the noise of a sum of G zero-mean advantages grows). Micro-batches pass the
+minibatch's ``num_rows`` / ``num_tokens``, so their losses sum exactly to the minibatch's.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Return and advantage estimators over token-level (or time-step) rewards: Monte Carlo
-returns, n-step (A3C-style) returns, GAE(gamma, lambda), and whitening.
+"""Returns and advantages over per-step rewards: Monte Carlo, n-step (A3C), GAE(gamma, lambda), whitening.
 
-Trajectories are rows of ``[B,T]`` tensors, right-padded: ``mask[b, t] = 1`` for the steps of
-row b. A row ends at its last valid step; ``last_values [B]`` (optional) bootstraps a row that
-was cut off rather than finished (0 = the episode terminated there). :func:`gae` also takes rows
-whose steps are not consecutive (a trajectory's policy tokens between environment tokens): the
-step after a policy token is the next policy token.
+Trajectories are right-padded rows of ``[B,T]``, ``mask[b, t] = 1`` on row b's steps; ``last_values [B]``
+bootstraps a row cut off rather than finished (0 = terminated). :func:`gae` also takes rows whose steps are
+not consecutive (policy tokens between environment tokens).
 """
 
 from __future__ import annotations
@@ -43,27 +40,23 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float,
 
 def nstep_returns(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, n: int,
                   last_values: torch.Tensor | None = None) -> torch.Tensor:
-    """A3C's n-step returns ``R_t = sum_{k<n} gamma^k r_{t+k} + gamma^n V(s_{t+n})``: ``[B,T]``.
-
-    Steps past the end of the row contribute nothing and the bootstrap past the end is
-    ``last_values`` (or 0). ``n >= T`` gives the Monte Carlo return.
-    """
+    """A3C's n-step returns ``R_t = sum_{k<n} gamma^k r_{t+k} + gamma^n V(s_{t+n})``: ``[B,T]``; past the
+    row's end the bootstrap is ``last_values`` (or 0), so ``n >= T`` is the Monte Carlo return."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     mask = mask.to(rewards.dtype)
     b, t_len = rewards.shape
-    # Append the bootstrap as an extra "value after the last step" column.
     lengths = mask.sum(-1).long()
     boot = torch.zeros(b, dtype=values.dtype, device=values.device) if last_values is None else last_values
-    vals = torch.cat([values * mask, torch.zeros_like(values[:, :1])], dim=1)  # [B, T+1]
+    vals = torch.cat([values * mask, torch.zeros_like(values[:, :1])], dim=1)  # [B, T+1]: the bootstrap last
     vals[torch.arange(b), lengths] = boot.to(values.dtype)
     r = torch.cat([rewards * mask, torch.zeros(b, n, dtype=rewards.dtype, device=rewards.device)], dim=1)
     out = torch.zeros_like(rewards)
     for k in range(n):
         out += gamma**k * r[:, k:k + t_len]
     idx = (torch.arange(t_len, device=rewards.device).unsqueeze(0) + n).clamp(max=lengths.unsqueeze(-1))  # [B,T]
+    # the bootstrap's discount is gamma^(steps actually taken), fewer near the row's end
     out += gamma ** (idx - torch.arange(t_len, device=rewards.device)).to(rewards.dtype) * vals.gather(1, idx)
-    # The discount of the bootstrap is gamma^(steps actually taken), shorter near the row's end.
     return out * mask
 
 

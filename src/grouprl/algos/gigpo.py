@@ -10,9 +10,8 @@ Shapes: E trajectories (episodes), K steps (turns) at most per trajectory, padde
                                                                    trajectories whose state key is equal
     A(i, t)      = A_episode(i) + step_weight * A_step(i, t)
 
-Episode statistics are over trajectories, never step rows; a step alone in its anchor group or without a key
-(``-1``) gets ``A_step = 0``; anchor groups never span resets. ``scale``: ``"group"`` divides by the group's
-population std (the paper's mean-and-std normalisation), ``"none"`` only centres."""
+A step alone in its anchor group or without a key (``-1``) gets ``A_step = 0``; anchor groups never span
+resets. ``scale``: ``"group"`` divides by the population std (the paper's), ``"none"`` only centres."""
 
 from __future__ import annotations
 
@@ -73,9 +72,8 @@ def gigpo_advantages(episode_returns: torch.Tensor, episode_groups: torch.Tensor
 
 
 def rounded_state_keys(obs: torch.Tensor, mask: torch.Tensor, decimals: int) -> torch.Tensor:
-    """``[E, K]`` long state ids of continuous observations ``obs [E, K, D]``: equal where every
-    coordinate rounds to the same value at ``decimals`` places (-1 off the ``[E, K]`` mask), so that
-    the steps of G episodes from one reset seed that pass near the same state share an anchor group.
+    """``[E, K]`` long state ids of continuous observations ``obs [E, K, D]``: equal where every coordinate
+    rounds alike at ``decimals`` places (-1 off the ``[E, K]`` mask), so nearby states share an anchor group.
 
     >>> obs = torch.tensor([[[0.12, 1.0], [0.31, 1.0]], [[0.14, 1.0], [0.9, 0.0]]])
     >>> rounded_state_keys(obs, torch.tensor([[1., 1.], [1., 0.]]), 1).tolist()

@@ -40,13 +40,9 @@ class Estimator:
 
 
 ADVANTAGES: Registry[Estimator] = Registry("advantage estimator")
-"""name -> :class:`Estimator`: its level, function and default scale."""
-
 SCALES: Registry = Registry("advantage scale")
-"""name -> ``fn(centred [B], valid [B], groups, reduce) -> divisor`` broadcastable to ``[B]``.
-
-``reduce`` sums a tensor over everything that shares the scale: the identity in one process; an
-all-reduce when the batch is split over several (a batch std is then the whole batch's)."""
+"""name -> ``fn(centred [B], valid [B], groups, reduce) -> divisor`` broadcastable to ``[B]``; ``reduce`` sums
+over every process that shares the batch (the identity in one process)."""
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
@@ -63,12 +59,9 @@ def _valid(rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _constant(r: torch.Tensor, valid: torch.Tensor, groups: Groups) -> torch.Tensor:
-    """``[B]`` bool: rows of groups whose valid rewards are all equal (or that have fewer than two).
-
-    Tested exactly (max == min) rather than through ``std == 0``: the float mean of equal values
-    is not always equal to them (0.1 * 3 / 3 != 0.1), which would leave a ~1e-17 residue that a
-    division by a ~1e-17 std blows up to +-1.
-    """
+    """``[B]`` bool: rows of groups whose valid rewards are all equal (or that have fewer than two). Tested as
+    max == min, not std == 0: the float mean of equal values can differ from them, and the residue divided by
+    a tiny std becomes +-1."""
     hi = groups.amax(torch.where(valid, r, torch.full_like(r, -torch.inf)))
     lo = groups.amin(torch.where(valid, r, torch.full_like(r, torch.inf)))
     return (hi == lo) | (groups.total(valid.float()) < 2)
@@ -137,10 +130,7 @@ ADVANTAGES.register("grpo", Estimator(COMPLETION, _grpo))
 ADVANTAGES.register("reinforce", Estimator(COMPLETION, _grpo, scale="none"))  # the group-mean baseline, undivided
 ADVANTAGES.register("rloo", Estimator(COMPLETION, _rloo, scale="none"))
 ADVANTAGES.register("rank", Estimator(COMPLETION, _rank))
-# GiGPO (arXiv 2505.10978): each turn gets A_episode + w * A_step, A_step comparing the discounted returns of
-# the turns of a group's trajectories that start in the same state; every group is normalised by its own std
-# or only centred (grouprl.algos.gigpo).
-ADVANTAGES.register("gigpo", Estimator(STEP, scales=("group", "none")))
+ADVANTAGES.register("gigpo", Estimator(STEP, scales=("group", "none")))  # grouprl.algos.gigpo, arXiv 2505.10978
 
 
 def completion_estimators() -> list[str]:
@@ -184,10 +174,8 @@ def reinforce_advantages(rewards: torch.Tensor, group_size: int | None = None, s
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int | None = None, scale: str = "none",
                     eps: float = 0.0, group_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024).
-
-    ``A_i = r_i - mean_{j != i} r_j = n/(n-1) * (r_i - mean(r_group))`` over the n valid rows of
-    the group, so the baseline of each sample is independent of that sample (unbiased).
+    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024): ``A_i = r_i - mean_{j != i} r_j =
+    n/(n-1) * (r_i - mean(r_group))`` over the n valid rows; a baseline independent of the sample is unbiased.
 
     >>> rloo_advantages(torch.tensor([1., 0., 0., 0.]), 4).tolist()  # doctest: +ELLIPSIS
     [1.0, -0.33333..., -0.33333..., -0.33333...]

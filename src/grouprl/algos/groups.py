@@ -1,15 +1,7 @@
-"""Which rows are compared with which: the grouping of a batch, and reductions within groups.
-
-Two shapes of grouping, one interface:
-
-- :class:`Contiguous` -- equal groups of G consecutive rows (B = P * G, prompt-major), the common
-  case: every reduction is a ``view(P, G)``;
-- :class:`ByIds` -- any partition, given as a ``[B]`` tensor of group ids (groups formed by a key,
-  of different sizes, in any order): reductions are scatters over the ids.
-
-Both give every row its group's value (``[B] -> [B]``), so an estimator is written once; a test
-checks the two agree on equal contiguous groups. Group order (for per-group outputs ``[P]``) is the
-order of first appearance.
+"""Which rows are compared with which, and reductions within groups: :class:`Contiguous` (G consecutive
+rows, B = P * G, a ``view(P, G)``) or :class:`ByIds` (any partition by ``[B]`` ids, scatters). Both give
+every row its group's value (``[B] -> [B]``), so an estimator is written once; groups are numbered in order
+of first appearance.
 """
 
 from __future__ import annotations

@@ -20,8 +20,7 @@ KL_ESTIMATORS: Registry = Registry("KL estimator")
 """name -> ``fn(logp [B,T], ref_logp [B,T]) -> kl [B,T]`` (float32)."""
 
 _MAX_LOG_RATIO = 20.0
-"""exp(20) ~ 5e8: beyond it k3 would overflow in bf16/fp16 and dominate the loss; a token that
-far from the reference is reported, not allowed to produce inf."""
+"""Beyond exp(20) k3 would overflow in bf16/fp16 and dominate the loss."""
 
 
 def _log_ratio(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -73,11 +72,8 @@ class FixedKLController:
 
 @dataclass
 class AdaptiveKLController:
-    """Adaptive beta of Ziegler et al. 2019 ("Fine-Tuning LMs from Human Preferences").
-
-    After each batch, ``error = clip(kl / target - 1, -0.2, 0.2)`` and
-    ``beta *= 1 + error * n_steps / horizon``: beta grows while the policy drifts beyond the
-    target KL and shrinks while it stays inside.
+    """Adaptive beta of Ziegler et al. 2019 ("Fine-Tuning LMs from Human Preferences"): after each batch
+    ``error = clip(kl / target - 1, -0.2, 0.2)``, ``beta *= 1 + error * n_steps / horizon``.
 
     >>> c = AdaptiveKLController(beta=0.1, target=6.0, horizon=10000)
     >>> round(c.update(current_kl=12.0, n_steps=256), 6)  # error clipped to +0.2

@@ -1,9 +1,8 @@
 """Policy and value losses: the clipped surrogate (PPO/GRPO/GSPO), GRPO's full objective over any
-registered policy-gradient term (:data:`POLICY_LOSSES`; CISPO, SAPO and GMPO in
-:mod:`grouprl.algos.policy_losses`), PPO's value loss, and the entropy of the policy.
+registered policy-gradient term (:data:`POLICY_LOSSES`), PPO's value loss, the policy's entropy.
 
-Per-token losses are ``[B,T]`` and are reduced by :func:`grouprl.algos.aggregate.aggregate`.
-Metrics are 0-dim detached tensors so that computing them never forces a device sync.
+Per-token losses are ``[B,T]``, reduced by :func:`grouprl.algos.aggregate.aggregate`; metrics are 0-dim
+detached tensors, so computing them never forces a device sync.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""TRPO's natural-gradient machinery (Schulman et al. 2015): Fisher-vector products by double
-backprop through a mean KL, conjugate gradient, the step size from the KL radius, and a
-backtracking line search.
-
-The update solves ``F x = g`` for the surrogate gradient ``g`` (F = Hessian of the mean KL
-between the rollout policy and the current one, the Fisher information at theta_old), scales
-the direction to the trust region edge, ``beta = sqrt(2 delta / x^T F x)``, and backtracks until
-the surrogate improves and the KL stays within ``delta``.
+"""TRPO's natural gradient (Schulman et al. 2015): solve ``F x = g`` by conjugate gradient on Fisher-vector
+products (F = Hessian of the mean KL to the rollout policy at theta_old, by double backprop), scale to the
+trust-region edge ``beta = sqrt(2 delta / x^T F x)``, backtrack until the surrogate improves within ``delta``.
 """
 
 from __future__ import annotations
@@ -58,11 +53,8 @@ def fisher_vector_product(kl: torch.Tensor, params: Sequence[torch.Tensor],
 
 
 def natural_step_size(direction: torch.Tensor, f_direction: torch.Tensor, max_kl: float) -> torch.Tensor:
-    """Scale of the step to the trust-region edge: ``sqrt(2 delta / x^T F x)``.
-
-    With ``x = F^-1 g`` from conjugate gradient, ``x^T F x = g^T F^-1 g``, and the quadratic
-    model of the KL after the step ``beta * x`` is ``beta^2 x^T F x / 2 = delta``.
-    """
+    """Scale of the step to the trust-region edge, ``sqrt(2 delta / x^T F x)``: the quadratic model of the KL
+    after the step ``beta * x`` is ``beta^2 x^T F x / 2 = delta``."""
     shs = direction.dot(f_direction).clamp(min=1e-12)
     return torch.sqrt(2.0 * max_kl / shs)
 

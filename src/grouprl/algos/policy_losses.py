@@ -49,9 +49,8 @@ def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
     Where no weight is clipped the gradient is the importance-weighted REINFORCE gradient, and on-policy
     (rho = 1) exactly REINFORCE's.
 
-    The bounds take the paper's ``1 + eps`` form (``eps_low`` None: no lower bound), so one knob means one thing
-    across variants. Metrics: ``clip_low`` / ``clip_high`` (share of valid tokens whose weight sits at that
-    bound), ``ratio_mean``, ``approx_kl``.
+    ``eps_low`` None: no lower bound. Metrics: ``clip_low`` / ``clip_high`` (share of valid tokens whose weight
+    sits at that bound), ``ratio_mean``, ``approx_kl``.
     """
     if eps_high < 0 or (eps_low is not None and not 0 <= eps_low <= 1):
         raise ValueError(f"cispo needs eps_high >= 0 and eps_low in [0, 1] or None, got {eps_low}, {eps_high}")
@@ -88,8 +87,8 @@ def sapo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     surrogate; tau -> infinity: no off-policy update), where the hard clip stops one side only. The paper sets
     tau_neg > tau_pos: negative updates spread probability over the whole vocabulary and destabilise sooner.
 
-    A = 0 takes tau_neg, as in the paper, TRL and verl (its loss is 0 anyway). Metrics: ``gate`` (mean of the
-    gradient weight sech^2, 1 = on-policy), ``ratio_mean``, ``approx_kl``.
+    A = 0 takes tau_neg, as the paper does. Metrics: ``gate`` (mean of the gradient weight sech^2, 1 =
+    on-policy), ``ratio_mean``, ``approx_kl``.
     """
     if not (tau_pos > 0 and tau_neg > 0 and math.isfinite(tau_pos) and math.isfinite(tau_neg)):
         raise ValueError(f"sapo needs finite tau_pos > 0 and tau_neg > 0, got {tau_pos}, {tau_neg}")

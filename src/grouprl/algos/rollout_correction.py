@@ -15,10 +15,8 @@ trainer would almost never have sampled):
     sequence-mask  w_i  = 1[ low <= (prod_t r_it)^(1/|o_i|) <= high ]              (default [0.999, 1.001])
 
 IcePop is inclusionAI's (2025, the Ring-1T report); sequence-mask is verl's geometric rejection sampling.
-The weight multiplies only the policy-gradient term, and a masked token still counts in the aggregation's
-denominators (IcePop's and TRL's form). Because w >= 0 it folds into the advantage (``A_it = w_it * A_i``):
-``-w * min(rho*A, clip(rho)*A)`` equals ``-min(rho*(w*A), clip(rho)*(w*A))``. The mismatch is logged as
-KL(pi_rollout || pi_old) by k1 and k3 on the sampled tokens."""
+The weight multiplies only the policy-gradient term (a masked token still counts in the denominators); as
+w >= 0 it folds into the advantage, ``A_it = w_it * A_i``."""
 
 from __future__ import annotations
 
@@ -97,10 +95,9 @@ def rollout_mismatch(train_logp: torch.Tensor, rollout_logp: torch.Tensor,
 
 def rollout_is_weights(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, *,
                        level: str = "token", **knobs: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``(weights [B,T] float32, 0 off the mask, metrics)`` of ``level`` (:data:`ROLLOUT_IS_LEVELS`) with its
-    ``knobs``, for the trainer's (pi_old) and the engine's log-probs ``[B,T]`` of the sampled tokens. Metrics:
-    ``rollout/is_weight_mean``, ``rollout/is_capped_frac`` (share at the cap) or ``rollout/is_masked_frac``
-    (share given weight 0), and :func:`rollout_mismatch`'s.
+    """``(weights [B,T] float32, 0 off the mask, metrics)`` of ``level`` (:data:`ROLLOUT_IS_LEVELS`) for the
+    trainer's (pi_old) and the engine's log-probs ``[B,T]``. Metrics: ``rollout/is_weight_mean``,
+    ``rollout/is_capped_frac`` or ``rollout/is_masked_frac``, and :func:`rollout_mismatch`'s.
 
     >>> w, m = rollout_is_weights(torch.tensor([[0.0, -1.0, -3.0]]), torch.tensor([[-1.0, -1.0, -1.0]]),
     ...                           torch.ones(1, 3), level="icepop", low=0.5, high=5.0)

@@ -1,15 +1,13 @@
 """Which tokens carry the policy gradient: the high-entropy minority (Wang et al. 2025, "Beyond the 80/20
 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM Reasoning", arXiv 2506.01939).
 
-RL with verifiable rewards mostly changes the few "fork" tokens where the policy is unsure; the paper trains
-on only the top 20% of tokens by entropy. Here the selection is a 0/1 weight on each policy-gradient term:
+The paper trains on the top 20% of tokens by entropy, the "forks" where the policy is unsure:
 
     tau = quantile_{1-q}( H_t over the batch's policy tokens )      (linear interpolation)
     w_t = 1[ H_t >= tau ]
 
-As in the paper and TRL's ``top_entropy_quantile``, the weight multiplies the policy-gradient term only: the
-KL penalty, the entropy bonus and the aggregation's denominators still count every token. Unlike TRL (per
-micro-batch) the quantile is the whole minibatch's, so the micro-batch size changes only memory and speed.
+The weight multiplies the policy-gradient term only (KL, entropy bonus and denominators count every token).
+The quantile is the whole minibatch's, so the micro-batch size changes only memory and speed.
 """
 
 from __future__ import annotations
