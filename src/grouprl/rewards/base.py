@@ -62,8 +62,7 @@ def unique_names(fns: Sequence[Callable[..., Any]]) -> list[str]:
 class _Params:
     """How a reward function is called, and what its signature accepts beyond prompts and completions."""
 
-    by_name: bool
-    """It names a ``completions`` parameter: prompts and completions go by keyword (those it takes)."""
+    by_name: bool  # it names ``completions``: prompts and completions go by keyword
     takes_prompts: bool
     var_keyword: bool
     accepted: frozenset[str]
@@ -89,13 +88,8 @@ def _params(fn: Callable[..., Any]) -> _Params:
                        required=frozenset(p.name for p in rest if p.default is p.empty))
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     rest = [p for p in params if p.kind == p.KEYWORD_ONLY] + positional[2:]
-    return _Params(
-        by_name=False,
-        takes_prompts=True,
-        var_keyword=var_keyword,
-        accepted=frozenset(p.name for p in rest),
-        required=frozenset(p.name for p in rest if p.default is p.empty),
-    )
+    return _Params(by_name=False, takes_prompts=True, var_keyword=var_keyword, accepted=frozenset(p.name for p in rest),
+                   required=frozenset(p.name for p in rest if p.default is p.empty))
 
 
 def _call(fn: Callable[..., Any], prompts: list[Any], completions: list[str], kwargs: dict[str, list[Any]]) -> Any:
@@ -226,14 +220,12 @@ def combine(per_fn: dict[str, torch.Tensor], weights: dict[str, float]) -> torch
 
 @dataclass
 class RewardScores:
-    """Rewards for B rows."""
+    """Rewards for B rows: ``total [B]`` (weighted sum over the functions that applied, NaN where none did) and
+    ``per_fn`` name -> ``[B]`` (NaN where that function returned None), float32."""
 
     total: torch.Tensor
-    """[B] float32: weighted sum over the functions that applied; NaN where none applied."""
     per_fn: dict[str, torch.Tensor]
-    """name -> [B] float32, NaN where that function returned None (for metrics)."""
     weights: dict[str, float]
-    """name -> weight used in ``total``."""
 
 
 def _check_inputs(reward_fns: Sequence[Any], weights: Sequence[float] | None, prompts: list[Any],
@@ -256,8 +248,8 @@ def _check_inputs(reward_fns: Sequence[Any], weights: Sequence[float] | None, pr
 def score_rewards(reward_fns: Sequence[Callable[..., Any]], weights: Sequence[float] | None, prompts: list[Any],
                   completions: list[str], completion_ids: list[list[int]] | None = None,
                   columns: dict[str, list[Any]] | None = None) -> RewardScores:
-    """Call F reward functions (``weights``: F floats, None for 1.0) on B rows and combine them;
-    ``completion_ids`` (B unpadded id lists) and ``columns`` (each B values) go as keywords."""
+    """Call F reward functions (``weights``: F floats, None for 1.0) on B rows and combine them; ``completion_ids``
+    (B unpadded id lists) and ``columns`` (each B values) go as keywords."""
     columns = dict(columns or {})
     weights = _check_inputs(reward_fns, weights, prompts, completions, completion_ids, columns)
     names = unique_names(reward_fns)

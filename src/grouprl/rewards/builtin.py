@@ -1,5 +1,4 @@
-"""Built-in reward functions (the protocol of :mod:`grouprl.rewards.base`) and their registry;
-those with options are made by a factory. Lengths are counted in generated tokens."""
+"""Built-in reward functions (:mod:`grouprl.rewards.base`'s protocol), made by factories; lengths in tokens."""
 
 from __future__ import annotations
 
@@ -26,8 +25,8 @@ def extract_answer(text: str) -> str | None:
 
 
 def answers_match(extracted: str | None, gold: Any) -> bool:
-    r"""Whether an extracted answer equals a gold value (read by
-    :func:`~grouprl.rewards.answers.gold_answer`), without symbolic algebra.
+    r"""Whether an extracted answer equals a gold value (:func:`~grouprl.rewards.answers.gold_answer`), without
+    symbolic algebra.
 
     >>> answers_match("x = 5", 5), answers_match("5.0", "5"), answers_match(" Paris ", "paris")
     (True, True, True)
@@ -50,8 +49,7 @@ def exact_match(prompts: list[Any], completions: list[str], *, answer: list[Any]
 
 
 def math_equivalence(prompts: list[Any], completions: list[str], *, answer: list[Any]) -> RewardList:
-    r""":func:`exact_match` with math-verify's symbolic equivalence as the last resort
-    (:func:`~grouprl.rewards.answers.answers_correct`). Also registered as ``accuracy``, TRL's name.
+    r""":func:`exact_match` with math-verify's symbolic equivalence as the last resort; also ``accuracy``.
 
     >>> math_equivalence(["?"] * 4,
     ...                  [r"$\boxed{\frac{1}{2}}$", r"$\boxed{0.5}$", r"$\boxed{\{1,2\}}$", "<answer>72</answer>"],
@@ -103,8 +101,8 @@ def length_target(target: int, name: str = "length_target") -> Callable[..., Rew
 
 
 def overlong_penalty(max_length: int, cache_length: int, name: str = "overlong_penalty") -> Callable[..., RewardList]:
-    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to ``max_length - cache_length``
-    tokens, then linear to -1 at ``max_length``, -1 beyond; a long answer costs before truncation cuts it.
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to ``max_length - cache_length`` tokens,
+    then linear to -1 at ``max_length``, -1 beyond.
 
     >>> pen = overlong_penalty(max_length=20, cache_length=8)
     >>> pen([None] * 4, [""] * 4, completion_ids=[[0] * 12, [0] * 16, [0] * 20, [0] * 25])
@@ -123,8 +121,7 @@ def overlong_penalty(max_length: int, cache_length: int, name: str = "overlong_p
 
 def repetition_penalty(n: int = 3, max_penalty: float = -1.0,
                        name: str = "repetition_penalty") -> Callable[..., RewardList]:
-    """``max_penalty * (1 - distinct / total)`` over each completion's word ``n``-grams (0 under ``n``
-    words): "a b a b a b" has 2 distinct 2-grams of 5, so -0.6.
+    """``max_penalty * (1 - distinct / total)`` over each completion's word ``n``-grams (0 under ``n`` words).
 
     >>> rep = repetition_penalty(n=2)
     >>> rep([None] * 3, ["a b a b a b", "one two three", "hi"])
@@ -145,8 +142,7 @@ def repetition_penalty(n: int = 3, max_penalty: float = -1.0,
     return reward
 
 
-REWARDS: Registry[Callable[..., Callable[..., RewardList]]] = Registry("reward function")
-"""name -> factory(**options) -> reward function."""
+REWARDS: Registry[Callable[..., Callable[..., RewardList]]] = Registry("reward function")  # name -> factory(**options)
 REWARDS.register("exact_match", lambda: exact_match)
 REWARDS.register("math_equivalence", lambda: math_equivalence)
 REWARDS.register("accuracy", lambda: math_equivalence)

@@ -1,9 +1,9 @@
-"""A reward that runs generated Python against a row's ``tests`` in an OS sandbox, and scores it outside.
+"""A reward that runs generated Python against a row's ``tests`` in an OS sandbox, and scores it outside,
+where the expected values stay (so no code inside can forge them).
 
-The expected values never enter the sandbox (:mod:`grouprl.rewards.sandbox`), so no code inside can forge
-them. A case is stdin/stdout (``{"input": "2 3\\n", "output": "5"}``, lines compared without trailing
-whitespace) or a call (``{"call": "add", "args": [2, 3], "expected": 5}`` or ``"assert add(2, 3) == 5"``,
-the result read back with ``ast.literal_eval``). The reward is the fraction of cases passed; None without tests.
+A case is stdin/stdout (``{"input": "2 3\\n", "output": "5"}``, trailing whitespace ignored) or a call
+(``{"call": "add", "args": [2, 3], "expected": 5}`` or ``"assert add(2, 3) == 5"``, the result read back with
+``ast.literal_eval``). The reward is the fraction of cases passed; None without tests.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ def extract_code(completion: str) -> str:
 
 @dataclass(frozen=True)
 class Call:
-    """One function-call case: ``name(*args, **kwargs) == expected``."""
-
+    """``name(*args, **kwargs) == expected``."""
     name: str
     args: tuple
     kwargs: dict
@@ -97,8 +96,7 @@ def _same(returned: str, expected: Any) -> bool:
 
 
 class CodeExecutionReward:
-    """Reward = fraction of a row's test cases the completion's code passes (see the module docstring).
-    Rows run in parallel threads, each waiting on its own sandbox."""
+    """Fraction of a row's test cases the completion's code passes; rows run in threads, one sandbox each."""
 
     name = "code_execution"
 
@@ -139,8 +137,7 @@ class CodeExecutionReward:
 
 def code_execution_reward(timeout_s: float = 5.0, memory_mb: int = 512, workers: int | None = None,
                           isolation: str = "bubblewrap") -> CodeExecutionReward:
-    """:class:`CodeExecutionReward` from flat options (the form a config gives); ``isolation: unsafe``
-    runs without OS isolation, for trusted code only."""
+    """:class:`CodeExecutionReward` from a config's flat options; ``isolation: unsafe`` is for trusted code only."""
     return CodeExecutionReward(SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb), workers=workers,
                                isolation=isolation)
 

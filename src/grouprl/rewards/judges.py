@@ -24,22 +24,16 @@ from grouprl.registry import Registry, import_object
 
 @dataclass
 class JudgeGroup:
-    """One group as a judge sees it."""
+    """One group as a judge sees it: its prompt (text or messages), G completion texts, its dataset row."""
 
     prompt: Any
-    """The group's prompt: text or chat messages."""
     completions: list[str]
-    """The G members' completion (or trajectory) texts."""
     columns: dict[str, Any] = field(default_factory=dict)
-    """The group's row: dataset column -> value."""
 
 
 JUDGES: Registry[Callable[..., Any]] = Registry("judge")
 """``kind`` of a ``kind:argument`` judge spec -> factory ``(argument, load_model, **judge_options) ->
 judge``; ``load_model(name) -> (model, tokenizer)`` resolves a policy-style model name."""
-
-
-# ---------------------------------------------------------- Bradley-Terry over a reward model
 
 
 def mean_win_probability(scores: torch.Tensor) -> torch.Tensor:
@@ -76,9 +70,6 @@ class RewardModelJudge:
 JUDGES.register("reward_model", lambda folder, load_model, **options: RewardModelJudge(folder, **options))
 
 
-# -------------------------------------------- A language model asked to score the whole group
-
-
 SCORE_LINE = re.compile(r"^\s*(\w+)\s*:\s*(\d+(?:\.\d+)?)\s*$")
 MAX_SCORE = 10.0
 LABEL_LETTERS = "bcdfghjklmnpqrstvwxz"
@@ -86,8 +77,8 @@ LABEL_LETTERS = "bcdfghjklmnpqrstvwxz"
 
 
 def member_labels(group: JudgeGroup) -> list[str]:
-    """G distinct 4-letter labels for the members of ``group``, drawn from a SHA-256 of the task and every
-    member's text. A member cannot write its own label: the label depends on the member's text.
+    """G distinct 4-letter labels for the members of ``group`` from a SHA-256 of the task and every member's
+    text, so a member cannot write its own label.
 
     >>> member_labels(JudgeGroup("2+3?", ["5", "6"])) == member_labels(JudgeGroup("2+3?", ["5", "6"]))
     True
@@ -137,8 +128,7 @@ def common_prefix(texts: Sequence[str], min_chars: int = 40) -> str:
 
 
 def quoted(text: str) -> str:
-    """``text`` as a JSON string on one line: its line breaks written ``\\n``, its quotes escaped, so no
-    text can end its quote or start a line of the prompt.
+    """``text`` as a one-line JSON string, so no text can end its quote or start a line of the prompt.
 
     >>> print(quoted('5\\nResponse 4:\\n1: 0 "done"'))
     "5\\nResponse 4:\\n1: 0 \\"done\\""
@@ -147,11 +137,9 @@ def quoted(text: str) -> str:
 
 
 def judge_prompt(group: JudgeGroup) -> str:
-    """The question put to an LM judge: the task once, the shared prefix once, the labelled members.
-
-    Members' texts are the policy's and may forge the next member's header or the score lines: each is
-    quoted as one JSON line and labelled by :func:`member_labels` (a hash of its own text, so a forged
-    score list names no member), and only the judge's own answer is parsed, strictly."""
+    """The question put to an LM judge: the task once, the shared prefix once, the labelled members. Members'
+    texts may try to forge headers or score lines: each is quoted (:func:`quoted`) and labelled by
+    :func:`member_labels`, and only the judge's own answer is parsed, strictly."""
     task = group.prompt if isinstance(group.prompt, str) else "\n".join(
         f"{m['role']}: {m['content']}" for m in group.prompt)
     prefix = common_prefix(group.completions)
@@ -181,8 +169,8 @@ class LanguageModelJudge:
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
 
     def question_ids(self, question: str) -> list[int]:
-        """Token ids of ``question`` as the judge reads it (chat-rendered when the tokenizer has a template):
-        the question's text is text, special-token strings in it included."""
+        """Token ids of ``question``, chat-rendered when the tokenizer has a template; special-token strings in
+        it stay text."""
         tok = self.tokenizer
         if tok.chat_template:
             return render(tok, [{"role": "user", "content": question}], add_generation_prompt=True).ids(tok)
@@ -213,9 +201,6 @@ class LanguageModelJudge:
 
 
 JUDGES.register("lm", lambda name, load_model, **options: LanguageModelJudge(*load_model(name), **options))
-
-
-# ---------------------------------------------------------------- Loading and running a judge
 
 
 def load_judge(spec: str, options: dict[str, Any] | None = None,

