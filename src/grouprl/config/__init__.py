@@ -1,17 +1,9 @@
-"""Config machinery over plain dataclasses: YAML in and out, command-line overrides, ``--help`` and the docs' config
-reference (docs/configuration.md), all driven by one docstring per field, the string literal right under it (read
-back with ``ast`` by :func:`field_docs`). A field whose type is itself a dataclass is a nested section, addressed
-with dots (``sampling.temperature``).
+"""Config machinery over plain dataclasses: YAML in and out, command-line overrides, ``--help`` and
+docs/configuration.md, all driven by one docstring per field (the string right under it, read with ``ast``). A
+dataclass-typed field is a nested section, addressed with dots (``sampling.temperature``).
 
-Resolution: dataclass defaults < the YAML file < command-line overrides (:func:`load_config`). Every user mistake
-raises :class:`ConfigError`, one paragraph naming the key at fault (and, for an unknown key, the closest valid
-ones). A config read from a mapping is checked as it is read (:func:`check`); one built in Python by the Trainer
-that takes it.
-
-Modules: :mod:`~grouprl.config.fields` (types, docs, key suggestions), :mod:`~grouprl.config.convert` (values, dicts,
-YAML), :mod:`~grouprl.config.options` (command line, ``--help``, resolution), :mod:`~grouprl.config.sections` (the
-``--help`` sections), :mod:`~grouprl.config.reference_page` (docs/configuration.md),
-:mod:`~grouprl.config.train_config` (the run-level configs), :mod:`~grouprl.config.run_checks` (:func:`check`).
+Resolution: defaults < YAML file < command line (:func:`load_config`). Every user mistake raises
+:class:`ConfigError`, one paragraph naming the key at fault and, for an unknown key, the closest valid ones.
 """
 
 from grouprl.config.convert import from_dict, read_yaml_mapping, save_yaml, to_dict
@@ -39,10 +31,9 @@ from grouprl.config.train_config import (
 from grouprl.errors import ConfigError
 
 __all__ = [
-    "DEFAULT_TASK_EVAL_SIZE", "DEFAULT_TASK_TRAIN_SIZE", "README_BEGIN", "README_END", "TINY_MODEL",
-    "ConfigError", "FieldInfo", "RewardModelConfig", "TrainConfig",
-    "add_dataclass_arguments", "apply_overrides", "check", "check_readme", "config_reference_markdown",
-    "describe_fields", "field_docs", "format_value", "from_dict", "is_import_path", "load_config", "load_yaml",
-    "parse_overrides",
-    "read_yaml_mapping", "save_yaml", "sync_readme", "to_dict", "type_name",
+    "DEFAULT_TASK_EVAL_SIZE", "DEFAULT_TASK_TRAIN_SIZE", "README_BEGIN", "README_END", "TINY_MODEL", "ConfigError",
+    "FieldInfo", "RewardModelConfig", "TrainConfig", "add_dataclass_arguments", "apply_overrides", "check",
+    "check_readme", "config_reference_markdown", "describe_fields", "field_docs", "format_value", "from_dict",
+    "is_import_path", "load_config", "load_yaml", "parse_overrides", "read_yaml_mapping", "save_yaml", "sync_readme",
+    "to_dict", "type_name",
 ]

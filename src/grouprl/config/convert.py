@@ -1,5 +1,4 @@
-"""Values to the fields' types, nested dicts to dataclasses and back, and YAML files in and out
-(written atomically)."""
+"""Values to the fields' types, nested dicts to dataclasses and back, YAML files in and out."""
 
 from __future__ import annotations
 
@@ -32,15 +31,12 @@ from grouprl.trainer.config import TrainerConfig
 TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})
 NONE_WORDS = frozenset({"none", "null", "~", ""})
-"""Words that mean "empty" for an optional key; the field docs call it empty, so '' is one too."""
-
+"""Words that mean "empty" for an optional key."""
 
 
 def _type_error(key: str, tp: Any, value: Any, expected: str | None = None) -> ConfigError:
-    return ConfigError(
-        f"Invalid value for {key!r}: expected {expected or type_name(tp)}, "
-        f"got {value!r} ({type(value).__name__})."
-    )
+    return ConfigError(f"Invalid value for {key!r}: expected {expected or type_name(tp)}, got {value!r} "
+                       f"({type(value).__name__}).")
 
 
 def _to_bool(value: Any, key: str) -> bool:
@@ -194,7 +190,6 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     raise _type_error(key, tp, value)
 
 
-
 def _build(cls: type, data: Mapping, where: str, root: type) -> Any:
     if not isinstance(data, Mapping):
         raise _type_error(where or "config", cls, data, "a mapping of keys to values")
@@ -211,11 +206,8 @@ def _build(cls: type, data: Mapping, where: str, root: type) -> Any:
         if isinstance(value, Mapping) and _section_type(hints[name]) is not None:
             value = _merge(_section_default(fields[name]), value)
         kwargs[name] = _convert(value, hints[name], f"{where}.{name}" if where else name)
-    missing = [
-        f"{where}.{n}" if where else n
-        for n, f in fields.items()
-        if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
+    missing = [f"{where}.{n}" if where else n for n, f in fields.items()
+               if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"Missing required config key(s): {', '.join(missing)}.")
     try:
@@ -227,8 +219,8 @@ def _build(cls: type, data: Mapping, where: str, root: type) -> Any:
 
 
 def _section_default(f: dataclasses.Field) -> dict[str, Any]:
-    """The default of section field ``f`` as a dict; a partial YAML section is laid over it, so
-    values a parent's ``default_factory`` chose survive (not only the section class's defaults)."""
+    """The default of section field ``f`` as a dict, for a partial YAML section to be laid over (so values a
+    parent's ``default_factory`` chose survive)."""
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     return to_dict(default) if dataclasses.is_dataclass(default) and not isinstance(default, type) else {}
 
@@ -242,9 +234,8 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def from_dict(cls: type, data: Mapping[str, Any]) -> Any:
-    """Dataclass ``cls`` (and its nested sections) from a plain mapping such as loaded YAML, values converted to the
-    annotated types, missing keys at their defaults. An unknown or retired key, a bad value, a missing required key
-    and a trainer's config that :func:`~grouprl.config.check` refuses raise :class:`ConfigError`."""
+    """Dataclass ``cls`` from a plain mapping such as loaded YAML, values converted, missing keys at their defaults;
+    a trainer's config is checked (:func:`~grouprl.config.check`). Every mistake is a :class:`ConfigError`."""
     if not _is_dataclass_type(cls):
         raise TypeError(f"from_dict needs a dataclass type, got {cls!r}")
     config = _build(cls, data, "", cls)
@@ -254,15 +245,14 @@ def from_dict(cls: type, data: Mapping[str, Any]) -> Any:
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
-    """Dataclass instance -> plain dict of YAML types (tuples become lists, paths strings);
-    ``from_dict(type(obj), to_dict(obj)) == obj``."""
+    """Dataclass instance -> plain dict of YAML types; ``from_dict(type(obj), to_dict(obj)) == obj``."""
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         raise TypeError(f"to_dict needs a dataclass instance, got {obj!r}")
     return as_plain(obj)
 
 
 def save_yaml(obj: Any, path: str | os.PathLike) -> Path:
-    """Write a dataclass instance (or plain dict) as YAML, atomically. Returns the path."""
+    """Write a dataclass instance (or plain dict) as YAML, atomically."""
     data = obj if isinstance(obj, Mapping) else to_dict(obj)
     text = yaml.safe_dump(as_plain(data), sort_keys=False, allow_unicode=True, default_flow_style=False)
     path = Path(path)

@@ -1,5 +1,4 @@
-"""Dataclass fields as config keys: their types, their documentation (the string under each
-field, read back with ``ast``), and the closest valid keys for a misspelt one."""
+"""Dataclass fields as config keys: their types, their docstrings, the closest valid keys for a misspelt one."""
 
 from __future__ import annotations
 
@@ -43,7 +42,6 @@ def _section_type(tp: Any) -> type | None:
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    # get_type_hints resolves string annotations (``from __future__ import annotations``).
     try:
         return typing.get_type_hints(cls)
     except NameError as e:
@@ -51,13 +49,11 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _init_fields(cls: type) -> list[dataclasses.Field]:
-    # Fields with init=False are derived state, not configuration: never read or written.
     return [f for f in dataclasses.fields(cls) if f.init]
 
 
 def type_name(tp: Any) -> str:
-    """A short readable name for an annotation: ``float``, ``int | None``, ``tuple[str, ...]``,
-    ``{a, b}`` for a Literal (the choices, as argparse shows them)."""
+    """A readable name for an annotation: ``int | None``, ``tuple[str, ...]``, ``{a, b}`` for a Literal."""
     if tp is Any:
         return "any"
     if tp is type(None):
@@ -85,20 +81,15 @@ def _own_field_docs(klass: type) -> dict[str, str]:
         return {}
     docs = {}
     for stmt, after in zip(node.body, node.body[1:]):
-        if (
-            isinstance(stmt, ast.AnnAssign)
-            and isinstance(stmt.target, ast.Name)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr) \
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
             docs[stmt.target.id] = inspect.cleandoc(after.value.value)
     return docs
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Every documented field of dataclass ``cls`` -> its docstring, inherited fields included
-    (a subclass's docstring wins) and nested sections' fields as ``section.field``."""
+    """Every documented field of dataclass ``cls`` -> its docstring, inherited ones included (a subclass's wins),
+    nested sections' fields as ``section.field``."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if dataclasses.is_dataclass(klass):
@@ -111,7 +102,6 @@ def field_docs(cls: type) -> dict[str, str]:
         if section is not None:
             docs.update({f"{f.name}.{k}": v for k, v in field_docs(section).items()})
     return docs
-
 
 
 def _all_keys(cls: type, prefix: str = "") -> list[str]:
@@ -127,8 +117,7 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
 
 
 def _closest(key: str, candidates: Sequence[str], n: int = 3) -> list[str]:
-    """Candidates most like ``key``, comparing whole dotted paths and also last parts, so a
-    field given in the wrong section (``temperature`` for ``sampling.temperature``) is found."""
+    """Candidates most like ``key``, by whole dotted path and by last part (a field in the wrong section)."""
     prefix, _, leaf = key.rpartition(".")
 
     def initials(name: str) -> str:
@@ -148,9 +137,8 @@ def _closest(key: str, candidates: Sequence[str], n: int = 3) -> list[str]:
 
 
 def renamed_keys(cls: type) -> dict[str, tuple[str, Any]]:
-    """Old names a config class still accepts: ``old -> (new, convert)``, from the class's
-    ``RENAMED`` mapping (``old -> new``, or ``old -> (new, convert)`` where ``convert(value, data)``
-    turns the old value into the new one given the section's other values)."""
+    """``old -> (new, convert)`` from the class's ``RENAMED`` (``old -> new`` or ``old -> (new, convert)``,
+    ``convert(value, data)`` giving the new value from the old and the section's other values)."""
     out = {}
     for old, target in getattr(cls, "RENAMED", {}).items():
         out[old] = target if isinstance(target, tuple) else (target, None)
@@ -158,8 +146,7 @@ def renamed_keys(cls: type) -> dict[str, tuple[str, Any]]:
 
 
 def apply_renames(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """``data`` with every old key of ``cls`` replaced by its new one (converted where the meaning
-    changed), each with a deprecation warning naming both."""
+    """``data`` with every old key of ``cls`` renamed (and converted), each with a warning naming both."""
     out = dict(data)
     for old, (new, convert) in renamed_keys(cls).items():
         if old not in out:
@@ -182,9 +169,8 @@ def refuse_retired(cls: type, keys: Iterable[str], where: str = "", dash: str = 
 
 
 def without_retired(cls: type, data: Mapping, source: str) -> dict:
-    """``data`` (the top level of a config file grouprl wrote itself, ``source``) less the keys ``cls`` retired since,
-    each named in a warning: a run folder from an earlier release is still evaluated; a config a user writes is
-    refused instead (:func:`refuse_retired`)."""
+    """``data`` (a config file grouprl wrote, ``source``) less the keys ``cls`` retired since, each named in a
+    warning: an earlier release's run folder is still evaluated, while a user's config is refused."""
     retired = getattr(cls, "RETIRED", {})
     dropped = [k for k in data if k in retired]
     if dropped:
@@ -194,8 +180,7 @@ def without_retired(cls: type, data: Mapping, source: str) -> dict:
 
 
 def _unknown_keys_error(root: type, bad: list[str], section: type, where: str, dash: str) -> ConfigError:
-    """One paragraph for keys that ``section`` (at dotted path ``where``) does not have; the
-    suggestions come from every key of ``root``, the class the dotted paths start from."""
+    """One paragraph for keys that ``section`` (at ``where``) lacks, suggesting keys of ``root``."""
     candidates = _all_keys(root, f"{where}." if root is section and where else "")
     parts, suggested = [], False
     for key in bad:
@@ -206,7 +191,7 @@ def _unknown_keys_error(root: type, bad: list[str], section: type, where: str, d
     noun = "key" if len(bad) == 1 else "keys"
     kind = ("option" if len(bad) == 1 else "options") if dash else f"config {noun}"
     names = [f.name for f in _init_fields(section)]
-    if suggested and len(names) > 12:  # a suggestion beats a wall of 60 names; --help has them all
+    if suggested and len(names) > 12:  # a suggestion beats a wall of names; --help has them all
         return ConfigError(f"Unknown {kind} {', '.join(parts)}. See --help for every key.")
     scope = f"in section {where!r}" if where else "at the top level"
     return ConfigError(f"Unknown {kind} {', '.join(parts)}. Valid keys {scope}: {', '.join(names)}.")

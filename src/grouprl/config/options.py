@@ -1,5 +1,5 @@
-"""Command-line overrides (``--key value``, ``--section.key value``), the ``--help`` listing
-generated from the field docstrings, and config resolution: defaults < YAML file < overrides."""
+"""Command-line overrides (``--key value``, ``--section.key value``), ``--help`` from the field docstrings, and
+resolution: defaults < YAML file < overrides."""
 
 from __future__ import annotations
 
@@ -49,8 +49,7 @@ def _is_bool(tp: Any) -> bool:
 
 
 def _resolve_option(cls: type, name: str) -> tuple[str, Any, bool]:
-    """(dotted key, annotation, negated) for an option name; ``--no-x`` (also ``--no-s.x`` and
-    ``--s.no-x``) negates bool ``x``."""
+    """(dotted key, annotation, negated) for an option name; ``--no-x``, ``--no-s.x``, ``--s.no-x`` negate bool x."""
     key = name.replace("-", "_")
     try:
         return key, _lookup(cls, key), False
@@ -71,11 +70,9 @@ def _resolve_option(cls: type, name: str) -> tuple[str, Any, bool]:
 
 
 def parse_overrides(args: Sequence[str], cls: type) -> list[tuple[str, Any]]:
-    """Command-line tokens -> [(dotted key, converted value)], in order.
-
-    Accepted: ``--key value``, ``--key=value``, ``--section.key value``; dashes in names may stand
-    for underscores; a bool field also takes ``--flag`` (true), ``--no-flag`` and ``--flag false``;
-    ``none``/``null`` sets an Optional field to None; lists are ``a,b,c`` or ``[a, b]``.
+    """Command-line tokens -> [(dotted key, converted value)], in order: ``--key value``, ``--key=value``,
+    ``--section.key value`` (dashes for underscores); a bool also ``--flag``, ``--no-flag``, ``--flag false``;
+    ``none`` empties an Optional field; lists are ``a,b,c`` or ``[a, b]``.
     """
     out, i = [], 0
     while i < len(args):
@@ -121,8 +118,8 @@ def _set_path(data: dict[str, Any], key: str, value: Any) -> None:
 
 
 def apply_overrides(config: Any, args: Sequence[str], cls: type | None = None) -> Any:
-    """Apply command-line overrides to a dataclass instance (returns a new instance) or to a
-    plain dict of YAML data (returns a new dict; ``cls`` is then required to check the keys)."""
+    """Command-line overrides applied to a dataclass instance or to a dict of YAML data (``cls`` then required);
+    a new object."""
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         cls = type(config)
         data = to_dict(config)
@@ -138,9 +135,7 @@ def apply_overrides(config: Any, args: Sequence[str], cls: type | None = None) -
 
 
 class FieldInfo(NamedTuple):
-    """One row of the config reference: the dotted ``key`` (``sampling.temperature``), its readable ``type``, its
-    ``default`` as text (or ``required``), its ``doc`` ("" when undocumented), the dotted ``section`` it belongs to
-    ("" at the top level), whether it ``is_section`` itself, and its ``annotation``."""
+    """One row of the config reference; ``default`` is text (or ``required``), ``section`` "" at the top level."""
 
     key: str
     type: str
@@ -177,15 +172,13 @@ def _default_of(f: dataclasses.Field, parent_default: Any) -> Any:
 
 
 def built_in_names(registry_path: str) -> str:
-    """``Built-in names: a, b.`` for the registry at import path ``registry_path`` (``module:NAME``), so a
-    field's documentation lists every built-in without a copy that could fall behind."""
+    """``Built-in names: a, b.`` of the registry at ``registry_path`` (``module:NAME``), never a stale copy."""
     return f"Built-in names: {', '.join(import_object(registry_path, 'registry').names())}."
 
 
 def describe_fields(cls: type, _prefix: str = "", _default: Any = None) -> list[FieldInfo]:
-    """Every field of ``cls`` in definition order, nested sections' fields right after them. A field named
-    in the class's ``BUILT_IN`` map (field -> registry import path) has the registry's names appended to
-    its documentation (:func:`built_in_names`)."""
+    """Every field of ``cls`` in definition order, nested sections' fields after them; a field in the class's
+    ``BUILT_IN`` map (field -> registry path) gets the registry's names appended to its doc."""
     docs, hints, rows = field_docs(cls), _hints(cls), []
     for f in _init_fields(cls):
         key, tp = _prefix + f.name, hints[f.name]
@@ -204,8 +197,8 @@ def describe_fields(cls: type, _prefix: str = "", _default: Any = None) -> list[
 
 
 class _CollectOverride(argparse.Action):
-    """Record ``--key=value`` text in order; conversion and errors are left to parse_overrides,
-    so argparse and YAML share one set of rules and messages."""
+    """Record ``--key=value`` text in order; parse_overrides converts it, so argparse and YAML share one set of
+    rules and messages."""
 
     def __init__(self, option_strings: list[str], dest: str, key: str, field: FieldInfo | None = None, **kwargs: Any):
         self.key = key
@@ -224,14 +217,13 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, dest: st
                             title: str = "config options (YAML keys; the command line wins)",
                             sections: Mapping[str, str] | None = None,
                             notes: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Add one ``--key`` option per field of ``cls`` to ``parser`` (help: the field's docstring, type and default);
-    the values land as ``--key=value`` strings, in order, in ``namespace.<dest>`` for :func:`load_config`. Parse
-    with ``parse_known_args`` and pass the leftovers on too, so a misspelt option gets the did-you-mean message.
+    """Add one ``--key`` option per field of ``cls`` (help: docstring, type, default); values land as ``--key=value``
+    strings, in order, in ``namespace.<dest>`` for :func:`load_config`. Parse with ``parse_known_args`` and pass
+    the leftovers on too, so a misspelt option gets the did-you-mean message.
 
-    ``keys`` limits the options shown (the others still work as leftovers); ``aliases`` maps extra option names to
-    keys. Top-level fields go in one group, ``title``, or one group per section of ``sections`` (field -> title,
-    in help order: :data:`grouprl.config.sections.SECTIONS`) with its line from ``notes``; nested dataclass sections
-    get a group each. Returns the groups by title, so a command can add its own options to one."""
+    ``keys`` limits the options shown (the others still work); ``aliases`` maps extra option names to keys.
+    Top-level fields go in group ``title``, or one per section of ``sections`` (field -> title) with its line from
+    ``notes``; nested sections get a group each. Returns the groups by title."""
     parser.set_defaults(**{dest: []})
     alias_of = {key: name for name, key in (aliases or {}).items()}
     groups: dict[str, Any] = {}
@@ -291,7 +283,6 @@ def load_config(cls: type, path: str | os.PathLike | None = None, overrides: Seq
 
 
 def _file_alone_is_fine_or_other(cls: type, path: str | os.PathLike, message: str) -> bool:
-    """Whether the YAML file without the command line resolves, or fails with another message."""
     try:
         from_dict(cls, read_yaml_mapping(path))
     except ConfigError as e:

@@ -1,7 +1,6 @@
-"""Checking a config: :func:`check` refuses a :class:`~grouprl.trainer.config.TrainerConfig` (the trainer's keys,
-:mod:`grouprl.trainer.checks`) or a :class:`~grouprl.config.train_config.TrainConfig` (also what to train on and for
-what reward) that cannot run, naming every key at fault. Nothing is loaded and no user code is imported; names
-are looked up in the registries, which import torch, so they are imported here only when a check runs."""
+"""Checking a config before anything is loaded or any user code imported: :func:`check` refuses a trainer's or a
+run's config that cannot run, naming every key at fault. The registries import torch, so they are imported only
+when a check runs."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ if TYPE_CHECKING:
 
 
 def check(config: TrainerConfig) -> None:
-    """Raise :class:`ConfigError` naming every problem of ``config``; return when it can run. A name that is not
-    in its registry (an algorithm, a task, a reward function) is refused with the closest valid ones."""
+    """Raise :class:`ConfigError` naming every problem of ``config`` (an unknown name with the closest valid ones)."""
     from grouprl.trainer.checks import check as check_trainer
 
     check_trainer(config, *([_run_problems] if isinstance(config, TrainConfig) else []))
@@ -64,7 +62,6 @@ def _source_problems(c: TrainConfig) -> list[str]:
 
 
 def _split_problems(c: TrainConfig) -> list[str]:
-    """Configs, splits and columns of a dataset that can be told wrong without loading it."""
     from grouprl.data.hub import config_problem, split_problem
 
     problems = [config_problem(c.dataset, c.dataset_config),
@@ -85,7 +82,6 @@ def _split_problems(c: TrainConfig) -> list[str]:
 
 
 def _agent_problems(c: TrainConfig) -> list[str]:
-    """Keys that need an environment, and what an environment rules out."""
     from grouprl.algos.group_advantages import ADVANTAGES, STEP
 
     if c.agent:
@@ -116,7 +112,6 @@ def _agent_problems(c: TrainConfig) -> list[str]:
 
 
 def _env_problem(spec: str) -> str | None:
-    """What is wrong with an ``env`` value that can be told without making the environment."""
     from grouprl.envs.factory import ENVIRONMENTS, HUBS, hub_problem
 
     if spec.partition(":")[0] in HUBS:

@@ -1,7 +1,5 @@
-"""Where each key of ``grouprl train`` stands in ``--help`` and the docs' reference: in the section of the part class
-that defines it (its ``SECTION``, e.g. :class:`~grouprl.trainer.config.SamplingKeys`), sections in :data:`ORDER`,
-keys within a section in the config's order. A key of a class without a section is listed last, under :data:`OTHER`.
-"""
+"""Where each key of ``grouprl train`` stands in ``--help`` and the docs: in the ``SECTION`` of the class that
+defines it, sections in :data:`ORDER`, keys in the config's order; a key without one last, under :data:`OTHER`."""
 
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ OTHER = "other options"
 
 ORDER = (MODEL_AND_DATA, REWARDS, SAMPLING, ALGORITHM, POLICY_LOSSES, OPTIMIZER, PPO, TRPO, AGENTS, LORA, PRECISION,
          DISTRIBUTION, EVALUATION, RUN_FOLDER)
-"""The sections in ``--help`` order (titles as their part classes name them): what to train on first, how the run
-computes last."""
+"""The sections in ``--help`` order: what to train on first, how the run computes last."""
 
 SECTION_NOTES: dict[str, str] = {
     POLICY_LOSSES: "Each read only with the policy_loss its name starts with.",
@@ -50,7 +47,6 @@ SECTION_NOTES: dict[str, str] = {
     AGENTS: "With env set, max_new_tokens is per turn.",
     DISTRIBUTION: "train --nproc N or torchrun; unused in one process on a CPU.",
 }
-"""A line under some section titles."""
 
 USUAL_KEYS: tuple[str, ...] = ("model", "task", "dataset", "reward_functions", "total_steps", "prompts_per_step",
                                "group_size", "max_new_tokens", "lr", "output_dir", "loggers", "resume_from")
@@ -73,8 +69,7 @@ SECTIONS: dict[str, str] = key_sections(TrainConfig)
 
 
 def short_name(title: str) -> str:
-    """A section's name on the command line (``grouprl train --help sampling``): its title's first word, in
-    lower case; a test holds them distinct.
+    """A section's name on the command line (``grouprl train --help sampling``): its title's first word.
 
     >>> short_name(RUN_FOLDER)
     'run'
@@ -83,8 +78,8 @@ def short_name(title: str) -> str:
 
 
 def section_order(names: list[str], sections: dict[str, str] = SECTIONS) -> list[tuple[str, list[str]]]:
-    """``names`` (fields) grouped into [(section, fields)], both in the order of ``sections`` (a map like
-    :data:`SECTIONS`); fields it does not place come last, under :data:`OTHER`, in the order given.
+    """``names`` grouped into [(section, fields)] in the order of ``sections`` (like :data:`SECTIONS`); the rest
+    last, under :data:`OTHER`.
 
     >>> section_order(["lr", "new_key", "model", "task"])
     [('model and data', ['model', 'task']), ('optimizer', ['lr']), ('other options', ['new_key'])]

