@@ -7,9 +7,8 @@
     grouprl report RUN_DIR                                (re)write a run's plots and report.html
     grouprl train-rm --pairs pairs.jsonl [...]            fit a reward model to preference pairs
 
-Every config key is a ``--key`` option whose help is the field's docstring; values resolve as
-defaults < YAML file < command line. Bad input ends the command with exit status 2 and a
-one-paragraph message (``--debug`` shows the traceback instead); an unexpected failure with 1.
+Every config key is a ``--key`` option; values resolve as defaults < YAML file < command line. Bad input ends
+with exit status 2 and a one-paragraph message (``--debug``: the traceback); an unexpected failure with 1.
 """
 
 from __future__ import annotations
@@ -37,11 +36,9 @@ from grouprl.errors import DistributedError, Interrupted, ModelLoadError, NonFin
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 VALUES = ("Values: a list is one argument, a,b,c or YAML's '[a, b]' (quoted), never space-separated; a mapping is "
           "YAML, '{digits: 2}'; a flag is --key, --no-key or --key false; none (or '') empties an optional key.")
-"""How values are written on the command line, said once in the help of each command that takes config keys."""
 EXAMPLE = ("example (a random tiny model, one step; --dataset prompts.jsonl instead of --task for your own "
            "prompts): grouprl train --model tiny --task countdown --reward_functions exact_match,format "
            "--total_steps 1 --output_dir runs/try")
-"""The epilog of ``grouprl train --help``: one runnable line with the keys a newcomer sets first."""
 EVAL_OPTIONS = ("model", "task", "task_options", "dataset", "dataset_config", "eval_dataset", "eval_split",
                 "prompt_column", "answer_column", "env", "env_options", "tools", "eval_size", "eval_samples",
                 "eval_temperature", "max_new_tokens", "reward_functions", "seed")
@@ -49,14 +46,8 @@ EVAL_OPTIONS = ("model", "task", "task_options", "dataset", "dataset_config", "e
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean the input was wrong (not the program): one paragraph, no traceback."""
-
-    # ValueError covers ConfigError, DataError and unknown registry names; OSError missing files.
-    # TypeError is left out on purpose: outside the config checks (which convert theirs) it is a bug.
+    """Exceptions that mean the input was wrong, not the program (a TypeError outside the config checks is a bug)."""
     return ValueError, OSError, ModelLoadError, RewardFunctionError, DistributedError
-
-
-# --------------------------------------------------------------------------- parsers
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -87,8 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name: str, help_text: str, description: str, usage: str, epilog: str | None = None,
             sectioned: bool = False) -> argparse.ArgumentParser:
-        # allow_abbrev=False: --group must not silently mean --group_size. The usage line is given:
-        # argparse would list all 70 options in it. sectioned: --help is one screen, --help SECTION or all the rest
+        # allow_abbrev=False: --group must not silently mean --group_size; the usage line is given, not every option
         command = sub.add_parser(name, help=help_text, description=description, formatter_class=_Formatter,
                                  allow_abbrev=False, usage=f"grouprl {name} {usage}", epilog=epilog,
                                  add_help=not sectioned)
@@ -159,12 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# --------------------------------------------------------------------------- handlers
-
-
 def _resolve(args: argparse.Namespace, rest: list[str], cls: type, base: dict[str, Any] | None = None) -> Any:
-    """defaults < ``base`` (the demo's settings) < --config YAML < command line; ``rest`` holds the
-    options argparse did not know, so a misspelt key gets the did-you-mean message."""
+    """defaults < ``base`` (the demo's settings) < --config YAML < command line (with ``rest``, the options
+    argparse did not know, so a misspelt key gets the did-you-mean message)."""
     overrides = [*args.overrides, *rest]
     if base is None:
         return load_config(cls, args.config, overrides)
@@ -175,8 +162,7 @@ def _resolve(args: argparse.Namespace, rest: list[str], cls: type, base: dict[st
 
 
 def _restart_with_allocator(args: argparse.Namespace, config: TrainConfig) -> None:
-    """The command again under ``config.allocator``'s pick (:func:`grouprl.run.allocator.restart_command`);
-    the process that goes on says that the config is resolved (the first of the phase lines)."""
+    """The command again under ``config.allocator``'s pick; the process that goes on says the config is resolved."""
     from grouprl.run.allocator import restart_command
 
     restart_command(config.allocator, args.is_program)
@@ -224,19 +210,18 @@ def _demo(args: argparse.Namespace, rest: list[str]) -> int:
     return EXIT_OK
 
 
-PROMPT_SOURCES = frozenset({"task", "dataset", "eval_dataset", "env"})
-"""Keys that say where eval's held-out prompts come from."""
+PROMPT_SOURCES = frozenset({"task", "dataset", "eval_dataset", "env"})  # where eval's held-out prompts come from
 
 
 def _eval(args: argparse.Namespace, rest: list[str]) -> int:
-    """``grouprl eval``; a run (or checkpoint) folder with neither --config nor a prompt source given is
-    evaluated on its own run's held-out prompts, rewards and sampling (its config.yaml)."""
+    """``grouprl eval``; a run (or checkpoint) folder given without --config or a prompt source brings its run's
+    config.yaml."""
     from grouprl.cli.build import run_config_of
 
     config = _resolve(args, rest, TrainConfig)
     given = {a[2:].split("=")[0] for a in [*args.overrides, *rest] if a.startswith("--")}
     run_config = None if args.config or given & PROMPT_SOURCES else run_config_of(config.model)
-    if run_config is not None:  # the run's own config.yaml, which may be from an earlier release
+    if run_config is not None:  # which may be from an earlier release
         from grouprl.config import read_yaml_mapping
         from grouprl.config.fields import without_retired
 
@@ -273,18 +258,14 @@ def _report(args: argparse.Namespace, rest: list[str]) -> int:
     return EXIT_OK
 
 
-# --------------------------------------------------------------------------- entry point
-
-
 def error_paragraph(error: BaseException) -> str:
-    """The error as one paragraph: its lines kept (a pip command reads better on its own line),
-    blank lines dropped."""
+    """The error as one paragraph: its lines kept (a pip command reads better on its own), blank lines dropped."""
     text = str(error).strip() or type(error).__name__
     return "\n".join(line for line in text.splitlines() if line.strip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; returns the exit status (the console script exits with it)."""
+    """Run one command; returns the exit status."""
     is_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv

@@ -1,6 +1,6 @@
-"""The one builder: from a :class:`~grouprl.config.TrainConfig` to a trainer (prompt rows, reward functions and
-weights, the accuracy checker, the model, the process group, the rollout engine). Everything cheap that can be wrong
-(files, columns, the user's reward functions) is checked before the model loads: a typo costs seconds."""
+"""The one builder: from a :class:`~grouprl.config.TrainConfig` to a trainer (prompt rows, reward functions, the
+accuracy checker, the model, the process group). Everything cheap that can be wrong is checked before the model
+loads: a typo costs seconds."""
 
 from __future__ import annotations
 
@@ -16,16 +16,13 @@ from grouprl.registry import import_object
 from grouprl.trainer.inputs import RunInputs
 
 Row = dict[str, Any]
-
-
-
 EVAL_RESET_BASE = 1_000_000
 """Held-out resets of an environment are seeded from here on; training resets count from 0."""
 
 
 def load_rows(config: TrainConfig) -> tuple[list[Row], list[Row], Any, dict[int, str]]:
-    """(train rows, eval rows, the task object or None, where each file row sits by ``id(row)``) for a
-    task, a dataset or an environment (whose rows without a dataset are reset seeds)."""
+    """(train rows, eval rows, the task or None, where each file row sits by ``id(row)``) for a task, a dataset or
+    an environment (whose rows are reset seeds)."""
     if config.env and not config.dataset:
         n_eval = DEFAULT_TASK_EVAL_SIZE if config.eval_size is None else config.eval_size
         return ([{"seed": i} for i in range(config.train_size or DEFAULT_TASK_TRAIN_SIZE)],
@@ -58,7 +55,6 @@ def load_rows(config: TrainConfig) -> tuple[list[Row], list[Row], Any, dict[int,
     else:
         train, held = train_eval_split(rows, eval_fraction=config.eval_fraction, seed=config.seed)
     return train[: config.train_size] if config.train_size else train, held, None, places
-
 
 
 def load_reward_fns(config: TrainConfig, task: Any) -> tuple[list[Callable[..., Any]], list[float]]:
@@ -98,8 +94,7 @@ def load_reward_fns(config: TrainConfig, task: Any) -> tuple[list[Callable[..., 
 
 
 def answer_checker(completion: str, row: Row) -> bool:
-    """Whether the completion's final answer equals the row's gold ``answer`` (the dataset's answer_column),
-    as numbers or as math: a GSM8K ``#### 72`` or a MATH solution's last ``\\boxed{}`` is the gold
+    """Whether the completion's final answer equals the row's gold ``answer``, as numbers or as math
     (:func:`grouprl.rewards.answers.answer_is_correct`)."""
     from grouprl.rewards.answers import answer_is_correct
 
@@ -107,14 +102,12 @@ def answer_checker(completion: str, row: Row) -> bool:
     return gold is not None and answer_is_correct(completion, gold)
 
 
-MATH_REWARDS = frozenset({"math_equivalence", "accuracy", "exact_match"})
-"""Built-in rewards that compare a final answer with the gold answer column."""
+MATH_REWARDS = frozenset({"math_equivalence", "accuracy", "exact_match"})  # they compare with the gold answer
 
 
 def check_gold_answers(config: TrainConfig, rows: list[Row], places: dict[int, str], checked: bool) -> None:
-    """Warn when some gold answers of ``rows`` do not parse as an answer (those rows can never score), and
-    fail when none does (the wrong column, most likely), naming a row; only where they are compared as
-    answers: a math reward function is listed, or ``checked`` (the default accuracy checker reads them)."""
+    """Warn when some gold answers of ``rows`` give no answer (those rows can never score), fail when none does
+    (most likely the wrong column); only where a math reward or (``checked``) the default checker reads them."""
     if not rows or ANSWER not in rows[0] or not (checked or MATH_REWARDS & set(config.reward_functions)):
         return
     from grouprl.data import DataError
@@ -135,8 +128,7 @@ def check_gold_answers(config: TrainConfig, rows: list[Row], places: dict[int, s
 
 
 def check_renamed_answer(config: TrainConfig, fns: list[Callable[..., Any]]) -> None:
-    """A reward function that asks for the answer column by its name in the data, which ``answer_column``
-    renamed to ``answer``, is told so (the generic message would call the column missing)."""
+    """A reward function that asks for the answer column by the name ``answer_column`` renamed is told so."""
     import inspect
 
     from grouprl.rewards import reward_name
@@ -165,9 +157,8 @@ def load_checker(config: TrainConfig, task: Any, eval_rows: list[Row]) -> Callab
 
 
 def build_inputs(config: TrainConfig) -> RunInputs:
-    """Prompts (or resets), rewards, checker, environment and tools for ``config`` (checked first, as a config
-    made in Python was not), checked (a reward function that needs a column the data lacks fails here) before
-    any model is loaded."""
+    """Prompts (or resets), rewards, checker, environment and tools for ``config``, all checked before any model
+    is loaded."""
     check(config)
     train, held, task, places = load_rows(config)
     checker = None if config.env else load_checker(config, task, held)
@@ -207,11 +198,9 @@ def build_inputs(config: TrainConfig) -> RunInputs:
                      eval_places=[places[id(r)] for r in held] if places else [], distilled=config.distill_coef > 0)
 
 
-
 def resolve_model_path(spec: str) -> str:
-    """A run folder or a checkpoint folder stands for the policy it saved last, once its files match
-    the manifest; anything else is passed on unchanged (bundled name, model folder, .gguf file, Hugging
-    Face id). A run folder without a complete checkpoint is a :class:`ModelLoadError`, not a model."""
+    """A run or checkpoint folder stands for the policy it saved last, once its files match the manifest;
+    anything else is passed on unchanged. A run folder without a complete checkpoint is a :class:`ModelLoadError`."""
     from grouprl.run.checkpoint_files import latest_complete, verify_checkpoint
 
     path = Path(spec).expanduser()
@@ -230,15 +219,12 @@ def resolve_model_path(spec: str) -> str:
 
 
 EVAL_PICKS = 5
-"""How many times ``grouprl eval`` of a run folder picks the newest checkpoint again when the training run
-removed the one it picked while it was being read."""
+"""How often ``grouprl eval`` of a run folder picks again when the training run removed the checkpoint picked."""
 
 
 def load_newest_model(spec: str, seed: int, echo: Callable[[str], None] = print) -> tuple[Any, Any]:
-    """:func:`load_model` for ``grouprl eval``. A run folder that is still training (``keep_checkpoints``
-    small) may remove the checkpoint just picked before it is read: then the newest one is picked again,
-    and ``echo`` says so; after :data:`EVAL_PICKS` such removals a :class:`ModelLoadError` says what
-    happened. Any other failure is raised as it is."""
+    """:func:`load_model` for ``grouprl eval``: a run still training may remove the checkpoint just picked, so the
+    newest is picked again (``echo`` says so), up to :data:`EVAL_PICKS` times."""
     from grouprl.run.checkpoint_files import latest_complete, verify_checkpoint
 
     run = Path(spec).expanduser()
@@ -279,12 +265,10 @@ def load_model(spec: str, seed: int) -> tuple[Any, Any]:
     return load_policy(resolve_model_path(spec))
 
 
-
 def build_trainer(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer: Any, env: Any = None,
                   run_config: TrainConfig | None = None) -> Any:
-    """The trainer of ``config.algo`` for ``config``: in one process, or in the torchrun run ``env``
-    (a :class:`~grouprl.trainer.dist.group.DistEnv`); the trainer picks its rollout engine
-    (``rollout_engine``). ``run_config`` is what config.yaml records (default: ``config``)."""
+    """The trainer for ``config``, in one process or in the torchrun run ``env`` (a
+    :class:`~grouprl.trainer.dist.group.DistEnv`); ``run_config`` is what config.yaml records (default: ``config``)."""
     from grouprl.trainer.teacher import is_server
     from grouprl.trainer.trainer import Trainer
 

@@ -1,6 +1,4 @@
-"""What each ``grouprl`` command does once its arguments are parsed into a config; what it prints goes
-through ``echo`` so tests can capture it.
-"""
+"""What each ``grouprl`` command does once its arguments are parsed; it prints through ``echo``."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ Echo = Callable[[str], None]
 
 
 def before_after(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str | None:
-    """``accuracy before=0.188 after=0.406`` (or mean reward when there is no accuracy); keys may
-    carry the ``eval/`` prefix or not."""
+    """``accuracy before=0.188 after=0.406`` (else success or mean reward), keys with or without ``eval/``."""
     def get(d: dict[str, Any] | None, key: str) -> float | None:
         if not d:
             return None
@@ -33,12 +30,10 @@ def before_after(before: dict[str, Any] | None, after: dict[str, Any] | None) ->
     return None
 
 
-# --------------------------------------------------------------------------- train and demo
-
 def train(config: TrainConfig, echo: Echo = print, overwrite: bool = False,
           phase: Echo = announce) -> tuple[dict[str, Any], Path]:
-    """Claim the run folder, build everything ``config`` names, train, write the report. Returns
-    (summary, report path). ``phase`` says as each slow phase starts (on stderr: :mod:`grouprl.cli.phases`)."""
+    """Claim the run folder, build everything ``config`` names, train, write the report: (summary, report path).
+    ``phase`` says as each slow phase starts."""
     from grouprl.trainer.dist.group import torchrun_rank
 
     first = torchrun_rank() == 0
@@ -81,12 +76,8 @@ def _train_claimed(config: TrainConfig, echo: Echo, phase: Echo) -> tuple[dict[s
     return summary, report
 
 
-# --------------------------------------------------------------------------- eval
-
-
 def evaluate_model(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer: Any) -> dict[str, float]:
-    """Held-out metrics of ``policy`` on ``inputs.eval_rows``, sampled exactly as the trainer's evaluation
-    samples them (same seeds, same settings)."""
+    """Held-out metrics of ``policy`` on ``inputs.eval_rows``, sampled as the trainer's evaluation samples them."""
     import torch
 
     from grouprl.models.precision import pinned, resolve_formats
@@ -136,9 +127,6 @@ def evaluate_command(config: TrainConfig, echo: Echo = print) -> dict[str, float
     return result
 
 
-# --------------------------------------------------------------------------- report
-
-
 def report_command(run_dir: str, echo: Echo = print) -> Path:
     """``grouprl report RUN_DIR``: (re)write the run's plots and HTML page."""
     from grouprl.report import summarize, write_report
@@ -150,9 +138,6 @@ def report_command(run_dir: str, echo: Echo = print) -> Path:
     if line:
         echo(line)
     return path
-
-
-# --------------------------------------------------------------------------- train-rm
 
 
 def reward_model_start(spec: str, seed: int) -> tuple[Any, Any]:

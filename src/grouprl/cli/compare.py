@@ -1,9 +1,5 @@
-"""``grouprl compare``: several algorithms on the same task, model, seeds and budget, measured.
-
-Each (algorithm, seed) trains in its own spawned process, so ``memory/peak_rss_mb`` is that run's own peak
-and no state leaks between runs. The output folder holds one run folder per (algorithm, seed), plus
-``comparison.md``, ``comparison.json`` and ``plots/*.png``.
-"""
+"""``grouprl compare``: several algorithms on the same task, model, seeds and budget. Each (algorithm, seed)
+trains in its own spawned process, so its peak memory is its own and no state leaks between runs."""
 
 from __future__ import annotations
 
@@ -24,19 +20,17 @@ from grouprl.run.folder import claimed, holds_run
 @dataclass
 class CompareConfig:
     algos: tuple[str, ...] = ("grpo", "rloo", "ppo", "trpo")
-    """Algorithms to run. Language models: grpo, reinforce, rloo, ppo, trpo. Classic control
-    (with env): grpo, ppo, trpo, vpg."""
+    """Algorithms to run. Language models: grpo, reinforce, rloo, ppo, trpo. Classic control (env): grpo, ppo, trpo,
+    vpg."""
     seeds: tuple[int, ...] = (0,)
     """Seeds; every algorithm runs once per seed and the table gives the mean (and spread)."""
     env: str | None = None
-    """A gymnasium environment id for a classic-control comparison (then every other option is a
-    `grouprl rl` option, e.g. --total_env_steps); empty = language models (every other option is a
-    `grouprl train` option, e.g. --model, --task, --total_steps)."""
+    """A gymnasium environment id for a classic-control comparison (every other option is then `grouprl rl`'s);
+    empty = language models (every other option is `grouprl train`'s)."""
     output_dir: str = "runs/compare"
     """Folder of the comparison: one run folder per algorithm and seed, comparison.md, plots/."""
     wall_budget_s: float | None = None
-    """Also stop each run after this many seconds of wall time (the budget in wall-clock instead of,
-    or on top of, steps)."""
+    """Also stop each run after this many seconds of wall time."""
     algo_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Language models: options per algorithm on top of the shared ones, e.g.
     {ppo: {vf_coef: 0.2, critic_model: tiny}, trpo: {max_kl: 0.05}}."""
@@ -63,12 +57,8 @@ class CompareConfig:
             raise ValueError(f"algo_options for {', '.join(sorted(unknown))}, which is not in algos")
 
 
-# --------------------------------------------------------------------------- the runs
-
-
 def lm_algorithm_config(run: Any, algo: str, options: dict[str, Any]) -> Any:
-    """The run config of ``algo``: the shared settings of ``run`` (a TrainConfig), ``algo`` set, the
-    user's ``options`` for it on top; every key is checked against what the algorithm reads."""
+    """The run config of ``algo``: ``run``'s shared settings with ``options`` on top, checked."""
     own = {f.name for f in fields(run)}
     unknown = set(options) - own
     if unknown:
@@ -106,9 +96,6 @@ def _train_control(run: Any, algo: str, options: dict[str, Any], wall_budget_s: 
     write_report(run.output_dir)
 
 
-# --------------------------------------------------------------------------- orchestration
-
-
 def _in_child(target: Callable[..., None], *args: Any) -> None:
     """Run ``target(*args)`` in a fresh spawned process; raise if it fails."""
     ctx = multiprocessing.get_context("spawn")
@@ -123,8 +110,7 @@ def _in_child(target: Callable[..., None], *args: Any) -> None:
 def run_compare(compare: CompareConfig, base: Any, echo: Callable[[str], None] = print,
                 overwrite: bool = False) -> Path:
     """Train every (algorithm, seed) of ``compare`` on ``base`` (a TrainConfig, or a ControlConfig with
-    ``compare.env``), then write the table and plots; returns comparison.md's path. Every config and run
-    folder is checked before the first run starts."""
+    ``compare.env``), every config and folder checked first; then write comparison.md (returned) and plots."""
     out = Path(compare.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     jobs = []
@@ -149,7 +135,6 @@ def run_compare(compare: CompareConfig, base: Any, echo: Callable[[str], None] =
         for algo, seed, run in jobs:
             echo(f"compare: {algo} seed {seed} -> {run.output_dir}")
             _in_child(target, run, algo, compare.algo_options.get(algo, {}), compare.wall_budget_s)
-    # matplotlib: only once there is a table
     from grouprl.report.comparison_table import summarize_runs, write_comparison
 
     runs = summarize_runs([(algo, seed, Path(run.output_dir)) for algo, seed, run in jobs], control=bool(compare.env))

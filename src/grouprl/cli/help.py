@@ -1,7 +1,6 @@
-"""``--help`` of the commands that take every train key, in three sizes: one screen (a usual run's keys, one line
-each, and the sections with their first keys), ``--help SECTION`` (a section's short name, title or one of its keys:
-that section in full) and ``--help all``. Options are read back from the parser, so a command's own options are
-shown in their sections; a config key's option carries its :class:`~grouprl.config.FieldInfo`."""
+"""``--help`` of the commands that take every train key, in three sizes: one screen (a usual run's keys and the
+sections), ``--help SECTION`` (by short name, title or one of its keys) and ``--help all``. Options are read back
+from the parser, a config key's carrying its :class:`~grouprl.config.FieldInfo`."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from typing import Any
 from grouprl.config.sections import USUAL_KEYS, short_name
 
 ALL = "all"
-"""The ``--help`` argument that shows every section."""
 MAX_WIDTH = 100
 """Widest text, however wide the terminal: longer lines read badly."""
 KEY_COLUMN = 24
@@ -24,10 +22,8 @@ KEY_COLUMN = 24
 OPTIONS = "options"
 """argparse's title of the group of a command's own options (--config, --debug)."""
 NOT_ON_FIRST_SCREEN = ("help", "debug")
-"""The command's own options (by dest) left to ``--help all``; the others (--config, demo's --quick) are on the
-first screen."""
-_SENTENCE_END = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<! al\.)(?<! vs\.)(?<=[.!?])\s+")
-"""A space after a sentence's full stop (not an abbreviation's)."""
+"""The command's own options (by dest) left to ``--help all``."""
+_SENTENCE_END = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<! al\.)(?<! vs\.)(?<=[.!?])\s+")  # not an abbreviation's
 
 
 def summary(doc: str) -> str:
@@ -41,8 +37,8 @@ def _width() -> int:
 
 
 def _groups(parser: argparse.ArgumentParser) -> list[tuple[str, str | None, list[argparse.Action]]]:
-    """(title, description, shown actions) of each argument group of ``parser`` that shows an option. argparse
-    keeps its groups in private attributes; its own format_help reads the same ones."""
+    """(title, description, shown actions) of each argument group of ``parser`` that shows an option (argparse's
+    private attributes, which its own format_help reads)."""
     out = []
     for group in parser._action_groups:
         actions = [a for a in group._group_actions if a.help is not argparse.SUPPRESS]
@@ -71,7 +67,7 @@ def _full_entry(action: argparse.Action, width: int) -> list[str]:
     else:
         head = f"{_invocation(action)} (default: {row.default})"
         text = row.doc
-    # the text starts on the option's line and hangs under it: a reference of 150 keys stays a few hundred lines
+    # the text starts on the option's line and hangs under it, so the full reference stays short
     return textwrap.wrap(" ".join(text.split()), width, initial_indent=f"  {head}  ", subsequent_indent=" " * 6,
                          break_on_hyphens=False) or [f"  {head}"]
 
@@ -90,8 +86,7 @@ def _wrapped(text: str, width: int) -> list[str]:
 
 
 def full_help(parser: argparse.ArgumentParser, which: str) -> str:
-    """``--help all`` (every section, with the command's description and example) or ``--help SECTION``
-    (``which`` as :func:`find_section` reads it: that section alone)."""
+    """``--help all`` (every section, the description and example) or ``--help SECTION`` (:func:`find_section`)."""
     width, groups = _width(), _groups(parser)
     if which.strip().lower() == ALL:
         lines = [parser.format_usage().rstrip(), "", *_wrapped(parser.description or "", width)]
@@ -162,8 +157,7 @@ def first_screen(parser: argparse.ArgumentParser) -> str:
 
 
 def find_section(parser: argparse.ArgumentParser, which: str) -> str:
-    """The title of the section ``which`` names: its short name (the title's first word), its title, or one of
-    its keys (``lr`` -> optimizer). Unknown: ValueError naming every section."""
+    """The title of the section ``which`` names by short name, title or one of its keys (``lr`` -> optimizer)."""
     sections = {title: [_field(a).key for a in actions if _field(a) is not None]
                 for title, _, actions in _groups(parser) if title != OPTIONS}
     wanted = which.strip().lower().lstrip("-").replace("-", "_")

@@ -3,8 +3,8 @@
     grouprl train --nproc 4 ...                                   4 processes on this machine
     torchrun --nproc-per-node 4 -m grouprl train ...              the same, started by hand
 
-``--nproc`` checks the config first, writes it resolved to a temporary YAML file and runs torchrun on it,
-so every process trains with exactly the same settings; only the first process writes the report.
+``--nproc`` checks the config, writes it resolved to a temporary YAML file and runs torchrun on it, so every
+process trains with the same settings.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def launch(config: TrainConfig, nproc: int) -> int:
 
 
 def join_run(config: TrainConfig) -> Any:
-    """This process's :class:`~grouprl.trainer.dist.group.DistEnv`: the joined group under torchrun, a group
-    of one on a GPU machine (the multi-GPU placement), None on a CPU (``CUDA_VISIBLE_DEVICES=`` forces it)."""
+    """This process's :class:`~grouprl.trainer.dist.group.DistEnv`: the group under torchrun, a group of one on a
+    GPU machine, None on a CPU."""
     from grouprl.trainer.dist.group import init_distributed, one_process_init_method
 
     world = torchrun_world_size()

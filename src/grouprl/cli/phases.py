@@ -1,6 +1,5 @@
-"""One plain line on stderr as each slow phase of a command starts (the config resolved, loading the data,
-the model, building the trainer, training), so a command is never silent for long before its first step;
-stdout keeps the results (``--print-config``'s YAML, the before/after line, an eval table)."""
+"""One line on stderr as each slow phase of a command starts, so it is never silent for long; stdout keeps the
+results."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ def announce(text: str) -> None:
 
 
 def resolved_line(config: Any) -> str:
-    """The first line of a command that trains or evaluates: its config is resolved (in the process that goes
-    on: a command started again under a memory allocator says it once), and what it will run on."""
+    """The first line of a command that trains or evaluates: its config is resolved, and on what it runs."""
     return f"config resolved: model {config.model}, {data_source(config)}"
 
 
