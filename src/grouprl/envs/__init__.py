@@ -1,6 +1,5 @@
-"""Text environments for agents: the protocol (:mod:`.base`), tools (:mod:`.tools`), one trajectory's
-side of the conversation (:mod:`.episode`), the built-in environments and the GEM adapter
-(:mod:`.registry`)."""
+"""Text environments for agents: the protocol (:mod:`.base`), tools (:mod:`.tools`), one trajectory's side of the
+conversation (:mod:`.episode`), environments by name and the hubs' adapters (:mod:`.factory`)."""
 
 from grouprl.envs.base import ENVIRONMENTS, Message, Observation, TextEnv, as_messages, transcript
 from grouprl.envs.episode import Episode

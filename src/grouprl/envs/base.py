@@ -1,5 +1,4 @@
-"""The text-environment protocol: the gymnasium/GEM shape with text actions, so existing environments
-plug in unchanged:
+"""The text-environment protocol: the gymnasium/GEM shape with text actions, so existing environments plug in:
 
     reset(*, seed: int | None = None, options: dict | None = None) -> (observation, info)
     step(action: str) -> (observation, reward, terminated, truncated, info)
@@ -24,8 +23,6 @@ Observation = str | list[Message]
 
 @runtime_checkable
 class TextEnv(Protocol):
-    """An environment whose actions are text; see the module docstring."""
-
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[Observation, dict[str, Any]]: ...
 
@@ -34,15 +31,13 @@ class TextEnv(Protocol):
 
 ENVIRONMENTS: Registry[Callable[..., TextEnv]] = Registry("environment")
 """name -> factory ``(**options) -> TextEnv`` of the built-in environments."""
-
-
 ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
-"""What a message's role may be: a name (the template writes it between its markers, so it is structure)."""
+"""A message's role is a name: the template writes it between its markers, as structure."""
 
 
 def as_messages(observation: Observation, role: str = "user") -> list[Message]:
-    """An observation as messages to append: text becomes one ``role`` message. Anything else is a
-    TypeError saying what it was: a message needs a ``role`` that is a name and ``content`` that is text.
+    """An observation as messages to append: text becomes one ``role`` message; anything but text or messages
+    (a named ``role``, text ``content``) is a TypeError.
 
     >>> as_messages("Too low."), as_messages([{"role": "user", "content": "hi"}])
     ([{'role': 'user', 'content': 'Too low.'}], [{'role': 'user', 'content': 'hi'}])
@@ -61,8 +56,7 @@ def _is_message(m: Any) -> bool:
 
 
 def transcript(messages: Sequence[Message]) -> str:
-    """A trajectory's turns from the policy's first one on, as text: each message headed by its role
-    (what a judge of whole trajectories reads; the opening prompt is the group's own).
+    """A trajectory's turns from the policy's first one on, each headed by its role (what a judge reads).
 
     >>> print(transcript([{"role": "user", "content": "Guess 1-8."}, {"role": "assistant", "content": "4"},
     ...                   {"role": "user", "content": "Higher."}, {"role": "assistant", "content": "6"}]))
@@ -74,4 +68,3 @@ def transcript(messages: Sequence[Message]) -> str:
     """
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
     return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages[first:])
-

@@ -1,6 +1,6 @@
-"""A tool task: two-digit arithmetic with a ``calculator`` tool, which the bundled model alone rarely gets
-right. A turn without a tool call is the answer (reward 1 when it holds the result). Each game opens with
-one solved example: shown the exchange, the model wins far more often (docs/calibration.md).
+"""A tool task: two-digit arithmetic with a ``calculator`` tool. A turn without a tool call is the answer (reward 1
+when it holds the result); each game opens with one solved example, since a small model copies a format it has
+seen far more readily than one it is told about.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from grouprl.envs.last_integer import last_integer
 
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
              ast.USub: operator.neg, ast.UAdd: operator.pos}
-LARGEST = 10**12
-"""Results beyond this are refused: the tool is for arithmetic, not for building huge numbers."""
+LARGEST = 10**12  # the tool is for arithmetic, not for building huge numbers
 
 
 def _evaluate(node: ast.AST) -> float:
@@ -51,8 +50,7 @@ class Calculator:
     """Options: ``low``, ``high`` (the operands' range), ``operations`` (e.g. "+-*"), ``show_call`` (the
     question shows the call to make), ``worked_example`` (open with one solved exchange)."""
 
-    tools = (calculator,)
-    """Tools this environment brings; they join the run's ``tools``."""
+    tools = (calculator,)  # they join the run's tools
 
     def __init__(self, low: int = 10, high: int = 99, operations: str = "+", show_call: bool = True,
                  worked_example: bool = True):
@@ -79,7 +77,6 @@ class Calculator:
         text, _ = self.question(a, op, b)
         if not self.worked_example:
             return text, {}
-        # a small model copies a format it has seen answered far more often than one it is told about
         ea, eb, eop = rng.randint(self.low, self.high), rng.randint(self.low, self.high), rng.choice(self.operations)
         example, call = self.question(ea, eop, eb)
         result = calculator(f"{ea} {eop} {eb}")

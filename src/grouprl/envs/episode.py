@@ -1,10 +1,8 @@
 """One trajectory's side of the conversation: an environment, the tools, and what happened.
 
-The multi-turn engine calls ``start()`` (reset, the opening messages) and ``respond(action)`` per assistant
-turn: tool calls are answered by the tools (the environment does not step), any other turn is the
-environment's ``step``. An environment that misbehaves ends its trajectory with reason ``error`` (the trainer
-drops it) rather than the run; tools and parsers never raise. Per policy turn it records the reward and the
-key of the state the turn started from, for step-level grouping.
+The multi-turn engine calls ``start()`` then ``respond(action)`` per assistant turn: the tools answer tool
+calls, the environment's ``step`` any other turn. A misbehaving environment ends its trajectory with reason
+``error`` (dropped), not the run. Per policy turn it records the reward and the key of the state it started from.
 """
 
 from __future__ import annotations
@@ -17,12 +15,11 @@ from grouprl.envs.base import Message, as_messages
 from grouprl.envs.tools import PendingCalls, Tool, ToolCall, ToolParser, ToolRunner, resolve_tool_parser
 from grouprl.errors import Interrupted
 
-ERROR_CHARS = 500
-"""Of an environment's exception message, this much is kept."""
+ERROR_CHARS = 500  # of an environment's exception message
 
 
 def _state_key(observation: Any, info: dict[str, Any]) -> Any:
-    """The state's key: ``info["state_key"]`` (it must be hashable: steps are grouped by it), else the observation."""
+    """``info["state_key"]`` (hashable: steps are grouped by it), else the observation."""
     key = info.get("state_key") if isinstance(info, dict) else None
     if key is not None:
         hash(key)
@@ -32,8 +29,7 @@ def _state_key(observation: Any, info: dict[str, Any]) -> Any:
 
 class Episode:
     """One trajectory in ``env``, reset with ``seed`` and ``options`` (the dataset row); ``max_tool_calls``
-    counts over the trajectory; ``tool_parser`` is a :data:`~grouprl.envs.tools.TOOL_PARSERS` name, an
-    import path or the parser itself."""
+    counts over the trajectory; ``tool_parser`` is a name, an import path or the parser itself."""
 
     def __init__(self, env: Any, tools: Sequence[Tool] = (), *, seed: int | None = None,
                  options: dict[str, Any] | None = None, max_tool_calls: int = 4,
@@ -43,15 +39,12 @@ class Episode:
         self.parse = resolve_tool_parser(tool_parser) if isinstance(tool_parser, str) else tool_parser
         self.max_tool_calls = max_tool_calls
         self.messages: list[Message] = []
-        self.opening = 0
-        """How many of :attr:`messages` the reset opened with (a few-shot opening may hold assistant turns)."""
+        self.opening = 0  # messages the reset opened with (a few-shot opening may hold assistant turns)
         self.return_ = 0.0
         self.tool_calls = self.tool_errors = 0
         self.success: bool | None = None
-        self.state_keys: list[Any] = []
-        """Per policy turn: the key of the state it started from."""
-        self.step_rewards: list[float] = []
-        """Per policy turn: the reward its action earned (0 for a turn the tools answered)."""
+        self.state_keys: list[Any] = []  # per policy turn
+        self.step_rewards: list[float] = []  # per policy turn; 0 for a turn the tools answered
         self.end_reason: str | None = None
         self.error: str | None = None
         self._next_key: Any = None
@@ -61,7 +54,6 @@ class Episode:
         return f"environment {type(self.env).__name__} (seed {self.seed})"
 
     def _fail(self, when: str, error: BaseException | str) -> None:
-        """End the trajectory as an error: ``when`` it happened and what."""
         if isinstance(error, Interrupted):
             raise error
         what = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
@@ -82,17 +74,16 @@ class Episode:
 
     @property
     def final_answer(self) -> str | None:
-        """The policy's last turn (what reward functions over the final answer score)."""
+        """The policy's last turn."""
         return next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant"), None)
 
     def respond(self, action: str) -> list[Message] | None:
-        """The messages that answer the assistant turn ``action`` (appended to :attr:`messages` with it),
-        or None when the trajectory is over (``end_reason`` says why)."""
+        """The messages that answer the assistant turn ``action`` (both appended to :attr:`messages`), or None when
+        the trajectory is over (``end_reason`` says why)."""
         return self.finish(self.begin(action))
 
     def begin(self, action: str) -> PendingCalls | None:
-        """The first half of :meth:`respond`: record the turn and start its tool calls (None: the
-        environment answers it, in :meth:`finish`)."""
+        """The first half of :meth:`respond`: record the turn, start its tool calls (None: the environment answers)."""
         self.messages.append({"role": "assistant", "content": action})
         self.state_keys.append(self._next_key)
         if self.end_reason is not None or self.runner is None or self.tool_calls >= self.max_tool_calls:
@@ -152,7 +143,6 @@ class Episode:
 
 
 def _reward(value: Any) -> float:
-    """A step's reward as a float; a TypeError or ValueError saying what it was instead of a finite number."""
     if value is None or isinstance(value, str | bytes):
         raise TypeError(f"the reward must be a number, got {type(value).__name__} {value!r:.80}")
     number = float(value)
@@ -162,8 +152,7 @@ def _reward(value: Any) -> float:
 
 
 def respond_all(episodes: Sequence[Episode], actions: Sequence[str]) -> list[list[Message] | None]:
-    """:meth:`Episode.respond` for each episode and its action: every trajectory's tool calls started
-    before any is waited for, so they run at once; the environments step in order."""
+    """:meth:`Episode.respond` for each episode: every trajectory's tool calls start before any is waited for."""
     pending: list[PendingCalls | None] = []
     try:
         for episode, action in zip(episodes, actions, strict=True):

@@ -1,8 +1,6 @@
-"""Environments by name: the built-ins (:data:`~grouprl.envs.base.ENVIRONMENTS`), an import path
-(``my_module:MyEnv``: any class or factory whose objects have ``reset`` and ``step``) or a hub's
-environment named by a prefix of :data:`HUBS`: a GEM id (``gem:game:GuessTheNumber-v0-easy``, made by
-``gem.make``), an OpenEnv environment (``openenv:module:Class``, ``openenv+http://host:port``) or a
-verifiers taskset (``verifiers:module:attr``)."""
+"""Environments by name: a built-in, an import path (``my_module:MyEnv``, whose objects have ``reset`` and
+``step``) or a hub's, by a prefix of :data:`HUBS` (``gem:game:GuessTheNumber-v0-easy``, ``openenv:module:Class``,
+``openenv+http://host:port``, ``verifiers:module:attr``)."""
 
 from __future__ import annotations
 
@@ -30,14 +28,12 @@ class Hub:
     resolve: Callable[[str], Callable[..., TextEnv]]
 
 
-HUBS: Registry[Hub] = Registry("environment hub")
-"""prefix (``env`` up to its first colon) -> :class:`Hub`."""
+HUBS: Registry[Hub] = Registry("environment hub")  # prefix (``env`` up to its first colon) -> Hub
 
 
 class GemEnv:
-    """A GEM environment in the text-environment protocol: ``options`` passed only where its ``reset``
-    takes them, each observation followed by the hint GEM keeps in ``info["suffix"]``, and a
-    trajectory that ends on a positive reward counted as a success (GEM games reward only a win)."""
+    """A GEM environment in the text-environment protocol: each observation followed by GEM's hint
+    (``info["suffix"]``), an end on a positive reward a success (GEM games reward only a win)."""
 
     def __init__(self, env: Any):
         self.env = env
@@ -103,8 +99,8 @@ def resolve_env(spec: str) -> Callable[..., TextEnv]:
 
 
 def make_env_factory(spec: str, options: dict[str, Any] | None = None) -> Callable[[], TextEnv]:
-    """A factory of fresh environments for ``spec`` with ``options``; one is made at once, so a bad
-    name, bad options or an object without ``reset``/``step`` fail here, naming the environment."""
+    """A factory of fresh environments for ``spec`` with ``options``; one is made at once, so bad names, options
+    or objects fail here."""
     factory = resolve_env(spec)
     make = functools.partial(factory, **(options or {}))
     try:
@@ -122,7 +118,5 @@ def make_env_factory(spec: str, options: dict[str, Any] | None = None) -> Callab
 
 
 def env_tools(factory: Callable[[], TextEnv]) -> list[Tool]:
-    """The tools an environment brings (its ``tools`` attribute: functions, or :class:`~grouprl.envs.tools.Tool`
-    where the schema is made otherwise), if any."""
+    """The tools an environment brings (its ``tools``: functions or :class:`~grouprl.envs.tools.Tool`)."""
     return [t if isinstance(t, Tool) else Tool.of(t) for t in getattr(factory(), "tools", ()) or ()]
-

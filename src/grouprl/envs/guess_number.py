@@ -1,6 +1,6 @@
 """Guess the number in ``[low, high]``: each policy turn is a guess answered "higher" or "lower", until it is
 found (reward 1) or ``max_guesses`` are spent (0). A turn's state key is the interval still open and the
-guesses left, so turns from the same knowledge are compared (docs/calibration.md).
+guesses left, so turns from the same knowledge are compared.
 """
 
 from __future__ import annotations

@@ -3,10 +3,8 @@
 URL (``openenv+http://host:port``, one WebSocket session per trajectory, closed when it ends).
 
 The policy's turn fills the action's one text field; the observation's one text field (else all its fields as
-JSON) is the next user turn; reward and done come from the observation, ``metadata["success"]`` (in process) is
-the success. A row's columns go to ``reset`` as keyword arguments where it names them (all where it takes
-``**kwargs``), as an OpenEnv server passes them. Options ``action_field`` and ``observation_field`` name the
-fields where there are several; the others go to the class's constructor.
+JSON) is the next user turn. A row's columns go to ``reset`` as the keyword arguments it takes. Options
+``action_field`` and ``observation_field`` name the fields where there are several; the rest go to the constructor.
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ from typing import Any, get_type_hints
 from grouprl.errors import ConfigError
 from grouprl.registry import import_object
 
-NOT_SHOWN = ("reward", "done", "metadata")
-"""Observation fields that are not the text the policy reads."""
+NOT_SHOWN = ("reward", "done", "metadata")  # observation fields the policy does not read
 
 
 def text_field(schema: dict[str, Any], name: str | None, spec: str) -> str:
@@ -42,8 +39,6 @@ def text_field(schema: dict[str, Any], name: str | None, spec: str) -> str:
 
 
 class OpenEnvText:
-    """One OpenEnv environment, or one session with a server (``remote``), as a text environment."""
-
     def __init__(self, env: Any, make_action: Callable[[str], Any], observation_field: str | None = None,
                  reset_names: set[str] | None = None, remote: bool = False):
         self.env, self.make_action, self.observation_field = env, make_action, observation_field
@@ -63,8 +58,7 @@ class OpenEnvText:
 
     @staticmethod
     def _parts(result: Any) -> tuple[dict[str, Any], Any, bool, dict[str, Any]]:
-        """``(shown fields, reward, done, metadata)`` of an Observation, or of a client's StepResult (whose
-        observation is the fields' dict; the server does not send metadata)."""
+        """``(shown fields, reward, done, metadata)`` of an Observation or a client's StepResult (no metadata)."""
         if hasattr(result, "model_dump"):
             return result.model_dump(exclude=set(NOT_SHOWN)), result.reward, result.done, result.metadata or {}
         return dict(result.observation), result.reward, result.done, {}
@@ -103,8 +97,7 @@ def in_process(path: str) -> Callable[..., OpenEnvText]:
 
 
 def by_url(url: str) -> Callable[..., OpenEnvText]:
-    """The factory ``(action_field=None, observation_field=None)`` of sessions with the server at ``url``, whose
-    action schema is read once, here."""
+    """The factory ``(action_field=None, observation_field=None)`` of sessions with the server at ``url``."""
     import httpx
 
     spec = f"openenv+{url}"

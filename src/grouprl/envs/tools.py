@@ -3,9 +3,9 @@
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "23 * 47"}}</tool_call>
 
-Every call gets one ``tool`` message, never an exception. Each call runs in a process forked from the
-trainer, leading its own process group and killed at its deadline, so a hung tool holds up neither the
-other calls nor the run's exit; a forked process must not use the accelerator or torch's thread pools.
+Every call gets one ``tool`` message, never an exception. Each runs in a forked process leading its own process
+group, killed at its deadline, so a hung tool holds up nothing; a tool must not use the accelerator or torch's
+thread pools.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ from typing import Any
 from grouprl.errors import ConfigError
 from grouprl.registry import Registry, import_object
 
-RESULT_CHARS = 2000
-"""A tool result longer than this is cut (the model's context is small; say so in the message)."""
-NAME_CHARS = 100
-"""Of a tool name the policy wrote that names no tool, this much is repeated back."""
+RESULT_CHARS = 2000  # a longer tool result is cut, saying so
+NAME_CHARS = 100  # of an unknown tool name the policy wrote, this much is repeated back
 
 
 @dataclass(frozen=True)
@@ -59,8 +57,7 @@ class Tool:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call read from an assistant turn, or the reason it could not be read."""
-
+    """One call read from an assistant turn, or why it could not be read."""
     name: str | None
     arguments: dict[str, Any]
     error: str | None = None
@@ -74,8 +71,8 @@ HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 
 def parse_hermes(text: str) -> list[ToolCall]:
-    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (an unclosed last one too:
-    the turn may stop right after the JSON; a Python dict literal is read like JSON).
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (an unclosed last one too; a Python
+    dict literal is read like JSON).
 
     >>> parse_hermes('x <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>')
     [ToolCall(name='f', arguments={'a': 1}, error=None)]
@@ -106,8 +103,7 @@ def parse_hermes(text: str) -> list[ToolCall]:
 
 
 def _json_or_literal(text: str) -> Any:
-    """``text`` as JSON, else as a Python literal (small models often write ``{'name': ...}``); None
-    when it is neither. ``ast.literal_eval`` builds only literals: no code runs.
+    """``text`` as JSON, else as a Python literal (small models write ``{'name': ...}``; no code runs), else None.
 
     >>> _json_or_literal("{'a': [1, 2]}"), _json_or_literal("{1: f()}")
     ({'a': [1, 2]}, None)
@@ -128,8 +124,7 @@ TOOL_PARSERS.register("hermes", parse_hermes)
 
 
 def resolve_tool_parser(spec: str) -> ToolParser:
-    """The parser ``spec`` names: a name of :data:`TOOL_PARSERS` or the import path of a function
-    ``(assistant text) -> list[ToolCall]`` (``module:function``, ``file.py:function``)."""
+    """The parser ``spec`` names: in :data:`TOOL_PARSERS`, or an import path of ``(text) -> list[ToolCall]``."""
     if ":" not in spec:
         try:
             return TOOL_PARSERS.get(spec)
@@ -190,9 +185,7 @@ def _answer(fn: Callable[..., Any], call: ToolCall) -> tuple[str, bool]:
 
 @dataclass
 class _Process:
-    """One call's process: its pid (also its process group), the read end of its answer pipe, and its exit
-    status once reaped."""
-
+    """One call's process (also its process group's id), its answer pipe's read end, its exit status once reaped."""
     name: str
     pid: int
     fd: int
@@ -268,8 +261,7 @@ class PendingCalls:
         self.out, self.running, self.deadline, self.timeout_s = out, running, deadline, timeout_s
 
     def results(self) -> list[tuple[str, str, bool]]:
-        """``(tool name, message text, failed)`` for each call, in order; each waits at most until the
-        deadline the calls were started with."""
+        """``(tool name, message text, failed)`` for each call, in order, waiting at most until their deadline."""
         try:
             for i in list(self.running):
                 self.out[i] = _collect(self.running[i], self.deadline, self.timeout_s)
@@ -279,14 +271,13 @@ class PendingCalls:
         return self.out  # type: ignore[return-value]
 
     def cancel(self) -> None:
-        """Kill every call not yet collected (their results are never read)."""
         for process in self.running.values():
             process.end()
         self.running = {}
 
 
 class ToolRunner:
-    """Executes tool calls against ``tools`` with a per-call timeout (see the module docstring)."""
+    """Executes tool calls against ``tools`` with a per-call timeout."""
 
     def __init__(self, tools: Sequence[Tool], timeout_s: float):
         self.tools = {t.name: t for t in tools}

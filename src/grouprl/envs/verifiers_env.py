@@ -2,12 +2,10 @@
 protocol, run in process without verifiers' harness: ``verifiers:module:attr`` names a ``Taskset`` or a function
 returning one (called with ``env_options``).
 
-A reset opens the task its row's seed picks (``seed % len(tasks)``): its system prompt and prompt. The tools are
-the ``@vf.tool`` methods of the taskset's and the task class's toolsets (their MCP schemas, arguments validated by
-pydantic), run by grouprl's tool runner; the first turn without a tool call is the answer, scored by the task's
-``@vf.reward`` functions (their weighted sum, verifiers' ``trace.reward``) over a trace of the opening and that
-answer. What needs the harness is refused when the taskset is loaded: rewards that take a ``runtime``, judges (a
-model behind a client), toolsets with per-task state (``setup_task``).
+A reset opens the task ``seed % len(tasks)``. The tools are the ``@vf.tool`` methods of the taskset's and the task
+class's toolsets, run by grouprl's tool runner; the first turn without a tool call is the answer, scored by the
+task's ``@vf.reward`` functions (``trace.reward``). What needs the harness is refused on loading: rewards that
+take a ``runtime``, judges, toolsets with per-task state.
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ from grouprl.registry import import_object
 
 
 class VerifiersEnv:
-    """One trajectory over ``tasks`` (verifiers ``Task`` objects); ``tools`` are their toolsets' tools."""
-
     def __init__(self, tasks: Sequence[Any], tools: Sequence[Tool]):
         self.tasks, self.tools = tasks, list(tools)
         self.task: Any = None
@@ -46,8 +42,7 @@ class VerifiersEnv:
         return [{"role": m.role, "content": content_text(m.content)} for m in self.opening], {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """The answer ends the trajectory: its reward is the task's score."""
-        import verifiers.v1 as vf
+        import verifiers.v1 as vf  # the answer ends the trajectory: its reward is the task's score
         from verifiers.v1.graph import MessageNode
         from verifiers.v1.trace import AgentInfo, TraceTask
 
@@ -62,8 +57,7 @@ class VerifiersEnv:
 
 
 class TasksetEnvs:
-    """The factory ``(**env_options) -> VerifiersEnv`` of ``module:attr``: the taskset is loaded, checked and its
-    toolsets set up once."""
+    """The factory ``(**env_options) -> VerifiersEnv`` of ``module:attr``, loading the taskset once."""
 
     def __init__(self, path: str):
         self.path, self.spec = path, f"verifiers:{path}"
@@ -95,7 +89,6 @@ class TasksetEnvs:
         return tasks, [tool for ts in toolsets for tool in self._tools(ts)]
 
     def _check(self, task: Any) -> None:
-        """Refuse what needs verifiers' harness (see the module docstring), naming it."""
         needs = [fn.__name__ for fn in task.hooks("reward")
                  if "runtime" in (params := inspect.signature(fn).parameters)
                  and params["runtime"].default is inspect.Parameter.empty]
@@ -107,7 +100,7 @@ class TasksetEnvs:
                               "verifiers' harness: score with reward_functions or judge instead")
 
     def _tools(self, toolset: Any) -> list[Tool]:
-        """A toolset's ``@vf.tool`` methods with the schemas its MCP server would show, after its ``setup()``."""
+        """A toolset's ``@vf.tool`` methods with their MCP schemas, after its ``setup()``."""
         from mcp.server.mcpserver import MCPServer
         from pydantic import validate_call
         from verifiers.v1.mcp.server import ServerBase
