@@ -1,6 +1,5 @@
-"""Prompt data: rows read from files or ``datasets`` objects, the prompt and answer columns normalised,
-train and held-out splits (:mod:`.loading`); hub ids and folders in the hub's layout, with their configs
-and splits (:mod:`.hub`)."""
+"""Prompt data: rows from files or ``datasets`` objects, prompt and answer columns normalised, held-out splits
+(:mod:`.prompt_sets`); hub ids and folders in the hub's layout (:mod:`.hub`); chat templates (:mod:`.templates`)."""
 
 from grouprl.data.hub import config_problem, load_hub
 from grouprl.data.prompt_sets import (

@@ -1,8 +1,5 @@
-"""Datasets as the Hugging Face hub lays them out, through the ``datasets`` library: a hub id
-(``openai/gsm8k``) or a local folder in the hub's layout, with a config name and a split; or a
-``save_to_disk`` folder (``datasets.load_from_disk``). A failure is one :class:`DataError` naming the
-dataset, config and split.
-"""
+"""Datasets through the ``datasets`` library: a hub id (``openai/gsm8k``) or a folder in the hub's layout, with a
+config and a split, or a ``save_to_disk`` folder; a failure is one :class:`DataError` naming all three."""
 
 from __future__ import annotations
 
@@ -11,22 +8,18 @@ from typing import Any
 
 from grouprl.errors import DataError
 
-SAVED_MARKERS = ("dataset_dict.json", "state.json")
-"""Files ``save_to_disk`` writes at the top of its folder (a DatasetDict, or one Dataset)."""
+SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes at the top of its folder
 OFFLINE_ERRORS = ("ConnectionError", "ConnectError", "OfflineModeIsEnabled", "LocalEntryNotFoundError", "Timeout",
                   "ConnectTimeout", "ReadTimeout")
-"""Exception class names (anywhere in an error's class hierarchy or cause chain) that mean the hub was not
-reached: ``datasets`` raises the built-in ConnectionError, ``huggingface_hub`` and ``httpx`` their own."""
+"""Exception class names (in an error's class hierarchy or cause chain) that mean the hub was not reached."""
 
 
 def is_saved_dataset(folder: Path) -> bool:
-    """Whether ``folder`` was written by ``datasets``' ``save_to_disk`` (else it may be in the hub's layout)."""
     return any((folder / name).is_file() for name in SAVED_MARKERS)
 
 
 def config_problem(source: str | None, config: str | None) -> str | None:
-    """What is wrong with giving ``dataset_config`` for ``source``, told without loading anything: a file or
-    a ``save_to_disk`` folder has no configs. None when the pair can be tried."""
+    """What is wrong with giving ``dataset_config`` for ``source`` (a file or ``save_to_disk`` folder has none)."""
     if not (source and config):
         return None
     path = Path(source).expanduser()
@@ -39,8 +32,7 @@ def config_problem(source: str | None, config: str | None) -> str | None:
 
 
 def split_problem(source: str | None, key: str, split: str | None) -> str | None:
-    """What is wrong with choosing split ``split`` (the value of config key ``key``) of ``source``: a file holds
-    one split. None when it can be tried."""
+    """What is wrong with choosing split ``split`` (config key ``key``) of ``source``: a file holds one."""
     if source and split and Path(source).expanduser().is_file():
         return (f"{key}={split!r} picks a split of a dataset folder or hub id, but {source!r} is a file, which "
                 "holds one: leave it empty, or give the held-out rows as a file of their own (eval_dataset)")
@@ -68,8 +60,8 @@ def how_to_fetch(name: str, config: str | None) -> str:
 
 
 def load_hub(source: str, config: str | None, split: str | None) -> Any:
-    """``datasets.load_dataset(source, config, split=split)``: a Dataset, or a DatasetDict when ``split`` is
-    None. ``source`` is a hub id or a folder in the hub's layout. Every failure is a :class:`DataError`."""
+    """``datasets.load_dataset(source, config, split=split)`` (a DatasetDict when ``split`` is None); every failure
+    is a :class:`DataError`."""
     import datasets
 
     what = f"dataset {source!r}" + (f" (dataset_config {config!r})" if config else "")

@@ -1,7 +1,5 @@
-"""Prompt datasets: rows read from files or ``datasets`` objects, the prompt column normalised, train/eval
-split, prompt lengths checked before any generation. A row is ``"prompt"`` (text or chat messages) plus the
-source's other columns unchanged, which reach the reward functions as keywords.
-"""
+"""Prompt datasets: rows read and checked before any generation. A row is ``"prompt"`` (text or chat messages)
+plus the source's other columns unchanged, which reach the reward functions as keywords."""
 
 from __future__ import annotations
 
@@ -20,10 +18,7 @@ from grouprl.types import to_messages
 
 Row = dict[str, Any]
 PREVIEW_CHARS = 120
-
-
-READERS: Registry[Callable[[Path], list[Row]]] = Registry("prompt file format")
-"""File suffix -> reader returning a list of dicts."""
+READERS: Registry[Callable[[Path], list[Row]]] = Registry("prompt file format")  # file suffix -> reader
 
 
 @READERS.register(".jsonl")
@@ -80,7 +75,6 @@ TEXT_FORMATS = (".jsonl", ".json", ".csv")
 
 
 def _check_utf8(path: Path) -> None:
-    """A text file that is not UTF-8 is named with the line of its first bad byte."""
     raw = path.read_bytes()
     try:
         raw.decode("utf-8")
@@ -90,10 +84,9 @@ def _check_utf8(path: Path) -> None:
 
 
 def load_records(source: str | Path | Any, split: str | None = None, config: str | None = None) -> list[Row]:
-    """Rows from a JSONL / JSON / CSV / parquet file, a ``datasets`` folder (``save_to_disk``), a folder
-    in the Hugging Face hub's layout or a hub id (read by ``datasets.load_dataset`` with ``config``:
-    :mod:`.hub`), a ``datasets.Dataset`` or ``DatasetDict``, or a list of dicts. ``split`` picks a split
-    where the source has several (empty = train)."""
+    """Rows from a JSONL / JSON / CSV / parquet file, a ``save_to_disk`` folder, a folder in the hub's layout or a
+    hub id (with ``config``), a ``datasets.Dataset`` or ``DatasetDict``, or a list of dicts; ``split`` picks a
+    split where there are several (empty = train)."""
     if isinstance(source, list):
         return [dict(r) for r in source]
     if not isinstance(source, str | Path):
@@ -120,14 +113,12 @@ def load_records(source: str | Path | Any, split: str | None = None, config: str
     return _from_datasets(load_hub(str(path) if path.is_dir() else str(source), config, split), split, str(source))
 
 
-FILE_SUFFIX = re.compile(r"\.[A-Za-z]\w*")
-"""A file's suffix (.jsonl, .txt); a hub id's version number (AI-MO/NuminaMath-1.5) is not one."""
+FILE_SUFFIX = re.compile(r"\.[A-Za-z]\w*")  # a hub id's version number (AI-MO/NuminaMath-1.5) is not one
 
 
 def missing_file(source: str | Path) -> str | None:
-    """What is wrong with ``source`` when it names a file (a path, or a name with a file's suffix) that does
-    not exist; None when it exists or reads as a Hugging Face dataset id. Cheap: the config checks call it
-    before anything is built.
+    """What is wrong with ``source`` when it names a file (a path, or a name with a file's suffix) that does not
+    exist; None when it exists or reads as a hub id.
 
     >>> missing_file("prompts.jsonl"), missing_file("openai/gsm8k"), missing_file("AI-MO/NuminaMath-1.5")
     ("prompt file 'prompts.jsonl' does not exist", None, None)
@@ -139,8 +130,8 @@ def missing_file(source: str | Path) -> str | None:
 
 
 def row_places(source: str | Path | Any, count: int, split: str | None = None) -> list[str]:
-    """Where each of the ``count`` rows :func:`load_records` read from ``source`` sits, for messages:
-    ``"prompts.jsonl line 7"``, ``"data.csv line 3"``, ``"data.json item 2"``, else ``"<source> row 2"``."""
+    """Where each of the ``count`` rows read from ``source`` sits, for messages: ``"prompts.jsonl line 7"``,
+    ``"data.json item 2"``, else ``"<source> row 2"``."""
     path = Path(source).expanduser() if isinstance(source, str | Path) else None
     if path is None or not path.is_file():
         where = source if isinstance(source, str | Path) else type(source).__name__
@@ -189,15 +180,13 @@ def normalise_prompt(value: Any, row: int) -> str | list[dict[str, str]]:
     return value
 
 
-ANSWER = "answer"
-"""The column name under which the gold answer reaches reward functions and the accuracy checker."""
+ANSWER = "answer"  # the gold answer's column, as reward functions and the accuracy checker get it
 
 
 def load_prompts(source: str | Path | Any, prompt_column: str = "prompt", system_prompt: str | None = None,
                  split: str | None = None, config: str | None = None, answer_column: str = ANSWER) -> list[Row]:
-    """Prompt rows from ``source`` (:func:`load_records`): ``prompt_column`` renamed ``"prompt"`` (validated) and
-    ``answer_column`` renamed ``"answer"``, every other column kept; with ``system_prompt`` each prompt becomes
-    chat messages with that system message first (unless it has one)."""
+    """Prompt rows from ``source``: ``prompt_column`` renamed ``"prompt"`` (validated), ``answer_column``
+    ``"answer"``, other columns kept; ``system_prompt`` goes first in each prompt without one."""
     rows = load_records(source, split, config)
     where = source if isinstance(source, str | Path) else type(source).__name__
     if not rows:
@@ -229,8 +218,8 @@ def load_prompts(source: str | Path | Any, prompt_column: str = "prompt", system
 
 def train_eval_split(rows: Sequence[Row], eval_fraction: float | None = None, eval_size: int | None = None,
                      seed: int = 0) -> tuple[list[Row], list[Row]]:
-    """Split rows at random (``seed``) into train and eval, each in the original order; give exactly one of
-    ``eval_fraction`` (at least 1 row) or ``eval_size``.
+    """Split rows at random into train and eval, each in the original order, by ``eval_fraction`` (at least 1 row)
+    or ``eval_size``.
 
     >>> train, held = train_eval_split([{"prompt": str(i)} for i in range(10)], eval_size=3, seed=0)
     >>> len(train), len(held)
@@ -249,8 +238,7 @@ def train_eval_split(rows: Sequence[Row], eval_fraction: float | None = None, ev
 
 
 def check_prompt_lengths(token_lists: Sequence[Sequence[int]], max_len: int, rows: Sequence[Row] | None = None) -> None:
-    """Fail if any prompt has more than ``max_len`` tokens (typically the model's context minus
-    the completion budget), naming the first such row, its length and its prompt."""
+    """Fail if any prompt has more than ``max_len`` tokens, naming the first such row, its length and its prompt."""
     too_long = [i for i, ids in enumerate(token_lists) if len(ids) > max_len]
     if not too_long:
         return
@@ -267,9 +255,8 @@ def check_prompt_lengths(token_lists: Sequence[Sequence[int]], max_len: int, row
 
 def context_overflow(row: str, prompt_len: int, context: int, budget_key: str, budget: int,
                      longest: int | None = None, shorten: str = "shorten the prompt or drop the row") -> str:
-    """The message for a prompt of ``prompt_len`` tokens that leaves less than ``budget`` (``budget_key``'s
-    value) of the model's ``context``; the bound it names is the room the batch's ``longest`` prompt leaves
-    when that one fits, else the room this one leaves."""
+    """The message for a prompt that leaves less than ``budget`` of the model's ``context``, naming the room the
+    batch's ``longest`` prompt leaves when that one fits, else this one's."""
     fix = shorten[:1].upper() + shorten[1:]
     if prompt_len >= context:
         return (f"{row}: the prompt alone is {prompt_len} tokens after the chat template and the model's context is "
@@ -284,8 +271,7 @@ def context_overflow(row: str, prompt_len: int, context: int, budget_key: str, b
 
 
 def check_rows(rows: Sequence[Row], what: str, needs_prompt: bool = True) -> None:
-    """Fail unless ``rows`` is a non-empty list of rows (``what``: train or eval), each with a
-    ``prompt`` column when ``needs_prompt``."""
+    """Fail unless ``rows`` (``what``: train or eval) is a non-empty list of rows, with prompts if ``needs_prompt``."""
     if not rows:
         raise DataError(f"the {what} set is empty")
     for i, row in enumerate(rows):

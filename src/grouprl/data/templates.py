@@ -16,20 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MARK = "\u2063"
-"""Invisible separator: brackets a placeholder's index (chosen because no text a model or data set holds
-carries it next to digits)."""
+"""Invisible separator around a placeholder's index: no text a model or data set holds carries it next to digits."""
 PLACEHOLDER = re.compile(MARK + r"(\d+)" + MARK)
-TEXT_FIELDS = ("content", "name")
-"""The message fields that are text (whatever wrote them); ``role`` is structure, checked elsewhere."""
+TEXT_FIELDS = ("content", "name")  # text, whatever wrote it; ``role`` is structure, checked elsewhere
 
 
 @dataclass
 class Rendered:
-    """A rendered conversation: its text and where text from outside the template sits in it."""
+    """A rendered conversation: its text and the ``(start, end)`` character spans of content, in order."""
 
     text: str
     spans: list[tuple[int, int]] = field(default_factory=list)
-    """``(start, end)`` character ranges of content, in order, not overlapping."""
 
     def ids(self, tokenizer: Any, start: int = 0) -> list[int]:
         """Token ids of ``text[start:]``: the template's special tokens as themselves, everything else as text."""
@@ -59,8 +56,7 @@ def special_tokens(tokenizer: Any) -> tuple[re.Pattern | None, dict[str, int]]:
 
 
 def text_ids(tokenizer: Any, text: str, special_at: Sequence[tuple[int, int, int]] = ()) -> list[int]:
-    """Token ids of ``text`` with every special-token string read as text, except at ``special_at``
-    (``(start, end, id)``, in order): there the id itself."""
+    """Token ids of ``text``, special-token strings as text except at ``special_at`` (``(start, end, id)``)."""
     pieces, ids_at, cut = [], [], 0
     for s, e, token_id in special_at:
         pieces.append(text[cut:s])
