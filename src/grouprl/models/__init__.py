@@ -1,6 +1,6 @@
-"""Models: loading a policy (:mod:`.loading`), the bundled GGUF carrier (:mod:`.bundled`), LoRA
-(:mod:`.lora`), the frozen reference (:mod:`.reference`), tiny test models (:mod:`.tiny`) and the
-value head of a critic (:mod:`.value_head`)."""
+"""Models: loading a policy (:mod:`.loading`), the bundled GGUF carrier (:mod:`.bundled`), LoRA (:mod:`.lora`), the
+frozen reference (:mod:`.frozen_reference`), tiny test models (:mod:`.tiny`), a critic's value head
+(:mod:`.value_head`), number formats (:mod:`.precision`)."""
 
 from grouprl.errors import ModelLoadError
 from grouprl.models.bundled import BUNDLED, bundled_model_folder

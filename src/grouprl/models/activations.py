@@ -48,8 +48,7 @@ LEAN_FORWARDS: dict[frozenset[str], Any] = {NORMS: _norm_forward, MLPS: _mlp_for
 
 
 def keep_fewer_activations(model: nn.Module) -> int:
-    """Give the known norm and MLP modules of ``model`` their lean forward (in place); the number
-    of modules changed. Idempotent; weights, state dict and outputs are untouched."""
+    """Give the known norm and MLP modules of ``model`` their lean forward, in place (idempotent); how many."""
     changed = 0
     for module in model.modules():
         name = type(module).__name__
@@ -61,7 +60,6 @@ def keep_fewer_activations(model: nn.Module) -> int:
 
 
 def checkpoint_activations(model: nn.Module) -> None:
-    """Checkpoint each decoder layer of ``model`` (or of the model inside a PEFT one) in place, through
-    ``activation_checkpointing_enable`` where the installed ``transformers`` has it, else the older name."""
+    """Checkpoint each decoder layer of ``model`` in place, by whichever name the installed transformers has."""
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     enable()

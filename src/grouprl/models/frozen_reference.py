@@ -14,14 +14,12 @@ from grouprl.models.lora import is_peft, unwrap_ddp
 
 
 def make_reference(policy: torch.nn.Module, dtype: torch.dtype | str | None = None) -> torch.nn.Module | None:
-    """A frozen copy of ``policy`` in eval mode (optionally cast to ``dtype``, e.g. bfloat16 to halve
-    its memory), or None for a peft policy: its reference is the base model with the adapters
-    disabled (see :func:`reference_context`), which costs no memory."""
+    """A frozen copy of ``policy`` in eval mode (optionally cast to ``dtype``), or None for a peft policy, whose
+    reference is the base with the adapters disabled (:func:`reference_context`)."""
     if is_peft(policy):
         return None
     module, target = unwrap_ddp(policy), resolve_dtype(dtype)
-    # Cast tensor by tensor while copying: a whole copy in the policy's format first would make the
-    # process hold it (freed memory stays with the allocator) for a copy that is half its size.
+    # cast tensor by tensor while copying: a whole copy first would stay with the allocator once freed
     memo: dict[int, object] = {}
     if target is not None:
         for t in (*module.parameters(), *module.buffers()):
@@ -37,8 +35,8 @@ def make_reference(policy: torch.nn.Module, dtype: torch.dtype | str | None = No
 
 @contextlib.contextmanager
 def reference_context(policy: torch.nn.Module, reference: torch.nn.Module | None = None) -> Iterator[torch.nn.Module]:
-    """Yield the module that computes reference log-probs, under ``torch.no_grad``: the ``reference`` copy,
-    or else the peft policy with its adapters disabled, in eval mode, restored on exit."""
+    """Yield the module that computes reference log-probs, under ``torch.no_grad``: the ``reference`` copy, or the
+    peft policy with its adapters disabled (in eval mode, restored on exit)."""
     if reference is not None:
         with torch.no_grad():
             yield reference

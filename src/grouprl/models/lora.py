@@ -1,5 +1,4 @@
-"""LoRA (Hu et al. 2021): adapters trained instead of the full weights, and merging them back into
-a plain model for release."""
+"""LoRA (Hu et al. 2021): adapters trained instead of the full weights, merged back into a plain model for release."""
 
 from __future__ import annotations
 
@@ -13,17 +12,13 @@ import torch
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """Low-rank adapters (LoRA, Hu et al. 2021) trained instead of the full weights."""
+    """Adapter settings: the update is (alpha / rank) * B A; dropout 0 keeps the log-probs deterministic, as the
+    importance ratio assumes; ``target_modules`` "all-linear" is every linear layer but the output head."""
 
     rank: int = 16
-    """Rank r of each adapter; higher fits more but costs memory linearly."""
     alpha: float = 32.0
-    """Scale: the update is (alpha / r) * B A. alpha = 2r is the common choice."""
     dropout: float = 0.0
-    """Dropout on the adapter input. 0 keeps the policy's log-probs deterministic, which the
-    GRPO importance ratio assumes."""
     target_modules: tuple[str, ...] | str = "all-linear"
-    """Module names to adapt, or "all-linear" (every linear layer except the output head)."""
 
     def __post_init__(self) -> None:
         if self.rank < 1:
@@ -51,14 +46,12 @@ def is_peft(model: torch.nn.Module) -> bool:
 
 
 def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside a DistributedDataParallel wrapper (others are returned unchanged)."""
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
 def store_frozen_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
-    """Store the frozen weights of ``model``'s linear layers (a LoRA base) in ``dtype`` (bf16: half the memory,
-    no per-pass casts); returns how many. Tied weights and biases keep their format, copied out of any
-    memory-mapped file so its pages are let go."""
+    """Store the frozen weights of ``model``'s linear layers (a LoRA base) in ``dtype``; returns how many. Tied
+    weights and biases keep their format, copied out of any memory-mapped file so its pages are let go."""
     shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
     converted = set()
     for module in model.modules():
@@ -75,8 +68,7 @@ def store_frozen_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
 
 
 def merge_and_save(model: torch.nn.Module, tokenizer: Any, path: str | Path, overwrite: bool = False) -> Path:
-    """Save a plain transformers model (LoRA adapters merged into a copy of the weights; ``model``
-    itself is untouched and keeps training) with its tokenizer; written atomically."""
+    """Save a plain transformers model (LoRA adapters merged into a copy) with its tokenizer, atomically."""
     from grouprl.rewards.reward_model import save_pretrained_atomic
 
     inner = unwrap_ddp(model)

@@ -1,9 +1,8 @@
 """The number format of each phase of a run (rollouts, training, the frozen reference), decided from what the
-machine is, never from a timing.
+machine is, never from a timing: a choice that changes a run's numbers must not depend on the moment.
 
-``dtype: auto`` takes the first row of :data:`RULES` whose CPU or GPU features the machine has (CPU flags
-capped by ``ATEN_CPU_CAPABILITY`` / ``ONEDNN_MAX_CPU_ISA``); each row cites its measurement. The first process
-decides once and the run records the choice, so a rerun or resume repeats it anywhere (docs/precision.md).
+``dtype: auto`` takes the first row of :data:`RULES` whose features the machine has (CPU flags capped by
+``ATEN_CPU_CAPABILITY`` / ``ONEDNN_MAX_CPU_ISA``). The run records the choice, so a resume repeats it anywhere.
 """
 
 from __future__ import annotations
@@ -23,28 +22,22 @@ ONEDNN_ISAS = {name: rank for rank, names in enumerate((
     ("SSE41",), ("AVX",), ("AVX2",), ("AVX2_VNNI",), ("AVX2_VNNI_2",), ("AVX512_CORE",), ("AVX512_CORE_VNNI",),
     ("AVX512_CORE_BF16",), ("AVX10_1_512", "AVX512_CORE_FP16"), ("AVX10_1_512_AMX", "AVX512_CORE_AMX"),
     ("AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16"), ("AVX10_2_512",), ("AVX10_2_512_AMX_2",))) for name in names}
-"""``ONEDNN_MAX_CPU_ISA`` values, lowest first (two names of one rank are oneDNN's aliases); ``ALL``, ``DEFAULT``
-or an unknown value caps nothing, as in oneDNN."""
+"""``ONEDNN_MAX_CPU_ISA`` values, lowest first (two names of one rank are aliases); any other value caps nothing."""
 
 
 @dataclass(frozen=True)
 class Machine:
-    """What the rules read: where the run computes and, on a CPU, the features its kernels may use."""
+    """What the rules read: where the run computes and, on a CPU, the features its kernels may use (``vendor`` and
+    ``flags`` from ``/proc/cpuinfo``, ``capability`` ATen's after ``ATEN_CPU_CAPABILITY``, ``onednn_cap``
+    ``ONEDNN_MAX_CPU_ISA``)."""
 
     device: str = "cpu"
-    """cpu or cuda."""
     gpu_bf16: bool = False
-    """A CUDA GPU with bf16 units."""
     gpu_name: str = ""
     vendor: str = ""
-    """``/proc/cpuinfo``'s vendor_id: GenuineIntel, AuthenticAMD, ... (empty where unknown)."""
     flags: frozenset[str] = frozenset()
-    """``/proc/cpuinfo``'s flags."""
     capability: str = "DEFAULT"
-    """The vector code ATen's kernels run: ``torch.backends.cpu.get_cpu_capability()`` (AVX512, AVX2, ...), after
-    ``ATEN_CPU_CAPABILITY``'s cap."""
     onednn_cap: str = ""
-    """``ONEDNN_MAX_CPU_ISA`` (upper case; empty: no cap)."""
     arch: str = "x86_64"
 
     def onednn_allows(self, isa: str) -> bool:
@@ -95,7 +88,7 @@ def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
 
 
 def this_machine(device: torch.device | None = None) -> Machine:
-    """The :class:`Machine` this process computes on (``device``: where the run computes; None: the CPU)."""
+    """The :class:`Machine` this process computes on (``device`` None: the CPU)."""
     if device is not None and device.type == "cuda":
         return Machine("cuda", torch.cuda.is_bf16_supported(), torch.cuda.get_device_name(device))
     vendor, flags = _cpuinfo()
@@ -106,7 +99,8 @@ def this_machine(device: torch.device | None = None) -> Machine:
 
 @dataclass(frozen=True)
 class Rule:
-    """One row of :data:`RULES`: the machines it covers, the format of each phase there, and why."""
+    """One row of :data:`RULES`: the machines it covers, the format of each phase there, the reason printed at
+    start, and the committed measurement it rests on."""
 
     name: str
     applies: Callable[[Machine], bool]
@@ -114,9 +108,7 @@ class Rule:
     train: str
     reference: str
     why: str
-    """The reason printed at start."""
     measured: str
-    """The committed measurement behind the row (under ``benchmarks/results/``)."""
 
 
 RULES: tuple[Rule, ...] = (
@@ -145,19 +137,15 @@ def rule_for(machine: Machine) -> Rule:
 @dataclass(frozen=True)
 class Formats:
     """The number format of each phase of a run, and why: fp32 or bf16 for training (bf16: autocast over fp32
-    master weights and optimizer state) and the frozen reference's storage; fp32, bf16 or a weight-only format
-    (:data:`grouprl.rollout.formats.FORMATS`) for the rollouts."""
+    master weights) and the reference's storage; also a weight-only format for the rollouts."""
 
     rollout: str
     train: str
     reference: str
-    rule: str
-    """The :data:`RULES` row that decided (for a resumed run: the row that decided when it started), or ``forced``
-    (the config's dtype set the formats)."""
+    rule: str  # the RULES row that decided (when the run started), or "forced" by the config's dtype
     reason: str
 
     def describe(self) -> str:
-        """One line for the start of a run and its summary."""
         return (f"rollouts {self.rollout}, training {self.train}, reference {self.reference} — {self.reason} "
                 f"(rule {self.rule})")
 
@@ -176,7 +164,7 @@ class Formats:
 def resolve_formats(dtype: str, ref_dtype: str, rollout_dtype: str, device: torch.device | None = None,
                     machine: Machine | None = None, recorded: Formats | None = None) -> Formats:
     """The formats for ``dtype``, ``ref_dtype`` and ``rollout_dtype``: what ``auto`` leaves open comes from
-    ``recorded`` (a resumed run's) where given, else from :data:`RULES` for ``machine`` (default: this one)."""
+    ``recorded`` (a resumed run's), else from :data:`RULES` for ``machine`` (default: this one)."""
     device = device or torch.device("cpu")
     problem = format_problem(rollout_dtype, device) if rollout_dtype != "auto" else None
     if problem:

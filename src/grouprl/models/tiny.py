@@ -1,5 +1,4 @@
-"""Tiny models for tests and smoke runs: a byte-level tokenizer and a random 2-layer Llama, built in
-memory in well under a second (no download)."""
+"""Tiny models for tests and smoke runs: a byte-level tokenizer and a random 2-layer Llama, built in memory."""
 
 from __future__ import annotations
 
@@ -17,9 +16,8 @@ TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
 
 
 def tiny_tokenizer() -> Any:
-    """A byte-level tokenizer built in memory (no download): 4 special tokens (ids 0-3:
-    ``<|endoftext|>`` BOS/UNK, ``<|im_start|>``, ``<|im_end|>`` EOS, ``<|pad|>`` pad, distinct from
-    EOS) and one token per byte (ids 4-259), with a ChatML chat template. Any text round-trips.
+    """A byte-level tokenizer: 4 special tokens (ids 0-3: ``<|endoftext|>`` BOS/UNK, ``<|im_start|>``,
+    ``<|im_end|>`` EOS, ``<|pad|>``) and one per byte (ids 4-259), with a ChatML template. Any text round-trips.
 
     >>> tok = tiny_tokenizer()
     >>> ids = tok("2+3=5")["input_ids"]
@@ -59,8 +57,7 @@ def tiny_llama_config(tokenizer: Any, hidden_size: int = 64, num_layers: int = 2
 def tiny_causal_lm(seed: int = 0, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
                    num_kv_heads: int = 2, intermediate_size: int | None = None, max_positions: int = 512,
                    tokenizer: Any = None, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, Any]:
-    """(LlamaForCausalLM, tokenizer) with random weights from ``seed``; :func:`tiny_tokenizer` unless
-    a tokenizer is given. Built locally in well under a second."""
+    """(LlamaForCausalLM, tokenizer) with random weights from ``seed``; :func:`tiny_tokenizer` unless given one."""
     from transformers import LlamaForCausalLM
 
     tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer()

@@ -27,8 +27,7 @@ class ValueModel(nn.Module):
 
     def forward(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                 completion_mask: torch.Tensor) -> torch.Tensor:
-        """Values ``[B, T]`` float32, 0 where ``completion_mask`` is 0. Prompts left-padded, completions
-        right-padded, as in a :class:`~grouprl.types.RolloutBatch`."""
+        """Values ``[B, T]`` float32, 0 off ``completion_mask``; prompts left-padded, completions right-padded."""
         lp, t = prompt_ids.shape[1], completion_ids.shape[1]
         ids = torch.cat([prompt_ids, completion_ids], 1)  # [B, Lp + T]
         attn = torch.cat([prompt_mask.long(), torch.ones_like(completion_ids, dtype=torch.long)], 1)
@@ -39,9 +38,8 @@ class ValueModel(nn.Module):
 
 
 def make_critic(policy: nn.Module, backbone: nn.Module | None = None) -> ValueModel:
-    """A :class:`ValueModel` on a copy of ``policy``'s decoder, or on ``backbone``'s decoder (used as
-    is, not copied) when given. Raises ValueError if the model has no separable decoder, or if the
-    backbone's vocabulary is smaller than the policy's (it must read the policy's token ids)."""
+    """A :class:`ValueModel` on a copy of ``policy``'s decoder, or on ``backbone``'s (not copied), which must have a
+    separable decoder and read the policy's token ids."""
     source = policy if backbone is None else backbone
     parts = split_model(source)
     if parts is None:
