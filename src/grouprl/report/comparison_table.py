@@ -1,7 +1,5 @@
-"""The table and plots of ``grouprl compare`` (held-out metric, training reward, KL, peak memory, throughput,
-wall time), read from the run folders it trained; seeds of one algorithm are averaged in the table and drawn
-as thin lines of one colour.
-"""
+"""The table and plots of ``grouprl compare``, read from the run folders it trained; seeds of one algorithm are
+averaged in the table and drawn as thin lines of one colour."""
 
 from __future__ import annotations
 
@@ -72,9 +70,6 @@ def summarize_runs(jobs: list[tuple[str, int, Path]], control: bool) -> list[dic
     return [summarize_run(algo, seed, folder, control) for algo, seed, folder in jobs]
 
 
-# --------------------------------------------------------------------------- table
-
-
 def _fmt(values: list[float | None], digits: int) -> str:
     """Mean of the known values, with +- the (population) spread when there are several."""
     known = [v for v in values if v is not None and math.isfinite(v)]
@@ -112,8 +107,6 @@ def comparison_table(runs: list[dict[str, Any]], control: bool) -> str:
         f"\n\n`eval` is `{key}` on the held-out prompts; peak RSS is each run's own process."
     return "\n".join(lines) + note + "\n"
 
-
-# --------------------------------------------------------------------------- plots
 
 
 def _curve_figure(runs: list[dict[str, Any]], panels: list[tuple[str, str, str, bool]], title: str,

@@ -1,6 +1,5 @@
-"""Reading a run's JSON-lines logs: records, one metric's (steps, values), the metric names, and
-the moving average the plots and summaries smooth with. Tolerates a run that is still going or was
-killed: a half-written last line is ignored, a step logged twice keeps its latest value."""
+"""Reading a run's JSON-lines logs, tolerating a run still going or killed: records, one metric's (steps,
+values), the metric names, and the moving average the plots and summaries smooth with."""
 
 from __future__ import annotations
 
@@ -13,8 +12,8 @@ from typing import Any
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """JSON objects of a JSON-lines file, one per line. A line that does not parse is skipped:
-    the last one silently (a run killed mid-write leaves half a line), any other with a warning."""
+    """JSON objects of a JSON-lines file; a line that does not parse is skipped, the last silently (a run killed
+    mid-write leaves half a line), any other with a warning."""
     if not path.exists():
         return
     pending_bad = None
@@ -61,9 +60,8 @@ def metric_keys(records: list[dict[str, Any]]) -> list[str]:
 
 
 def ema(values: list[float], span: float | None = None) -> list[float]:
-    """Exponential moving average with alpha = 2 / (span + 1), started at the first value (so no
-    bias towards 0). The default span, a tenth of the points (at least 2), smooths a 30-step run
-    lightly and a 1000-step run strongly, so the trend shows at any length."""
+    """Exponential moving average with alpha = 2 / (span + 1), started at the first value; the default span, a
+    tenth of the points (at least 2), shows the trend at any run length."""
     if not values:
         return []
     alpha = 2.0 / ((span or max(2.0, len(values) / 10)) + 1.0)

@@ -1,9 +1,5 @@
-"""The run report as one static HTML file: inline CSS, no scripts, no external assets, images
-referenced by relative path (the PNGs sit beside it), so it opens from disk or an archive.
-
-Every piece of run data (prompts, completions, config, metric names) is HTML-escaped: model output
-is arbitrary text and must never become markup.
-"""
+"""The run report as one static HTML file (inline CSS, no scripts, the PNGs beside it), so it opens from disk or
+an archive. Every piece of run data is HTML-escaped: model output must never become markup."""
 
 from __future__ import annotations
 
@@ -16,20 +12,17 @@ from grouprl import __version__
 
 
 class Plot(NamedTuple):
-    file: str
-    """File name relative to the report folder."""
+    file: str  # relative to the report folder
     caption: str
-    """How to read the plot."""
 
 
 class StepSamples(NamedTuple):
+    """Logged completions of one step: the ``rows`` shown, how many were logged, the mean reward over all."""
+
     step: int
     rows: list[dict[str, Any]]
-    """Logged completions of this step (``prompt``, ``completion``, ``reward``, ``rewards``, ``advantage``)."""
     total: int
-    """How many were logged at this step (``rows`` may hold fewer)."""
     mean_reward: float | None
-    """Mean ``reward`` over all ``total`` completions of the step, not only the rows shown."""
 
 
 CSS = """
@@ -57,7 +50,6 @@ td pre{max-height:16em;overflow:auto}.same{color:#8a93a3;font-style:italic}
 .turn{border-left:3px solid #2456a6;padding:2px 8px;margin:4px 0}.turn.env{border-color:#b8bec9;background:#f6f7f9}
 .turn .role{color:#5b6475;font-size:12px;text-transform:uppercase}
 """
-# Eval metrics where higher is better; their before/after change is coloured.
 HIGHER_IS_BETTER = ("accuracy", "mean_reward", "pass@", "success")
 
 
@@ -145,8 +137,7 @@ def _text(value: Any) -> str:
 
 
 def _trajectory(messages: list[dict[str, Any]], opening: int = 1) -> str:
-    """A conversation turn by turn: the policy's turns marked, the environment's and tools' set apart
-    (the first ``opening`` messages are the reset's, whatever their roles)."""
+    """A conversation turn by turn, the policy's turns marked (the first ``opening`` messages are the reset's)."""
     out = []
     for i, m in enumerate(messages):
         role = str(m.get("role", ""))
@@ -157,8 +148,7 @@ def _trajectory(messages: list[dict[str, Any]], opening: int = 1) -> str:
     return "".join(out)
 
 
-AGENT_COLUMNS = (("turns", "turns"), ("success", "success"), ("end_reason", "ended"))
-"""Columns an agent's records add to the table: policy turns, the environment's verdict, why it ended."""
+AGENT_COLUMNS = (("turns", "turns"), ("success", "success"), ("end_reason", "ended"))  # an agent's record's
 
 
 def _is_agent(block: StepSamples) -> bool:
@@ -173,13 +163,12 @@ def _sample_table(block: StepSamples) -> str:
     rows, previous = [], object()
     for i, r in enumerate(block.rows):
         prompt = r.get("prompt")
-        # Completions of one group share a prompt: print it once per group.
         prompt_cell = '<span class="same">same prompt</span>' if prompt == previous else f"<pre>{_text(prompt)}</pre>"
         previous = prompt
         per_fn = r.get("rewards") if isinstance(r.get("rewards"), dict) else {}
         cells = "".join(f'<td class="n">{fmt(per_fn.get(n))}</td>' for n in fn_names)
         cells += "".join(f'<td class="n">{escape(str(r.get(key, "")))}</td>' for key, _ in extra)
-        trajectory = r.get("trajectory")  # an agent's whole conversation, when it has one
+        trajectory = r.get("trajectory")
         body = (_trajectory(trajectory, int(r.get("opening", 1))) if isinstance(trajectory, list)
                 else f"<pre>{_text(r.get('completion', ''))}</pre>")
         rows.append(
@@ -192,8 +181,7 @@ def _sample_table(block: StepSamples) -> str:
 
 
 def _step_groups(samples: list[StepSamples]) -> str:
-    """For one group of the latest step that logged GiGPO's anchors: each trajectory's turns, the
-    state each started from, and which turns were compared with which (equal letters)."""
+    """For one group of the latest step that logged GiGPO's anchors: each turn's state and anchor group."""
     block = next((b for b in reversed(samples) if any("step_groups" in r for r in b.rows)), None)
     if block is None:
         return ""
@@ -229,7 +217,7 @@ def _step_groups(samples: list[StepSamples]) -> str:
 
 
 def _health(summary: dict[str, Any]) -> str:
-    """The early-warning signs of the run (grouprl.run.health): each with the step it fired."""
+    """The early-warning signs of the run, each with the step it fired."""
     found = summary.get("health")
     if found is None:
         return ""

@@ -1,7 +1,6 @@
-"""Plots and a static HTML report from a run folder (``metrics.jsonl``, ``completions.jsonl``,
-``config.yaml``, ``summary.json``): :func:`write_report` writes ``report/*.png`` and ``report/report.html``,
-:func:`summarize` gives the headline numbers. A run still going or killed is read as it is: missing
-metrics skip their plot, a half-written last line is ignored, a step logged twice keeps its latest value.
+"""Plots and a static HTML report from a run folder: :func:`write_report` writes ``report/*.png`` and
+``report/report.html``, :func:`summarize` gives the headline numbers. A run still going or killed is read as it
+is: missing metrics skip their plot.
 """
 
 from __future__ import annotations
@@ -23,9 +22,6 @@ CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
 REPORT_DIR = "report"
 BEST_IS_MAX = ("reward/mean", "eval/accuracy", "eval/mean_reward")
-
-
-# --------------------------------------------------------------------------- summary
 
 
 def _eval_at_ends(records: list[dict[str, Any]]) -> tuple[dict[str, float] | None, dict[str, float] | None]:
@@ -50,8 +46,8 @@ def _strip_eval(d: Any) -> dict[str, Any] | None:
 
 
 def summarize(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The run's headline numbers: steps, wall time, final and best values of every metric,
-    evaluation before and after training (from summary.json, else from the eval lines)."""
+    """The run's headline numbers: steps, wall time, final and best values of every metric, evaluation before and
+    after training (from summary.json, else from the eval lines)."""
     run_dir = _existing_dir(run_dir)
     records = read_jsonl(run_dir / METRICS_FILE)
     keys = metric_keys(records)
@@ -106,9 +102,6 @@ def _existing_dir(run_dir: str | os.PathLike) -> Path:
     return path
 
 
-# --------------------------------------------------------------------------- completions and HTML
-
-
 def sample_steps(path: Path, how_many: int = 3) -> list[int]:
     """First, middle and last steps that have logged completions (fewer if fewer exist)."""
     steps = sorted({r["step"] for r in iter_jsonl(path) if is_number(r.get("step"))})
@@ -119,8 +112,7 @@ def sample_steps(path: Path, how_many: int = 3) -> list[int]:
 
 
 def read_samples(path: Path, steps: list[int], max_rows: int = 24) -> list[StepSamples]:
-    """Up to ``max_rows`` completions for each of ``steps``, in logged order (a second pass over
-    the file instead of holding every completion of a long run in memory)."""
+    """Up to ``max_rows`` completions for each of ``steps``, in logged order, streamed from the file."""
     rows: dict[int, list[dict[str, Any]]] = {s: [] for s in steps}
     counts, sums, scored = dict.fromkeys(steps, 0), dict.fromkeys(steps, 0.0), dict.fromkeys(steps, 0)
     for r in iter_jsonl(path):

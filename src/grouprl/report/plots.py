@@ -1,6 +1,5 @@
-"""The run report's PNG plots, one figure per theme (reward, held-out accuracy, KL, entropy,
-lengths, clip fractions, time per phase, ...), drawn from a run's metrics records. Figures are
-built with ``matplotlib.figure.Figure`` directly, so no pyplot state or global backend is touched."""
+"""The run report's PNG plots, one figure per theme, from a run's metrics records; built on
+``matplotlib.figure.Figure`` directly, so no pyplot state or global backend is touched."""
 
 from __future__ import annotations
 
@@ -13,9 +12,7 @@ from matplotlib.ticker import MaxNLocator
 
 from grouprl.report.data import ema, metric_keys, series
 
-# Keys of reward/... that are statistics over all functions, not one reward function.
-REWARD_STATS = frozenset({"mean", "std", "min", "max"})
-# Phases of a step in the order they run; unknown time/... keys are stacked after them.
+REWARD_STATS = frozenset({"mean", "std", "min", "max"})  # reward/... over all functions, not one
 TIME_PHASES = ("time/rollout", "time/reward", "time/logprobs", "time/update")
 LABELS = {
     "reward/mean": "total",
@@ -28,9 +25,6 @@ LABELS = {
     "eval/mean_reward": "mean reward",
 }
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-
-
-# --------------------------------------------------------------------------- plots
 
 
 class Panel(NamedTuple):
@@ -68,8 +62,8 @@ def _figure(n_panels: int, title: str) -> tuple[Figure, list[Any]]:
 
 
 def _draw_series(ax: Any, steps: list[float], values: list[float], color: str, label: str, smooth: bool) -> bool:
-    """Raw per-step values faint and their EMA bold. Returns whether it smoothed: with a handful of
-    points, or for a schedule such as the learning rate, the plain line is the honest picture."""
+    """Raw per-step values faint and their EMA bold; whether it smoothed (a few points or a schedule are drawn
+    plain)."""
     if not smooth or len(values) < 5:
         ax.plot(steps, values, color=color, marker="o" if len(values) < 5 else None, lw=1.8, label=label)
         return False
@@ -212,14 +206,13 @@ def _panel_plots(keys: list[str]) -> list[tuple[str, str, list[Panel]]]:
     ]
 
 
-# Order in the report: what a reader checks first comes first.
 PLOT_ORDER = ("reward.png", "accuracy.png", "zero_std.png", "kl.png", "entropy.png", "length.png", "clip.png",
               "time.png", "loss.png", "optim.png")
 
 
 def write_plots(records: list[dict[str, Any]], out_dir: Path) -> list[str]:
-    """Write every plot whose metrics are present into ``out_dir`` and remove those whose metrics are not
-    (no stale image after a rerun); returns the file names in report order."""
+    """Write every plot whose metrics are present into ``out_dir``, remove the others (no stale image after a
+    rerun); the file names in report order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = metric_keys(records)
     written = {name for name, title, panels in _panel_plots(keys)
