@@ -17,8 +17,7 @@ TASKS.register("countdown", CountdownTask)
 
 
 def get_task(name: str, **options: Any) -> Task:
-    """The built-in task ``name`` with ``options`` (its dataclass fields); an unknown option is an
-    error that lists the valid ones."""
+    """The built-in task ``name`` with ``options`` (its dataclass fields; an unknown one lists the valid ones)."""
     factory = TASKS.get(name)
     if dataclasses.is_dataclass(factory):
         valid = [f.name for f in dataclasses.fields(factory)]

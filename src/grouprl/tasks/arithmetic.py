@@ -1,9 +1,7 @@
 """The ``arithmetic`` task: seeded sums whose difficulty is set by digits, operations and operands.
 
-The checker reads the last ``<answer>`` tag, else the last number, and is strict about the value. A
-completion that only repeats the question ends in its last operand, so problems whose answer equals an
-operand (``7 + 0``) are never generated. The default is calibrated so that groups disagree
-(docs/calibration.md).
+The checker reads the last ``<answer>`` tag, else the last number, and is strict about the value. The default
+is calibrated so that groups disagree.
 """
 
 from __future__ import annotations
@@ -57,8 +55,7 @@ class ArithmeticTask(Task):
             ops = [rng.choice(self.operations) for _ in range(self.operands - 1)]
             expression = " ".join([str(numbers[0])] + [f"{op} {n}" for op, n in zip(ops, numbers[1:])])
             value, _ = evaluate_expression(expression)
-            # An answer equal to an operand (7 + 0, 6 - 3, 1 * 4) would let a completion that just
-            # repeats the question score under the last-number rule, so such problems are redrawn.
+            # an answer equal to an operand (7 + 0) would reward merely repeating the question
             if (self.allow_negative or value >= 0) and value not in numbers:
                 break
         return {"prompt": self.prompt_template.format(expression=expression), "answer": int(value),

@@ -1,5 +1,5 @@
-"""What a task is (a seeded prompt source, its reward functions, a strict answer checker), and a safe
-evaluator for the arithmetic expressions tasks generate and check."""
+"""What a task is (a seeded prompt source, its reward functions, a strict answer checker), and a safe evaluator
+of arithmetic expressions."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ MAX_EXPRESSION_CHARS = 200
 
 
 class Task(ABC):
-    """A prompt source, its reward functions and an answer checker; subclasses set the attributes below and
-    implement :meth:`make_row` and :meth:`is_correct`."""
+    """Subclasses set the attributes below and implement :meth:`make_row` and :meth:`is_correct`."""
 
     name: str
     system_prompt: str | None = None
@@ -33,13 +32,12 @@ class Task(ABC):
         """Whether ``completion`` solves ``row`` (the evaluation metric)."""
 
     def rows(self, split: str, n: int, seed: int) -> list[dict[str, Any]]:
-        """``n`` problems of ``split`` ("train" or "eval"), the same for the same seed; each split has its own
-        stream, so eval problems are not the first train problems (a small space can still repeat one)."""
+        """``n`` problems of ``split`` ("train" or "eval"), the same for the same seed, each split its own stream."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
         if n < 0:
             raise ValueError(f"number of rows must be >= 0, got {n}")
-        # A string seed is hashed with SHA-512 by random.Random: stable across runs and processes.
+        # random.Random hashes a string seed with SHA-512: stable across runs and processes
         rng = random.Random(f"{self.name}/{split}/{seed}")
         return [self.make_row(rng) for _ in range(n)]
 
@@ -51,17 +49,13 @@ class ExpressionError(ValueError):
     """Text that is not a plain arithmetic expression, or one that cannot be evaluated."""
 
 
-_BINARY = {
-    ast.Add: lambda a, b: a + b,
-    ast.Sub: lambda a, b: a - b,
-    ast.Mult: lambda a, b: a * b,
-    ast.Div: lambda a, b: a / b,
-}
+_BINARY = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.Div: lambda a, b: a / b}
 
 
 def evaluate_expression(text: str, allow_unary_minus: bool = False) -> tuple[Fraction, list[int]]:
-    """Exact value of an expression of integers, ``+ - * /`` and parentheses, and the integer
-    literals it uses (in order). Parsed with ``ast`` and walked by hand: nothing is executed.
+    """Exact value of an expression of integers, ``+ - * /`` and parentheses, and its integer literals in order;
+    walked by hand with ``ast``, nothing executed.
 
     >>> evaluate_expression("(25 - 5) / 4 * 3")
     (Fraction(15, 1), [25, 5, 4, 3])

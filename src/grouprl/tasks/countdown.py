@@ -69,8 +69,7 @@ def countdown_correct(prompts: list[Any], completions: list[str], *, numbers: li
 
 
 def _random_expression(rng: random.Random, values: list[int]) -> tuple[str, Fraction] | None:
-    """Combine ``values`` in random pairs with random operators into one expression, or None if a
-    division would be inexact or by zero."""
+    """``values`` combined in random pairs with random operators, or None if a division is inexact or by zero."""
     pool: list[tuple[str, Fraction]] = [(str(v), Fraction(v)) for v in values]
     while len(pool) > 1:
         (ta, a), (tb, b) = pool.pop(rng.randrange(len(pool))), pool.pop(rng.randrange(len(pool)))
@@ -94,8 +93,7 @@ class CountdownTask(Task):
     max_target: int = 100
     """Targets are integers in 1..max_target, never equal to one of the given numbers."""
     format_weight: float = 0.1
-    """Weight of the reward for writing an <answer>...</answer> tag at all (TinyZero uses 0.1):
-    a weak model first has to learn the format before it can be right."""
+    """Weight of the reward for writing an <answer>...</answer> tag at all: a weak model learns the format first."""
     prompt_template: str = PROMPT
     """``{numbers}`` and ``{target}`` are filled in."""
     system_prompt: str | None = None
