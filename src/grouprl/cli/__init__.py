@@ -29,6 +29,7 @@ from grouprl.config import (
     from_dict,
     load_config,
     to_dict,
+    yaml_text,
 )
 from grouprl.config.sections import DISTRIBUTION, RUN_FOLDER, SECTION_NOTES, SECTIONS
 from grouprl.errors import DistributedError, Interrupted, ModelLoadError, NonFiniteError, RewardFunctionError
@@ -170,9 +171,7 @@ def _restart_with_allocator(args: argparse.Namespace, config: TrainConfig) -> No
 
 
 def _print_config(config: Any) -> int:
-    import yaml
-
-    print(yaml.safe_dump(to_dict(config), sort_keys=False, allow_unicode=True), end="")
+    print(yaml_text(config), end="")
     return EXIT_OK
 
 

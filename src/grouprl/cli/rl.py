@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from grouprl.cli import EXIT_OK, _print_config, _with_config
 from grouprl.cli.compare import CompareConfig
-from grouprl.config import TrainConfig, add_dataclass_arguments, load_config
+from grouprl.config import TrainConfig, add_dataclass_arguments, load_config, yaml_text
 
+EXIT_OK = 0
 RL_USAGE = "grouprl rl [--config YAML] [--env ID] [--algo grpo|ppo|trpo|vpg] [--key value ...]"
 COMPARE_USAGE = "grouprl compare [--algos A,B,...] [--seeds 0,1,...] [--env ID] [--config YAML] [--key value ...]"
 
@@ -25,7 +25,9 @@ def _gymnasium_or_explain() -> None:
 
 
 def _common(parser: argparse.ArgumentParser, what: str) -> None:
-    _with_config(parser, what)
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    parser.add_argument("--config", metavar="YAML", help=f"YAML file of {what} keys (the command line wins over it)")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace earlier runs in the output folder (logs, checkpoints, report), not refuse")
 
@@ -59,13 +61,18 @@ def register(subparsers: Any) -> None:
     compare.set_defaults(handler=_compare)
 
 
+def _print(config: Any) -> int:
+    print(yaml_text(config), end="")
+    return EXIT_OK
+
+
 def _rl(args: argparse.Namespace, rest: list[str]) -> int:
     _gymnasium_or_explain()
     from grouprl.control.config import ControlConfig
 
     config = load_config(ControlConfig, args.config, [*args.overrides, *rest])
     if args.print_config:
-        return _print_config(config)
+        return _print(config)
     from grouprl.control.training import ControlTrainer
     from grouprl.report import write_report
     from grouprl.run.folder import claimed
@@ -92,8 +99,8 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> int:
     else:
         base = load_config(TrainConfig, args.config, rest)
     if args.print_config:
-        _print_config(compare)
-        return _print_config(base)
+        _print(compare)
+        return _print(base)
     if isinstance(base, TrainConfig):  # language models: their runs (child processes) inherit the allocator
         from grouprl.run.allocator import restart_command
 

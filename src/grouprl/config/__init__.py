@@ -6,7 +6,7 @@ Resolution: defaults < YAML file < command line (:func:`load_config`). Every use
 :class:`ConfigError`, one paragraph naming the key at fault and, for an unknown key, the closest valid ones.
 """
 
-from grouprl.config.convert import from_dict, read_yaml_mapping, save_yaml, to_dict
+from grouprl.config.convert import from_dict, read_yaml_mapping, save_yaml, to_dict, yaml_text
 from grouprl.config.fields import field_docs, type_name
 from grouprl.config.options import (
     FieldInfo,
@@ -35,5 +35,5 @@ __all__ = [
     "FieldInfo", "RewardModelConfig", "TrainConfig", "add_dataclass_arguments", "apply_overrides", "check",
     "check_readme", "config_reference_markdown", "describe_fields", "field_docs", "format_value", "from_dict",
     "is_import_path", "load_config", "load_yaml", "parse_overrides", "read_yaml_mapping", "save_yaml", "sync_readme",
-    "to_dict", "type_name",
+    "to_dict", "type_name", "yaml_text",
 ]

@@ -251,13 +251,16 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return as_plain(obj)
 
 
+def yaml_text(obj: Any) -> str:
+    """A dataclass instance (or plain dict) as YAML, keys in their order."""
+    data = obj if isinstance(obj, Mapping) else to_dict(obj)
+    return yaml.safe_dump(as_plain(data), sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
 def save_yaml(obj: Any, path: str | os.PathLike) -> Path:
     """Write a dataclass instance (or plain dict) as YAML, atomically."""
-    data = obj if isinstance(obj, Mapping) else to_dict(obj)
-    text = yaml.safe_dump(as_plain(data), sort_keys=False, allow_unicode=True, default_flow_style=False)
-    path = Path(path)
-    write_text_atomic(path, text)
-    return path
+    write_text_atomic(Path(path), yaml_text(obj))
+    return Path(path)
 
 
 def read_yaml_mapping(path: str | os.PathLike) -> dict[str, Any]:
