@@ -1,8 +1,5 @@
-"""grouprl: GRPO fine-tuning of language models, with PPO, TRPO and REINFORCE/RLOO baselines.
-
-The trainers are imported lazily (``from grouprl import GRPOTrainer``) so that importing the pure
-math layer, ``grouprl.algos``, does not pull in transformers.
-"""
+"""grouprl: GRPO fine-tuning of language models, with PPO, TRPO and REINFORCE/RLOO baselines. The trainers are
+imported lazily, so importing the pure math layer, ``grouprl.algos``, does not pull in transformers."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""The errors a user can cause, in one place: each message is one paragraph naming the key, file,
-row or function at fault, and the command line prints it without a traceback (exit status 2)."""
+"""The errors a user can cause: each message one paragraph naming the key, file, row or function at fault,
+printed by the command line without a traceback (exit status 2)."""
 
 from __future__ import annotations
 
-ERROR_TEXT_CHARS = 300
-"""How much of a completion an error message quotes."""
+ERROR_TEXT_CHARS = 300  # of a completion, quoted in an error message
 
 
 class ConfigError(ValueError):
@@ -53,8 +52,7 @@ class EnvError(ValueError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """A signal (SIGINT, SIGTERM) stopped the run; ``signum`` says which. User code (a tool, an
-    environment) never sees it swallowed: what catches user code's exceptions lets it through."""
+    """A signal (SIGINT, SIGTERM, ``signum``) stopped the run; what catches user code's exceptions lets it through."""
 
     def __init__(self, signum: int, message: str = ""):
         super().__init__(message)

@@ -1,9 +1,5 @@
-"""Name -> function registries, and objects named by import path.
-
-Every family of variants (advantage estimators, losses, tasks, ...) is a :class:`Registry`: an unknown name
-fails with the valid ones, so no trainer needs an ``if mode == ...`` chain. A user's own objects are named
-``module:attr`` or ``path/to/file.py:attr`` (:func:`import_object`).
-"""
+"""Name -> object registries (an unknown name fails with the valid ones, so no ``if mode == ...`` chains), and a
+user's own objects named ``module:attr`` or ``path/to/file.py:attr`` (:func:`import_object`)."""
 
 from __future__ import annotations
 
@@ -23,11 +19,11 @@ T = TypeVar("T")
 
 
 class UnknownNameError(ValueError):
-    """A name that no entry of a registry carries; the message lists the valid names."""
+    """A name no entry of a registry carries; the message lists the valid names."""
 
 
 class Registry(Generic[T]):
-    """A named mapping from strings to callables (or any objects).
+    """A named mapping of strings to objects.
 
     >>> losses = Registry("loss")
     >>> @losses.register("double")
@@ -46,7 +42,7 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
 
     def register(self, name: str, obj: T | None = None) -> Callable[[T], T] | T:
-        """Register ``obj`` under ``name``; without ``obj`` acts as a decorator."""
+        """Register ``obj`` under ``name``; without ``obj``, a decorator."""
 
         def add(item: T) -> T:
             if name in self._entries:
@@ -62,9 +58,8 @@ class Registry(Generic[T]):
         except KeyError:
             close = difflib.get_close_matches(str(name), self._entries, n=3)
             hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
-            raise UnknownNameError(
-                f"unknown {self.kind} {name!r}{hint}; valid names: {', '.join(self.names())}"
-            ) from None
+            raise UnknownNameError(f"unknown {self.kind} {name!r}{hint}; valid names: {', '.join(self.names())}") \
+                from None
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -80,11 +75,8 @@ class Registry(Generic[T]):
 
 
 def import_object(path: str, what: str) -> Any:
-    """The object named by ``module:attr`` or ``path/to/file.py:attr``.
-
-    A dotted module is looked up from the current folder first, as ``python -m`` would: the
-    ``grouprl`` console script does not put the current folder on ``sys.path`` by itself.
-    """
+    """The object named by ``module:attr`` or ``path/to/file.py:attr``; a dotted module is looked up from the
+    current folder first, as ``python -m`` would (the console script does not put it on ``sys.path``)."""
     module_name, _, attr = path.rpartition(":")
     try:
         module = _import_file(module_name) if module_name.endswith(".py") else _import_module(module_name)

@@ -1,7 +1,7 @@
 """Shared data that crosses layer boundaries: prompts and chat messages, sampling settings, rollouts.
 
-Shape vocabulary (docs/design.md): P prompts, G completions per prompt, B = P*G rows, prompt-major
-(row ``p*G + g`` is sample ``g`` of prompt ``p``), Lp prompt tokens, T completion tokens.
+Shapes: P prompts, G completions per prompt, B = P*G rows, prompt-major (row ``p*G + g`` is sample ``g`` of
+prompt ``p``), Lp prompt tokens, T completion tokens.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from typing import Any
 
 import torch
 
-Prompt = str | list[dict[str, str]]
-"""A prompt as a user gives it: plain text, or a list of ``{"role", "content"}`` messages."""
+Prompt = str | list[dict[str, str]]  # plain text, or ``{"role", "content"}`` messages
 
 
 def to_messages(prompt: Prompt, system_prompt: str | None = None) -> list[dict[str, str]]:
@@ -28,8 +27,7 @@ def to_messages(prompt: Prompt, system_prompt: str | None = None) -> list[dict[s
 
 
 def group_rows(groups: torch.Tensor | list[int], group_size: int) -> torch.Tensor:
-    """Row indices ``[len(groups) * G]`` of whole groups in a prompt-major batch: group p holds rows
-    ``p*G .. p*G + G-1``.
+    """Row indices ``[len(groups) * G]`` of whole groups in a prompt-major batch.
 
     >>> group_rows([2, 0], 3).tolist()
     [6, 7, 8, 0, 1, 2]
@@ -40,30 +38,21 @@ def group_rows(groups: torch.Tensor | list[int], group_size: int) -> torch.Tenso
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How completions are drawn. Shared by every rollout backend (HF engine, vLLM)."""
+    """How completions are drawn, by every rollout backend; the config keys of the same names document them.
+    ``temperature`` 0 is greedy; ``top_k`` 0, ``top_p`` 1, ``min_p`` 0 and ``repetition_penalty`` 1 are off; the
+    engine always adds the tokenizer's EOS to ``stop_token_ids``; ``mode`` is "sample" (G independent samples)
+    or "beam" (the G best beams); ``format`` is the built-in engine's decode format (fp32, bf16, bf16-weights)."""
 
     max_new_tokens: int = 64
-    """Longest completion; a row that reaches it without a stop is flagged truncated."""
     temperature: float = 1.0
-    """Softmax temperature; 0 means greedy decoding. GRPO needs diversity within a group, so 1.0
-    (the DeepSeekMath setting and TRL's default) is the default."""
     top_k: int = 0
-    """Keep only the k most likely tokens (0 = off)."""
     top_p: float = 1.0
-    """Nucleus sampling: keep the smallest set of tokens whose probability sums to top_p (1.0 = off)."""
     min_p: float = 0.0
-    """Drop tokens whose probability is below min_p times the most likely token's (0 = off)."""
     repetition_penalty: float = 1.0
-    """CTRL-style penalty on tokens already in the prompt or completion (1.0 = off)."""
     stop_token_ids: tuple[int, ...] = ()
-    """Token ids that end a completion (the tokenizer's EOS is always added by the engine)."""
     stop_strings: tuple[str, ...] = ()
-    """Strings that end a completion; the completion is cut right after the first one."""
     mode: str = "sample"
-    """"sample" draws G independent samples per prompt; "beam" returns the G best beams."""
     format: str = "fp32"
-    """Number format of the built-in engine's decode steps: fp32 (the weights as they are), bf16 (a bfloat16
-    copy under bf16 autocast) or bf16-weights (bf16 weights times fp32 activations, for AVX2 CPUs)."""
 
 
 @dataclass
@@ -77,10 +66,8 @@ class RolloutBatch:
 
     prompt_ids: torch.Tensor
     """[B, Lp] long, left-padded (each prompt repeated for its G rows)."""
-    prompt_mask: torch.Tensor
-    """[B, Lp] long, 1 on real prompt tokens."""
-    completion_ids: torch.Tensor
-    """[B, T] long, right-padded."""
+    prompt_mask: torch.Tensor  # [B, Lp] long
+    completion_ids: torch.Tensor  # [B, T] long, right-padded
     completion_mask: torch.Tensor
     """[B, T] float32 (0/1), 1 on the policy's tokens (the tokens that count)."""
     sampling_logprobs: torch.Tensor
@@ -90,21 +77,16 @@ class RolloutBatch:
     """[B] bool, True where the row was cut by a budget (max_new_tokens, or a trajectory's token or
     turn budget) rather than ended by a stop or its environment."""
     completions: list[str]
-    """B decoded completion texts, cut at the stop string where one ended the row (for a trajectory:
-    the policy's last turn, its final answer)."""
-    prompts: list[Any]
-    """B prompts as the user gave them (text or chat messages), repeated per group."""
-    group_size: int
-    """G (the rows per group when ``group_ids`` is None)."""
+    """B decoded completion texts, cut at the stop string that ended the row (a trajectory's: its last turn)."""
+    prompts: list[Any]  # B prompts as the user gave them
+    group_size: int  # G (the rows per group when group_ids is None)
     pad_token_id: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
     """Per-row data carried along for reward functions (dataset columns, lists of length B)."""
     sequence_mask: torch.Tensor | None = None
-    """[B, T] float32, 1 on every token of the completion part, the environment's included; None when
-    it is ``completion_mask`` (one turn)."""
+    """[B, T] float32, 1 on every token of the completion part; None when it is ``completion_mask`` (one turn)."""
     group_ids: torch.Tensor | None = None
-    """[B] long: rows with equal ids are compared with each other; None = groups of ``group_size``
-    consecutive rows."""
+    """[B] long: rows with equal ids are compared; None = groups of ``group_size`` consecutive rows."""
     info: dict[str, list[Any]] = field(default_factory=dict)
     """Per-row facts about how each row was made (turns, tool calls, the environment's return, why it
     ended), lists of length B; logged, never passed to reward functions."""
@@ -119,7 +101,7 @@ class RolloutBatch:
 
     @property
     def lengths(self) -> torch.Tensor:
-        """[B] long, number of counted (policy) completion tokens per row."""
+        """[B] long, the policy's completion tokens per row."""
         return self.completion_mask.sum(-1).long()
 
     @property
@@ -140,7 +122,7 @@ class RolloutBatch:
         return self.batch_size // self.group_size if self.group_ids is None else int(self.group_index().max()) + 1
 
     def rows_of_groups(self, groups: torch.Tensor | list[int]) -> torch.Tensor:
-        """[n] long: the rows of ``groups`` (indices into 0..num_groups-1), group by group in that order."""
+        """[n] long: the rows of ``groups`` (indices into 0..num_groups-1), group by group."""
         if self.group_ids is None:
             return group_rows(groups, self.group_size)
         index = self.group_index()
@@ -164,8 +146,7 @@ class RolloutBatch:
 
     @staticmethod
     def cat(batches: list[RolloutBatch]) -> RolloutBatch:
-        """Concatenate batches of the same G along rows, re-padding prompts (left) and
-        completions (right) to the longest; groups of different batches stay apart."""
+        """Concatenate batches of the same G along rows, re-padded; groups of different batches stay apart."""
         if not batches:
             raise ValueError("RolloutBatch.cat needs at least one batch")
         if len(batches) == 1:
@@ -207,9 +188,6 @@ class RolloutBatch:
         )
 
     def to(self, device: torch.device | str) -> RolloutBatch:
-        moved = {
-            f.name: getattr(self, f.name).to(device)
-            for f in fields(self)
-            if isinstance(getattr(self, f.name), torch.Tensor)
-        }
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
+                 if isinstance(getattr(self, f.name), torch.Tensor)}
         return replace(self, **moved)
