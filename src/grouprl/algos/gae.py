@@ -90,9 +90,7 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     """Generalised advantage estimation (Schulman et al. 2016).
 
     ``delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)``, ``A_t = delta_t + gamma * lam * A_{t+1}``,
-    returns ``= A + V`` (``gamma = lam = 1``: the Monte Carlo return minus the value). ``rewards``, ``values``,
-    ``mask`` are ``[B,T]``, ``last_values [B]`` bootstraps cut rows. ``(advantages [B,T], returns [B,T])``.
-    """
+    returns ``= A + V``; ``rewards``, ``values``, ``mask`` ``[B,T]`` -> ``(advantages [B,T], returns [B,T])``."""
     mask = mask.to(rewards.dtype)
     if bool((mask[:, 1:] > mask[:, :-1]).any()):  # a gap inside a row: run over the steps alone
         adv, returns = gae(compact(rewards, mask), compact(values.to(rewards.dtype), mask), compact(mask, mask),

@@ -1,8 +1,7 @@
 """GiGPO (Group-in-Group Policy Optimization, Feng et al. 2025, arXiv 2505.10978): GRPO's
 episode-level advantage plus a step-level one computed among the steps that start from the same state.
 
-Shapes: E trajectories (episodes), K steps (turns) at most per trajectory, padded; ``step_mask
-[E, K]`` marks real steps.
+Shapes: E trajectories (episodes), K steps (turns) at most per trajectory; ``step_mask [E, K]`` marks real steps.
 
     A_episode(i) = (R_i - mean_{j in group(i)} R_j) / scale        one value per trajectory
     R_t          = r_t + gamma * R_{t+1}                           each step's discounted return
@@ -48,10 +47,9 @@ def gigpo_advantages(episode_returns: torch.Tensor, episode_groups: torch.Tensor
     """Per-step advantages ``[E, K]`` (0 off the mask) and the anchor groups' statistics.
 
     ``episode_returns [E]``, ``episode_groups [E]`` (the reset each started from), ``step_rewards [E, K]``,
-    ``step_keys [E, K]`` (state ids, -1 = no key), ``step_mask [E, K]``. ``gamma`` discounts the step returns
-    (0.95 in every published GiGPO run); ``step_weight`` is w (1 in the paper). Metrics: ``gigpo/step_groups``
-    (anchor groups of two or more), ``gigpo/step_group_size_mean``, ``gigpo/singleton_frac``.
-    """
+    ``step_keys [E, K]`` (state ids, -1 = no key), ``step_mask [E, K]``; ``gamma`` discounts the step returns,
+    ``step_weight`` is w. Metrics: ``gigpo/step_groups`` (anchor groups of two or more),
+    ``gigpo/step_group_size_mean``, ``gigpo/singleton_frac``."""
     mask = step_mask.float()
     a_episode = compute_advantages("grpo", episode_returns.float(), scale=scale, eps=eps,
                                    group_ids=episode_groups)  # [E]

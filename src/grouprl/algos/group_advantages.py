@@ -1,10 +1,8 @@
-"""Outcome-reward advantages within groups of completions (or trajectories) that share a prompt, a reset
-or any other key.
+"""Outcome-reward advantages within groups of completions (or trajectories) sharing a prompt, a reset or any key.
 
-Rewards are ``[B]``, grouped in equal contiguous groups of G or by ``group_ids [B]``
-(:mod:`grouprl.algos.groups`). A NaN reward (no reward function applied) is left out of its group's
-statistics and gets advantage 0. Every estimator subtracts a baseline within the group, then divides by a
-scale (:data:`SCALES`), in float32.
+Rewards are ``[B]``, grouped in equal contiguous groups of G or by ``group_ids [B]``. A NaN reward (no reward
+function applied) is left out of its group's statistics and gets advantage 0. Every estimator subtracts a
+baseline within the group, then divides by a scale (:data:`SCALES`), in float32.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Which rows are compared with which, and reductions within groups: :class:`Contiguous` (G consecutive
-rows, B = P * G, a ``view(P, G)``) or :class:`ByIds` (any partition by ``[B]`` ids, scatters). Both give
-every row its group's value (``[B] -> [B]``), so an estimator is written once; groups are numbered in order
-of first appearance.
-"""
+"""Which rows are compared with which, and reductions within groups: :class:`Contiguous` (G consecutive rows,
+B = P * G, a ``view(P, G)``) or :class:`ByIds` (any partition by ``[B]`` ids, scatters). Both give every row
+its group's value (``[B] -> [B]``); groups are numbered in order of first appearance."""
 
 from __future__ import annotations
 

@@ -91,10 +91,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor | None, ref_logp: torch
     ``L_pg = -min(rho*A, clip(rho)*A)`` by default (``policy_loss="clip"``).
 
     ``logp``, ``old_logp``, ``ref_logp``, ``mask`` and ``entropy`` are ``[B,T]``, ``advantages`` ``[B]`` or
-    ``[B,T]``. ``old_logp`` None is on-policy: ``rho = exp(logp - logp.detach())`` is 1 with the REINFORCE
-    gradient; ``ref_logp`` may be None when ``beta == 0``. ``policy_loss`` names the term in
-    :data:`POLICY_LOSSES`, ``policy_options`` its own knobs (a knob it does not take is a TypeError); the
-    aggregation keywords are :func:`~grouprl.algos.aggregate.aggregate`'s. Returns ``(loss scalar, metrics)``:
+    ``[B,T]``. ``old_logp`` None is on-policy (rho = 1 with the REINFORCE gradient); ``ref_logp`` may be None when
+    ``beta == 0``; ``policy_options`` are the knobs of the ``policy_loss`` term. Returns ``(loss scalar, metrics)``:
     ``loss/policy``, ``loss/kl`` (beta-weighted), ``policy/kl`` (token mean), the term's metrics under
     ``policy/``, ``policy/approx_kl_old`` and ``policy/entropy`` when given.
     """

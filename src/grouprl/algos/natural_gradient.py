@@ -41,9 +41,8 @@ def fisher_vector_product(kl: torch.Tensor, params: Sequence[torch.Tensor],
                           damping: float = 0.1) -> Callable[[torch.Tensor], torch.Tensor]:
     """``v -> (F + damping I) v`` where F is the Hessian of the scalar mean ``kl`` w.r.t. ``params``.
 
-    ``kl`` is built with the rollout policy detached, so at theta_old its Hessian is the Fisher matrix; each
-    product is one backward pass through ``grad(kl) . v`` (double backprop); damping keeps CG stable.
-    """
+    ``kl`` is built with the rollout policy detached, so at theta_old its Hessian is the Fisher matrix; damping
+    keeps CG stable."""
     grad_kl = flat_grad(kl, params, create_graph=True)
 
     def fvp(v: torch.Tensor) -> torch.Tensor:
@@ -99,10 +98,8 @@ def trpo_step(params: Sequence[torch.Tensor], grad: torch.Tensor, fvp: Callable[
               evaluate: Callable[[torch.Tensor], tuple[float, float]], *, max_kl: float, cg_iters: int,
               backtracks: int, accept_ratio: float = 0.1,
               solved: Callable[[], None] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """One TRPO update of ``params`` in place: solve ``F x = g`` by conjugate gradient, scale ``x`` to
-    the trust-region edge, backtrack until the surrogate improves within the KL radius.
-
-    ``grad [N]`` is the surrogate's gradient at theta_old in ``params``' flat order; ``fvp: v -> (F + damping I) v``;
+    """One TRPO update of ``params`` in place (the module docstring's steps). ``grad [N]`` is the surrogate's
+    gradient at theta_old in ``params``' flat order; ``fvp: v -> (F + damping I) v``;
     ``evaluate(step) -> (surrogate improvement, KL)`` at theta_old + step; ``solved()`` runs once the direction is
     known (to free what the Fisher-vector products held). Returns ``(step [N], metrics)``, zeros if none accepted.
     """

@@ -1,12 +1,9 @@
-"""Policy-gradient terms beside the clipped surrogate, by name (:data:`POLICY_LOSSES`): CISPO, SAPO, GMPO.
+"""Policy-gradient terms beside the clipped surrogate (:data:`POLICY_LOSSES`): CISPO, SAPO, GMPO.
 
 Every entry is ``fn(logp [B,T], old_logp [B,T], advantages [B] or [B,T], mask [B,T], **knobs) ->
-(loss [B,T], metrics)``: the negated per-token objective, aggregated later, and 0-dim detached metrics
-(``ratio_mean``, ``approx_kl`` for all); ``rho = pi_theta / pi_old``. ``clip`` is registered in
-:mod:`grouprl.algos.losses`.
-
-Each term is linear in the advantage once its sign is fixed, so a weight ``w >= 0`` folded into the
-advantage multiplies the token's term by ``w``; GMPO, one term per sequence, is the exception (:func:`gmpo_loss`).
+(loss [B,T], metrics)``: the negated per-token objective, aggregated later, and 0-dim detached metrics;
+``rho = pi_theta / pi_old``. Each term but GMPO's is linear in the advantage once its sign is fixed, so a weight
+``w >= 0`` folded into the advantage multiplies the token's term by ``w``.
 """
 
 from __future__ import annotations
@@ -44,10 +41,8 @@ def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
 
         loss_t = - sg( clip(rho_t, 1 - eps_low, 1 + eps_high) ) * A_t * log pi_theta(o_t)
 
-    ``sg`` stops the gradient, so every token keeps the REINFORCE gradient ``-A_t * grad log pi``, scaled by
-    its (clipped) weight: a clipped token is damped, never silenced as the clipped surrogate silences it.
-    Where no weight is clipped the gradient is the importance-weighted REINFORCE gradient, and on-policy
-    (rho = 1) exactly REINFORCE's.
+    ``sg`` stops the gradient, so every token keeps the REINFORCE gradient ``-A_t * grad log pi`` scaled by its
+    clipped weight: a clipped token is damped, never silenced as the clipped surrogate silences it.
 
     ``eps_low`` None: no lower bound. Metrics: ``clip_low`` / ``clip_high`` (share of valid tokens whose weight
     sits at that bound), ``ratio_mean``, ``approx_kl``.
@@ -68,8 +63,7 @@ def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
 def sapo_gate(ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
     """SAPO's soft gate ``f(rho) = sigmoid(tau * (rho - 1)) * 4 / tau`` (elementwise, ``tau > 0``).
 
-    ``f'(rho) = 4 s (1 - s) = sech^2(tau (rho - 1) / 2)`` with ``s = sigmoid(tau (rho - 1))``: 1 at rho = 1
-    (the on-policy gradient, whatever tau), falling smoothly on both sides, faster for larger tau."""
+    ``f'(rho) = 4 s (1 - s) = sech^2(tau (rho - 1) / 2)``, ``s = sigmoid(tau (rho - 1))``: 1 at rho = 1."""
     return torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
 
 
@@ -82,13 +76,9 @@ def sapo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         loss_t = - f(rho_t; tau_t) * A_t,   f(rho; tau) = sigmoid(tau (rho - 1)) * 4 / tau,
         tau_t = tau_pos if A_t > 0 else tau_neg
 
-    Its gradient is ``-sech^2(tau (rho - 1) / 2) * rho * A * grad log pi``: the importance-weighted gradient
-    times a weight that is 1 on-policy and decays smoothly on both sides of rho = 1 (tau -> 0: the unclipped
-    surrogate; tau -> infinity: no off-policy update), where the hard clip stops one side only. The paper sets
-    tau_neg > tau_pos: negative updates spread probability over the whole vocabulary and destabilise sooner.
-
-    A = 0 takes tau_neg, as the paper does. Metrics: ``gate`` (mean of the gradient weight sech^2, 1 =
-    on-policy), ``ratio_mean``, ``approx_kl``.
+    Its gradient is ``-sech^2(tau (rho - 1) / 2) * rho * A * grad log pi``: 1 on-policy, decaying smoothly on both
+    sides of rho = 1. tau_neg > tau_pos, as negative updates spread probability over the whole vocabulary and
+    destabilise sooner; A = 0 takes tau_neg. Metrics: ``gate`` (mean sech^2), ``ratio_mean``, ``approx_kl``.
     """
     if not (tau_pos > 0 and tau_neg > 0 and math.isfinite(tau_pos) and math.isfinite(tau_neg)):
         raise ValueError(f"sapo needs finite tau_pos > 0 and tau_neg > 0, got {tau_pos}, {tau_neg}")
@@ -112,12 +102,9 @@ def gmpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         R_i = exp( (1/|o_i|) sum_t c_t ),     loss_t = - A_i * R_i   on every token of row i
 
     the paper's ``sgn(A) * (prod_t |min(rho_t A, clip(rho_t, e^-eps_low, e^eps_high) A)|)^(1/|o|)`` in log
-    space (as its code and verl's ``geo_mean``). A geometric mean is far less moved by one extreme token than
-    GRPO's arithmetic mean, which lets the clip widen to (e^-0.4, e^0.4) (the default, and verl's recipe).
-
-    ``A_i`` is the row's mean advantage over its valid tokens, the sign per token: the paper's for ``[B]``
-    advantages, verl's reading for ``[B,T]`` ones (a token with advantage 0 drops out of the mean). Under the
-    default seq-mean-token-mean aggregation the loss is the paper's ``-(1/G) sum_i A_i R_i``.
+    space. A geometric mean is far less moved by one extreme token than an arithmetic one, so the clip widens to
+    (e^-0.4, e^0.4). ``A_i`` is the row's mean advantage over its valid tokens, the sign per token; under
+    seq-mean-token-mean aggregation the loss is the paper's ``-(1/G) sum_i A_i R_i``.
 
     ``eps_high`` None = ``eps_low``. Metrics: ``clip_low`` / ``clip_high`` (share of valid tokens whose clipped
     log-ratio is kept), ``geo_ratio_mean`` (mean R_i over rows with tokens), ``ratio_mean``, ``approx_kl``.

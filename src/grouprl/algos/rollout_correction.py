@@ -1,15 +1,12 @@
-"""Importance correction of the rollout-engine / trainer mismatch: truncated (TIS) or masked (IcePop,
-sequence masking).
-
-A fast rollout engine samples from ``pi_rollout``, not exactly the trainer's ``pi_old``. Re-weighting each
+"""Importance correction of the rollout-engine / trainer mismatch: truncated (TIS) or masked (IcePop, sequence
+masking). A fast rollout engine samples from ``pi_rollout``, not exactly the trainer's ``pi_old``. Re-weighting each
 token's policy-gradient term by ``pi_old / pi_rollout`` removes that bias; capping the weight at C bounds its
 variance (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"):
 
     token          w_it = min( r_it, C )                   r_it = pi_old(o_it) / pi_rollout(o_it)
     sequence       w_i  = min( prod_t r_it, C )            (same w_i on every token)
 
-Masking drops what is too far off instead of capping it (a capped weight still trains on a token the
-trainer would almost never have sampled):
+Masking drops what is too far off (a capped weight still trains on a token the trainer would hardly sample):
 
     icepop         w_it = r_it * 1[ low <= r_it <= high ]                          (IcePop, default [0.5, 5])
     sequence-mask  w_i  = 1[ low <= (prod_t r_it)^(1/|o_i|) <= high ]              (default [0.999, 1.001])
@@ -28,9 +25,8 @@ from grouprl.algos.aggregate import masked_mean
 from grouprl.registry import Registry
 
 ROLLOUT_IS_LEVELS: Registry = Registry("rollout importance-sampling level")
-"""name -> ``fn(log_ratio [B,T] (0 off the mask), mask [B,T], **knobs) -> (weights [B,T] float32, metrics)``,
-weights 0 off the mask; the knobs are ``cap`` (token, sequence) or ``low`` / ``high`` (icepop,
-sequence-mask)."""
+"""name -> ``fn(log_ratio [B,T], mask [B,T], **knobs) -> (weights [B,T] float32, metrics)``, 0 off the mask;
+knobs ``cap`` (token, sequence) or ``low`` / ``high`` (icepop, sequence-mask)."""
 
 
 def _log(x: float) -> float:
@@ -84,9 +80,8 @@ def _sequence_mask(log_ratio: torch.Tensor, mask: torch.Tensor, *, low: float = 
 
 def rollout_mismatch(train_logp: torch.Tensor, rollout_logp: torch.Tensor,
                      mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """KL(pi_rollout || pi_train) on the sampled tokens: ``rollout/mismatch_kl`` (k3) and ``rollout/mismatch_k1``,
-    token means, from ``train_logp [B,T]`` (pi_old, the trainer's), ``rollout_logp [B,T]`` (the engine's) and
-    ``mask [B,T]``."""
+    """KL(pi_rollout || pi_train) on the sampled tokens, token means by k3 (``rollout/mismatch_kl``) and k1, from
+    the trainer's ``train_logp [B,T]`` (pi_old), the engine's ``rollout_logp [B,T]`` and ``mask [B,T]``."""
     log_ratio = (train_logp - rollout_logp).float()  # log r, r = pi_train / pi_rollout
     k3 = torch.expm1(log_ratio) - log_ratio  # r - 1 - log r, exact near r = 1
     return {"rollout/mismatch_kl": masked_mean(k3, mask).detach(),

@@ -17,8 +17,7 @@ import torch
 
 def entropy_threshold(entropies: torch.Tensor, quantile: float) -> torch.Tensor:
     """The entropy at or above which a token is among the top ``quantile`` (q in (0, 1]) of ``entropies [N]``:
-    0-dim float32, the ``1 - q`` quantile interpolated as ``torch.quantile`` does (which refuses more than 2^24
-    values); ``-inf`` for no tokens or q = 1.
+    the ``1 - q`` quantile interpolated as ``torch.quantile`` does (it refuses 2^24 values); ``-inf`` if none.
 
     >>> round(float(entropy_threshold(torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0]), 0.2)), 4)  # 0.8 * 4 = 3.2
     3.2
@@ -36,6 +35,5 @@ def entropy_threshold(entropies: torch.Tensor, quantile: float) -> torch.Tensor:
 
 
 def top_entropy_weights(entropy: torch.Tensor, mask: torch.Tensor, threshold: torch.Tensor | float) -> torch.Tensor:
-    """``[B,T]`` float 0/1: the tokens of ``mask`` whose ``entropy [B,T]`` is at least ``threshold``
-    (from :func:`entropy_threshold`)."""
+    """``[B,T]`` float 0/1: the tokens of ``mask`` whose ``entropy [B,T]`` is at least ``threshold``."""
     return ((entropy.detach().float() >= threshold) & (mask > 0)).float()
