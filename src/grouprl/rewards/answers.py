@@ -1,9 +1,5 @@
-"""Final answers: read from a completion, read from a dataset's gold value, compared.
-
-docs/answers.md states the reading order (tags, boxes, ``####``, "the answer is", the last number),
-why a hedged answer has none, and the normalisation; symbolic equality is math-verify's, bounded
-(:mod:`grouprl.rewards.symbolic`).
-"""
+"""Final answers: read from a completion, read from a dataset's gold value, compared. docs/answers.md states the
+reading order, why a hedged answer has none, and the normalisation; symbolic equality is math-verify's, bounded."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """The reward-function protocol, calling a list of them on a batch, and combining their scores.
 
-A reward function is any callable ``fn(prompts, completions, *, completion_ids, **columns)`` returning
-one ``float`` per row, or ``None`` where it does not apply (left out of the total and the group
-statistics). It gets only the dataset columns its signature names (all with ``**kwargs``); one that
-names ``completions`` gets its inputs by keyword. ``async`` functions are awaited together. A failure
-is a :class:`RewardFunctionError` naming the function, the row and the completion.
+A reward function is any callable ``fn(prompts, completions, *, completion_ids, **columns)`` returning one
+``float`` per row, or ``None`` where it does not apply. It gets only the dataset columns its signature names (all
+with ``**kwargs``); ``async`` functions are awaited together. A failure is a :class:`RewardFunctionError` naming
+the function, the row and the completion.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ class RewardFn(Protocol):
 
 
 def reward_name(fn: Callable[..., Any]) -> str:
-    """The name a reward function's metrics are logged under: its ``name`` attribute, ``__name__``, a
-    partial's function's name, or its class name.
+    """The name a reward function's metrics are logged under: ``name``, ``__name__``, a partial's, or its class's.
 
     >>> def exact(prompts, completions): ...
     >>> reward_name(exact), reward_name(functools.partial(exact))

@@ -1,9 +1,8 @@
-"""A reward that runs generated Python against a row's ``tests`` in an OS sandbox, and scores it outside,
-where the expected values stay (so no code inside can forge them).
-
-A case is stdin/stdout (``{"input": "2 3\\n", "output": "5"}``, trailing whitespace ignored) or a call
-(``{"call": "add", "args": [2, 3], "expected": 5}`` or ``"assert add(2, 3) == 5"``, the result read back with
-``ast.literal_eval``). The reward is the fraction of cases passed; None without tests.
+"""A reward that runs generated Python against a row's ``tests`` in an OS sandbox, and scores it outside, where
+the expected values stay (so no code inside can forge them). A case is stdin/stdout (``{"input": "2 3\\n",
+"output": "5"}``, trailing whitespace ignored) or a call (``{"call": "add", "args": [2, 3], "expected": 5}`` or
+``"assert add(2, 3) == 5"``, the result read back with ``ast.literal_eval``). The reward is the fraction of cases
+passed; None without tests.
 """
 
 from __future__ import annotations

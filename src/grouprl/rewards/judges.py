@@ -1,7 +1,5 @@
-"""Group judges: score the G members of a group side by side (OpenPipe ART's RULER); docs/grouping.md.
-
-A judge is ``judge(prompt, completions, **columns) -> list[float] | None`` (None drops the group), or an
-object with ``judge_groups(groups: list[JudgeGroup])``, which gets every group of a step in one call.
+"""Group judges score the G members of a group side by side (OpenPipe ART's RULER): ``judge(prompt, completions,
+**columns) -> list[float] | None`` (None drops the group), or ``judge_groups(groups)`` for a step's groups at once.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Learned reward models: an ``AutoModelForSequenceClassification`` with ``num_labels=1`` reading the chat-
-rendered conversation (scoring pads on the left itself), and training one on preference pairs with the
-Bradley-Terry loss ``-log sigmoid(r_chosen - r_rejected)`` (Ouyang et al. 2022, eq. 1).
-"""
+"""Learned reward models: a one-output sequence classifier reading the chat-rendered conversation, trained on
+preference pairs with the Bradley-Terry loss ``-log sigmoid(r_chosen - r_rejected)`` (Ouyang et al. 2022, eq. 1)."""
 
 from __future__ import annotations
 
@@ -242,9 +240,8 @@ def train_reward_model(model: str | Path | torch.nn.Module, tokenizer: Any, pair
                        eval_fraction: float = 0.1, epochs: int = 1, batch_size: int = 8, lr: float = 1e-5,
                        weight_decay: float = 0.0, seed: int = 0, system_prompt: str | None = None,
                        max_length: int | None = None) -> RewardTrainResult:
-    """Fit a reward model (a one-output sequence classifier, or a folder holding one or a causal LM whose new
-    head starts at random) to ``pairs`` (JSONL or list of ``{"prompt", "chosen", "rejected"}``) with the
-    Bradley-Terry loss; ``eval_pairs`` None holds out ``eval_fraction`` of ``pairs``."""
+    """Fit a reward model (a causal LM's folder gets a random head) to ``pairs`` with the Bradley-Terry loss;
+    ``eval_pairs`` None holds out ``eval_fraction`` of ``pairs``."""
     train = load_pairs(pairs)
     if eval_pairs is not None:
         held = load_pairs(eval_pairs)

@@ -3,10 +3,8 @@
 A policy under RL optimisation searches for any way to raise its reward, so the kernel isolates the program:
 under ``bwrap`` it gets fresh namespaces (uid 65534, no capabilities, no network), a read-only view of the
 interpreter, a capped tmpfs ``/tmp``, rlimits and a wall-clock timeout that kills its whole PID namespace, and
-nothing outlives the trainer. The score is computed outside. Not isolated: CPU and memory bandwidth, and the
-kernel itself. Without working namespaces :class:`Sandbox` refuses to start, unless ``isolation="unsafe"``
-(same limits, no isolation, for trusted code only).
-"""
+nothing outlives the trainer. Not isolated: CPU and memory bandwidth, and the kernel itself. Without working
+namespaces :class:`Sandbox` refuses to start, unless ``isolation="unsafe"`` (for trusted code only)."""
 
 from __future__ import annotations
 
