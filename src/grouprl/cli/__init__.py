@@ -151,8 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _resolve(args: argparse.Namespace, rest: list[str], cls: type, base: dict[str, Any] | None = None) -> Any:
-    """defaults < ``base`` (the demo's settings) < --config YAML < command line (with ``rest``, the options
-    argparse did not know, so a misspelt key gets the did-you-mean message)."""
+    """defaults < ``base`` (a demo's) < --config < command line with ``rest``, the options argparse did not know."""
     overrides = [*args.overrides, *rest]
     if base is None:
         return load_config(cls, args.config, overrides)
@@ -213,8 +212,7 @@ PROMPT_SOURCES = frozenset({"task", "dataset", "eval_dataset", "env"})  # where 
 
 
 def _eval(args: argparse.Namespace, rest: list[str]) -> int:
-    """``grouprl eval``; a run (or checkpoint) folder given without --config or a prompt source brings its run's
-    config.yaml."""
+    """``grouprl eval``; a run or checkpoint folder alone brings its run's config.yaml."""
     from grouprl.cli.build import run_config_of
 
     config = _resolve(args, rest, TrainConfig)

@@ -21,8 +21,7 @@ EVAL_RESET_BASE = 1_000_000
 
 
 def load_rows(config: TrainConfig) -> tuple[list[Row], list[Row], Any, dict[int, str]]:
-    """(train rows, eval rows, the task or None, where each file row sits by ``id(row)``) for a task, a dataset or
-    an environment (whose rows are reset seeds)."""
+    """(train rows, eval rows, task or None, each file row's place by ``id(row)``); an environment's rows are seeds."""
     if config.env and not config.dataset:
         n_eval = DEFAULT_TASK_EVAL_SIZE if config.eval_size is None else config.eval_size
         return ([{"seed": i} for i in range(config.train_size or DEFAULT_TASK_TRAIN_SIZE)],
@@ -94,8 +93,7 @@ def load_reward_fns(config: TrainConfig, task: Any) -> tuple[list[Callable[..., 
 
 
 def answer_checker(completion: str, row: Row) -> bool:
-    """Whether the completion's final answer equals the row's gold ``answer``, as numbers or as math
-    (:func:`grouprl.rewards.answers.answer_is_correct`)."""
+    """Whether the completion's final answer equals the row's gold ``answer``, as numbers or as math."""
     from grouprl.rewards.answers import answer_is_correct
 
     gold = row.get(ANSWER)
@@ -157,8 +155,7 @@ def load_checker(config: TrainConfig, task: Any, eval_rows: list[Row]) -> Callab
 
 
 def build_inputs(config: TrainConfig) -> RunInputs:
-    """Prompts (or resets), rewards, checker, environment and tools for ``config``, all checked before any model
-    is loaded."""
+    """Prompts (or resets), rewards, checker, environment and tools for ``config``, checked before any model loads."""
     check(config)
     train, held, task, places = load_rows(config)
     checker = None if config.env else load_checker(config, task, held)
@@ -267,8 +264,7 @@ def load_model(spec: str, seed: int) -> tuple[Any, Any]:
 
 def build_trainer(config: TrainConfig, inputs: RunInputs, policy: Any, tokenizer: Any, env: Any = None,
                   run_config: TrainConfig | None = None) -> Any:
-    """The trainer for ``config``, in one process or in the torchrun run ``env`` (a
-    :class:`~grouprl.trainer.dist.group.DistEnv`); ``run_config`` is what config.yaml records (default: ``config``)."""
+    """The trainer for ``config``, in one process or torchrun's ``env``; ``run_config`` is what config.yaml records."""
     from grouprl.trainer.teacher import is_server
     from grouprl.trainer.trainer import Trainer
 

@@ -32,8 +32,7 @@ def before_after(before: dict[str, Any] | None, after: dict[str, Any] | None) ->
 
 def train(config: TrainConfig, echo: Echo = print, overwrite: bool = False,
           phase: Echo = announce) -> tuple[dict[str, Any], Path]:
-    """Claim the run folder, build everything ``config`` names, train, write the report: (summary, report path).
-    ``phase`` says as each slow phase starts."""
+    """Claim the run folder, build, train, write the report: (summary, report path); ``phase`` announces phases."""
     from grouprl.trainer.dist.group import torchrun_rank
 
     first = torchrun_rank() == 0

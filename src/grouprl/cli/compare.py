@@ -20,20 +20,17 @@ from grouprl.run.folder import claimed, holds_run
 @dataclass
 class CompareConfig:
     algos: tuple[str, ...] = ("grpo", "rloo", "ppo", "trpo")
-    """Algorithms to run. Language models: grpo, reinforce, rloo, ppo, trpo. Classic control (env): grpo, ppo, trpo,
-    vpg."""
+    """Algorithms to run: grpo, reinforce, rloo, ppo, trpo for language models; grpo, ppo, trpo, vpg with env."""
     seeds: tuple[int, ...] = (0,)
     """Seeds; every algorithm runs once per seed and the table gives the mean (and spread)."""
     env: str | None = None
-    """A gymnasium environment id for a classic-control comparison (every other option is then `grouprl rl`'s);
-    empty = language models (every other option is `grouprl train`'s)."""
+    """A gymnasium id to compare on classic control (other options are then `grouprl rl`'s, else `grouprl train`'s)."""
     output_dir: str = "runs/compare"
     """Folder of the comparison: one run folder per algorithm and seed, comparison.md, plots/."""
     wall_budget_s: float | None = None
     """Also stop each run after this many seconds of wall time."""
     algo_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Language models: options per algorithm on top of the shared ones, e.g.
-    {ppo: {vf_coef: 0.2, critic_model: tiny}, trpo: {max_kl: 0.05}}."""
+    """Language models: options per algorithm over the shared ones, e.g. {trpo: {max_kl: 0.05}}."""
 
     def __post_init__(self) -> None:
         if not self.algos or not self.seeds:
@@ -109,8 +106,7 @@ def _in_child(target: Callable[..., None], *args: Any) -> None:
 
 def run_compare(compare: CompareConfig, base: Any, echo: Callable[[str], None] = print,
                 overwrite: bool = False) -> Path:
-    """Train every (algorithm, seed) of ``compare`` on ``base`` (a TrainConfig, or a ControlConfig with
-    ``compare.env``), every config and folder checked first; then write comparison.md (returned) and plots."""
+    """Train each (algorithm, seed) of ``compare`` on ``base``, all checked first; write comparison.md (returned)."""
     out = Path(compare.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     jobs = []

@@ -15,14 +15,10 @@ from typing import Any
 from grouprl.config.sections import USUAL_KEYS, short_name
 
 ALL = "all"
-MAX_WIDTH = 100
-"""Widest text, however wide the terminal: longer lines read badly."""
-KEY_COLUMN = 24
-"""Where the one-line texts of the first screen start."""
-OPTIONS = "options"
-"""argparse's title of the group of a command's own options (--config, --debug)."""
-NOT_ON_FIRST_SCREEN = ("help", "debug")
-"""The command's own options (by dest) left to ``--help all``."""
+MAX_WIDTH = 100  # widest text, however wide the terminal: longer lines read badly
+KEY_COLUMN = 24  # where the first screen's one-line texts start
+OPTIONS = "options"  # argparse's title of a command's own options (--config, --debug)
+NOT_ON_FIRST_SCREEN = ("help", "debug")  # the command's own options (by dest) left to --help all
 _SENTENCE_END = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<! al\.)(?<! vs\.)(?<=[.!?])\s+")  # not an abbreviation's
 
 
@@ -37,8 +33,7 @@ def _width() -> int:
 
 
 def _groups(parser: argparse.ArgumentParser) -> list[tuple[str, str | None, list[argparse.Action]]]:
-    """(title, description, shown actions) of each argument group of ``parser`` that shows an option (argparse's
-    private attributes, which its own format_help reads)."""
+    """(title, description, shown actions) of each argument group that shows an option."""
     out = []
     for group in parser._action_groups:
         actions = [a for a in group._group_actions if a.help is not argparse.SUPPRESS]
@@ -102,8 +97,7 @@ def full_help(parser: argparse.ArgumentParser, which: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-EMPTY = frozenset({"None", "[]", "{}", "''"})
-"""Defaults the first screen leaves unsaid: the key is simply unset."""
+EMPTY = frozenset({"None", "[]", "{}", "''"})  # defaults the first screen leaves unsaid
 
 
 def _one_line(action: argparse.Action, width: int) -> list[str]:

@@ -3,8 +3,7 @@
     grouprl train --nproc 4 ...                                   4 processes on this machine
     torchrun --nproc-per-node 4 -m grouprl train ...              the same, started by hand
 
-``--nproc`` checks the config, writes it resolved to a temporary YAML file and runs torchrun on it, so every
-process trains with the same settings.
+``--nproc`` writes the checked config to a temporary YAML file and runs torchrun on it: every process, one config.
 """
 
 from __future__ import annotations
@@ -54,8 +53,7 @@ def launch(config: TrainConfig, nproc: int) -> int:
 
 
 def join_run(config: TrainConfig) -> Any:
-    """This process's :class:`~grouprl.trainer.dist.group.DistEnv`: the group under torchrun, a group of one on a
-    GPU machine, None on a CPU."""
+    """This process's ``DistEnv``: torchrun's group, a group of one on a GPU machine, None on a CPU."""
     from grouprl.trainer.dist.group import init_distributed, one_process_init_method
 
     world = torchrun_world_size()

@@ -1,5 +1,4 @@
-"""One line on stderr as each slow phase of a command starts, so it is never silent for long; stdout keeps the
-results."""
+"""One line on stderr as each slow phase of a command starts, so it is never silent for long."""
 
 from __future__ import annotations
 
