@@ -3,9 +3,8 @@
     reset(*, seed: int | None = None, options: dict | None = None) -> (observation, info)
     step(action: str) -> (observation, reward, terminated, truncated, info)
 
-An observation is text (one user turn) or chat messages; ``options`` carries the dataset row; ``info`` may
-hold ``success`` and ``state_key`` (docs/agents.md).
-"""
+An observation is text (one user turn) or chat messages; ``options`` carries the dataset row; ``info`` may hold
+``success`` and ``state_key``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """One trajectory's side of the conversation: an environment, the tools, and what happened.
 
-The multi-turn engine calls ``start()`` then ``respond(action)`` per assistant turn: the tools answer tool
-calls, the environment's ``step`` any other turn. A misbehaving environment ends its trajectory with reason
-``error`` (dropped), not the run. Per policy turn it records the reward and the key of the state it started from.
-"""
+The multi-turn engine calls ``start()`` then ``respond(action)`` per assistant turn: the tools answer tool calls,
+the environment's ``step`` any other turn. A misbehaving environment ends its trajectory (reason ``error``), not
+the run."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Guess the number in ``[low, high]``: each policy turn is a guess answered "higher" or "lower", until it is
-found (reward 1) or ``max_guesses`` are spent (0). A turn's state key is the interval still open and the
-guesses left, so turns from the same knowledge are compared.
-"""
+"""Guess the number in ``[low, high]``: each turn is a guess answered "higher" or "lower", until it is found
+(reward 1) or ``max_guesses`` are spent (0); a turn's state key is the open interval and the guesses left."""
 
 from __future__ import annotations
 
@@ -13,8 +11,6 @@ from grouprl.envs.last_integer import last_integer
 
 
 class GuessNumber:
-    """See the module docstring. Options: ``low``, ``high``, ``max_guesses``."""
-
     def __init__(self, low: int = 1, high: int = 8, max_guesses: int = 3):
         if not low < high or max_guesses < 1:
             raise ValueError(f"guess-number needs low < high and max_guesses >= 1, got {low}, {high}, {max_guesses}")

@@ -1,6 +1,5 @@
-"""OpenEnv environments (``pip install 'grouprl[openenv]'``) in the text-environment protocol: an
-``Environment`` class called in process (``openenv:module:Class``) or a running OpenEnv server reached by its
-URL (``openenv+http://host:port``, one WebSocket session per trajectory, closed when it ends).
+"""OpenEnv environments in the text-environment protocol: an ``Environment`` class in process
+(``openenv:module:Class``) or a server's sessions, one per trajectory (``openenv+http://host:port``).
 
 The policy's turn fills the action's one text field; the observation's one text field (else all its fields as
 JSON) is the next user turn. A row's columns go to ``reset`` as the keyword arguments it takes. Options

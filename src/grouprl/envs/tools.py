@@ -3,9 +3,8 @@
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "23 * 47"}}</tool_call>
 
-Every call gets one ``tool`` message, never an exception. Each runs in a forked process leading its own process
-group, killed at its deadline, so a hung tool holds up nothing; a tool must not use the accelerator or torch's
-thread pools.
+Every call gets one ``tool`` message, never an exception. Each runs in a forked process group killed at its
+deadline, so a hung tool holds up nothing; a tool must not use the accelerator or torch's thread pools.
 """
 
 from __future__ import annotations

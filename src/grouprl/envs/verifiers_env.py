@@ -1,11 +1,8 @@
-"""verifiers tasksets (``pip install 'grouprl[verifiers]'``, its 0.4 ``verifiers.v1`` API) in the text-environment
-protocol, run in process without verifiers' harness: ``verifiers:module:attr`` names a ``Taskset`` or a function
-returning one (called with ``env_options``).
-
-A reset opens the task ``seed % len(tasks)``. The tools are the ``@vf.tool`` methods of the taskset's and the task
-class's toolsets, run by grouprl's tool runner; the first turn without a tool call is the answer, scored by the
-task's ``@vf.reward`` functions (``trace.reward``). What needs the harness is refused on loading: rewards that
-take a ``runtime``, judges, toolsets with per-task state.
+"""verifiers tasksets (the ``verifiers.v1`` API) in the text-environment protocol, run in process without its
+harness: ``verifiers:module:attr`` names a ``Taskset`` or a function of ``env_options`` returning one. A reset
+opens the task ``seed % len(tasks)``; the tools are the ``@vf.tool`` methods of its toolsets, run by grouprl's
+tool runner; the first turn without a tool call is the answer, scored by the task's ``@vf.reward`` functions.
+What needs the harness is refused on loading: rewards that take a ``runtime``, judges, per-task toolset state.
 """
 
 from __future__ import annotations
