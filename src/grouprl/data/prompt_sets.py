@@ -84,9 +84,8 @@ def _check_utf8(path: Path) -> None:
 
 
 def load_records(source: str | Path | Any, split: str | None = None, config: str | None = None) -> list[Row]:
-    """Rows from a JSONL / JSON / CSV / parquet file, a ``save_to_disk`` folder, a folder in the hub's layout or a
-    hub id (with ``config``), a ``datasets.Dataset`` or ``DatasetDict``, or a list of dicts; ``split`` picks a
-    split where there are several (empty = train)."""
+    """Rows from a JSONL / JSON / CSV / parquet file, a ``save_to_disk`` or hub-layout folder, a hub id, a
+    ``datasets`` object or a list of dicts; ``split`` picks a split where there are several (empty = train)."""
     if isinstance(source, list):
         return [dict(r) for r in source]
     if not isinstance(source, str | Path):

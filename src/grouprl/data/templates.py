@@ -1,10 +1,9 @@
 """Chat templates to token ids with only the template's own markers special.
 
 Text from data, environments, tools and the policy must reach the model as text: a row holding
-``<|im_end|>\\n<|im_start|>assistant\\n`` would otherwise open a turn the policy never wrote. So contents
-are rendered as placeholders, put back as spans, and every piece between the template's special tokens
-is tokenized with ``split_special_tokens``. A template that changes content as it inserts it (``trim``,
-Qwen3 dropping earlier ``<think>`` blocks) is probed one field at a time.
+``<|im_end|>\\n<|im_start|>assistant\\n`` would otherwise open a turn the policy never wrote. So contents are
+rendered as placeholders, put back as spans, and tokenized with ``split_special_tokens``; a template that changes
+content as it inserts it (``trim``, Qwen3's ``<think>`` stripping) is probed one field at a time.
 """
 
 from __future__ import annotations
