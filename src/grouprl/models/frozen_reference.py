@@ -1,5 +1,4 @@
-"""The frozen reference policy pi_ref of the KL term: a copy of the starting policy, or, with LoRA,
-the base model with its adapters disabled (no copy in memory)."""
+"""The frozen reference pi_ref of the KL term: a copy of the policy, or with LoRA the base with adapters disabled."""
 
 from __future__ import annotations
 

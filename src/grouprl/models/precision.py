@@ -1,8 +1,6 @@
-"""The number format of each phase of a run (rollouts, training, the frozen reference), decided from what the
-machine is, never from a timing: a choice that changes a run's numbers must not depend on the moment.
-
-``dtype: auto`` takes the first row of :data:`RULES` whose features the machine has (CPU flags capped by
-``ATEN_CPU_CAPABILITY`` / ``ONEDNN_MAX_CPU_ISA``). The run records the choice, so a resume repeats it anywhere.
+"""The number format of each phase of a run, decided from what the machine is, never from a timing: a choice
+that changes a run's numbers must not depend on the moment. ``dtype: auto`` takes the first row of :data:`RULES`
+whose features the machine has; the run records the choice, so a resume repeats it anywhere.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""PPO's critic for language models: a scalar value head on a copy of the policy's decoder (InstructGPT /
-TRL) or on a separate, smaller model reading the same ids. The value of completion position t is read from
-the hidden state that predicts token t, aligned with the log-probs.
-"""
+"""PPO's critic for language models: a scalar value head on a copy of the policy's decoder or on a smaller model
+reading the same ids; position t's value is read from the hidden state that predicts token t."""
 
 from __future__ import annotations
 
