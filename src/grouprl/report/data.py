@@ -42,8 +42,7 @@ def is_number(value: Any) -> bool:
 
 
 def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of one metric, sorted by step; a step logged twice (a resumed run repeats
-    the steps after its last checkpoint) keeps the later value; non-finite values are dropped."""
+    """(steps, values) of one metric, sorted by step; a step logged twice (by a resumed run) keeps the later value."""
     by_step: dict[float, float] = {}
     for record in records:
         step, value = record.get("step"), record.get(key)

@@ -1,7 +1,5 @@
-"""Plots and a static HTML report from a run folder: :func:`write_report` writes ``report/*.png`` and
-``report/report.html``, :func:`summarize` gives the headline numbers. A run still going or killed is read as it
-is: missing metrics skip their plot.
-"""
+"""Plots and a static HTML report from a run folder, still going or killed: :func:`write_report` writes
+``report/*.png`` and ``report/report.html``, :func:`summarize` gives the headline numbers."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ def _strip_eval(d: Any) -> dict[str, Any] | None:
 
 
 def summarize(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The run's headline numbers: steps, wall time, final and best values of every metric, evaluation before and
-    after training (from summary.json, else from the eval lines)."""
+    """The run's headline numbers: steps, wall time, final and best metrics, evaluation before and after training."""
     run_dir = _existing_dir(run_dir)
     records = read_jsonl(run_dir / METRICS_FILE)
     keys = metric_keys(records)

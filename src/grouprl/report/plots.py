@@ -62,8 +62,7 @@ def _figure(n_panels: int, title: str) -> tuple[Figure, list[Any]]:
 
 
 def _draw_series(ax: Any, steps: list[float], values: list[float], color: str, label: str, smooth: bool) -> bool:
-    """Raw per-step values faint and their EMA bold; whether it smoothed (a few points or a schedule are drawn
-    plain)."""
+    """Raw per-step values faint and their EMA bold; whether it smoothed (a few points or a schedule: plain)."""
     if not smooth or len(values) < 5:
         ax.plot(steps, values, color=color, marker="o" if len(values) < 5 else None, lw=1.8, label=label)
         return False
@@ -211,8 +210,7 @@ PLOT_ORDER = ("reward.png", "accuracy.png", "zero_std.png", "kl.png", "entropy.p
 
 
 def write_plots(records: list[dict[str, Any]], out_dir: Path) -> list[str]:
-    """Write every plot whose metrics are present into ``out_dir``, remove the others (no stale image after a
-    rerun); the file names in report order."""
+    """Write every plot whose metrics are present into ``out_dir``, remove stale ones; the names in report order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = metric_keys(records)
     written = {name for name, title, panels in _panel_plots(keys)
