@@ -1,8 +1,6 @@
-"""The ``countdown`` task (TinyZero's): reach a target from given numbers with + - * / and parentheses,
-each number used at most once. Every problem is solvable (the target is a random expression's value). The
-checker reads the last ``<answer>`` tag or else the last line, accepts any arithmetic stretch of it, and
-evaluates it exactly by walking its ``ast``; nothing is executed.
-"""
+"""The ``countdown`` task (TinyZero's): reach a target from given numbers with + - * / and parentheses, each used
+at most once; every problem is solvable. The checker reads the last ``<answer>`` tag or else the last line and
+evaluates any arithmetic stretch of it exactly, executing nothing."""
 
 from __future__ import annotations
 
