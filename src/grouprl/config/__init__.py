@@ -1,6 +1,5 @@
-"""Config machinery over plain dataclasses: YAML in and out, command-line overrides, ``--help`` and
-docs/configuration.md, all driven by one docstring per field (the string right under it, read with ``ast``). A
-dataclass-typed field is a nested section, addressed with dots (``sampling.temperature``).
+"""Config machinery over plain dataclasses: YAML, command-line overrides, ``--help`` and docs/configuration.md,
+all driven by one docstring per field; a dataclass-typed field is a section, addressed with dots (``a.b``).
 
 Resolution: defaults < YAML file < command line (:func:`load_config`). Every user mistake raises
 :class:`ConfigError`, one paragraph naming the key at fault and, for an unknown key, the closest valid ones.

@@ -219,8 +219,7 @@ def _build(cls: type, data: Mapping, where: str, root: type) -> Any:
 
 
 def _section_default(f: dataclasses.Field) -> dict[str, Any]:
-    """The default of section field ``f`` as a dict, for a partial YAML section to be laid over (so values a
-    parent's ``default_factory`` chose survive)."""
+    """The default of section field ``f`` (its parent's ``default_factory``'s) as a dict, for YAML to override."""
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     return to_dict(default) if dataclasses.is_dataclass(default) and not isinstance(default, type) else {}
 

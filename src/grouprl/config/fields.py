@@ -160,8 +160,7 @@ def apply_renames(cls: type, data: Mapping[str, Any], where: str) -> dict[str, A
 
 
 def refuse_retired(cls: type, keys: Iterable[str], where: str = "", dash: str = "") -> None:
-    """Raise :class:`ConfigError` for the first of ``keys`` (of section ``where``) that ``cls`` retired (its
-    ``RETIRED`` mapping: key -> what to write instead)."""
+    """Raise :class:`ConfigError` for the first of ``keys`` (of section ``where``) in ``cls.RETIRED``."""
     retired = getattr(cls, "RETIRED", {})
     for key in keys:
         if key in retired:

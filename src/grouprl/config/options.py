@@ -118,8 +118,7 @@ def _set_path(data: dict[str, Any], key: str, value: Any) -> None:
 
 
 def apply_overrides(config: Any, args: Sequence[str], cls: type | None = None) -> Any:
-    """Command-line overrides applied to a dataclass instance or to a dict of YAML data (``cls`` then required);
-    a new object."""
+    """Command-line overrides applied to a dataclass instance, or to a YAML dict (then ``cls`` names its keys)."""
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         cls = type(config)
         data = to_dict(config)
@@ -197,8 +196,7 @@ def describe_fields(cls: type, _prefix: str = "", _default: Any = None) -> list[
 
 
 class _CollectOverride(argparse.Action):
-    """Record ``--key=value`` text in order; parse_overrides converts it, so argparse and YAML share one set of
-    rules and messages."""
+    """Record ``--key=value`` text in order for parse_overrides, so argparse and YAML share its rules."""
 
     def __init__(self, option_strings: list[str], dest: str, key: str, field: FieldInfo | None = None, **kwargs: Any):
         self.key = key
@@ -217,13 +215,10 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, dest: st
                             title: str = "config options (YAML keys; the command line wins)",
                             sections: Mapping[str, str] | None = None,
                             notes: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Add one ``--key`` option per field of ``cls`` (help: docstring, type, default); values land as ``--key=value``
-    strings, in order, in ``namespace.<dest>`` for :func:`load_config`. Parse with ``parse_known_args`` and pass
-    the leftovers on too, so a misspelt option gets the did-you-mean message.
-
-    ``keys`` limits the options shown (the others still work); ``aliases`` maps extra option names to keys.
-    Top-level fields go in group ``title``, or one per section of ``sections`` (field -> title) with its line from
-    ``notes``; nested sections get a group each. Returns the groups by title."""
+    """Add one ``--key`` option per field of ``cls``; values land as ``--key=value`` strings in ``namespace.<dest>``
+    for :func:`load_config`. Parse with ``parse_known_args`` and pass the leftovers on too (a misspelt option gets
+    the did-you-mean). ``keys`` limits the options shown; ``aliases`` maps extra names to keys; top-level fields go
+    in group ``title``, or one per section of ``sections`` under its line from ``notes``. The groups by title."""
     parser.set_defaults(**{dest: []})
     alias_of = {key: name for name, key in (aliases or {}).items()}
     groups: dict[str, Any] = {}

@@ -1,6 +1,5 @@
-"""The docs' config reference (``docs/configuration.md``): a Markdown table per ``--help`` section, generated from
-the dataclasses by :func:`sync_page` and checked by :func:`check_page`; :func:`sync_readme` and
-:func:`check_readme` do the same between the marker lines of any Markdown file."""
+"""The docs' config reference: a Markdown table per ``--help`` section, written by :func:`sync_page`, checked by
+:func:`check_page`; :func:`sync_readme` and :func:`check_readme` do so between the markers of any Markdown file."""
 
 from __future__ import annotations
 
@@ -76,8 +75,7 @@ def _reference_block(cls: type, sections: Mapping[str, str] | None, notes: Mappi
 def sync_readme(readme_path: str | os.PathLike, cls: type, begin_marker: str = README_BEGIN,
                 end_marker: str = README_END, *, sections: Mapping[str, str] | None = None,
                 notes: Mapping[str, str] | None = None) -> bool:
-    """Rewrite the block between the markers of ``readme_path`` with :func:`config_reference_markdown`; whether
-    the file changed."""
+    """Rewrite the block between the markers of ``readme_path``; whether the file changed."""
     path = Path(readme_path)
     text = path.read_text(encoding="utf-8")
     head, body, tail = _split_readme(text, path, begin_marker, end_marker)

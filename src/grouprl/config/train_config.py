@@ -42,19 +42,16 @@ class DataKeys:
     eval_dataset: str | None = None
     """Held-out prompts from their own file, folder or id (as dataset); empty = split off dataset, or its eval_split."""
     eval_fraction: float = 0.1
-    """Dataset only, when eval_size, eval_dataset and eval_split are empty: the share of rows held out
-    (0 = none)."""
+    """Dataset only, when eval_size, eval_dataset and eval_split are empty: the share of rows held out (0 = none)."""
     dataset_config: str | None = None
-    """Config of a Hugging Face dataset that has several, e.g. main for openai/gsm8k (empty = its only one); also
-    eval_dataset's."""
+    """Config of a hub dataset with several, e.g. main for openai/gsm8k (empty = its only one); eval_dataset's too."""
     dataset_split: str | None = None
     """Split of a dataset folder or id that holds several (empty = train)."""
     eval_split: str | None = None
     """Split that holds the held-out prompts, e.g. test: of eval_dataset, or of dataset itself when
     eval_dataset is empty (empty = eval_dataset's dataset_split, or rows split off dataset)."""
     answer_column: str = "answer"
-    """Dataset column holding the gold answer (GSM8K's answer, MATH's solution); reward functions and the accuracy
-    checker get it as the keyword answer."""
+    """Dataset column of the gold answer (GSM8K's answer, MATH's solution); reward functions get it as answer."""
 
 
 @dataclasses.dataclass
@@ -189,8 +186,7 @@ class RewardModelConfig:
     pairs: str
     """Preference pairs to learn from: JSONL (or JSON, CSV, parquet) with prompt, chosen and rejected columns."""
     model: str = "smollm2-135m"
-    """Backbone of the reward model, named as --model of train: a bundled name, a folder or .gguf file, a hub id, or
-    tiny."""
+    """Backbone of the reward model: a bundled name, a model folder or .gguf file, a hub id, or tiny."""
     output_dir: str = "runs/reward-model"
     """Where the trained reward model and its tokenizer are saved (use it with --reward_model)."""
     eval_pairs: str | None = None
