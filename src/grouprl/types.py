@@ -57,12 +57,9 @@ class SamplingParams:
 
 @dataclass
 class RolloutBatch:
-    """G completions (or trajectories) for each of P prompts (or resets), prompt-major, on the engine's device.
-
-    A trajectory's completion part holds the policy's turns and the environment's replies in order:
-    ``sequence_mask`` is 1 on all of them, ``completion_mask`` only on the policy's tokens (up to and including
-    the one that ended the row), the only ones that carry loss, KL and entropy.
-    """
+    """G completions (or trajectories) for each of P prompts (or resets), prompt-major, on the engine's device. A
+    trajectory's completion part holds the policy's turns and the environment's replies in order:
+    ``sequence_mask`` is 1 on all, ``completion_mask`` only on the policy's tokens (loss, KL, entropy)."""
 
     prompt_ids: torch.Tensor
     """[B, Lp] long, left-padded (each prompt repeated for its G rows)."""
