@@ -90,8 +90,7 @@ def check_golds(values: Iterable[Any]) -> tuple[int, str | None]:
 
 
 def completion_answer(text: str) -> str | None:
-    r"""The final answer ``text`` gives after its last ``</think>``, as written (stripped); None when
-    there is none or it offers several different candidates.
+    r"""The final answer after the last ``</think>``, as written; None when there is none or candidates differ.
 
     >>> completion_answer("3 + 4 = 7"), completion_answer("<answer> 12 </answer> then rambling 99")
     ('7', '12')
@@ -130,8 +129,7 @@ def same_answer(pred: str | None, gold: str | None, *, symbolic: bool = True) ->
 
 
 def same_answers(pairs: list[tuple[str | None, str | None]], *, symbolic: bool = True) -> list[bool]:
-    """:func:`same_answer` for each ``(pred, gold)`` pair; the pairs left to symbolic algebra go to
-    math-verify in one call.
+    """:func:`same_answer` for each ``(pred, gold)`` pair, the symbolic ones in one math-verify call.
 
     >>> same_answers([("72", "72"), (r"\\sqrt{12}", r"2\\sqrt{3}"), ("Paris", "Lyon")])
     [True, True, False]

@@ -100,8 +100,7 @@ def _call(fn: Callable[..., Any], prompts: list[Any], completions: list[str], kw
 
 
 def check_reward_columns(reward_fns: Sequence[Callable[..., Any]], column_names: Sequence[str]) -> None:
-    """Fail before any generation if a reward function needs a column the data lacks (``completion_ids``
-    is always there), or cannot be called with prompts and completions at all."""
+    """Fail before any generation if a reward function needs a column the data lacks, or cannot take its inputs."""
     available = set(column_names) | {"completion_ids"}
     for fn in reward_fns:
         params = _params(fn)

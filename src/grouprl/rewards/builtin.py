@@ -25,8 +25,7 @@ def extract_answer(text: str) -> str | None:
 
 
 def answers_match(extracted: str | None, gold: Any) -> bool:
-    r"""Whether an extracted answer equals a gold value (:func:`~grouprl.rewards.answers.gold_answer`), without
-    symbolic algebra.
+    r"""Whether an extracted answer equals a gold value (read by ``gold_answer``), without symbolic algebra.
 
     >>> answers_match("x = 5", 5), answers_match("5.0", "5"), answers_match(" Paris ", "paris")
     (True, True, True)
@@ -37,8 +36,7 @@ def answers_match(extracted: str | None, gold: Any) -> bool:
 
 
 def exact_match(prompts: list[Any], completions: list[str], *, answer: list[Any]) -> RewardList:
-    r"""1.0 where :func:`answers_match` holds for the completion's answer and the ``answer`` column,
-    else 0.0; None where the row has no answer.
+    r"""1.0 where :func:`answers_match` holds for the completion's answer and ``answer``, else 0.0 (None: no gold).
 
     >>> exact_match(["2+2?"] * 4, ["It is 4.", "<answer>5</answer>", "four", "#### 4"],
     ...             answer=[4, 4, None, "2+2\n#### 4"])

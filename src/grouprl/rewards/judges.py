@@ -75,8 +75,7 @@ LABEL_LETTERS = "bcdfghjklmnpqrstvwxz"
 
 
 def member_labels(group: JudgeGroup) -> list[str]:
-    """G distinct 4-letter labels for the members of ``group`` from a SHA-256 of the task and every member's
-    text, so a member cannot write its own label.
+    """G distinct 4-letter labels from a SHA-256 of the task and every member's text: none can write its own.
 
     >>> member_labels(JudgeGroup("2+3?", ["5", "6"])) == member_labels(JudgeGroup("2+3?", ["5", "6"]))
     True
