@@ -59,8 +59,9 @@ class RewardKeys:
     SECTION = "rewards"
 
     reward_functions: tuple[str, ...] = ()
-    """Reward functions, summed with reward_weights. Built-in names, or import paths of your own (module:function,
-    path/to/file.py:function); empty = the task's own."""
+    """Reward functions, summed with reward_weights. Built-in names, import paths of your own (module:function,
+    path/to/file.py:function) or a reward service's URL (http://host:port/score, docs/remote-rewards.md); empty =
+    the task's own."""
     reward_weights: tuple[float, ...] = ()
     """One weight per reward function, in order (reward_model last); empty = the task's weights, or 1 each."""
     reward_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
@@ -75,7 +76,8 @@ class RewardKeys:
     judge: str | None = None
     """A judge that scores each group side by side (grouprl.rewards.judges): reward_model:<folder> (a train-rm model:
     each member's mean Bradley-Terry win probability), lm:<model> (a local LM asked for a 0-10 score per member) or
-    module:function, (prompt, completions, **columns) -> G scores or None."""
+    module:function, (prompt, completions, **columns) -> G scores or None, or a judge service's URL
+    (http://host:port/judge, docs/remote-rewards.md)."""
     judge_weight: float | None = None
     """Empty: the judge's score is the reward, the reward functions only logged (reward/independent). A number w:
     reward = reward functions + w * judge score."""
