@@ -12,8 +12,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from grouprl.serve.client.local_servers import kill_group
@@ -44,6 +46,34 @@ def tiny_server_info(transfer: str | None) -> dict:
             "weight_transfer": transfer, "workers": 1,
             "facts": {"vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
                       "num_hidden_layers": config.num_hidden_layers}}
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A fake server's request handler: quiet, answering JSON (:meth:`reply`)."""
+
+    def log_message(self, *_):
+        pass
+
+    def reply(self, body, code: int = 200) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class FakeServer:
+    """``handler`` served on 127.0.0.1 (a free port) from a daemon thread, by ``server_class``."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler], server_class: type = ThreadingHTTPServer):
+        self.http = server_class(("127.0.0.1", 0), handler)
+        self.http.daemon_threads = True
+        self.address = f"127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
 
 
 def running(pid: int) -> bool:

@@ -7,24 +7,22 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import socket
 import struct
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from grouprl.models import tiny_causal_lm
-from tests.helpers.servers import tiny_server_info
+from tests.helpers.servers import FakeServer, JsonHandler, tiny_server_info
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="the group is formed by vLLM's trainer engine")]
 
 
-class ResettingServer:
+class ResettingServer(FakeServer):
     """Resets the connection of its first ``resets`` joins (no answer; with ``dies``, it answers nothing more from
     then on); later joins wait ``join_s`` seconds. ``posts`` lists the paths posted, in order."""
 
@@ -34,10 +32,7 @@ class ResettingServer:
         self.dead = False
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *_):
-                pass
-
+        class Handler(JsonHandler):
             def reset(self):
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 self.connection.close()
@@ -61,26 +56,13 @@ class ResettingServer:
                 with contextlib.suppress(OSError):  # the trainer may have given up and closed the connection
                     self.reply({})
 
-            def reply(self, body):
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
         class Server(ThreadingHTTPServer):
             daemon_threads = True
 
             def handle_error(self, request, client_address):
                 pass  # a reset connection's handler fails writing to it; that is the point
 
-        self.http = Server(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.http.server_address[1]}"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.http.shutdown()
-        self.http.server_close()
+        super().__init__(Handler, Server)
 
 
 def sampler_error(server, timeout=3):

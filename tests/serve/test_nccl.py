@@ -12,9 +12,7 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -29,7 +27,7 @@ from grouprl.serve.client.local_servers import kill_group
 from grouprl.serve.server.app import ServeOptions, engine_argv
 from grouprl.serve.weights.sent import LiveWeights, StagedWeights, merged_lora_tensors, staged_copy, tensors_to_send
 from grouprl.serve.weights.transport import TRANSPORTS, reading, resolve_transport, server_transport
-from tests.helpers.servers import tiny_server_info
+from tests.helpers.servers import FakeServer, JsonHandler, tiny_server_info
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -229,17 +227,14 @@ def test_both_sides_of_the_gloo_wire_cut_and_read_chunks_alike():
 
 
 # -- a server that cannot join ------------------------------------------------------------------------
-class FakeServer:
+class JoinlessServer(FakeServer):
     """An HTTP server that answers /grouprl/info as a server of the tiny model would, with ``transfer`` enabled,
     and takes ``join_s`` seconds to answer a join (it never joins the group)."""
 
     def __init__(self, transfer, join_s=30.0):
         info = tiny_server_info(transfer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *_):
-                pass
-
+        class Handler(JsonHandler):
             def do_GET(self):
                 self.reply(info)
 
@@ -248,21 +243,7 @@ class FakeServer:
                 with contextlib.suppress(OSError):  # the trainer may have given up and closed the connection
                     self.reply({})
 
-            def reply(self, body):
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.http.daemon_threads = True
-        self.address = f"127.0.0.1:{self.http.server_address[1]}"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.http.shutdown()
-        self.http.server_close()
+        super().__init__(Handler)
 
 
 @pytest.mark.slow
@@ -272,7 +253,7 @@ def test_a_server_that_does_not_join_in_time_is_named_with_the_timeout():
     from grouprl.serve.client.servers import RolloutServerError
 
     model, tok = tiny_causal_lm()
-    server = FakeServer("gloo")
+    server = JoinlessServer("gloo")
     start = time.monotonic()
     try:
         with pytest.raises(RolloutServerError) as e:
@@ -290,7 +271,7 @@ def test_a_server_without_the_transport_is_named_before_any_push():
     from grouprl.serve.client.servers import RolloutServerError
 
     model, tok = tiny_causal_lm()
-    server = FakeServer(None, join_s=0)
+    server = JoinlessServer(None, join_s=0)
     try:
         with pytest.raises(RolloutServerError) as e:
             ServerSampler(model, tok, [server.address], timeout=5, transport="nccl")

@@ -4,52 +4,37 @@ all. What a server's answer becomes is in test_completions.py, the real servers 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from grouprl.serve.client.local_servers import free_port
 from grouprl.serve.client.pool import ServerPool
 from grouprl.serve.client.servers import RolloutServerError, parse_address
+from tests.helpers.servers import FakeServer, JsonHandler
 
 
-class Stub:
+class Stub(FakeServer):
     """An HTTP server on 127.0.0.1 whose every answer is ``mode``: ok (200 with the path it was asked),
     error (500), refuse (400) or hang (no answer for 5 s)."""
 
     def __init__(self, mode: str):
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *_):
-                pass
-
+        class Handler(JsonHandler):
             def answer(self) -> None:
                 stub.asked += 1
                 if stub.mode == "hang":
                     time.sleep(5)
                     return
                 code = {"ok": 200, "error": 500, "refuse": 400}[stub.mode]
-                body = json.dumps({"path": self.path, "version": stub.version, "adapter": None}).encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.reply({"path": self.path, "version": stub.version, "adapter": None}, code)
 
             do_GET = do_POST = answer
 
         self.mode, self.asked, self.version = mode, 0, None
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.http.daemon_threads = True
-        self.address = f"127.0.0.1:{self.http.server_address[1]}"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.http.shutdown()
-        self.http.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture
@@ -132,34 +117,24 @@ def test_a_refused_request_is_the_requests_fault_not_the_servers(stubs):
         pool.close()
 
 
-class KeepAliveStub:
+class KeepAliveStub(FakeServer):
     """An HTTP/1.1 server that keeps connections open and counts those it accepted."""
 
     def __init__(self):
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *_):
-                pass
 
             def setup(self) -> None:
                 stub.connections += 1
                 super().setup()
 
             def do_GET(self) -> None:
-                body = b"{}"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.reply({})
 
         self.connections = 0
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.http.daemon_threads = True
-        self.address = f"127.0.0.1:{self.http.server_address[1]}"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        super().__init__(Handler)
 
 
 def test_a_connection_left_idle_is_not_sent_on_again_near_the_servers_keep_alive():
