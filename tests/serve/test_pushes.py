@@ -234,8 +234,11 @@ def test_a_collective_push_made_again_tells_the_servers_that_finished_it_that_it
                 raise ServerFailure(server, "connection reset")
             return {"token": "t", "version": 5} if path.endswith("/start") else {"version": 5}
 
-        def run(self, coro):
-            return asyncio.run(coro)
+        def gather(self, coros):
+            async def every():
+                return await asyncio.gather(*coros, return_exceptions=True)
+
+            return asyncio.run(every())
 
     pool = Pool()
     finished, failed = Server("a:1", info={"workers": 1}), Server("b:1", info={"workers": 1}, version=4)

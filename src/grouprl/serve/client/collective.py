@@ -1,24 +1,13 @@
-"""The trainer's side of the collective transports (``nccl``, ``gloo``): weights broadcast from the trainer
-(rank 0) to every worker of every rollout server in one group, through vLLM's weight-transfer engines
-(``vllm.distributed.weight_transfer``). Nothing touches storage.
-
-- Joining: the trainer opens a rendezvous on the address it reaches the first server from and asks each server
-  to join (``/grouprl/transfer/init``) at its rank offset (the trainer, then server 0's workers, server 1's, ...);
-  one that does not join within ``rollout_server_timeout`` is named. The group is formed again without a dropped
-  server, and with one that came back at the next push (dropped again if it fails to join).
-- A push: ``/grouprl/transfer/start`` (each server pauses once its requests in flight finish), ``update`` beside the
-  broadcast, ``finish`` (prefix cache emptied, version set). Synchronous, the tensors are read as the broadcast
-  reaches them (:class:`LiveWeights`, or under FSDP :class:`StreamedWeights`); sampling ahead or for FSDP with LoRA
-  a copy staged at the write is sent (:class:`StagedWeights`; :mod:`grouprl.serve.weights.sent`). A failed push is
-  aborted on every server, the group torn down, the silent servers dropped, and the push made again.
-- The lease: each start asks for ``rollout_server_timeout`` (a server abandons a transfer whose trainer went quiet
-  that long: :mod:`grouprl.serve.server.leases`) and waits as long for another trainer's lease, so a trainer
-  restarted after a crash outwaits its dead predecessor's.
+"""The trainer's side of the collective transports (``nccl``, ``gloo``): weights broadcast from the trainer (rank 0)
+to every worker of every rollout server in one group, through vLLM's weight-transfer engines; nothing touches storage.
+The trainer opens a rendezvous on the address it reaches the first server from and asks each server to join at its
+rank offset. A push is ``start`` (each server pauses; a lease of ``rollout_server_timeout``), ``update`` beside the
+broadcast, ``finish``; a failed push is aborted everywhere, the group torn down, the silent servers dropped, and the
+push made again. The group is formed again without a dropped server, and with one that came back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import socket
 import threading
@@ -61,28 +50,23 @@ def rank_offsets(workers: list[int]) -> list[int]:
 
 
 class ServersClient:
-    """vLLM's ``VLLMWeightSyncClient`` (the four calls its trainer engine makes) over grouprl's routes of
-    several servers at once, each told its rank offset at the handshake; ``version`` labels the next
-    update. A failing server is named (host:port) in a :class:`RolloutServerError`."""
+    """vLLM's ``VLLMWeightSyncClient`` (the calls its trainer engine makes) over grouprl's routes of several servers
+    at once; ``version`` labels the next update. A failing server is named in a :class:`RolloutServerError`."""
 
     def __init__(self, pool: Any, servers: list[Server]):
         self.pool, self.servers = pool, servers
-        self.tokens: dict[str, str] = {}
-        """Each server's token for the transfer under way (host:port -> what its start answered)."""
+        self.tokens: dict[str, str] = {}  # host:port -> the token its start answered
         self.offsets = rank_offsets([int(s.info.get("workers") or 1) for s in servers])
         self.world_size = 1 + sum(int(s.info.get("workers") or 1) for s in servers)
-        self.version = 0
-        self.resume = False
-        """The push restarts a run (the servers take its version even if they hold a later one)."""
+        self.version, self.resume = 0, False  # resume: the push restarts a run
         self.joined: set[str] = set()
         self.failed: dict[str, str] = {}
-        self.broken: set[str] = set()
-        """The servers whose join failed on the wire (a reset connection, a 5xx), not by refusal or timeout."""
+        self.broken: set[str] = set()  # whose join failed on the wire (a reset, a 5xx), not by refusal or timeout
         self.late: set[str] = set()
 
     def _all(self, path: str, body: Callable[[Server], dict[str, Any]], timeout: float | None = None) -> None:
-        """POST ``body(server)`` to every server at once; a start's answer gives the server's token, a finish's the
-        version it holds (each as it comes: a push made again after another server failed knows who finished)."""
+        """POST ``body(server)`` to every server at once; each answer's token or version kept as it comes (a push
+        made again after another server failed knows who finished)."""
         async def one(server: Server) -> None:
             try:
                 answer = await self.pool.request(server, "POST", path, body(server), timeout=timeout)
@@ -93,40 +77,31 @@ class ServersClient:
             if path.endswith("/finish"):
                 server.version, server.adapter = answer.get("version"), None
 
-        async def every() -> None:
-            outcomes = await asyncio.gather(*(one(s) for s in self.servers), return_exceptions=True)
-            for outcome in outcomes:
-                if isinstance(outcome, BaseException):
-                    raise outcome
-
-        self.pool.run(every())
+        for outcome in self.pool.gather([one(s) for s in self.servers]):
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        def joined(server: Server, i: int) -> dict[str, Any]:
-            return {"init_info": {**init_info, "rank_offset": self.offsets[i]}}
-
         async def one(server: Server, i: int) -> None:
-            await self.pool.request(server, "POST", "/grouprl/transfer/init", joined(server, i))
+            body = {"init_info": {**init_info, "rank_offset": self.offsets[i]}}
+            await self.pool.request(server, "POST", "/grouprl/transfer/init", body)
             self.joined.add(server.address)
 
-        async def every() -> None:
-            outcomes = await asyncio.gather(*(one(s, i) for i, s in enumerate(self.servers)), return_exceptions=True)
-            for server, outcome in zip(self.servers, outcomes):
-                if isinstance(outcome, ServerFailure) and isinstance(outcome.__cause__, httpx.TimeoutException):
-                    self.late.add(server.address)  # named as not joined in time, as at the trainer's own deadline
-                elif isinstance(outcome, ServerFailure):
-                    self.failed[server.address] = outcome.what
-                    self.broken.add(server.address)
-                elif isinstance(outcome, BaseException):
-                    self.failed[server.address] = str(outcome)
-
-        self.pool.run(every())
+        outcomes = self.pool.gather([one(s, i) for i, s in enumerate(self.servers)])
+        for server, outcome in zip(self.servers, outcomes):
+            if isinstance(outcome, ServerFailure) and isinstance(outcome.__cause__, httpx.TimeoutException):
+                self.late.add(server.address)  # named as not joined in time, as at the trainer's own deadline
+            elif isinstance(outcome, ServerFailure):
+                self.failed[server.address] = outcome.what
+                self.broken.add(server.address)
+            elif isinstance(outcome, BaseException):
+                self.failed[server.address] = str(outcome)
 
     def start_weight_update(self) -> None:
         lease = self.pool.timeout  # the wait for another lease, then the pause, each bounded by the timeout
         self.tokens.clear()
-        # a push made again after a member failed at its finish: the others that finished hold this version already,
-        # and taking it again is no step back
+        # a push made again after a member failed at its finish: the others hold this version, and taking it again
+        # is no step back
         self._all("/grouprl/transfer/start", lambda s: {"version": self.version, "lease_s": lease, "wait_s": lease,
                                                         "resume": self.resume or s.version == self.version},
                   timeout=2 * lease)
@@ -140,53 +115,30 @@ class ServersClient:
             server.version, server.adapter = self.version, None
 
     def abort(self, why: str) -> None:
-        """Give up the transfer under way on every server that started it (failures ignored: a dead server holds
-        nothing, and a server whose update runs abandons it once the group is torn down)."""
-        async def every() -> None:
-            await asyncio.gather(*(self.pool.request(s, "POST", "/grouprl/transfer/abort",
-                                                     {"token": self.tokens[s.address], "why": why})
-                                   for s in self.servers if s.alive and s.address in self.tokens),
-                                 return_exceptions=True)
-
-        self.pool.run(every())
+        """Give up the transfer on every server that started it (failures ignored: a dead server holds nothing, and
+        one whose update runs abandons it once the group is torn down)."""
+        self.pool.gather([self.pool.request(s, "POST", "/grouprl/transfer/abort",
+                                            {"token": self.tokens[s.address], "why": why})
+                          for s in self.servers if s.alive and s.address in self.tokens])
         self.tokens.clear()
 
     def silent(self) -> list[tuple[Server, str]]:
-        """The members that do not answer ``/grouprl/info`` (each with what failed)."""
-        async def one(server: Server) -> str | None:
-            try:
-                await self.pool.request(server, "GET", "/grouprl/info", timeout=min(self.pool.timeout, 10.0))
-            except ServerFailure as failure:
-                return failure.what
-            return None
-
-        async def every() -> list[str | None]:
-            return await asyncio.gather(*(one(s) for s in self.servers))
-
-        return [(s, what) for s, what in zip(self.servers, self.pool.run(every())) if what is not None]
+        """The members that do not answer ``/grouprl/info``, each with what failed."""
+        outcomes = self.pool.gather([self.pool.info(s) for s in self.servers])
+        if other := [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, ServerFailure)]:
+            raise other[0]
+        return [(s, o.what) for s, o in zip(self.servers, outcomes) if isinstance(o, ServerFailure)]
 
     def shutdown(self) -> None:
         """Ask every server to leave the group (failures ignored: the group is gone either way)."""
-        async def every() -> None:
-            await asyncio.gather(*(self.pool.request(s, "POST", "/grouprl/transfer/shutdown", {})
-                                   for s in self.servers if s.alive), return_exceptions=True)
-
-        self.pool.run(every())
+        self.pool.gather([self.pool.request(s, "POST", "/grouprl/transfer/shutdown", {})
+                          for s in self.servers if s.alive])
 
 
 class CollectiveWeights:
-    """The trainer's sender for a collective transport; see the module docstring.
-
-    Args:
-        pool: the servers (:class:`~grouprl.serve.client.pool.ServerPool`).
-        backend: vLLM's weight-transfer backend the servers must have enabled (nccl, gloo).
-        init_info: (rendezvous host, port, group size, timeout) -> vLLM's trainer init info for ``backend``
-            (its class selects vLLM's trainer engine).
-        timeout: seconds the servers may take to join; ``setting``: the config field that sets it.
-        stages: whether a push must send a copy made when the weights were written (the trainer updates while
-            pushes run, or the weights are FSDP shards gathered by every process at the write), asked at each
-            write; otherwise a push reads the model as it sends (:class:`LiveWeights`).
-    """
+    """The trainer's sender over vLLM's ``backend`` (nccl, gloo) to the servers of ``pool``. ``init_info``: (rendezvous
+    host, port, group size, timeout) -> vLLM's trainer init info; ``timeout``: seconds the servers may take to join
+    (``setting`` names it); ``stages``: whether a push sends a copy made at the write (else the model, read live)."""
 
     def __init__(self, pool: Any, backend: str, init_info: Callable[[str, int, int, float], Any], timeout: float,
                  setting: str = "rollout_server_timeout", stages: Callable[[], bool] = lambda: True):
@@ -200,17 +152,13 @@ class CollectiveWeights:
         self.engine: Any = None
         self.client: ServersClient | None = None
         self.sending: StagedWeights | LiveWeights | StreamedWeights = StagedWeights([])
-        self.version = 0
-        self.resume = True
-        """The next push is this trainer's first: it (re)starts a run (as
-        :attr:`~grouprl.serve.weights.transport.FileWeights.resume`)."""
+        self.version, self.resume = 0, True  # resume: the next push is this trainer's first, (re)starting a run
         self._join()
 
     def _join(self, again: bool = True) -> None:
-        """Form the group with the living servers (vLLM's trainer engine; the servers join through their
-        routes), or a RolloutServerError naming each server that did not join in time. A server whose join failed
-        on the wire and that no longer answers is dropped and the group formed without it; if every such server
-        still answers (a connection reset, not a dead server), the group is formed once more (``again``)."""
+        """Form the group with the living servers, or a RolloutServerError naming each that did not join in time. A
+        server whose join failed on the wire and no longer answers is dropped and the group formed without it; if
+        each such server still answers (a reset connection), the group is formed once more (``again``)."""
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
         from grouprl.serve.client.local_servers import free_port
@@ -256,10 +204,8 @@ class CollectiveWeights:
         self.readmits = {s.address: s.readmits for s in servers}
 
     def write(self, model: nn.Module, read: Any, version: int, dtype: torch.dtype) -> None:
-        """What the next push sends as ``version``: a copy of ``read``
-        (:class:`~grouprl.serve.weights.transport.Reading`, whole on the policy's device) as the servers load it,
-        where :attr:`stages` says so; else the model itself, read as the broadcast reaches each tensor (``read`` left
-        to its reader: without shards it costs nothing). Either can be sent again if a push fails."""
+        """What the next push sends as ``version``: a copy of ``read`` where :attr:`stages` says so, else the model
+        itself, read as the broadcast reaches each tensor. Either can be sent again if a push fails."""
         if self.stages():  # each tensor cast (and copied, if the model's own) as it is read
             self.sending = StagedWeights(staged_copy(model, dtype, read.tensors))
         else:
@@ -267,23 +213,19 @@ class CollectiveWeights:
         self.version = version
 
     def push(self) -> None:
-        """Send what :meth:`write` made ready to every server; a member that stopped answering mid-way is dropped
-        and the push made again without it."""
+        """Send what :meth:`write` made ready; a member that stopped answering is dropped and the push made again."""
         while not self._push_once():
             pass
 
     def stream(self, read: Any, version: int, dtype: torch.dtype) -> bool:
-        """Push ``version`` read from ``read`` (:class:`~grouprl.serve.weights.transport.Reading`, in ``dtype``) as the
-        broadcast reaches each tensor: FSDP shards gathered then, every process taking part, so no copy of the
-        model is staged. Once: False when a member stopped answering mid-way (it is dropped; the push is to be
-        made again with a new reading, by every process)."""
+        """Push ``version`` from ``read`` as the broadcast reaches each tensor (FSDP shards gathered then, by every
+        process), once: False when a member stopped answering mid-way (dropped; every process pushes again)."""
         self.sending, self.version = StreamedWeights(read, dtype), version
         return self._push_once()
 
     def _push_once(self) -> bool:
         """One attempt at a push: True once sent; False when a member that stopped answering was dropped."""
-        # a server was dropped (its workers would never receive) or is back (its new process is in no group), or a
-        # failed push tore the group down
+        # a server dropped (its workers would never receive) or back (in no group), or a failed push tore it down
         if self.roster != self.pool.roster_changes or self.engine is None:
             self.close()
             returned = [s for s in self.pool.living() if self.readmits.get(s.address) != s.readmits]

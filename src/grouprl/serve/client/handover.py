@@ -1,10 +1,8 @@
 """One owner of the weight hand-over to rollout servers: :class:`WeightHandover` keeps the policy versions (made,
-written, pushed), the lock between the thread that writes a version and the one that pushes it, and the
-transport's sender (:mod:`grouprl.serve.weights.transport`: files, or a broadcast over NCCL or gloo).
-
-A version is written by the thread that updates the weights, between updates, and pushed at the start of the next
-rollout (sampling ahead: of the next batch). Of several trainer processes process 0 alone writes and pushes
-(:mod:`grouprl.serve.client.ranks`); under FSDP every process takes part in each gather.
+written, pushed), the lock between the thread that writes a version and the one that pushes it, and the transport's
+sender. A version is written between updates and pushed at the start of the next rollout (sampling ahead: of the
+next batch). Of several trainer processes process 0 alone writes and pushes; under FSDP every process takes part in
+each gather.
 """
 
 from __future__ import annotations
@@ -24,11 +22,9 @@ from grouprl.serve.weights.transport import TRANSPORTS, Reading, is_sharded, rea
 
 
 class WeightHandover:
-    """``model`` handed to the servers of ``pool`` as policy versions over ``transport`` (a
-    :data:`~grouprl.serve.weights.transport.TRANSPORTS` name, in the servers' ``dtype``); implements
-    :class:`~grouprl.rollout.protocol.SamplesAhead`. ``ranks``: the trainer's processes (None: one), of which
-    process 0 alone sends; ``difference``: why a server that is back cannot take the weights ("" if it can);
-    ``sender``: what writes and sends (None: the transport's own, made for process 0)."""
+    """``model`` handed to the servers of ``pool`` as policy versions over ``transport`` (a ``TRANSPORTS`` name, in
+    the servers' ``dtype``); a :class:`~grouprl.rollout.protocol.SamplesAhead`. ``difference``: why a server that is
+    back cannot take the weights ("" if it can); ``sender``: None for the transport's own (process 0's)."""
 
     def __init__(self, model: nn.Module, pool: Any, transport: str, *, ranks: Ranks | None, dtype: torch.dtype,
                  lora: bool, timeout: float, weights_dir: str | None, difference: Callable[[Any], str],
@@ -47,15 +43,12 @@ class WeightHandover:
             sender = self.transport.sender(self, timeout)
         self.sender = sender
 
-    # -- versions -----------------------------------------------------------------------------------
     def follow(self, model: nn.Module) -> None:
-        """``model`` is the next policy version, sent before the next request."""
         self.model = model
         self.version += 1
 
     def sample_ahead(self) -> WeightHandover:
-        """From now on the trainer may update while a push runs; the rollout threads of several processes get a
-        process group of their own, made here, where every process comes in step."""
+        """The trainer may update while a push runs; the rollout threads get a process group of their own."""
         self.sampling_ahead = True
         if self.ranks is not None:
             import torch.distributed as dist
@@ -64,7 +57,6 @@ class WeightHandover:
         return self
 
     def enter_rollout_thread(self) -> None:
-        """The calling thread samples ahead, pushing and receiving on its own process group."""
         if self.ahead_ranks is not None:
             self.ahead = (threading.get_ident(), self.ahead_ranks)
 
@@ -72,34 +64,29 @@ class WeightHandover:
         self.pool.cancel()
 
     def check_pushed(self) -> None:
-        """With several processes a rollout samples only a version every process has pushed (inside ``phase``)."""
         if self.ranks is not None and self.ahead is None and self.pushed != self.version:
             raise RuntimeError(f"process {self.ranks.rank} samples with policy version {self.version} not pushed "
                                "yet: with several trainer processes, sample inside phase()")
 
     def _ranks(self) -> Ranks | None:
-        """The processes' Ranks for a collective made by the calling thread."""
         if self.ahead is not None and self.ahead[0] == threading.get_ident():
             return self.ahead[1]
         return self.ranks
 
     @property
     def stages_pushes(self) -> bool:
-        """A collective push sends a copy made at the write (the trainer may update before it is sent, or FSDP
-        shards are gathered only at the write)."""
+        """A collective push sends a copy made at the write (the model may change before, or is FSDP shards)."""
         return self.sharded or self.sampling_ahead
 
     @property
     def streams_pushes(self) -> bool:
-        """A push gathers each tensor as the broadcast reaches it, every process taking part, instead of staging a
-        copy: FSDP shards over a collective transport, synchronous, without LoRA (whose merge reads each base
-        weight with its adapters)."""
+        """A collective push gathers each FSDP tensor as the broadcast reaches it (synchronous, without LoRA, whose
+        merge reads each base weight with its adapters)."""
         return self.sharded and not self.sampling_ahead and not self.lora and self.transport.backend is not None
 
     @property
     def pushable(self) -> int:
-        """The followed model's version (a push writes it first); under FSDP sampling ahead, the trainer threads'
-        last gather (the rollout thread writes nothing)."""
+        """Under FSDP sampling ahead, the trainer threads' last gather (the rollout thread writes nothing)."""
         if self.sharded and self.ahead is not None and self.gathered is not None:
             return self.gathered
         return self.version
@@ -110,11 +97,9 @@ class WeightHandover:
         self.sync_seconds = self.write_seconds = 0.0
         return out
 
-    # -- writing and pushing ------------------------------------------------------------------------
     def sync_weights(self) -> None:
-        """Send the weights to every server if they changed since the last push. Of several processes a
-        collective: process 0 pushes, the others take its outcome (:meth:`.ranks.Ranks.after_push`); a streamed
-        push that lost a server mid-way is made again by every process."""
+        """Send the weights to every server if they changed since the last push; of several processes a collective
+        (process 0 pushes, the others take its outcome); a streamed push that lost a server is made again by all."""
         ranks, again = self._ranks(), True
         while again:
             streamed, error, again = self._streamed_reading(), None, False
@@ -134,8 +119,7 @@ class WeightHandover:
             if ranks is None:
                 continue
             pushed, again = ranks.after_push(self.pool, self.pushed, error, again)
-            # Process 0 keeps its own counts: sampling ahead, its trainer thread may have written the next version
-            # during the broadcast, and setting ``written`` back would write that version a second time.
+            # process 0 keeps its own counts: sampling ahead, its trainer thread may have written the next version
             if not ranks.is_main:
                 self.written = self.pushed = pushed
         if ranks is not None and self.ahead is None and pushed != self.version:
@@ -143,15 +127,12 @@ class WeightHandover:
                                f"{pushed}: the processes updated their weights a different number of times")
 
     def _streamed_reading(self) -> Reading | None:
-        """What a streamed push of a new version reads (made by every process alike), or None."""
-        if self.streams_pushes and self.pushed != self.version:
-            return reading(self.model, dtype=self.dtype)
-        return None
+        new = self.streams_pushes and self.pushed != self.version
+        return reading(self.model, dtype=self.dtype) if new else None
 
     def write_weights(self) -> None:
-        """Write the followed model's weights as its version, once (process 0 alone), between updates. Under FSDP a
-        collective of the trainer threads, each tensor gathered as process 0 writes or stages it; a rollout thread
-        then writes nothing."""
+        """Write the followed model's weights as its version, once (process 0), between updates; under FSDP a
+        collective of the trainer threads (a rollout thread writes nothing)."""
         if self.sender is None and not self.sharded:
             return
         if self.sharded and self.ahead is not None and self.ahead[0] == threading.get_ident():
@@ -181,12 +162,7 @@ class WeightHandover:
             start = time.perf_counter()
             if self.pushed != self.written:
                 if self.pool.rejoin is None:  # a collective: a server that is back is in the group this push forms
-                    for server in self.pool.back_servers():
-                        difference = self.difference(server)
-                        if difference:
-                            self.pool.drop_again(server, difference)
-                        else:
-                            self.pool.readmit(server)
+                    self.pool.readmit_back(self.difference)
                 if streamed is None:
                     self.sender.push()
                 elif not self.sender.stream(streamed, self.written, self.dtype):

@@ -1,9 +1,13 @@
-"""The trainer's connections to its rollout servers: one ``httpx.AsyncClient`` on an event loop in a daemon thread,
-so requests stay in flight while the caller works (:meth:`ServerPool.submit`), each bounded by a timeout.
+"""The trainer's connections to its rollout servers, and which of them serve: one ``httpx.AsyncClient`` on an event
+loop in a daemon thread, so requests stay in flight while the caller works, each bounded by a timeout.
 
-A server that refuses or drops a connection, answers 5xx or times out is dropped with a message naming it and
-what failed; its rows go to the servers left, and with none left the call raises :class:`RolloutServerError`. A
-4xx is the request's fault: it raises at once. A dropped server may come back (:mod:`.rejoin`).
+The pool alone drops, restarts and readmits servers. A server that refuses or drops a connection, answers 5xx or
+times out is dropped, named; its rows go to the servers left, and with none left a call raises
+:class:`RolloutServerError` (a 4xx is the request's fault: it raises at once). Where the pool takes returns, a
+dropped server the run started is restarted (``restarts_left``), any other asked every ``RETURN_POLL_S`` s whether it
+answers. One that answers is *back*, readmitted once it holds the current weights (``rejoin`` for files, the group
+of the next collective push otherwise). In trainer processes but 0 a server process 0 restarts is back once it holds
+this process's weights (``holds_weights``).
 """
 
 from __future__ import annotations
@@ -20,13 +24,18 @@ from typing import Any
 import httpx
 
 from grouprl.serve.client import servers as roster
-from grouprl.serve.client.rejoin import Returns
 from grouprl.serve.client.servers import RolloutServerError, Server, ServerFailure, parse_address
 
 
-class ServerPool(Returns):
-    """Requests to several rollout servers: ``timeout`` bounds each request (and :meth:`wait_ready`), ``setting``
-    names it in messages; ``token`` is the servers' bearer token (never logged)."""
+def _tick(server: Server, now: float) -> None:
+    if server.in_flight:
+        server.busy_s += now - server.busy_from
+    server.busy_from = now
+
+
+class ServerPool:
+    """Requests to several rollout servers: ``timeout`` bounds each (and :meth:`wait_ready`), ``setting`` names it in
+    messages; ``token`` is the servers' bearer token (never logged)."""
 
     def __init__(self, addresses: Sequence[str], timeout: float, setting: str = "rollout_server_timeout",
                  token: str | None = None):
@@ -39,18 +48,14 @@ class ServerPool(Returns):
             raise ValueError(f"rollout_servers names a server twice: {', '.join(addresses)}")
         self.timeout, self.setting = float(timeout), setting
         self.roster_changes = 0  # drops and readmissions: a collective forms its group again after one
-        self.takes_returns = False  # whether a dropped server is watched for its return
-        # loads the current weights into a server that is back (None: the sampler's next push gives them)
-        self.rejoin: Callable[[Server], Coroutine[Any, Any, None]] | None = None
-        # whether a server process 0 restarts holds this process's weights yet (it answers before it does)
+        self.takes_returns = False
+        self.rejoin: Callable[[Server], Coroutine[Any, Any, None]] | None = None  # None: the next push readmits
         self.holds_weights: Callable[[Server], bool] = lambda server: True
         self.watchers: set[asyncio.Task] = set()
-        self.came_back = asyncio.Event()  # set on the loop when a server is back; used only there
-        self.clock_from = time.monotonic()
-        self.clock_lock = threading.Lock()  # the busy clock: moved on the loop, read by the trainer
-        self.waiting: set[concurrent.futures.Future] = set()  # what submit handed out and the loop has not settled
-        self.closing = False
-        self.waiting_lock = threading.Lock()
+        self.came_back = asyncio.Event()  # used on the loop only
+        self.clock_from, self.clock_lock = time.monotonic(), threading.Lock()  # moved on the loop, read by the trainer
+        self.waiting: set[concurrent.futures.Future] = set()  # handed out by submit, not settled yet
+        self.closing, self.waiting_lock = False, threading.Lock()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="grouprl-rollout-servers", daemon=True)
         self.thread.start()
@@ -62,10 +67,9 @@ class ServerPool(Returns):
                                  limits=httpx.Limits(max_connections=256, max_keepalive_connections=64,
                                                      keepalive_expiry=roster.IDLE_REUSE_S))
 
-    # -- running coroutines on the pool's loop ------------------------------------------------------
+    # -- the loop -----------------------------------------------------------------------------------
     def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
-        """Run ``coro`` on the pool's loop; its future, at once (failed by :meth:`close` if still unsettled, so no
-        thread waits forever)."""
+        """Run ``coro`` on the pool's loop; its future, at once (failed by :meth:`close` if still unsettled)."""
         with self.waiting_lock:
             if self.closing:
                 coro.close()
@@ -80,19 +84,12 @@ class ServerPool(Returns):
             self.waiting.discard(future)
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Run ``coro`` on the pool's loop and wait for it."""
         return self.submit(coro).result()
 
     def cancel(self) -> None:
         """Cancel every coroutine running on the loop."""
-        if self.loop.is_closed():
-            return
-
-        def cancel_all() -> None:
-            for task in asyncio.all_tasks(self.loop):
-                task.cancel()
-
-        self.loop.call_soon_threadsafe(cancel_all)
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(lambda: [task.cancel() for task in asyncio.all_tasks(self.loop)])
 
     def close(self) -> None:
         """Cancel what runs, close the HTTP client, stop the loop, fail every future left unsettled."""
@@ -110,40 +107,10 @@ class ServerPool(Returns):
         with self.waiting_lock:
             left, self.waiting = list(self.waiting), set()
         for future in left:
-            if not future.done():
-                with contextlib.suppress(concurrent.futures.InvalidStateError):
-                    future.set_exception(RolloutServerError("the rollout servers' client closed while this "
-                                                            "request waited"))
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                future.set_exception(RolloutServerError("the rollout servers' client closed while this request waited"))
 
-    # -- servers ------------------------------------------------------------------------------------
-    @property
-    def alive(self) -> list[Server]:
-        return [s for s in self.servers if s.alive]
-
-    def living(self) -> list[Server]:
-        """The servers still serving, or :class:`RolloutServerError` saying what became of each."""
-        alive = self.alive
-        if not alive:
-            whys = "; ".join(f"{s.address}: {s.why}" for s in self.servers)
-            raise RolloutServerError(f"no rollout server is left ({whys})")
-        return alive
-
-    def drop(self, failure: ServerFailure) -> None:
-        server = failure.server
-        if not server.alive:
-            return
-        server.alive = False
-        self.roster_changes += 1
-        server.why = failure.what + (f" ({server.describe_exit(roster.EXIT_SETTLE_S)})" if server.describe_exit else "")
-        if server.stop is not None:  # a hung server, or the engine process of a dead one, is not left running
-            server.stop()
-        coming = self._watch(server)
-        left = self.alive
-        if left:
-            warnings.warn(f"rollout server {server.address} dropped: {server.why}; going on with {len(left)} of "
-                          f"{len(self.servers)} servers ({', '.join(s.address for s in left)}){coming}",
-                          stacklevel=2)
-
+    # -- requests -----------------------------------------------------------------------------------
     async def request(self, server: Server, method: str, path: str, body: dict[str, Any] | None = None,
                       timeout: float | None = None) -> dict[str, Any]:
         """One JSON request; :class:`ServerFailure` when the server fails, :class:`RolloutServerError` on a 4xx."""
@@ -165,27 +132,33 @@ class ServerPool(Returns):
                                      f"({response.status_code}): {response.text[:500]}")
         return response.json()
 
+    async def info(self, server: Server) -> dict[str, Any]:
+        """``GET /grouprl/info``, kept as ``server.info``."""
+        server.info = await self.request(server, "GET", "/grouprl/info", timeout=min(self.timeout, 10.0))
+        return server.info
+
+    def gather(self, coros: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
+        """Run ``coros`` at once on the loop and wait: each one's result or exception."""
+        async def every() -> list[Any]:
+            return await asyncio.gather(*coros, return_exceptions=True)
+
+        return self.run(every())
+
     def _clock(self, server: Server, change: int) -> None:
         with self.clock_lock:
-            now = time.monotonic()
-            if server.in_flight:
-                server.busy_s += now - server.busy_from
-            server.busy_from = now
+            _tick(server, time.monotonic())
             server.in_flight += change
 
     def busy_shares(self) -> list[float]:
         """Each server's share of the time since the last call with a request of this pool in flight."""
         with self.clock_lock:
             now = time.monotonic()
-            window = max(now - self.clock_from, 1e-9)
+            window, self.clock_from = max(now - self.clock_from, 1e-9), now
             shares = []
             for server in self.servers:
-                if server.in_flight:
-                    server.busy_s += now - server.busy_from
-                server.busy_from = now
+                _tick(server, now)
                 shares.append(min(server.busy_s / window, 1.0))
                 server.busy_s = 0.0
-            self.clock_from = now
             return shares
 
     async def wait_ready(self) -> None:
@@ -197,8 +170,8 @@ class ServerPool(Returns):
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                server.info = await self.request(server, "GET", "/grouprl/info", timeout=min(self.timeout, 10.0))
-                server.version, server.adapter = server.info.get("version"), server.info.get("adapter")
+                info = await self.info(server)
+                server.version, server.adapter = info.get("version"), info.get("adapter")
                 return
             except ServerFailure as failure:
                 if time.monotonic() > deadline or (server.describe_exit and "exited" in server.describe_exit(0.0)):
@@ -207,42 +180,174 @@ class ServerPool(Returns):
                     return
             await asyncio.sleep(roster.READY_POLL_S)
 
-    # -- the work -----------------------------------------------------------------------------------
+    async def _settle(self, coros: list[Coroutine[Any, Any, Any]]) -> list[bool]:
+        """Run ``coros`` at once; the server of each :class:`ServerFailure` is dropped, any other error raised."""
+        outcomes = await asyncio.gather(*coros, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, ServerFailure):
+                self.drop(outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return [not isinstance(outcome, BaseException) for outcome in outcomes]
+
     async def spread(self, work: Callable[[Server, int], Coroutine[Any, Any, Any]], items: int,
                      groups: Sequence[int]) -> list[Any]:
         """``work(server, i)`` for every item, on the server of its group ``groups[i]`` (modulo the servers left),
         again elsewhere when that one fails; results in item order."""
         results: list[Any] = [None] * items
-        done = [False] * items
-        while not all(done):
+        pending = list(range(items))
+
+        async def one(i: int, server: Server) -> None:
+            results[i] = await work(server, i)
+
+        while pending:
             servers = await self._serving()
-            pending = [i for i in range(items) if not done[i]]
-            chosen = [servers[groups[i] % len(servers)] for i in pending]
-
-            async def one(i: int, server: Server) -> None:
-                results[i] = await work(server, i)
-                done[i] = True
-
-            outcomes = await asyncio.gather(*(one(i, s) for i, s in zip(pending, chosen)), return_exceptions=True)
-            for outcome in outcomes:
-                if isinstance(outcome, ServerFailure):
-                    self.drop(outcome)
-                elif isinstance(outcome, BaseException):
-                    raise outcome
+            ok = await self._settle([one(i, servers[groups[i] % len(servers)]) for i in pending])
+            pending = [i for i, done in zip(pending, ok) if not done]
         return results
 
     async def everywhere(self, work: Callable[[Server], Coroutine[Any, Any, Any]]) -> None:
         """``work(server)`` on every living server at once; a server that fails is dropped."""
         done: set[Server] = set()
+        while servers := [s for s in await self._serving() if s not in done]:
+            ok = await self._settle([work(s) for s in servers])
+            done.update(s for s, good in zip(servers, ok) if good)
+
+    # -- membership ---------------------------------------------------------------------------------
+    @property
+    def alive(self) -> list[Server]:
+        return [s for s in self.servers if s.alive]
+
+    def living(self) -> list[Server]:
+        """The servers still serving, or :class:`RolloutServerError` saying what became of each."""
+        if not self.alive:
+            whys = "; ".join(f"{s.address}: {s.why}" for s in self.servers)
+            raise RolloutServerError(f"no rollout server is left ({whys})")
+        return self.alive
+
+    def back_servers(self) -> list[Server]:
+        return [s for s in self.servers if s.back and not s.alive]
+
+    def drop(self, failure: ServerFailure) -> None:
+        server = failure.server
+        if not server.alive:
+            return
+        server.alive = False
+        self.roster_changes += 1
+        server.why = failure.what + (f" ({server.describe_exit(roster.EXIT_SETTLE_S)})" if server.describe_exit else "")
+        if server.stop is not None:  # a hung server, or the engine process of a dead one, is not left running
+            server.stop()
+        coming = self._watch(server)
+        if left := self.alive:
+            warnings.warn(f"rollout server {server.address} dropped: {server.why}; going on with {len(left)} of "
+                          f"{len(self.servers)} servers ({', '.join(s.address for s in left)}){coming}",
+                          stacklevel=2)
+
+    def drop_again(self, server: Server, what: str) -> None:
+        """A server that was back failed before it served: dropped as before, watched again."""
+        server.back = False
+        server.why += f"; {what}"
+        if server.stop is not None:
+            server.stop()
+        self._watch(server)
+
+    def readmit(self, server: Server) -> None:
+        server.alive, server.back, server.returning = True, False, False
+        server.readmits += 1
+        self.roster_changes += 1
+        was, server.why = server.why, ""
+        warnings.warn(f"rollout server {server.address} is back (dropped earlier: {was}); serving with "
+                      f"{len(self.alive)} of {len(self.servers)} servers", stacklevel=2)
+
+    def readmit_back(self, difference: Callable[[Server], str]) -> None:
+        """Readmit every server that is back, unless it serves otherwise (``difference``: why, or ""): a collective
+        push forms its group with them."""
+        for server in self.back_servers():
+            if why := difference(server):
+                self.drop_again(server, why)
+            else:
+                self.readmit(server)
+
+    async def rejoin_back(self) -> None:
+        """Give every server that is back the current weights and readmit it; drop again one whose load fails."""
+        for server in self.back_servers():
+            try:
+                await self.rejoin(server)
+            except ServerFailure as failure:
+                self.drop_again(server, f"back, then its weights failed to load: {failure.what}")
+                continue
+            self.readmit(server)
+
+    def watch_returning(self) -> None:
+        """Watch again every dropped server still expected back (after a cancel ended the watchers)."""
+        for server in self.servers:
+            if server.returning and not server.alive and not server.back:
+                self._watch(server)
+
+    def _watch(self, server: Server) -> str:
+        """Watch the dropped ``server`` for its return; what will happen, said."""
+        if not self.takes_returns or self.loop.is_closed():
+            return ""
+        server.returning, server.back = True, False
+
+        def start() -> None:
+            task = self.loop.create_task(self._await_return(server))
+            self.watchers.add(task)
+            task.add_done_callback(self.watchers.discard)
+
+        self.loop.call_soon_threadsafe(start)
+        if server.restarted_elsewhere:
+            return "; process 0 restarts it"
+        if server.restart is None:
+            return "; it rejoins if it answers again"
+        return f"; restarting it ({server.restarts_left} restart(s) left)" if server.restarts_left > 0 else ""
+
+    async def _await_return(self, server: Server) -> None:
+        """Until ``server`` is back, or its restarts are spent (``returning`` ends, its ``why`` says so)."""
         while True:
-            servers = [s for s in await self._serving() if s not in done]
-            if not servers:
-                return
-            outcomes = await asyncio.gather(*(work(s) for s in servers), return_exceptions=True)
-            for server, outcome in zip(servers, outcomes):
-                if isinstance(outcome, ServerFailure):
-                    self.drop(outcome)
-                elif isinstance(outcome, BaseException):
-                    raise outcome
-                else:
-                    done.add(server)
+            local = server.restart is not None
+            if local:
+                if server.restarts_left <= 0:
+                    server.returning = False
+                    server.why += "; no restart left"
+                    return
+                server.restarts_left -= 1
+                try:
+                    server.restart()
+                except Exception as e:  # noqa: BLE001 - said in the server's reason, the run goes on without it
+                    server.why += f"; its restart failed: {type(e).__name__}: {e}"
+                    continue
+            deadline = time.monotonic() + self.timeout
+            while not local or time.monotonic() < deadline:
+                if not server.returning:  # given up elsewhere (process 0, for a server it restarts)
+                    return
+                try:
+                    await self.info(server)
+                    if not server.restarted_elsewhere or self.holds_weights(server):
+                        server.back = True
+                        self.came_back.set()
+                        return
+                except ServerFailure as failure:
+                    if local and server.describe_exit and "exited" in server.describe_exit(0.0):
+                        server.why += f"; restarted, then {server.describe_exit(0.0)}"
+                        break
+                    last = failure.what
+                soon = local or server.restarted_elsewhere
+                await asyncio.sleep(roster.READY_POLL_S if soon else roster.RETURN_POLL_S)
+            else:
+                server.why += f"; restarted, not ready within {self.timeout:g} s ({self.setting}; last: {last})"
+            if server.stop is not None:
+                server.stop()
+
+    async def _serving(self) -> list[Server]:
+        """The servers serving; with none left, the first one the run restarts that comes back within the timeout
+        (one the run did not start is not waited for)."""
+        deadline = time.monotonic() + self.timeout
+        while not self.alive and self.rejoin is not None and time.monotonic() < deadline \
+                and any(s.returning and s.restarted_by_run for s in self.servers):
+            await self.rejoin_back()
+            if not self.alive:
+                self.came_back.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.came_back.wait(), timeout=min(roster.READY_POLL_S, self.timeout))
+        return self.living()

@@ -1,17 +1,9 @@
 """The trainer's side of rollout servers: :class:`ServerSampler`, a rollout engine
-(:class:`~grouprl.rollout.protocol.ConversationEngine`) whose completions come from ``grouprl serve`` processes.
-
-- Spread: the G rows of a group go to one server (its prompt prefilled once, through that server's prefix cache),
-  groups round-robin over the servers left; each row carries its own seed, so a completion does not depend on
-  which server drew it.
-- Weights: handed over after every optimizer step and sent before the next request
-  (:class:`~grouprl.serve.client.handover.WeightHandover`); ``time/weight_sync`` logs the time.
-- Versions: every completion carries the policy version that drew it, as the server reported it
-  (``batch.info["policy_version"]``); ``rollout/policy_lag`` is the most any row of the last rollout lagged.
-  Requests run on the pool's own event loop (:meth:`ServerSampler.submit` returns a future).
-- Agents: the environment loop stays here; each turn sends every running trajectory's tokens to its group's server.
-- Several trainer processes: each samples its own groups, interleaved over the servers; process 0 alone writes and
-  pushes (:mod:`grouprl.serve.client.ranks`).
+(:class:`~grouprl.rollout.protocol.ConversationEngine`) whose completions come from ``grouprl serve`` processes. The
+G rows of a group go to one server (its prompt prefilled once), groups round-robin over the servers left; each row
+carries its own seed, so a completion does not depend on which server drew it, and the policy version that drew it
+(``batch.info["policy_version"]``). Agents: the environment loop stays here; each turn sends every running
+trajectory's tokens to its group's server.
 """
 
 from __future__ import annotations
@@ -42,23 +34,21 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class ServerSampler:
-    """Rollouts from ``grouprl serve`` servers (host:port each) for ``model`` (plain or peft LoRA); see the module
-    docstring. ``timeout``: seconds a request may take before its server is dropped; ``weights_dir``: where the
-    files transport writes (None: /dev/shm, else the temporary folder); ``local``: servers started here
+    """Rollouts from ``grouprl serve`` servers (host:port each) for ``model`` (plain or peft LoRA). ``timeout``: seconds
+    a request may take before its server is dropped; ``weights_dir``: where the files transport writes (None:
+    /dev/shm, else the temporary folder); ``local``: servers started here
     (:class:`~grouprl.serve.client.local_servers.LocalServers`), each restarted up to ``restarts`` times from
-    ``skeleton`` (their model folder without weights) and stopped by ``close``; ``started_elsewhere``: they are
-    process 0's; ``down``: servers known not to have come up (host:port -> why); ``token``: the bearer token
-    (None: ``GROUPRL_SERVER_TOKEN``)."""
+    ``skeleton`` (their model folder without weights); ``started_elsewhere``: they are process 0's; ``down``: servers
+    known not to have come up (host:port -> why); ``token``: None for ``GROUPRL_SERVER_TOKEN``."""
 
-    uses_live_model = False
-    """The trainer need not gather its weights for a rollout: the servers hold copies."""
+    uses_live_model = False  # the servers hold copies of the weights
     compiles = False
 
     def __init__(self, model: nn.Module, tokenizer: Any, servers: Sequence[str], *, timeout: float = 300.0,
                  weights_dir: str | None = None, local: Any = None, transport: str = "files", restarts: int = 0,
                  skeleton: Any = None, started_elsewhere: bool = False, down: dict[str, str] | None = None,
                  token: str | None = None):
-        self.ranks = Ranks.current()  # several trainer processes: process 0 alone pushes (serve/client/ranks.py)
+        self.ranks = Ranks.current()  # several trainer processes: process 0 alone pushes
         self.tokenizer, self.local, self.skeleton = tokenizer, local, skeleton
         self.lora = hasattr(model, "peft_config")
         self.pool = ServerPool(servers, timeout, token=token if token is not None else os.environ.get(TOKEN_ENV))
@@ -87,9 +77,8 @@ class ServerSampler:
             raise
 
     def _watch_returns(self, restarts: int | None) -> None:
-        """Dropped servers that answer again rejoin: given the weights by the files transport (``restarts`` not
-        None: at the next sync, or at once with no server left; the local ones restarted ``restarts`` times each),
-        or by a collective transport's next push."""
+        """Dropped servers that answer again rejoin, given the weights by the files transport (``restarts`` not None;
+        the local ones restarted ``restarts`` times each) or by a collective transport's next push."""
         self.pool.takes_returns = True
         if restarts is None:
             return
@@ -100,9 +89,8 @@ class ServerSampler:
             server.restart, server.restarts_left = (lambda i=i, server=server: self._restart(i, server)), restarts
 
     def _follow_returns(self) -> None:
-        """A process other than 0, on servers process 0 started and restarts (files): with no server left, a
-        rollout here waits for one to answer again holding the version this process samples with, and takes it
-        back."""
+        """A process but 0, on servers process 0 starts and restarts (files): with none left, a rollout waits for
+        one holding this process's version, and takes it back."""
         self.pool.takes_returns = True
         self.pool.rejoin = self._taken_back
         self.pool.holds_weights = lambda server: (server.info or {}).get("version") == self.handover.pushed \
@@ -110,8 +98,7 @@ class ServerSampler:
         for server in self.pool.servers:
             server.restarted_elsewhere = True
 
-    async def _taken_back(self, server: Server) -> None:
-        """A server process 0 restarted and gave the weights to: what it holds, from its answer."""
+    async def _taken_back(self, server: Server) -> None:  # process 0 restarted it and gave it the weights
         server.version, server.adapter = server.info.get("version"), server.info.get("adapter")
 
     def _restart(self, i: int, server: Server) -> None:
@@ -131,9 +118,7 @@ class ServerSampler:
         return f"it came back serving another {' and '.join(wrong)} ({said})" if wrong else ""
 
     async def _rejoin(self, server: Server) -> None:
-        """A server that is back: the same model and format as the others, then the current weights."""
-        difference = self._difference(server)
-        if difference:
+        if difference := self._difference(server):
             raise ServerFailure(server, difference)
         await self.handover.sender.rejoin(server)
         if server.restarted_from is not None:  # the server has its own engine folder now
@@ -141,8 +126,7 @@ class ServerSampler:
             server.restarted_from = None
 
     def _check_servers(self, model: nn.Module) -> None:
-        """Each server serves a model of the policy's shape, in one number format; a mismatch is an error naming
-        the server, before any rollout."""
+        """Each server serves a model of the policy's shape, in one number format, or an error naming it."""
         inner = model.get_base_model() if self.lora else model
         config = inner.config.get_text_config() if hasattr(inner.config, "get_text_config") else inner.config
         mine = {"vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
@@ -160,24 +144,20 @@ class ServerSampler:
             raise RolloutServerError(f"the rollout servers sample in different formats ({said}): start them all "
                                      "with one --dtype")
         self.dtype = DTYPES.get(formats.pop(), torch.float32)
-        self.served = {k: self.pool.alive[0].info.get(k) for k in ("facts", "dtype", "lora_rank")}
-        """What every server serves (a server that comes back must serve the same)."""
+        self.served = {k: self.pool.alive[0].info.get(k) for k in ("facts", "dtype", "lora_rank")}  # one back too
         self.max_model_len = min(int(s.info.get("max_model_len", 0)) for s in self.pool.alive)
 
     # -- the engine protocol (grouprl.rollout.protocol) ----------------------------------------------
     def update_weights(self, model: nn.Module) -> None:
-        """Follow ``model``: the next policy version, sent before the next request."""
         self.handover.follow(model)
 
     def sync_weights(self) -> None:
-        """Send the followed model's weights now if they changed (as :meth:`phase` does at its start)."""
         self.handover.sync_weights()
 
     def sample_ahead(self) -> WeightHandover:
         return self.handover.sample_ahead()
 
     def cancel(self) -> None:
-        """Give up on the requests in flight (the run is stopping): whoever waits on one gets CancelledError."""
         self.pool.cancel()
 
     def rest(self) -> None:
@@ -185,7 +165,6 @@ class ServerSampler:
 
     @contextlib.contextmanager
     def phase(self) -> Iterator[None]:
-        """Around a rollout or an evaluation: the weights sent once at its start."""
         self.sync_weights()
         yield
 
@@ -198,7 +177,6 @@ class ServerSampler:
                 **{f"server/{i}/busy": share for i, share in enumerate(self.pool.busy_shares())}}
 
     def close(self) -> None:
-        """Close the connections, remove the pushed weights, stop the servers started here."""
         if self.handover is not None:
             self.handover.close()
         self.pool.close()
@@ -231,8 +209,8 @@ class ServerSampler:
 
     def complete(self, sequences: list[list[int]], kwargs: list[dict[str, Any]],
                  groups: list[int]) -> concurrent.futures.Future:
-        """One completion per sequence (its own sampling settings, row ``i`` on the server of group
-        ``groups[i]``), after a weight push if one is due; a future of the completions, in order."""
+        """A future of one completion per sequence (row ``i`` on the server of group ``groups[i]``), after a weight
+        push if one is due."""
         self._check_lengths(sequences, [k["max_tokens"] for k in kwargs])
         if self.ranks is None:
             self.handover.sync_weights()
@@ -250,7 +228,7 @@ class ServerSampler:
     def submit(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
                seed: int | Sequence[int] | None = None, prompts: list | None = None,
                extras: dict[str, list] | None = None) -> PendingBatch:
-        """:meth:`generate` with the requests sent and not waited for: its batch is ``.result()``."""
+        """:meth:`generate`, not waited for: its batch is ``.result()``."""
         check_params(params)
         seeds = resolve_row_seeds(seed, len(prompt_ids) * group_size)
         stop = stop_token_ids(self.tokenizer, params)
@@ -270,15 +248,13 @@ class ServerSampler:
     def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, *,
                  seed: int | Sequence[int] | None = None, prompts: list | None = None,
                  extras: dict[str, list] | None = None) -> RolloutBatch:
-        """G completions for each of P prompts, prompt-major, as :meth:`grouprl.rollout.sampler.Sampler.generate`;
-        ``batch.info["policy_version"]``: the policy version that drew each row."""
+        """G completions for each of P prompts, prompt-major (B = P*G rows), as the built-in sampler's."""
         return self.submit(prompt_ids, group_size, params, seed=seed, prompts=prompts, extras=extras).result()
 
     def conversations(self, prompt_rows: list[list[int]], group_size: int, params: SamplingParams,
                       limits: TurnLimits, respond: Callable[[list[int], list[list[int]], list[bool]], list[Reply]],
                       seeds: list[int], stop_ids: list[int]) -> Conversations:
-        """Multi-turn trajectories, G per initial prompt (rows group-major), as
-        :func:`grouprl.rollout.turns.decode_conversations` returns them; the environment answers here."""
+        """Multi-turn trajectories, G per initial prompt (rows group-major), as ``decode_conversations``'s."""
         versions: list[Any] = []
 
         def complete(rows: list[int], sequences: list[list[int]], kwargs: list[dict]) -> list[Any]:
