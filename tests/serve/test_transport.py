@@ -200,7 +200,7 @@ def test_a_restarted_server_starts_from_the_weights_every_server_loaded_last(tmp
         assert {p.name for p in folder.path.iterdir()} == {p.name for p in skeleton.iterdir()} | {WEIGHTS_FILE}
         assert (folder.path / WEIGHTS_FILE).samefile(sender.folders.path(2) / WEIGHTS_FILE)  # a link, not a copy
         loads.clear()
-        asyncio.run(sender.rejoin(types.SimpleNamespace(address="s1")))
+        asyncio.run(sender.rejoin(types.SimpleNamespace(address="s1", info=None)))
         assert loads == [("/grouprl/weights", 2, False)]  # a returning server: the version the others hold
     finally:
         folder.remove()

@@ -1,9 +1,6 @@
-"""How weights travel from the trainer to rollout servers (:data:`TRANSPORTS`): safetensors folders both sides see
-(/dev/shm, a folder under the run, or a shared mount), one per policy version, renamed whole once written so a
-server never reads half a file; or a broadcast (nccl, gloo: :mod:`grouprl.serve.client.collective`). A full push
-is the state dict in the servers' format, written as it is read (under FSDP one gathered tensor at a time); a
-LoRA push is peft's adapter folder, loaded as a LoRA request.
-"""
+"""How weights travel from the trainer to rollout servers (:data:`TRANSPORTS`): safetensors folders both sides see,
+one per policy version, renamed whole once written so a server never reads half a file (a LoRA push: peft's adapter
+folder); or a broadcast (nccl, gloo: :mod:`grouprl.serve.client.collective`)."""
 
 from __future__ import annotations
 
@@ -23,13 +20,13 @@ import torch
 from grouprl.errors import ConfigError
 from grouprl.registry import Registry
 from grouprl.rollout.scratch import ScratchFolder
+from grouprl.serve.client.servers import RolloutServerError
 from grouprl.serve.weights.stream_write import Entry, aligned, write_streamed
 
 WEIGHTS_FILE = "model.safetensors"
 
 
 def default_weights_root() -> Path:
-    """/dev/shm (memory, no disk writes) where writable, else the system's temporary folder."""
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
@@ -37,20 +34,18 @@ def default_weights_root() -> Path:
 @dataclass
 class Reading:
     """One version of the policy's weights: ``entries`` in the order ``tensors`` yields them, each read whole as it
-    is taken (under FSDP a gather every process joins, so a reading is read to its end: :meth:`through`)."""
+    is taken (under FSDP a gather every process joins, so a reading is read to its end)."""
 
     entries: list[Entry]
     tensors: Iterator[tuple[str, torch.Tensor]]
 
     def drain(self) -> None:
-        """Read what is left."""
         for _ in self.tensors:
             pass
 
     @contextlib.contextmanager
     def through(self) -> Iterator[Reading]:
-        """Around the use of the reading: the rest is read after it, after an error too (other processes would
-        wait in a gather), but not after an interrupt."""
+        """The rest is read after the block, after an error too (others wait in a gather), not after an interrupt."""
         try:
             yield self
         except Exception:
@@ -60,8 +55,8 @@ class Reading:
 
 
 def reading(model: Any, keep: Callable[[str], bool] = lambda name: True, dtype: torch.dtype | None = None) -> Reading:
-    """The entries of ``model``'s state dict that ``keep`` accepts, whole, floating ones to travel in ``dtype``
-    (None: as they are), in a weights file's order."""
+    """The entries of ``model``'s state dict that ``keep`` accepts, whole, floating ones in ``dtype`` (None: as they
+    are), in a weights file's order."""
     from grouprl.rollout.vllm_weights import whole
 
     state = model.state_dict()
@@ -81,9 +76,8 @@ def plain_name(model: Any) -> Callable[[str], str | None]:
 
 def write_weights_file(model: Any, read: Reading, folder: Path, adapters: dict[str, torch.Tensor] | None = None
                        ) -> int:
-    """``folder/model.safetensors``: the plain model's weights of ``read`` (a tied head under each of its names:
-    vLLM 0.32's CPU build reloads its head only from ``lm_head.weight``); adapter entries met on the way go into
-    ``adapters`` (on the CPU). Returns the bytes written."""
+    """``folder/model.safetensors``: the plain model's weights of ``read`` (a tied head under each of its names: vLLM's
+    CPU build reloads its head only from ``lm_head.weight``); adapters go into ``adapters``. The bytes written."""
     plain = plain_name(model)
     entries = [dataclasses.replace(e, name=name) for e in read.entries if (name := plain(e.name)) is not None]
 
@@ -101,14 +95,13 @@ def write_weights_file(model: Any, read: Reading, folder: Path, adapters: dict[s
 
 
 def is_sharded(model: Any) -> bool:
-    """Whether ``model``'s parameters are FSDP shards: reading its whole weights is then a collective."""
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def write_model_folder(model: Any, tokenizer: Any, folder: Path, read: Reading) -> None:
-    """A model folder that ``transformers`` and vLLM both load: config, tokenizer and the weights ``read``."""
+    """A model folder that ``transformers`` and vLLM both load."""
     from grouprl.rollout.engines import plain_class_name
 
     with read.through():
@@ -121,8 +114,7 @@ def write_model_folder(model: Any, tokenizer: Any, folder: Path, read: Reading) 
 
 
 class WeightFolders:
-    """Versioned push folders under a :class:`~grouprl.rollout.scratch.ScratchFolder` in ``root``, each complete
-    once it has its name; they go with the trainer process, a killed one included."""
+    """Versioned push folders under a scratch folder in ``root`` (gone with the trainer, a killed one too)."""
 
     def __init__(self, root: str | Path | None = None):
         base = Path(root) if root is not None else default_weights_root()
@@ -131,12 +123,10 @@ class WeightFolders:
         self.root = self.scratch.path
 
     def path(self, version: int, adapter: bool = False) -> Path:
-        """``v<version>`` (full weights) or ``v<version>-lora`` (an adapter) under :attr:`root`."""
         return self.root / (f"v{version}-lora" if adapter else f"v{version}")
 
     def write_full(self, model: Any, read: Reading, version: int, adapters: dict[str, torch.Tensor] | None = None
                    ) -> Path:
-        """:func:`write_weights_file` as version ``version``; its folder."""
         return self._publish(self.path(version), lambda tmp: write_weights_file(model, read, tmp, adapters))
 
     def write_adapter(self, model: Any, state: dict[str, torch.Tensor], version: int) -> Path:
@@ -154,7 +144,6 @@ class WeightFolders:
         return path
 
     def keep_only(self, *paths: Path) -> None:
-        """Remove every version but the folders ``paths``."""
         keep = {p.name for p in paths}
         for entry in self.root.iterdir():
             if entry.name not in keep:
@@ -165,15 +154,12 @@ class WeightFolders:
 
 
 class FileWeights:
-    """The trainer's side of the ``files`` transport: each version written once, then loaded by every server; with
-    LoRA the base once, then the adapter alone. The folders loaded last stay until the next push, for a server
-    that comes back (:meth:`rejoin`) or restarts (:meth:`restart_folder`)."""
+    """The trainer's side of the ``files`` transport: each version written once, then loaded by every server (LoRA:
+    the base once, then the adapter alone); the folders loaded last stay for a server that comes back or restarts."""
 
     def __init__(self, pool: Any, lora: bool, weights_dir: str | None):
         for s in pool.alive:
             if lora and not s.info.get("lora_rank"):
-                from grouprl.serve.client.servers import RolloutServerError
-
                 raise RolloutServerError(f"rollout server {s.address} was started without --lora_rank and the "
                                          "policy has LoRA adapters: start it with the run's lora_rank")
         self.pool, self.lora = pool, lora
@@ -213,9 +199,8 @@ class FileWeights:
         server.version, server.adapter = answer.get("version"), answer.get("adapter")
 
     async def rejoin(self, server: Any) -> None:
-        """Bring a server that is back to the weights loaded last (with LoRA the adapter alone: the base is frozen);
-        one that still holds them loads nothing."""
-        info = getattr(server, "info", None) or {}
+        """Bring a server that is back to the weights loaded last (LoRA: the adapter alone), unless it holds them."""
+        info = server.info or {}
         for adapter, (path, version) in sorted(self.loaded.items()):
             held = info.get("adapter") == f"policy-v{version}" if adapter else \
                 info.get("version") == version and info.get("weights_complete", False)
@@ -225,8 +210,7 @@ class FileWeights:
                 await self._load(server, adapter, path, version)
 
     def restart_folder(self, skeleton: Path) -> ScratchFolder | None:
-        """A model folder to restart a local server from: ``skeleton``'s config and tokenizer, and the weights loaded
-        last (linked where possible); None before the first push."""
+        """A model folder to restart a local server from: ``skeleton`` and the weights loaded last (None: none yet)."""
         if False not in self.loaded or not self.loaded[False][0].is_dir():
             return None
         folder = ScratchFolder("grouprl-restart-", self.folders.root.parent)
@@ -253,18 +237,16 @@ def vllm_has(module: str) -> bool:
     return spec is not None and any((Path(p) / module).is_file() for p in spec.submodule_search_locations or [])
 
 
+def _needs_vllm(device: torch.device | None, engines: str = "weight-transfer engines") -> str | None:
+    if not vllm_has("distributed/weight_transfer/nccl_engine.py"):
+        return f"vLLM with its {engines} (vllm.distributed.weight_transfer) is not installed here"
+    return None
+
+
 def _needs_cuda(device: torch.device | None) -> str | None:
     if device is None or device.type != "cuda":
         return f"the policy is on {device or 'the CPU'}, not a CUDA device"
-    if not vllm_has("distributed/weight_transfer/nccl_engine.py"):
-        return "vLLM with its NCCL weight-transfer engine (vllm.distributed.weight_transfer) is not installed here"
-    return None
-
-
-def _needs_vllm(device: torch.device | None) -> str | None:
-    if not vllm_has("distributed/weight_transfer/nccl_engine.py"):
-        return "vLLM with its weight-transfer engines (vllm.distributed.weight_transfer) is not installed here"
-    return None
+    return _needs_vllm(device, "NCCL weight-transfer engine")
 
 
 def _nccl_info(host: str, port: int, world_size: int, timeout: float) -> Any:
@@ -279,55 +261,44 @@ def _gloo_info(host: str, port: int, world_size: int, timeout: float) -> Any:
     return GlooTrainerInitInfo(master_address=host, master_port=port, world_size=world_size, rank=0, timeout_s=timeout)
 
 
-def _collective_sender(backend: str, init_info: Callable[[str, int, int, float], Any]) -> Callable[[Any, float], Any]:
-    def make(handover: Any, timeout: float) -> Any:
-        from grouprl.serve.client.collective import CollectiveWeights
-
-        return CollectiveWeights(handover.pool, backend, init_info, timeout, handover.pool.setting,
-                                 stages=lambda: handover.stages_pushes)
-
-    return make
-
-
 @dataclass(frozen=True)
 class Transport:
-    """One way weights travel from the trainer to its rollout servers."""
+    """One way weights travel: vLLM's weight-transfer ``backend`` the servers start with (None: folders only), why a
+    policy on a device cannot send this way (``problem``, None: it can), and the trainer's sender made from the
+    :class:`~grouprl.serve.client.handover.WeightHandover` and the timeout (``init_info``: a collective's)."""
 
-    summary: str
     backend: str | None
-    """vLLM's weight-transfer backend the servers start with; None: none."""
     problem: Callable[[torch.device | None], str | None]
-    """Why a policy on this device cannot send this way (None: it can)."""
-    sender: Callable[[Any, float], Any]
-    """(the :class:`~grouprl.serve.client.handover.WeightHandover`, rollout_server_timeout) -> its sender (``write``,
-    ``push``, ``close``)."""
+    init_info: Callable[[str, int, int, float], Any] | None = None
     server_argv: tuple[str, ...] = ()
-    adapters_alone: bool = False
-    """With LoRA, every push after the first carries the adapters alone."""
+
+    def sender(self, handover: Any, timeout: float) -> Any:
+        if self.init_info is None:
+            return FileWeights(handover.pool, handover.lora, handover.weights_dir)
+        from grouprl.serve.client.collective import CollectiveWeights
+
+        return CollectiveWeights(handover.pool, self.backend, self.init_info, timeout, handover.pool.setting,
+                                 stages=lambda: handover.stages_pushes)
 
     def keep(self, lora: bool, first: bool) -> Callable[[str], bool]:
-        """Which entries of the policy's state dict a push reads."""
-        if lora and self.adapters_alone and not first:
+        """Which entries of the policy's state dict a push reads: with files and LoRA, the adapters after the first."""
+        if lora and self.backend is None and not first:
             return lambda name: ".lora_" in name
         return lambda name: True
 
 
 TRANSPORTS: Registry[Transport] = Registry("rollout weights transport")
-TRANSPORTS.register("files", Transport("safetensors folders on storage trainer and servers share", None,
-                                       lambda device: None, adapters_alone=True,
-                                       sender=lambda s, timeout: FileWeights(s.pool, s.lora, s.weights_dir)))
-TRANSPORTS.register("nccl", Transport("NCCL broadcast from the trainer's GPU to the servers' GPU workers", "nccl",
-                                      _needs_cuda, _collective_sender("nccl", _nccl_info)))
-TRANSPORTS.register("gloo", Transport("gloo (TCP) broadcast from the trainer to the servers' workers, no GPU needed",
-                                      "gloo", _needs_vllm, _collective_sender("gloo", _gloo_info),
+TRANSPORTS.register("files", Transport(None, lambda device: None))  # safetensors folders on shared storage
+TRANSPORTS.register("nccl", Transport("nccl", _needs_cuda, _nccl_info))  # from the trainer's GPU to the servers'
+TRANSPORTS.register("gloo", Transport("gloo", _needs_vllm, _gloo_info,  # over TCP, no GPU needed
                                       # imported in each worker process, it registers the backend there
                                       ("--worker-extension-cls", "grouprl.serve.weights.gloo.GlooWorkerExtension")))
 SETTING = "rollout_weights_transport"
 
 
 def resolve_transport(requested: str, device: torch.device | None, local_servers: bool = False) -> tuple[str, str]:
-    """(transport name, why) for ``rollout_weights_transport`` = ``requested``: auto is nccl where it can run (not
-    with ``local_servers``: NCCL takes one rank per GPU), else files; a named one that cannot run is a ConfigError."""
+    """(transport name, why): auto is nccl where it can run (not with ``local_servers``: NCCL takes one rank per GPU),
+    else files; a named one that cannot run is a ConfigError."""
     shared = "the servers started here share the trainer's GPU, and NCCL takes one rank per GPU"
     if requested == "auto":
         problem = TRANSPORTS.get("nccl").problem(device) or (shared if local_servers else None)
@@ -346,8 +317,7 @@ def resolve_transport(requested: str, device: torch.device | None, local_servers
 
 
 def server_transport(requested: str, cuda: bool) -> Transport:
-    """The transport a server enables besides folders: auto is nccl on a GPU, gloo on a CPU (free until a trainer
-    joins)."""
+    """The transport a server enables besides folders: auto is nccl on a GPU, gloo on a CPU."""
     if requested == "auto":
         requested = "nccl" if cuda else "gloo"
     if requested not in TRANSPORTS:
