@@ -1,8 +1,6 @@
 """vLLM's weight-transfer protocol over gloo (TCP), for servers without a GPU, registered in vLLM's engine factories
-as :data:`BACKEND`. vLLM 0.32's own backends need CUDA; here only the group and the broadcast change, the rest
-(worker update calls, trainer round trip, TCPStore rendezvous, packed chunks) is vLLM's NCCL engine's. Workers
-import this module through ``--worker-extension-cls`` (:class:`GlooWorkerExtension`), forked or spawned.
-"""
+as :data:`BACKEND`: vLLM's NCCL engines with another group and broadcast (vLLM's own backends need CUDA). Workers
+import this module through ``--worker-extension-cls`` (:class:`GlooWorkerExtension`)."""
 
 from __future__ import annotations
 
@@ -30,7 +28,7 @@ DEFAULT_TIMEOUT_S = 600.0
 
 def chunk_bounds(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
     """Tensors ``[start, stop)`` of each chunk: tensors join a chunk until its bytes pass ``limit`` (that one
-    included), the rule of vLLM's packed NCCL producer and consumer.
+    included), as vLLM's packed NCCL producer and consumer cut them.
 
     >>> chunk_bounds([4, 4, 4, 10, 1], 7)
     [(0, 2), (2, 4), (4, 5)]
@@ -65,7 +63,7 @@ def from_bytes(buffer: torch.Tensor, dtypes: Sequence[torch.dtype],
 
 
 class GlooGroup:
-    """A gloo group outside ``torch.distributed``'s global state, with the communicator calls vLLM's engine makes."""
+    """A gloo group outside ``torch.distributed``'s global state, with the calls vLLM's engine makes."""
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S):
         from torch.distributed import PrefixStore
@@ -89,15 +87,11 @@ class GlooGroup:
 
 
 @dataclass(kw_only=True)
-class GlooInitInfo(NCCLWeightTransferInitInfo):
-    """A worker's side of the handshake: NCCL's fields and gloo's timeout."""
-
+class GlooInitInfo(NCCLWeightTransferInitInfo):  # a worker's side of the handshake
     timeout_s: float = DEFAULT_TIMEOUT_S
 
 
-class GlooWeightTransferEngine(NCCLWeightTransferEngine):
-    """The worker's engine: vLLM's NCCL engine, receiving over a :class:`GlooGroup` on the CPU."""
-
+class GlooWeightTransferEngine(NCCLWeightTransferEngine):  # the worker's engine
     init_info_cls = GlooInitInfo
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
@@ -126,16 +120,12 @@ class GlooWeightTransferEngine(NCCLWeightTransferEngine):
 
 
 @dataclass
-class GlooTrainerInitInfo(NCCLTrainerInitInfo):
-    """The trainer's side: NCCL's fields (rank 0 sends) and gloo's timeout."""
-
+class GlooTrainerInitInfo(NCCLTrainerInitInfo):  # the trainer's side (rank 0 sends)
     backend: ClassVar[str] = BACKEND
     timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 class GlooTrainerWeightTransferEngine(NCCLTrainerWeightTransferEngine):
-    """The trainer's engine: vLLM's NCCL one, sending over a :class:`GlooGroup`."""
-
     init_info_cls = GlooTrainerInitInfo
 
     @classmethod
@@ -176,12 +166,7 @@ class GlooWorkerExtension:
     """Named in ``--worker-extension-cls`` so that every worker imports this module; it adds no method."""
 
 
-def register() -> None:
-    """Add :data:`BACKEND` to vLLM's engine factories (once per process)."""
-    if BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(BACKEND, GlooWeightTransferEngine)
-    if BACKEND not in WeightTransferTrainerFactory._registry:
-        WeightTransferTrainerFactory.register_engine(BACKEND, GlooTrainerWeightTransferEngine)
-
-
-register()
+for _factory, _engine in ((WeightTransferEngineFactory, GlooWeightTransferEngine),
+                          (WeightTransferTrainerFactory, GlooTrainerWeightTransferEngine)):
+    if BACKEND not in _factory._registry:  # once per process
+        _factory.register_engine(BACKEND, _engine)

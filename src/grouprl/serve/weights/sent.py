@@ -1,7 +1,5 @@
-"""What a collective push sends: the plain model's tensors in the servers' format (a tied head under each of its
-names), staged as a copy or read as the broadcast reaches each. With LoRA the adapters are merged into the base
-(vLLM's weight transfer loads base weights only).
-"""
+"""What a collective push sends: the plain model's tensors in the servers' format, staged as a copy or read as the
+broadcast reaches each; LoRA merged into the base (vLLM's weight transfer loads base weights only)."""
 
 from __future__ import annotations
 
@@ -27,8 +25,8 @@ def lora_delta(module: Any, adapter: str, a: torch.Tensor, b: torch.Tensor) -> t
 
 def merged_lora_tensors(model: nn.Module, state: dict[str, torch.Tensor] | None = None
                         ) -> Iterator[tuple[str, torch.Tensor]]:
-    """A peft model's weights with its active adapters merged in, under the plain names, one merged weight at a
-    time; ``state``: its whole state dict (None: read from it). The model is left as it is."""
+    """A peft model's weights with its active adapters merged in, under the plain names, one at a time; ``state``: its
+    whole state dict (None: read from it)."""
     from peft.tuners.lora import LoraLayer
 
     state = model.state_dict() if state is None else state
@@ -54,8 +52,7 @@ def tensors_to_send(model: nn.Module, dtype: torch.dtype,
                     state: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None
                     ) -> Iterator[tuple[str, torch.Tensor]]:
     """``model``'s weights as the servers load them, one at a time: plain names (LoRA merged), floating ones in
-    ``dtype``, contiguous; unchanged tensors are the model's own. ``state``: its whole state dict, or (without
-    LoRA) its (name, tensor) pairs; None: read from it."""
+    ``dtype``, contiguous. ``state``: its state dict, or (without LoRA) its (name, tensor) pairs; None: read it."""
     state = model.state_dict() if state is None else state
     if hasattr(model, "peft_config"):
         named = merged_lora_tensors(model, dict(state))  # each base weight merged with its adapters
@@ -79,34 +76,23 @@ def staged_copy(model: nn.Module, dtype: torch.dtype,
             for n, t in tensors_to_send(model, dtype, state)]
 
 
-class StagedWeights:
-    """A push's tensors copied when the weights were written (:func:`staged_copy`)."""
-
-    def __init__(self, tensors: list[tuple[str, torch.Tensor]]):
-        self.tensors = tensors
+class StagedWeights(list):
+    """A push's (name, tensor) pairs copied when the weights were written (:func:`staged_copy`)."""
 
     def metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-        return [(n, t.dtype, tuple(t.shape)) for n, t in self.tensors]
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(list(self.tensors))
+        return [(n, t.dtype, tuple(t.shape)) for n, t in self]
 
 
 class LiveWeights:
-    """A push's tensors read from the model as they are sent, at each push: for a model that does not change
-    between the write and the push (a synchronous run)."""
+    """A push's tensors read from the model as they are sent: the model does not change before (synchronous)."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype):
         self.model, self.dtype = model, dtype
 
     def metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-        lora = hasattr(self.model, "peft_config")
-        out = []
-        for name, t in self.model.state_dict().items():
-            plain = base_weight_name(name) if lora else name
-            if plain is not None:
-                out.append((plain, self.dtype if t.is_floating_point() else t.dtype, tuple(t.shape)))
-        return out
+        plain = base_weight_name if hasattr(self.model, "peft_config") else lambda name: name
+        return [(plain(n), self.dtype if t.is_floating_point() else t.dtype, tuple(t.shape))
+                for n, t in self.model.state_dict().items() if plain(n) is not None]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return tensors_to_send(self.model, self.dtype)

@@ -1,7 +1,7 @@
-"""A safetensors file written one tensor at a time, so writing a model for the servers holds at most one whole
-tensor besides the model (``safetensors.torch.save_file`` takes all at once: under FSDP the whole gathered model).
-The layout depends only on names, shapes and formats, so the header goes first and each tensor is written as it
-is read. Tensors go largest element first, so each starts at a multiple of its element size.
+"""A safetensors file written one tensor at a time, so writing a model for the servers holds at most one whole tensor
+besides it (``safetensors.torch.save_file`` takes all at once: under FSDP the whole gathered model). The layout
+depends only on names, shapes and formats, so the header goes first; tensors go largest element first, so each
+starts at a multiple of its element size.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +22,6 @@ DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torc
 
 @dataclass(frozen=True)
 class Entry:
-    """One tensor of the file."""
-
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
@@ -44,11 +42,7 @@ def aligned(entries: Iterable[Entry]) -> list[Entry]:
 
 
 def header(entries: list[Entry], metadata: dict[str, str] | None = None) -> bytes:
-    """The file's first bytes for ``entries`` in this order: length, JSON header, padding.
-
-    >>> len(header([Entry("w", (2, 3), torch.float32)])) % 8
-    0
-    """
+    """The file's first bytes for ``entries`` in this order: length, JSON header, padding to 8 bytes."""
     fields: dict[str, object] = {"__metadata__": metadata} if metadata else {}
     offset = 0
     for e in entries:
@@ -57,7 +51,7 @@ def header(entries: list[Entry], metadata: dict[str, str] | None = None) -> byte
         fields[e.name] = {"dtype": DTYPES[e.dtype], "shape": list(e.shape), "data_offsets": [offset, offset + e.nbytes]}
         offset += e.nbytes
     text = json.dumps(fields, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text
 
 
@@ -69,21 +63,16 @@ def write_streamed(path: Path, entries: list[Entry], tensors: Iterable[tuple[str
     with open(path, "wb") as f:
         f.write(header(entries, metadata))
         for e in entries:
-            name, t = _next(it, e, len(entries))  # nothing else holds the previous tensor while this one is read
+            got = next(it, None)  # nothing else holds the previous tensor while this one is read
+            if got is None:
+                raise ValueError(f"the weights ended before {e.name} (the file's layout lists {len(entries)})")
+            name, t = got
             if name != e.name or tuple(t.shape) != e.shape:
                 raise ValueError(f"the file's layout expects {e.name} of shape {list(e.shape)} here, and came "
                                  f"{name} of shape {list(t.shape)}")
             t = t.detach().to(e.dtype).to("cpu").contiguous()
             f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-            del t
-        extra = next(it, None)
-        if extra is not None:
+            del got, t
+        if (extra := next(it, None)) is not None:
             raise ValueError(f"{extra[0]} is not in the file's layout")
     return sum(e.nbytes for e in entries)
-
-
-def _next(it: Iterator[tuple[str, torch.Tensor]], e: Entry, count: int) -> tuple[str, torch.Tensor]:
-    got = next(it, None)
-    if got is None:
-        raise ValueError(f"the weights ended before {e.name} (the file's layout lists {count})")
-    return got
