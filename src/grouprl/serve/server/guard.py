@@ -1,5 +1,5 @@
-"""Who may use a rollout server and how much one request may ask: an ASGI middleware outermost around the whole
-app, so nothing reaches vLLM that it refused. Whoever reaches the port could otherwise replace the policy.
+"""Who may use a rollout server and how much one request may ask: an ASGI middleware outermost around the whole app,
+so nothing reaches vLLM that it refused. Whoever reaches the port could otherwise replace the policy.
 
 - A bearer token on every route but ``GET /health`` (constant-time compare; a 401 never echoes what was sent).
   vLLM's own ``--api-key`` guards neither ``/grouprl`` nor ``/tokenize`` nor ``/metrics``, and puts the token in
@@ -21,72 +21,56 @@ from pathlib import Path
 from typing import Any
 
 TOKEN_ENV = "GROUPRL_SERVER_TOKEN"
-OPEN_PATHS = frozenset({"/health"})
-"""Answered without a token (GET or HEAD only): a supervisor's liveness check."""
+OPEN_PATHS = frozenset({"/health"})  # answered without a token, to GET or HEAD: a supervisor's liveness check
 GENERATION_PATHS = frozenset({"/inference/v1/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses",
                               "/v1/messages"})
 DEFAULT_MAX_BODY_MIB = 16
-DRAIN_FACTOR = 4
-"""A refused request's unread body is dropped up to this many times the body cap, then the connection closed."""
+DRAIN_FACTOR = 4  # a refused request's unread body is dropped up to this many body caps, then the connection closed
+MAKE_ONE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class Refusal(Exception):
-    """A request refused before it reaches the app."""
-
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status, self.message = status, message
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` is an address of this machine only (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 
 
 def token_file(port: int) -> Path:
-    """Where a server on ``port`` writes the token it made: ``XDG_RUNTIME_DIR`` (memory only the user reads), else
-    ``~/.cache/grouprl``."""
+    """Where a server on ``port`` writes the token it made: ``XDG_RUNTIME_DIR``, else ``~/.cache/grouprl``."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = Path(runtime) / "grouprl" if runtime and Path(runtime).is_dir() else Path.home() / ".cache" / "grouprl"
     return base / f"server-{port}.token"
 
 
-def write_private(path: Path, text: str) -> None:
-    """``text`` into ``path``, mode 0600 (its folder 0700 if made here)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # a file that existed keeps its mode through O_CREAT
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 def server_token(given: str | None, host: str, port: int, echo: Callable[[str], None] = print) -> str:
-    """The token a server on ``host:port`` asks for: ``given``, else ``GROUPRL_SERVER_TOKEN``, else on a loopback
-    address a new one written to :func:`token_file` (its path said, never the token); elsewhere none is an error."""
+    """``given``, else ``GROUPRL_SERVER_TOKEN``, else on a loopback address a new one written to :func:`token_file`
+    (mode 0600; its path said, never the token); elsewhere none is an error."""
     token = given or os.environ.get(TOKEN_ENV) or None
     if token is not None:
         if len(token) < 16:
             raise ValueError(f"the server token must be at least 16 characters (got {len(token)}): make one with "
-                             "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
+                             f"{MAKE_ONE}")
         return token
     if not is_loopback(host):
         raise ValueError(f"grouprl serve --host {host} listens beyond this machine and needs a token: set "
-                         f"{TOKEN_ENV} (e.g. export {TOKEN_ENV}=$(python -c 'import secrets; "
-                         "print(secrets.token_urlsafe(32))')) or pass --api_key, and give trainers the same token "
-                         f"(rollout_server_token or {TOKEN_ENV})")
-    token = secrets.token_urlsafe(32)
-    path = token_file(port)
-    write_private(path, token + "\n")
+                         f"{TOKEN_ENV} (e.g. export {TOKEN_ENV}=$({MAKE_ONE})) or pass --api_key, and give trainers "
+                         f"the same token (rollout_server_token or {TOKEN_ENV})")
+    token, path = secrets.token_urlsafe(32), token_file(port)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w") as f:
+        os.fchmod(fd, 0o600)  # a file that existed keeps its mode through O_CREAT
+        f.write(token + "\n")
     echo(f"grouprl serve: no token given; made one, in {path} (readable by this user only): give it to trainers as "
          f"{TOKEN_ENV} or rollout_server_token")
     return token
@@ -96,15 +80,6 @@ def authorised(header: str | None, token: str) -> bool:
     """Whether an ``Authorization`` header value carries ``token`` as a bearer token."""
     scheme, _, given = (header or "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
-
-
-def _count(value: Any) -> int | None:
-    """Prompts in a ``prompt`` / ``token_ids`` value: a string or a list of ids is one, a list of those is many."""
-    if isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, int) for v in value)):
-        return 1
-    if isinstance(value, list):
-        return len(value)
-    return None
 
 
 def _int(value: Any) -> int | None:
@@ -118,8 +93,11 @@ def generation_problem(path: str, body: Any, max_rows: int, max_model_len: int) 
         return None
     params = body.get("sampling_params") if isinstance(body.get("sampling_params"), dict) else body
     n = _int(params.get("n")) or 1
-    prompts = _count(body.get("token_ids", body.get("prompt"))) if path.endswith(("/generate", "/v1/completions")) \
-        else 1
+    prompts: Any = 1  # a prompt is a string or a list of ids; a list of those is many
+    if path.endswith(("/generate", "/v1/completions")):
+        prompts = body.get("token_ids", body.get("prompt"))
+        one = isinstance(prompts, str) or (isinstance(prompts, list) and all(isinstance(v, int) for v in prompts))
+        prompts = 1 if one else len(prompts) if isinstance(prompts, list) else None
     if prompts is not None and prompts * n > max_rows:
         return (f"{prompts} prompt(s) x n={n} = {prompts * n} rows in one request; this server takes at most "
                 f"{max_rows} (its --max_rows): split the request")
@@ -131,7 +109,7 @@ def generation_problem(path: str, body: Any, max_rows: int, max_model_len: int) 
 
 
 class Guard:
-    """The middleware; ``state`` is the server's :class:`~.routes.ServerState`."""
+    """The middleware around ``app``; ``state`` is the server's :class:`~.routes.ServerState`."""
 
     def __init__(self, app: Any, token: str, state: Any, max_rows: int,
                  max_body_bytes: int = DEFAULT_MAX_BODY_MIB << 20):
@@ -187,8 +165,7 @@ class Guard:
                 return b"".join(chunks)
 
     def _check_generation(self, path: str, body: bytes) -> None:
-        broken = getattr(self.state, "broken", None)
-        if broken:
+        if broken := self.state.broken:
             raise Refusal(503, f"this server cannot generate: {broken}; push a complete weights folder to recover")
         try:
             parsed = json.loads(body) if body else None
@@ -200,7 +177,7 @@ class Guard:
 
     async def _refuse(self, scope: dict[str, Any], send: Send, refusal: Refusal, unread: Receive | None) -> None:
         """Answer ``refusal`` after dropping an ``unread`` body (up to :data:`DRAIN_FACTOR` caps): a connection closed
-        on unread data is reset and the client may lose the answer; after the answer the app is given no more."""
+        on unread data is reset and the client may lose the answer."""
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
             return
@@ -221,13 +198,9 @@ class Guard:
 
 def _replay(body: bytes, receive: Receive) -> Receive:
     """A ``receive`` that gives the body already read, then the connection's next message."""
-    sent = False
+    first = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replay() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
+        return first.pop() if first else await receive()
 
     return replay

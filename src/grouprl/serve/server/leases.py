@@ -1,12 +1,11 @@
 """A rollout server's collective weight transfers (``/grouprl/transfer/...``), each held under a lease, so a trainer
 that goes away mid-transfer cannot leave the server paused with its weights lock held.
 
-``start`` waits at most ``wait_s`` for the weights lock, pauses generation, starts vLLM's update and answers a
-token that ``update`` and ``finish`` must carry (a stale trainer cannot finish another's transfer). The server
-then waits at most ``lease_s`` for the holder's next call, counted from the end of its last. Past it, or when an
-``update`` fails, the transfer is abandoned: update closed (layers may be half-written), prefix cache emptied,
-generation resumed, lock released, weights marked incomplete until the next push; the version stays the last
-completed, and late calls are refused saying why. Nothing here imports vLLM or FastAPI.
+``start`` waits at most ``wait_s`` for the weights lock, pauses generation, starts vLLM's update and answers a token
+that ``update`` and ``finish`` must carry (a stale trainer cannot finish another's transfer). The server then waits
+at most ``lease_s`` for the holder's next call, counted from the end of its last; past it, or when an ``update``
+fails, the transfer is abandoned: generation resumes, the lock is released, the weights are marked incomplete until
+the next push, and late calls are refused saying why.
 """
 
 from __future__ import annotations
@@ -21,16 +20,11 @@ from typing import Any
 
 from grouprl.serve.server.pushes import version_refusal
 
-REMEMBERED = 16
-"""Abandoned transfers kept, to tell their late holders why they were refused."""
+REMEMBERED = 16  # abandoned transfers kept, to tell their late holders why they were refused
 
 
 class TransferRefused(Exception):
     """A transfer call the server refuses (a 409)."""
-
-
-def _say(line: str) -> None:
-    print(line, flush=True)
 
 
 @dataclass(eq=False)
@@ -40,8 +34,7 @@ class Holder:
     token: str
     version: int
     lease_s: float
-    deadline: float | None = None
-    """When the lease runs out; None while one of the holder's calls runs."""
+    deadline: float | None = None  # when the lease runs out; None while one of the holder's calls runs
     calls: int = 0
     last: str = "start"
     expiry: asyncio.Task | None = None
@@ -50,7 +43,7 @@ class Holder:
 class Transfers:
     """The transfers of one server: ``state`` a :class:`~.routes.ServerState`, ``engine`` vLLM's engine client."""
 
-    def __init__(self, state: Any, engine: Any, log: Callable[[str], None] = _say,
+    def __init__(self, state: Any, engine: Any, log: Callable[[str], None] = lambda line: print(line, flush=True),
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep):
         self.state, self.engine, self.log, self.clock, self.sleep = state, engine, log, clock, sleep
         self.holder: Holder | None = None
@@ -58,7 +51,6 @@ class Transfers:
         self.tasks: set[asyncio.Task] = set()  # expiries and abandonments running (the loop keeps weak references)
 
     async def start(self, version: int, lease_s: float, wait_s: float, resume: bool = False) -> Holder:
-        """Take the weights lock, pause, start vLLM's update; the new holder."""
         if not (0 < lease_s < math.inf):
             raise ValueError(f"lease_s must be a positive number of seconds, got {lease_s}")
         if not (0 <= wait_s < math.inf):
@@ -75,8 +67,7 @@ class Transfers:
         if resume and self.state.version is not None and version <= self.state.version:
             self.log(f"grouprl serve: version {version} accepted after version {self.state.version}: its trainer "
                      "resumes a run")
-        holder = Holder(secrets.token_hex(8), version, float(lease_s), calls=1)
-        self.holder = holder
+        self.holder = holder = Holder(secrets.token_hex(8), version, float(lease_s), calls=1)
         try:
             await self.engine.pause_generation(mode="wait")
             self.state.weights_complete = False  # vLLM's worker moves each layer out until it is loaded again
@@ -89,7 +80,6 @@ class Transfers:
         return holder
 
     async def update(self, token: str, receive: Callable[[], Awaitable[Any]]) -> None:
-        """Run ``receive`` (vLLM's update) for the holder of ``token``; a failure abandons the transfer."""
         holder = self._began(token, "update")
         try:
             await receive()
@@ -99,7 +89,6 @@ class Transfers:
         self._ended(holder)
 
     async def finish(self, token: str) -> int:
-        """Finish the transfer of ``token`` and release the lock; its version."""
         holder = self._began(token, "finish")
         self.holder = None
         try:
@@ -118,9 +107,7 @@ class Transfers:
         holder = self.holder
         if holder is None or not secrets.compare_digest(holder.token, str(token)) or holder.calls:
             return False
-        if holder.expiry is not None:
-            holder.expiry.cancel()
-            holder.expiry = None
+        self._stop_expiry(holder)
         await self._abandon(holder, f"its trainer gave it up ({why})")
         return True
 
@@ -131,22 +118,22 @@ class Transfers:
             raise TransferRefused(self._refusal(token, call))
         holder.calls += 1
         holder.deadline, holder.last = None, call
+        self._stop_expiry(holder)
+        return holder
+
+    @staticmethod
+    def _stop_expiry(holder: Holder) -> None:
         if holder.expiry is not None:
             holder.expiry.cancel()
             holder.expiry = None
-        return holder
 
     def _ended(self, holder: Holder) -> None:
         holder.calls -= 1
         if self.holder is holder and holder.calls == 0:
             holder.deadline = self.clock() + holder.lease_s
-            holder.expiry = self._spawn(self._expire(holder))
-
-    def _spawn(self, coro: Any) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
+            holder.expiry = asyncio.get_running_loop().create_task(self._expire(holder))
+            self.tasks.add(holder.expiry)
+            holder.expiry.add_done_callback(self.tasks.discard)
 
     async def _expire(self, holder: Holder) -> None:
         await self.sleep(max(holder.deadline - self.clock(), 0.0))  # the task starts a moment after the deadline
@@ -182,7 +169,6 @@ class Transfers:
             if self.state.lock.locked():
                 self.state.lock.release()
 
-    # -- messages -----------------------------------------------------------------------------------
     def _refusal(self, token: str, call: str) -> str:
         if token in self.abandoned:
             holder, why = self.abandoned[token]

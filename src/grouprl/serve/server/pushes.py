@@ -1,9 +1,8 @@
-"""What a rollout server checks of a weight push before vLLM is touched, so a bad push is a 4xx and the server
-keeps its last complete weights: the folder lies under the weights root (else 403: a caller cannot make the
-server read whatever it can read); versions only move forward unless the trainer resumes a run (else 409: a
-replayed push cannot roll the policy back); the files are whole safetensors with the served model's names and
-shapes, an adapter's rank within ``lora_rank`` (else 422). No tensor's bytes are read.
-"""
+"""What a rollout server checks of a weight push before vLLM is touched, so a bad push is a 4xx and the server keeps
+its last complete weights: the folder lies under the weights root (403: a caller cannot make the server read whatever
+it can read); versions only move forward unless the trainer resumes a run (409: a replayed push cannot roll the
+policy back); the files are whole safetensors with the served names and shapes, an adapter's rank within
+``lora_rank`` (422). No tensor's bytes are read."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ import json
 import struct
 from pathlib import Path
 
+from grouprl.serve.server.guard import Refusal
 from grouprl.serve.weights.transport import WEIGHTS_FILE
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -19,16 +19,11 @@ MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own limit
 SHOWN = 3
 
 
-class PushRefused(Exception):
+class PushRefused(Refusal):
     """A push refused before it loads."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 def within_root(path: str, root: Path | None) -> Path:
-    """``path`` resolved (symlinks, ``..``) if it lies under ``root``, else a 403."""
     if root is None:
         raise PushRefused(403, "this server takes no folder pushes: start it with --weights_root FOLDER (the "
                                "trainer's rollout_weights_dir, on storage both see), or push over a weight transfer")
@@ -41,7 +36,6 @@ def within_root(path: str, root: Path | None) -> Path:
 
 def version_refusal(held: int | None, version: int, resume: bool, what: str = "weights",
                     equal_ok: bool = False) -> str | None:
-    """Why a push of ``version`` is refused by a server holding ``held`` (None: it is not)."""
     if held is None or version > held or resume or (equal_ok and version == held):
         return None
     return (f"the push of policy version {version} is not newer than the {what} version {held} this server "
@@ -49,7 +43,7 @@ def version_refusal(held: int | None, version: int, resume: bool, what: str = "w
 
 
 def read_header(file: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from a safetensors file whose header parses and whose tensors lie inside it; else a 422."""
+    """Tensor name -> shape of a whole safetensors file, else a 422."""
     try:
         with open(file, "rb") as f:
             size = file.stat().st_size
@@ -103,15 +97,6 @@ def check_full(folder: Path, served: dict[str, tuple[int, ...]]) -> None:
         raise PushRefused(422, f"{file} has other shapes than the served model: {_listed(wrong)}")
 
 
-def adapted_weight(name: str) -> tuple[str, str] | None:
-    """(the served weight a peft adapter tensor adapts, ``A`` or ``B``); None for other names."""
-    for side in ("A", "B"):
-        suffix = f".lora_{side}.weight"
-        if name.endswith(suffix):
-            return name.removeprefix("base_model.model.").removesuffix(suffix) + ".weight", side
-    return None
-
-
 def check_adapter(folder: Path, served: dict[str, tuple[int, ...]], max_rank: int | None) -> None:
     """A LoRA push: rank ``r`` <= ``max_rank``, A [r, in] and B [out, r] fitting the served weights they adapt."""
     if not max_rank:
@@ -135,10 +120,10 @@ def check_adapter(folder: Path, served: dict[str, tuple[int, ...]], max_rank: in
         raise PushRefused(422, f"the adapter folder {folder} holds no {ADAPTER_FILE}")
     found = 0
     for name, shape in read_header(file).items():
-        adapted = adapted_weight(name)
-        if adapted is None:
+        side = name[-8] if name.endswith((".lora_A.weight", ".lora_B.weight")) else None
+        if side is None:
             continue
-        base, side = adapted
+        base = name.removeprefix("base_model.model.")[:-len(".lora_A.weight")] + ".weight"
         if base not in served or len(served[base]) != 2:
             raise PushRefused(422, f"{file}: {name} adapts {base}, which is not a matrix of the served model")
         out, inp = served[base]
