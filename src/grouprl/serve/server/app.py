@@ -1,10 +1,7 @@
-"""A rollout server: vLLM's OpenAI-compatible HTTP server with grouprl's routes (:mod:`.routes`) added to its app,
-behind :mod:`.guard`. A trainer samples with ``POST /inference/v1/generate`` (token ids in and out, per-request seed;
-``processed_logprobs``: log-probs under the distribution actually sampled from, as the in-process engine's).
-
-grouprl loads the model as ``train`` does and writes it once, in the serving format, to a private folder that vLLM
-loads. On a CPU: eager unless compiled, and no chunked prefill (vLLM cannot rewind a seeded CPU generator over a
-prompt prefilled in chunks).
+"""A rollout server: vLLM's HTTP server with grouprl's routes added to its app, behind :mod:`.guard`. A trainer
+samples with ``POST /inference/v1/generate`` (token ids in and out, per-request seed, log-probs under the distribution
+sampled from). The model is loaded as ``train`` loads it and written once, in the serving format, for vLLM. On a CPU:
+eager unless compiled, and no chunked prefill (vLLM cannot rewind a seeded CPU generator over a chunked prompt).
 """
 
 from __future__ import annotations
@@ -29,10 +26,8 @@ from grouprl.serve.server.pushes import read_header
 from grouprl.serve.server.routes import ServerState, router
 from grouprl.serve.weights.transport import WEIGHTS_FILE, reading, server_transport, write_model_folder
 
-FORMATS = {"fp32": "float32", "bf16": "bfloat16"}
-"""grouprl's name -> vLLM's, of the formats a server samples in."""
-SERVED_NAME = "policy"
-"""The ``model`` of a request without a LoRA adapter."""
+FORMATS = {"fp32": "float32", "bf16": "bfloat16"}  # grouprl's name -> vLLM's
+SERVED_NAME = "policy"  # the ``model`` of a request without a LoRA adapter
 DEFAULT_MAX_MODEL_LEN = 4096
 
 
@@ -43,21 +38,16 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     dtype: str = "fp32"
-    max_model_len: int | None = None
-    """Longest prompt + completion; None: the model's context, at most :data:`DEFAULT_MAX_MODEL_LEN`."""
-    max_rows: int = 64
-    """Sequences decoded at once; the default KV cache holds them all at their longest."""
+    max_model_len: int | None = None  # None: the model's context, at most DEFAULT_MAX_MODEL_LEN
+    max_rows: int = 64  # sequences decoded at once; the default KV cache holds them all at their longest
     kv_cache_gib: float | None = None
-    lora_rank: int | None = None
-    """Serve LoRA adapters of up to this rank; None: full weights only."""
+    lora_rank: int | None = None  # serve LoRA adapters of up to this rank; None: full weights only
     seed: int = 0
     compiled: bool = False
     gpu_memory_utilization: float = 0.9
-    weight_transfer: str = "auto"
-    """How trainers may send weights besides folders (:func:`~grouprl.serve.weights.transport.server_transport`)."""
+    weight_transfer: str = "auto"  # how trainers may send weights besides folders
     token: str = field(default="", repr=False)
-    weights_root: Path | None = None
-    """Folder pushes are read from under this folder only; None: no folder pushes."""
+    weights_root: Path | None = None  # folder pushes are read from under it only; None: none
     max_body_mib: float = DEFAULT_MAX_BODY_MIB
 
     def __post_init__(self) -> None:
@@ -75,7 +65,6 @@ class ServeOptions:
 
 
 def context_of(model: nn.Module, requested: int | None) -> int:
-    """``requested`` (at most the model's context), or that context capped at :data:`DEFAULT_MAX_MODEL_LEN`."""
     context = getattr(model.config, "max_position_embeddings", None)
     if requested is None:
         return min(int(context or DEFAULT_MAX_MODEL_LEN), DEFAULT_MAX_MODEL_LEN)
@@ -85,7 +74,6 @@ def context_of(model: nn.Module, requested: int | None) -> int:
 
 
 def engine_argv(folder: Path, options: ServeOptions, max_model_len: int, kv_bytes: int, on_gpu: bool) -> list[str]:
-    """vLLM's server arguments for a model folder written by :func:`~.transport.write_model_folder`."""
     o = options
     transport = server_transport(o.weight_transfer, on_gpu)
     argv = ["--model", str(folder), "--tokenizer", str(folder), "--served-model-name", SERVED_NAME,
@@ -113,8 +101,8 @@ class EngineDied(RuntimeError):
 
 
 async def _serve(argv: list[str], state: ServerState, options: ServeOptions) -> None:
-    """vLLM's ``run_server`` with grouprl's routes and :class:`~.guard.Guard` added; :class:`EngineDied` where vLLM
-    returns as from a normal stop because its engine died."""
+    """vLLM's ``run_server`` with grouprl's routes and guard; :class:`EngineDied` where vLLM returns as from a normal
+    stop because its engine died."""
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.app import build_app
@@ -161,7 +149,7 @@ def _engine_error(engine: Any) -> str:
 
 @dataclass
 class Prepared:
-    """A server ready to start: its engine folder (removed by :func:`run`, or by its watcher) and vLLM's arguments."""
+    """A server ready to start: its engine folder (removed by :func:`run`) and vLLM's arguments."""
 
     folder: ScratchFolder
     argv: list[str]
@@ -170,7 +158,6 @@ class Prepared:
 
 
 def model_facts(model: nn.Module) -> dict[str, Any]:
-    """What a trainer checks its policy against before it sends weights: the architecture and shapes."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return {"architecture": plain_class_name(model), "vocab_size": int(config.vocab_size),
             "hidden_size": int(config.hidden_size), "num_hidden_layers": int(config.num_hidden_layers)}
@@ -205,8 +192,7 @@ def prepare(model: nn.Module, tokenizer: Any, options: ServeOptions, model_name:
 
 
 def run(prepared: Prepared) -> None:
-    """Serve until SIGINT, SIGTERM or the end of the run that started it (:mod:`.parent`), then remove the engine
-    folder."""
+    """Serve until SIGINT, SIGTERM or the end of the run that started it, then remove the engine folder."""
     watch_parent()
     try:
         asyncio.run(_serve(prepared.argv, prepared.state, prepared.options))

@@ -18,13 +18,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from grouprl.serve.server.guard import Refusal
 from grouprl.serve.server.pushes import version_refusal
 
 REMEMBERED = 16  # abandoned transfers kept, to tell their late holders why they were refused
 
 
-class TransferRefused(Exception):
+class TransferRefused(Refusal):
     """A transfer call the server refuses (a 409)."""
+
+    def __init__(self, message: str):
+        super().__init__(409, message)
 
 
 @dataclass(eq=False)

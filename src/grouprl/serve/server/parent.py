@@ -1,7 +1,7 @@
-"""A rollout server started by a run ends with that run. ``PR_SET_PDEATHSIG`` alone is not enough: a SIGTERM to a
-server whose engine is dead can leave vLLM's shutdown waiting forever, and a run dying before the ``prctl`` sends
-nothing. So a server told its run's pid (``GROUPRL_PARENT_PID``) watches it from a thread and, once it is gone,
-kills its own process group (not the resource tracker that frees their shared memory) and exits 1.
+"""A rollout server started by a run ends with that run. ``PR_SET_PDEATHSIG`` alone is not enough (a SIGTERM to a
+server whose engine is dead can hang vLLM's shutdown; a run dying before the ``prctl`` sends nothing), so a server
+told its run's pid (``GROUPRL_PARENT_PID``) watches it and, once it is gone, kills its own process group (not the
+resource tracker that frees their shared memory) and exits 1.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ POLL_S = 0.5
 
 
 def parent_gone(expected: int) -> bool:
-    """Whether this process was re-parented away from ``expected``."""
     return os.getppid() != expected
 
 

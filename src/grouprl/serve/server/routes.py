@@ -1,8 +1,7 @@
 """grouprl's routes on a rollout server's vLLM app (the contract: docs/servers.md): ``GET /grouprl/info``,
-``POST /grouprl/weights`` (a folder push: checked first, :mod:`.pushes`; generation paused while it loads, prefix
-cache emptied, version set) and ``POST /grouprl/transfer/{init,start,update,finish,abort,shutdown}`` (the same load
-over vLLM's weight transfer, held under a lease: :mod:`.leases`). vLLM's own weight routes are not used: they come
-only with its development mode, which opens arbitrary RPCs.
+``POST /grouprl/weights`` (a folder push, checked first) and ``POST /grouprl/transfer/{init,start,update,finish,abort,
+shutdown}`` (the same load over vLLM's weight transfer, under a lease). vLLM's own weight routes come only with its
+development mode, which opens arbitrary RPCs.
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from grouprl.serve.server.leases import TransferRefused, Transfers
+from grouprl.serve.server.guard import Refusal
+from grouprl.serve.server.leases import Transfers
 from grouprl.serve.server.pushes import PushRefused, check_adapter, check_full, version_refusal, within_root
 
 router = APIRouter(prefix="/grouprl")
@@ -35,28 +35,19 @@ class ServerState:
     lora_rank: int | None
     facts: dict[str, Any]
     version: int | None = None
-    adapter: str | None = None
-    """The LoRA request's name (a request's ``model``); None: base weights."""
+    adapter: str | None = None  # the LoRA request's name (a request's ``model``); None: base weights
     adapter_id: int | None = None
-    weight_transfer: str | None = None
-    """vLLM's weight-transfer backend enabled; None: folders only."""
-    workers: int = 1
-    """vLLM workers: each is a rank of a trainer's weight-transfer group."""
+    weight_transfer: str | None = None  # vLLM's weight-transfer backend enabled; None: folders only
+    workers: int = 1  # vLLM workers: each is a rank of a trainer's weight-transfer group
     address: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    weights_complete: bool = True
-    """False from a transfer's start until a push completes: an abandoned one may leave the weights half-loaded."""
+    weights_complete: bool = True  # False from a transfer's start until a push completes
     transfers: Transfers | None = None
-    weights_root: Path | None = None
-    """Folder pushes come from under this folder only (None: no folder pushes)."""
-    tensors: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """The served weights, name -> shape: what a full push must hold."""
-    last_folder: Path | None = None
-    """The last complete weights' folder (None after a transfer): reloaded when a reload fails midway."""
+    weights_root: Path | None = None  # folder pushes come from under it only (None: none)
+    tensors: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the served weights, name -> shape
+    last_folder: Path | None = None  # the last complete weights' folder, reloaded when a reload fails midway
     adapter_version: int | None = None
-    broken: str | None = None
-    """Why the weights are neither the last complete ones nor a new version's: generation answers 503 until a
-    complete push loads."""
+    broken: str | None = None  # why generation answers 503 until a complete push loads
 
     def describe(self) -> str:
         lora = f", LoRA up to rank {self.lora_rank}" if self.lora_rank else ""
@@ -76,8 +67,7 @@ class LoadWeights(BaseModel):
     path: str
     version: int
     adapter: bool = False
-    resume: bool = False
-    """The trainer restarts a run: this version may be older than the one held."""
+    resume: bool = False  # the trainer restarts a run: this version may be older than the one held
 
 
 @router.get("/info")
@@ -85,9 +75,17 @@ async def info(request: Request) -> dict[str, Any]:
     return request.app.state.grouprl.info()
 
 
-def _checked_folder(state: ServerState, body: LoadWeights) -> Path:
-    """The push's folder, resolved, once it passed the checks that need no lock."""
+@contextlib.contextmanager
+def _refusals(state: ServerState) -> Iterator[None]:
+    """A push or transfer call refused is an HTTP error naming this server."""
     try:
+        yield
+    except Refusal as e:
+        raise HTTPException(e.status, f"this server ({state.address}): {e.message}") from e
+
+
+def _checked_folder(state: ServerState, body: LoadWeights) -> Path:
+    with _refusals(state):
         folder = within_root(body.path, state.weights_root)
         if not folder.is_dir():
             raise PushRefused(HTTPStatus.BAD_REQUEST, f"cannot see the weights folder {body.path}: trainer and "
@@ -96,8 +94,6 @@ def _checked_folder(state: ServerState, body: LoadWeights) -> Path:
             check_adapter(folder, state.tensors, state.lora_rank)
         else:
             check_full(folder, state.tensors)
-    except PushRefused as e:
-        raise HTTPException(e.status, f"this server ({state.address}): {e.message}") from e
     return folder
 
 
@@ -181,10 +177,8 @@ class TransferInit(BaseModel):
 
 class TransferStart(BaseModel):
     version: int
-    lease_s: float = Field(gt=0, allow_inf_nan=False)
-    """Seconds the server waits for the trainer's next call before it abandons the transfer."""
-    wait_s: float = Field(ge=0, allow_inf_nan=False)
-    """Seconds this start may wait for the weights lock."""
+    lease_s: float = Field(gt=0, allow_inf_nan=False)  # the wait for the trainer's next call before abandoning
+    wait_s: float = Field(ge=0, allow_inf_nan=False)  # the wait for the weights lock
     resume: bool = False
 
 
@@ -200,28 +194,14 @@ class TransferUpdate(TransferToken):
     update_info: dict[str, Any] | list[dict[str, Any]]
 
 
-def _transfer(request: Request) -> tuple[ServerState, Any]:
+def _transfers(request: Request) -> Transfers:
     state: ServerState = request.app.state.grouprl
     if state.weight_transfer is None:
         raise HTTPException(HTTPStatus.BAD_REQUEST, f"this server ({state.address}) was started without a weight "
                             "transfer: start it with --rollout_weights_transport nccl (GPU) or gloo")
-    return state, request.app.state.engine_client
-
-
-def _transfers(request: Request) -> Transfers:
-    state, engine = _transfer(request)
     if state.transfers is None:
-        state.transfers = Transfers(state, engine)
+        state.transfers = Transfers(state, request.app.state.engine_client)
     return state.transfers
-
-
-@contextlib.contextmanager
-def _conflict(state: ServerState) -> Iterator[None]:
-    """A transfer call the lease refuses is a 409."""
-    try:
-        yield
-    except TransferRefused as e:
-        raise HTTPException(HTTPStatus.CONFLICT, f"this server ({state.address}): {e}") from e
 
 
 def init_info_problem(backend: str, init_info: dict[str, Any]) -> str | None:
@@ -231,10 +211,8 @@ def init_info_problem(backend: str, init_info: dict[str, Any]) -> str | None:
     import grouprl.serve.weights.gloo  # noqa: F401 - its import registers the gloo backend in this process too
 
     engine_class = WeightTransferEngineFactory._registry.get(backend)
-    if engine_class is None:
-        return None
     try:
-        engine_class().init_info_cls(**init_info)
+        engine_class and engine_class().init_info_cls(**init_info)
     except (TypeError, ValueError) as e:
         return f"init_info is not the {backend} weight transfer's: {e}"
     return None
@@ -244,24 +222,24 @@ def init_info_problem(backend: str, init_info: dict[str, Any]) -> str | None:
 async def transfer_init(body: TransferInit, request: Request) -> dict[str, Any]:
     from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-    state, engine = _transfer(request)
-    if (problem := init_info_problem(state.weight_transfer, body.init_info)) is not None:
+    transfers = _transfers(request)
+    if (problem := init_info_problem(transfers.state.weight_transfer, body.init_info)) is not None:
         raise HTTPException(HTTPStatus.UNPROCESSABLE_ENTITY, problem)
-    await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=body.init_info))
-    return state.info()
+    await transfers.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=body.init_info))
+    return transfers.state.info()
 
 
 @router.post("/transfer/shutdown")
 async def transfer_shutdown(request: Request) -> dict[str, Any]:
-    state, engine = _transfer(request)
-    await engine.shutdown_weight_transfer_engine()
-    return state.info()
+    transfers = _transfers(request)
+    await transfers.engine.shutdown_weight_transfer_engine()
+    return transfers.state.info()
 
 
 @router.post("/transfer/start")
 async def transfer_start(body: TransferStart, request: Request) -> dict[str, Any]:
     transfers = _transfers(request)
-    with _conflict(transfers.state):
+    with _refusals(transfers.state):
         holder = await transfers.start(body.version, body.lease_s, body.wait_s, body.resume)
     return {**transfers.state.info(), "token": holder.token, "lease_s": holder.lease_s}
 
@@ -272,7 +250,7 @@ async def transfer_update(body: TransferUpdate, request: Request) -> dict[str, A
 
     transfers = _transfers(request)
     update = WeightTransferUpdateRequest(update_info=body.update_info)
-    with _conflict(transfers.state):
+    with _refusals(transfers.state):
         await transfers.update(body.token, lambda: transfers.engine.update_weights(request=update))
     return transfers.state.info()
 
@@ -286,6 +264,6 @@ async def transfer_abort(body: TransferAbort, request: Request) -> dict[str, Any
 @router.post("/transfer/finish")
 async def transfer_finish(body: TransferToken, request: Request) -> dict[str, Any]:
     transfers = _transfers(request)
-    with _conflict(transfers.state):
+    with _refusals(transfers.state):
         await transfers.finish(body.token)
     return transfers.state.info()
