@@ -1,6 +1,5 @@
-"""A run's rollout servers from its config: the given addresses, or N servers started here on the policy
-(:class:`~grouprl.serve.client.local_servers.LocalServers`), told the run's format, LoRA rank, seed, longest
-sequence and rows."""
+"""A run's rollout servers from its config: the given addresses, or N servers started here on the policy, told the
+run's format, LoRA rank, seed, longest sequence and rows."""
 
 from __future__ import annotations
 
@@ -18,14 +17,13 @@ from grouprl.serve.client.local_servers import LocalServers
 from grouprl.serve.client.pool import ServerPool
 from grouprl.serve.client.ranks import Ranks
 from grouprl.serve.client.server_sampler import ServerSampler
+from grouprl.serve.client.servers import parse_address
 from grouprl.serve.server.guard import TOKEN_ENV
 from grouprl.serve.weights.transport import Reading, default_weights_root, is_sharded, reading, write_model_folder
 
 
 def server_problems(servers: Any, timeout: float) -> list[str]:
     """What is wrong with ``rollout_servers`` and ``rollout_server_timeout`` (empty when usable), asking no server."""
-    from grouprl.serve.client.servers import parse_address
-
     out = []
     if timeout <= 0:
         out.append(f"rollout_server_timeout must be > 0 seconds, got {timeout}")
@@ -42,8 +40,7 @@ def server_problems(servers: Any, timeout: float) -> list[str]:
 
 
 def serve_options(config: Any, max_model_len: int, transport: str = "files") -> list[str]:
-    """``grouprl serve`` arguments for a local server that samples as the run does and takes weights over
-    ``transport``."""
+    """``grouprl serve`` arguments for a local server that samples as the run does."""
     c = config
     options = ["--rollout_dtype", "bf16" if c.rollout_bf16 else "fp32", "--seed", str(c.seed),
                "--max_model_len", str(max_model_len), "--max_rows", str(c.rollout_rows),
@@ -59,9 +56,8 @@ def serve_options(config: Any, max_model_len: int, transport: str = "files") -> 
 
 def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: int,
                    transport: str = "files") -> ServerSampler:
-    """The run's :class:`ServerSampler`; local servers are started first, from the policy written to a folder
-    removed once they are up (logs in ``output_dir/servers``); of several processes process 0 alone starts them,
-    and a process that cannot reach the servers stops every one."""
+    """The run's :class:`ServerSampler`; local servers are started first (by process 0 of several), from the policy
+    written to a folder removed once they are up; a process that cannot reach the servers stops every one."""
     c, ranks, local, folder, down = config, Ranks.current(), None, None, {}
     addresses, token = c.rollout_servers, c.rollout_server_token or os.environ.get(TOKEN_ENV)
     if isinstance(addresses, int):
@@ -76,7 +72,8 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
     except Exception as e:  # noqa: BLE001 - raised below (in every process, with several)
         error = e
     finally:
-        _remove(folder)  # the servers are up (or gone): the folder they started from is not needed
+        if folder is not None:  # the servers are up (or gone): the folder they started from is not needed
+            folder.remove()
     try:
         if ranks is not None:
             ranks.check(error)
@@ -93,9 +90,8 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
 
 def _start_local(c: Any, policy: nn.Module, tokenizer: Any, max_model_len: int, transport: str, ranks: Ranks | None
                  ) -> tuple[list[str], dict[str, str], LocalServers | None, ScratchFolder | None, str]:
-    """``c.rollout_servers`` local servers started on the policy (by process 0 alone): their addresses, those
-    that did not come up (address -> why), the servers (None elsewhere), the folder they started from (the caller
-    removes it) and their token (the other processes receive it with the addresses)."""
+    """``c.rollout_servers`` local servers started on the policy (by process 0 alone): their addresses, those that did
+    not come up (address -> why), the servers (None elsewhere), the folder they started from and their token."""
     from grouprl.rollout.engines import model_problem
 
     problem = model_problem(policy)  # the servers would start, then exit saying so
@@ -141,14 +137,15 @@ def _start_local(c: Any, policy: nn.Module, tokenizer: Any, max_model_len: int, 
     except BaseException:
         if local is not None:
             local.stop()
-        _remove(folder)
+        if folder is not None:
+            folder.remove()
         raise
     return addresses, down, local, folder, token
 
 
 def _not_up(local: LocalServers, timeout: float) -> dict[str, str]:
-    """Each of ``local``'s servers that did not answer within ``timeout`` (address -> why: its exit status and
-    last log lines); a RolloutServerError when none came up."""
+    """Each of ``local``'s servers that did not answer within ``timeout`` (address -> why), or a RolloutServerError
+    when none came up."""
     pool = ServerPool(local.addresses, timeout, token=local.token)
     for i, server in enumerate(pool.servers):
         server.describe_exit = lambda settle, i=i: local.describe(i, settle)
@@ -161,14 +158,8 @@ def _not_up(local: LocalServers, timeout: float) -> dict[str, str]:
     return {s.address: s.why for s in pool.servers if not s.alive}
 
 
-def _remove(folder: ScratchFolder | None) -> None:
-    if folder is not None:
-        folder.remove()
-
-
 def _skeleton(folder: ScratchFolder | None) -> ScratchFolder | None:
-    """The local servers' model folder without its weights: a restarted server starts from it and the weights
-    every server loaded last (:meth:`FileWeights.restart_folder`)."""
+    """The local servers' model folder without its weights, for a restart with the weights loaded last."""
     if folder is None:
         return None
     skeleton = ScratchFolder("grouprl-skeleton-", folder.path.parent)

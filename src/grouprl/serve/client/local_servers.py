@@ -1,11 +1,8 @@
-"""Rollout servers started on this machine for one run (``rollout_servers: N``): N ``grouprl serve`` processes,
-each pinned to its own share of this process's cores (affinity and ``VLLM_CPU_OMP_THREADS_BIND``), on 127.0.0.1,
-taking the run's own token (in their environment) and pushes from its weights folder only.
-
-They never outlive the run: :meth:`LocalServers.stop` (and ``atexit``) ends each process group, SIGTERM then
-SIGKILL; ``PR_SET_PDEATHSIG`` signals them if the run dies any way; each also watches the run itself
-(:mod:`grouprl.serve.server.parent`). Nor does what they leave: vLLM's engine processes share memory in /dev/shm
-that Python's resource tracker, in the server's group, removes once they exit, so :func:`kill_group` spares it.
+"""Rollout servers started on this machine for one run (``rollout_servers: N``): N ``grouprl serve`` processes on
+127.0.0.1, each pinned to its own share of this process's cores, taking the run's token and pushes from its weights
+folder only. They never outlive the run: :meth:`LocalServers.stop` (and ``atexit``) ends each process group, SIGTERM
+then SIGKILL; ``PR_SET_PDEATHSIG`` signals them if the run dies any way; each also watches the run itself. Python's
+resource tracker, in each server's group, is spared: it removes the shared memory of vLLM's engine processes.
 """
 
 from __future__ import annotations
@@ -46,14 +43,13 @@ def core_shares(cores: Sequence[int], count: int) -> list[list[int]]:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port no one listens on now (the server binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
 def group_members(pgid: int) -> list[tuple[int, str]]:
-    """The processes of group ``pgid`` not yet reaped, as ``(pid, state)`` (``Z``: a zombie), from /proc."""
+    """The processes of group ``pgid`` not yet reaped, as ``(pid, state)`` (``Z``: a zombie)."""
     out = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -67,7 +63,6 @@ def group_members(pgid: int) -> list[tuple[int, str]]:
 
 
 def is_resource_tracker(pid: int) -> bool:
-    """Whether ``pid`` is Python's multiprocessing resource tracker."""
     try:
         return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -101,8 +96,8 @@ def _child_setup(cores: list[int], parent: int) -> Callable[[], None]:
 
 
 class LocalServers:
-    """``count`` ``grouprl serve`` processes on the model folder ``model``, with further arguments ``options``;
-    ``token`` (None: a new one) goes in their environment, never their command line, which every user sees."""
+    """``count`` ``grouprl serve`` processes on the model folder ``model`` with ``options``; ``token`` (None: a new one)
+    goes in their environment, never their command line, which every user sees."""
 
     def __init__(self, count: int, model: str | Path, options: Sequence[str], log_dir: str | Path,
                  cores: Sequence[int] | None = None, host: str = "127.0.0.1", weights_root: str | Path | None = None,
@@ -151,7 +146,7 @@ class LocalServers:
         return self.log_dir / f"server-{i}.log"
 
     def describe(self, i: int, settle: float = 0.0) -> str:
-        """Server ``i``'s process: running, or its exit status and log's end, waiting ``settle`` s for an exit."""
+        """Server ``i``'s process: running, or its exit status and log's end (``settle``: seconds to wait for it)."""
         try:
             code = self.processes[i].wait(timeout=settle) if settle > 0 else self.processes[i].poll()
         except subprocess.TimeoutExpired:
@@ -162,7 +157,6 @@ class LocalServers:
         return f"process {self.processes[i].pid} exited with status {code}; end of {self.log_path(i)}: {tail}"
 
     def kill(self, i: int) -> None:
-        """End server ``i``'s whole process group at once."""
         kill_group(self.processes[i].pid)
         self.processes[i].wait()
 

@@ -1,16 +1,9 @@
-"""Rollout servers shared by the processes of a torchrun trainer (DDP or FSDP), which train one set of weights:
-
-- Sampling: each process samples its own groups; its group g goes to the server of key ``g * N + rank``, so the
-  processes' groups interleave over the servers.
-- Weights: process 0 alone writes and pushes each version (under FSDP every process takes part in the gathers);
-  every process then receives what the servers hold and which serve (:meth:`Ranks.after_push`, a broadcast), so
-  no process samples for step t + 1 before version t is pushed, and a server dropped or readmitted by process 0
-  is dropped or readmitted everywhere. A failed push raises in every process.
-- Local servers (``rollout_servers: N``): process 0 starts and stops them; the others get their addresses
-  (:meth:`Ranks.share`).
-- Collectives run on the trainer's process group where every process comes together (the start of a rollout,
-  building the sampler); sampling ahead, the rollout threads use a group of their own
-  (:meth:`~grouprl.serve.client.handover.WeightHandover.sample_ahead`).
+"""Rollout servers shared by the processes of a torchrun trainer, which train one set of weights: each process samples
+its own groups (group g of process r goes to the server of key ``g * N + r``, so they interleave); process 0 alone
+writes and pushes each version (under FSDP every process takes part in the gathers) and every process then receives
+what the servers hold and which serve (:meth:`Ranks.after_push`), so a server process 0 drops or readmits is dropped
+or readmitted everywhere and no process samples for step t + 1 before version t is pushed. Process 0 starts and stops
+local servers (:meth:`Ranks.share`). Sampling ahead, the rollout threads use a process group of their own.
 """
 
 from __future__ import annotations
@@ -24,14 +17,17 @@ import torch.distributed as dist
 from grouprl.serve.client.servers import RolloutServerError, ServerFailure
 
 
+def _said(error: BaseException | None) -> str | None:
+    return None if error is None else f"{type(error).__name__}: {error}"
+
+
 @dataclass(frozen=True)
 class Ranks:
-    """This process's place among the trainer's processes (``world`` > 1)."""
+    """This process's place among the trainer's processes (``world`` > 1); ``group``: None for the default group."""
 
     rank: int
     world: int
     group: Any = field(default=None, compare=False)
-    """The process group of its collectives (None: the trainer's, the default group)."""
 
     @property
     def is_main(self) -> bool:
@@ -52,26 +48,30 @@ class Ranks:
         """
         return [g * self.world + self.rank for g in groups]
 
+    def _from_main(self, news: Any) -> Any:
+        box = [news if self.is_main else None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
     def share(self, make: Callable[[], Any]) -> Any:
         """``make()`` run by process 0, its result (or its error, raised) in every process."""
-        box: list[Any] = [None]
+        result, error = None, None
         if self.is_main:
             try:
-                box[0] = ("ok", make())
+                result = make()
             except Exception as e:  # noqa: BLE001 - raised below, in every process
-                box[0] = ("error", e, f"{type(e).__name__}: {e}")
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        if box[0][0] == "error":
-            if self.is_main:
-                raise box[0][1]
-            raise RolloutServerError(f"process 0 could not start the rollout servers: {box[0][2]}")
-        return box[0][1]
+                error = e
+        result, said = self._from_main((result, _said(error)))
+        if error is not None:
+            raise error
+        if said is not None:
+            raise RolloutServerError(f"process 0 could not start the rollout servers: {said}")
+        return result
 
     def check(self, error: BaseException | None) -> None:
         """Every process at the same point with what it caught (or None): if any failed, every one raises."""
         reports: list[Any] = [None] * self.world
-        dist.all_gather_object(reports, None if error is None else f"{type(error).__name__}: {error}",
-                               group=self.group)
+        dist.all_gather_object(reports, _said(error), group=self.group)
         if error is not None:
             raise error
         failed = [(r, msg) for r, msg in enumerate(reports) if msg is not None]
@@ -81,23 +81,18 @@ class Ranks:
 
     def after_push(self, pool: Any, version: int | None, error: BaseException | None, again: bool = False
                    ) -> tuple[int | None, bool]:
-        """Process 0's push outcome in every process: (the version the servers hold, whether the push is made
-        again); the servers it dropped or serves with (with the version and LoRA adapter each holds), mirrored
-        here; its error, raised everywhere."""
-        news: list[Any] = [None]
-        if self.is_main:
-            news[0] = (version, [(s.address, s.alive, s.why, s.version, s.adapter, s.returning) for s in pool.servers],
-                       None if error is None else f"{type(error).__name__}: {error}", again)
-        dist.broadcast_object_list(news, src=0, group=self.group)
-        pushed, states, failed, again = news[0]
+        """Process 0's push outcome in every process: (the version the servers hold, whether the push is made again);
+        the servers it dropped or serves with (with the version and LoRA adapter each holds) mirrored here; its
+        error raised everywhere."""
+        states = [(s.address, s.alive, s.why, s.version, s.adapter, s.returning) for s in pool.servers]
+        pushed, states, failed, again = self._from_main((version, states, _said(error), again))
         if self.is_main:
             if error is not None:
                 raise error
             return pushed, again
         by_address = {s.address: s for s in pool.servers}
         for address, alive, why, held, adapter, returning in states:
-            server = by_address.get(address)
-            if server is None:
+            if (server := by_address.get(address)) is None:
                 continue
             if alive and not server.alive:  # back at process 0, with the weights it pushed
                 pool.readmit(server)
