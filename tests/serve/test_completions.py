@@ -1,11 +1,11 @@
-"""What a rollout server's answer becomes on the trainer's side (grouprl.serve.client.completions.parse_completion):
+"""What a rollout server's answer becomes on the trainer's side (grouprl.serve.client.server_sampler.parse_completion):
 a completion with its tokens, log-probs and policy version, and hostile answers refused naming the server."""
 
 from __future__ import annotations
 
 import pytest
 
-from grouprl.serve.client.completions import parse_completion
+from grouprl.serve.client.server_sampler import parse_completion
 from grouprl.serve.client.servers import RolloutServerError
 
 

@@ -9,6 +9,7 @@ push made again. The group is formed again without a dropped server, and with on
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import socket
 import threading
 import time
@@ -26,8 +27,7 @@ JOIN_POLL_S = 0.2
 
 
 def reachable_address(address: str) -> str:
-    """This machine's address on the route to ``address`` (host:port): where a server can reach the trainer.
-    (A UDP socket's connect sends nothing; it only picks the interface.)"""
+    """This machine's address on the route to ``address`` (a UDP connect sends nothing; it picks the interface)."""
     host, _, port = address.rpartition(":")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((host, int(port)))
@@ -35,18 +35,10 @@ def reachable_address(address: str) -> str:
 
 
 def rank_offsets(workers: list[int]) -> list[int]:
-    """Each server's first rank in the group: rank 0 is the trainer, then each server's workers in turn.
-
-    >>> rank_offsets([1, 2, 1])
-    [1, 2, 4]
-    """
-    offsets, next_rank = [], 1
-    for n in workers:
-        if n < 1:
-            raise ValueError(f"a rollout server reported {n} workers")
-        offsets.append(next_rank)
-        next_rank += n
-    return offsets
+    """Each server's first rank in the group: rank 0 is the trainer, then each server's workers in turn."""
+    if any(n < 1 for n in workers):
+        raise ValueError(f"a rollout server reported {min(workers)} workers")
+    return list(itertools.accumulate([1, *workers[:-1]]))
 
 
 class ServersClient:
@@ -56,8 +48,8 @@ class ServersClient:
     def __init__(self, pool: Any, servers: list[Server]):
         self.pool, self.servers = pool, servers
         self.tokens: dict[str, str] = {}  # host:port -> the token its start answered
-        self.offsets = rank_offsets([int(s.info.get("workers") or 1) for s in servers])
-        self.world_size = 1 + sum(int(s.info.get("workers") or 1) for s in servers)
+        workers = [int(s.info.get("workers") or 1) for s in servers]
+        self.offsets, self.world_size = rank_offsets(workers), 1 + sum(workers)
         self.version, self.resume = 0, False  # resume: the push restarts a run
         self.joined: set[str] = set()
         self.failed: dict[str, str] = {}
@@ -199,8 +191,7 @@ class CollectiveWeights:
                 raise failure
             ServersClient(self.pool, [s for s in broken if s.alive]).shutdown()  # a half-made join is undone
             return self._join(again=again and bool(gone))
-        self.engine, self.client, self.members = done.result(), client, list(servers)
-        self.roster = self.pool.roster_changes
+        self.engine, self.client, self.roster = done.result(), client, self.pool.roster_changes
         self.readmits = {s.address: s.readmits for s in servers}
 
     def write(self, model: nn.Module, read: Any, version: int, dtype: torch.dtype) -> None:
@@ -213,8 +204,7 @@ class CollectiveWeights:
         self.version = version
 
     def push(self) -> None:
-        """Send what :meth:`write` made ready; a member that stopped answering is dropped and the push made again."""
-        while not self._push_once():
+        while not self._push_once():  # a member that stopped answering was dropped: again without it
             pass
 
     def stream(self, read: Any, version: int, dtype: torch.dtype) -> bool:

@@ -12,6 +12,7 @@ import concurrent.futures
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,13 +23,60 @@ from grouprl.rollout.seeds import resolve_row_seeds
 from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.rollout.vllm import stop_token_ids
 from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
-from grouprl.serve.client.completions import GENERATE, Completion, PendingBatch, parse_completion
 from grouprl.serve.client.handover import WeightHandover
 from grouprl.serve.client.pool import ServerPool
 from grouprl.serve.client.ranks import Ranks
 from grouprl.serve.client.servers import RolloutServerError, Server, ServerFailure
 from grouprl.serve.server.guard import TOKEN_ENV
 from grouprl.types import RolloutBatch, SamplingParams
+
+GENERATE = "/inference/v1/generate"
+
+
+@dataclass(frozen=True)
+class Logprob:  # shaped as vLLM's, for outputs_to_batch
+    logprob: float
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One row's completion as a server returned it (the fields :func:`outputs_to_batch` reads)."""
+
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]]
+    finish_reason: str
+    version: int | None  # the oldest policy version that drew its tokens (None: before any push)
+
+
+def parse_completion(answer: dict[str, Any], address: str) -> Completion:
+    try:
+        choice = answer["choices"][0]
+        ids = [int(t) for t in choice["token_ids"]]
+        lps = [float(e["logprob"]) for e in (choice.get("logprobs") or {}).get("content") or []]
+        spans = choice.get("weight_versions") or []
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise RolloutServerError(f"rollout server {address} answered {GENERATE} in an unknown shape "
+                                 f"({type(e).__name__}: {e}): {str(answer)[:300]}") from e
+    if len(lps) != len(ids):
+        raise RolloutServerError(f"rollout server {address} returned {len(ids)} tokens with {len(lps)} log-probs")
+    versions = [int(s["version"]) for s in spans if str(s.get("version", "")).lstrip("-").isdigit()]
+    return Completion(ids, [{t: Logprob(lp)} for t, lp in zip(ids, lps)], choice.get("finish_reason") or "stop",
+                      min(versions) if versions else None)
+
+
+@dataclass
+class PendingBatch:
+    """A rollout in flight: completions arrive on the pool's loop, the batch is assembled in the caller's thread."""
+
+    completions: concurrent.futures.Future
+    assemble: Callable[[list[Completion]], RolloutBatch]
+
+    def done(self) -> bool:
+        return self.completions.done()
+
+    def result(self) -> RolloutBatch:
+        return self.assemble(self.completions.result())
+
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
