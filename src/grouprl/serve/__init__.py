@@ -1,7 +1,5 @@
 """Rollouts served by separate inference server processes (docs/servers.md): :mod:`.server` runs in the server
-process (``grouprl serve``), :mod:`.client` in the trainer, :mod:`.weights` (how weights travel) in both. Nothing
-here imports ``vllm`` except the server itself.
-"""
+process (``grouprl serve``), :mod:`.client` in the trainer, :mod:`.weights` (how weights travel) in both."""
 
 from __future__ import annotations
 

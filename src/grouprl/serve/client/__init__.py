@@ -1,5 +1,2 @@
-"""The trainer's side of rollout servers: :class:`~.server_sampler.ServerSampler`, the rollout engine over them; the
-HTTP connections and fault handling (:mod:`.pool`) over the servers as the trainer sees them (:mod:`.servers`), a
-dropped one coming back (:mod:`.rejoin`); weight hand-over (:mod:`.handover`; broadcast pushes: :mod:`.collective`; the
-processes of a torchrun trainer: :mod:`.ranks`); servers started here for a run (:mod:`.local_servers`) or named by the
-config (:mod:`.from_config`)."""
+"""The trainer's side: the engine (:mod:`.server_sampler`), connections and membership (:mod:`.pool`, :mod:`.servers`),
+weight hand-over (:mod:`.handover`, :mod:`.collective`, :mod:`.ranks`), local servers (:mod:`.local_servers`)."""

@@ -42,8 +42,7 @@ def rank_offsets(workers: list[int]) -> list[int]:
 
 
 class ServersClient:
-    """vLLM's ``VLLMWeightSyncClient`` (the calls its trainer engine makes) over grouprl's routes of several servers
-    at once; ``version`` labels the next update. A failing server is named in a :class:`RolloutServerError`."""
+    """vLLM's ``VLLMWeightSyncClient`` over grouprl's routes of several servers at once."""
 
     def __init__(self, pool: Any, servers: list[Server]):
         self.pool, self.servers = pool, servers
@@ -57,8 +56,7 @@ class ServersClient:
         self.late: set[str] = set()
 
     def _all(self, path: str, body: Callable[[Server], dict[str, Any]], timeout: float | None = None) -> None:
-        """POST ``body(server)`` to every server at once; each answer's token or version kept as it comes (a push
-        made again after another server failed knows who finished)."""
+        """POST ``body(server)`` to every server at once; each answer's token or version kept as it comes."""
         async def one(server: Server) -> None:
             try:
                 answer = await self.pool.request(server, "POST", path, body(server), timeout=timeout)
@@ -107,8 +105,7 @@ class ServersClient:
             server.version, server.adapter = self.version, None
 
     def abort(self, why: str) -> None:
-        """Give up the transfer on every server that started it (failures ignored: a dead server holds nothing, and
-        one whose update runs abandons it once the group is torn down)."""
+        """Give up the transfer on every server that started it (failures ignored: the group is torn down next)."""
         self.pool.gather([self.pool.request(s, "POST", "/grouprl/transfer/abort",
                                             {"token": self.tokens[s.address], "why": why})
                           for s in self.servers if s.alive and s.address in self.tokens])
@@ -195,8 +192,7 @@ class CollectiveWeights:
         self.readmits = {s.address: s.readmits for s in servers}
 
     def write(self, model: nn.Module, read: Any, version: int, dtype: torch.dtype) -> None:
-        """What the next push sends as ``version``: a copy of ``read`` where :attr:`stages` says so, else the model
-        itself, read as the broadcast reaches each tensor. Either can be sent again if a push fails."""
+        """What the next push sends as ``version``: a copy of ``read`` where :attr:`stages` says so, else the model."""
         if self.stages():  # each tensor cast (and copied, if the model's own) as it is read
             self.sending = StagedWeights(staged_copy(model, dtype, read.tensors))
         else:
@@ -208,8 +204,7 @@ class CollectiveWeights:
             pass
 
     def stream(self, read: Any, version: int, dtype: torch.dtype) -> bool:
-        """Push ``version`` from ``read`` as the broadcast reaches each tensor (FSDP shards gathered then, by every
-        process), once: False when a member stopped answering mid-way (dropped; every process pushes again)."""
+        """Push ``version`` from ``read`` as it is sent, once: False when a member was dropped mid-way."""
         self.sending, self.version = StreamedWeights(read, dtype), version
         return self._push_once()
 

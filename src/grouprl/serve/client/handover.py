@@ -22,9 +22,8 @@ from grouprl.serve.weights.transport import TRANSPORTS, Reading, is_sharded, rea
 
 
 class WeightHandover:
-    """``model`` handed to the servers of ``pool`` as policy versions over ``transport`` (a ``TRANSPORTS`` name, in
-    the servers' ``dtype``); a :class:`~grouprl.rollout.protocol.SamplesAhead`. ``difference``: why a server that is
-    back cannot take the weights ("" if it can); ``sender``: None for the transport's own (process 0's)."""
+    """``model`` handed to the servers of ``pool`` as policy versions over ``transport``, in ``dtype``; a
+    :class:`~grouprl.rollout.protocol.SamplesAhead`. ``difference``: why a server back cannot take the weights."""
 
     def __init__(self, model: nn.Module, pool: Any, transport: str, *, ranks: Ranks | None, dtype: torch.dtype,
                  lora: bool, timeout: float, weights_dir: str | None, difference: Callable[[Any], str],
@@ -80,8 +79,7 @@ class WeightHandover:
 
     @property
     def streams_pushes(self) -> bool:
-        """A collective push gathers each FSDP tensor as the broadcast reaches it (synchronous, without LoRA, whose
-        merge reads each base weight with its adapters)."""
+        """A collective push gathers each FSDP tensor as it is sent (synchronous, without LoRA)."""
         return self.sharded and not self.sampling_ahead and not self.lora and self.transport.backend is not None
 
     @property
@@ -98,8 +96,7 @@ class WeightHandover:
         return out
 
     def sync_weights(self) -> None:
-        """Send the weights to every server if they changed since the last push; of several processes a collective
-        (process 0 pushes, the others take its outcome); a streamed push that lost a server is made again by all."""
+        """Send the weights if they changed; of several processes a collective (process 0 pushes, all take its news)."""
         ranks, again = self._ranks(), True
         while again:
             streamed, error, again = self._streamed_reading(), None, False
@@ -131,8 +128,7 @@ class WeightHandover:
         return reading(self.model, dtype=self.dtype) if new else None
 
     def write_weights(self) -> None:
-        """Write the followed model's weights as its version, once (process 0), between updates; under FSDP a
-        collective of the trainer threads (a rollout thread writes nothing)."""
+        """Write the followed model's weights as its version, once, between updates (under FSDP a collective)."""
         if self.sender is None and not self.sharded:
             return
         if self.sharded and self.ahead is not None and self.ahead[0] == threading.get_ident():
@@ -156,8 +152,7 @@ class WeightHandover:
             self.sync_seconds += seconds
 
     def push_weights(self, streamed: Reading | None = None) -> bool:
-        """Have every server, and any that is back, load the newest written version (``streamed``: read as it is
-        sent). True when the push lost a server mid-way and is to be made again with a new reading."""
+        """Have every server load the newest written version; True when it is to be made again with a new reading."""
         with self.lock:
             start = time.perf_counter()
             if self.pushed != self.written:

@@ -1,13 +1,8 @@
-"""The trainer's connections to its rollout servers, and which of them serve: one ``httpx.AsyncClient`` on an event
-loop in a daemon thread, so requests stay in flight while the caller works, each bounded by a timeout.
-
-The pool alone drops, restarts and readmits servers. A server that refuses or drops a connection, answers 5xx or
-times out is dropped, named; its rows go to the servers left, and with none left a call raises
-:class:`RolloutServerError` (a 4xx is the request's fault: it raises at once). Where the pool takes returns, a
-dropped server the run started is restarted (``restarts_left``), any other asked every ``RETURN_POLL_S`` s whether it
-answers. One that answers is *back*, readmitted once it holds the current weights (``rejoin`` for files, the group
-of the next collective push otherwise). In trainer processes but 0 a server process 0 restarts is back once it holds
-this process's weights (``holds_weights``).
+"""The trainer's connections to its rollout servers (one ``httpx.AsyncClient`` on an event loop in a daemon thread),
+and the one owner of which servers serve. A server that fails a request (connection, 5xx, timeout) is dropped and its
+rows go to the servers left (a 4xx raises). Taking returns, a dropped server the run started is restarted, any other
+polled; one that answers is *back*, readmitted once it holds the current weights (``rejoin`` for files, else the next
+collective push's group; processes but 0 wait until it ``holds_weights`` process 0 gave it).
 """
 
 from __future__ import annotations
@@ -34,8 +29,7 @@ def _tick(server: Server, now: float) -> None:
 
 
 class ServerPool:
-    """Requests to several rollout servers: ``timeout`` bounds each (and :meth:`wait_ready`), ``setting`` names it in
-    messages; ``token`` is the servers' bearer token (never logged)."""
+    """Requests to the servers at ``addresses``, each bounded by ``timeout`` (``setting`` names it in messages)."""
 
     def __init__(self, addresses: Sequence[str], timeout: float, setting: str = "rollout_server_timeout",
                  token: str | None = None):
@@ -69,7 +63,6 @@ class ServerPool:
 
     # -- the loop -----------------------------------------------------------------------------------
     def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
-        """Run ``coro`` on the pool's loop; its future, at once (failed by :meth:`close` if still unsettled)."""
         with self.waiting_lock:
             if self.closing:
                 coro.close()
@@ -87,12 +80,10 @@ class ServerPool:
         return self.submit(coro).result()
 
     def cancel(self) -> None:
-        """Cancel every coroutine running on the loop."""
         if not self.loop.is_closed():
             self.loop.call_soon_threadsafe(lambda: [task.cancel() for task in asyncio.all_tasks(self.loop)])
 
     def close(self) -> None:
-        """Cancel what runs, close the HTTP client, stop the loop, fail every future left unsettled."""
         if self.loop.is_closed():
             return
         self.cancel()
@@ -133,12 +124,10 @@ class ServerPool:
         return response.json()
 
     async def info(self, server: Server) -> dict[str, Any]:
-        """``GET /grouprl/info``, kept as ``server.info``."""
         server.info = await self.request(server, "GET", "/grouprl/info", timeout=min(self.timeout, 10.0))
         return server.info
 
     def gather(self, coros: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
-        """Run ``coros`` at once on the loop and wait: each one's result or exception."""
         async def every() -> list[Any]:
             return await asyncio.gather(*coros, return_exceptions=True)
 
@@ -150,7 +139,7 @@ class ServerPool:
             server.in_flight += change
 
     def busy_shares(self) -> list[float]:
-        """Each server's share of the time since the last call with a request of this pool in flight."""
+        """Each server's share of the time since the last call with a request in flight."""
         with self.clock_lock:
             now = time.monotonic()
             window, self.clock_from = max(now - self.clock_from, 1e-9), now
@@ -192,8 +181,7 @@ class ServerPool:
 
     async def spread(self, work: Callable[[Server, int], Coroutine[Any, Any, Any]], items: int,
                      groups: Sequence[int]) -> list[Any]:
-        """``work(server, i)`` for every item, on the server of its group ``groups[i]`` (modulo the servers left),
-        again elsewhere when that one fails; results in item order."""
+        """``work(server, i)`` for every item on the server of group ``groups[i]``, again elsewhere when it fails."""
         results: list[Any] = [None] * items
         pending = list(range(items))
 
@@ -260,8 +248,7 @@ class ServerPool:
                       f"{len(self.alive)} of {len(self.servers)} servers", stacklevel=2)
 
     def readmit_back(self, difference: Callable[[Server], str]) -> None:
-        """Readmit every server that is back, unless it serves otherwise (``difference``: why, or ""): a collective
-        push forms its group with them."""
+        """Readmit every server that is back for a collective push's group, unless ``difference`` says why not."""
         for server in self.back_servers():
             if why := difference(server):
                 self.drop_again(server, why)
@@ -340,8 +327,7 @@ class ServerPool:
                 server.stop()
 
     async def _serving(self) -> list[Server]:
-        """The servers serving; with none left, the first one the run restarts that comes back within the timeout
-        (one the run did not start is not waited for)."""
+        """The servers serving; with none left, the first one the run restarts that comes back within the timeout."""
         deadline = time.monotonic() + self.timeout
         while not self.alive and self.rejoin is not None and time.monotonic() < deadline \
                 and any(s.returning and s.restarted_by_run for s in self.servers):

@@ -41,11 +41,7 @@ class Ranks:
         return cls(dist.get_rank(), dist.get_world_size())
 
     def route(self, groups: list[int]) -> list[int]:
-        """Each local group's key for the pool's round-robin: the processes' groups interleaved.
-
-        >>> Ranks(1, 2).route([0, 0, 1])
-        [1, 1, 3]
-        """
+        """Each local group's key for the pool's round-robin: the processes' groups interleaved."""
         return [g * self.world + self.rank for g in groups]
 
     def _from_main(self, news: Any) -> Any:
@@ -81,9 +77,8 @@ class Ranks:
 
     def after_push(self, pool: Any, version: int | None, error: BaseException | None, again: bool = False
                    ) -> tuple[int | None, bool]:
-        """Process 0's push outcome in every process: (the version the servers hold, whether the push is made again);
-        the servers it dropped or serves with (with the version and LoRA adapter each holds) mirrored here; its
-        error raised everywhere."""
+        """Process 0's push outcome in every process (the version the servers hold, whether to push again); the
+        servers it dropped or readmitted mirrored here; its error raised everywhere."""
         states = [(s.address, s.alive, s.why, s.version, s.adapter, s.returning) for s in pool.servers]
         pushed, states, failed, again = self._from_main((version, states, _said(error), again))
         if self.is_main:

@@ -125,8 +125,7 @@ class ServerSampler:
             raise
 
     def _watch_returns(self, restarts: int | None) -> None:
-        """Dropped servers that answer again rejoin, given the weights by the files transport (``restarts`` not None;
-        the local ones restarted ``restarts`` times each) or by a collective transport's next push."""
+        """Servers that answer again rejoin: over files (``restarts``: each local one's) or at the next collective."""
         self.pool.takes_returns = True
         if restarts is None:
             return
@@ -137,8 +136,7 @@ class ServerSampler:
             server.restart, server.restarts_left = (lambda i=i, server=server: self._restart(i, server)), restarts
 
     def _follow_returns(self) -> None:
-        """A process but 0, on servers process 0 starts and restarts (files): with none left, a rollout waits for
-        one holding this process's version, and takes it back."""
+        """A process but 0, on servers process 0 restarts: one is back once it holds this process's version."""
         self.pool.takes_returns = True
         self.pool.rejoin = self._taken_back
         self.pool.holds_weights = lambda server: (server.info or {}).get("version") == self.handover.pushed \
@@ -217,8 +215,7 @@ class ServerSampler:
         yield
 
     def metrics(self) -> dict[str, float]:
-        """Since the last call: ``time/weight_sync`` (``time/weight_write`` the writing alone), each server's
-        ``server/<i>/busy`` share; the last rollout's ``rollout/policy_lag``; ``rollout/servers`` serving."""
+        """Since the last call: weight sync and write seconds, busy shares; the last rollout's policy lag."""
         sync, write = self.handover.take_seconds()
         return {"time/weight_sync": sync, "time/weight_write": write, "rollout/policy_lag": float(self.lag),
                 "rollout/servers": float(len(self.pool.alive)),
@@ -257,8 +254,7 @@ class ServerSampler:
 
     def complete(self, sequences: list[list[int]], kwargs: list[dict[str, Any]],
                  groups: list[int]) -> concurrent.futures.Future:
-        """A future of one completion per sequence (row ``i`` on the server of group ``groups[i]``), after a weight
-        push if one is due."""
+        """A future of one completion per sequence (row ``i`` on the server of group ``groups[i]``)."""
         self._check_lengths(sequences, [k["max_tokens"] for k in kwargs])
         if self.ranks is None:
             self.handover.sync_weights()
