@@ -67,10 +67,8 @@ class WeightHandover:
             raise RuntimeError(f"process {self.ranks.rank} samples with policy version {self.version} not pushed "
                                "yet: with several trainer processes, sample inside phase()")
 
-    def _ranks(self) -> Ranks | None:
-        if self.ahead is not None and self.ahead[0] == threading.get_ident():
-            return self.ahead[1]
-        return self.ranks
+    def _in_rollout_thread(self) -> bool:
+        return self.ahead is not None and self.ahead[0] == threading.get_ident()
 
     @property
     def stages_pushes(self) -> bool:
@@ -97,9 +95,10 @@ class WeightHandover:
 
     def sync_weights(self) -> None:
         """Send the weights if they changed; of several processes a collective (process 0 pushes, all take its news)."""
-        ranks, again = self._ranks(), True
+        ranks, again = self.ahead[1] if self._in_rollout_thread() else self.ranks, True
         while again:
-            streamed, error, again = self._streamed_reading(), None, False
+            new = self.streams_pushes and self.pushed != self.version  # a streamed push reads it, every process alike
+            streamed, error, again = reading(self.model, dtype=self.dtype) if new else None, None, False
             if ranks is None or ranks.is_main:
                 try:
                     with streamed.through() if streamed is not None else contextlib.nullcontext():
@@ -123,15 +122,9 @@ class WeightHandover:
             raise RuntimeError(f"process {ranks.rank} is at policy version {self.version} but process 0 pushed "
                                f"{pushed}: the processes updated their weights a different number of times")
 
-    def _streamed_reading(self) -> Reading | None:
-        new = self.streams_pushes and self.pushed != self.version
-        return reading(self.model, dtype=self.dtype) if new else None
-
     def write_weights(self) -> None:
         """Write the followed model's weights as its version, once, between updates (under FSDP a collective)."""
-        if self.sender is None and not self.sharded:
-            return
-        if self.sharded and self.ahead is not None and self.ahead[0] == threading.get_ident():
+        if self._in_rollout_thread() if self.sharded else self.sender is None:  # a rollout thread gathers nothing
             return
         with self.lock:
             if self.gathered == self.version:
