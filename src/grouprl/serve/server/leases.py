@@ -64,13 +64,9 @@ class Transfers:
                 await self.state.lock.acquire()
         except TimeoutError:
             raise TransferRefused(self._busy(version, wait_s)) from None
-        refusal = version_refusal(self.state.version, version, resume)
-        if refusal:
+        if refusal := version_refusal(self.state.version, version, resume, log=self.log):
             self.state.lock.release()
             raise TransferRefused(f"start refused: {refusal}")
-        if resume and self.state.version is not None and version <= self.state.version:
-            self.log(f"grouprl serve: version {version} accepted after version {self.state.version}: its trainer "
-                     "resumes a run")
         self.holder = holder = Holder(secrets.token_hex(8), version, float(lease_s), calls=1)
         try:
             await self.engine.pause_generation(mode="wait")

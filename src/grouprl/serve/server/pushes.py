@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 from grouprl.serve.server.guard import Refusal
@@ -34,8 +35,11 @@ def within_root(path: str, root: Path | None) -> Path:
     return resolved
 
 
-def version_refusal(held: int | None, version: int, resume: bool, what: str = "weights",
-                    equal_ok: bool = False) -> str | None:
+def version_refusal(held: int | None, version: int, resume: bool, what: str = "weights", equal_ok: bool = False,
+                    log: Callable[[str], None] = lambda line: print(line, flush=True)) -> str | None:
+    """Why a push of ``version`` onto ``held`` is refused (None: taken; a resumed run's step back is logged)."""
+    if resume and held is not None and version <= held:
+        log(f"grouprl serve: version {version} accepted after version {held}: its trainer resumes a run")
     if held is None or version > held or resume or (equal_ok and version == held):
         return None
     return (f"the push of policy version {version} is not newer than the {what} version {held} this server "

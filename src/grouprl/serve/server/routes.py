@@ -102,11 +102,8 @@ def _forward_only(state: ServerState, version: int, resume: bool, adapter: bool)
     first_adapter = adapter and state.adapter_version is None
     held = state.adapter_version if adapter and not first_adapter else state.version
     what = "adapter" if adapter and not first_adapter else "weights"
-    refusal = version_refusal(held, version, resume, what, equal_ok=first_adapter)
-    if refusal:
+    if refusal := version_refusal(held, version, resume, what, equal_ok=first_adapter):
         raise HTTPException(HTTPStatus.CONFLICT, f"this server ({state.address}): {refusal}")
-    if resume and held is not None and version <= held:
-        print(f"grouprl serve: version {version} accepted after version {held}: its trainer resumes a run", flush=True)
 
 
 @router.post("/weights")
