@@ -69,14 +69,15 @@ def is_resource_tracker(pid: int) -> bool:
         return False
 
 
-def kill_group(pgid: int) -> None:
-    """SIGKILL every process of group ``pgid`` but the resource trackers (where there is no /proc, all of it)."""
+def kill_group(pgid: int, spare: int | None = None) -> None:
+    """SIGKILL every process of group ``pgid`` but the resource trackers and ``spare`` (without /proc, all of it)."""
     if not Path("/proc/self/stat").exists():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
         return
     for _ in range(KILL_ROUNDS):  # again while the group forked something between the listing and the kill
-        targets = [pid for pid, state in group_members(pgid) if state != "Z" and not is_resource_tracker(pid)]
+        targets = [pid for pid, state in group_members(pgid)
+                   if state != "Z" and pid != spare and not is_resource_tracker(pid)]
         if not targets:
             return
         for pid in targets:

@@ -6,14 +6,12 @@ resource tracker that frees their shared memory) and exits 1.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import sys
 import threading
 import time
 
-from grouprl.serve.client.local_servers import PARENT_ENV, group_members, is_resource_tracker
+from grouprl.serve.client.local_servers import PARENT_ENV, kill_group
 
 POLL_S = 0.5
 
@@ -25,12 +23,8 @@ def parent_gone(expected: int) -> bool:
 def _end(expected: int) -> None:
     print(f"grouprl serve: the run that started this server (process {expected}) is gone; stopping it and its "
           "engine processes", file=sys.stderr, flush=True)
-    me = os.getpid()
-    if os.getpgid(0) == me:  # a group of its own (a run starts it so): only its own processes are in it
-        for pid, state in group_members(me):
-            if pid != me and state != "Z" and not is_resource_tracker(pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+    if os.getpgid(0) == os.getpid():  # a group of its own (a run starts it so): only its own processes are in it
+        kill_group(os.getpid(), spare=os.getpid())
     os._exit(1)
 
 
