@@ -10,13 +10,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import os
 import secrets
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from grouprl.serve.server.guard import TOKEN_ENV
@@ -85,15 +86,12 @@ def kill_group(pgid: int, spare: int | None = None) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _child_setup(cores: list[int], parent: int) -> Callable[[], None]:
-    def setup() -> None:  # runs in the child between fork and exec
-        os.sched_setaffinity(0, cores)
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the run died before the prctl: no signal will come
-            os._exit(1)
-
-    return setup
+def _child_setup(cores: list[int], parent: int) -> None:  # in the child, between fork and exec
+    os.sched_setaffinity(0, cores)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the run died before the prctl: no signal will come
+        os._exit(1)
 
 
 class LocalServers:
@@ -133,7 +131,7 @@ class LocalServers:
         # appending: a killed server's resource tracker may still write its farewell after the restart's first lines
         with open(self.log_path(i), "ab") as log:  # the child holds its own copy of the file
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                    preexec_fn=_child_setup(share, os.getpid()))
+                                    preexec_fn=functools.partial(_child_setup, share, os.getpid()))
 
     def restart(self, i: int, model: str | Path) -> None:
         """Start server ``i`` again (after :meth:`kill`) on its address and cores, from the model folder ``model``."""
