@@ -1,10 +1,6 @@
 """The trainer's side of the collective transports (``nccl``, ``gloo``): weights broadcast from the trainer (rank 0)
-to every worker of every rollout server in one group, through vLLM's weight-transfer engines; nothing touches storage.
-The trainer opens a rendezvous on the address it reaches the first server from and asks each server to join at its
-rank offset. A push is ``start`` (each server pauses; a lease of ``rollout_server_timeout``), ``update`` beside the
-broadcast, ``finish``; a failed push is aborted everywhere, the group torn down, the silent servers dropped, and the
-push made again. The group is formed again without a dropped server, and with one that came back.
-"""
+to every worker of every server in one group, through vLLM's weight-transfer engines. A failed push is aborted, the
+group torn down, the silent servers dropped and the push made again; the group is formed again after any change."""
 
 from __future__ import annotations
 

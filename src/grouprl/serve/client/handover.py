@@ -1,9 +1,6 @@
-"""One owner of the weight hand-over to rollout servers: :class:`WeightHandover` keeps the policy versions (made,
-written, pushed), the lock between the thread that writes a version and the one that pushes it, and the transport's
-sender. A version is written between updates and pushed at the start of the next rollout (sampling ahead: of the
-next batch). Of several trainer processes process 0 alone writes and pushes; under FSDP every process takes part in
-each gather.
-"""
+"""One owner of the weight hand-over to rollout servers: the policy versions (made, written, pushed), the lock
+between the thread that writes a version (between updates) and the one that pushes it (at the next rollout), and the
+transport's sender."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Rollout servers started on this machine for one run (``rollout_servers: N``): N ``grouprl serve`` processes on
-127.0.0.1, each pinned to its own share of this process's cores, taking the run's token and pushes from its weights
-folder only. They never outlive the run: :meth:`LocalServers.stop` (and ``atexit``) ends each process group, SIGTERM
-then SIGKILL; ``PR_SET_PDEATHSIG`` signals them if the run dies any way; each also watches the run itself. Python's
-resource tracker, in each server's group, is spared: it removes the shared memory of vLLM's engine processes.
-"""
+"""Rollout servers started for one run (``rollout_servers: N``), each pinned to its share of the cores. They never
+outlive it: :meth:`LocalServers.stop` and ``atexit`` end each process group, ``PR_SET_PDEATHSIG`` and a watch of the
+run cover its death; Python's resource tracker is spared, to free vLLM's shared memory."""
 
 from __future__ import annotations
 

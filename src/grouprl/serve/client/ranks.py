@@ -1,10 +1,6 @@
-"""Rollout servers shared by the processes of a torchrun trainer, which train one set of weights: each process samples
-its own groups (group g of process r goes to the server of key ``g * N + r``, so they interleave); process 0 alone
-writes and pushes each version (under FSDP every process takes part in the gathers) and every process then receives
-what the servers hold and which serve (:meth:`Ranks.after_push`), so a server process 0 drops or readmits is dropped
-or readmitted everywhere and no process samples for step t + 1 before version t is pushed. Process 0 starts and stops
-local servers (:meth:`Ranks.share`). Sampling ahead, the rollout threads use a process group of their own.
-"""
+"""Rollout servers shared by the processes of a torchrun trainer: each samples its own groups, interleaved over the
+servers; process 0 alone pushes, then every process receives what the servers hold and which serve
+(:meth:`Ranks.after_push`), so none samples for step t + 1 before version t is pushed."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The trainer's side of rollout servers: :class:`ServerSampler`, a rollout engine
-(:class:`~grouprl.rollout.protocol.ConversationEngine`) whose completions come from ``grouprl serve`` processes. The
-G rows of a group go to one server (its prompt prefilled once), groups round-robin over the servers left; each row
-carries its own seed, so a completion does not depend on which server drew it, and the policy version that drew it
-(``batch.info["policy_version"]``). Agents: the environment loop stays here; each turn sends every running
-trajectory's tokens to its group's server.
-"""
+""":class:`ServerSampler`, a rollout engine whose completions come from ``grouprl serve`` processes: the G rows of a
+group go to one server (its prompt prefilled once), groups round-robin; each row carries its own seed, so a completion
+does not depend on which server drew it. Agents: each turn sends every trajectory's tokens to its group's server."""
 
 from __future__ import annotations
 

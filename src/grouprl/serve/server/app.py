@@ -1,8 +1,5 @@
-"""A rollout server: vLLM's HTTP server with grouprl's routes added to its app, behind :mod:`.guard`. A trainer
-samples with ``POST /inference/v1/generate`` (token ids in and out, per-request seed, log-probs under the distribution
-sampled from). The model is loaded as ``train`` loads it and written once, in the serving format, for vLLM. On a CPU:
-eager unless compiled, and no chunked prefill (vLLM cannot rewind a seeded CPU generator over a chunked prompt).
-"""
+"""A rollout server: vLLM's HTTP server with grouprl's routes, behind :mod:`.guard`, on the model written once in the
+serving format. On a CPU: eager unless compiled, no chunked prefill (vLLM cannot rewind a seeded CPU generator)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""A rollout server started by a run ends with that run. ``PR_SET_PDEATHSIG`` alone is not enough (a SIGTERM to a
-server whose engine is dead can hang vLLM's shutdown; a run dying before the ``prctl`` sends nothing), so a server
-told its run's pid (``GROUPRL_PARENT_PID``) watches it and, once it is gone, kills its own process group (not the
-resource tracker that frees their shared memory) and exits 1.
-"""
+"""A rollout server started by a run ends with that run: ``PR_SET_PDEATHSIG`` alone is not enough (vLLM's shutdown
+can hang), so it watches the run's pid (``GROUPRL_PARENT_PID``) and, once it is gone, kills its group and exits 1."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""A safetensors file written one tensor at a time, so writing a model for the servers holds at most one whole tensor
-besides it (``safetensors.torch.save_file`` takes all at once: under FSDP the whole gathered model). The layout
-depends only on names, shapes and formats, so the header goes first; tensors go largest element first, so each
-starts at a multiple of its element size.
-"""
+"""A safetensors file written one tensor at a time, so a push holds at most one whole tensor besides the model
+(``safetensors.torch.save_file`` takes them all at once); the header goes first, the largest elements first."""
 
 from __future__ import annotations
 
