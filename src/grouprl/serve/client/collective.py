@@ -152,12 +152,11 @@ class CollectiveWeights:
         client = ServersClient(self.pool, servers)
         host = reachable_address(servers[0].address)
         info = self.init_info(host, free_port(host), client.world_size, self.timeout)
-        source = StagedSource(self)
         done: concurrent.futures.Future = concurrent.futures.Future()
 
         def join() -> None:
             try:
-                done.set_result(WeightTransferTrainerFactory.trainer_init(info, client=client, source=source))
+                done.set_result(WeightTransferTrainerFactory.trainer_init(info, client=client, source=self))
             except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
                 done.set_exception(e)
 
@@ -246,20 +245,14 @@ class CollectiveWeights:
             self.client.shutdown()
             self.engine = None
 
-
-class StagedSource:
-    """vLLM's ``WeightSource`` over what :meth:`CollectiveWeights.write` made ready last."""
-
-    def __init__(self, weights: CollectiveWeights):
-        self.weights = weights
-
+    # vLLM's ``WeightSource``: what :meth:`write` made ready last
     def metadata(self) -> list[Any]:
         from vllm.distributed.weight_transfer.base import ParamMeta
 
-        return [ParamMeta(n, dtype, shape) for n, dtype, shape in self.weights.sending.metadata()]
+        return [ParamMeta(n, dtype, shape) for n, dtype, shape in self.sending.metadata()]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self.weights.sending)
+        return iter(self.sending)
 
     def held_names(self) -> None:
         return None

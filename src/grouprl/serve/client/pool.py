@@ -223,9 +223,7 @@ class ServerPool:
         server.alive = False
         self.roster_changes += 1
         server.why = failure.what + (f" ({server.describe_exit(roster.EXIT_SETTLE_S)})" if server.describe_exit else "")
-        if server.stop is not None:  # a hung server, or the engine process of a dead one, is not left running
-            server.stop()
-        coming = self._watch(server)
+        coming = self._stop_and_watch(server)
         if left := self.alive:
             warnings.warn(f"rollout server {server.address} dropped: {server.why}; going on with {len(left)} of "
                           f"{len(self.servers)} servers ({', '.join(s.address for s in left)}){coming}",
@@ -235,9 +233,7 @@ class ServerPool:
         """A server that was back failed before it served: dropped as before, watched again."""
         server.back = False
         server.why += f"; {what}"
-        if server.stop is not None:
-            server.stop()
-        self._watch(server)
+        self._stop_and_watch(server)
 
     def readmit(self, server: Server) -> None:
         server.alive, server.back, server.returning = True, False, False
@@ -270,6 +266,11 @@ class ServerPool:
         for server in self.servers:
             if server.returning and not server.alive and not server.back:
                 self._watch(server)
+
+    def _stop_and_watch(self, server: Server) -> str:
+        if server.stop is not None:  # a hung server, or the engine process of a dead one, is not left running
+            server.stop()
+        return self._watch(server)
 
     def _watch(self, server: Server) -> str:
         """Watch the dropped ``server`` for its return; what will happen, said."""

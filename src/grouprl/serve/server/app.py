@@ -128,20 +128,16 @@ async def _serve(argv: list[str], state: ServerState, options: ServeOptions) -> 
         # vLLM 0.32: a signal stops the engine, then cancels the HTTP server and returns its shutdown; the HTTP
         # server ending by itself (its watchdog, or a request's handler, found the engine dead) returns a no-op
         died = getattr(shutdown, "__name__", "") == "dummy_shutdown" and engine.errored
-        why = _engine_error(engine) if died else ""
+        error = getattr(engine, "dead_error", None) if died else None
+        cause = getattr(error, "__cause__", None)
     try:
         await shutdown
     finally:
         sock.close()
     if died:
-        raise EngineDied(f"vLLM's engine died ({why}); the server stopped")
-
-
-def _engine_error(engine: Any) -> str:
-    error = getattr(engine, "dead_error", None)
-    cause = getattr(error, "__cause__", None)
-    said = f"{type(error).__name__}: {error}" if error is not None else "no reason given"
-    return said + (f", caused by {type(cause).__name__}: {cause}" if cause is not None else "")
+        said = f"{type(error).__name__}: {error}" if error is not None else "no reason given"
+        said += f", caused by {type(cause).__name__}: {cause}" if cause is not None else ""
+        raise EngineDied(f"vLLM's engine died ({said}); the server stopped")
 
 
 @dataclass

@@ -84,19 +84,6 @@ def _refusals(state: ServerState) -> Iterator[None]:
         raise HTTPException(e.status, f"this server ({state.address}): {e.message}") from e
 
 
-def _checked_folder(state: ServerState, body: LoadWeights) -> Path:
-    with _refusals(state):
-        folder = within_root(body.path, state.weights_root)
-        if not folder.is_dir():
-            raise PushRefused(HTTPStatus.BAD_REQUEST, f"cannot see the weights folder {body.path}: trainer and "
-                              "server need shared storage (weights_dir)")
-        if body.adapter:
-            check_adapter(folder, state.tensors, state.lora_rank)
-        else:
-            check_full(folder, state.tensors)
-    return folder
-
-
 def _forward_only(state: ServerState, version: int, resume: bool, adapter: bool) -> None:
     """:func:`~.pushes.version_refusal`; the first adapter may carry its base's version, later ones must be newer."""
     first_adapter = adapter and state.adapter_version is None
@@ -110,7 +97,15 @@ def _forward_only(state: ServerState, version: int, resume: bool, adapter: bool)
 async def load_weights(body: LoadWeights, request: Request) -> dict[str, Any]:
     state: ServerState = request.app.state.grouprl
     engine = request.app.state.engine_client
-    folder = _checked_folder(state, body)
+    with _refusals(state):  # the checks that need no lock
+        folder = within_root(body.path, state.weights_root)
+        if not folder.is_dir():
+            raise PushRefused(HTTPStatus.BAD_REQUEST, f"cannot see the weights folder {body.path}: trainer and "
+                              "server need shared storage (weights_dir)")
+        if body.adapter:
+            check_adapter(folder, state.tensors, state.lora_rank)
+        else:
+            check_full(folder, state.tensors)
     start = time.perf_counter()
     async with state.lock:
         _forward_only(state, body.version, body.resume, body.adapter)

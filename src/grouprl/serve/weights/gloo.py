@@ -131,8 +131,6 @@ class GlooTrainerWeightTransferEngine(NCCLTrainerWeightTransferEngine):
     @classmethod
     def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client: Any,
                      source: WeightSource | None = None) -> GlooTrainerWeightTransferEngine:
-        if source is None:
-            raise ValueError("the gloo weight transfer sends a WeightSource; none was given")
         engine = cls(client=client, source=source, is_sender=init_info.is_sender,
                      packed_buffer_size_bytes=init_info.packed_buffer_size_bytes)
         if not engine.is_sender:
