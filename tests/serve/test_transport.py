@@ -206,3 +206,16 @@ def test_a_restarted_server_starts_from_the_weights_every_server_loaded_last(tmp
         folder.remove()
         sender.close()
     assert not folder.path.exists() and not sender.folders.root.exists()
+
+
+@pytest.mark.parametrize(("servers", "timeout", "message"), [
+    (0, 600.0, "start at least 1 local server"),
+    (("localhost",), 600.0, "localhost"),
+    (None, 0.0, "rollout_server_timeout must be > 0"),
+])
+def test_a_bad_server_setting_is_refused_by_the_config_check_before_any_model_loads(servers, timeout, message):
+    from grouprl.errors import ConfigError
+    from grouprl.trainer.checks import check
+
+    with pytest.raises(ConfigError, match=message):
+        check(TrainerConfig(rollout_servers=servers, rollout_server_timeout=timeout))

@@ -167,7 +167,9 @@ def _sampling_problems(c: TrainerConfig) -> list[str]:
 
 
 def _scale_out_problems(c: TrainerConfig) -> list[str]:
-    out = []
+    from grouprl.serve.client.from_config import server_problems
+
+    out = server_problems(c.rollout_servers, c.rollout_server_timeout)
     if c.rollout_engine == "vllm" and c.rollout_dtype in FORMATS and FORMATS.get(c.rollout_dtype).vllm_dtype is None:
         out.append(f"rollout_dtype={c.rollout_dtype} is the built-in engine's (vLLM samples in fp32 or bf16): use "
                    "rollout_engine hf or auto")
