@@ -16,8 +16,8 @@ from torch import nn
 
 from grouprl.rollout.sampler import check_params
 from grouprl.rollout.seeds import resolve_row_seeds
-from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.rollout.stops import stop_token_ids
+from grouprl.rollout.turns import Conversations, Reply, TurnLimits
 from grouprl.rollout.vllm_convert import outputs_to_batch, play_conversations, vllm_sampling_kwargs
 from grouprl.serve.client.handover import WeightHandover
 from grouprl.serve.client.pool import ServerPool
