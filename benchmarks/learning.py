@@ -75,7 +75,7 @@ from machine import cpu_line  # benchmarks/machine.py: every figure says which C
 from smoke import add_smoke
 
 EVAL_SEED = 0  # the held-out problems and their sampling seeds, the same for every model
-PEAKS = {"training": 0.0, "evaluation": 0.0}  # MiB: the workers of one seed together; the largest evaluation
+PEAKS = {"training": 0.0}  # MiB: the workers of one seed together, the largest over seeds
 EVALUATIONS: list[float] = []  # MiB: each evaluation's own peak, in order
 
 
@@ -83,9 +83,9 @@ def say_peak() -> None:
     """The benchmark's peak memory: this process and, at most, either one seed's workers or one evaluation."""
     from grouprl.run.logs import peak_rss_mb
 
-    own = peak_rss_mb()
-    print(f"peak RSS {own + max(PEAKS.values()):.0f} MiB at most at once: this process {own:.0f}, one seed's "
-          f"training workers {PEAKS['training']:.0f}, the largest evaluation {PEAKS['evaluation']:.0f} (first "
+    own, evaluation = peak_rss_mb(), max(EVALUATIONS, default=0.0)
+    print(f"peak RSS {own + max(PEAKS['training'], evaluation):.0f} MiB at most at once: this process {own:.0f}, one "
+          f"seed's training workers {PEAKS['training']:.0f}, the largest evaluation {evaluation:.0f} (first "
           f"{EVALUATIONS[0] if EVALUATIONS else 0:.0f}, last {EVALUATIONS[-1] if EVALUATIONS else 0:.0f} of "
           f"{len(EVALUATIONS)})", flush=True)
 
@@ -196,7 +196,6 @@ def evaluator(args: argparse.Namespace):
                                  text=True, check=True)
             cache[folder] = json.loads(got.stdout.splitlines()[-1])
             EVALUATIONS.append(cache[folder].pop("peak_rss_mb"))
-            PEAKS["evaluation"] = max(PEAKS["evaluation"], EVALUATIONS[-1])
             print(f"  eval {folder}: accuracy {cache[folder]['accuracy']:.3f} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
         return cache[folder]

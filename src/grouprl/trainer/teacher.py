@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from grouprl.serve.client.server_sampler import GENERATE
 from grouprl.types import RolloutBatch
 
 if TYPE_CHECKING:
     from grouprl.trainer.config import TrainerConfig
     from grouprl.trainer.policy import PolicyPasses
 
-GENERATE = "/inference/v1/generate"
 IN_FLIGHT = 8  # rows a server teacher scores at once
 PROBE = "Teacher, 12 + 30 = 42? Ünïcode ✓ <think>def f(x):\n\treturn x ** 2</think>"
 
