@@ -70,8 +70,8 @@ def test_flat_access_replace_and_checks_span_the_parts():
         check(dataclasses.replace(config, rollout_servers=None))  # staleness needs rollout servers
     with pytest.raises(ValueError, match="group_size"):
         check(TrainerConfig(group_size=1))
-    with pytest.raises(ValueError, match="rollout_server_restarts=-1 must be >= 0"):
-        check(TrainerConfig(rollout_servers=1, rollout_server_restarts=-1))
+    with pytest.raises(ValueError, match="rollout_server_restarts is retired: a failed rollout server is dropped"):
+        TrainerConfig(rollout_servers=1, rollout_server_restarts=2)
 
 
 def test_yaml_round_trip_keeps_the_key_order_across_parts(tmp_path):
@@ -96,7 +96,7 @@ def test_a_retired_key_is_refused_with_its_replacement_from_yaml_the_command_lin
     path.write_text("lr: 1.0e-5\ntensorboard: true\n")
     with pytest.raises(ConfigError, match=f"In {re.escape(str(path))}: {re.escape(replacement)}"):
         load_yaml(path, TrainConfig)
-    assert set(RETIRED) == {"tensorboard"} and not RETIRED.keys() & set(_names(TrainConfig))
+    assert set(RETIRED) == {"tensorboard", "rollout_server_restarts"} and not RETIRED.keys() & set(_names(TrainConfig))
 
 
 def test_a_committed_run_folders_config_loads_once_its_retired_keys_are_dropped(tmp_path):

@@ -32,12 +32,10 @@ def distinct_share(prompts, completions, **_):
 
 
 def served_run(out: Path, servers: Any, processes: Any = None, kill_first: bool = False, fail_at: int = 0,
-               kill_at: int = 0, **settings: Any) -> dict[str, Any]:
+               **settings: Any) -> dict[str, Any]:
     """Train the tiny head-64 model (seed 5) through ``servers`` (addresses or a number); what it recorded.
     ``kill_first``: the process that started local servers kills the first one once its first rollout is in;
-    ``fail_at``: the reward function raises at its ``fail_at``-th call (0: never); ``kill_at``: the process that
-    started local servers kills the first one as it sends its ``kill_at``-th rollout's requests (after the push
-    every process waited for, so the other processes' requests of that rollout meet a dead server too)."""
+    ``fail_at``: the reward function raises at its ``fail_at``-th call (0: never)."""
     model, tok = tiny_causal_lm(seed=5, **TINY64)
     config = base_config(out, output_dir=str(out / "run"), rollout_servers=servers, **{**SETTINGS, **settings})
     scored = []
@@ -61,16 +59,6 @@ def served_run(out: Path, servers: Any, processes: Any = None, kill_first: bool 
         return got
 
     trainer.collector.collect = recording
-    complete, sent = trainer.sampler.complete, []
-
-    def killing(*args, **kwargs):
-        sent.append(1)
-        local = trainer.sampler.local
-        if len(sent) == kill_at and local is not None:
-            os.kill(local.processes[0].pid, signal.SIGKILL)
-        return complete(*args, **kwargs)
-
-    trainer.sampler.complete = killing
     sampler = trainer.sampler
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -109,14 +97,14 @@ def server_group(rank: int, world: int, store_file: str, out: str) -> None:
         config = base_config(out, rollout_servers=servers, **{**SETTINGS, **plan["settings"]})
         fail_at = plan["fail_at"].get(str(rank), 0)
         result = served_run(out, servers, Processes(env, config), kill_first=plan["kill_first"], fail_at=fail_at,
-                            kill_at=plan["kill_at"], **plan["settings"])
+                            **plan["settings"])
     except Exception as e:  # noqa: BLE001 - recorded for the test to read
         result = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
     torch.save(result, out / f"rank{rank}.pt")
 
 
 def start(out: Path, servers: Any, world: int = 2, kill_first: bool = False, fail_at: dict[int, int] | None = None,
-          kill_at: int = 0, **settings: Any) -> list[dict[str, Any]]:
+          **settings: Any) -> list[dict[str, Any]]:
     """Run :func:`server_group` in ``world`` processes (forked from a fork server that imported this module and
     nothing else ran in, as :func:`tests.helpers.dist.start_group`); each process's record."""
     import multiprocessing
@@ -124,7 +112,7 @@ def start(out: Path, servers: Any, world: int = 2, kill_first: bool = False, fai
     import torch.multiprocessing as mp
 
     out.mkdir(parents=True, exist_ok=True)
-    plan = {"servers": servers, "kill_first": kill_first, "kill_at": kill_at, "settings": settings,
+    plan = {"servers": servers, "kill_first": kill_first, "settings": settings,
             "fail_at": {str(r): n for r, n in (fail_at or {}).items()}}
     (out / "plan.json").write_text(json.dumps(plan))
     multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])

@@ -208,151 +208,19 @@ def test_closing_the_pool_ends_every_wait_on_it_even_one_its_cancellation_misses
         pool.run(asyncio.sleep(0))
 
 
-# ------------------------------------------------------------------------------------------------ returns
-RETURN_WITHIN_S = 60.0
-"""A deadline for a watched server to be seen back, not a speed claim."""
-
-
-def returning_pool(monkeypatch, addresses, timeout=5.0):
-    """A pool that takes returns, polling fast; ``loaded`` lists the servers its rejoin gave weights to."""
-    import grouprl.serve.client.servers as roster
-
-    monkeypatch.setattr(roster, "RETURN_POLL_S", 0.05)
-    monkeypatch.setattr(roster, "READY_POLL_S", 0.05)
-    pool = ServerPool(addresses, timeout=timeout)
-    pool.takes_returns, pool.loaded = True, []
-
-    async def rejoin(server):
-        pool.loaded.append(server.address)
-
-    pool.rejoin = rejoin
-    return pool
-
-
-def wait_back(pool, server):
-    deadline = time.monotonic() + RETURN_WITHIN_S
-    while not server.back and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return server.back
-
-
-def test_a_dropped_server_that_answers_again_is_back_and_serves_once_readmitted(stubs, monkeypatch):
+# ------------------------------------------------------------------------------------------------ drops
+def test_a_dropped_server_stays_out_when_it_answers_again_and_with_none_left_a_rollout_fails_at_once(stubs):
     good, flaky = stubs("ok"), stubs("error")
-    pool = returning_pool(monkeypatch, [good.address, flaky.address])
+    pool = ServerPool([good.address, flaky.address], timeout=1000.0)  # past the suite's pytest-timeout
     try:
-        with pytest.warns(UserWarning, match=rf"{flaky.address} dropped: .*it rejoins if it answers again"):
+        with pytest.warns(UserWarning, match=rf"{flaky.address} dropped: POST /row/\d answered 500"):
             spread(pool)
-        server = pool.servers[1]
-        assert not server.alive and server.returning and pool.back_servers() == []
-        flaky.mode = "ok"  # restarted by whoever runs it
-        assert wait_back(pool, server) and pool.back_servers() == [server] and not server.alive
-        assert [a for a, _ in spread(pool)] == [good.address] * 6  # back is not serving: no weights yet
-        with pytest.warns(UserWarning, match=rf"rollout server {flaky.address} is back \(dropped earlier: POST"):
-            pool.readmit(server)
-        assert server.alive and not server.returning and server.why == ""
-        assert [a for a, _ in spread(pool)] == [good.address] * 2 + [flaky.address] * 2 + [good.address] * 2
-    finally:
-        pool.close()
-
-
-def test_with_no_server_left_a_rollout_waits_for_one_the_run_restarts_and_gives_it_the_weights(stubs, monkeypatch):
-    only = stubs("error")
-    pool = returning_pool(monkeypatch, [only.address])
-    pool.servers[0].restart, pool.servers[0].restarts_left = lambda: None, 1  # its process is up again at once
-    threading.Timer(0.3, lambda: setattr(only, "mode", "ok")).start()
-    try:
-        with pytest.warns(UserWarning, match=rf"rollout server {only.address} is back"):
-            out = spread(pool, items=4)
-        assert out == [(only.address, f"/row/{i}") for i in range(4)]
-        assert pool.loaded == [only.address] and pool.servers[0].alive
-    finally:
-        pool.close()
-
-
-def test_another_process_waits_for_the_server_process_0_restarts_until_it_holds_the_weights(stubs, monkeypatch):
-    """Process 1's pool, on a server process 0 started: with none left its rollout waits for the server to answer
-    again holding the version it samples with (process 0 restarts it and gives it the weights), then takes it
-    back without loading anything."""
-    only = stubs("error")
-    pool = returning_pool(monkeypatch, [only.address])
-    server = pool.servers[0]
-    server.restarted_elsewhere = True
-    pool.holds_weights = lambda s: s.info.get("version") == 3
-    answered_early = []
-
-    def process_0():  # restarted: answering, without weights, for a while; then loaded with version 3
-        only.mode = "ok"
-        deadline = time.monotonic() + RETURN_WITHIN_S
-        while only.asked < 3 and time.monotonic() < deadline:  # asked for its info at least twice meanwhile
-            time.sleep(0.01)
-        answered_early.append(server.back)
-        only.version = 3
-
-    threading.Timer(0.2, process_0).start()
-    try:
-        with pytest.warns(UserWarning, match=rf"rollout server {only.address} is back \(dropped earlier: POST"):
-            out = spread(pool, items=2)
-        assert out == [(only.address, "/row/0"), (only.address, "/row/1")]
-        assert answered_early == [False]  # answering without the weights is not back
-        assert pool.loaded == [only.address] and server.alive  # its rejoin here loads nothing (the stub records)
-    finally:
-        pool.close()
-
-
-def test_with_no_server_left_a_rollout_does_not_wait_for_one_the_run_did_not_start(stubs, monkeypatch):
-    only = stubs("error")
-    pool = returning_pool(monkeypatch, [only.address], timeout=1000.0)  # past the suite's pytest-timeout
-    try:
-        with pytest.raises(RolloutServerError, match=rf"no rollout server is left \({only.address}: POST /row/0 "):
+        flaky.mode = "ok"
+        asked = flaky.asked
+        assert [a for a, _ in spread(pool)] == [good.address] * 6 and flaky.asked == asked  # never asked again
+        good.mode = "error"
+        with pytest.raises(RolloutServerError, match=rf"no rollout server is left \({good.address}: .*; "
+                                                     rf"{flaky.address}: POST"):
             spread(pool, items=2)  # at once: a wait for the pool's timeout would fail the test by pytest-timeout
-        assert pool.servers[0].returning  # still watched: it rejoins if someone starts it again
-    finally:
-        pool.close()
-
-
-def test_a_local_server_is_restarted_while_it_has_restarts_and_then_stays_dropped(stubs, monkeypatch):
-    only = stubs("error")
-    pool = returning_pool(monkeypatch, [only.address], timeout=0.5)
-    server = pool.servers[0]
-    restarts = []
-
-    def restart():
-        restarts.append(only.mode)
-        only.mode = "ok"
-
-    server.restart, server.restarts_left = restart, 1
-    try:
-        with pytest.warns(UserWarning, match=rf"rollout server {only.address} is back"):
-            spread(pool, items=2)  # dropped at its first row, restarted, back, loaded, readmitted: served
-        assert restarts == ["error"] and server.restarts_left == 0 and pool.loaded == [only.address]
-        only.mode = "error"
-        with pytest.raises(RolloutServerError, match=rf"no rollout server is left \({only.address}: POST /row/\d "
-                                                     r"answered 500: .*; no restart left\)"):
-            spread(pool, items=2)
-        assert restarts == ["error"]  # none left: not restarted again
-    finally:
-        pool.close()
-
-
-def test_a_server_whose_weights_fail_to_load_when_back_is_dropped_again_and_watched(stubs, monkeypatch):
-    only = stubs("error")
-    pool = returning_pool(monkeypatch, [only.address], timeout=0.5)
-    server = pool.servers[0]
-    server.restart, server.restarts_left = lambda: None, 3
-    tries = []
-
-    async def rejoin(s):
-        tries.append(s.address)
-        if len(tries) == 1:
-            from grouprl.serve.client.servers import ServerFailure
-
-            raise ServerFailure(s, "POST /grouprl/weights answered 500")
-
-    pool.rejoin = rejoin
-    threading.Timer(0.2, lambda: setattr(only, "mode", "ok")).start()
-    try:
-        with pytest.warns(UserWarning, match="is back"):
-            spread(pool, items=2)
-        assert tries == [only.address] * 2 and server.alive
     finally:
         pool.close()

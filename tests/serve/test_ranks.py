@@ -134,9 +134,7 @@ def group_alive(pgid: int) -> bool:
 
 
 def test_two_processes_start_local_servers_once_name_a_dead_one_on_both_and_stop_them_once(tmp_path):
-    # no restart: the dead server stays dropped (a restart's return is test_servers.py's, and the broadcast that
-    # takes it back on every process test_rank_rules.py's)
-    ranks = [checked(r) for r in start(tmp_path / "local", 2, kill_first=True, rollout_server_restarts=0)]
+    ranks = [checked(r) for r in start(tmp_path / "local", 2, kill_first=True)]
     assert [r["local"] for r in ranks] == [True, False]  # process 0 started the servers
     addresses = ranks[0]["addresses"]
     assert ranks[1]["addresses"] == addresses and len(addresses) == 2  # and told process 1 where they listen
@@ -157,22 +155,6 @@ def test_two_processes_start_local_servers_once_name_a_dead_one_on_both_and_stop
     while any(map(group_alive, ranks[0]["local_pids"])) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not any(map(group_alive, ranks[0]["local_pids"]))  # stopped with the run
-
-
-def test_a_local_server_killed_in_the_middle_of_a_rollout_is_restarted_and_every_process_waits_for_it(tmp_path):
-    """The run's only server dies as both processes send the second rollout's requests: process 0 restarts it and
-    gives it the weights; process 1, with no server left, waits until it answers holding that version and takes it
-    back. The run goes on, every row still drawn by the version before its step."""
-    ranks = [checked(r) for r in start(tmp_path / "restart", 1, kill_at=2)]
-    steps, rows = SETTINGS["total_steps"], SETTINGS["prompts_per_step"] * SETTINGS["group_size"] // 2
-    assert [r["pushed"] for r in ranks] == [steps, steps] and [r["dropped"] for r in ranks] == [[], []]
-    assert [r["versions"] for r in ranks] == [[[s] * rows for s in range(steps)]] * 2
-    address = ranks[0]["addresses"][0]
-    for r in ranks:
-        assert any(w.startswith(f"rollout server {address} is back (dropped earlier: POST") for w in r["warnings"]), \
-            r["warnings"]
-    for key, want in ranks[0]["weights"].items():
-        assert torch.equal(ranks[1]["weights"][key], want), key
 
 
 @pytest.mark.parametrize("engine", ["ddp", "fsdp"])

@@ -196,9 +196,8 @@ def distinct_share(prompts, completions, **_):
 
 
 def scratch_folders(root: Path) -> set[str]:
-    """The weight, skeleton and restart folders under ``root`` (a run removes its own when it closes)."""
-    return {p.name for p in root.glob("grouprl-*") if p.name.startswith(("grouprl-restart-", "grouprl-skeleton-",
-                                                                         "grouprl-weights-"))}
+    """The weight folders under ``root`` (a run removes its own when it closes)."""
+    return {p.name for p in root.glob("grouprl-weights-*")}
 
 
 def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
@@ -224,7 +223,7 @@ def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
     folders.write_full = lambda *a, **k: pushed.append("full") or write_full(*a, **k)
     folders.write_adapter = lambda *a, **k: pushed.append("adapter") or write_adapter(*a, **k)
     adapters = {k: v.clone() for k, v in trainer.policy.state_dict().items() if ".lora_B" in k}
-    pgid = restarted = client.local.processes[0].pid
+    pgid = client.local.processes[0].pid
     try:
         trainer.train()
         assert pushed == ["full", "adapter", "adapter"]  # the base once, then each step's adapter alone
@@ -244,74 +243,20 @@ def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
         ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
         version = client.handover.version
         sent = {p.name for p in folders.path(version, adapter=True).iterdir()}
-        base = client.handover.sender.loaded[False][0]  # kept: a restarted server starts from it
-        assert sorted(p.name for p in folders.root.iterdir()) == sorted([base.name, f"v{version}-lora"])
+        # the base went to the server once and is not kept (it is never reloaded); the adapter loaded last is kept
+        assert sorted(p.name for p in folders.root.iterdir()) == [f"v{version}-lora"]
         assert {"adapter_config.json", "adapter_model.safetensors"} <= sent and "model.safetensors" not in sent
 
-        # the one server dies: the run restarts it from the base it served, gives it the adapter, and it samples
-        # as before
-        want = client.generate(ids, 1, greedy, seed=0)
+        # the one server dies: it is dropped for good, with a clear message and nothing of it left running
         address = client.pool.servers[0].address
         os.kill(pgid, signal.SIGKILL)
-        with pytest.warns(UserWarning, match=rf"rollout server {address} is back \(dropped earlier: POST "):
-            again = client.generate(ids, 1, greedy, seed=0)
-        assert again.completion_ids.tolist() == want.completion_ids.tolist()
-        restarted = client.local.processes[0].pid
-        assert restarted != pgid and wait_gone([pgid], limit=5) == []
-        assert "restarting server 0 from" in (tmp_path / "run" / "servers" / "server-0.log").read_text()
-        assert client.pool.servers[0].restarts_left == 1 and client.pool.servers[0].restarted_from is None
-
-        # with no restart left it is gone for good: a clear message, nothing of it left running
-        client.pool.servers[0].restarts_left = 0
-        os.kill(restarted, signal.SIGKILL)
         with pytest.raises(RolloutServerError) as caught:
             client.generate(ids, 1, greedy, seed=0)
         said = str(caught.value)
         assert said.startswith(f"no rollout server is left ({address}: POST /inference/v1/generate failed: ")
-        assert f"process {restarted} exited with status -9; end of " in said and "server-0.log" in said
-        assert said.endswith("; no restart left)")
-        assert wait_gone([restarted], limit=5) == []
+        assert f"process {pgid} exited with status -9; end of " in said and "server-0.log" in said
+        assert wait_gone([pgid], limit=5) == []
     finally:
         trainer.close()
-    assert wait_gone([pgid, restarted]) == []  # the run's close stopped its server
+    assert wait_gone([pgid]) == []  # the run's close stopped its server
     assert scratch_folders(Path(client.handover.sender.folders.root).parent) == before  # the run's own are gone
-
-
-def test_a_local_server_killed_mid_run_is_restarted_and_samples_the_current_weights(tmp_path):
-    """The run's only server dies after step 1's rollout: the next push finds it gone, waits for its restart,
-    gives it the weights and goes on; afterwards it samples exactly what the trainer's own policy does."""
-    from grouprl.serve.client.from_config import server_sampler
-    from grouprl.trainer.trainer import Trainer
-    from tests.helpers.trainer import PROMPTS, base_config, digit_share
-
-    model, tok = model_and_tok(seed=11)
-    config = base_config(tmp_path, total_steps=3, rollout_servers=1, lr=5e-2)
-    client = server_sampler(config, model, tok, 256)
-    first = client.local.processes[0].pid
-    calls = []
-
-    def reward_and_kill_the_server(prompts, completions, **kw):
-        calls.append(1)
-        if len(calls) == 1:
-            os.kill(first, signal.SIGKILL)
-        return digit_share(prompts, completions, **kw)
-
-    trainer = Trainer(config, policy=model, tokenizer=tok, reward_fns=[reward_and_kill_the_server],
-                      train_data=PROMPTS, sampler=client)
-    client.update_weights(trainer.policy)
-    address = client.pool.servers[0].address
-    try:
-        with pytest.warns(UserWarning, match=rf"rollout server {address} is back"):
-            trainer.train()
-        records = [r for r in trainer.metrics_log.records() if "reward/mean" in r]
-        assert [r["step"] for r in records] == [1, 2, 3] and [r["rollout/servers"] for r in records] == [1, 1, 1]
-        assert client.local.processes[0].pid != first and client.pool.servers[0].restarts_left == 1
-        ids, greedy = prompts(tok), SamplingParams(max_new_tokens=12, temperature=0.0)
-        client.update_weights(trainer.policy)
-        got = client.generate(ids, 1, greedy, seed=0)
-        want = Sampler(trainer.policy, tok).generate(ids, 1, greedy, seed=0)
-        assert got.completion_ids.tolist() == want.completion_ids.cpu().tolist()
-        assert got.info["policy_version"] == [client.handover.version] * 4
-    finally:
-        trainer.close()
-    assert wait_gone([first, client.local.processes[0].pid]) == []

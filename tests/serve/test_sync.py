@@ -40,10 +40,9 @@ class MainRanks:
 
 
 def handover_of(model, sender, ranks=None, transport="files", sharded=False, dtype=None):
-    """A :class:`WeightHandover` with ``sender`` and no servers (none dropped, none back); ``sharded``: as FSDP."""
-    pool = types.SimpleNamespace(back_servers=lambda: [], rejoin=None, readmit_back=lambda difference: None)
-    handover = WeightHandover(model, pool, transport, ranks=ranks, dtype=dtype, lora=False, timeout=1.0,
-                              weights_dir=None, difference=lambda server: "", sender=sender)
+    """A :class:`WeightHandover` with ``sender`` and no servers; ``sharded``: as FSDP."""
+    handover = WeightHandover(model, types.SimpleNamespace(), transport, ranks=ranks, dtype=dtype, lora=False,
+                              timeout=1.0, weights_dir=None, sender=sender)
     handover.sharded = sharded  # the test's Linear stands for FSDP shards
     return handover
 

@@ -98,7 +98,7 @@ BOUNDS: dict[str, str] = {
     "gamma": "in (0, 1]", "gae_lambda": "in [0, 1]", "vf_clip": "> 0 (or empty)", "max_kl": "> 0", "kl_target": "> 0",
     **dict.fromkeys(("weight_decay", "max_grad_norm", "warmup_steps", "save_every", "eval_every", "entropy_coef",
                      "advantage_eps", "top_k", "log_completions_every", "print_completions", "keep_checkpoints",
-                     "num_threads", "ref_sync_steps", "critic_warmup_steps", "rollout_server_restarts",
+                     "num_threads", "ref_sync_steps", "critic_warmup_steps",
                      "gigpo_step_weight", "eps_high", "lora_rank", "max_tool_calls", "vf_coef", "damping",
                      "total_steps", "gmpo_eps_low", "gmpo_eps_high"), ">= 0"),
     **dict.fromkeys(("prompts_per_step", "mu", "max_new_tokens", "max_prompt_len", "eval_samples", "max_turns",

@@ -184,7 +184,6 @@ class CollectiveWeights:
             ServersClient(self.pool, [s for s in broken if s.alive]).shutdown()  # a half-made join is undone
             return self._join(again=again and bool(gone))
         self.engine, self.client, self.roster = done.result(), client, self.pool.roster_changes
-        self.readmits = {s.address: s.readmits for s in servers}
 
     def write(self, model: nn.Module, read: Any, version: int, dtype: torch.dtype) -> None:
         """What the next push sends as ``version``: a copy of ``read`` where :attr:`stages` says so, else the model."""
@@ -205,19 +204,10 @@ class CollectiveWeights:
 
     def _push_once(self) -> bool:
         """One attempt at a push: True once sent; False when a member that stopped answering was dropped."""
-        # a server dropped (its workers would never receive) or back (in no group), or a failed push tore it down
+        # a server dropped (its workers would never receive), or a failed push tore the group down
         if self.roster != self.pool.roster_changes or self.engine is None:
             self.close()
-            returned = [s for s in self.pool.living() if self.readmits.get(s.address) != s.readmits]
-            try:
-                self._join()
-            except RolloutServerError as e:
-                if not returned:
-                    raise
-                self.pool.watch_returning()  # the failed join cancelled the watchers of the servers still away
-                for server in returned:  # one that came back and cannot join stays out; the others go on
-                    self.pool.drop(ServerFailure(server, f"it came back, then {e}"))
-                self._join()
+            self._join()
         self.client.version, self.client.resume = self.version, self.resume
         try:
             self.engine.send_weights()

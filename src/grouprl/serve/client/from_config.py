@@ -4,7 +4,6 @@ run's format, LoRA rank, seed, longest sequence and rows."""
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -66,8 +65,6 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
     try:
         sampler = ServerSampler(policy, tokenizer, list(addresses), timeout=c.rollout_server_timeout,
                                 weights_dir=c.rollout_weights_dir, local=local, transport=transport,
-                                restarts=c.rollout_server_restarts, skeleton=_skeleton(folder),
-                                started_elsewhere=local is None and isinstance(c.rollout_servers, int),
                                 down=down, token=token or "")
     except Exception as e:  # noqa: BLE001 - raised below (in every process, with several)
         error = e
@@ -157,13 +154,3 @@ def _not_up(local: LocalServers, timeout: float) -> dict[str, str]:
         pool.close()
     return {s.address: s.why for s in pool.servers if not s.alive}
 
-
-def _skeleton(folder: ScratchFolder | None) -> ScratchFolder | None:
-    """The local servers' model folder without its weights, for a restart with the weights loaded last."""
-    if folder is None:
-        return None
-    skeleton = ScratchFolder("grouprl-skeleton-", folder.path.parent)
-    for entry in folder.path.iterdir():
-        if entry.is_file() and entry.suffix != ".safetensors":
-            shutil.copy2(entry, skeleton.path / entry.name)
-    return skeleton

@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,13 +19,12 @@ from grouprl.serve.weights.transport import TRANSPORTS, Reading, is_sharded, rea
 
 class WeightHandover:
     """``model`` handed to the servers of ``pool`` as policy versions over ``transport``, in ``dtype``; a
-    :class:`~grouprl.rollout.protocol.SamplesAhead`. ``difference``: why a server back cannot take the weights."""
+    :class:`~grouprl.rollout.protocol.SamplesAhead`."""
 
     def __init__(self, model: nn.Module, pool: Any, transport: str, *, ranks: Ranks | None, dtype: torch.dtype,
-                 lora: bool, timeout: float, weights_dir: str | None, difference: Callable[[Any], str],
-                 sender: Any = None):
+                 lora: bool, timeout: float, weights_dir: str | None, sender: Any = None):
         self.model, self.pool, self.ranks, self.dtype, self.lora = model, pool, ranks, dtype, lora
-        self.weights_dir, self.difference = weights_dir, difference
+        self.weights_dir = weights_dir
         self.transport = TRANSPORTS.get(transport)
         self.sharded = ranks is not None and is_sharded(model)  # every process takes part in each gather
         self.version, self.written, self.pushed, self.gathered = 0, None, None, None
@@ -146,16 +144,12 @@ class WeightHandover:
         with self.lock:
             start = time.perf_counter()
             if self.pushed != self.written:
-                if self.pool.rejoin is None:  # a collective: a server that is back is in the group this push forms
-                    self.pool.readmit_back(self.difference)
                 if streamed is None:
                     self.sender.push()
                 elif not self.sender.stream(streamed, self.written, self.dtype):
                     self.sync_seconds += time.perf_counter() - start
                     return True
                 self.pushed = self.written
-            if self.pool.rejoin is not None and self.pool.back_servers():
-                self.pool.run(self.pool.rejoin_back())
             self.sync_seconds += time.perf_counter() - start
             return False
 

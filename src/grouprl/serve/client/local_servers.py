@@ -125,18 +125,9 @@ class LocalServers:
                PARENT_ENV: str(os.getpid())}
         cmd = [sys.executable, "-m", "grouprl", "serve", "--model", str(model), "--host", self.host, "--port", port,
                *self.root_argv, *self.options]
-        # appending: a killed server's resource tracker may still write its farewell after the restart's first lines
         with open(self.log_path(i), "ab") as log:  # the child holds its own copy of the file
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                     preexec_fn=functools.partial(_child_setup, share, os.getpid()))
-
-    def restart(self, i: int, model: str | Path) -> None:
-        """Start server ``i`` again (after :meth:`kill`) on its address and cores, from the model folder ``model``."""
-        if self.processes[i].poll() is None:
-            raise RuntimeError(f"local rollout server {i} ({self.addresses[i]}) is still running")
-        with open(self.log_path(i), "ab") as log:
-            log.write(f"\n--- grouprl: restarting server {i} from {model} ---\n".encode())
-        self.processes[i] = self._start(i, model)
 
     def log_path(self, i: int) -> Path:
         return self.log_dir / f"server-{i}.log"

@@ -1,8 +1,7 @@
 """The trainer's connections to its rollout servers (one ``httpx.AsyncClient`` on an event loop in a daemon thread),
-and the one owner of which servers serve. A server that fails a request (connection, 5xx, timeout) is dropped and its
-rows go to the servers left (a 4xx raises). Taking returns, a dropped server the run started is restarted, any other
-polled; one that answers is *back*, readmitted once it holds the current weights (``rejoin`` for files, else the next
-collective push's group; processes but 0 wait until it ``holds_weights`` process 0 gave it).
+and the one owner of which servers serve. A server that fails a request (connection, 5xx, timeout) is dropped for
+the rest of the run and its rows go to the servers left (a 4xx raises); with none left the run stops, to be resumed
+from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -41,12 +40,7 @@ class ServerPool:
         if len({s.address for s in self.servers}) != len(self.servers):
             raise ValueError(f"rollout_servers names a server twice: {', '.join(addresses)}")
         self.timeout, self.setting = float(timeout), setting
-        self.roster_changes = 0  # drops and readmissions: a collective forms its group again after one
-        self.takes_returns = False
-        self.rejoin: Callable[[Server], Coroutine[Any, Any, None]] | None = None  # None: the next push readmits
-        self.holds_weights: Callable[[Server], bool] = lambda server: True
-        self.watchers: set[asyncio.Task] = set()
-        self.came_back = asyncio.Event()  # used on the loop only
+        self.roster_changes = 0  # drops: a collective forms its group again after one
         self.clock_from, self.clock_lock = time.monotonic(), threading.Lock()  # moved on the loop, read by the trainer
         self.waiting: set[concurrent.futures.Future] = set()  # handed out by submit, not settled yet
         self.closing, self.waiting_lock = False, threading.Lock()
@@ -189,7 +183,7 @@ class ServerPool:
             results[i] = await work(server, i)
 
         while pending:
-            servers = await self._serving()
+            servers = self.living()
             ok = await self._settle([one(i, servers[groups[i] % len(servers)]) for i in pending])
             pending = [i for i, done in zip(pending, ok) if not done]
         return results
@@ -197,7 +191,7 @@ class ServerPool:
     async def everywhere(self, work: Callable[[Server], Coroutine[Any, Any, Any]]) -> None:
         """``work(server)`` on every living server at once; a server that fails is dropped."""
         done: set[Server] = set()
-        while servers := [s for s in await self._serving() if s not in done]:
+        while servers := [s for s in self.living() if s not in done]:
             ok = await self._settle([work(s) for s in servers])
             done.update(s for s, good in zip(servers, ok) if good)
 
@@ -213,128 +207,17 @@ class ServerPool:
             raise RolloutServerError(f"no rollout server is left ({whys})")
         return self.alive
 
-    def back_servers(self) -> list[Server]:
-        return [s for s in self.servers if s.back and not s.alive]
-
     def drop(self, failure: ServerFailure) -> None:
+        """Take ``failure``'s server out for the rest of the run; a local one is killed (a hung server, or the engine
+        process of a dead one, is not left running)."""
         server = failure.server
         if not server.alive:
             return
         server.alive = False
         self.roster_changes += 1
         server.why = failure.what + (f" ({server.describe_exit(roster.EXIT_SETTLE_S)})" if server.describe_exit else "")
-        coming = self._stop_and_watch(server)
+        if server.stop is not None:
+            server.stop()
         if left := self.alive:
             warnings.warn(f"rollout server {server.address} dropped: {server.why}; going on with {len(left)} of "
-                          f"{len(self.servers)} servers ({', '.join(s.address for s in left)}){coming}",
-                          stacklevel=2)
-
-    def drop_again(self, server: Server, what: str) -> None:
-        """A server that was back failed before it served: dropped as before, watched again."""
-        server.back = False
-        server.why += f"; {what}"
-        self._stop_and_watch(server)
-
-    def readmit(self, server: Server) -> None:
-        server.alive, server.back, server.returning = True, False, False
-        server.readmits += 1
-        self.roster_changes += 1
-        was, server.why = server.why, ""
-        warnings.warn(f"rollout server {server.address} is back (dropped earlier: {was}); serving with "
-                      f"{len(self.alive)} of {len(self.servers)} servers", stacklevel=2)
-
-    def readmit_back(self, difference: Callable[[Server], str]) -> None:
-        """Readmit every server that is back for a collective push's group, unless ``difference`` says why not."""
-        for server in self.back_servers():
-            if why := difference(server):
-                self.drop_again(server, why)
-            else:
-                self.readmit(server)
-
-    async def rejoin_back(self) -> None:
-        """Give every server that is back the current weights and readmit it; drop again one whose load fails."""
-        for server in self.back_servers():
-            try:
-                await self.rejoin(server)
-            except ServerFailure as failure:
-                self.drop_again(server, f"back, then its weights failed to load: {failure.what}")
-                continue
-            self.readmit(server)
-
-    def watch_returning(self) -> None:
-        """Watch again every dropped server still expected back (after a cancel ended the watchers)."""
-        for server in self.servers:
-            if server.returning and not server.alive and not server.back:
-                self._watch(server)
-
-    def _stop_and_watch(self, server: Server) -> str:
-        if server.stop is not None:  # a hung server, or the engine process of a dead one, is not left running
-            server.stop()
-        return self._watch(server)
-
-    def _watch(self, server: Server) -> str:
-        """Watch the dropped ``server`` for its return; what will happen, said."""
-        if not self.takes_returns or self.loop.is_closed():
-            return ""
-        server.returning, server.back = True, False
-
-        def start() -> None:
-            task = self.loop.create_task(self._await_return(server))
-            self.watchers.add(task)
-            task.add_done_callback(self.watchers.discard)
-
-        self.loop.call_soon_threadsafe(start)
-        if server.restarted_elsewhere:
-            return "; process 0 restarts it"
-        if server.restart is None:
-            return "; it rejoins if it answers again"
-        return f"; restarting it ({server.restarts_left} restart(s) left)" if server.restarts_left > 0 else ""
-
-    async def _await_return(self, server: Server) -> None:
-        """Until ``server`` is back, or its restarts are spent (``returning`` ends, its ``why`` says so)."""
-        while True:
-            local = server.restart is not None
-            if local:
-                if server.restarts_left <= 0:
-                    server.returning = False
-                    server.why += "; no restart left"
-                    return
-                server.restarts_left -= 1
-                try:
-                    server.restart()
-                except Exception as e:  # noqa: BLE001 - said in the server's reason, the run goes on without it
-                    server.why += f"; its restart failed: {type(e).__name__}: {e}"
-                    continue
-            deadline = time.monotonic() + self.timeout
-            while not local or time.monotonic() < deadline:
-                if not server.returning:  # given up elsewhere (process 0, for a server it restarts)
-                    return
-                try:
-                    await self.info(server)
-                    if not server.restarted_elsewhere or self.holds_weights(server):
-                        server.back = True
-                        self.came_back.set()
-                        return
-                except ServerFailure as failure:
-                    if local and server.describe_exit and "exited" in server.describe_exit(0.0):
-                        server.why += f"; restarted, then {server.describe_exit(0.0)}"
-                        break
-                    last = failure.what
-                soon = local or server.restarted_elsewhere
-                await asyncio.sleep(roster.READY_POLL_S if soon else roster.RETURN_POLL_S)
-            else:
-                server.why += f"; restarted, not ready within {self.timeout:g} s ({self.setting}; last: {last})"
-            if server.stop is not None:
-                server.stop()
-
-    async def _serving(self) -> list[Server]:
-        """The servers serving; with none left, the first one the run restarts that comes back within the timeout."""
-        deadline = time.monotonic() + self.timeout
-        while not self.alive and self.rejoin is not None and time.monotonic() < deadline \
-                and any(s.returning and s.restarted_by_run for s in self.servers):
-            await self.rejoin_back()
-            if not self.alive:
-                self.came_back.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.came_back.wait(), timeout=min(roster.READY_POLL_S, self.timeout))
-        return self.living()
+                          f"{len(self.servers)} servers ({', '.join(s.address for s in left)})", stacklevel=2)

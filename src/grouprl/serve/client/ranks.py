@@ -74,27 +74,21 @@ class Ranks:
     def after_push(self, pool: Any, version: int | None, error: BaseException | None, again: bool = False
                    ) -> tuple[int | None, bool]:
         """Process 0's push outcome in every process (the version the servers hold, whether to push again); the
-        servers it dropped or readmitted mirrored here; its error raised everywhere."""
-        states = [(s.address, s.alive, s.why, s.version, s.adapter, s.returning) for s in pool.servers]
+        servers it dropped dropped here too; its error raised everywhere."""
+        states = [(s.address, s.alive, s.why, s.version, s.adapter) for s in pool.servers]
         pushed, states, failed, again = self._from_main((version, states, _said(error), again))
         if self.is_main:
             if error is not None:
                 raise error
             return pushed, again
         by_address = {s.address: s for s in pool.servers}
-        for address, alive, why, held, adapter, returning in states:
+        for address, alive, why, held, adapter in states:
             if (server := by_address.get(address)) is None:
                 continue
-            if alive and not server.alive:  # back at process 0, with the weights it pushed
-                pool.readmit(server)
-            elif server.alive and not alive:  # the pool's warning names it, with process 0's reason
+            if server.alive and not alive:  # the pool's warning names it, with process 0's reason
                 pool.drop(ServerFailure(server, f"process 0 dropped it: {why}"))
             if alive:  # what it holds now: with LoRA, requests name the adapter process 0 loaded
                 server.version, server.adapter = held, adapter
-            elif server.returning and not returning and server.restarted_elsewhere:
-                # process 0 gave up restarting it: no longer asked after here, nor waited for by a rollout
-                server.returning = False
-                server.why += f"; process 0 gave up on it: {why}"
         if failed is not None:
             raise RolloutServerError(f"process 0 could not push the weights to the rollout servers: {failed}")
         return pushed, again

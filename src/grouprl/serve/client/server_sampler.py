@@ -81,19 +81,17 @@ class ServerSampler:
     """Rollouts from ``grouprl serve`` servers (host:port each) for ``model`` (plain or peft LoRA). ``timeout``: seconds
     a request may take before its server is dropped; ``weights_dir``: where the files transport writes (None:
     /dev/shm, else the temporary folder); ``local``: servers started here
-    (:class:`~grouprl.serve.client.local_servers.LocalServers`), each restarted up to ``restarts`` times from
-    ``skeleton`` (their model folder without weights); ``started_elsewhere``: they are process 0's; ``down``: servers
-    known not to have come up (host:port -> why); ``token``: None for ``GROUPRL_SERVER_TOKEN``."""
+    (:class:`~grouprl.serve.client.local_servers.LocalServers`); ``down``: servers known not to have come up
+    (host:port -> why); ``token``: None for ``GROUPRL_SERVER_TOKEN``."""
 
     uses_live_model = False  # the servers hold copies of the weights
     compiles = False
 
     def __init__(self, model: nn.Module, tokenizer: Any, servers: Sequence[str], *, timeout: float = 300.0,
-                 weights_dir: str | None = None, local: Any = None, transport: str = "files", restarts: int = 0,
-                 skeleton: Any = None, started_elsewhere: bool = False, down: dict[str, str] | None = None,
-                 token: str | None = None):
+                 weights_dir: str | None = None, local: Any = None, transport: str = "files",
+                 down: dict[str, str] | None = None, token: str | None = None):
         self.ranks = Ranks.current()  # several trainer processes: process 0 alone pushes
-        self.tokenizer, self.local, self.skeleton = tokenizer, local, skeleton
+        self.tokenizer, self.local = tokenizer, local
         self.lora = hasattr(model, "peft_config")
         self.pool = ServerPool(servers, timeout, token=token if token is not None else os.environ.get(TOKEN_ENV))
         self.handover: WeightHandover | None = None
@@ -109,63 +107,10 @@ class ServerSampler:
             self.pool.run(self.pool.wait_ready())
             self._check_servers(model)
             self.handover = WeightHandover(model, self.pool, transport, ranks=self.ranks, dtype=self.dtype,
-                                           lora=self.lora, timeout=timeout, weights_dir=weights_dir,
-                                           difference=self._difference)
-            files = self.handover.transport.backend is None
-            if self.handover.sender is not None:
-                self._watch_returns(restarts if files else None)
-            elif started_elsewhere and restarts > 0 and files:
-                self._follow_returns()
+                                           lora=self.lora, timeout=timeout, weights_dir=weights_dir)
         except BaseException:
             self.close()
             raise
-
-    def _watch_returns(self, restarts: int | None) -> None:
-        """Servers that answer again rejoin: over files (``restarts``: each local one's) or at the next collective."""
-        self.pool.takes_returns = True
-        if restarts is None:
-            return
-        self.pool.rejoin = self._rejoin
-        if self.local is None or self.skeleton is None:
-            return
-        for i, server in enumerate(self.pool.servers):
-            server.restart, server.restarts_left = (lambda i=i, server=server: self._restart(i, server)), restarts
-
-    def _follow_returns(self) -> None:
-        """A process but 0, on servers process 0 restarts: one is back once it holds this process's version."""
-        self.pool.takes_returns = True
-        self.pool.rejoin = self._taken_back
-        self.pool.holds_weights = lambda server: (server.info or {}).get("version") == self.handover.pushed \
-            and (server.info or {}).get("weights_complete", True)
-        for server in self.pool.servers:
-            server.restarted_elsewhere = True
-
-    async def _taken_back(self, server: Server) -> None:  # process 0 restarted it and gave it the weights
-        server.version, server.adapter = server.info.get("version"), server.info.get("adapter")
-
-    def _restart(self, i: int, server: Server) -> None:
-        folder = self.handover.sender.restart_folder(self.skeleton.path)
-        if folder is None:
-            raise RuntimeError("no weights were pushed yet to restart it from")
-        if server.restarted_from is not None:
-            server.restarted_from.remove()
-        server.restarted_from = folder
-        self.local.restart(i, folder.path)
-
-    def _difference(self, server: Server) -> str:
-        """How a server that is back differs from what every server served (model, format, LoRA rank); "" if not."""
-        info = server.info or {}
-        wrong = [k for k, v in self.served.items() if info.get(k) != v]
-        said = ", ".join(f"{info.get(k)} against {self.served[k]}" for k in wrong)
-        return f"it came back serving another {' and '.join(wrong)} ({said})" if wrong else ""
-
-    async def _rejoin(self, server: Server) -> None:
-        if difference := self._difference(server):
-            raise ServerFailure(server, difference)
-        await self.handover.sender.rejoin(server)
-        if server.restarted_from is not None:  # the server has its own engine folder now
-            server.restarted_from.remove()
-            server.restarted_from = None
 
     def _check_servers(self, model: nn.Module) -> None:
         """Each server serves a model of the policy's shape, in one number format, or an error naming it."""
@@ -186,7 +131,6 @@ class ServerSampler:
             raise RolloutServerError(f"the rollout servers sample in different formats ({said}): start them all "
                                      "with one --dtype")
         self.dtype = DTYPES.get(formats.pop(), torch.float32)
-        self.served = {k: self.pool.alive[0].info.get(k) for k in ("facts", "dtype", "lora_rank")}  # one back too
         self.max_model_len = min(int(s.info.get("max_model_len", 0)) for s in self.pool.alive)
 
     # -- the engine protocol (grouprl.rollout.protocol) ----------------------------------------------
@@ -223,11 +167,6 @@ class ServerSampler:
         self.pool.close()
         if self.local is not None:
             self.local.stop()
-        for server in self.pool.servers:
-            if server.restarted_from is not None:
-                server.restarted_from.remove()
-        if self.skeleton is not None:
-            self.skeleton.remove()
 
     # -- generation ---------------------------------------------------------------------------------
     def _check_lengths(self, sequences: Sequence[Sequence[int]], budget: Sequence[int]) -> None:

@@ -8,7 +8,6 @@ from typing import Any
 
 READY_POLL_S = 1.0
 EXIT_SETTLE_S = 2.0  # a dropped local server is given this long to exit, so the message names its exit status
-RETURN_POLL_S = 10.0  # how often a dropped server the run did not start is asked whether it answers again
 SERVER_KEEP_ALIVE_S = 5  # a server keeps an idle connection this long (vLLM's default)
 # The longest a trainer reuses an idle connection: well inside the server's keep-alive, since a request on a
 # connection being closed would drop a healthy server (httpx's default equals the server's, which races).
@@ -37,24 +36,12 @@ class Server:
     adapter: str | None = None  # the LoRA adapter's name (a request's ``model``); None: the base weights
     version: int | None = None
     info: dict[str, Any] | None = None
-    # a server started here: its process's state for messages (given seconds to settle), the end of its processes,
-    # a start again on the same address
+    # a server started here: its process's state for messages (given seconds to settle), the end of its processes
     describe_exit: Callable[[float], str] | None = None
     stop: Callable[[], None] | None = None
-    restart: Callable[[], None] | None = None
-    restarts_left: int = 0
-    restarted_elsewhere: bool = False  # started by process 0 of the run, which restarts it and gives it the weights
-    returning: bool = False  # dropped, and watched for its return
-    back: bool = False  # dropped and answering again: readmitted once it holds the current weights
-    readmits: int = 0
-    restarted_from: Any = None  # the model folder its last restart started from (removed once it is back)
     in_flight: int = 0
     busy_s: float = 0.0  # seconds with a request in flight since the busy clock was last read
     busy_from: float = 0.0
-
-    @property
-    def restarted_by_run(self) -> bool:
-        return self.restart is not None or self.restarted_elsewhere
 
     @property
     def url(self) -> str:

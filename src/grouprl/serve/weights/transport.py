@@ -155,7 +155,8 @@ class WeightFolders:
 
 class FileWeights:
     """The trainer's side of the ``files`` transport: each version written once, then loaded by every server (LoRA:
-    the base once, then the adapter alone); the folders loaded last stay for a server that comes back or restarts."""
+    the base once, then the adapter alone); the folder loaded last stays, for a server whose next reload fails midway
+    to go back to."""
 
     def __init__(self, pool: Any, lora: bool, weights_dir: str | None):
         for s in pool.alive:
@@ -165,7 +166,7 @@ class FileWeights:
         self.pool, self.lora = pool, lora
         self.folders = WeightFolders(weights_dir)
         self.staged: dict[bool, Path] = {}  # adapter? -> a folder written and not yet loaded by the servers
-        self.loaded: dict[bool, tuple[Path, int]] = {}  # adapter? -> (folder, version) every server loaded last
+        self.loaded: dict[bool, Path] = {}  # adapter? -> the folder every server loaded last
         self.base_written, self.version = False, 0
         self.resume = True  # the first push may go back: a server of an earlier run takes the version we resume from
 
@@ -185,47 +186,16 @@ class FileWeights:
         for adapter, path in self.staged.items():  # the base before the adapter
             self.pool.run(self.pool.everywhere(lambda server, a=adapter, p=path: self._load(server, a, p,
                                                                                             self.version)))
-            self.loaded[adapter] = (path, self.version)
+            self.loaded[adapter] = path
         self.staged.clear()
         self.resume = False
-        # with LoRA the base folder is needed again only to restart a local server: kept only where one may be
-        restartable = any(s.restart is not None for s in self.pool.servers)
-        self.folders.keep_only(*(path for adapter, (path, _) in self.loaded.items()
-                                 if adapter or not self.lora or restartable))
+        # with LoRA the base is loaded once and never reloaded: its folder is not kept
+        self.folders.keep_only(*(path for adapter, path in self.loaded.items() if adapter or not self.lora))
 
     async def _load(self, server: Any, adapter: bool, path: Path, version: int) -> None:
         body = {"path": str(path), "version": version, "adapter": adapter, "resume": self.resume}
         answer = await self.pool.request(server, "POST", "/grouprl/weights", body)
         server.version, server.adapter = answer.get("version"), answer.get("adapter")
-
-    async def rejoin(self, server: Any) -> None:
-        """Bring a server that is back to the weights loaded last (LoRA: the adapter alone), unless it holds them."""
-        info = server.info or {}
-        for adapter, (path, version) in sorted(self.loaded.items()):
-            held = info.get("adapter") == f"policy-v{version}" if adapter else \
-                info.get("version") == version and info.get("weights_complete", False)
-            if held:
-                server.version, server.adapter = info.get("version"), info.get("adapter")
-            elif adapter or not self.lora:
-                await self._load(server, adapter, path, version)
-
-    def restart_folder(self, skeleton: Path) -> ScratchFolder | None:
-        """A model folder to restart a local server from: ``skeleton`` and the weights loaded last (None: none yet)."""
-        if False not in self.loaded or not self.loaded[False][0].is_dir():
-            return None
-        folder = ScratchFolder("grouprl-restart-", self.folders.root.parent)
-        try:
-            for entry in skeleton.iterdir():
-                shutil.copy2(entry, folder.path / entry.name)
-            weights = self.loaded[False][0] / WEIGHTS_FILE
-            try:
-                os.link(weights, folder.path / WEIGHTS_FILE)
-            except OSError:  # another file system (or none that links): a copy
-                shutil.copy2(weights, folder.path / WEIGHTS_FILE)
-        except BaseException:
-            folder.remove()
-            raise
-        return folder
 
     def close(self) -> None:
         self.folders.remove()

@@ -23,6 +23,9 @@ from grouprl.trainer.resolved import ResolvedSettings
 RETIRED: dict[str, str] = {
     "tensorboard": "use loggers: [tensorboard] (a run writes TensorBoard files only when loggers names it; for "
                    "tensorboard: false, remove the key)",
+    "rollout_server_restarts": "a failed rollout server is dropped for the rest of the run and never restarted; with "
+                               "none left the run stops, and --resume_from latest goes on from its last checkpoint "
+                               "on new servers (remove the key)",
 }
 """Keys that no longer exist -> what to write instead, the text every way of giving one is refused with."""
 

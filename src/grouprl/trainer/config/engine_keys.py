@@ -74,7 +74,7 @@ class EngineKeys:
     rollout_servers: int | tuple[str, ...] | None = None
     """Sample on vLLM server processes instead of in this one: the host:port of each grouprl serve (a,b,c), or N to
     start N servers on this machine, each on its own cores. Each row has its own seed, so a completion does not
-    depend on its server; a failed server is dropped and rejoins when it answers again. Empty = in this process.
+    depend on its server; a failed server is dropped for the rest of the run. Empty = in this process.
     docs/servers.md."""
     rollout_server_token: str | None = field(default=None, repr=False, metadata={"secret": True})
     """The bearer token the rollout servers ask for (grouprl serve's --api_key). Empty = the GROUPRL_SERVER_TOKEN
@@ -83,9 +83,6 @@ class EngineKeys:
     rollout_server_timeout: float = 600.0
     """Seconds a rollout server may take to come up, and to answer one request (a completion, a weight
     load), before it is dropped as failed."""
-    rollout_server_restarts: int = 2
-    """How many times the run restarts a server it started itself (rollout_servers: N) after it is dropped, on the same
-    address and cores, from the weights it served. 0 = never. files transport only."""
     rollout_weights_dir: str | None = None
     """Folder the weights pass through on their way to rollout servers, which must see it (shared storage
     across machines). Empty = /dev/shm (memory) where it exists, else the system's temporary folder."""
