@@ -114,7 +114,7 @@ def test_requests_within_the_limits_and_bodies_left_to_vllm_go_through():
 
 
 def test_a_server_with_broken_weights_answers_generation_with_a_503_saying_why_and_still_takes_pushes():
-    why = "the weights in /w/v3 did not load, nor did the last complete weights"
+    why = "the weights in /w/v3 did not load (RuntimeError: shapes moved)"
     answer, app = call("POST", "/inference/v1/generate", headers=BEARER, body={"token_ids": [1]}, broken=why)
     assert answer.status_code == 503 and why in answer.json()["error"] and app.seen == []
     assert call("POST", "/grouprl/weights", headers=BEARER, body={}, broken=why)[0].status_code == 200

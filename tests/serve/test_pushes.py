@@ -145,10 +145,8 @@ class Engine:
 def server(tmp_path: Path, served: dict, engine: Engine) -> tuple[TestClient, ServerState]:
     app = FastAPI()
     app.include_router(router)
-    engine_folder = tmp_path / "engine"
-    engine_folder.mkdir(exist_ok=True)
     state = ServerState(model="tiny", dtype="fp32", max_model_len=256, lora_rank=None, facts={},
-                        weights_root=tmp_path, tensors=served, last_folder=engine_folder, address="127.0.0.1:1")
+                        weights_root=tmp_path, tensors=served, address="127.0.0.1:1")
     app.state.grouprl, app.state.engine_client = state, engine
     return TestClient(app), state
 
@@ -161,7 +159,7 @@ def test_a_bad_push_is_refused_before_the_engine_is_touched_and_a_rollback_needs
     engine = Engine()
     client, state = server(tmp_path, served, engine)
     v7 = pushed(tmp_path, 7)
-    assert post(client, v7, 7).status_code == 200 and state.version == 7 and state.last_folder == v7
+    assert post(client, v7, 7).status_code == 200 and state.version == 7
     engine.calls.clear()
     assert post(client, Path("/etc"), 8).status_code == 403
     assert post(client, tmp_path / "nowhere", 8).status_code == 400
@@ -174,28 +172,16 @@ def test_a_bad_push_is_refused_before_the_engine_is_touched_and_a_rollback_needs
     assert "version 3 accepted after version 7: its trainer resumes a run" in capsys.readouterr().out
 
 
-def test_a_reload_that_fails_midway_reloads_the_last_complete_folder_and_the_server_goes_on(tmp_path, served):
-    v1, v2 = pushed(tmp_path, 1), pushed(tmp_path, 2)
+def test_a_reload_that_fails_midway_refuses_generation_until_a_complete_push(tmp_path, served):
+    v1, v2, v3 = pushed(tmp_path, 1), pushed(tmp_path, 2), pushed(tmp_path, 3)
     engine = Engine(failing=(v2,))
     client, state = server(tmp_path, served, engine)
     assert post(client, v1, 1).status_code == 200
     engine.calls.clear()
     answer = post(client, v2, 2)
-    assert answer.status_code == 422 and "serves its last complete weights again (version 1)" in answer.text
-    assert engine.calls == ["pause_generation()", f"collective_rpc({v2})", f"collective_rpc({v1})",
-                            "resume_generation()"]
-    assert (state.version, state.weights_complete, state.broken, state.last_folder) == (1, True, None, v1)
-
-
-def test_when_the_last_complete_folder_cannot_be_reloaded_either_generation_is_refused_until_a_good_push(
-        tmp_path, served):
-    v1, v2, v3 = pushed(tmp_path, 1), pushed(tmp_path, 2), pushed(tmp_path, 3)
-    engine = Engine(failing=(v1, v2))
-    client, state = server(tmp_path, served, engine)
-    state.last_folder = v1
-    answer = post(client, v2, 2)
-    assert answer.status_code == 503 and state.broken and "nor did the last complete weights" in state.broken
-    assert not state.weights_complete and state.version is None
+    assert answer.status_code == 503 and f"the weights in {v2} did not load (RuntimeError: shapes moved" in answer.text
+    assert engine.calls == ["pause_generation()", f"collective_rpc({v2})", "resume_generation()"]
+    assert (state.version, state.weights_complete) == (1, False) and state.broken in answer.text
     assert client.get("/grouprl/info").json()["broken"] == state.broken
     assert post(client, v3, 3).status_code == 200
     assert (state.broken, state.weights_complete, state.version) == (None, True, 3)

@@ -165,8 +165,7 @@ def test_a_lora_version_holds_the_base_and_the_adapter_side_by_side(tmp_path):
     assert [p.name for p in folders.root.iterdir()] == ["v2-lora"]  # the base went to the servers once
 
 
-def test_files_push_every_version_to_every_server_and_keep_the_folder_loaded_last(tmp_path):
-    """The folder every server loaded last stays: a server whose next reload fails midway goes back to it."""
+def test_files_push_every_version_to_every_server_and_free_its_folder_once_loaded(tmp_path):
     import asyncio
     import types
 
@@ -177,22 +176,23 @@ def test_files_push_every_version_to_every_server_and_keep_the_folder_loaded_las
     async def everywhere(work):
         await work(types.SimpleNamespace(address="s0"))
 
-    async def request(server, method, path, body):
-        loads.append((path, body["version"], body["adapter"], body["resume"]))
+    async def request(server, method, path, body):  # the server reads the folder as it answers
+        held = load_file(str(Path(body["path"]) / WEIGHTS_FILE))["lm_head.weight"]
+        loads.append((path, body["version"], body["adapter"], body["resume"], torch.equal(held, head)))
         return {"version": body["version"], "adapter": None}
 
     pool = types.SimpleNamespace(alive=[], everywhere=everywhere, request=request, run=asyncio.run)
     model, _ = tiny_causal_lm(seed=1)
+    head = model.state_dict()["lm_head.weight"]
     sender = FileWeights(pool, lora=False, weights_dir=str(tmp_path / "weights"))
     try:
         for version in (1, 2):
             sender.write(model, reading(model), version, torch.float32)
+            assert [p.name for p in sender.folders.root.iterdir()] == [f"v{version}"]
             sender.push()
+            assert list(sender.folders.root.iterdir()) == []  # the servers hold it: the memory back
         # the first push may step back (a resumed run); later ones only move forward
-        assert loads == [("/grouprl/weights", 1, False, True), ("/grouprl/weights", 2, False, False)]
-        assert [p.name for p in sender.folders.root.iterdir()] == ["v2"]
-        assert torch.equal(load_file(str(sender.folders.path(2) / WEIGHTS_FILE))["lm_head.weight"],
-                           model.state_dict()["lm_head.weight"])
+        assert loads == [("/grouprl/weights", 1, False, True, True), ("/grouprl/weights", 2, False, False, True)]
     finally:
         sender.close()
     assert not sender.folders.root.exists()

@@ -180,7 +180,7 @@ def prepare(model: nn.Module, tokenizer: Any, options: ServeOptions, model_name:
                         lora_rank=options.lora_rank, facts=model_facts(model),
                         weight_transfer=server_transport(options.weight_transfer, cuda).backend,
                         weights_root=Path(options.weights_root).resolve() if options.weights_root else None,
-                        tensors=read_header(folder.path / WEIGHTS_FILE), last_folder=folder.path)
+                        tensors=read_header(folder.path / WEIGHTS_FILE))
     return Prepared(folder, engine_argv(folder.path, options, length, kv, cuda), state, options)
 
 

@@ -96,7 +96,7 @@ class Transfers:
             await self.engine.reset_prefix_cache()
             await self.engine.update_weight_version(str(holder.version))
             self.state.version, self.state.adapter = holder.version, None  # whole weights: no adapter on top
-            self.state.weights_complete, self.state.broken, self.state.last_folder = True, None, None
+            self.state.weights_complete, self.state.broken = True, None
         finally:
             await self._resume()
         return holder.version

@@ -45,7 +45,6 @@ class ServerState:
     transfers: Transfers | None = None
     weights_root: Path | None = None  # folder pushes come from under it only (None: none)
     tensors: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the served weights, name -> shape
-    last_folder: Path | None = None  # the last complete weights' folder, reloaded when a reload fails midway
     adapter_version: int | None = None
     broken: str | None = None  # why generation answers 503 until a complete push loads
 
@@ -125,27 +124,16 @@ async def load_weights(body: LoadWeights, request: Request) -> dict[str, Any]:
 
 
 async def _reload(engine: Any, state: ServerState, folder: Path) -> None:
-    """Reload ``folder`` in place; if that fails midway, the last complete folder, or the server is broken."""
+    """Reload ``folder`` in place; a reload that fails midway leaves weights half-loaded: generation is refused (503)
+    until a complete push loads."""
     state.weights_complete = False  # until the reload is whole
     try:
         await engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
-    except Exception as e:  # noqa: BLE001 - answered below, after the last complete weights are back
-        failure = f"the weights in {folder} did not load ({type(e).__name__}: {str(e)[:300]})"
-        last = state.last_folder
-        try:
-            if last is None or not last.is_dir():
-                raise FileNotFoundError(f"the last complete folder {last} is gone" if last else
-                                        "the last complete weights came over a transfer, not from a folder")
-            await engine.collective_rpc("reload_weights", kwargs={"weights_path": str(last)})
-        except Exception as again:  # noqa: BLE001 - the server stops generating, saying why
-            state.broken = f"{failure}, nor did the last complete weights ({type(again).__name__}: {str(again)[:200]})"
-            print(f"grouprl serve: {state.broken}; generation refused until a complete push", flush=True)
-            raise HTTPException(HTTPStatus.SERVICE_UNAVAILABLE, f"this server ({state.address}): {state.broken}") from e
-        state.weights_complete, state.broken = True, None
-        print(f"grouprl serve: {failure}; reloaded the last complete weights (version {state.version})", flush=True)
-        raise HTTPException(HTTPStatus.UNPROCESSABLE_ENTITY, f"this server ({state.address}): {failure}; it "
-                            f"serves its last complete weights again (version {state.version})") from e
-    state.weights_complete, state.broken, state.last_folder = True, None, folder
+    except Exception as e:  # noqa: BLE001 - the server stops generating, saying why
+        state.broken = f"the weights in {folder} did not load ({type(e).__name__}: {str(e)[:300]})"
+        print(f"grouprl serve: {state.broken}; generation refused until a complete push", flush=True)
+        raise HTTPException(HTTPStatus.SERVICE_UNAVAILABLE, f"this server ({state.address}): {state.broken}") from e
+    state.weights_complete, state.broken = True, None
 
 
 async def _load_adapter(request: Request, state: ServerState, path: str, version: int) -> None:

@@ -155,8 +155,7 @@ class WeightFolders:
 
 class FileWeights:
     """The trainer's side of the ``files`` transport: each version written once, then loaded by every server (LoRA:
-    the base once, then the adapter alone); the folder loaded last stays, for a server whose next reload fails midway
-    to go back to."""
+    the base once, then the adapter alone), and removed once every server holds it."""
 
     def __init__(self, pool: Any, lora: bool, weights_dir: str | None):
         for s in pool.alive:
@@ -166,7 +165,6 @@ class FileWeights:
         self.pool, self.lora = pool, lora
         self.folders = WeightFolders(weights_dir)
         self.staged: dict[bool, Path] = {}  # adapter? -> a folder written and not yet loaded by the servers
-        self.loaded: dict[bool, Path] = {}  # adapter? -> the folder every server loaded last
         self.base_written, self.version = False, 0
         self.resume = True  # the first push may go back: a server of an earlier run takes the version we resume from
 
@@ -186,11 +184,9 @@ class FileWeights:
         for adapter, path in self.staged.items():  # the base before the adapter
             self.pool.run(self.pool.everywhere(lambda server, a=adapter, p=path: self._load(server, a, p,
                                                                                             self.version)))
-            self.loaded[adapter] = path
         self.staged.clear()
         self.resume = False
-        # with LoRA the base is loaded once and never reloaded: its folder is not kept
-        self.folders.keep_only(*(path for adapter, path in self.loaded.items() if adapter or not self.lora))
+        self.folders.keep_only()  # the servers hold the weights now: the folders' memory back
 
     async def _load(self, server: Any, adapter: bool, path: Path, version: int) -> None:
         body = {"path": str(path), "version": version, "adapter": adapter, "resume": self.resume}
