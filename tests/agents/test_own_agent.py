@@ -122,6 +122,24 @@ def test_an_agent_returning_none_is_scored_by_the_reward_functions(tmp_path):
     assert torch.isnan(got.per_fn["agent"]).all() and got.per_fn["digits"].tolist() == pytest.approx(got.rewards)
 
 
+def test_an_agents_answer_a_reward_service_leaves_unscored_gets_no_reward_and_is_counted(tmp_path):
+    from grouprl.rewards.remote import RemoteReward
+    from tests.helpers.reward_service import Stub, stub_service
+
+    def second_fails(body):  # one trajectory a request (batch_size 1): the second gets a 503
+        return (503, {}) if len(stub.requests) == 2 else (200, {"scores": [1.0]})
+
+    stub = Stub([second_fails])
+    with stub_service(stub) as url:
+        trainer = make_agent_run(tmp_path, own_agents.last_answer_agent,
+                                 reward_fns=[RemoteReward(url, batch_size=1, retries=0)], prompts_per_step=1,
+                                 group_size=2, max_new_tokens=4)
+        with pytest.warns(RuntimeWarning, match="1 of the 2 rows"):
+            got = trainer.collector.collect(0, PhaseTimer())
+    assert sorted(got.rewards.isnan().tolist()) == [False, True] and got.rewards.nansum() == 1.0
+    assert got.metrics["reward/remote_failed"] == 1.0
+
+
 @pytest.mark.parametrize("algo", ["rloo", "ppo", "trpo"])
 def test_every_algorithm_trains_on_split_agent_trajectories(tmp_path, algo):
     trainer = make_agent_run(tmp_path, own_agents.rewriting_agent, prompts_per_step=2, group_size=4, total_steps=1,

@@ -112,7 +112,7 @@ def test_a_judge_behind_a_url_gets_each_group_and_drops_what_it_cannot_score():
         assert isinstance(judge, RemoteJudge)
         with pytest.warns(RuntimeWarning, match="1 of the 3 groups got no score.*HTTP 500"):
             assert judge.judge_groups(groups) == [[1.0, 2.0], None, None]
-        assert judge.failed_rows == 2  # the crashed group's members; the dropped one was answered
+        assert judge.failed_groups == [2]  # the crashed group; the dropped one was answered
         assert {"prompt": "p0", "completions": ["a", "bb"], "columns": {"answer": 3}} in stub.requests
     short = Stub([(200, {"scores": [1.0]})])
     with stub_service(short) as url, pytest.raises(RewardFunctionError, match=r"1 scores for 2 rows \(group 0\)"):
@@ -138,12 +138,15 @@ def test_unscored_rows_lose_their_total_and_are_counted():
     assert metrics == {"reward/remote_failed": 2.0}
     assert other.total[0] == 1.0 and torch.isnan(other.total[1])
     judge = RemoteJudge(url.replace("/score", "/judge"))
-    judge.failed_rows = 4  # as a judge_groups call that lost a group of 4 leaves it
+    judge.failed_groups = [1]  # as a judge_groups call that lost the second of two groups leaves it
+    groups = torch.tensor([0, 0, 1, 1])
+    assert mark_unscored([one], judge, None, got, rows[1], groups)[1] == {"reward/remote_failed": 2.0}
     with stub_service(Stub([(503, {})])) as url, pytest.warns(RuntimeWarning, match="EVERY ONE of the 4 rows"):
         reward = RemoteReward(url, retries=0)
         scores = score_rewards([reward, one], None, *rows)
-    got, metrics = mark_unscored([reward], judge, None, scores.total, rows[1])  # the judge alone makes the reward
-    assert got.tolist() == [1.0] * 4 and metrics == {"reward/remote_failed": 8.0}
+    # the judge alone makes the reward; a row lost to both services is counted once
+    got, metrics = mark_unscored([reward], judge, None, scores.total, rows[1], groups)
+    assert got.tolist() == [1.0] * 4 and metrics == {"reward/remote_failed": 4.0}
     assert mark_unscored([one], None, None, got, rows[1]) == (got, {})
 
 

@@ -45,7 +45,7 @@ def test_the_service_scores_as_the_builtin_reward_does(service, monkeypatch):
     judge = RemoteJudge(f"{service.url}/judge")
     groups = [JudgeGroup("72?", ["#### 72", "#### 27", r"\boxed{72}"], {"answer": "#### 72"}),
               JudgeGroup("?", ["1", "2"], {"answer": None})]  # no gold answer: the service drops the group
-    assert judge.judge_groups(groups) == [[1.0, 0.0, 1.0], None] and judge.failed_rows == 0
+    assert judge.judge_groups(groups) == [[1.0, 0.0, 1.0], None] and judge.failed_groups == []
 
 
 def test_a_token_mismatch_is_a_clear_error(service, monkeypatch):

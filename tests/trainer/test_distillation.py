@@ -76,6 +76,24 @@ def test_a_teacher_that_is_the_policy_gives_a_reverse_kl_of_zero(tmp_path):
     assert rows[0]["distill/teacher_logp"] < -1.0  # a random 2-layer model spreads its mass
 
 
+def test_a_teacher_is_held_in_the_training_format(tmp_path):
+    """A teacher loaded in fp32 (as the command line loads any model) is held in bf16 when training runs in bf16:
+    half its memory, the same products (autocast computes the teacher's forward in bf16 either way)."""
+    model, tok = tiny_causal_lm(seed=0)
+    teacher, teacher_tok = tiny_causal_lm(seed=1)
+    assert next(teacher.parameters()).dtype == torch.float32
+    trainer = Trainer(base_config(tmp_path, teacher_model="tiny", distill_coef=1.0, total_steps=1, dtype="bf16",
+                                  eval_every=0), policy=model, tokenizer=tok, train_data=PROMPTS, teacher=teacher,
+                      teacher_tokenizer=teacher_tok)
+    try:
+        assert {p.dtype for p in trainer.teacher.model.parameters()} == {torch.bfloat16}
+        trainer.train()
+        rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert math.isfinite(next(r for r in rows if "distill/reverse_kl" in r)["distill/reverse_kl"])
+    finally:
+        trainer.close()
+
+
 def digit_mass(model, tok) -> float:
     """The probability the model gives the digit tokens right after each of 8 training prompts, averaged."""
     ids = [i for i in range(len(tok)) if tok.decode([i]).strip().isdigit()]

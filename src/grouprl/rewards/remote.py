@@ -207,13 +207,13 @@ class RemoteReward:
 
 class RemoteJudge:
     """A group judge served at ``url``: each group goes as ``{"prompt": ..., "completions": [G], "columns": {...}}``
-    and comes back as ``{"scores": [G numbers]}`` or ``{"scores": null}`` (the group dropped). ``failed_rows``: the
-    members of the last call's groups that went unanswered."""
+    and comes back as ``{"scores": [G numbers]}`` or ``{"scores": null}`` (the group dropped). ``failed_groups``: the
+    indices of the last call's groups that went unanswered."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 60.0, retries: int = 3):
         self.service = Service(url, token, timeout, retries)
         self.__name__ = self.service.name
-        self.failed_rows = 0
+        self.failed_groups: list[int] = []
 
     @staticmethod
     def payload(group: JudgeGroup) -> dict[str, Any]:
@@ -223,7 +223,7 @@ class RemoteJudge:
     def judge_groups(self, groups: list[JudgeGroup]) -> list[list[float] | None]:
         answers = self.service.post_all([self.payload(g) for g in groups])
         errors = [a for a in answers if isinstance(a, Unanswered)]
-        self.failed_rows = sum(len(g.completions) for g, a in zip(groups, answers) if isinstance(a, Unanswered))
+        self.failed_groups = [i for i, a in enumerate(answers) if isinstance(a, Unanswered)]
         self.service.warn(errors, len(errors), len(groups), "groups")
         return [None if a is None or isinstance(a, Unanswered) else self.service.checked(a, len(g.completions), 0, i)
                 for i, (g, a) in enumerate(zip(groups, answers))]
@@ -238,20 +238,25 @@ JUDGES.register("https", _judge("https"))
 
 
 def mark_unscored(reward_fns: Sequence[Any], judge: Any, judge_weight: float | None, total: torch.Tensor | None,
-                  completions: Sequence[str]) -> tuple[torch.Tensor | None, dict[str, float]]:
+                  completions: Sequence[str], group_index: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor | None, dict[str, float]]:
     """After a round's ``completions`` are scored: rows a remote reward function left unscored get a NaN total (no
-    advantage) where the reward functions count toward it, and ``reward/remote_failed`` counts them, plus the members
-    of groups a remote judge left unjudged. No metric when nothing is remote."""
+    advantage) where the reward functions count toward it, and ``reward/remote_failed`` counts the rows left
+    unscored by a reward service or in a group a judge service left unjudged (``group_index [B]``: each row's group,
+    as the judge was given them), each row once. No metric when nothing is remote."""
     remote = [f for f in reward_fns if isinstance(f, RemoteReward)]
     if not remote and not isinstance(judge, RemoteJudge):
         return total, {}
-    rows = judge.failed_rows if isinstance(judge, RemoteJudge) else 0
+    failed = torch.zeros(len(completions), dtype=torch.bool)
+    if isinstance(judge, RemoteJudge) and judge.failed_groups and group_index is not None:
+        failed |= torch.isin(group_index, torch.tensor(judge.failed_groups))
     if remote and total is not None:
-        failed = torch.tensor([any(r) for r in zip(*(fn.unanswered(completions) for fn in remote))], dtype=torch.bool)
+        unscored = torch.tensor([any(r) for r in zip(*(fn.unanswered(completions) for fn in remote))],
+                                dtype=torch.bool)
         if judge is None or judge_weight is not None:
-            total = torch.where(failed, torch.full_like(total, math.nan), total)
-        rows += int(failed.sum())
-    return total, {"reward/remote_failed": float(rows)}
+            total = torch.where(unscored, torch.full_like(total, math.nan), total)
+        failed |= unscored
+    return total, {"reward/remote_failed": float(failed.sum())}
 
 
 def probe(reward_fns: Sequence[Any], judge: Any, row: dict[str, Any]) -> None:

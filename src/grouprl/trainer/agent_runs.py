@@ -24,6 +24,7 @@ import torch
 from grouprl.errors import EnvError
 from grouprl.rewards import score_rewards
 from grouprl.rewards.base import combine, unique_names
+from grouprl.rewards.remote import mark_unscored
 from grouprl.rollout.runner import left_pad
 from grouprl.run.logs import PhaseTimer
 from grouprl.run.seed_streams import PromptStream, mix_seed
@@ -100,8 +101,8 @@ class AgentCollector:
         parts = [samples(t.calls) for t in kept]
         batch = self.assemble(kept, parts, rows)
         with timer("reward"):
-            total, per_fn = self.score(kept, rows, batch)
-        metrics = {"agent/dropped": float(len(played) - len(kept)),
+            total, per_fn, lost = self.score(kept, rows, batch)
+        metrics = {**lost, "agent/dropped": float(len(played) - len(kept)),
                    "agent/split_share": sum(len(p) > 1 for p in parts) / len(parts),
                    "agent/calls_mean": sum(len(t.calls) for t in kept) / len(kept)}
         return Collected(batch=batch, rewards=total, per_fn=per_fn, rounds=1, metrics=metrics)
@@ -173,21 +174,25 @@ class AgentCollector:
                   "success": [None] * len(flat), "opening": [len(kept[k].calls[0].messages) - 1 for k, _ in flat]})
 
     def score(self, kept: list[Trajectory], rows: Sequence[dict],
-              batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``[B]`` rewards: the agent's where it returned one, else the reward functions' on its last answer."""
+              batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
+        """``[B]`` rewards: the agent's where it returned one, else the reward functions' on its last answer (NaN
+        where a reward service left it unscored); per function; ``reward/remote_failed`` with a reward service."""
         of = batch.info["trajectory_index"]
         agent = torch.tensor([math.nan if kept[k].reward is None else kept[k].reward for k in of], dtype=torch.float32)
         unscored = [k for k, t in enumerate(kept) if t.reward is None]
         if not unscored:
-            return agent, {"agent": agent}
+            return agent, {"agent": agent}, {}
         if not self.reward_fns:
             raise EnvError("the agent returned None (score my last answer) but the run has no reward_functions")
         ends = [kept[k].calls[-1].messages for k in unscored]
+        answers = [m[-1]["content"] for m in ends]
         columns = {c: [rows[kept[k].row].get(c) for k in unscored] for c in rows[0]}
-        scores = score_rewards(self.reward_fns, self.reward_weights, [m[:-1] for m in ends],
-                               [m[-1]["content"] for m in ends],
+        scores = score_rewards(self.reward_fns, self.reward_weights, [m[:-1] for m in ends], answers,
                                [kept[k].calls[-1].completion_ids for k in unscored],
                                {**columns, "trajectory": ends})
+        marked, failed = mark_unscored(self.reward_fns, None, None, scores.total, answers)
+        lost = torch.zeros(len(kept), dtype=torch.bool)
+        lost[unscored] = marked.isnan() & ~scores.total.isnan()
         per_fn = {"agent": agent}
         for name, values in scores.per_fn.items():
             full = torch.full((len(kept),), math.nan)
@@ -195,7 +200,8 @@ class AgentCollector:
             per_fn[name] = full[of]
         weights = {"agent": 1.0, **dict(zip(unique_names(self.reward_fns), self.reward_weights))}
         fn_total = combine({k: v for k, v in per_fn.items() if k != "agent"}, weights)
-        return torch.where(agent.isnan(), fn_total, agent), per_fn
+        fn_total = torch.where(lost[of], torch.full_like(fn_total, math.nan), fn_total)
+        return torch.where(agent.isnan(), fn_total, agent), per_fn, failed
 
 
 def _in_thread(fn: Callable[..., Any], client: Any, row: dict[str, Any]) -> asyncio.Future:

@@ -106,7 +106,8 @@ class GroupCollector:
             with timer("judge"):
                 total, per_fn, metrics = apply_judge(self.judge, self.judge_weight, batch, total, per_fn, batch.extras)
             self.judge_rounds.append(metrics)
-        total, failed = mark_unscored(self.reward_fns, self.judge, self.judge_weight, total, batch.completions)
+        total, failed = mark_unscored(self.reward_fns, self.judge, self.judge_weight, total, batch.completions,
+                                      batch.group_index())
         if failed:
             self.judge_rounds.append(failed)
         return batch, total, per_fn

@@ -71,7 +71,8 @@ class EnvCollector:
                 shown = [transcript(m[o:]) for m, o in zip(batch.extras["trajectory"], batch.info["opening"])]
                 total, per_fn, judged = apply_judge(self.judge, self.judge_weight, batch, total, per_fn, columns, shown)
                 metrics.update(judged)
-        total, failed = mark_unscored(self.reward_fns, self.judge, self.judge_weight, total, batch.completions)
+        total, failed = mark_unscored(self.reward_fns, self.judge, self.judge_weight, total, batch.completions,
+                                      batch.group_index())
         metrics.update(failed)
         return Collected(batch=batch, rewards=total, per_fn=per_fn, rounds=1, metrics=metrics)
 

@@ -160,7 +160,8 @@ def server_token(c: TrainerConfig, address: str) -> str:
 def make_teacher(c: TrainerConfig, passes: PolicyPasses, tokenizer: Any, teacher: nn.Module | None,
                  teacher_tokenizer: Any, device: torch.device | None) -> ModelTeacher | ServerTeacher | None:
     """The run's teacher: ``teacher`` (a model the caller loaded, with its tokenizer), else ``teacher_model`` loaded
-    here or reached on its server; None without distillation."""
+    here, held in the training format (bf16 training: a bf16 teacher, half the memory; its forward computes in bf16
+    under autocast either way), or reached on its server; None without distillation."""
     if not c.distill_coef:
         return None
     if teacher is None and is_server(c.teacher_model):
@@ -174,4 +175,6 @@ def make_teacher(c: TrainerConfig, passes: PolicyPasses, tokenizer: Any, teacher
         problem = tokenizer_problem(tokenizer, teacher_tokenizer, c.teacher_model or type(teacher).__name__)
         if problem:
             raise ValueError(problem)
+    if c.train_bf16:
+        teacher = teacher.to(torch.bfloat16)
     return ModelTeacher(teacher if device is None else teacher.to(device), passes)
