@@ -274,7 +274,7 @@ def test_sampling_ahead_has_collective_pushes_send_a_copy_made_at_the_write(tmp_
 
     pool = types.SimpleNamespace(alive=[], setting="rollout_server_timeout")
     handover = WeightHandover(torch.nn.Linear(2, 2), pool, "files", ranks=None, dtype=torch.float32, lora=False,
-                              timeout=1.0, weights_dir=str(tmp_path), difference=lambda server: "")
+                              timeout=1.0, weights_dir=str(tmp_path))
     engine = types.SimpleNamespace(sample_ahead=handover.sample_ahead)
     config = TrainerConfig(output_dir=str(tmp_path), rollout_servers=("127.0.0.1:8000",), rollout_is="token")
     assert collect_ahead("collector", engine, config) is None and not handover.stages_pushes

@@ -69,7 +69,7 @@ def test_every_engine_implements_the_protocol():
         missing = sorted(name for name in ENGINE_MEMBERS if not hasattr(engine, name))
         assert not missing, (engine.__name__, missing)
     handover = WeightHandover(torch.nn.Linear(2, 2), None, "files", ranks=None, dtype=torch.float32, lora=False,
-                              timeout=1.0, weights_dir=None, difference=lambda server: "", sender=object())
+                              timeout=1.0, weights_dir=None, sender=object())
     assert isinstance(handover, SamplesAhead)
     assert "sample_ahead" in ENGINE_MEMBERS and "version" in AHEAD_MEMBERS and "engine" not in ENGINE_MEMBERS
 
