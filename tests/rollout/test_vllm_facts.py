@@ -67,6 +67,7 @@ def test_no_vllm_is_asked_each_time_without_a_cache(tmp_path, monkeypatch):
     assert len(asked) == 2 and not (tmp_path / "grouprl").exists()
 
 
+@pytest.mark.slow  # imports vLLM, then starts a Python process of its own
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM's CPU build")
 def test_a_later_start_learns_that_vllm_cannot_serve_the_tiny_model_without_importing_vllm(tmp_path, monkeypatch):
     from grouprl.models import tiny_causal_lm

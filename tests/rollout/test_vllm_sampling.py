@@ -94,6 +94,7 @@ def test_seeded_rows_whose_prompts_overflow_one_batch_are_drawn_whole(engine):
     assert batch.completion_ids[40, :alone.completion_ids.shape[1]].tolist() == alone.completion_ids[0].tolist()
 
 
+@pytest.mark.slow  # starts a vLLM engine of its own
 @needs_vllm
 def test_vllm_start_up_notices_stay_quiet_unless_asked_for():
     """vLLM's notices from before an engine configures its logger (its Triton lacks a CPU backend) and its
@@ -121,6 +122,7 @@ def test_an_engine_leaves_the_process_thread_count_to_its_owner(engine):
     assert_thread_count_can_change()
 
 
+@pytest.mark.slow  # starts a vLLM engine of its own
 @needs_vllm
 def test_an_engine_leaves_the_process_memory_on_every_numa_node():
     """vLLM's CPU worker binds its process's memory to one NUMA node on start (right for a process of its

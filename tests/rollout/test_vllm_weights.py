@@ -66,6 +66,7 @@ def test_a_pushed_lora_adapter_changes_vllm_as_it_changes_the_trainer(lora_engin
         assert got == want
 
 
+@pytest.mark.slow  # starts a vLLM engine of its own
 @needs_vllm
 def test_an_engine_removes_its_folder_when_it_closes_or_the_process_ends():
     """Its config, tokenizer and adapters are the engine's own: gone after ``close``, and at exit for one

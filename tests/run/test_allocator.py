@@ -125,6 +125,7 @@ def test_a_restarted_process_runs_under_the_preloaded_library(stand_in_jemalloc)
     # the same process (execve keeps the pid): torchrun and a shell still wait on what they started
 
 
+@pytest.mark.slow  # a whole grouprl train in a process of its own
 def test_grouprl_train_restarts_under_its_allocator_and_says_so(stand_in_jemalloc, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", PRELOADED)}
     common = ["--model", "tiny", "--total_steps", "1", "--prompts_per_step", "1", "--group_size", "2",

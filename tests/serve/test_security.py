@@ -125,7 +125,7 @@ def test_a_bad_folder_is_refused_and_the_server_goes_on_with_its_last_weights(se
     cut = weights(server, "cut", seed=11)
     data = (cut / "model.safetensors").read_bytes()
     (cut / "model.safetensors").write_bytes(data[: len(data) // 2])  # a copy still under way
-    for folder, said in [(empty, "holds no model.safetensors"), (cut, "is cut short"),
+    for folder, said in [(empty, "holds no model.safetensors"), (cut, "is not a whole safetensors file"),
                          (weights(server, "deeper", seed=1, num_layers=3), "not in the served model"),
                          (weights(server, "wider", seed=1, hidden_size=192, num_heads=3, num_kv_heads=3),
                           "other shapes than the served model")]:
