@@ -74,7 +74,7 @@ class Ranks:
     def after_push(self, pool: Any, version: int | None, error: BaseException | None, again: bool = False
                    ) -> tuple[int | None, bool]:
         """Process 0's push outcome in every process (the version the servers hold, whether to push again); the
-        servers it dropped dropped here too; its error raised everywhere."""
+        servers it dropped are dropped here too; its error raised everywhere."""
         states = [(s.address, s.alive, s.why, s.version, s.adapter) for s in pool.servers]
         pushed, states, failed, again = self._from_main((version, states, _said(error), again))
         if self.is_main:
