@@ -54,9 +54,9 @@ def config_for(a: argparse.Namespace, out: Path, threads: int):
 def start_server(config, policy, tokenizer, out: Path):
     """One server on core 0 in the run's formats; this process then keeps to core 1."""
     from grouprl.models.precision import pinned, resolve_formats
-    from grouprl.serve.client.from_config import serve_options
-    from grouprl.serve.client.local_servers import LocalServers
     from grouprl.serve.weights.transport import reading, write_model_folder
+    from grouprl.trainer.local_servers import LocalServers
+    from grouprl.trainer.rollout_servers import serve_options
 
     formats = resolve_formats(config.dtype, config.ref_dtype, config.rollout_dtype, None)
     config = dataclasses.replace(config, **pinned(formats))

@@ -30,9 +30,9 @@ from machine import cpu_line  # benchmarks/machine.py: every figure names its CP
 from smoke import add_smoke, shrink
 
 from grouprl.rollout.sampler import Sampler
-from grouprl.serve.client.local_servers import LocalServers
 from grouprl.serve.client.server_sampler import ServerSampler
 from grouprl.serve.weights.transport import reading, write_model_folder
+from grouprl.trainer.local_servers import LocalServers
 from grouprl.types import SamplingParams
 
 G = 4

@@ -1,5 +1,5 @@
 """Rollout servers for the tests of grouprl.serve, started the way a run starts them
-(:class:`grouprl.serve.client.local_servers.LocalServers`) but from a process of their own, so a test can kill that
+(:class:`grouprl.trainer.local_servers.LocalServers`) but from a process of their own, so a test can kill that
 process and check that the servers die with it: ``python -m tests.helpers.servers MODEL_DIR N LOG_DIR
 [grouprl serve options]`` prints one JSON line (addresses, server pids, their token) and waits until it is killed.
 While :func:`started` runs, ``GROUPRL_SERVER_TOKEN`` holds the servers' token, so a ServerSampler made in the
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from grouprl.serve.client.local_servers import kill_group
 from grouprl.serve.server.guard import TOKEN_ENV
+from grouprl.serve.server.parent import kill_group
 
 TINY64 = dict(hidden_size=128, num_heads=2, num_kv_heads=2)
 """A tiny Llama with head size 64: vLLM's CPU attention takes no smaller head."""
@@ -119,7 +119,7 @@ def started(root: Path, count: int, max_rows: int, options: tuple[str, ...] = ()
 
 
 def main(argv: list[str]) -> None:
-    from grouprl.serve.client.local_servers import LocalServers
+    from grouprl.trainer.local_servers import LocalServers
 
     model, count, log_dir, *options = argv
     servers = LocalServers(int(count), model, options, log_dir)

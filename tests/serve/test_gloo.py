@@ -89,7 +89,7 @@ def own_server(tmp_path):
     import subprocess
     import sys
 
-    from grouprl.serve.client.local_servers import free_port
+    from grouprl.serve.client.servers import free_port
     from tests.helpers.servers import write_tiny64
 
     folder = write_tiny64(tmp_path / "model", seed=0)
@@ -111,7 +111,7 @@ def test_a_server_that_dies_during_a_push_is_dropped_and_the_push_made_again_wit
     transfer up on the living server, drops the dead one (named) and pushes again in a group without it; the
     living server then samples the trainer's weights."""
     import grouprl.serve.client.collective as collective
-    from grouprl.serve.client.local_servers import kill_group
+    from grouprl.serve.server.parent import kill_group
 
     port, serve = own_server(tmp_path)
     mine = serve()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from grouprl.serve.client.local_servers import LocalServers, group_members, is_resource_tracker, kill_group
+from grouprl.serve.server.parent import group_members, is_resource_tracker, kill_group
+from grouprl.trainer.local_servers import LocalServers
 
 GONE_WITHIN_S = 60.0
 """A deadline for processes to exit and a resource tracker to clean up, not a speed claim."""
@@ -68,15 +69,15 @@ def test_local_servers_for_a_model_vllm_cannot_serve_are_refused_before_any_star
 
     from grouprl.errors import ConfigError
     from grouprl.models import tiny_causal_lm
-    from grouprl.serve.client import from_config
+    from grouprl.trainer import rollout_servers
     from tests.helpers.trainer import base_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU's attention rules, on any machine
     started = []
-    monkeypatch.setattr(from_config, "LocalServers", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(rollout_servers, "LocalServers", lambda *a, **k: started.append(a))
     model, tok = tiny_causal_lm()  # head size 16
     config = base_config(tmp_path, rollout_servers=1)
     with pytest.raises(ConfigError, match=r"rollout_servers=1: vLLM's CPU attention takes head sizes \[.*64.*\], "
                                           r"and this model's is 16"):
-        from_config.server_sampler(config, model, tok, 256)
+        rollout_servers.server_sampler(config, model, tok, 256)
     assert started == []

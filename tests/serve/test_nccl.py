@@ -23,8 +23,8 @@ from grouprl.errors import ConfigError
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
 from grouprl.rollout.vllm_weights import base_weight_name
 from grouprl.serve.client.collective import CollectiveWeights, rank_offsets
-from grouprl.serve.client.local_servers import kill_group
 from grouprl.serve.server.app import ServeOptions, engine_argv
+from grouprl.serve.server.parent import kill_group
 from grouprl.serve.weights.sent import LiveWeights, StagedWeights, merged_lora_tensors, staged_copy, tensors_to_send
 from grouprl.serve.weights.transport import TRANSPORTS, reading, resolve_transport, server_transport
 from tests.helpers.servers import FakeServer, JsonHandler, tiny_server_info
@@ -289,8 +289,8 @@ def test_a_server_without_the_transport_is_named_before_any_push():
                            "vLLM's GPU build")
 def test_an_nccl_push_makes_the_server_sample_the_trainers_greedy_completions(tmp_path):
     from grouprl.rollout.sampler import Sampler
-    from grouprl.serve.client.local_servers import free_port
     from grouprl.serve.client.server_sampler import ServerSampler
+    from grouprl.serve.client.servers import free_port
     from grouprl.types import SamplingParams
     from tests.helpers.servers import TINY64, write_tiny64
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from grouprl.serve.client.local_servers import group_members
-from grouprl.serve.server.parent import PARENT_ENV, parent_gone, watch_parent
+from grouprl.serve.server.parent import PARENT_ENV, group_members, parent_gone, watch_parent
 from tests.helpers.servers import running
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux's /proc")

@@ -9,9 +9,8 @@ import time
 
 import pytest
 
-from grouprl.serve.client.local_servers import free_port
 from grouprl.serve.client.pool import ServerPool
-from grouprl.serve.client.servers import RolloutServerError, parse_address
+from grouprl.serve.client.servers import RolloutServerError, free_port, parse_address
 from tests.helpers.servers import FakeServer, JsonHandler
 
 

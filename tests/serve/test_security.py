@@ -20,12 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grouprl.models import tiny_causal_lm
-from grouprl.serve.client.local_servers import LocalServers, group_members, is_resource_tracker
 from grouprl.serve.client.pool import ServerPool
 from grouprl.serve.client.server_sampler import ServerSampler
 from grouprl.serve.client.servers import RolloutServerError
 from grouprl.serve.server.guard import TOKEN_ENV
+from grouprl.serve.server.parent import group_members, is_resource_tracker
 from grouprl.serve.weights.transport import default_weights_root, reading, write_weights_file
+from grouprl.trainer.local_servers import LocalServers
 from grouprl.types import SamplingParams
 from tests.helpers.servers import TINY64, auth, write_tiny64
 

@@ -201,8 +201,8 @@ def scratch_folders(root: Path) -> set[str]:
 
 
 def test_a_lora_run_through_one_local_server_sends_adapters_only(tmp_path):
-    from grouprl.serve.client.from_config import server_sampler
     from grouprl.serve.weights.transport import default_weights_root
+    from grouprl.trainer.rollout_servers import server_sampler
     from grouprl.trainer.trainer import Trainer
     from tests.helpers.trainer import PROMPTS, base_config
 

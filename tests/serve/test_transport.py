@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file
 
 from grouprl.models import LoraSettings, apply_lora, tiny_causal_lm
-from grouprl.serve.client.from_config import serve_options, server_problems
-from grouprl.serve.client.local_servers import core_shares
 from grouprl.serve.server.app import ServeOptions, engine_argv
 from grouprl.serve.weights.transport import WEIGHTS_FILE, WeightFolders, reading, write_model_folder
 from grouprl.trainer.config import TrainerConfig
+from grouprl.trainer.local_servers import core_shares
+from grouprl.trainer.rollout_servers import serve_options, server_problems
 
 
 def test_a_tied_head_travels_under_its_own_name(tmp_path):

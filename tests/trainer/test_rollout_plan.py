@@ -77,10 +77,10 @@ def test_rollout_servers_pick_the_server_engine(tmp_path, monkeypatch):
     plan = _plan(config, model)
     assert (plan.engine, plan.engine_reason) == ("servers", "rollout_servers=a:1,b:2")
     assert plan.own_weights and plan.rollout_is == "token" and not plan.compile
-    import grouprl.serve
+    from grouprl.trainer import rollout_servers
 
     calls = []
-    monkeypatch.setattr(grouprl.serve, "server_sampler", lambda *args, **kw: calls.append((args, kw)) or "client")
+    monkeypatch.setattr(rollout_servers, "server_sampler", lambda *args, **kw: calls.append((args, kw)) or "client")
     assert build_rollout(config, plan, model, tok, longest=99) == "client"
     args, kw = calls[0]
     assert args[2] is tok and args[3] == 99  # sized for the longest sequence

@@ -1,5 +1,6 @@
 """Rollouts served by separate inference server processes (docs/servers.md): :mod:`.server` runs in the server
-process (``grouprl serve``), :mod:`.client` in the trainer, :mod:`.weights` (how weights travel) in both."""
+process (``grouprl serve``), :mod:`.client` in the trainer, :mod:`.weights` (how weights travel) in both. A run's
+own servers, from its config, are :mod:`grouprl.trainer.rollout_servers`'s."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from typing import Any
 _LAZY = {
     "RolloutServerError": "grouprl.serve.client.servers",
     "ServerSampler": "grouprl.serve.client.server_sampler",
-    "server_problems": "grouprl.serve.client.from_config",
-    "server_sampler": "grouprl.serve.client.from_config",
 }
 
 

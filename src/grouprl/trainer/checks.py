@@ -167,7 +167,7 @@ def _sampling_problems(c: TrainerConfig) -> list[str]:
 
 
 def _scale_out_problems(c: TrainerConfig) -> list[str]:
-    from grouprl.serve.client.from_config import server_problems
+    from grouprl.trainer.rollout_servers import server_problems
 
     out = server_problems(c.rollout_servers, c.rollout_server_timeout)
     if c.rollout_engine == "vllm" and c.rollout_dtype in FORMATS and FORMATS.get(c.rollout_dtype).vllm_dtype is None:

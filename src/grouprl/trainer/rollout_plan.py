@@ -78,7 +78,7 @@ def _vllm(config: TrainerConfig, plan: RolloutPlan, policy: nn.Module, tokenizer
 
 def _servers(config: TrainerConfig, plan: RolloutPlan, policy: nn.Module, tokenizer: Any, longest: int,
              multi_turn: bool) -> Any:
-    from grouprl.serve import server_sampler
+    from grouprl.trainer.rollout_servers import server_sampler
 
     return server_sampler(config, unwrap_ddp(policy), tokenizer, longest, transport=plan.weights_transport)
 

@@ -1,2 +1,2 @@
 """The trainer's side: the engine (:mod:`.server_sampler`), connections and membership (:mod:`.pool`, :mod:`.servers`),
-weight hand-over (:mod:`.handover`, :mod:`.collective`, :mod:`.ranks`), local servers (:mod:`.local_servers`)."""
+weight hand-over (:mod:`.handover`, :mod:`.collective`, :mod:`.ranks`)."""

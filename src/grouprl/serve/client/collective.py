@@ -16,7 +16,7 @@ import httpx
 import torch
 from torch import nn
 
-from grouprl.serve.client.servers import RolloutServerError, Server, ServerFailure
+from grouprl.serve.client.servers import RolloutServerError, Server, ServerFailure, free_port
 from grouprl.serve.weights.sent import LiveWeights, StagedWeights, StreamedWeights, staged_copy
 
 JOIN_POLL_S = 0.2
@@ -145,8 +145,6 @@ class CollectiveWeights:
         server whose join failed on the wire and no longer answers is dropped and the group formed without it; if
         each such server still answers (a reset connection), the group is formed once more (``again``)."""
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
-
-        from grouprl.serve.client.local_servers import free_port
 
         servers = self.pool.living()
         client = ServersClient(self.pool, servers)

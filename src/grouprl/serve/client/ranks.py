@@ -4,7 +4,6 @@ servers; process 0 alone pushes, then every process receives what the servers ho
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,32 +43,6 @@ class Ranks:
         box = [news if self.is_main else None]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
-
-    def share(self, make: Callable[[], Any]) -> Any:
-        """``make()`` run by process 0, its result (or its error, raised) in every process."""
-        result, error = None, None
-        if self.is_main:
-            try:
-                result = make()
-            except Exception as e:  # noqa: BLE001 - raised below, in every process
-                error = e
-        result, said = self._from_main((result, _said(error)))
-        if error is not None:
-            raise error
-        if said is not None:
-            raise RolloutServerError(f"process 0 could not start the rollout servers: {said}")
-        return result
-
-    def check(self, error: BaseException | None) -> None:
-        """Every process at the same point with what it caught (or None): if any failed, every one raises."""
-        reports: list[Any] = [None] * self.world
-        dist.all_gather_object(reports, _said(error), group=self.group)
-        if error is not None:
-            raise error
-        failed = [(r, msg) for r, msg in enumerate(reports) if msg is not None]
-        if failed:
-            rank, msg = failed[0]
-            raise RolloutServerError(f"process {rank} of {self.world} could not reach the rollout servers: {msg}")
 
     def after_push(self, pool: Any, version: int | None, error: BaseException | None, again: bool = False
                    ) -> tuple[int | None, bool]:

@@ -81,7 +81,7 @@ class ServerSampler:
     """Rollouts from ``grouprl serve`` servers (host:port each) for ``model`` (plain or peft LoRA). ``timeout``: seconds
     a request may take before its server is dropped; ``weights_dir``: where the files transport writes (None:
     /dev/shm, else the temporary folder); ``local``: servers started here
-    (:class:`~grouprl.serve.client.local_servers.LocalServers`); ``down``: servers known not to have come up
+    (:class:`~grouprl.trainer.local_servers.LocalServers`); ``down``: servers known not to have come up
     (host:port -> why); ``token``: None for ``GROUPRL_SERVER_TOKEN``."""
 
     uses_live_model = False  # the servers hold copies of the weights

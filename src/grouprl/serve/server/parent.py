@@ -1,16 +1,57 @@
 """A rollout server started by a run ends with that run: ``PR_SET_PDEATHSIG`` alone is not enough (vLLM's shutdown
-can hang), so it watches the run's pid (``GROUPRL_PARENT_PID``) and, once it is gone, kills its group and exits 1."""
+can hang), so it watches the run's pid (``GROUPRL_PARENT_PID``) and, once it is gone, kills its group and exits 1.
+The group's kill spares Python's resource trackers, which free vLLM's shared memory."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
-from grouprl.serve.client.local_servers import PARENT_ENV, kill_group
-
+PARENT_ENV = "GROUPRL_PARENT_PID"
 POLL_S = 0.5
+KILL_ROUNDS = 5
+
+
+def group_members(pgid: int) -> list[tuple[int, str]]:
+    """The processes of group ``pgid`` not yet reaped, as ``(pid, state)`` (``Z``: a zombie)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(entry.path, "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ", whose comm may hold anything
+            if int(fields[2]) == pgid:
+                out.append((int(entry.name), fields[0]))
+    return out
+
+
+def is_resource_tracker(pid: int) -> bool:
+    try:
+        return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def kill_group(pgid: int, spare: int | None = None) -> None:
+    """SIGKILL every process of group ``pgid`` but the resource trackers and ``spare`` (without /proc, all of it)."""
+    if not Path("/proc/self/stat").exists():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        return
+    for _ in range(KILL_ROUNDS):  # again while the group forked something between the listing and the kill
+        targets = [pid for pid, state in group_members(pgid)
+                   if state != "Z" and pid != spare and not is_resource_tracker(pid)]
+        if not targets:
+            return
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def parent_gone(expected: int) -> bool:

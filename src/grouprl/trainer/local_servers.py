@@ -11,18 +11,17 @@ import functools
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from grouprl.serve.client.servers import free_port
 from grouprl.serve.server.guard import TOKEN_ENV
+from grouprl.serve.server.parent import PARENT_ENV, kill_group
 
-PARENT_ENV = "GROUPRL_PARENT_PID"
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
-KILL_ROUNDS = 5
 LOG_TAIL_CHARS = 600
 
 
@@ -38,49 +37,6 @@ def core_shares(cores: Sequence[int], count: int) -> list[list[int]]:
     size, extra = divmod(len(cores), count)
     bounds = [i * size + min(i, extra) for i in range(count + 1)]
     return [cores[bounds[i]:bounds[i + 1]] for i in range(count)]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def group_members(pgid: int) -> list[tuple[int, str]]:
-    """The processes of group ``pgid`` not yet reaped, as ``(pid, state)`` (``Z``: a zombie)."""
-    out = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = Path(entry.path, "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ", whose comm may hold anything
-            if int(fields[2]) == pgid:
-                out.append((int(entry.name), fields[0]))
-    return out
-
-
-def is_resource_tracker(pid: int) -> bool:
-    try:
-        return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def kill_group(pgid: int, spare: int | None = None) -> None:
-    """SIGKILL every process of group ``pgid`` but the resource trackers and ``spare`` (without /proc, all of it)."""
-    if not Path("/proc/self/stat").exists():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        return
-    for _ in range(KILL_ROUNDS):  # again while the group forked something between the listing and the kill
-        targets = [pid for pid, state in group_members(pgid)
-                   if state != "Z" and pid != spare and not is_resource_tracker(pid)]
-        if not targets:
-            return
-        for pid in targets:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def _child_setup(cores: list[int], parent: int) -> None:  # in the child, between fork and exec

@@ -1,24 +1,30 @@
-"""A run's rollout servers from its config: the given addresses, or N servers started here on the policy, told the
-run's format, LoRA rank, seed, longest sequence and rows."""
+"""The ``servers`` rollout engine of a run (:mod:`.rollout_plan`): the addresses ``rollout_servers`` gives, or N
+servers started here on the policy (:mod:`.local_servers`), told the run's format, LoRA rank, seed, longest sequence
+and rows. Of several trainer processes, process 0 alone starts them and every process samples from them."""
 
 from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from grouprl.errors import ConfigError
 from grouprl.rollout.scratch import ScratchFolder
-from grouprl.serve.client.local_servers import LocalServers
 from grouprl.serve.client.pool import ServerPool
 from grouprl.serve.client.ranks import Ranks
 from grouprl.serve.client.server_sampler import ServerSampler
 from grouprl.serve.client.servers import parse_address
 from grouprl.serve.server.guard import TOKEN_ENV
 from grouprl.serve.weights.transport import Reading, default_weights_root, is_sharded, reading, write_model_folder
+from grouprl.trainer.dist.group import gather_objects, raise_if_any_failed
+from grouprl.trainer.local_servers import LocalServers
+
+if TYPE_CHECKING:
+    from grouprl.trainer.config import TrainerConfig
 
 
 def server_problems(servers: Any, timeout: float) -> list[str]:
@@ -38,7 +44,7 @@ def server_problems(servers: Any, timeout: float) -> list[str]:
     return out
 
 
-def serve_options(config: Any, max_model_len: int, transport: str = "files") -> list[str]:
+def serve_options(config: TrainerConfig, max_model_len: int, transport: str = "files") -> list[str]:
     """``grouprl serve`` arguments for a local server that samples as the run does."""
     c = config
     options = ["--rollout_dtype", "bf16" if c.rollout_bf16 else "fp32", "--seed", str(c.seed),
@@ -53,7 +59,7 @@ def serve_options(config: Any, max_model_len: int, transport: str = "files") -> 
     return options
 
 
-def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len: int,
+def server_sampler(config: TrainerConfig, policy: nn.Module, tokenizer: Any, max_model_len: int,
                    transport: str = "files") -> ServerSampler:
     """The run's :class:`ServerSampler`; local servers are started first (by process 0 of several), from the policy
     written to a folder removed once they are up; a process that cannot reach the servers stops every one."""
@@ -73,7 +79,7 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
             folder.remove()
     try:
         if ranks is not None:
-            ranks.check(error)
+            raise_if_any_failed(error)
         elif error is not None:
             raise error
     except BaseException:
@@ -85,7 +91,8 @@ def server_sampler(config: Any, policy: nn.Module, tokenizer: Any, max_model_len
     return sampler
 
 
-def _start_local(c: Any, policy: nn.Module, tokenizer: Any, max_model_len: int, transport: str, ranks: Ranks | None
+def _start_local(c: TrainerConfig, policy: nn.Module, tokenizer: Any, max_model_len: int, transport: str,
+                 ranks: Ranks | None
                  ) -> tuple[list[str], dict[str, str], LocalServers | None, ScratchFolder | None, str]:
     """``c.rollout_servers`` local servers started on the policy (by process 0 alone): their addresses, those that did
     not come up (address -> why), the servers (None elsewhere), the folder they started from and their token."""
@@ -122,7 +129,7 @@ def _start_local(c: Any, policy: nn.Module, tokenizer: Any, max_model_len: int, 
     try:
         if ranks is not None and is_sharded(policy):
             # FSDP shards: every process takes part in gathering the policy process 0 writes, before process 0
-            # alone starts the servers (its error, raised by start, reaches the others through share)
+            # alone starts the servers (its error, raised by start, reaches the others through _from_main)
             if ranks.is_main:
                 try:
                     write_policy(reading(policy))
@@ -130,7 +137,7 @@ def _start_local(c: Any, policy: nn.Module, tokenizer: Any, max_model_len: int, 
                     failed = e
             else:
                 reading(policy).drain()
-        addresses, down, token = start() if ranks is None else ranks.share(start)
+        addresses, down, token = start() if ranks is None else _from_main(start, ranks)
     except BaseException:
         if local is not None:
             local.stop()
@@ -154,3 +161,14 @@ def _not_up(local: LocalServers, timeout: float) -> dict[str, str]:
         pool.close()
     return {s.address: s.why for s in pool.servers if not s.alive}
 
+
+def _from_main(make: Callable[[], Any], ranks: Ranks) -> Any:
+    """``make()`` run by process 0, its result in every process (its error raised in every one)."""
+    result, error = None, None
+    if ranks.is_main:
+        try:
+            result = make()
+        except Exception as e:  # noqa: BLE001 - raised below, in every process
+            error = e
+    raise_if_any_failed(error)
+    return gather_objects(result)[0]
