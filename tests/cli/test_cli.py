@@ -350,6 +350,7 @@ def test_train_rm_on_a_tiny_model(tmp_path, capsys):
     assert code == 2 and "README.md" in err and (tmp_path / "rm" / "README.md").read_text() == "my notes"
 
 
+@pytest.mark.slow  # a whole demo in a fresh process
 def test_demo_quick_end_to_end(tmp_path):
     """What a newcomer runs: a subprocess, under a minute, ending with the before/after line."""
     out_dir = tmp_path / "demo"

@@ -40,6 +40,7 @@ def test_a_uniform_inside_a_tokens_interval_draws_that_token(vocab):
     assert ends.tolist() == [int(with_mass[0]), int(with_mass[-1])]
 
 
+@pytest.mark.slow  # 200,000 draws over five blocks of the vocabulary
 def test_the_draw_follows_the_distribution_across_blocks():
     vocab, draws = 5 * BLOCK + 37, 200_000
     g = torch.Generator().manual_seed(1)
